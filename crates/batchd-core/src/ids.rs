@@ -1,0 +1,274 @@
+//! Identifier newtypes, parsed once at the boundary so invalid values cannot travel further.
+//!
+//! A `JobId` is safe inside a Redis key and a log line; a `ModelName` is safe inside a URL path;
+//! a `RequestId` is whatever opaque token the Batch API returned, bounded in length.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Longest accepted job id, in bytes.
+pub const MAX_JOB_ID_LEN: usize = 200;
+/// Longest accepted model name, in bytes.
+pub const MAX_MODEL_LEN: usize = 200;
+/// Longest accepted remote request id, in bytes.
+pub const MAX_REQUEST_ID_LEN: usize = 200;
+
+/// Why an identifier was refused; the message names the rule that was broken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidId(String);
+
+impl InvalidId {
+    fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
+    }
+}
+
+/// A job's identity: 1–200 characters of `[A-Za-z0-9._:-]`, chosen by the producer or defaulted to
+/// the ingress stream entry id. Two entries with the same id are one job.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct JobId(String);
+
+impl JobId {
+    /// Parses a producer-supplied id.
+    pub fn parse(raw: &str) -> Result<Self, InvalidId> {
+        if raw.is_empty() {
+            return Err(InvalidId::new("must not be empty"));
+        }
+        if raw.len() > MAX_JOB_ID_LEN {
+            return Err(InvalidId::new(format!(
+                "is {} characters long, the maximum is {MAX_JOB_ID_LEN}",
+                raw.chars().count()
+            )));
+        }
+        if let Some(bad) = raw.chars().find(|c| !is_job_id_char(*c)) {
+            return Err(InvalidId::new(format!(
+                "contains {bad:?}; allowed characters are A-Z a-z 0-9 . _ : -"
+            )));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+fn is_job_id_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for JobId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(deserializer)?;
+        Self::parse(&raw).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A Workers AI model name such as `@cf/baai/bge-m3`: a scope starting with `@`, then one or more
+/// path segments of `[A-Za-z0-9._-]`, none of them `.` or `..`. Nothing in it can escape the URL path
+/// it is placed in (no `?`, `#`, `%`, `\` or whitespace).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct ModelName(String);
+
+impl ModelName {
+    /// Parses a model name.
+    pub fn parse(raw: &str) -> Result<Self, InvalidId> {
+        if raw.is_empty() {
+            return Err(InvalidId::new("must not be empty"));
+        }
+        if raw.len() > MAX_MODEL_LEN {
+            return Err(InvalidId::new(format!("is longer than {MAX_MODEL_LEN} bytes")));
+        }
+        let segments: Vec<&str> = raw.split('/').collect();
+        let expected = "expected the shape @cf/<author>/<model>";
+        if !raw.starts_with('@') || segments.len() < 3 {
+            return Err(InvalidId::new(format!("{raw:?} is not a model name; {expected}")));
+        }
+        for (position, segment) in segments.iter().enumerate() {
+            let body = if position == 0 { &segment[1..] } else { segment };
+            if body.is_empty() {
+                return Err(InvalidId::new(format!("{raw:?} has an empty path segment; {expected}")));
+            }
+            if *segment == "." || *segment == ".." {
+                return Err(InvalidId::new(format!(
+                    "{raw:?} contains the path segment {segment:?}, which is not allowed"
+                )));
+            }
+            if let Some(bad) = body.chars().find(|c| !is_model_char(*c)) {
+                return Err(InvalidId::new(format!(
+                    "{raw:?} contains {bad:?}; allowed characters are A-Z a-z 0-9 . _ - and / between segments"
+                )));
+            }
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The path segments (`["@cf", "baai", "bge-m3"]`), each safe to percent-encode into a URL path.
+    pub fn segments(&self) -> impl Iterator<Item = &str> {
+        self.0.split('/')
+    }
+}
+
+fn is_model_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
+}
+
+impl fmt::Display for ModelName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ModelName {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(deserializer)?;
+        Self::parse(&raw).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The Batch API's id for one submitted batch (a UUID in practice; treated as an opaque printable token).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct RequestId(String);
+
+impl RequestId {
+    /// Parses a request id returned by the API.
+    pub fn parse(raw: &str) -> Result<Self, InvalidId> {
+        if raw.is_empty() || raw.len() > MAX_REQUEST_ID_LEN {
+            return Err(InvalidId::new(format!(
+                "request id must be 1-{MAX_REQUEST_ID_LEN} bytes, got {}",
+                raw.len()
+            )));
+        }
+        if raw.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(InvalidId::new("request id contains whitespace or control characters"));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for RequestId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(deserializer)?;
+        Self::parse(&raw).map_err(serde::de::Error::custom)
+    }
+}
+
+/// One chunk of one job: the unit that is submitted and polled. Rendered as `<job_id>#<index>`, the member
+/// of the schedule sorted set (`#` cannot occur in a job id, so the split is unambiguous).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ChunkRef {
+    /// The job the chunk belongs to.
+    pub job_id: JobId,
+    /// Position of the chunk within the job, from 0.
+    pub index: u32,
+}
+
+impl ChunkRef {
+    /// The chunk `index` of `job_id`.
+    pub fn new(job_id: JobId, index: u32) -> Self {
+        Self { job_id, index }
+    }
+
+    /// Parses the `<job_id>#<index>` form.
+    pub fn parse(raw: &str) -> Result<Self, InvalidId> {
+        let (job, index) = raw
+            .rsplit_once('#')
+            .ok_or_else(|| InvalidId::new(format!("{raw:?} is not a chunk reference (<job_id>#<index>)")))?;
+        let index = index
+            .parse()
+            .map_err(|_| InvalidId::new(format!("{raw:?} has a chunk index that is not a number")))?;
+        Ok(Self { job_id: JobId::parse(job)?, index })
+    }
+}
+
+impl fmt::Display for ChunkRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}#{}", self.job_id, self.index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_ids_follow_the_documented_alphabet() {
+        assert!(JobId::parse("inv-42").is_ok());
+        assert!(JobId::parse("1700000000000-0").is_ok());
+        assert!(JobId::parse("a.b_c:d-e").is_ok());
+        assert_eq!(JobId::parse("").unwrap_err().to_string(), "must not be empty");
+        assert_eq!(
+            JobId::parse("a b").unwrap_err().to_string(),
+            "contains ' '; allowed characters are A-Z a-z 0-9 . _ : -"
+        );
+        assert!(JobId::parse("x#1").is_err());
+        assert!(JobId::parse("{tag}").is_err());
+        assert!(JobId::parse(&"a".repeat(200)).is_ok());
+        assert_eq!(
+            JobId::parse(&"a".repeat(201)).unwrap_err().to_string(),
+            "is 201 characters long, the maximum is 200"
+        );
+    }
+
+    #[test]
+    fn model_names_cannot_escape_the_url_path() {
+        for good in ["@cf/baai/bge-m3", "@cf/meta/llama-3.3-70b-instruct-fp8-fast", "@hf/thebloke/x"] {
+            assert!(ModelName::parse(good).is_ok(), "{good}");
+        }
+        assert_eq!(
+            ModelName::parse("@cf/../../accounts").unwrap_err().to_string(),
+            "\"@cf/../../accounts\" contains the path segment \"..\", which is not allowed"
+        );
+        for bad in [
+            "bge-m3",
+            "@cf/baai",
+            "@cf//bge",
+            "@cf/baai/bge?x=1",
+            "@cf/baai/bge#frag",
+            "@cf/baai/b%2e%2e",
+            "@cf/baai/ bge",
+            "@/baai/bge",
+            "@cf/baai/bge/",
+            "@cf/baai\\bge/x",
+        ] {
+            assert!(ModelName::parse(bad).is_err(), "{bad} should be refused");
+        }
+    }
+
+    #[test]
+    fn chunk_refs_round_trip() {
+        let chunk = ChunkRef::new(JobId::parse("inv-42").unwrap(), 3);
+        assert_eq!(chunk.to_string(), "inv-42#3");
+        assert_eq!(ChunkRef::parse("inv-42#3").unwrap(), chunk);
+        assert!(ChunkRef::parse("inv-42").is_err());
+        assert!(ChunkRef::parse("inv-42#x").is_err());
+    }
+}

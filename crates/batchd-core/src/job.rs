@@ -1,0 +1,392 @@
+//! The batch-submit job, wire format v1, and its decoding from an ingress stream entry.
+//!
+//! A producer enqueues with one command and no library:
+//! `XADD {batchd}:submit * job '{"id":"inv-42","model":"@cf/baai/bge-m3","requests":[...]}'`.
+//! Decoding separates two kinds of bad input, because they are reported differently:
+//! an entry that cannot be read at all goes to the dead-letter stream, while a readable job with a bad field gets
+//! a `failed` result entry naming the field, so the producer waiting for that id hears about it.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::ids::{JobId, ModelName};
+use crate::keys::Keys;
+
+/// The stream entry field that carries the job's JSON.
+pub const JOB_FIELD: &str = "job";
+
+/// The fields a v1 job may have; anything else is refused, so a typo cannot be silently ignored.
+const KNOWN_FIELDS: [&str; 6] = ["id", "model", "requests", "reply_to", "metadata", "deadline_secs"];
+
+/// Size bounds enforced before any work is done on an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobLimits {
+    /// Largest accepted `job` field, in bytes.
+    pub max_entry_bytes: usize,
+    /// Largest accepted number of request items in one job.
+    pub max_items: usize,
+}
+
+impl Default for JobLimits {
+    fn default() -> Self {
+        Self { max_entry_bytes: 128 * 1024 * 1024, max_items: 1_000_000 }
+    }
+}
+
+/// A validated batch-submit job.
+#[derive(Debug, Clone, Serialize)]
+pub struct Job {
+    /// The job's identity (the producer's `id`, or the ingress entry id when absent).
+    pub id: JobId,
+    /// The Workers AI model every item is sent to.
+    pub model: ModelName,
+    /// The request items, byte for byte as the producer wrote them (each a JSON object).
+    pub requests: Vec<Box<RawValue>>,
+    /// The results stream to publish to, when not the namespace's default one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+    /// An opaque JSON object echoed back in the result entry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Box<RawValue>>,
+    /// Seconds after acceptance at which the job ends `expired`, when not the configured default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline_secs: Option<u64>,
+}
+
+/// Why an ingress entry was not accepted as a job.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The entry cannot be read as a job at all; it goes to the dead-letter stream.
+    #[error("{reason}")]
+    Undecodable {
+        /// What is wrong with the entry, for the dead-letter stream and the failure result.
+        reason: String,
+    },
+    /// The entry is a JSON object but one of its fields is wrong; the job fails with this error.
+    #[error("invalid `{field}`: {reason}")]
+    Invalid {
+        /// The id the failure is reported under (the producer's when it was valid, else the entry id).
+        job_id: JobId,
+        /// The offending field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl DecodeError {
+    fn undecodable(reason: impl Into<String>) -> Self {
+        Self::Undecodable { reason: reason.into() }
+    }
+}
+
+impl Job {
+    /// Decodes and validates the fields of ingress entry `entry_id`.
+    ///
+    /// `fields` are the entry's field/value pairs as Redis returned them.
+    pub fn decode(
+        fields: &[(String, Vec<u8>)],
+        entry_id: &str,
+        limits: &JobLimits,
+        keys: &Keys,
+    ) -> Result<Job, DecodeError> {
+        let Some((_, raw)) = fields.iter().find(|(name, _)| name == JOB_FIELD) else {
+            let names: Vec<&str> = fields.iter().map(|(name, _)| name.as_str()).collect();
+            let present = if names.is_empty() { "none".to_owned() } else { names.join(", ") };
+            return Err(DecodeError::undecodable(format!(
+                "entry has no `{JOB_FIELD}` field (fields present: {present})"
+            )));
+        };
+        if raw.len() > limits.max_entry_bytes {
+            return Err(DecodeError::undecodable(format!(
+                "`{JOB_FIELD}` is {} bytes, the limit (limits.max_entry_bytes) is {}",
+                raw.len(),
+                limits.max_entry_bytes
+            )));
+        }
+        let text = std::str::from_utf8(raw)
+            .map_err(|e| DecodeError::undecodable(format!("`{JOB_FIELD}` is not UTF-8: {e}")))?;
+        Self::decode_json(text, entry_id, limits, keys)
+    }
+
+    /// Decodes and validates a job's JSON text; `default_id` is used when the job has no `id`.
+    pub fn decode_json(
+        text: &str,
+        default_id: &str,
+        limits: &JobLimits,
+        keys: &Keys,
+    ) -> Result<Job, DecodeError> {
+        let value: Box<RawValue> = serde_json::from_str(text)
+            .map_err(|e| DecodeError::undecodable(format!("`{JOB_FIELD}` is not valid JSON: {e}")))?;
+        if !value.get().trim_start().starts_with('{') {
+            return Err(DecodeError::undecodable(format!(
+                "`{JOB_FIELD}` must be a JSON object, got {}",
+                json_kind(value.get())
+            )));
+        }
+        let object: BTreeMap<String, Box<RawValue>> = serde_json::from_str(value.get())
+            .map_err(|e| DecodeError::undecodable(format!("`{JOB_FIELD}` is not a valid JSON object: {e}")))?;
+
+        let fallback_id = JobId::parse(default_id).map_err(|e| {
+            DecodeError::undecodable(format!("entry id {default_id:?} cannot be a job id: {e}"))
+        })?;
+        let (id, id_error) = match object.get("id").map(|raw| raw.get()) {
+            None | Some("null") => (fallback_id, None),
+            Some(raw) => match serde_json::from_str::<String>(raw) {
+                Ok(text) => match JobId::parse(&text) {
+                    Ok(id) => (id, None),
+                    Err(e) => (fallback_id, Some(e.to_string())),
+                },
+                Err(_) => (fallback_id, Some(format!("must be a string, got {}", json_kind(raw)))),
+            },
+        };
+        let invalid = |field: &'static str, reason: String| DecodeError::Invalid {
+            job_id: id.clone(),
+            field,
+            reason,
+        };
+        if let Some(reason) = id_error {
+            return Err(invalid("id", reason));
+        }
+        if let Some(unknown) = object.keys().find(|name| !KNOWN_FIELDS.contains(&name.as_str())) {
+            return Err(invalid_unknown(&id, unknown));
+        }
+
+        let model = match object.get("model") {
+            None => return Err(invalid("model", "is missing".to_owned())),
+            Some(raw) => {
+                let text = string_field(raw).map_err(|reason| invalid("model", reason))?;
+                ModelName::parse(&text).map_err(|e| invalid("model", e.to_string()))?
+            }
+        };
+
+        let requests: Vec<Box<RawValue>> = match object.get("requests") {
+            None => return Err(invalid("requests", "is missing".to_owned())),
+            Some(raw) => serde_json::from_str(raw.get()).map_err(|_| {
+                invalid("requests", format!("must be an array, got {}", json_kind(raw.get())))
+            })?,
+        };
+        if requests.is_empty() {
+            return Err(invalid("requests", "must not be empty".to_owned()));
+        }
+        if requests.len() > limits.max_items {
+            return Err(invalid(
+                "requests",
+                format!(
+                    "has {} items, the limit (limits.max_items) is {}",
+                    requests.len(),
+                    limits.max_items
+                ),
+            ));
+        }
+        if let Some((index, item)) =
+            requests.iter().enumerate().find(|(_, item)| !item.get().starts_with('{'))
+        {
+            return Err(invalid(
+                "requests",
+                format!("item {index} must be a JSON object, got {}", json_kind(item.get())),
+            ));
+        }
+
+        let reply_to = match optional(&object, "reply_to") {
+            None => None,
+            Some(raw) => {
+                let stream = string_field(raw).map_err(|reason| invalid("reply_to", reason))?;
+                if !keys.is_results_stream(&stream) {
+                    return Err(invalid(
+                        "reply_to",
+                        format!(
+                            "{stream:?} is not a results stream of this namespace; it must be {:?} or start with \"{}:\"",
+                            keys.results(),
+                            keys.results()
+                        ),
+                    ));
+                }
+                Some(stream)
+            }
+        };
+
+        let metadata = match optional(&object, "metadata") {
+            None => None,
+            Some(raw) if raw.get().starts_with('{') => Some(raw.clone()),
+            Some(raw) => {
+                return Err(invalid(
+                    "metadata",
+                    format!("must be a JSON object, got {}", json_kind(raw.get())),
+                ));
+            }
+        };
+
+        let deadline_secs = match optional(&object, "deadline_secs") {
+            None => None,
+            Some(raw) => match serde_json::from_str::<u64>(raw.get()) {
+                Ok(0) => return Err(invalid("deadline_secs", "must be at least 1".to_owned())),
+                Ok(secs) => Some(secs),
+                Err(_) => {
+                    return Err(invalid(
+                        "deadline_secs",
+                        format!("must be a positive whole number of seconds, got {}", raw.get()),
+                    ));
+                }
+            },
+        };
+
+        Ok(Job { id, model, requests, reply_to, metadata, deadline_secs })
+    }
+
+    /// The job as v1 JSON (what the ledger stores and the CLI enqueues).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a job always serialises")
+    }
+}
+
+fn invalid_unknown(id: &JobId, unknown: &str) -> DecodeError {
+    DecodeError::Invalid {
+        job_id: id.clone(),
+        field: "job",
+        reason: format!("unknown field {unknown:?}; the fields of a v1 job are {}", KNOWN_FIELDS.join(", ")),
+    }
+}
+
+/// A present, non-null field.
+fn optional<'a>(object: &'a BTreeMap<String, Box<RawValue>>, name: &str) -> Option<&'a Box<RawValue>> {
+    object.get(name).filter(|raw| raw.get() != "null")
+}
+
+fn string_field(raw: &RawValue) -> Result<String, String> {
+    serde_json::from_str::<String>(raw.get())
+        .map_err(|_| format!("must be a string, got {}", json_kind(raw.get())))
+}
+
+/// Names the kind of a JSON value for error messages ("a number", "an array", ...).
+fn json_kind(raw: &str) -> &'static str {
+    match raw.trim_start().as_bytes().first() {
+        Some(b'{') => "an object",
+        Some(b'[') => "an array",
+        Some(b'"') => "a string",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => "null",
+        Some(_) => "a number",
+        None => "nothing",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys() -> Keys {
+        Keys::new("batchd").unwrap()
+    }
+
+    fn decode(job: &str) -> Result<Job, DecodeError> {
+        let fields = vec![(JOB_FIELD.to_owned(), job.as_bytes().to_vec())];
+        Job::decode(&fields, "1700000000000-0", &JobLimits::default(), &keys())
+    }
+
+    fn error(job: &str) -> String {
+        decode(job).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_minimal_job_takes_the_entry_id() {
+        let job = decode(r#"{"model":"@cf/baai/bge-m3","requests":[{"text":"hi"}]}"#).unwrap();
+        assert_eq!(job.id.as_str(), "1700000000000-0");
+        assert_eq!(job.requests.len(), 1);
+        assert_eq!(job.requests[0].get(), r#"{"text":"hi"}"#);
+    }
+
+    #[test]
+    fn items_are_kept_byte_for_byte() {
+        let job = decode(r#"{"id":"a","model":"@cf/baai/bge-m3","requests":[{"z":1, "a" :2.50}]}"#).unwrap();
+        assert_eq!(job.requests[0].get(), r#"{"z":1, "a" :2.50}"#);
+    }
+
+    #[test]
+    fn each_bad_input_has_a_message_naming_the_problem() {
+        assert_eq!(
+            error("not json"),
+            "`job` is not valid JSON: expected ident at line 1 column 2"
+        );
+        assert_eq!(error("[1,2]"), "`job` must be a JSON object, got an array");
+        assert_eq!(error(r#"{"requests":[{}]}"#), "invalid `model`: is missing");
+        assert_eq!(
+            error(r#"{"model":"@cf/baai/bge-m3","requests":[]}"#),
+            "invalid `requests`: must not be empty"
+        );
+        assert_eq!(
+            error(r#"{"id":"a b","model":"@cf/baai/bge-m3","requests":[{}]}"#),
+            "invalid `id`: contains ' '; allowed characters are A-Z a-z 0-9 . _ : -"
+        );
+        assert_eq!(
+            error(r#"{"model":"@cf/../../x","requests":[{}]}"#),
+            "invalid `model`: \"@cf/../../x\" contains the path segment \"..\", which is not allowed"
+        );
+        assert_eq!(
+            error(r#"{"model":"@cf/a/b","requests":[1]}"#),
+            "invalid `requests`: item 0 must be a JSON object, got a number"
+        );
+        assert_eq!(
+            error(r#"{"model":"@cf/a/b","requests":{}}"#),
+            "invalid `requests`: must be an array, got an object"
+        );
+        assert_eq!(
+            error(r#"{"model":"@cf/a/b","requests":[{}],"modle":1}"#),
+            "invalid `job`: unknown field \"modle\"; the fields of a v1 job are id, model, requests, reply_to, metadata, deadline_secs"
+        );
+        assert_eq!(
+            error(r#"{"model":"@cf/a/b","requests":[{}],"metadata":[1]}"#),
+            "invalid `metadata`: must be a JSON object, got an array"
+        );
+        assert_eq!(
+            error(r#"{"model":"@cf/a/b","requests":[{}],"deadline_secs":-5}"#),
+            "invalid `deadline_secs`: must be a positive whole number of seconds, got -5"
+        );
+        assert_eq!(
+            error(r#"{"model":"@cf/a/b","requests":[{}],"reply_to":"other-app:stream"}"#),
+            "invalid `reply_to`: \"other-app:stream\" is not a results stream of this namespace; it must be \"{batchd}:results\" or start with \"{batchd}:results:\""
+        );
+    }
+
+    #[test]
+    fn invalid_jobs_are_reported_under_the_producers_id_when_it_is_valid() {
+        match decode(r#"{"id":"inv-42","requests":[{}]}"#) {
+            Err(DecodeError::Invalid { job_id, field: "model", .. }) => assert_eq!(job_id.as_str(), "inv-42"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_entry_without_a_job_field_is_undecodable() {
+        let fields = vec![("jbo".to_owned(), b"{}".to_vec())];
+        let err = Job::decode(&fields, "1-0", &JobLimits::default(), &keys()).unwrap_err();
+        assert_eq!(err.to_string(), "entry has no `job` field (fields present: jbo)");
+        assert!(matches!(err, DecodeError::Undecodable { .. }));
+    }
+
+    #[test]
+    fn limits_are_enforced_before_parsing() {
+        let limits = JobLimits { max_entry_bytes: 10, max_items: 2 };
+        let fields = vec![(JOB_FIELD.to_owned(), vec![b'x'; 11])];
+        assert_eq!(
+            Job::decode(&fields, "1-0", &limits, &keys()).unwrap_err().to_string(),
+            "`job` is 11 bytes, the limit (limits.max_entry_bytes) is 10"
+        );
+        let limits = JobLimits { max_entry_bytes: 1000, max_items: 2 };
+        let job = r#"{"model":"@cf/a/b","requests":[{},{},{}]}"#;
+        let fields = vec![(JOB_FIELD.to_owned(), job.as_bytes().to_vec())];
+        assert_eq!(
+            Job::decode(&fields, "1-0", &limits, &keys()).unwrap_err().to_string(),
+            "invalid `requests`: has 3 items, the limit (limits.max_items) is 2"
+        );
+    }
+
+    #[test]
+    fn a_job_round_trips_through_its_json() {
+        let text = r#"{"id":"inv-42","model":"@cf/baai/bge-m3","requests":[{"query":"q","contexts":[{"text":"c"}]}],"reply_to":"{batchd}:results:billing","metadata":{"k":"v"},"deadline_secs":60}"#;
+        let job = Job::decode_json(text, "1-0", &JobLimits::default(), &keys()).unwrap();
+        assert_eq!(job.to_json(), text);
+    }
+}

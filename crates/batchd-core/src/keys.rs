@@ -1,0 +1,129 @@
+//! Every Redis key batchd uses, built in one place and labelled with its Redis type.
+//!
+//! All keys of one namespace share the hash tag `{<namespace>}`, so on Redis Cluster they live in one slot and
+//! every multi-key script stays legal; several deployments share one Redis by using different namespaces.
+
+use crate::ids::JobId;
+
+/// The consumer group every replica reads the ingress stream through.
+pub const CONSUMER_GROUP: &str = "batchd";
+
+/// Why a namespace was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("namespace {namespace:?} is invalid: use 1-64 characters of A-Z a-z 0-9 . _ -")]
+pub struct InvalidNamespace {
+    /// The refused value.
+    pub namespace: String,
+}
+
+/// Key builder for one namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    /// `{<namespace>}`: the hash-tagged prefix of every key.
+    prefix: String,
+    /// The namespace as configured.
+    namespace: String,
+}
+
+impl Keys {
+    /// Keys for `namespace` (`[A-Za-z0-9._-]`, 1–64 characters).
+    pub fn new(namespace: &str) -> Result<Self, InvalidNamespace> {
+        let valid = !namespace.is_empty()
+            && namespace.len() <= 64
+            && namespace.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if !valid {
+            return Err(InvalidNamespace { namespace: namespace.to_owned() });
+        }
+        Ok(Self { prefix: format!("{{{namespace}}}"), namespace: namespace.to_owned() })
+    }
+
+    /// The namespace these keys belong to.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The hash-tagged prefix shared by every key, `{<namespace>}`.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// STREAM of batch-submit jobs written by producers (field `job`), read through [`CONSUMER_GROUP`].
+    pub fn submit(&self) -> String {
+        format!("{}:submit", self.prefix)
+    }
+
+    /// ZSET of chunks waiting for their next step (submit or poll), member `<job_id>#<chunk>`, score = due time in
+    /// Unix milliseconds. A claimed member is re-scored to now + lease, so a crash makes it due again.
+    pub fn schedule(&self) -> String {
+        format!("{}:schedule", self.prefix)
+    }
+
+    /// HASH: the ledger of one job (state, job body, per-chunk request ids, attempts, timestamps, errors).
+    /// Expires `retention.ledger_ttl_secs` after the job finished.
+    pub fn job(&self, id: &JobId) -> String {
+        format!("{}:job:{}", self.prefix, id)
+    }
+
+    /// STREAM of result entries, one per finished job (the default `reply_to`). Trimmed with `MAXLEN ~`.
+    pub fn results(&self) -> String {
+        format!("{}:results", self.prefix)
+    }
+
+    /// STREAM of ingress entries that could not be decoded, with the reason and the original fields.
+    pub fn dead(&self) -> String {
+        format!("{}:dead", self.prefix)
+    }
+
+    /// Whether `key` is a results stream a job may name in `reply_to`: the default results stream or
+    /// `<results>:<suffix>` with a suffix of `[A-Za-z0-9._:-]`.
+    pub fn is_results_stream(&self, key: &str) -> bool {
+        let results = self.results();
+        match key.strip_prefix(results.as_str()) {
+            Some("") => true,
+            Some(rest) => rest.strip_prefix(':').is_some_and(|suffix| {
+                !suffix.is_empty()
+                    && suffix.len() <= 200
+                    && suffix.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-'))
+            }),
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Golden: the key layout is part of the wire format other services rely on.
+    #[test]
+    fn key_layout_is_stable() {
+        let keys = Keys::new("batchd").unwrap();
+        let id = JobId::parse("inv-42").unwrap();
+        assert_eq!(keys.submit(), "{batchd}:submit");
+        assert_eq!(keys.schedule(), "{batchd}:schedule");
+        assert_eq!(keys.job(&id), "{batchd}:job:inv-42");
+        assert_eq!(keys.results(), "{batchd}:results");
+        assert_eq!(keys.dead(), "{batchd}:dead");
+        assert_eq!(CONSUMER_GROUP, "batchd");
+    }
+
+    #[test]
+    fn namespaces_are_checked() {
+        assert!(Keys::new("team-a.prod_1").is_ok());
+        for bad in ["", "a b", "{x}", "a:b", &"x".repeat(65)] {
+            assert!(Keys::new(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn reply_to_must_stay_inside_the_namespace() {
+        let keys = Keys::new("batchd").unwrap();
+        assert!(keys.is_results_stream("{batchd}:results"));
+        assert!(keys.is_results_stream("{batchd}:results:billing"));
+        assert!(!keys.is_results_stream("{batchd}:resultsx"));
+        assert!(!keys.is_results_stream("{batchd}:results:"));
+        assert!(!keys.is_results_stream("{other}:results"));
+        assert!(!keys.is_results_stream("{batchd}:job:x"));
+        assert!(!keys.is_results_stream("{batchd}:results:a b"));
+    }
+}

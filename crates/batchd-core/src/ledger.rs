@@ -1,0 +1,182 @@
+//! Job and chunk states as the ledger records them, and the names of the ledger's fields.
+//!
+//! The ledger is one Redis HASH per job (see [`crate::Keys::job`]). Its field names are listed here so the
+//! storage scripts, the CLI and the docs agree on them.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Where a job is in its life. Terminal states never change again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum JobState {
+    /// Taken from the ingress stream and recorded; no chunk has been submitted yet.
+    Accepted,
+    /// At least one chunk was submitted; waiting for the remote batches.
+    Running,
+    /// Finished; results published (individual items may still have failed).
+    Completed,
+    /// Finished without results; the error says why.
+    Failed,
+    /// The job's deadline passed before the remote batches finished.
+    Expired,
+}
+
+impl JobState {
+    /// The state as stored in the ledger and shown to users.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::Running => "running",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Expired => "expired",
+        }
+    }
+
+    /// Whether the job has finished (its result entry was published).
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Expired)
+    }
+}
+
+/// Where one chunk (one remote batch) is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChunkState {
+    /// Not submitted yet, or a submit failed in a way that certainly created no remote batch.
+    Pending,
+    /// A submit request is (or was, when a replica crashed) in flight: resubmitting may duplicate the remote batch.
+    Submitting,
+    /// The remote batch exists (request id recorded) and is being polled.
+    Polling,
+    /// The remote batch finished and its output is stored in the ledger.
+    Done,
+    /// The chunk cannot finish (permanent API error).
+    Failed,
+}
+
+impl ChunkState {
+    /// The state as stored in the ledger.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Submitting => "submitting",
+            Self::Polling => "polling",
+            Self::Done => "done",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// A ledger value that is not a known state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown state {0:?}")]
+pub struct UnknownState(pub String);
+
+impl FromStr for JobState {
+    type Err = UnknownState;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [Self::Accepted, Self::Running, Self::Completed, Self::Failed, Self::Expired]
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| UnknownState(s.to_owned()))
+    }
+}
+
+impl FromStr for ChunkState {
+    type Err = UnknownState;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [Self::Pending, Self::Submitting, Self::Polling, Self::Done, Self::Failed]
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| UnknownState(s.to_owned()))
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for ChunkState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Names of the ledger HASH fields.
+pub mod field {
+    /// Job state ([`super::JobState`]).
+    pub const STATE: &str = "state";
+    /// The job's v1 JSON, kept until the job finishes.
+    pub const JOB: &str = "job";
+    /// Model name.
+    pub const MODEL: &str = "model";
+    /// Ingress entry id the job was accepted from.
+    pub const ENTRY_ID: &str = "entry_id";
+    /// Number of chunks.
+    pub const N_CHUNKS: &str = "n_chunks";
+    /// Number of request items.
+    pub const N_ITEMS: &str = "n_items";
+    /// Acceptance time, Unix ms.
+    pub const ACCEPTED_AT: &str = "accepted_at";
+    /// Last change, Unix ms.
+    pub const UPDATED_AT: &str = "updated_at";
+    /// Finish time, Unix ms.
+    pub const FINISHED_AT: &str = "finished_at";
+    /// The time after which the job ends `expired`, Unix ms.
+    pub const DEADLINE_AT: &str = "deadline_at";
+    /// Results stream the job publishes to.
+    pub const REPLY_TO: &str = "reply_to";
+    /// Later ingress entries that carried the same job id (acknowledged, not run).
+    pub const DUPLICATES: &str = "duplicates";
+    /// Submits repeated after a crash inside the submit window (each may have created a second remote batch).
+    pub const POSSIBLE_DUPLICATE_SUBMITS: &str = "possible_duplicate_submits";
+    /// The job's error (JSON `{code, message, ...}`), once failed or expired.
+    pub const ERROR: &str = "error";
+
+    /// A per-chunk field: `c<index>:<name>`.
+    pub fn chunk(index: u32, name: &str) -> String {
+        format!("c{index}:{name}")
+    }
+
+    /// Per-chunk: state ([`super::ChunkState`]).
+    pub const CHUNK_STATE: &str = "state";
+    /// Per-chunk: the remote request id.
+    pub const CHUNK_REQUEST_ID: &str = "request_id";
+    /// Per-chunk: submit attempts made.
+    pub const CHUNK_ATTEMPTS: &str = "attempts";
+    /// Per-chunk: consecutive failed polls (reset by a successful one).
+    pub const CHUNK_POLL_FAILURES: &str = "poll_failures";
+    /// Per-chunk: polls answered.
+    pub const CHUNK_N_POLLS: &str = "n_polls";
+    /// Per-chunk: the remote status of the last poll (`queued`, `running`).
+    pub const CHUNK_REMOTE_STATUS: &str = "remote_status";
+    /// Per-chunk: first item index and item count, `start:len`.
+    pub const CHUNK_ITEMS: &str = "items";
+    /// Per-chunk: the normalised output, stored until the job's result is published.
+    pub const CHUNK_OUTPUT: &str = "output";
+    /// Per-chunk: the last error seen (JSON).
+    pub const CHUNK_LAST_ERROR: &str = "last_error";
+    /// Per-chunk: time the remote batch was accepted, Unix ms.
+    pub const CHUNK_SUBMITTED_AT: &str = "submitted_at";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip_through_their_names() {
+        for state in [JobState::Accepted, JobState::Running, JobState::Completed, JobState::Failed, JobState::Expired] {
+            assert_eq!(state.as_str().parse::<JobState>().unwrap(), state);
+        }
+        for state in [ChunkState::Pending, ChunkState::Submitting, ChunkState::Polling, ChunkState::Done, ChunkState::Failed] {
+            assert_eq!(state.as_str().parse::<ChunkState>().unwrap(), state);
+        }
+        assert!("bogus".parse::<JobState>().is_err());
+        assert!(JobState::Expired.is_terminal());
+        assert!(!JobState::Running.is_terminal());
+        assert_eq!(field::chunk(3, field::CHUNK_STATE), "c3:state");
+    }
+}

@@ -1,0 +1,21 @@
+//! The vocabulary every other batchd crate shares: identifiers, the job and result wire format (v1),
+//! validation, ledger states and Redis key names.
+//!
+//! This crate does no I/O. Everything another service can see (the job it enqueues, the result entry it reads,
+//! the keys in Redis) is defined here once and pinned by golden tests, so the daemon, the CLI and the tests
+//! cannot disagree about it.
+
+pub mod ids;
+pub mod job;
+pub mod keys;
+pub mod ledger;
+pub mod result;
+
+pub use ids::{ChunkRef, JobId, ModelName, RequestId};
+pub use job::{DecodeError, Job, JobLimits};
+pub use keys::Keys;
+pub use ledger::{ChunkState, JobState};
+pub use result::{ItemResponse, JobError, JobOutput, ResultEntry, ResultStatus};
+
+/// Milliseconds since the Unix epoch, the one timestamp unit used in Redis and in result entries.
+pub type UnixMillis = u64;
