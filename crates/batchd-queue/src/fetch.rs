@@ -1,0 +1,152 @@
+//! The apalis `Backend` of both workers: a bounded channel filled by a fetcher task.
+//!
+//! Why not apalis's own Redis backend or its `BackendBuilder`: a backend error ends an apalis worker, and
+//! there is no hook to hand back prefetched work at shutdown (see docs/architecture.md). So the backend's
+//! error type is `Infallible`: the fetcher retries Redis errors itself, and the worker only ever sees tasks.
+//! The fetcher reserves channel room before it reads from Redis, so nothing it reads can be stranded;
+//! at shutdown it stops reading, and whatever is still in the channel is handed back to Redis.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use apalis_core::backend::{Backend, BackendConfig};
+use apalis_core::task::Task;
+use apalis_core::task::builder::TaskBuilder;
+use apalis_core::worker::context::WorkerContext;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Returns fetched-but-unstarted work to Redis so another replica (or this one, later) takes it.
+pub trait HandBack<T>: Send + Sync + 'static {
+    /// Hands `items` back. Errors are logged by the implementation; work not handed back is recovered
+    /// by its lease or idle timeout anyway.
+    fn hand_back(&self, items: Vec<T>) -> BoxFuture<'static, ()>;
+}
+
+/// An apalis backend over a fetcher task.
+pub struct FetchBackend<T> {
+    /// Tasks fetched and not yet given to the worker; `None` once closing began.
+    rx: Option<mpsc::Receiver<T>>,
+    /// Stops the fetcher.
+    stop: CancellationToken,
+    /// The fetcher task.
+    fetcher: Option<JoinHandle<()>>,
+    /// Where unstarted work goes at shutdown.
+    hand_back: Arc<dyn HandBack<T>>,
+    /// The shutdown sequence, once started.
+    closing: Option<BoxFuture<'static, ()>>,
+}
+
+impl<T> fmt::Debug for FetchBackend<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FetchBackend").field("stopped", &self.stop.is_cancelled()).finish()
+    }
+}
+
+impl<T: Send + 'static> FetchBackend<T> {
+    /// Starts `fetch` as a task feeding a channel of `capacity` items; `stop` ends it (also cancelled when the
+    /// backend closes). `fetch` must stop promptly once `stop` is cancelled, sending only into permits it holds.
+    pub fn spawn<F, Fut>(
+        capacity: usize,
+        stop: CancellationToken,
+        hand_back: Arc<dyn HandBack<T>>,
+        fetch: F,
+    ) -> Self
+    where
+        F: FnOnce(mpsc::Sender<T>, CancellationToken) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let fetcher = tokio::spawn(fetch(tx, stop.clone()));
+        Self { rx: Some(rx), stop, fetcher: Some(fetcher), hand_back, closing: None }
+    }
+}
+
+impl<T: Send + 'static> Backend for FetchBackend<T> {
+    type Task = Task<T>;
+    type Error = Infallible;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>, _worker: &WorkerContext) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_next(
+        &mut self,
+        cx: &mut Context<'_>,
+        _worker: &WorkerContext,
+    ) -> Poll<Option<Result<Self::Task, Self::Error>>> {
+        let Some(rx) = self.rx.as_mut() else {
+            return Poll::Ready(None);
+        };
+        rx.poll_recv(cx).map(|item| item.map(|args| Ok(TaskBuilder::new(args).build())))
+    }
+
+    fn poll_close(&mut self, cx: &mut Context<'_>, _worker: &WorkerContext) -> Poll<Result<(), Self::Error>> {
+        if self.closing.is_none() {
+            self.stop.cancel();
+            let fetcher = self.fetcher.take();
+            let rx = self.rx.take();
+            let hand_back = Arc::clone(&self.hand_back);
+            self.closing = Some(
+                async move {
+                    if let Some(fetcher) = fetcher {
+                        if let Err(e) = fetcher.await {
+                            tracing::error!(error = %e, "fetcher task ended abnormally");
+                        }
+                    }
+                    let mut unstarted = Vec::new();
+                    if let Some(mut rx) = rx {
+                        rx.close();
+                        while let Ok(item) = rx.try_recv() {
+                            unstarted.push(item);
+                        }
+                    }
+                    if !unstarted.is_empty() {
+                        tracing::info!(n = unstarted.len(), "handing back unstarted work");
+                        hand_back.hand_back(unstarted).await;
+                    }
+                }
+                .boxed(),
+            );
+        }
+        match self.closing.as_mut().map(|closing| closing.poll_unpin(cx)) {
+            Some(Poll::Pending) => Poll::Pending,
+            _ => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+impl<T: Send + 'static> BackendConfig for FetchBackend<T> {
+    type Args = T;
+    type Id = apalis_core::task::task_id::RandomId;
+    type Kind = apalis_core::backend::finalize::Ephemeral;
+    type Config = ();
+    type Layer = tower_layer::Identity;
+
+    fn config(&self) -> &Self::Config {
+        &()
+    }
+
+    fn middleware(&mut self, _worker: &mut WorkerContext) -> Self::Layer {
+        tower_layer::Identity::new()
+    }
+}
+
+impl<T> Drop for FetchBackend<T> {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Sleeps for `duration` unless `stop` is cancelled first; returns false when stopped.
+pub(crate) async fn pause(duration: std::time::Duration, stop: &CancellationToken) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(duration) => true,
+        () = stop.cancelled() => false,
+    }
+}

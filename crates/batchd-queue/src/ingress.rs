@@ -1,0 +1,234 @@
+//! The ingress fetcher: reads the submit stream through the consumer group and reclaims entries that a dead
+//! replica left pending (idle longer than `reclaim_idle`, via `XAUTOCLAIM`), so recovery depends on time only,
+//! never on process names.
+//!
+//! The blocking `XREADGROUP` runs on a connection of its own whose response timeout exceeds `BLOCK`, and it is
+//! never cancelled mid-flight (a cancelled read would strand what it read in the pending list).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use batchd_core::Keys;
+use batchd_core::keys::CONSUMER_GROUP;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use redis::aio::MultiplexedConnection;
+use redis::streams::{StreamAutoClaimOptions, StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply};
+use redis::{AsyncCommands, AsyncConnectionConfig, Value};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::fetch::{pause, FetchBackend, HandBack};
+use crate::RetryDelay;
+
+/// One entry of the submit stream, as read.
+#[derive(Debug, Clone)]
+pub struct IngressEntry {
+    /// The stream entry id.
+    pub id: String,
+    /// The entry's fields, in the order Redis returned them.
+    pub fields: Vec<(String, Vec<u8>)>,
+}
+
+/// Settings of the ingress fetcher.
+#[derive(Debug, Clone)]
+pub struct IngressSettings {
+    /// This replica's consumer name in the group (unique per process start).
+    pub consumer: String,
+    /// Most entries read at once, and the size of the prefetch channel.
+    pub batch: usize,
+    /// How long one `XREADGROUP` blocks waiting for new entries.
+    pub block: Duration,
+    /// An entry pending this long with another consumer is considered abandoned and reclaimed.
+    pub reclaim_idle: Duration,
+    /// How often to look for abandoned entries.
+    pub reclaim_interval: Duration,
+}
+
+/// Starts the ingress fetcher and returns the backend the submit worker reads from.
+pub fn backend(
+    client: redis::Client,
+    keys: Keys,
+    settings: IngressSettings,
+    stop: CancellationToken,
+) -> FetchBackend<IngressEntry> {
+    let hand_back: Arc<dyn HandBack<IngressEntry>> = Arc::new(IngressHandBack {
+        client: client.clone(),
+        keys: keys.clone(),
+        consumer: settings.consumer.clone(),
+        reclaim_idle: settings.reclaim_idle,
+    });
+    FetchBackend::spawn(settings.batch, stop, hand_back, move |tx, stop| fetch_loop(client, keys, settings, tx, stop))
+}
+
+async fn fetch_loop(
+    client: redis::Client,
+    keys: Keys,
+    settings: IngressSettings,
+    tx: mpsc::Sender<IngressEntry>,
+    stop: CancellationToken,
+) {
+    let mut conn: Option<MultiplexedConnection> = None;
+    let mut delay = RetryDelay::new();
+    let mut last_reclaim: Option<Instant> = None;
+    let mut group_ready = false;
+    let stream = keys.submit();
+    tracing::info!(consumer = %settings.consumer, stream = %stream, "ingress fetcher started");
+    while !stop.is_cancelled() {
+        let n = tx.capacity().clamp(1, settings.batch);
+        let permits = tokio::select! {
+            permits = tx.reserve_many(n) => match permits {
+                Ok(permits) => permits,
+                Err(_) => break,
+            },
+            () = stop.cancelled() => break,
+        };
+        let result: redis::RedisResult<Vec<StreamId>> = async {
+            let connection = match conn.as_mut() {
+                Some(connection) => connection,
+                None => {
+                    let config = AsyncConnectionConfig::new()
+                        .set_response_timeout(Some(settings.block + Duration::from_secs(10)))
+                        .set_connection_timeout(Some(Duration::from_secs(5)));
+                    conn.insert(client.get_multiplexed_async_connection_with_config(&config).await?)
+                }
+            };
+            if !group_ready {
+                ensure_group(connection, &stream).await?;
+                remove_idle_consumers(connection, &stream, settings.reclaim_idle).await;
+                group_ready = true;
+            }
+            if last_reclaim.is_none_or(|at| at.elapsed() >= settings.reclaim_interval) {
+                last_reclaim = Some(Instant::now());
+                let options = StreamAutoClaimOptions::default().count(n);
+                let reply: StreamAutoClaimReply = connection
+                    .xautoclaim_options(
+                        &stream,
+                        CONSUMER_GROUP,
+                        &settings.consumer,
+                        settings.reclaim_idle.as_millis() as u64,
+                        "0-0",
+                        options,
+                    )
+                    .await?;
+                if !reply.claimed.is_empty() {
+                    tracing::warn!(n = reply.claimed.len(), "reclaimed ingress entries abandoned by another replica");
+                    return Ok(reply.claimed);
+                }
+            }
+            let options = StreamReadOptions::default()
+                .group(CONSUMER_GROUP, &settings.consumer)
+                .count(n)
+                .block(settings.block.as_millis() as usize);
+            let reply: Option<StreamReadReply> = connection.xread_options(&[&stream], &[">"], &options).await?;
+            Ok(reply.map(|reply| reply.keys.into_iter().flat_map(|key| key.ids).collect()).unwrap_or_default())
+        }
+        .await;
+        match result {
+            Ok(entries) => {
+                delay.succeeded();
+                for (permit, entry) in permits.zip(entries) {
+                    permit.send(IngressEntry { id: entry.id, fields: entry_fields(entry.map) });
+                }
+            }
+            Err(error) => {
+                if error.code() == Some("NOGROUP") {
+                    group_ready = false;
+                } else {
+                    conn = None;
+                }
+                let wait = delay.failed();
+                tracing::warn!(error = %error, retry_in = ?wait, "reading the submit stream failed; retrying");
+                if !pause(wait, &stop).await {
+                    break;
+                }
+            }
+        }
+    }
+    tracing::info!(consumer = %settings.consumer, "ingress fetcher stopped");
+}
+
+/// Creates the consumer group (and the stream) if missing; after a Redis restart without persistence the group
+/// is gone (`NOGROUP`) and is recreated here.
+async fn ensure_group(conn: &mut MultiplexedConnection, stream: &str) -> redis::RedisResult<()> {
+    let created: redis::RedisResult<()> = conn.xgroup_create_mkstream(stream, CONSUMER_GROUP, "0").await;
+    match created {
+        Err(error) if error.code() == Some("BUSYGROUP") => Ok(()),
+        other => other,
+    }
+}
+
+/// Deletes consumers that hold nothing and have been idle for long: every process start uses a new consumer
+/// name, and without this the group would collect them forever.
+async fn remove_idle_consumers(conn: &mut MultiplexedConnection, stream: &str, reclaim_idle: Duration) {
+    let min_idle = (reclaim_idle * 10).max(Duration::from_secs(3600)).as_millis() as i64;
+    let consumers: redis::RedisResult<Vec<HashMap<String, Value>>> =
+        redis::cmd("XINFO").arg("CONSUMERS").arg(stream).arg(CONSUMER_GROUP).query_async(conn).await;
+    let Ok(consumers) = consumers else { return };
+    for consumer in consumers {
+        let number = |name: &str| consumer.get(name).and_then(|v| redis::from_redis_value::<i64>(v.clone()).ok());
+        let name = consumer.get("name").and_then(|v| redis::from_redis_value::<String>(v.clone()).ok());
+        if let (Some(name), Some(0), Some(idle)) = (name, number("pending"), number("idle")) {
+            if idle >= min_idle {
+                let _: redis::RedisResult<i64> = conn.xgroup_delconsumer(stream, CONSUMER_GROUP, &name).await;
+                tracing::debug!(consumer = %name, "removed idle consumer");
+            }
+        }
+    }
+}
+
+fn entry_fields(map: HashMap<String, Value>) -> Vec<(String, Vec<u8>)> {
+    let mut fields: Vec<(String, Vec<u8>)> = map
+        .into_iter()
+        .map(|(name, value)| {
+            let bytes = match value {
+                Value::BulkString(bytes) => bytes,
+                Value::SimpleString(text) => text.into_bytes(),
+                other => format!("{other:?}").into_bytes(),
+            };
+            (name, bytes)
+        })
+        .collect();
+    fields.sort_by(|a, b| a.0.cmp(&b.0));
+    fields
+}
+
+/// Hands unstarted entries back by marking them idle past `reclaim_idle`, so any replica's next reclaim takes them.
+struct IngressHandBack {
+    client: redis::Client,
+    keys: Keys,
+    consumer: String,
+    reclaim_idle: Duration,
+}
+
+impl HandBack<IngressEntry> for IngressHandBack {
+    fn hand_back(&self, items: Vec<IngressEntry>) -> BoxFuture<'static, ()> {
+        let client = self.client.clone();
+        let stream = self.keys.submit();
+        let consumer = self.consumer.clone();
+        let idle = self.reclaim_idle.as_millis() as u64 + 1;
+        async move {
+            let result: redis::RedisResult<Value> = async {
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                let mut cmd = redis::cmd("XCLAIM");
+                cmd.arg(&stream).arg(CONSUMER_GROUP).arg(&consumer).arg(0);
+                for item in &items {
+                    cmd.arg(&item.id);
+                }
+                cmd.arg("IDLE").arg(idle).arg("JUSTID");
+                cmd.query_async(&mut conn).await
+            }
+            .await;
+            match result {
+                Ok(_) => tracing::info!(n = items.len(), "handed back unstarted ingress entries"),
+                Err(error) => tracing::warn!(
+                    error = %error,
+                    n = items.len(),
+                    "could not hand back ingress entries; they are reclaimed after reclaim_idle"
+                ),
+            }
+        }
+        .boxed()
+    }
+}
