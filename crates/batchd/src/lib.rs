@@ -1,0 +1,12 @@
+//! The `batchd` daemon and operator CLI as a library, so tests run the real daemon in-process
+//! (`daemon::run(settings, token, shutdown)`) and `main.rs` stays glue.
+
+pub mod cli;
+pub mod daemon;
+pub mod logging;
+pub mod pipeline;
+pub mod policy;
+pub mod settings;
+
+pub use daemon::run;
+pub use settings::Settings;

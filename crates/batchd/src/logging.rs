@@ -1,0 +1,29 @@
+//! Log output: human-readable text for terminals or one JSON object per line, to standard error.
+//!
+//! `RUST_LOG` overrides `log.level`. Span fields (`job_id`, `request_id`, `model`, `attempt`) appear on every
+//! event logged inside the span, so a job can be followed with one grep.
+
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::format::FmtSpan;
+
+use crate::settings::{LogFormat, LogSettings};
+
+/// Installs the global subscriber; returns an error if the level filter does not parse.
+pub fn init(settings: &LogSettings) -> Result<(), String> {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(value) if !value.is_empty() => EnvFilter::try_new(&value).map_err(|e| format!("RUST_LOG: {e}"))?,
+        _ => EnvFilter::try_new(&settings.level).map_err(|e| format!("configuration: log.level: {e}"))?,
+    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match settings.format {
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_span_events(FmtSpan::NONE)
+            .try_init(),
+        LogFormat::Text => builder.with_target(false).try_init(),
+    }
+    .map_err(|e| format!("logging: {e}"))
+}
