@@ -1,0 +1,295 @@
+//! The Batch API client: builds each request's URL and body, sends it, and hands the reply to `reply` (2xx) or
+//! `error` (everything else), so this file holds I/O and nothing to decide.
+
+use std::fmt;
+use std::time::{Duration, Instant, SystemTime};
+
+use batchd_core::{ModelName, RequestId};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use reqwest::Url;
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use serde_json::value::RawValue;
+
+use crate::error::{ApiError, Operation, parse_retry_after};
+use crate::reply::{PollStatus, Submitted, read_poll, read_submit};
+use crate::settings::{ApiToken, ClientBuildError, ClientSettings, validate_account_id};
+use crate::wire;
+
+/// Bytes percent-encoded in a URL path segment: everything but RFC 3986 unreserved characters and `@` (a valid
+/// path character that model scopes such as `@cf` start with, sent literally as Cloudflare's own clients do).
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b'@');
+
+/// The `User-Agent` the client sends.
+const USER_AGENT: &str = concat!("batchd/", env!("CARGO_PKG_VERSION"));
+
+/// A Batch API client for one account. Cloning is cheap and shares the connection pool.
+#[derive(Clone)]
+pub struct BatchClient {
+    /// The HTTP client, with the timeouts of the settings and redirects disabled.
+    http: reqwest::Client,
+    /// `{base}/accounts/{account}/ai/run`, the prefix of every model URL.
+    run_url: Url,
+    /// The token, kept to scrub it from any error text a server might echo it in.
+    token: ApiToken,
+    /// `Bearer <token>`, marked sensitive so HTTP-level debug output hides it.
+    authorization: HeaderValue,
+    /// The whole-request limit, quoted in timeout errors.
+    request_timeout: Duration,
+}
+
+impl fmt::Debug for BatchClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BatchClient")
+            .field("run_url", &self.run_url.as_str())
+            .field("token", &self.token)
+            .field("request_timeout", &self.request_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BatchClient {
+    /// Checks the settings and builds the client. Nothing is sent until the first submit or poll.
+    pub fn new(settings: ClientSettings) -> Result<Self, ClientBuildError> {
+        validate_account_id(&settings.account_id)?;
+        let run_url = run_url(&settings.base_url, &settings.account_id)?;
+        let token = settings.token.expose();
+        if token.is_empty() {
+            return Err(ClientBuildError::InvalidToken("must not be empty"));
+        }
+        let mut authorization = HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| ClientBuildError::InvalidToken("contains characters that cannot be sent in a header"))?;
+        authorization.set_sensitive(true);
+        let http = reqwest::Client::builder()
+            .user_agent(USER_AGENT)
+            .timeout(settings.request_timeout)
+            .connect_timeout(settings.connect_timeout)
+            // A redirect would be a misconfigured base URL; following it could carry the token elsewhere.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(ClientBuildError::Http)?;
+        Ok(Self { http, run_url, token: settings.token, authorization, request_timeout: settings.request_timeout })
+    }
+
+    /// Submits a batch: `POST {base}/accounts/{account}/ai/run/{model}?queueRequest=true` with body
+    /// `{"requests":[...]}`, each request item sent byte for byte. Accepts any 2xx carrying a request id.
+    #[tracing::instrument(skip_all, fields(model = %model, n_items = requests.len(), request_id = tracing::field::Empty))]
+    pub async fn submit(&self, model: &ModelName, requests: &[Box<RawValue>]) -> Result<Submitted, ApiError> {
+        let body = serde_json::to_vec(&wire::SubmitBody { requests }).expect("raw JSON items always serialise");
+        let body_bytes = body.len();
+        let result = match self.post(Operation::Submit, model, body).await {
+            Ok(reply) if reply.is_success() => read_submit(reply.http_status, &reply.body, body_bytes),
+            Ok(reply) => Err(reply.into_error(Operation::Submit)),
+            Err(error) => Err(error),
+        };
+        match self.scrub(result) {
+            Ok(submitted) => {
+                tracing::Span::current().record("request_id", submitted.request_id.as_str());
+                tracing::debug!(body_bytes, "batch submitted");
+                Ok(submitted)
+            }
+            Err(error) => {
+                tracing::debug!(
+                    body_bytes,
+                    kind = %error.kind,
+                    http_status = error.http_status,
+                    api_code = error.api_code,
+                    maybe_delivered = error.maybe_delivered,
+                    error = %error,
+                    "batch submit failed"
+                );
+                Err(error)
+            }
+        }
+    }
+
+    /// Asks for a batch's status: `POST` to the same model URL with body `{"request_id":"..."}`. `n_items` is the
+    /// number of items submitted, to restore their order and detect missing ones.
+    #[tracing::instrument(skip_all, fields(model = %model, request_id = %request_id))]
+    pub async fn poll(
+        &self,
+        model: &ModelName,
+        request_id: &RequestId,
+        n_items: usize,
+    ) -> Result<PollStatus, ApiError> {
+        let body = serde_json::to_vec(&wire::PollBody { request_id: request_id.as_str() })
+            .expect("a string always serialises");
+        let result = match self.post(Operation::Poll, model, body).await {
+            Ok(reply) if reply.is_success() => read_poll(reply.http_status, &reply.body, n_items),
+            Ok(reply) => Err(reply.into_error(Operation::Poll)),
+            Err(error) => Err(error),
+        };
+        match self.scrub(result) {
+            Ok(status) => {
+                let status_name = match &status {
+                    PollStatus::Queued => "queued",
+                    PollStatus::Running => "running",
+                    PollStatus::Done(_) => "done",
+                };
+                tracing::debug!(status = status_name, "batch polled");
+                Ok(status)
+            }
+            Err(error) => {
+                tracing::debug!(
+                    kind = %error.kind,
+                    http_status = error.http_status,
+                    api_code = error.api_code,
+                    error = %error,
+                    "batch poll failed"
+                );
+                Err(error)
+            }
+        }
+    }
+
+    /// Sends one JSON `POST` to the model's URL and reads the whole reply.
+    async fn post(&self, operation: Operation, model: &ModelName, body: Vec<u8>) -> Result<Reply, ApiError> {
+        let started = Instant::now();
+        let transport_error =
+            |error: reqwest::Error, status| ApiError::from_transport(operation, &error, status, self.request_timeout);
+        let response = self
+            .http
+            .post(model_url(&self.run_url, model))
+            .header(AUTHORIZATION, self.authorization.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(|error| transport_error(error, None))?;
+        let http_status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| parse_retry_after(value, SystemTime::now()));
+        let body = response.bytes().await.map_err(|error| transport_error(error, Some(http_status)))?;
+        tracing::debug!(
+            http_status,
+            reply_bytes = body.len(),
+            elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            "batch api replied"
+        );
+        Ok(Reply { http_status, retry_after, body: body.into() })
+    }
+
+    /// Removes the token from an error's message, in case a server echoed it back.
+    fn scrub<T>(&self, result: Result<T, ApiError>) -> Result<T, ApiError> {
+        result.map_err(|mut error| {
+            let token = self.token.expose();
+            if error.message.contains(token) {
+                error.message = error.message.replace(token, "[redacted]");
+            }
+            error
+        })
+    }
+}
+
+/// A complete HTTP reply.
+struct Reply {
+    /// The HTTP status.
+    http_status: u16,
+    /// `Retry-After`, when present and readable.
+    retry_after: Option<Duration>,
+    /// The body.
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn is_success(&self) -> bool {
+        (200..300).contains(&self.http_status)
+    }
+
+    fn into_error(self, operation: Operation) -> ApiError {
+        ApiError::from_reply(operation, self.http_status, self.retry_after, &self.body)
+    }
+}
+
+/// `{base}/accounts/{account}/ai/run` from a base URL that must be absolute `http(s)` without query, fragment or
+/// credentials, and an already validated account id.
+fn run_url(base_url: &str, account_id: &str) -> Result<Url, ClientBuildError> {
+    let invalid =
+        |reason: &str| ClientBuildError::InvalidBaseUrl { url: base_url.to_owned(), reason: reason.to_owned() };
+    let mut url = Url::parse(base_url.trim()).map_err(|error| invalid(&error.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(invalid("the scheme must be http or https"));
+    }
+    if url.host().is_none() || url.cannot_be_a_base() {
+        return Err(invalid("it has no host"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(invalid("it must not have a query or fragment"));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(invalid("it must not contain credentials"));
+    }
+    let path =
+        format!("{}/accounts/{}/ai/run", url.path().trim_end_matches('/'), utf8_percent_encode(account_id, SEGMENT));
+    url.set_path(&path);
+    Ok(url)
+}
+
+/// `{run_url}/{model segments, each percent-encoded}?queueRequest=true`.
+fn model_url(run_url: &Url, model: &ModelName) -> Url {
+    let mut url = run_url.clone();
+    let mut path = url.path().to_owned();
+    for segment in model.segments() {
+        path.push('/');
+        path.extend(utf8_percent_encode(segment, SEGMENT));
+    }
+    url.set_path(&path);
+    url.set_query(Some("queueRequest=true"));
+    url
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(name: &str) -> ModelName {
+        ModelName::parse(name).expect("should succeed")
+    }
+
+    #[test]
+    fn model_urls_keep_the_model_path() {
+        let run = run_url("https://api.cloudflare.com/client/v4", "023e105f4ecef8ad9ca31a8372d0c353")
+            .expect("should succeed");
+        assert_eq!(
+            model_url(&run, &model("@cf/baai/bge-m3")).as_str(),
+            "https://api.cloudflare.com/client/v4/accounts/023e105f4ecef8ad9ca31a8372d0c353/ai/run/@cf/baai/bge-m3?queueRequest=true"
+        );
+        assert_eq!(
+            model_url(&run, &model("@cf/meta/llama-3.3-70b-instruct-fp8-fast")).path(),
+            "/client/v4/accounts/023e105f4ecef8ad9ca31a8372d0c353/ai/run/@cf/meta/llama-3.3-70b-instruct-fp8-fast"
+        );
+        let local = run_url("http://127.0.0.1:8787/", "acct").expect("should succeed");
+        assert_eq!(
+            model_url(&local, &model("@hf/thebloke/x_1.5")).as_str(),
+            "http://127.0.0.1:8787/accounts/acct/ai/run/@hf/thebloke/x_1.5?queueRequest=true"
+        );
+        let trailing = run_url("https://example.test/client/v4/", "acct").expect("should succeed");
+        assert_eq!(trailing.as_str(), "https://example.test/client/v4/accounts/acct/ai/run");
+    }
+
+    #[test]
+    fn segments_are_percent_encoded() {
+        let encoded: String = utf8_percent_encode("a/b?c#d%e f@g", SEGMENT).collect();
+        assert_eq!(encoded, "a%2Fb%3Fc%23d%25e%20f@g");
+    }
+
+    #[test]
+    fn base_urls_are_validated() {
+        for bad in [
+            "",
+            "api.cloudflare.com/client/v4",
+            "ftp://api.cloudflare.com",
+            "https://api.cloudflare.com/client/v4?x=1",
+            "https://api.cloudflare.com/client/v4#f",
+            "https://user:pw@api.cloudflare.com/client/v4",
+            "mailto:someone@example.com",
+        ] {
+            assert!(
+                matches!(run_url(bad, "acct"), Err(ClientBuildError::InvalidBaseUrl { .. })),
+                "{bad:?} should be refused"
+            );
+        }
+    }
+}

@@ -1,0 +1,558 @@
+//! The Batch API's failures, classified once into the kinds the daemon acts on.
+//!
+//! Every HTTP status, API error code, transport failure and unreadable reply is mapped here, by
+//! [`classify`] and the constructors below, following the error table of the API reference. The daemon then decides
+//! "retry or give up" from [`ErrorKind`] alone and never looks at status codes itself.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use batchd_core::JobError;
+use batchd_core::result::code;
+
+use crate::wire;
+
+/// What the caller should do about a failed request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// Try again after a backoff (honouring `retry_after`): 408, 429 with code 3040, 5xx other than code 5001,
+    /// unreadable replies, connection errors and timeouts.
+    Transient,
+    /// The account's daily free allocation is used up (429 with code 3036): try again much later.
+    QuotaExhausted,
+    /// The batch is too large (413 or code 3006): split it, or fail the job if it cannot be split.
+    TooLarge,
+    /// A poll got 404: the API no longer has the batch or its results. Resubmitting is the only way forward.
+    NotFound,
+    /// The remote batch as a whole failed (code 5001, "Model execution failed"); permanent for that batch.
+    BatchFailed,
+    /// The API refused the request and will refuse it again: bad token (10000), unknown model, invalid input,
+    /// account blocked or not entitled, bad route (404/7003 on submit), any other 4xx.
+    Permanent,
+}
+
+impl ErrorKind {
+    /// A stable snake_case name, for logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Transient => "transient",
+            Self::QuotaExhausted => "quota_exhausted",
+            Self::TooLarge => "too_large",
+            Self::NotFound => "not_found",
+            Self::BatchFailed => "batch_failed",
+            Self::Permanent => "permanent",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A failed submit or poll.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// What the caller should do about it.
+    pub kind: ErrorKind,
+    /// The HTTP status of the reply; `None` when no reply arrived (connection error, timeout).
+    pub http_status: Option<u16>,
+    /// The API's own error code (the first of `errors[]`), when the reply carried one.
+    pub api_code: Option<i64>,
+    /// The API's own message, or a description of the failure for humans.
+    pub message: String,
+    /// How long the API asked us to wait (`Retry-After`, in seconds or as an HTTP date), when it did.
+    pub retry_after: Option<Duration>,
+    /// Whether a submit that failed may nevertheless have been accepted by the API: the request was sent and no
+    /// refusal came back (timeout or connection reset after sending, a gateway error page, a 2xx reply that could
+    /// not be read). Retrying such a submit may run the batch twice. Always `false` for polls.
+    pub maybe_delivered: bool,
+}
+
+/// API error codes the classification depends on.
+mod api_code {
+    /// Request too large.
+    pub const TOO_LARGE: i64 = 3006;
+    /// The request timed out.
+    pub const TIMEOUT: i64 = 3007;
+    /// The request was aborted.
+    pub const ABORTED: i64 = 3008;
+    /// The daily free allocation is used up.
+    pub const DAILY_ALLOCATION: i64 = 3036;
+    /// Out of capacity, try again.
+    pub const OUT_OF_CAPACITY: i64 = 3040;
+    /// Model execution failed: the whole batch failed.
+    pub const MODEL_EXECUTION_FAILED: i64 = 5001;
+}
+
+/// Which request failed; a 404 means different things for each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Operation {
+    /// Sending a new batch.
+    Submit,
+    /// Asking for a batch's status or results.
+    Poll,
+}
+
+/// Longest body excerpt quoted in an error message, in characters.
+const SNIPPET_CHARS: usize = 200;
+
+/// Classifies a reply by its HTTP status and the API's error code (the reference's error table).
+///
+/// The code wins over the status where it is specific (5001, 3006, 3036, 3040, 3007, 3008); otherwise 408 and 429
+/// are transient, 413 is too large, 404 on a poll means the results are gone, 5xx is transient and everything else
+/// (401, 403, 400, 404 on submit, unexpected 3xx, a 2xx with `success:false`) is permanent.
+pub(crate) fn classify(operation: Operation, http_status: u16, api_code: Option<i64>) -> ErrorKind {
+    match (http_status, api_code) {
+        (_, Some(api_code::MODEL_EXECUTION_FAILED)) => ErrorKind::BatchFailed,
+        (413, _) | (_, Some(api_code::TOO_LARGE)) => ErrorKind::TooLarge,
+        (_, Some(api_code::DAILY_ALLOCATION)) => ErrorKind::QuotaExhausted,
+        (408 | 429, _) | (_, Some(api_code::OUT_OF_CAPACITY | api_code::TIMEOUT | api_code::ABORTED)) => {
+            ErrorKind::Transient
+        }
+        (404, _) if operation == Operation::Poll => ErrorKind::NotFound,
+        (500..=599, _) => ErrorKind::Transient,
+        _ => ErrorKind::Permanent,
+    }
+}
+
+/// Whether a submit that got this reply may have been accepted anyway: a timeout reported by the server, or a
+/// server-side failure that does not say the batch was refused. Over-counting possible duplicates is the safe side.
+fn submit_maybe_delivered(http_status: u16, api_code: Option<i64>) -> bool {
+    match (http_status, api_code) {
+        (_, Some(api_code::MODEL_EXECUTION_FAILED)) => false,
+        (408, _) | (_, Some(api_code::TIMEOUT | api_code::ABORTED)) => true,
+        (500..=599, _) => true,
+        _ => false,
+    }
+}
+
+impl ApiError {
+    /// Whether the same request may succeed later (transient failures and an exhausted daily quota).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.kind, ErrorKind::Transient | ErrorKind::QuotaExhausted)
+    }
+
+    /// Whether this failed submit may have reached the API anyway, so a retry may duplicate the batch.
+    pub fn is_ambiguous_submit(&self) -> bool {
+        self.maybe_delivered
+    }
+
+    /// The job's error when the caller gives up on this failure: `api_error`, `batch_failed`, `results_gone`, or
+    /// `retries_exhausted` for kinds that were worth retrying, with the API's code and status attached.
+    pub fn to_job_error(&self) -> JobError {
+        let (job_code, preface) = match self.kind {
+            ErrorKind::Permanent => (code::API_ERROR, "the Batch API refused the batch"),
+            ErrorKind::TooLarge => (code::API_ERROR, "the Batch API refused the batch as too large"),
+            ErrorKind::BatchFailed => (code::BATCH_FAILED, "the remote batch failed"),
+            ErrorKind::NotFound => (code::RESULTS_GONE, "the Batch API no longer has the batch's results"),
+            ErrorKind::QuotaExhausted => {
+                (code::RETRIES_EXHAUSTED, "the Batch API quota stayed exhausted until batchd gave up")
+            }
+            ErrorKind::Transient => (code::RETRIES_EXHAUSTED, "the Batch API kept failing; the last error was"),
+        };
+        JobError {
+            code: job_code.to_owned(),
+            message: format!("{preface}: {}{}", self.message, self.details()),
+            api_code: self.api_code,
+            http_status: self.http_status,
+        }
+    }
+
+    /// ` (code 10000, HTTP 401)`, ` (HTTP 502)` or nothing.
+    fn details(&self) -> String {
+        match (self.api_code, self.http_status) {
+            (Some(api_code), Some(status)) => format!(" (code {api_code}, HTTP {status})"),
+            (Some(api_code), None) => format!(" (code {api_code})"),
+            (None, Some(status)) => format!(" (HTTP {status})"),
+            (None, None) => String::new(),
+        }
+    }
+
+    /// The error for a non-2xx reply, or a 2xx reply whose envelope says `success:false`.
+    pub(crate) fn from_reply(
+        operation: Operation,
+        http_status: u16,
+        retry_after: Option<Duration>,
+        body: &[u8],
+    ) -> Self {
+        let (api_code, message, kind) = match serde_json::from_slice::<wire::ErrorEnvelope>(body) {
+            Ok(envelope) => {
+                let first = envelope.errors.unwrap_or_default().into_iter().next();
+                let api_code = first.as_ref().and_then(wire::ErrorItem::code);
+                let message = first
+                    .and_then(|error| error.message)
+                    .filter(|message| !message.trim().is_empty())
+                    .unwrap_or_else(|| format!("HTTP {http_status} without an error message: {}", body_snippet(body)));
+                (api_code, message, classify(operation, http_status, api_code))
+            }
+            Err(_) => {
+                let message = format!("HTTP {http_status} with a non-JSON body: {}", body_snippet(body));
+                // A 2xx that cannot be read is a broken reply, worth another try; otherwise the status decides.
+                let kind = if (200..300).contains(&http_status) {
+                    ErrorKind::Transient
+                } else {
+                    classify(operation, http_status, None)
+                };
+                (None, message, kind)
+            }
+        };
+        Self {
+            kind,
+            http_status: Some(http_status),
+            api_code,
+            message: one_line(&message, SNIPPET_CHARS * 2),
+            retry_after,
+            maybe_delivered: operation == Operation::Submit && submit_maybe_delivered(http_status, api_code),
+        }
+    }
+
+    /// The error for a 2xx reply that is not what the API documents (unreadable JSON, unexpected shape).
+    /// A submit with such a reply may well have been accepted.
+    pub(crate) fn unreadable_reply(operation: Operation, http_status: u16, what: &str, body: &[u8]) -> Self {
+        Self {
+            kind: ErrorKind::Transient,
+            http_status: Some(http_status),
+            api_code: None,
+            message: format!("{what}: {}", body_snippet(body)),
+            retry_after: None,
+            maybe_delivered: operation == Operation::Submit,
+        }
+    }
+
+    /// The error for a request that got no complete reply: connection refused or reset, timeout, unreadable body.
+    /// `http_status` is the reply's status when the failure happened while reading its body.
+    pub(crate) fn from_transport(
+        operation: Operation,
+        error: &reqwest::Error,
+        http_status: Option<u16>,
+        timeout: Duration,
+    ) -> Self {
+        let chain = error_chain(error);
+        let (kind, message, sent) = if error.is_builder() {
+            (ErrorKind::Permanent, format!("could not build the request: {chain}"), false)
+        } else if error.is_connect() {
+            (ErrorKind::Transient, format!("could not connect: {chain}"), false)
+        } else if error.is_timeout() {
+            (ErrorKind::Transient, format!("request timed out after {timeout:?}: {chain}"), true)
+        } else {
+            (ErrorKind::Transient, format!("connection failed: {chain}"), true)
+        };
+        Self {
+            kind,
+            http_status,
+            api_code: None,
+            message,
+            retry_after: None,
+            maybe_delivered: operation == Operation::Submit && sent,
+        }
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            ErrorKind::Transient => "transient batch api error",
+            ErrorKind::QuotaExhausted => "batch api quota exhausted",
+            ErrorKind::TooLarge => "batch too large",
+            ErrorKind::NotFound => "batch not found",
+            ErrorKind::BatchFailed => "batch failed",
+            ErrorKind::Permanent => "batch api refused the request",
+        };
+        write!(f, "{what}{}: {}", self.details(), self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+/// An error and its causes, joined by `: ` (repeated texts once), without the URL (it holds the account id and
+/// is in the span anyway).
+fn error_chain(error: &reqwest::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let top = error.to_string();
+    let top = top.split(" for url (").next().unwrap_or_default().to_owned();
+    parts.push(top);
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !parts.iter().any(|part| part.contains(&text)) {
+            parts.push(text);
+        }
+        source = cause.source();
+    }
+    parts.join(": ")
+}
+
+/// A short, single-line excerpt of a reply body for an error message: an HTML page's `<title>` when it has one,
+/// otherwise its start, whitespace collapsed, at most 200 characters.
+pub(crate) fn body_snippet(body: &[u8]) -> String {
+    if body.is_empty() {
+        return "(empty)".to_owned();
+    }
+    let text = String::from_utf8_lossy(body);
+    let title = text.find("<title>").and_then(|start| {
+        let rest = &text[start + "<title>".len()..];
+        rest.find("</title>").map(|end| &rest[..end])
+    });
+    one_line(title.filter(|title| !title.trim().is_empty()).unwrap_or(&text), SNIPPET_CHARS)
+}
+
+/// `text` with whitespace runs collapsed to one space, cut to `max_chars` characters (marked with `…`).
+fn one_line(text: &str, max_chars: usize) -> String {
+    let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if collapsed.chars().count() <= max_chars {
+        return collapsed;
+    }
+    let mut cut: String = collapsed.chars().take(max_chars).collect();
+    cut.push('…');
+    cut
+}
+
+/// Reads a `Retry-After` value: delay seconds (`120`) or an HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`); a date
+/// in the past means "now". `None` when the value is neither.
+pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = parse_imf_fixdate(value)?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// Parses the HTTP date format servers must send (IMF-fixdate, RFC 9110 §5.6.7): `Sun, 06 Nov 1994 08:49:37 GMT`.
+fn parse_imf_fixdate(value: &str) -> Option<SystemTime> {
+    let parts: Vec<&str> = value.split_ascii_whitespace().collect();
+    let [weekday, day, month, year, time, "GMT"] = parts.as_slice() else {
+        return None;
+    };
+    if !weekday.ends_with(',') || weekday.len() != 4 {
+        return None;
+    }
+    let day: u32 = day.parse().ok().filter(|day| (1..=31).contains(day))?;
+    let month = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+        .iter()
+        .position(|name| name == month)? as u32
+        + 1;
+    let year: i64 = year.parse().ok().filter(|year| *year >= 1970)?;
+    let mut clock = time.split(':').map(|part| part.parse::<u64>().ok());
+    let (Some(Some(hour)), Some(Some(minute)), Some(Some(second)), None) =
+        (clock.next(), clock.next(), clock.next(), clock.next())
+    else {
+        return None;
+    };
+    if hour > 23 || minute > 59 || second > 60 {
+        return None;
+    }
+    let days = u64::try_from(days_from_civil(year, month, day)).ok()?;
+    Some(UNIX_EPOCH + Duration::from_secs(days * 86_400 + hour * 3_600 + minute * 60 + second))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's `days_from_civil`).
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year - era * 400;
+    let month = i64::from(month);
+    let day_of_year = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use Operation::{Poll, Submit};
+
+    /// Every row of the reference's error table, for both operations where they differ.
+    #[test]
+    fn classification_follows_the_reference_table() {
+        let rows: &[(u16, Option<i64>, ErrorKind, ErrorKind)] = &[
+            // HTTP, code, on submit, on poll
+            (401, Some(10000), ErrorKind::Permanent, ErrorKind::Permanent),
+            (403, Some(10000), ErrorKind::Permanent, ErrorKind::Permanent),
+            (404, Some(7003), ErrorKind::Permanent, ErrorKind::NotFound),
+            (404, None, ErrorKind::Permanent, ErrorKind::NotFound),
+            (400, Some(5007), ErrorKind::Permanent, ErrorKind::Permanent),
+            (400, Some(3042), ErrorKind::Permanent, ErrorKind::Permanent),
+            (400, Some(3003), ErrorKind::Permanent, ErrorKind::Permanent),
+            (400, Some(5004), ErrorKind::Permanent, ErrorKind::Permanent),
+            (403, Some(3023), ErrorKind::Permanent, ErrorKind::Permanent),
+            (403, Some(5016), ErrorKind::Permanent, ErrorKind::Permanent),
+            (403, Some(5018), ErrorKind::Permanent, ErrorKind::Permanent),
+            (403, Some(3041), ErrorKind::Permanent, ErrorKind::Permanent),
+            (403, Some(5035), ErrorKind::Permanent, ErrorKind::Permanent),
+            (413, Some(3006), ErrorKind::TooLarge, ErrorKind::TooLarge),
+            (413, None, ErrorKind::TooLarge, ErrorKind::TooLarge),
+            (400, Some(3006), ErrorKind::TooLarge, ErrorKind::TooLarge),
+            (408, Some(3007), ErrorKind::Transient, ErrorKind::Transient),
+            (408, Some(3008), ErrorKind::Transient, ErrorKind::Transient),
+            (408, None, ErrorKind::Transient, ErrorKind::Transient),
+            (429, Some(3040), ErrorKind::Transient, ErrorKind::Transient),
+            (429, None, ErrorKind::Transient, ErrorKind::Transient),
+            (429, Some(3036), ErrorKind::QuotaExhausted, ErrorKind::QuotaExhausted),
+            (500, Some(5001), ErrorKind::BatchFailed, ErrorKind::BatchFailed),
+            (500, None, ErrorKind::Transient, ErrorKind::Transient),
+            (500, Some(7000), ErrorKind::Transient, ErrorKind::Transient),
+            (502, None, ErrorKind::Transient, ErrorKind::Transient),
+            (503, None, ErrorKind::Transient, ErrorKind::Transient),
+            (504, None, ErrorKind::Transient, ErrorKind::Transient),
+            (400, None, ErrorKind::Permanent, ErrorKind::Permanent),
+            (422, Some(1234), ErrorKind::Permanent, ErrorKind::Permanent),
+            (301, None, ErrorKind::Permanent, ErrorKind::Permanent),
+            (200, Some(1234), ErrorKind::Permanent, ErrorKind::Permanent),
+        ];
+        for &(status, api_code, on_submit, on_poll) in rows {
+            assert_eq!(classify(Submit, status, api_code), on_submit, "submit {status} {api_code:?}");
+            assert_eq!(classify(Poll, status, api_code), on_poll, "poll {status} {api_code:?}");
+        }
+    }
+
+    #[test]
+    fn only_transient_and_quota_errors_are_retryable() {
+        for (kind, retryable) in [
+            (ErrorKind::Transient, true),
+            (ErrorKind::QuotaExhausted, true),
+            (ErrorKind::TooLarge, false),
+            (ErrorKind::NotFound, false),
+            (ErrorKind::BatchFailed, false),
+            (ErrorKind::Permanent, false),
+        ] {
+            let error = ApiError {
+                kind,
+                http_status: None,
+                api_code: None,
+                message: "x".into(),
+                retry_after: None,
+                maybe_delivered: false,
+            };
+            assert_eq!(error.is_retryable(), retryable, "{kind}");
+        }
+    }
+
+    #[test]
+    fn the_error_envelope_gives_code_and_message() {
+        let body = br#"{"result":null,"success":false,"errors":[{"code":10000,"message":"Authentication error"},{"code":1,"message":"second"}],"messages":[]}"#;
+        let error = ApiError::from_reply(Submit, 401, None, body);
+        assert_eq!(error.kind, ErrorKind::Permanent);
+        assert_eq!(error.api_code, Some(10000));
+        assert_eq!(error.http_status, Some(401));
+        assert_eq!(error.message, "Authentication error");
+        assert!(!error.is_ambiguous_submit());
+        assert_eq!(error.to_string(), "batch api refused the request (code 10000, HTTP 401): Authentication error");
+        let job_error = error.to_job_error();
+        assert_eq!(job_error.code, "api_error");
+        assert_eq!(job_error.message, "the Batch API refused the batch: Authentication error (code 10000, HTTP 401)");
+        assert_eq!(job_error.api_code, Some(10000));
+        assert_eq!(job_error.http_status, Some(401));
+    }
+
+    #[test]
+    fn codes_given_as_strings_are_read_too() {
+        let body = br#"{"success":false,"errors":[{"code":"3040","message":"Capacity temporarily exceeded, please try again."}]}"#;
+        let error = ApiError::from_reply(Poll, 429, Some(Duration::from_secs(3)), body);
+        assert_eq!((error.kind, error.api_code), (ErrorKind::Transient, Some(3040)));
+        assert_eq!(error.retry_after, Some(Duration::from_secs(3)));
+    }
+
+    #[test]
+    fn job_error_codes_follow_the_kind() {
+        let cases = [
+            (500, br#"{"errors":[{"code":5001,"message":"Model execution failed"}]}"#.as_slice(), "batch_failed"),
+            (404, br#"{"errors":[{"code":7003,"message":"Could not route"}]}"#.as_slice(), "results_gone"),
+            (413, br#"{"errors":[{"code":3006,"message":"Request is too large"}]}"#.as_slice(), "api_error"),
+            (429, br#"{"errors":[{"code":3036,"message":"daily allocation"}]}"#.as_slice(), "retries_exhausted"),
+            (502, b"<html>bad gateway</html>".as_slice(), "retries_exhausted"),
+        ];
+        for (status, body, job_code) in cases {
+            assert_eq!(ApiError::from_reply(Poll, status, None, body).to_job_error().code, job_code, "{status}");
+        }
+        let failed = ApiError::from_reply(Poll, 500, None, cases[0].1).to_job_error();
+        assert_eq!(failed.message, "the remote batch failed: Model execution failed (code 5001, HTTP 500)");
+    }
+
+    #[test]
+    fn html_error_pages_are_transient_with_a_short_one_line_snippet() {
+        let page = format!(
+            "<!DOCTYPE html>\n<html>\n<head>\n<title>api.cloudflare.com | 502:\n Bad gateway</title></head><body>{}</body></html>",
+            "x".repeat(5000)
+        );
+        let error = ApiError::from_reply(Submit, 502, None, page.as_bytes());
+        assert_eq!(error.kind, ErrorKind::Transient);
+        assert_eq!(error.api_code, None);
+        assert_eq!(error.message, "HTTP 502 with a non-JSON body: api.cloudflare.com | 502: Bad gateway");
+        assert!(error.is_ambiguous_submit(), "a gateway page does not say the batch was refused");
+        assert!(!ApiError::from_reply(Poll, 502, None, page.as_bytes()).is_ambiguous_submit());
+
+        let text = format!("line one\nline two {}", "y".repeat(1000));
+        let error = ApiError::from_reply(Poll, 503, None, text.as_bytes());
+        assert!(!error.message.contains('\n'));
+        let snippet = error.message.trim_start_matches("HTTP 503 with a non-JSON body: ");
+        assert!(snippet.starts_with("line one line two yyy"));
+        assert_eq!(snippet.chars().count(), 201, "200 characters and the ellipsis");
+    }
+
+    #[test]
+    fn non_json_client_errors_are_classified_by_status() {
+        assert_eq!(ApiError::from_reply(Submit, 401, None, b"Unauthorized").kind, ErrorKind::Permanent);
+        assert_eq!(ApiError::from_reply(Submit, 413, None, b"<html>413</html>").kind, ErrorKind::TooLarge);
+        assert_eq!(ApiError::from_reply(Poll, 404, None, b"not found").kind, ErrorKind::NotFound);
+        assert_eq!(ApiError::from_reply(Poll, 200, None, b"<html>").kind, ErrorKind::Transient);
+        let empty = ApiError::from_reply(Poll, 500, None, b"");
+        assert_eq!(empty.message, "HTTP 500 with a non-JSON body: (empty)");
+    }
+
+    #[test]
+    fn json_without_errors_keeps_a_snippet() {
+        let error = ApiError::from_reply(Poll, 400, None, br#"{"success":false}"#);
+        assert_eq!(error.kind, ErrorKind::Permanent);
+        assert_eq!(error.message, r#"HTTP 400 without an error message: {"success":false}"#);
+    }
+
+    #[test]
+    fn submits_that_may_have_been_accepted_are_flagged() {
+        assert!(ApiError::from_reply(Submit, 504, None, b"").is_ambiguous_submit());
+        assert!(
+            ApiError::from_reply(Submit, 408, None, br#"{"errors":[{"code":3007,"message":"t"}]}"#)
+                .is_ambiguous_submit()
+        );
+        assert!(
+            !ApiError::from_reply(Submit, 500, None, br#"{"errors":[{"code":5001,"message":"m"}]}"#)
+                .is_ambiguous_submit()
+        );
+        assert!(
+            !ApiError::from_reply(Submit, 429, None, br#"{"errors":[{"code":3040,"message":"c"}]}"#)
+                .is_ambiguous_submit()
+        );
+        assert!(
+            !ApiError::from_reply(Submit, 400, None, br#"{"errors":[{"code":5004,"message":"d"}]}"#)
+                .is_ambiguous_submit()
+        );
+    }
+
+    #[test]
+    fn retry_after_accepts_seconds_and_http_dates() {
+        let now = UNIX_EPOCH + Duration::from_secs(784_111_700); // Sun, 06 Nov 1994 08:48:20 GMT
+        assert_eq!(parse_retry_after("120", now), Some(Duration::from_secs(120)));
+        assert_eq!(parse_retry_after(" 0 ", now), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now), Some(Duration::from_secs(77)));
+        assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:00:00 GMT", now), Some(Duration::ZERO));
+        assert_eq!(parse_imf_fixdate("Thu, 01 Jan 1970 00:00:00 GMT"), Some(UNIX_EPOCH), "the epoch itself");
+        assert_eq!(
+            parse_imf_fixdate("Sat, 29 Feb 2020 12:00:00 GMT"),
+            Some(UNIX_EPOCH + Duration::from_secs(1_582_977_600))
+        );
+        for bad in [
+            "",
+            "-5",
+            "1.5",
+            "soon",
+            "Sun, 06 Nov 1994 08:49:37 UTC",
+            "Sunday, 06-Nov-94 08:49:37 GMT",
+            "Sun, 06 Nov 1994 25:00:00 GMT",
+        ] {
+            assert_eq!(parse_retry_after(bad, now), None, "{bad:?}");
+        }
+    }
+}

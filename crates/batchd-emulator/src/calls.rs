@@ -1,0 +1,42 @@
+//! The call log: one record per API call the emulator answered (or refused to answer).
+
+use serde::{Deserialize, Serialize};
+
+/// What an API call turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallKind {
+    /// A body with `requests` (or at least without `request_id`) that got past validation, or hit a fault.
+    Submit,
+    /// A body with `request_id`, whatever the answer.
+    Poll,
+    /// Refused before it could be treated as a submit or a poll: auth, routing, model, size or body errors.
+    Rejected,
+}
+
+/// One API call, as the emulator saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallRecord {
+    /// Position in the log, from 1, never reused until a reset.
+    pub seq: u64,
+    /// Submit, poll or rejected.
+    pub kind: CallKind,
+    /// Model from the URL, percent-decoded (empty when the URL did not route).
+    pub model: String,
+    /// Account id from the URL (empty when the URL did not route).
+    pub account_id: String,
+    /// For an accepted submit the new request id; for a poll the polled id; otherwise `None`.
+    pub request_id: Option<String>,
+    /// HTTP status of the reply; 0 when the connection was reset without a reply.
+    pub http_status: u16,
+    /// Size of the raw request body in bytes.
+    pub body_bytes: usize,
+    /// Number of items in `requests`, for a submit whose body had them.
+    pub n_items: Option<usize>,
+    /// Envelope error code of the reply, when it was an error envelope.
+    pub error_code: Option<i64>,
+    /// When the call arrived, in Unix milliseconds.
+    pub at_ms: u64,
+    /// Names of the injected faults that shaped this call (`reset`, `fail_items+results_shape`, ...).
+    pub fault: Option<String>,
+}

@@ -1,0 +1,109 @@
+//! Settings of an emulator instance and the table of models it knows.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Settings of one emulator instance.
+#[derive(Debug, Clone)]
+pub struct EmulatorConfig {
+    /// API token a caller must send as `Authorization: Bearer <token>`.
+    pub token: String,
+    /// The only account id the emulator routes; any other answers 404 with code 7003.
+    pub account_id: String,
+    /// How long a submitted batch reports `queued`, measured from its submit.
+    pub queued_for: Duration,
+    /// How long a batch reports `running` once it stops being `queued`; after that it is done.
+    pub running_for: Duration,
+    /// Request bodies of this many bytes or more are refused with HTTP 413, code 3006.
+    pub max_body_bytes: usize,
+    /// HTTP status of an accepted submit: 200 (documented) or 202 (seen live).
+    pub submit_status: u16,
+    /// Models known in addition to [`default_models`], with the family that shapes their input and output.
+    pub extra_models: Vec<(String, Family)>,
+}
+
+impl Default for EmulatorConfig {
+    fn default() -> Self {
+        Self {
+            token: "emulator-token".to_owned(),
+            account_id: "emulator-account".to_owned(),
+            queued_for: Duration::from_millis(200),
+            running_for: Duration::from_millis(300),
+            max_body_bytes: 10_000_000,
+            submit_status: 200,
+            extra_models: Vec::new(),
+        }
+    }
+}
+
+/// The kind of model, which decides what a request item must contain and what its result looks like.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "family")]
+pub enum Family {
+    /// `prompt`, `messages` or `input` in, `{"response": "..."}` out.
+    TextGeneration,
+    /// `text` (a string or a list of strings) in, `{"shape": [n, dim], "data": [[..]]}` out.
+    Embeddings {
+        /// Length of each embedding vector.
+        dim: usize,
+    },
+    /// bge-m3: embeddings like [`Family::Embeddings`] (dim 1024), or query mode with `query` and `contexts`.
+    BgeM3,
+    /// `text`, `source_lang`, `target_lang` in, `{"translated_text": "..."}` out.
+    Translation,
+    /// `audio` in, `{"text": "..."}` out.
+    Speech,
+}
+
+/// Models the emulator knows without configuration, with their families.
+pub fn default_models() -> Vec<(String, Family)> {
+    let text = [
+        "@cf/meta/llama-3.3-70b-instruct-fp8-fast",
+        "@cf/meta/llama-4-scout-17b-16e-instruct",
+        "@cf/qwen/qwen3-30b-a3b-fp8",
+        "@cf/openai/gpt-oss-120b",
+        "@cf/openai/gpt-oss-20b",
+    ];
+    let mut models: Vec<(String, Family)> = text
+        .iter()
+        .map(|name| ((*name).to_owned(), Family::TextGeneration))
+        .collect();
+    models.extend([
+        (
+            "@cf/baai/bge-small-en-v1.5".to_owned(),
+            Family::Embeddings { dim: 384 },
+        ),
+        (
+            "@cf/baai/bge-base-en-v1.5".to_owned(),
+            Family::Embeddings { dim: 768 },
+        ),
+        (
+            "@cf/baai/bge-large-en-v1.5".to_owned(),
+            Family::Embeddings { dim: 1024 },
+        ),
+        ("@cf/baai/bge-m3".to_owned(), Family::BgeM3),
+        ("@cf/meta/m2m100-1.2b".to_owned(), Family::Translation),
+        (
+            "@cf/openai/whisper-large-v3-turbo".to_owned(),
+            Family::Speech,
+        ),
+    ]);
+    models
+}
+
+impl EmulatorConfig {
+    /// The family of `model`, looking at the extra models first, or `None` for an unknown model.
+    pub fn family_of(&self, model: &str) -> Option<Family> {
+        self.extra_models
+            .iter()
+            .find(|(name, _)| name == model)
+            .map(|(_, family)| *family)
+            .or_else(|| {
+                default_models()
+                    .into_iter()
+                    .find(|(name, _)| name == model)
+                    .map(|(_, family)| family)
+            })
+    }
+}

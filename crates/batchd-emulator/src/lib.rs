@@ -1,0 +1,193 @@
+//! A local fake of the Cloudflare Workers AI asynchronous Batch API, for tests and development.
+//!
+//! [`Emulator::start`] serves the run endpoint (`/client/v4/accounts/{account_id}/ai/run/{model}`)
+//! and a control API under `/_emulator/`; the returned [`EmulatorHandle`] injects faults, changes
+//! the timing and reads the call log in-process. The control API has no authentication: the
+//! emulator is for local use only and must never listen on a public interface.
+
+mod calls;
+mod config;
+mod fault;
+mod listener;
+mod outputs;
+mod server;
+mod state;
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    sync::Arc,
+    time::Duration,
+};
+
+use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
+
+pub use crate::{
+    calls::{CallKind, CallRecord},
+    config::{EmulatorConfig, Family, default_models},
+    fault::{Calls, Fault, FaultKind},
+};
+use crate::{
+    listener::{Connection, ResettableListener},
+    state::{State, Timing},
+};
+
+/// How long [`EmulatorHandle::shutdown`] waits for open connections before dropping them.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Entry point: starts emulator instances.
+#[derive(Debug)]
+pub struct Emulator;
+
+impl Emulator {
+    /// Binds `addr` (port 0 picks a free port) and serves the emulator until the handle is shut down or dropped.
+    pub async fn start(
+        config: EmulatorConfig,
+        addr: SocketAddr,
+    ) -> std::io::Result<EmulatorHandle> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(State::new(config));
+        let app =
+            server::router(Arc::clone(&state)).into_make_service_with_connect_info::<Connection>();
+        let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(ResettableListener::new(listener), app).with_graceful_shutdown(
+                async move {
+                    // A dropped sender also means stop.
+                    let _ = shutdown_rx.await;
+                },
+            );
+            if let Err(error) = serve.await {
+                tracing::error!(%error, "emulator server failed");
+            }
+        });
+        tracing::info!(%addr, "emulator started");
+        Ok(EmulatorHandle {
+            addr,
+            state,
+            shutdown_tx: Some(shutdown_tx),
+            task: Some(task),
+        })
+    }
+}
+
+/// A running emulator: control it in-process, and stop it with [`EmulatorHandle::shutdown`] or by dropping it.
+#[derive(Debug)]
+pub struct EmulatorHandle {
+    /// The address the emulator is bound to.
+    addr: SocketAddr,
+    /// State shared with the HTTP handlers.
+    state: Arc<State>,
+    /// Tells the server to stop; `None` once used.
+    shutdown_tx: Option<oneshot::Sender<()>>,
+    /// The serving task; `None` once awaited.
+    task: Option<JoinHandle<()>>,
+}
+
+impl EmulatorHandle {
+    /// The bound address (with the real port when started on port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Base URL for a client, like Cloudflare's `https://api.cloudflare.com/client/v4`.
+    ///
+    /// An unspecified bind address (`0.0.0.0`, `::`) is replaced by loopback.
+    pub fn base_url(&self) -> String {
+        let mut addr = self.addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        format!("http://{addr}/client/v4")
+    }
+
+    /// The configured API token.
+    pub fn token(&self) -> &str {
+        &self.state.config.token
+    }
+
+    /// The configured account id.
+    pub fn account_id(&self) -> &str {
+        &self.state.config.account_id
+    }
+
+    /// Queues a fault (see [`Fault`]); call-level faults are used FIFO by matching calls.
+    pub fn inject(&self, fault: Fault) {
+        self.state.inject(fault);
+    }
+
+    /// Faults not used up yet, call-level first.
+    pub fn pending_faults(&self) -> Vec<Fault> {
+        self.state.pending_faults()
+    }
+
+    /// Every API call since start or the last reset, oldest first.
+    pub fn calls(&self) -> Vec<CallRecord> {
+        self.state.calls()
+    }
+
+    /// The calls of kind [`CallKind::Submit`] (accepted submits, and submits answered by a call-level fault).
+    pub fn submits(&self) -> Vec<CallRecord> {
+        self.calls()
+            .into_iter()
+            .filter(|call| call.kind == CallKind::Submit)
+            .collect()
+    }
+
+    /// The calls of kind [`CallKind::Poll`].
+    pub fn polls(&self) -> Vec<CallRecord> {
+        self.calls()
+            .into_iter()
+            .filter(|call| call.kind == CallKind::Poll)
+            .collect()
+    }
+
+    /// Number of batches accepted since start (resets do not forget batches).
+    pub fn batch_count(&self) -> usize {
+        self.state.batch_count()
+    }
+
+    /// Changes how long batches stay queued and running; applies to existing batches too.
+    pub fn set_timing(&self, queued_for: Duration, running_for: Duration) {
+        self.state.set_timing(Timing {
+            queued_for,
+            running_for,
+        });
+    }
+
+    /// Clears pending faults and the call log; batches and timing stay.
+    pub fn reset(&self) {
+        self.state.reset();
+    }
+
+    /// Stops accepting connections and waits (at most a few seconds) for open ones to finish.
+    pub async fn shutdown(mut self) {
+        if let Some(shutdown_tx) = self.shutdown_tx.take() {
+            let _ = shutdown_tx.send(());
+        }
+        if let Some(mut task) = self.task.take() {
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "emulator connections still open after the grace period; dropping them"
+                );
+                task.abort();
+            }
+        }
+        tracing::info!(addr = %self.addr, "emulator stopped");
+    }
+}
+
+impl Drop for EmulatorHandle {
+    fn drop(&mut self) {
+        if let Some(shutdown_tx) = self.shutdown_tx.take() {
+            let _ = shutdown_tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            // Dropped without `shutdown`: nobody waits, so stop at once.
+            task.abort();
+        }
+    }
+}

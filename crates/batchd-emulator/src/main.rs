@@ -1,0 +1,96 @@
+//! `batchd-emulator`: runs the Workers AI Batch API emulator until SIGTERM or SIGINT.
+//!
+//! Prints `batchd-emulator listening on http://ADDR/client/v4` on stdout once bound; logs go to stderr.
+
+use std::{io::Write, net::SocketAddr, time::Duration};
+
+use anyhow::Context;
+use batchd_emulator::{Emulator, EmulatorConfig};
+use clap::Parser;
+
+/// Fake Cloudflare Workers AI Batch API for local tests. Its control API (/_emulator/) has no auth:
+/// listen on loopback only.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8787")]
+    listen: SocketAddr,
+    /// API token callers must send as `Authorization: Bearer <token>`.
+    #[arg(long, env = "EMULATOR_TOKEN", default_value = "emulator-token")]
+    token: String,
+    /// The account id the emulator accepts.
+    #[arg(long, default_value = "emulator-account")]
+    account_id: String,
+    /// Milliseconds a batch stays queued.
+    #[arg(long, default_value_t = 200)]
+    queued_ms: u64,
+    /// Milliseconds a batch then stays running.
+    #[arg(long, default_value_t = 300)]
+    running_ms: u64,
+    /// Bodies of this many bytes or more get HTTP 413.
+    #[arg(long, default_value_t = 10_000_000)]
+    max_body_bytes: usize,
+    /// HTTP status of an accepted submit (200 or 202).
+    #[arg(long, default_value_t = 200)]
+    submit_status: u16,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    let config = EmulatorConfig {
+        token: args.token,
+        account_id: args.account_id,
+        queued_for: Duration::from_millis(args.queued_ms),
+        running_for: Duration::from_millis(args.running_ms),
+        max_body_bytes: args.max_body_bytes,
+        submit_status: args.submit_status,
+        extra_models: Vec::new(),
+    };
+    let shutdown = shutdown_signal().context("install signal handlers")?;
+    let handle = Emulator::start(config, args.listen)
+        .await
+        .with_context(|| format!("listen on {}", args.listen))?;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "batchd-emulator listening on {}", handle.base_url())
+        .context("write to stdout")?;
+    stdout.flush().context("flush stdout")?;
+    drop(stdout);
+
+    shutdown.await;
+    tracing::info!("shutdown signal received");
+    handle.shutdown().await;
+    Ok(())
+}
+
+/// Installs the SIGTERM and SIGINT handlers now, and resolves on the first of them.
+///
+/// Installing before the "listening" line is printed means a caller may signal as soon as it reads that line.
+#[cfg(unix)]
+fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+    })
+}
+
+/// Resolves on Ctrl-C.
+#[cfg(not(unix))]
+fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+}

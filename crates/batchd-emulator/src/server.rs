@@ -1,0 +1,537 @@
+//! HTTP routes: the emulated Workers AI run endpoint and the `/_emulator/` control API.
+//!
+//! The run endpoint is a fallback that parses the path itself, so that every unroutable URL gets
+//! Cloudflare's 7003 envelope and the model (which contains slashes) is decoded segment by segment.
+
+use std::{sync::Arc, time::Duration};
+
+use axum::{
+    Json, Router,
+    body::Bytes,
+    extract::{ConnectInfo, DefaultBodyLimit, State as AxumState},
+    http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use percent_encoding::percent_decode_str;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use crate::{
+    calls::{CallKind, CallRecord},
+    fault::{Fault, FaultKind, default_error_for_status},
+    listener::Connection,
+    state::{Phase, PollOutcome, State, Timing},
+};
+
+type Shared = Arc<State>;
+
+/// Prefix of every emulated API path.
+const API_PREFIX: &str = "/client/v4";
+
+/// The router of one emulator instance.
+pub(crate) fn router(state: Shared) -> Router {
+    Router::new()
+        .route("/_emulator/faults", get(list_faults).post(add_faults))
+        .route("/_emulator/calls", get(list_calls))
+        .route("/_emulator/config", get(get_config).post(set_config))
+        .route("/_emulator/reset", post(reset))
+        .route("/_emulator/batches", get(list_batches))
+        .fallback(api)
+        // The emulator measures bodies itself, to answer 413 with Cloudflare's envelope.
+        .layer(DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+/// An error reply with Cloudflare's envelope.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status} {code}: {message}")]
+struct ApiError {
+    /// HTTP status.
+    status: StatusCode,
+    /// Envelope error code.
+    code: i64,
+    /// Envelope error message.
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: i64, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn invalid_data(detail: &str) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            5004,
+            format!("Invalid data: {detail}"),
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error_response(self.status, self.code, &self.message)
+    }
+}
+
+fn error_response(status: StatusCode, code: i64, message: &str) -> Response {
+    let body = json!({
+        "result": null,
+        "success": false,
+        "errors": [{ "code": code, "message": message }],
+        "messages": [],
+    });
+    (status, Json(body)).into_response()
+}
+
+fn success_response(status: StatusCode, result: Value) -> Response {
+    let body = json!({ "result": result, "success": true, "errors": [], "messages": [] });
+    (status, Json(body)).into_response()
+}
+
+/// What the URL says: account and model, both percent-decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RunPath {
+    /// Account id segment.
+    account_id: String,
+    /// The model, segments decoded and joined with `/`.
+    model: String,
+}
+
+/// Parses `/client/v4/accounts/{account_id}/ai/run/{model...}`.
+fn parse_run_path(path: &str) -> Option<RunPath> {
+    let rest = path.strip_prefix(API_PREFIX)?.strip_prefix("/accounts/")?;
+    let (account_id, rest) = rest.split_once('/')?;
+    let model = rest.strip_prefix("ai/run/")?;
+    let decode = |segment: &str| percent_decode_str(segment).decode_utf8_lossy().into_owned();
+    let model = model.split('/').map(decode).collect::<Vec<_>>().join("/");
+    if account_id.is_empty() || model.is_empty() {
+        return None;
+    }
+    Some(RunPath {
+        account_id: decode(account_id),
+        model,
+    })
+}
+
+fn has_queue_request(uri: &Uri) -> bool {
+    uri.query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .any(|(key, value)| key == "queueRequest" && value == "true")
+}
+
+/// One API call in progress: what is known so far, for the call log.
+#[derive(Debug)]
+struct Call {
+    /// Log record, completed as the call is handled.
+    record: CallRecord,
+}
+
+impl Call {
+    /// Logs the call; `http_status` 0 means no reply was sent.
+    fn finish(mut self, state: &State, http_status: u16, error_code: Option<i64>) {
+        self.record.http_status = http_status;
+        self.record.error_code = error_code;
+        tracing::info!(
+            kind = ?self.record.kind,
+            model = %self.record.model,
+            request_id = ?self.record.request_id,
+            http_status = self.record.http_status,
+            fault = ?self.record.fault,
+            "api call"
+        );
+        state.record(self.record);
+    }
+
+    fn add_fault(&mut self, name: &str) {
+        self.record.fault = Some(match self.record.fault.take() {
+            Some(previous) => format!("{previous}+{name}"),
+            None => name.to_owned(),
+        });
+    }
+}
+
+/// The emulated `POST /client/v4/accounts/{account_id}/ai/run/{model}`.
+async fn api(
+    AxumState(state): AxumState<Shared>,
+    ConnectInfo(connection): ConnectInfo<Connection>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let run_path = parse_run_path(uri.path());
+    let parsed: Option<Value> = serde_json::from_slice(&body).ok();
+    let object = parsed.as_ref().and_then(Value::as_object);
+    let is_poll = object.is_some_and(|object| object.contains_key("request_id"));
+    let mut call = Call {
+        record: CallRecord {
+            seq: 0,
+            kind: if is_poll {
+                CallKind::Poll
+            } else {
+                CallKind::Submit
+            },
+            model: run_path
+                .as_ref()
+                .map(|path| path.model.clone())
+                .unwrap_or_default(),
+            account_id: run_path
+                .as_ref()
+                .map(|path| path.account_id.clone())
+                .unwrap_or_default(),
+            request_id: object
+                .and_then(|object| object.get("request_id"))
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            http_status: 0,
+            body_bytes: body.len(),
+            n_items: object
+                .and_then(|object| object.get("requests"))
+                .and_then(Value::as_array)
+                .map(Vec::len),
+            error_code: None,
+            at_ms: 0,
+            fault: None,
+        },
+    };
+    if !is_poll {
+        // A submit's request id is the one it creates, not one in its body.
+        call.record.request_id = None;
+    }
+
+    if let Some(fault) = state.take_call_fault(call.record.kind) {
+        call.add_fault(fault.name());
+        match fault {
+            FaultKind::Delay { millis } => tokio::time::sleep(Duration::from_millis(millis)).await,
+            FaultKind::Reset => {
+                tracing::info!(remote = %connection.remote, "resetting connection");
+                connection.reset();
+                call.finish(&state, 0, None);
+                return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+            }
+            FaultKind::Status {
+                status,
+                code,
+                message,
+                retry_after_secs,
+            } => {
+                let status =
+                    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                let (default_code, default_message) = default_error_for_status(status.as_u16());
+                let code = code.unwrap_or(default_code);
+                let mut response =
+                    error_response(status, code, &message.unwrap_or(default_message));
+                if let Some(secs) = retry_after_secs {
+                    response
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+                }
+                call.finish(&state, status.as_u16(), Some(code));
+                return response;
+            }
+            FaultKind::Html { status } => {
+                let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+                let page = format!(
+                    "<html><body><h1>{} {}</h1></body></html>",
+                    status.as_u16(),
+                    status.canonical_reason().unwrap_or("Error")
+                );
+                call.finish(&state, status.as_u16(), None);
+                return (status, [(header::CONTENT_TYPE, "text/html")], page).into_response();
+            }
+            // Batch-level faults never sit in the call-level queue.
+            _ => {}
+        }
+    }
+
+    let outcome = handle_run(
+        &state, &method, &uri, &headers, &body, run_path, parsed, &mut call,
+    );
+    match outcome {
+        Ok((status, result)) => {
+            call.finish(&state, status.as_u16(), None);
+            success_response(status, result)
+        }
+        Err(error) => {
+            call.finish(&state, error.status.as_u16(), Some(error.code));
+            error.into_response()
+        }
+    }
+}
+
+/// Validates a run call and answers it as a submit or a poll.
+#[allow(clippy::too_many_arguments)]
+fn handle_run(
+    state: &State,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &Bytes,
+    run_path: Option<RunPath>,
+    parsed: Option<Value>,
+    call: &mut Call,
+) -> Result<(StatusCode, Value), ApiError> {
+    let is_poll = call.record.kind == CallKind::Poll;
+    call.record.kind = CallKind::Rejected;
+    let config = &state.config;
+
+    let expected = format!("Bearer {}", config.token);
+    let authorized = headers
+        .get(header::AUTHORIZATION)
+        .is_some_and(|value| value.as_bytes() == expected.as_bytes());
+    if !authorized {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            10000,
+            "Authentication error",
+        ));
+    }
+    let unroutable = || {
+        let path = uri.path().strip_prefix(API_PREFIX).unwrap_or(uri.path());
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            7003,
+            format!("Could not route to {path}, perhaps your object identifier is invalid?"),
+        )
+    };
+    let run_path = run_path.ok_or_else(unroutable)?;
+    if run_path.account_id != config.account_id {
+        return Err(unroutable());
+    }
+    if method != Method::POST {
+        return Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            7001,
+            "Method not allowed",
+        ));
+    }
+    if body.len() >= config.max_body_bytes {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            3006,
+            "Request is too large",
+        ));
+    }
+    let family = config.family_of(&run_path.model).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            5007,
+            format!("No such model {} or task", run_path.model),
+        )
+    })?;
+    let Some(Value::Object(object)) = parsed else {
+        return Err(ApiError::invalid_data(
+            "the request body must be a JSON object",
+        ));
+    };
+
+    if is_poll {
+        let request_id = object
+            .get("request_id")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::invalid_data("request_id must be a string"))?;
+        call.record.kind = CallKind::Poll;
+        return poll(state, request_id);
+    }
+
+    let requests = match object.get("requests") {
+        Some(Value::Array(requests)) if !requests.is_empty() => requests,
+        Some(Value::Array(_)) | None => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                3003,
+                "Incomplete request: requests must be a non-empty array",
+            ));
+        }
+        Some(_) => return Err(ApiError::invalid_data("requests must be an array")),
+    };
+    let items: Vec<Map<String, Value>> = requests
+        .iter()
+        .enumerate()
+        .map(|(index, item)| {
+            item.as_object().cloned().ok_or_else(|| {
+                ApiError::invalid_data(&format!("requests/{index} must be an object"))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    if !has_queue_request(uri) {
+        return Err(ApiError::invalid_data(
+            "a body with requests needs ?queueRequest=true (synchronous runs are not emulated)",
+        ));
+    }
+
+    let request_id = uuid::Uuid::new_v4().to_string();
+    let plan = state.take_batch_plan();
+    for name in &plan.fault_names {
+        call.add_fault(name);
+    }
+    state.add_batch(&request_id, &run_path.model, family, &items, &plan);
+    call.record.kind = CallKind::Submit;
+    call.record.request_id = Some(request_id.clone());
+    let status = StatusCode::from_u16(config.submit_status).unwrap_or(StatusCode::OK);
+    Ok((
+        status,
+        json!({ "status": "queued", "request_id": request_id, "model": run_path.model }),
+    ))
+}
+
+fn poll(state: &State, request_id: &str) -> Result<(StatusCode, Value), ApiError> {
+    match state.poll(request_id) {
+        PollOutcome::NotFound => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            7000,
+            "Request not found",
+        )),
+        PollOutcome::Failed => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            5001,
+            "Model execution failed",
+        )),
+        PollOutcome::Pending(phase) => {
+            let status = if phase == Phase::Queued {
+                "queued"
+            } else {
+                "running"
+            };
+            Ok((
+                StatusCode::OK,
+                json!({ "status": status, "request_id": request_id }),
+            ))
+        }
+        PollOutcome::Done(result) => Ok((StatusCode::OK, result)),
+    }
+}
+
+/// `POST /_emulator/faults`: one fault or a list of faults.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum FaultsBody {
+    /// A single fault.
+    One(Fault),
+    /// Several faults, queued in order.
+    Many(Vec<Fault>),
+}
+
+async fn add_faults(
+    AxumState(state): AxumState<Shared>,
+    Json(body): Json<FaultsBody>,
+) -> Json<Vec<Fault>> {
+    let faults = match body {
+        FaultsBody::One(fault) => vec![fault],
+        FaultsBody::Many(faults) => faults,
+    };
+    for fault in faults {
+        tracing::info!(?fault, "fault injected");
+        state.inject(fault);
+    }
+    Json(state.pending_faults())
+}
+
+async fn list_faults(AxumState(state): AxumState<Shared>) -> Json<Vec<Fault>> {
+    Json(state.pending_faults())
+}
+
+async fn list_calls(AxumState(state): AxumState<Shared>) -> Json<Vec<CallRecord>> {
+    Json(state.calls())
+}
+
+/// Timing as the control API reads and writes it.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+struct TimingBody {
+    /// See [`Timing::queued_for`]; unchanged when absent.
+    queued_for_ms: Option<u64>,
+    /// See [`Timing::running_for`]; unchanged when absent.
+    running_for_ms: Option<u64>,
+}
+
+fn timing_body(timing: Timing) -> TimingBody {
+    let ms = |duration: Duration| Some(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX));
+    TimingBody {
+        queued_for_ms: ms(timing.queued_for),
+        running_for_ms: ms(timing.running_for),
+    }
+}
+
+async fn get_config(AxumState(state): AxumState<Shared>) -> Json<TimingBody> {
+    Json(timing_body(state.timing()))
+}
+
+async fn set_config(
+    AxumState(state): AxumState<Shared>,
+    Json(body): Json<TimingBody>,
+) -> Json<TimingBody> {
+    let mut timing = state.timing();
+    if let Some(ms) = body.queued_for_ms {
+        timing.queued_for = Duration::from_millis(ms);
+    }
+    if let Some(ms) = body.running_for_ms {
+        timing.running_for = Duration::from_millis(ms);
+    }
+    state.set_timing(timing);
+    Json(timing_body(timing))
+}
+
+async fn reset(AxumState(state): AxumState<Shared>) -> StatusCode {
+    state.reset();
+    StatusCode::NO_CONTENT
+}
+
+async fn list_batches(AxumState(state): AxumState<Shared>) -> Json<Value> {
+    let batches: Vec<Value> = state
+        .batch_phases()
+        .into_iter()
+        .map(|(request_id, phase)| {
+            let status = match phase {
+                Phase::Queued => "queued",
+                Phase::Running => "running",
+                Phase::Done => "done",
+            };
+            json!({ "request_id": request_id, "status": status })
+        })
+        .collect();
+    Json(Value::Array(batches))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_path_decodes_each_model_segment() {
+        let path =
+            parse_run_path("/client/v4/accounts/acc/ai/run/%40cf/baai/bge-m3").expect("routes");
+        assert_eq!(
+            path,
+            RunPath {
+                account_id: "acc".to_owned(),
+                model: "@cf/baai/bge-m3".to_owned()
+            }
+        );
+        let path =
+            parse_run_path("/client/v4/accounts/acc/ai/run/@cf/meta/m2m100-1.2b").expect("routes");
+        assert_eq!(path.model, "@cf/meta/m2m100-1.2b");
+        assert!(parse_run_path("/client/v4/accounts/acc/ai/run/").is_none());
+        assert!(parse_run_path("/client/v4/accounts/acc/ai/models").is_none());
+        assert!(parse_run_path("/other").is_none());
+    }
+
+    #[test]
+    fn queue_request_is_read_from_the_query() {
+        assert!(has_queue_request(&Uri::from_static("/x?queueRequest=true")));
+        assert!(has_queue_request(&Uri::from_static(
+            "/x?a=b&queueRequest=true"
+        )));
+        assert!(!has_queue_request(&Uri::from_static(
+            "/x?queueRequest=false"
+        )));
+        assert!(!has_queue_request(&Uri::from_static("/x")));
+    }
+}

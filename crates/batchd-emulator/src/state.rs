@@ -1,0 +1,454 @@
+//! The emulator's shared state: timing, pending faults, stored batches and the call log.
+//!
+//! Everything sits behind one mutex that is never held across an `.await`.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::{Mutex, MutexGuard},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use rand::{SeedableRng, rngs::StdRng, seq::SliceRandom};
+use serde_json::{Map, Value, json};
+use tokio::time::Instant;
+
+use crate::{
+    calls::{CallKind, CallRecord},
+    config::{EmulatorConfig, Family},
+    fault::{Calls, Fault, FaultKind},
+    outputs::{hash_of, run_item},
+};
+
+/// Envelope error of an item in a `fail_items` batch.
+const FAILED_ITEM_CODE: i64 = 5001;
+/// Message of an item in a `fail_items` batch.
+const FAILED_ITEM_MESSAGE: &str = "Model execution failed";
+
+/// State shared by the HTTP handlers and the in-process handle.
+#[derive(Debug)]
+pub(crate) struct State {
+    /// Settings fixed at start (the timing in it is only the initial value).
+    pub config: EmulatorConfig,
+    /// Everything that changes.
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// Current timing of batches.
+    timing: Timing,
+    /// Pending call-level faults, in injection order.
+    call_faults: VecDeque<Fault>,
+    /// Pending batch-level faults, in injection order.
+    batch_faults: VecDeque<Fault>,
+    /// Every accepted batch by request id; kept across resets so in-flight polls keep working.
+    batches: HashMap<String, Batch>,
+    /// The call log.
+    calls: Vec<CallRecord>,
+    /// Sequence number of the last logged call.
+    last_seq: u64,
+}
+
+/// How long batches stay in each pending state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timing {
+    /// Time from submit during which a batch is `queued`.
+    pub queued_for: Duration,
+    /// Time after `queued_for` during which a batch is `running`.
+    pub running_for: Duration,
+}
+
+/// Where a batch is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Phase {
+    /// Accepted, not started.
+    Queued,
+    /// Started, not finished.
+    Running,
+    /// Finished (successfully or not).
+    Done,
+}
+
+/// The phase of a batch submitted `elapsed` ago.
+pub(crate) fn phase(elapsed: Duration, timing: Timing) -> Phase {
+    if elapsed < timing.queued_for {
+        Phase::Queued
+    } else if elapsed < timing.queued_for + timing.running_for {
+        Phase::Running
+    } else {
+        Phase::Done
+    }
+}
+
+/// One accepted batch.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    /// When it was accepted, on the emulator's clock.
+    submitted_at: Instant,
+    /// Whether it fails as a whole once done (`fail_batch`).
+    failed: bool,
+    /// The `result` object polls return once it is done (computed at submit time).
+    completion: Value,
+}
+
+/// What a poll finds.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum PollOutcome {
+    /// No batch has this id.
+    NotFound,
+    /// Still queued or running.
+    Pending(Phase),
+    /// Done and failed as a whole.
+    Failed,
+    /// Done: the `result` object to return.
+    Done(Value),
+}
+
+/// Batch-level faults that apply to one batch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct BatchPlan {
+    /// Items that fail.
+    pub fail_items: Vec<usize>,
+    /// Items left out of the completion.
+    pub drop_items: Vec<usize>,
+    /// Whether the completion uses the `results[]`/`index` shape.
+    pub results_shape: bool,
+    /// Whether the batch fails as a whole.
+    pub fail_batch: bool,
+    /// Names of the faults that made this plan, for the call log.
+    pub fault_names: Vec<&'static str>,
+}
+
+impl State {
+    pub fn new(config: EmulatorConfig) -> Self {
+        let timing = Timing {
+            queued_for: config.queued_for,
+            running_for: config.running_for,
+        };
+        Self {
+            config,
+            inner: Mutex::new(Inner {
+                timing,
+                call_faults: VecDeque::new(),
+                batch_faults: VecDeque::new(),
+                batches: HashMap::new(),
+                calls: Vec::new(),
+                last_seq: 0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the state half-updated in a way that matters here.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn timing(&self) -> Timing {
+        self.lock().timing
+    }
+
+    pub fn set_timing(&self, timing: Timing) {
+        self.lock().timing = timing;
+    }
+
+    /// Queues a fault; one with `times == 0` does nothing.
+    pub fn inject(&self, fault: Fault) {
+        if fault.times == 0 {
+            return;
+        }
+        let mut inner = self.lock();
+        if fault.kind.is_batch_level() {
+            inner.batch_faults.push_back(fault);
+        } else {
+            inner.call_faults.push_back(fault);
+        }
+    }
+
+    /// Pending faults, call-level first.
+    pub fn pending_faults(&self) -> Vec<Fault> {
+        let inner = self.lock();
+        inner
+            .call_faults
+            .iter()
+            .chain(inner.batch_faults.iter())
+            .cloned()
+            .collect()
+    }
+
+    /// Takes one use of the oldest call-level fault that matches a call of `kind`.
+    pub fn take_call_fault(&self, kind: CallKind) -> Option<FaultKind> {
+        let mut inner = self.lock();
+        let position = inner
+            .call_faults
+            .iter()
+            .position(|fault| match fault.calls {
+                Calls::Any => true,
+                Calls::Submit => kind == CallKind::Submit,
+                Calls::Poll => kind == CallKind::Poll,
+            })?;
+        take_one(&mut inner.call_faults, position)
+    }
+
+    /// Takes one use of the oldest pending batch-level fault of each kind.
+    pub fn take_batch_plan(&self) -> BatchPlan {
+        let mut inner = self.lock();
+        let mut plan = BatchPlan::default();
+        for name in ["fail_items", "drop_items", "results_shape", "fail_batch"] {
+            let Some(position) = inner
+                .batch_faults
+                .iter()
+                .position(|fault| fault.kind.name() == name)
+            else {
+                continue;
+            };
+            let Some(kind) = take_one(&mut inner.batch_faults, position) else {
+                continue;
+            };
+            plan.fault_names.push(kind.name());
+            match kind {
+                FaultKind::FailItems { indices } => plan.fail_items = indices,
+                FaultKind::DropItems { indices } => plan.drop_items = indices,
+                FaultKind::ResultsShape => plan.results_shape = true,
+                FaultKind::FailBatch => plan.fail_batch = true,
+                _ => {}
+            }
+        }
+        plan
+    }
+
+    /// Stores a new batch and returns nothing; the completion is computed now, from the items.
+    pub fn add_batch(
+        &self,
+        request_id: &str,
+        model: &str,
+        family: Family,
+        items: &[Map<String, Value>],
+        plan: &BatchPlan,
+    ) {
+        let completion = completion(request_id, model, family, items, plan);
+        let batch = Batch {
+            submitted_at: Instant::now(),
+            failed: plan.fail_batch,
+            completion,
+        };
+        self.lock().batches.insert(request_id.to_owned(), batch);
+    }
+
+    pub fn poll(&self, request_id: &str) -> PollOutcome {
+        let inner = self.lock();
+        let Some(batch) = inner.batches.get(request_id) else {
+            return PollOutcome::NotFound;
+        };
+        match phase(batch.submitted_at.elapsed(), inner.timing) {
+            Phase::Done if batch.failed => PollOutcome::Failed,
+            Phase::Done => PollOutcome::Done(batch.completion.clone()),
+            pending => PollOutcome::Pending(pending),
+        }
+    }
+
+    pub fn batch_count(&self) -> usize {
+        self.lock().batches.len()
+    }
+
+    /// Request ids and phases of the stored batches.
+    pub fn batch_phases(&self) -> Vec<(String, Phase)> {
+        let inner = self.lock();
+        let mut phases: Vec<(String, Phase)> = inner
+            .batches
+            .iter()
+            .map(|(id, batch)| {
+                (
+                    id.clone(),
+                    phase(batch.submitted_at.elapsed(), inner.timing),
+                )
+            })
+            .collect();
+        phases.sort();
+        phases
+    }
+
+    /// Appends a call to the log, filling in `seq` and `at_ms`.
+    pub fn record(&self, mut call: CallRecord) {
+        let mut inner = self.lock();
+        inner.last_seq += 1;
+        call.seq = inner.last_seq;
+        call.at_ms = unix_ms();
+        inner.calls.push(call);
+    }
+
+    pub fn calls(&self) -> Vec<CallRecord> {
+        self.lock().calls.clone()
+    }
+
+    /// Clears pending faults and the call log; keeps batches and timing.
+    pub fn reset(&self) {
+        let mut inner = self.lock();
+        inner.call_faults.clear();
+        inner.batch_faults.clear();
+        inner.calls.clear();
+        inner.last_seq = 0;
+    }
+}
+
+/// Uses up one of the `times` of the fault at `position`, removing it when none are left.
+fn take_one(faults: &mut VecDeque<Fault>, position: usize) -> Option<FaultKind> {
+    let fault = faults.get_mut(position)?;
+    fault.times = fault.times.saturating_sub(1);
+    let kind = fault.kind.clone();
+    if fault.times == 0 {
+        faults.remove(position);
+    }
+    Some(kind)
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
+}
+
+/// The order in which item indices appear in a completion: shuffled from the request id, never sorted when n >= 2.
+pub(crate) fn response_order(request_id: &str, indices: &mut [usize]) {
+    let mut rng = StdRng::seed_from_u64(hash_of(&[request_id]));
+    indices.shuffle(&mut rng);
+    if indices.is_sorted() {
+        indices.rotate_left(1);
+    }
+}
+
+/// The `result` object of a done batch: responses (or results) in shuffled order, and usage.
+pub(crate) fn completion(
+    request_id: &str,
+    model: &str,
+    family: Family,
+    items: &[Map<String, Value>],
+    plan: &BatchPlan,
+) -> Value {
+    let mut order: Vec<usize> = (0..items.len())
+        .filter(|index| !plan.drop_items.contains(index))
+        .collect();
+    response_order(request_id, &mut order);
+    let (mut prompt_tokens, mut completion_tokens) = (0u64, 0u64);
+    let id_key = if plan.results_shape { "index" } else { "id" };
+    let entries: Vec<Value> = order
+        .iter()
+        .map(|&index| {
+            let item = &items[index];
+            let external_reference = item
+                .get("external_reference")
+                .cloned()
+                .unwrap_or(Value::Null);
+            let outcome = if plan.fail_items.contains(&index) {
+                Err((FAILED_ITEM_CODE, FAILED_ITEM_MESSAGE.to_owned()))
+            } else {
+                run_item(model, family, item).map_err(|message| (5004, message))
+            };
+            match outcome {
+                Ok(output) => {
+                    prompt_tokens += output.prompt_tokens;
+                    completion_tokens += output.completion_tokens;
+                    json!({
+                        id_key: index,
+                        "result": output.result,
+                        "success": true,
+                        "external_reference": external_reference,
+                    })
+                }
+                Err((code, message)) => json!({
+                    id_key: index,
+                    "success": false,
+                    "error": { "code": code, "message": message },
+                    "external_reference": external_reference,
+                }),
+            }
+        })
+        .collect();
+    let usage = json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    });
+    if plan.results_shape {
+        json!({ "results": entries, "usage": usage })
+    } else {
+        json!({ "responses": entries, "usage": usage })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn items(values: Value) -> Vec<Map<String, Value>> {
+        values
+            .as_array()
+            .expect("array")
+            .iter()
+            .map(|item| item.as_object().cloned().expect("object"))
+            .collect()
+    }
+
+    #[test]
+    fn phase_follows_the_clock() {
+        let timing = Timing {
+            queued_for: Duration::from_millis(10),
+            running_for: Duration::from_millis(20),
+        };
+        assert_eq!(phase(Duration::ZERO, timing), Phase::Queued);
+        assert_eq!(phase(Duration::from_millis(10), timing), Phase::Running);
+        assert_eq!(phase(Duration::from_millis(29), timing), Phase::Running);
+        assert_eq!(phase(Duration::from_millis(30), timing), Phase::Done);
+    }
+
+    #[test]
+    fn response_order_is_never_sorted() {
+        for n in 2..12 {
+            for seed in 0..50 {
+                let mut order: Vec<usize> = (0..n).collect();
+                response_order(&format!("id-{seed}"), &mut order);
+                assert!(!order.is_sorted(), "n={n} seed={seed}");
+                let mut again: Vec<usize> = (0..n).collect();
+                response_order(&format!("id-{seed}"), &mut again);
+                assert_eq!(order, again);
+            }
+        }
+    }
+
+    #[test]
+    fn completion_applies_the_plan() {
+        let items = items(json!([
+            {"prompt": "a", "external_reference": "r0"},
+            {"prompt": "b"},
+            {"prompt": "c", "external_reference": "r2"},
+            {"max_tokens": 1}
+        ]));
+        let plan = BatchPlan {
+            fail_items: vec![1],
+            drop_items: vec![2],
+            ..BatchPlan::default()
+        };
+        let done = completion("x", "@cf/m", Family::TextGeneration, &items, &plan);
+        let responses = done["responses"].as_array().expect("responses");
+        assert_eq!(responses.len(), 3);
+        let by_id = |id: u64| responses.iter().find(|r| r["id"] == id).expect("present");
+        assert_eq!(by_id(0)["result"]["response"], "echo: a");
+        assert_eq!(by_id(0)["external_reference"], "r0");
+        assert_eq!(by_id(1)["success"], false);
+        assert_eq!(by_id(1)["external_reference"], Value::Null);
+        assert_eq!(by_id(3)["error"]["code"], 5004);
+        assert!(by_id(3).get("result").is_none());
+        assert_eq!(done["usage"]["prompt_tokens"], 1);
+
+        let plan = BatchPlan {
+            results_shape: true,
+            ..BatchPlan::default()
+        };
+        let done = completion("x", "@cf/m", Family::TextGeneration, &items, &plan);
+        assert_eq!(done["results"].as_array().expect("results").len(), 4);
+        assert!(done["results"][0].get("index").is_some());
+    }
+}

@@ -1,0 +1,95 @@
+//! The `batchd-emulator` binary: prints its URL once bound, serves, and stops on SIGTERM.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use reqwest::StatusCode;
+use serde_json::json;
+
+#[tokio::test]
+async fn binary_prints_its_url_serves_and_stops_on_sigterm() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_batchd-emulator"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--account-id",
+            "acc",
+            "--queued-ms",
+            "0",
+            "--running-ms",
+            "0",
+        ])
+        .env("EMULATOR_TOKEN", "secret")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the emulator binary");
+    let stdout = child.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    })
+    .await
+    .expect("join")
+    .expect("read the first line");
+    let base_url = line
+        .trim()
+        .strip_prefix("batchd-emulator listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+        .to_owned();
+    assert!(
+        base_url.starts_with("http://127.0.0.1:") && base_url.ends_with("/client/v4"),
+        "{base_url}"
+    );
+
+    let url = format!("{base_url}/accounts/acc/ai/run/%40cf/meta/m2m100-1.2b?queueRequest=true");
+    let body = json!({ "requests": [{ "text": "hi", "source_lang": "en", "target_lang": "de" }] });
+    let reply: serde_json::Value = reqwest::Client::new()
+        .post(&url)
+        .bearer_auth("secret")
+        .json(&body)
+        .send()
+        .await
+        .expect("submit")
+        .json()
+        .await
+        .expect("json");
+    let request_id = reply["result"]["request_id"].as_str().expect("request id");
+    let response = reqwest::Client::new()
+        .post(&url)
+        .bearer_auth("secret")
+        .json(&json!({ "request_id": request_id }))
+        .send()
+        .await
+        .expect("poll");
+    assert_eq!(response.status(), StatusCode::OK);
+    let reply: serde_json::Value = response.json().await.expect("json");
+    assert_eq!(
+        reply["result"]["responses"][0]["result"]["translated_text"],
+        "[de] hi"
+    );
+
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    let exit = tokio::task::spawn_blocking(move || {
+        for _ in 0..100 {
+            if let Some(exit) = child.try_wait().expect("wait") {
+                return Some(exit);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        None
+    })
+    .await
+    .expect("join");
+    let exit = exit.expect("the emulator must exit within 5 s of SIGTERM");
+    assert!(exit.success(), "{exit:?}");
+}
