@@ -58,6 +58,8 @@ pub enum SubmitTicket {
         resubmit: bool,
         /// The job's v1 JSON.
         job_json: String,
+        /// The chunk's items: first index and count.
+        items: (usize, usize),
     },
     /// The chunk is past submitting (in the given state); nothing to submit.
     Skip {
@@ -382,7 +384,7 @@ impl Store {
         now: UnixMillis,
         count_attempt: bool,
     ) -> Result<SubmitTicket, StoreError> {
-        let (verdict, attempt, job_json, previous): (String, u64, String, String) = self
+        let (verdict, attempt, job_json, previous, items): (String, u64, String, String, String) = self
             .scripts
             .begin_submit
             .key(self.keys.job(&chunk.job_id))
@@ -392,7 +394,15 @@ impl Store {
             .invoke_async(&mut self.conn.clone())
             .await?;
         Ok(match verdict.as_str() {
-            "submit" | "resubmit" => SubmitTicket::Go { attempt, resubmit: verdict == "resubmit", job_json },
+            "submit" | "resubmit" => SubmitTicket::Go {
+                attempt,
+                resubmit: verdict == "resubmit",
+                job_json,
+                items: parse_items(Some(&items)).ok_or_else(|| StoreError::Corrupt {
+                    job_id: chunk.job_id.to_string(),
+                    detail: format!("chunk {} has items {items:?}", chunk.index),
+                })?,
+            },
             "skip" => SubmitTicket::Skip { chunk_state: previous },
             _ => SubmitTicket::Gone,
         })

@@ -94,7 +94,9 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
         "batchd running"
     );
 
+    // Biased: workers also end on the stop signal, and that must read as a shutdown, not as a worker dying.
     tokio::select! {
+        biased;
         () = shutdown.cancelled() => {}
         finished = workers.join_next() => {
             let detail = match finished {

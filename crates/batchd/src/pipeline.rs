@@ -68,24 +68,32 @@ pub async fn handle_due(member: String, pipeline: Data<Arc<Pipeline>>) -> Result
         Ok(chunk) => chunk,
         Err(error) => {
             tracing::warn!(member = %member, error = %error, "dropping a schedule member batchd did not write");
-            let store = &pipeline.store;
-            let removed: Result<i64, redis::RedisError> =
-                redis::AsyncCommands::zrem(&mut store.connection(), store.keys().schedule(), &member).await;
-            if let Err(error) = removed {
-                tracing::warn!(error = %error, "could not drop schedule member");
-            }
+            drop_member(&pipeline.store, &member).await;
             return Ok(());
         }
     };
     match AssertUnwindSafe(pipeline.step(&chunk)).catch_unwind().await {
         Ok(Ok(())) => {}
         // The chunk keeps its lease score and becomes due again when the lease ends.
+        Ok(Err(StoreError::Corrupt { job_id, detail })) => {
+            // Retrying cannot help a ledger batchd did not write; take it off the schedule and say so.
+            tracing::error!(job_id = %job_id, detail = %detail, "ledger is corrupt; the chunk is dropped from the schedule");
+            drop_member(&pipeline.store, &member).await;
+        }
         Ok(Err(error)) => {
             tracing::error!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "step failed; it will be retried");
         }
         Err(_) => tracing::error!(job_id = %chunk.job_id, chunk = chunk.index, "panic in step; it will be retried"),
     }
     Ok(())
+}
+
+async fn drop_member(store: &Store, member: &str) {
+    let removed: Result<i64, redis::RedisError> =
+        redis::AsyncCommands::zrem(&mut store.connection(), store.keys().schedule(), member).await;
+    if let Err(error) = removed {
+        tracing::warn!(error = %error, "could not drop schedule member");
+    }
 }
 
 impl Pipeline {

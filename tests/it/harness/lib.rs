@@ -1,0 +1,327 @@
+//! Test harness: a private `redis-server` per test (on a free port, so tests can kill and restart it), the Batch
+//! API emulator over HTTP, and the real daemon, in-process or as a process.
+//!
+//! Each test uses its own namespace, so `REDIS_URL` may point every test at one shared server instead; tests that
+//! must kill Redis always start their own.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use batchd::settings::{Secret, Settings};
+use batchd_core::{Keys, ResultEntry};
+use batchd_emulator::{Emulator, EmulatorConfig, EmulatorHandle};
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// A free TCP port on loopback (bound and released; good enough for tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|listener| listener.local_addr()).map(|addr| addr.port()).expect("free port")
+}
+
+/// A private redis-server process, killed on drop.
+#[derive(Debug)]
+pub struct RedisServer {
+    /// The server's port.
+    pub port: u16,
+    /// Its working directory (AOF files live here when persistence is on).
+    pub dir: PathBuf,
+    /// Extra arguments it was started with.
+    args: Vec<String>,
+    /// The running process, if any.
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts a server without persistence.
+    pub async fn start() -> Self {
+        Self::start_with(&["--save", "", "--appendonly", "no"]).await
+    }
+
+    /// Starts a server with extra arguments.
+    pub async fn start_with(args: &[&str]) -> Self {
+        let dir = std::env::temp_dir().join(format!("batchd-it-redis-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("redis dir");
+        let mut server =
+            Self { port: free_port(), dir, args: args.iter().map(|s| s.to_string()).collect(), child: None };
+        server.spawn().await;
+        server
+    }
+
+    async fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .arg("--port")
+            .arg(self.port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--daemonize")
+            .arg("no")
+            .arg("--loglevel")
+            .arg("warning")
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (make test installs it; or apt-get install redis-server)");
+        self.child = Some(child);
+        let client = redis::Client::open(self.url()).expect("url");
+        let started = Instant::now();
+        loop {
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+                if redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok() {
+                    return;
+                }
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "redis-server did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port and directory.
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.spawn().await;
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One test's world: Redis, the emulator, a namespace and settings pointing at both.
+#[allow(missing_debug_implementations)]
+pub struct World {
+    /// The private Redis server.
+    pub redis: RedisServer,
+    /// The emulator.
+    pub emulator: EmulatorHandle,
+    /// Settings for daemons and the CLI (namespace unique to the test).
+    pub settings: Settings,
+    /// Keys of the test's namespace.
+    pub keys: Keys,
+    /// A connection for the test's own commands.
+    pub conn: MultiplexedConnection,
+}
+
+impl World {
+    /// A world with default emulator timing (batches take ~0.5 s).
+    pub async fn new() -> Self {
+        Self::with_emulator(EmulatorConfig::default()).await
+    }
+
+    /// A world with the given emulator configuration.
+    pub async fn with_emulator(config: EmulatorConfig) -> Self {
+        let redis = RedisServer::start().await;
+        let emulator = Emulator::start(config, "127.0.0.1:0".parse().expect("addr")).await.expect("emulator");
+        let namespace = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+        let settings = test_settings(&redis.url(), &emulator, &namespace);
+        let keys = settings.keys();
+        let conn = test_connection(&redis.url()).await;
+        Self { redis, emulator, settings, keys, conn }
+    }
+
+    /// Starts a daemon in-process with the world's settings.
+    pub fn daemon(&self) -> Daemon {
+        Daemon::start(self.settings.clone(), &self.emulator)
+    }
+
+    /// Enqueues a job the way a producer does: one XADD with a `job` field. Returns the entry id.
+    pub async fn enqueue(&self, job: &serde_json::Value) -> String {
+        self.enqueue_raw(&[("job", job.to_string())]).await
+    }
+
+    /// Enqueues an entry with arbitrary fields (for bad input).
+    pub async fn enqueue_raw(&self, fields: &[(&str, String)]) -> String {
+        let mut conn = self.conn.clone();
+        conn.xadd(self.keys.submit(), "*", fields).await.expect("xadd")
+    }
+
+    /// All entries of the default results stream, as field maps.
+    pub async fn results(&self) -> Vec<HashMap<String, String>> {
+        self.stream(&self.keys.results()).await
+    }
+
+    /// All entries of a stream, as field maps.
+    pub async fn stream(&self, key: &str) -> Vec<HashMap<String, String>> {
+        let entries: Vec<(String, HashMap<String, String>)> =
+            redis::cmd("XRANGE").arg(key).arg("-").arg("+").query_async(&mut self.conn.clone()).await.expect("xrange");
+        entries.into_iter().map(|(_, fields)| fields).collect()
+    }
+
+    /// Waits until the results stream holds at least `n` entries; returns them.
+    pub async fn wait_for_results(&self, n: usize, timeout: Duration) -> Vec<HashMap<String, String>> {
+        let started = Instant::now();
+        loop {
+            let length: usize = self.conn.clone().xlen(self.keys.results()).await.expect("xlen");
+            if length >= n {
+                return self.results().await;
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "timed out after {timeout:?} waiting for {n} results; have {length}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Waits for the one result of `job_id` and parses it.
+    pub async fn wait_for_result(&self, job_id: &str, timeout: Duration) -> ResultEntry {
+        let started = Instant::now();
+        loop {
+            let results = self.results().await;
+            let mine: Vec<&HashMap<String, String>> =
+                results.iter().filter(|fields| fields.get("job_id").map(String::as_str) == Some(job_id)).collect();
+            if let Some(fields) = mine.first() {
+                assert_eq!(mine.len(), 1, "job {job_id} has {} result entries", mine.len());
+                return ResultEntry::from_fields(fields).expect("well-formed result");
+            }
+            assert!(started.elapsed() < timeout, "timed out waiting for the result of {job_id}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// The ledger of a job.
+    pub async fn ledger(&self, job_id: &str) -> HashMap<String, String> {
+        let id = batchd_core::JobId::parse(job_id).expect("job id");
+        self.conn.clone().hgetall(self.keys.job(&id)).await.expect("hgetall")
+    }
+
+    /// Number of entries pending in the ingress consumer group.
+    pub async fn ingress_pending(&self) -> usize {
+        let reply: redis::RedisResult<redis::Value> =
+            redis::cmd("XPENDING").arg(self.keys.submit()).arg("batchd").query_async(&mut self.conn.clone()).await;
+        match reply {
+            Ok(redis::Value::Array(items)) => items.first().and_then(|v| redis::from_redis_value::<usize>(v.clone()).ok()).unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    /// Number of members in the schedule.
+    pub async fn scheduled(&self) -> usize {
+        self.conn.clone().zcard(self.keys.schedule()).await.expect("zcard")
+    }
+}
+
+/// A connection for the test's own commands, patient enough for reading 20,000-entry streams.
+pub async fn test_connection(url: &str) -> MultiplexedConnection {
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)));
+    redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .expect("connect")
+}
+
+/// Settings for tests: fast polls and retries, short leases so recovery tests finish quickly.
+pub fn test_settings(redis_url: &str, emulator: &EmulatorHandle, namespace: &str) -> Settings {
+    let env: HashMap<String, String> = [
+        ("REDIS_URL", redis_url.to_owned()),
+        ("BATCHD__REDIS__NAMESPACE", namespace.to_owned()),
+        ("BATCHD__CLOUDFLARE__BASE_URL", emulator.base_url()),
+        ("BATCHD__CLOUDFLARE__ACCOUNT_ID", emulator.account_id().to_owned()),
+        ("BATCHD__CLOUDFLARE__REQUEST_TIMEOUT_SECS", "5".to_owned()),
+        ("BATCHD__SCHEDULE__LEASE_SECS", "6".to_owned()),
+        ("BATCHD__SCHEDULE__IDLE_POLL_MS", "20".to_owned()),
+        ("BATCHD__INGRESS__BLOCK_MS", "200".to_owned()),
+        ("BATCHD__INGRESS__RECLAIM_IDLE_SECS", "2".to_owned()),
+        ("BATCHD__INGRESS__RECLAIM_INTERVAL_SECS", "1".to_owned()),
+        ("BATCHD__POLL__INITIAL_INTERVAL_MS", "100".to_owned()),
+        ("BATCHD__POLL__MAX_INTERVAL_MS", "300".to_owned()),
+        ("BATCHD__RETRY__INITIAL_BACKOFF_MS", "50".to_owned()),
+        ("BATCHD__RETRY__MAX_BACKOFF_MS", "200".to_owned()),
+        ("BATCHD__RETRY__MAX_ATTEMPTS", "4".to_owned()),
+        ("BATCHD__SHUTDOWN__GRACE_SECS", "5".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    Settings::load_from(None, &env).expect("test settings")
+}
+
+/// A daemon running in-process (`batchd::run`) on its own task.
+#[derive(Debug)]
+pub struct Daemon {
+    /// Cancelling it asks for a graceful shutdown.
+    pub shutdown: CancellationToken,
+    /// The daemon's task.
+    pub task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Daemon {
+    /// Starts `batchd::run` with the emulator's token.
+    pub fn start(settings: Settings, emulator: &EmulatorHandle) -> Self {
+        let shutdown = CancellationToken::new();
+        let token = Secret::new(emulator.token());
+        let task = tokio::spawn(batchd::run(settings, token, shutdown.clone()));
+        Self { shutdown, task }
+    }
+
+    /// Graceful stop; returns what `run` returned.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(30), self.task).await.context("daemon did not stop in 30 s")??
+    }
+
+    /// Simulates a crash: the task is aborted mid-flight, nothing is handed back.
+    pub async fn crash(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+
+    /// Whether the daemon is still running.
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
+    }
+}
+
+/// Path of a binary built by this workspace (`batchd`, `batchd-emulator`), next to the test executable.
+pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().and_then(|deps| deps.parent()).context("target dir")?;
+    let path = dir.join(name);
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo).args(["build", "--quiet", "--bin", name]).status()?;
+        if !status.success() || !path.exists() {
+            bail!("cannot build {name}");
+        }
+    }
+    Ok(path)
+}
+
+/// A job JSON with `n` bge-m3 query/contexts items.
+pub fn bge_m3_job(id: &str, n: usize) -> serde_json::Value {
+    let requests: Vec<serde_json::Value> = (0..n)
+        .map(|i| {
+            serde_json::json!({
+                "query": format!("question {i}"),
+                "contexts": [{"text": format!("context a{i}")}, {"text": format!("context b{i}")}],
+                "external_reference": format!("q{i}"),
+            })
+        })
+        .collect();
+    serde_json::json!({"id": id, "model": "@cf/baai/bge-m3", "requests": requests})
+}

@@ -1,0 +1,10 @@
+//! Integration tests: the real daemon against a private redis-server and the Batch API emulator over HTTP.
+//!
+//! One binary, one module per area. Every test gets its own namespace and (usually) its own Redis.
+
+mod bad_input;
+mod backlog;
+mod cli;
+mod failures;
+mod flow;
+mod recovery;
