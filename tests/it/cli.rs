@@ -59,7 +59,7 @@ async fn submit_wait_prints_progress_and_the_result_and_status_shows_the_timelin
     let shown = text(&output.stdout);
     assert!(shown.starts_with(&format!("job cli-1 (namespace {})", world.settings.redis.namespace)), "{shown}");
     assert!(shown.contains("state        completed"), "{shown}");
-    assert!(shown.contains("chunk 0      done") || shown.contains("chunk 0      polling"), "{shown}");
+    assert!(shown.contains("chunk 0      done  items 0:3  request "), "{shown}");
 
     let mut status = batchd(&world);
     status.args(["status", "cli-1", "--json"]);

@@ -3,6 +3,8 @@
 //! `RUST_LOG` overrides `log.level`. Span fields (`job_id`, `request_id`, `model`, `attempt`) appear on every
 //! event logged inside the span, so a job can be followed with one grep.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::format::FmtSpan;
 
@@ -23,7 +25,7 @@ pub fn init(settings: &LogSettings) -> Result<(), String> {
             .with_span_list(false)
             .with_span_events(FmtSpan::NONE)
             .try_init(),
-        LogFormat::Text => builder.with_target(false).try_init(),
+        LogFormat::Text => builder.with_target(false).with_ansi(std::io::stderr().is_terminal()).try_init(),
     }
     .map_err(|e| format!("logging: {e}"))
 }

@@ -18,6 +18,7 @@ local drop = {'job'}
 for c = 0, n_chunks - 1 do
   drop[#drop + 1] = 'c' .. c .. ':output'
   redis.call('ZREM', schedule, ARGV[5] .. '#' .. c)
+  if ARGV[1] == 'completed' then redis.call('HSET', ledger, 'c' .. c .. ':state', 'done') end
 end
 redis.call('HDEL', ledger, unpack(drop))
 redis.call('EXPIRE', ledger, ARGV[4])
