@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod daemon;
 pub mod logging;
+pub mod metrics;
 pub mod pipeline;
 pub mod policy;
 pub mod settings;

@@ -23,6 +23,7 @@ use batchd_core::{
 use batchd_queue::ingress::IngressEntry;
 use batchd_queue::{now_ms, Accepted, ChunkView, DeadLetter, Store, StoreError, SubmitTicket};
 
+use crate::metrics::{self, ApiCall};
 use crate::policy::{merge_outputs, next_poll_delay, plan_chunks, retry_delay};
 use crate::settings::{PollSettings, RetrySettings};
 
@@ -55,6 +56,7 @@ pub async fn handle_entry(entry: IngressEntry, pipeline: Data<Arc<Pipeline>>) ->
         Ok(Ok(())) => {}
         // The entry stays pending in the consumer group and is reclaimed after `ingress.reclaim_idle_secs`.
         Ok(Err(error)) => {
+            metrics::redis_error("take_in");
             tracing::error!(entry_id = %entry.id, error = %error, "could not take in ingress entry; it will be retried");
         }
         Err(_) => tracing::error!(entry_id = %entry.id, "panic while taking in ingress entry; it will be retried"),
@@ -81,6 +83,7 @@ pub async fn handle_due(member: String, pipeline: Data<Arc<Pipeline>>) -> Result
             drop_member(&pipeline.store, &member).await;
         }
         Ok(Err(error)) => {
+            metrics::redis_error("step");
             tracing::error!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "step failed; it will be retried");
         }
         Err(_) => tracing::error!(job_id = %chunk.job_id, chunk = chunk.index, "panic in step; it will be retried"),
@@ -113,10 +116,12 @@ impl Pipeline {
         let first_due = now + self.lease.as_millis() as u64;
         match self.store.accept(&job, &entry.id, &plan, now, deadline_at, first_due).await? {
             Accepted::New => {
+                metrics::job_accepted();
                 tracing::info!(model = %job.model, n_items = job.requests.len(), n_chunks = plan.len(), "job accepted");
                 self.submit(&ChunkRef::new(job.id.clone(), 0), true).await
             }
             Accepted::Duplicate { state } => {
+                metrics::job_duplicate();
                 tracing::warn!(
                     state = %state,
                     "job id seen before: entry acknowledged and not run again (the existing job keeps its one result)"
@@ -143,8 +148,10 @@ impl Pipeline {
         let model = model_hint(entry);
         let published = self.store.reject(&entry.id, &job_id, &model, &job_error, dead.as_ref(), now).await?;
         if published {
+            metrics::job_rejected(if dead.is_some() { code::INVALID_ENTRY } else { code::INVALID_JOB });
             tracing::warn!(job_id = %job_id, error = %job_error.message, dead_lettered = dead.is_some(), "job rejected");
         } else {
+            metrics::job_duplicate();
             tracing::warn!(job_id = %job_id, "rejected entry repeats an existing job id; acknowledged only");
         }
         Ok(())
@@ -185,6 +192,7 @@ impl Pipeline {
             SubmitTicket::Gone => return Ok(()),
         };
         if resubmit {
+            metrics::possible_duplicate_submit();
             tracing::warn!(
                 job_id = %chunk.job_id,
                 chunk = chunk.index,
@@ -201,7 +209,13 @@ impl Pipeline {
         };
         let items = &job.requests[start..start + len];
         let span = tracing::info_span!("submit", model = %job.model, attempt, request_id = tracing::field::Empty);
-        match self.client.submit(&job.model, items).instrument(span.clone()).await {
+        let started = std::time::Instant::now();
+        let submitted = self.client.submit(&job.model, items).instrument(span.clone()).await;
+        match &submitted {
+            Ok(_) => metrics::api_request(ApiCall::Submit, "ok", Some(200), started.elapsed()),
+            Err(error) => metrics::api_request(ApiCall::Submit, error.kind.as_str(), error.http_status, started.elapsed()),
+        }
+        match submitted {
             Ok(submitted) => {
                 span.record("request_id", tracing::field::display(&submitted.request_id));
                 let now = now_ms();
@@ -257,6 +271,11 @@ impl Pipeline {
             // Rate limiting is not a failure of the job: give the attempt back.
             fields.push((field::CHUNK_ATTEMPTS, attempt.saturating_sub(1).to_string()));
         }
+        if rate_limited {
+            metrics::throttled_wait(ApiCall::Submit);
+        } else {
+            metrics::retry(ApiCall::Submit);
+        }
         tracing::warn!(model = %model, attempt, error = %error, retry_in = ?wait, "submit failed; retrying");
         self.store.update_chunk(chunk, Some(now + wait.as_millis() as u64), None, &fields, &[]).await?;
         Ok(())
@@ -272,7 +291,15 @@ impl Pipeline {
             return self.fail(chunk, error, now_ms()).await;
         };
         let span = tracing::info_span!("poll", request_id = %request_id, model = %model, n_polls = view.n_polls);
-        match self.client.poll(&model, &request_id, view.items_len).instrument(span).await {
+        let started = std::time::Instant::now();
+        let polled = self.client.poll(&model, &request_id, view.items_len).instrument(span).await;
+        let elapsed = started.elapsed();
+        match &polled {
+            Ok(PollStatus::Done(_)) => metrics::api_request(ApiCall::Poll, "done", Some(200), elapsed),
+            Ok(_) => metrics::api_request(ApiCall::Poll, "pending", Some(200), elapsed),
+            Err(error) => metrics::api_request(ApiCall::Poll, error.kind.as_str(), error.http_status, elapsed),
+        }
+        match polled {
             Ok(PollStatus::Queued) => self.still_pending(chunk, view, "queued").await,
             Ok(PollStatus::Running) => self.still_pending(chunk, view, "running").await,
             Ok(PollStatus::Done(output)) => {
@@ -311,6 +338,11 @@ impl Pipeline {
                     return self.fail(chunk, exhausted(&error, failures), now).await;
                 }
                 let wait = retry_delay(failures.max(1), &self.retry, error.retry_after, unit_random());
+                if rate_limited {
+                    metrics::throttled_wait(ApiCall::Poll);
+                } else {
+                    metrics::retry(ApiCall::Poll);
+                }
                 tracing::warn!(error = %error, failures, retry_in = ?wait, "poll failed; retrying");
                 let due = (now + wait.as_millis() as u64).min(view.deadline_at);
                 self.store
@@ -388,6 +420,7 @@ impl Pipeline {
         let state = if status == ResultStatus::Expired { JobState::Expired } else { JobState::Failed };
         let published = self.store.publish(job_id, &entry, state, &context.reply_to, now).await?;
         if published {
+            metrics::job_finished(status.as_str(), Duration::from_millis(now.saturating_sub(context.accepted_at)));
             tracing::info!(job_id = %job_id, status = %status, "result published");
         }
         Ok(())
@@ -439,6 +472,7 @@ impl Pipeline {
             finished_at: now,
         };
         if self.store.publish(job_id, &entry, JobState::Completed, &context.reply_to, now).await? {
+            metrics::job_finished("completed", Duration::from_millis(now.saturating_sub(context.accepted_at)));
             tracing::info!(
                 job_id = %job_id,
                 items_failed = entry.items_failed,
