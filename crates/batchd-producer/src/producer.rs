@@ -1,0 +1,383 @@
+//! Enqueueing jobs and asking about them: [`Producer`], the job to enqueue ([`NewJob`]) and what the ledger says
+//! about a job ([`JobStatus`]).
+//!
+//! Every job is validated here with the daemon's own decoder (`batchd_core::Job::decode`) before anything is
+//! written, so a job the daemon would refuse never reaches the stream.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use batchd_core::job::JOB_FIELD;
+use batchd_core::ledger::field;
+use batchd_core::{ChunkState, Job, JobError, JobId, JobLimits, JobState, Keys, ResultEntry, UnixMillis};
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use serde::Serialize;
+
+use crate::error::{ProducerError, redacted_url};
+use crate::reader::{ReaderOptions, ResultReader};
+use crate::reply;
+
+/// Jobs written per round trip by [`Producer::enqueue_many`].
+const PIPELINE_CHUNK: usize = 500;
+
+/// The placeholder id used while validating a job without `id` (the real id is the entry id `XADD` returns).
+const VALIDATION_ENTRY_ID: &str = "0-0";
+
+/// A job to enqueue: the v1 job object (see docs/wire-format.md). Build it with [`NewJob::new`] and the setters.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NewJob {
+    /// The job's identity; the same id enqueued twice is one job with one result. Without it, the stream entry
+    /// id becomes the job id (and enqueueing again makes a second job).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The Workers AI model, `@cf/<author>/<model>`.
+    pub model: String,
+    /// The request items, each a JSON object exactly as the Batch API takes it.
+    pub requests: Vec<serde_json::Value>,
+    /// The results stream for this job, `{ns}:results` (the default) or `{ns}:results:<suffix>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+    /// A JSON object echoed back in the result entry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Value>,
+    /// Seconds after acceptance at which the job ends `expired` (default: the daemon's `jobs.default_deadline_secs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline_secs: Option<u64>,
+}
+
+impl NewJob {
+    /// A job for `model` with these request items.
+    pub fn new(model: impl Into<String>, requests: Vec<serde_json::Value>) -> Self {
+        Self { id: None, model: model.into(), requests, reply_to: None, metadata: None, deadline_secs: None }
+    }
+
+    /// Sets the job id (makes enqueueing idempotent).
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// Sends the result to `{ns}:results:<suffix>` instead of the default results stream.
+    pub fn with_reply_to(mut self, stream: impl Into<String>) -> Self {
+        self.reply_to = Some(stream.into());
+        self
+    }
+
+    /// Attaches metadata (a JSON object) that comes back in the result entry.
+    pub fn with_metadata(mut self, metadata: serde_json::Value) -> Self {
+        self.metadata = Some(metadata);
+        self
+    }
+
+    /// Sets the job's deadline in seconds after acceptance.
+    pub fn with_deadline_secs(mut self, secs: u64) -> Self {
+        self.deadline_secs = Some(secs);
+        self
+    }
+
+    /// The job as the JSON text of the `job` field.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a job of JSON values always serialises")
+    }
+}
+
+/// One chunk (one remote batch) of a job, as the ledger records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChunkStatus {
+    /// Where the chunk is (`None` if the ledger holds a state this library does not know).
+    #[serde(serialize_with = "serialize_chunk_state")]
+    pub state: Option<ChunkState>,
+    /// Index of the chunk's first request item.
+    pub first_item: usize,
+    /// Number of request items in the chunk.
+    pub n_items: usize,
+    /// The Batch API's request id, once submitted.
+    pub request_id: Option<String>,
+    /// The remote status of the last poll (`queued`, `running`).
+    pub remote_status: Option<String>,
+    /// Polls answered so far.
+    pub n_polls: u64,
+    /// Submit attempts made.
+    pub attempts: u64,
+}
+
+fn serialize_chunk_state<S: serde::Serializer>(state: &Option<ChunkState>, serializer: S) -> Result<S::Ok, S::Error> {
+    match state {
+        Some(state) => serializer.serialize_str(state.as_str()),
+        None => serializer.serialize_none(),
+    }
+}
+
+/// What the ledger (`{ns}:job:<id>`) says about a job.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobStatus {
+    /// The job id.
+    pub id: JobId,
+    /// Where the job is.
+    #[serde(serialize_with = "serialize_job_state")]
+    pub state: JobState,
+    /// The job's model.
+    pub model: String,
+    /// Number of request items.
+    pub n_items: usize,
+    /// The job's chunks, in order.
+    pub chunks: Vec<ChunkStatus>,
+    /// When the daemon accepted the job, Unix ms.
+    pub accepted_at: Option<UnixMillis>,
+    /// The last change, Unix ms.
+    pub updated_at: Option<UnixMillis>,
+    /// When the job finished, Unix ms.
+    pub finished_at: Option<UnixMillis>,
+    /// When the job ends `expired` if it has not finished, Unix ms.
+    pub deadline_at: Option<UnixMillis>,
+    /// The results stream the job's result goes to.
+    pub reply_to: Option<String>,
+    /// Later entries that carried the same job id (acknowledged, never run).
+    pub duplicates: u64,
+    /// Submits repeated after a crash inside the submit window (each may have created a second remote batch).
+    pub possible_duplicate_submits: u64,
+    /// Why the job failed or expired.
+    pub error: Option<JobError>,
+    /// The id of the job's result entry in `reply_to`, once published.
+    pub result_entry: Option<String>,
+}
+
+fn serialize_job_state<S: serde::Serializer>(state: &JobState, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(state.as_str())
+}
+
+impl JobStatus {
+    /// Reads a ledger hash; `None` when it is empty or has no known state.
+    pub fn from_ledger(id: &JobId, ledger: &HashMap<String, String>) -> Option<Self> {
+        let state: JobState = ledger.get(field::STATE)?.parse().ok()?;
+        let text = |name: &str| ledger.get(name).filter(|v| !v.is_empty()).cloned();
+        let number = |name: &str| ledger.get(name).and_then(|v| v.parse::<u64>().ok());
+        let n_chunks = number(field::N_CHUNKS).unwrap_or(0) as u32;
+        let chunks = (0..n_chunks)
+            .map(|index| {
+                let chunk = |name: &str| ledger.get(&field::chunk(index, name)).filter(|v| !v.is_empty()).cloned();
+                let chunk_number = |name: &str| chunk(name).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+                let (first_item, n_items) = chunk(field::CHUNK_ITEMS)
+                    .and_then(|items| {
+                        let (start, len) = items.split_once(':')?;
+                        Some((start.parse().ok()?, len.parse().ok()?))
+                    })
+                    .unwrap_or((0, 0));
+                ChunkStatus {
+                    state: chunk(field::CHUNK_STATE).and_then(|state| state.parse().ok()),
+                    first_item,
+                    n_items,
+                    request_id: chunk(field::CHUNK_REQUEST_ID),
+                    remote_status: chunk(field::CHUNK_REMOTE_STATUS),
+                    n_polls: chunk_number(field::CHUNK_N_POLLS),
+                    attempts: chunk_number(field::CHUNK_ATTEMPTS),
+                }
+            })
+            .collect();
+        Some(Self {
+            id: id.clone(),
+            state,
+            model: text(field::MODEL).unwrap_or_default(),
+            n_items: number(field::N_ITEMS).unwrap_or(0) as usize,
+            chunks,
+            accepted_at: number(field::ACCEPTED_AT),
+            updated_at: number(field::UPDATED_AT),
+            finished_at: number(field::FINISHED_AT),
+            deadline_at: number(field::DEADLINE_AT),
+            reply_to: text(field::REPLY_TO),
+            duplicates: number(field::DUPLICATES).unwrap_or(0),
+            possible_duplicate_submits: number(field::POSSIBLE_DUPLICATE_SUBMITS).unwrap_or(0),
+            error: text(field::ERROR).and_then(|error| serde_json::from_str(&error).ok()),
+            result_entry: text("result_entry"),
+        })
+    }
+
+    /// Chunks whose remote batch finished.
+    pub fn chunks_done(&self) -> usize {
+        self.chunks.iter().filter(|chunk| chunk.state == Some(ChunkState::Done)).count()
+    }
+
+    /// Request items in finished chunks (all of them once the job is terminal).
+    pub fn items_done(&self) -> usize {
+        if self.state.is_terminal() {
+            return self.n_items;
+        }
+        self.chunks.iter().filter(|chunk| chunk.state == Some(ChunkState::Done)).map(|chunk| chunk.n_items).sum()
+    }
+}
+
+/// Enqueues jobs into one batchd namespace and reads their state. Cheap to clone (one multiplexed connection).
+#[derive(Clone)]
+pub struct Producer {
+    /// The client, for opening dedicated connections (each results reader has its own).
+    client: redis::Client,
+    /// The shared connection for short commands.
+    conn: MultiplexedConnection,
+    /// Keys of the namespace.
+    keys: Keys,
+    /// The limits jobs are validated against (the daemon's defaults unless set).
+    limits: JobLimits,
+}
+
+impl std::fmt::Debug for Producer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer").field("namespace", &self.keys.namespace()).field("limits", &self.limits).finish()
+    }
+}
+
+impl Producer {
+    /// Connects to Redis at `url` (`redis://[user:password@]host:port[/db]`, or `rediss://`) for the batchd
+    /// namespace `namespace` (the daemon's `redis.namespace`, default `batchd`).
+    pub async fn connect(url: &str, namespace: &str) -> Result<Self, ProducerError> {
+        let keys = Keys::new(namespace)?;
+        let connect_error = |source| ProducerError::Connect { url: redacted_url(url), source };
+        let client = redis::Client::open(url).map_err(connect_error)?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(30)));
+        let conn = client.get_multiplexed_async_connection_with_config(&config).await.map_err(connect_error)?;
+        Ok(Self { client, conn, keys, limits: JobLimits::default() })
+    }
+
+    /// Validates against these limits instead of the daemon's defaults (set them to the daemon's `jobs.*`).
+    pub fn with_limits(mut self, limits: JobLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The namespace's keys.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// Validates `job` as the daemon would and enqueues it with one `XADD`. Returns the job id: the job's `id`,
+    /// or the stream entry id when it has none.
+    pub async fn enqueue(&self, job: &NewJob) -> Result<JobId, ProducerError> {
+        self.enqueue_json(&job.to_json()).await
+    }
+
+    /// Like [`Producer::enqueue`], for a job that is already JSON text (sent byte for byte).
+    pub async fn enqueue_json(&self, job: &str) -> Result<JobId, ProducerError> {
+        let validated = self.validate(job).map_err(ProducerError::Invalid)?;
+        let entry_id: String = self.conn.clone().xadd(self.keys.submit(), "*", &[(JOB_FIELD, job)]).await?;
+        job_id(validated, &entry_id)
+    }
+
+    /// Validates every job, then enqueues them all in pipelines (one round trip per 500 jobs). Nothing is written
+    /// when any job is invalid. If Redis fails midway, some jobs may have been written: jobs with an `id` can simply
+    /// be enqueued again (the daemon runs an id once); jobs without one would run twice.
+    pub async fn enqueue_many(&self, jobs: &[NewJob]) -> Result<Vec<JobId>, ProducerError> {
+        let texts: Vec<String> = jobs.iter().map(NewJob::to_json).collect();
+        let validated: Vec<Option<JobId>> = texts
+            .iter()
+            .enumerate()
+            .map(|(index, text)| self.validate(text).map_err(|source| ProducerError::InvalidInBatch { index, source }))
+            .collect::<Result<_, _>>()?;
+        let mut ids = Vec::with_capacity(jobs.len());
+        let mut conn = self.conn.clone();
+        for (texts, validated) in texts.chunks(PIPELINE_CHUNK).zip(validated.chunks(PIPELINE_CHUNK)) {
+            let mut pipe = redis::pipe();
+            for text in texts {
+                pipe.xadd(self.keys.submit(), "*", &[(JOB_FIELD, text)]);
+            }
+            let entry_ids: Vec<String> = pipe.query_async(&mut conn).await?;
+            for (validated, entry_id) in validated.iter().zip(entry_ids) {
+                ids.push(job_id(validated.clone(), &entry_id)?);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Checks a job with the daemon's decoder; returns its explicit id, if it has one.
+    fn validate(&self, text: &str) -> Result<Option<JobId>, batchd_core::DecodeError> {
+        let fields = [(JOB_FIELD.to_owned(), text.as_bytes().to_vec())];
+        let job = Job::decode(&fields, VALIDATION_ENTRY_ID, &self.limits, &self.keys)?;
+        // Only the presence of `id` matters here; everything else is skipped without being built.
+        #[derive(serde::Deserialize)]
+        struct IdOnly {
+            #[serde(default)]
+            id: Option<serde::de::IgnoredAny>,
+        }
+        let has_id = serde_json::from_str::<IdOnly>(text).is_ok_and(|job| job.id.is_some());
+        Ok(has_id.then_some(job.id))
+    }
+
+    /// What the ledger says about job `id`; `None` when there is no ledger: the id is unknown, the daemon has not
+    /// taken the job in yet, or the ledger expired (`retention.ledger_ttl_secs` after the job finished).
+    pub async fn status(&self, id: &JobId) -> Result<Option<JobStatus>, ProducerError> {
+        let ledger: HashMap<String, String> = self.conn.clone().hgetall(self.keys.job(id)).await?;
+        Ok(JobStatus::from_ledger(id, &ledger))
+    }
+
+    /// The result entry of job `id`, once it finished and while both its ledger and the entry are kept.
+    /// For reliable delivery of every result use a [`ResultReader`]; this is for looking one up.
+    pub async fn result(&self, id: &JobId) -> Result<Option<ResultEntry>, ProducerError> {
+        let Some(status) = self.status(id).await? else { return Ok(None) };
+        let (Some(stream), Some(entry_id)) = (status.reply_to, status.result_entry) else { return Ok(None) };
+        let value: redis::Value =
+            redis::cmd("XRANGE").arg(&stream).arg(&entry_id).arg(&entry_id).query_async(&mut self.conn.clone()).await?;
+        let Some(fields) = reply::entries(&value)?.into_iter().next().and_then(|entry| entry.fields) else {
+            return Ok(None);
+        };
+        ResultEntry::from_fields(&fields).map(Some).map_err(|e| ProducerError::Reply(format!("{entry_id}: {e}")))
+    }
+
+    /// Opens a results reader on a connection of its own (its blocking reads would hold up this producer's).
+    pub async fn results_reader(&self, options: ReaderOptions) -> Result<ResultReader, ProducerError> {
+        ResultReader::open(&self.client, &self.keys, options).await
+    }
+}
+
+fn job_id(explicit: Option<JobId>, entry_id: &str) -> Result<JobId, ProducerError> {
+    match explicit {
+        Some(id) => Ok(id),
+        None => JobId::parse(entry_id).map_err(|e| ProducerError::Reply(format!("entry id {entry_id:?}: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_job_serialises_as_a_v1_job() {
+        let job = NewJob::new("@cf/baai/bge-m3", vec![serde_json::json!({"text": "hi"})])
+            .with_id("inv-1")
+            .with_metadata(serde_json::json!({"tenant": "acme"}));
+        assert_eq!(
+            job.to_json(),
+            r#"{"id":"inv-1","model":"@cf/baai/bge-m3","requests":[{"text":"hi"}],"metadata":{"tenant":"acme"}}"#
+        );
+        let bare = NewJob::new("@cf/baai/bge-m3", vec![]);
+        assert_eq!(bare.to_json(), r#"{"model":"@cf/baai/bge-m3","requests":[]}"#);
+    }
+
+    #[test]
+    fn a_ledger_reads_as_a_status() {
+        let ledger: HashMap<String, String> = [
+            ("state", "running"),
+            ("model", "@cf/baai/bge-m3"),
+            ("n_items", "5"),
+            ("n_chunks", "2"),
+            ("c0:state", "done"),
+            ("c0:items", "0:3"),
+            ("c1:state", "polling"),
+            ("c1:items", "3:2"),
+            ("c1:remote_status", "queued"),
+            ("c1:n_polls", "4"),
+            ("accepted_at", "1000"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let id = JobId::parse("a").unwrap();
+        let status = JobStatus::from_ledger(&id, &ledger).unwrap();
+        assert_eq!(status.state, JobState::Running);
+        assert_eq!((status.chunks_done(), status.items_done()), (1, 3));
+        assert_eq!(status.chunks[1].remote_status.as_deref(), Some("queued"));
+        assert_eq!(status.chunks[1].n_polls, 4);
+        assert_eq!(status.accepted_at, Some(1000));
+        assert!(JobStatus::from_ledger(&id, &HashMap::new()).is_none());
+    }
+}
