@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CallKind {
-    /// A body with `requests` (or at least without `request_id`) that got past validation, or hit a fault.
+    /// A body with `requests` (or at least without `request_id`) that got past validation, or hit a fault or
+    /// the rate limit.
     Submit,
     /// A body with `request_id`, whatever the answer.
     Poll,
@@ -29,7 +30,7 @@ pub struct CallRecord {
     pub request_id: Option<String>,
     /// HTTP status of the reply; 0 when the connection was reset without a reply.
     pub http_status: u16,
-    /// Size of the raw request body in bytes.
+    /// Exact length of the raw request body in bytes, as received (whitespace included).
     pub body_bytes: usize,
     /// Number of items in `requests`, for a submit whose body had them.
     pub n_items: Option<usize>,

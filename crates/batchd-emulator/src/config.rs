@@ -17,6 +17,14 @@ pub struct EmulatorConfig {
     pub running_for: Duration,
     /// Request bodies of this many bytes or more are refused with HTTP 413, code 3006.
     pub max_body_bytes: usize,
+    /// A submit with more items than this is refused with HTTP 413, code 3006; `None`: no cap (the API documents none).
+    pub max_items: Option<usize>,
+    /// Calls allowed per (account, model) in any window of `per`; over it, HTTP 429 code 3040. `None`: unlimited.
+    pub rate_limit: Option<RateLimit>,
+    /// Whether polls count against (and are refused by) [`EmulatorConfig::rate_limit`]; by default only submits do.
+    pub limit_polls: bool,
+    /// How long a finished batch can still be polled; after that it answers 404, code 7000. `None`: forever.
+    pub retention: Option<Duration>,
     /// HTTP status of an accepted submit: 200 (documented) or 202 (seen live).
     pub submit_status: u16,
     /// Models known in addition to [`default_models`], with the family that shapes their input and output.
@@ -31,9 +39,35 @@ impl Default for EmulatorConfig {
             queued_for: Duration::from_millis(200),
             running_for: Duration::from_millis(300),
             max_body_bytes: 10_000_000,
+            max_items: None,
+            rate_limit: None,
+            limit_polls: false,
+            retention: None,
             submit_status: 200,
             extra_models: Vec::new(),
         }
+    }
+}
+
+/// A rate limit: at most `requests` calls in any window of length `per` (a sliding window over a log of
+/// accepted calls, kept per account and model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Calls allowed in one window.
+    pub requests: u32,
+    /// Length of the window.
+    pub per: Duration,
+}
+
+impl RateLimit {
+    /// At most `requests` calls in any window of length `per`.
+    pub fn new(requests: u32, per: Duration) -> Self {
+        Self { requests, per }
+    }
+
+    /// At most `requests` calls in any minute, the unit Cloudflare documents its limits in.
+    pub fn per_minute(requests: u32) -> Self {
+        Self::new(requests, Duration::from_secs(60))
     }
 }
 

@@ -2,12 +2,13 @@
 //!
 //! [`Emulator::start`] serves the run endpoint (`/client/v4/accounts/{account_id}/ai/run/{model}`)
 //! and a control API under `/_emulator/`; the returned [`EmulatorHandle`] injects faults, changes
-//! the timing and reads the call log in-process. The control API has no authentication: the
+//! the timing and the limits (body and item caps, rate limit, retention) and reads the call log in-process. The control API has no authentication: the
 //! emulator is for local use only and must never listen on a public interface.
 
 mod calls;
 mod config;
 mod fault;
+mod limits;
 mod listener;
 mod outputs;
 mod server;
@@ -23,7 +24,7 @@ use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 
 pub use crate::{
     calls::{CallKind, CallRecord},
-    config::{EmulatorConfig, Family, default_models},
+    config::{EmulatorConfig, Family, RateLimit, default_models},
     fault::{Calls, Fault, FaultKind},
 };
 use crate::{
@@ -142,9 +143,49 @@ impl EmulatorHandle {
             .collect()
     }
 
-    /// Number of batches accepted since start (resets do not forget batches).
+    /// Number of batches accepted since start (resets do not forget batches, and batches that
+    /// [`EmulatorHandle::set_retention`] forgot still count).
     pub fn batch_count(&self) -> usize {
         self.state.batch_count()
+    }
+
+    /// Number of batches stored now: accepted ones minus those the retention forgot.
+    pub fn stored_batch_count(&self) -> usize {
+        self.state.stored_batch_count()
+    }
+
+    /// Number of calls answered HTTP 429 by the rate limit since start or the last reset (injected 429
+    /// faults do not count).
+    pub fn rate_limited_count(&self) -> u64 {
+        self.state.rate_limited_count()
+    }
+
+    /// Changes the body cap (bodies of `max_body_bytes` or more get 413, code 3006) and the item cap (submits
+    /// with more than `max_items` items get 413, code 3006; `None`: no cap).
+    pub fn set_limits(&self, max_body_bytes: usize, max_items: Option<usize>) {
+        self.state.update_limits(|limits| {
+            limits.max_body_bytes = max_body_bytes;
+            limits.max_items = max_items;
+        });
+    }
+
+    /// Changes the per-(account, model) rate limit (`None`: unlimited); the windows start empty.
+    pub fn set_rate_limit(&self, rate_limit: Option<RateLimit>) {
+        self.state
+            .update_limits(|limits| limits.rate_limit = rate_limit);
+    }
+
+    /// Whether polls count against the rate limit too (by default only submits do).
+    pub fn set_limit_polls(&self, limit_polls: bool) {
+        self.state
+            .update_limits(|limits| limits.limit_polls = limit_polls);
+    }
+
+    /// Changes how long a finished batch can still be polled (`None`: forever); later polls get 404, code
+    /// 7000, and the batch is forgotten. Applies to existing batches too.
+    pub fn set_retention(&self, retention: Option<Duration>) {
+        self.state
+            .update_limits(|limits| limits.retention = retention);
     }
 
     /// Changes how long batches stay queued and running; applies to existing batches too.
@@ -155,7 +196,8 @@ impl EmulatorHandle {
         });
     }
 
-    /// Clears pending faults and the call log; batches and timing stay.
+    /// Clears pending faults, the call log, the rate-limit windows and [`EmulatorHandle::rate_limited_count`];
+    /// batches, timing and limits stay.
     pub fn reset(&self) {
         self.state.reset();
     }

@@ -5,7 +5,7 @@
 use std::{io::Write, net::SocketAddr, time::Duration};
 
 use anyhow::Context;
-use batchd_emulator::{Emulator, EmulatorConfig};
+use batchd_emulator::{Emulator, EmulatorConfig, RateLimit};
 use clap::Parser;
 
 /// Fake Cloudflare Workers AI Batch API for local tests. Its control API (/_emulator/) has no auth:
@@ -31,6 +31,22 @@ struct Args {
     /// Bodies of this many bytes or more get HTTP 413.
     #[arg(long, default_value_t = 10_000_000)]
     max_body_bytes: usize,
+    /// Submits with more items than this get HTTP 413 (no cap when absent).
+    #[arg(long)]
+    max_items: Option<usize>,
+    /// Calls allowed per account and model in any window of --rate-limit-per-ms; over it, HTTP 429
+    /// (unlimited when absent).
+    #[arg(long)]
+    rate_limit_requests: Option<u32>,
+    /// Length of the rate-limit window in milliseconds.
+    #[arg(long, default_value_t = 60_000)]
+    rate_limit_per_ms: u64,
+    /// Count polls against the rate limit too (by default only submits).
+    #[arg(long)]
+    limit_polls: bool,
+    /// Milliseconds a finished batch can still be polled before it answers 404 (forever when absent).
+    #[arg(long)]
+    retention_ms: Option<u64>,
     /// HTTP status of an accepted submit (200 or 202).
     #[arg(long, default_value_t = 200)]
     submit_status: u16,
@@ -52,6 +68,12 @@ async fn main() -> anyhow::Result<()> {
         queued_for: Duration::from_millis(args.queued_ms),
         running_for: Duration::from_millis(args.running_ms),
         max_body_bytes: args.max_body_bytes,
+        max_items: args.max_items,
+        rate_limit: args.rate_limit_requests.map(|requests| {
+            RateLimit::new(requests, Duration::from_millis(args.rate_limit_per_ms))
+        }),
+        limit_polls: args.limit_polls,
+        retention: args.retention_ms.map(Duration::from_millis),
         submit_status: args.submit_status,
         extra_models: Vec::new(),
     };

@@ -14,14 +14,16 @@ use axum::{
     routing::{get, post},
 };
 use percent_encoding::percent_decode_str;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::{
     calls::{CallKind, CallRecord},
+    config::RateLimit,
     fault::{Fault, FaultKind, default_error_for_status},
+    limits::{Limits, retry_after_secs},
     listener::Connection,
-    state::{Phase, PollOutcome, State, Timing},
+    state::{Completion, Phase, PollOutcome, State, Timing},
 };
 
 type Shared = Arc<State>;
@@ -37,6 +39,7 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/_emulator/config", get(get_config).post(set_config))
         .route("/_emulator/reset", post(reset))
         .route("/_emulator/batches", get(list_batches))
+        .route("/_emulator/stats", get(stats))
         .fallback(api)
         // The emulator measures bodies itself, to answer 413 with Cloudflare's envelope.
         .layer(DefaultBodyLimit::disable())
@@ -53,6 +56,8 @@ struct ApiError {
     code: i64,
     /// Envelope error message.
     message: String,
+    /// Value of a `Retry-After` header in seconds; no header when `None`.
+    retry_after_secs: Option<u64>,
 }
 
 impl ApiError {
@@ -61,6 +66,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after_secs: None,
         }
     }
 
@@ -75,7 +81,13 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        error_response(self.status, self.code, &self.message)
+        let mut response = error_response(self.status, self.code, &self.message);
+        if let Some(secs) = self.retry_after_secs {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
     }
 }
 
@@ -89,9 +101,49 @@ fn error_response(status: StatusCode, code: i64, message: &str) -> Response {
     (status, Json(body)).into_response()
 }
 
-fn success_response(status: StatusCode, result: Value) -> Response {
-    let body = json!({ "result": result, "success": true, "errors": [], "messages": [] });
-    (status, Json(body)).into_response()
+/// What a successful call returns as `result`.
+#[derive(Debug)]
+enum Success {
+    /// A small object built per call (submit reply, pending poll).
+    Value(Value),
+    /// A done batch's completion, serialized here (it may be tens of megabytes).
+    Completion(Arc<Completion>),
+}
+
+/// The success envelope around a `result`.
+#[derive(Serialize)]
+struct Envelope<'a, T: Serialize> {
+    /// The call's result.
+    result: &'a T,
+    /// Always `true`.
+    success: bool,
+    /// Always empty.
+    errors: [(); 0],
+    /// Always empty.
+    messages: [(); 0],
+}
+
+fn success_response(status: StatusCode, result: Success) -> Response {
+    let rendered = match &result {
+        Success::Value(value) => serde_json::to_vec(&envelope(value)),
+        Success::Completion(completion) => serde_json::to_vec(&envelope(completion.as_ref())),
+    };
+    match rendered {
+        Ok(body) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(error) => {
+            tracing::error!(%error, "serialize a reply");
+            error_response(StatusCode::INTERNAL_SERVER_ERROR, 5001, "Internal error")
+        }
+    }
+}
+
+fn envelope<T: Serialize>(result: &T) -> Envelope<'_, T> {
+    Envelope {
+        result,
+        success: true,
+        errors: [],
+        messages: [],
+    }
 }
 
 /// What the URL says: account and model, both percent-decoded.
@@ -168,7 +220,10 @@ async fn api(
     body: Bytes,
 ) -> Response {
     let run_path = parse_run_path(uri.path());
+    let body_bytes = body.len();
     let parsed: Option<Value> = serde_json::from_slice(&body).ok();
+    // Only the parsed body is needed from here on.
+    drop(body);
     let object = parsed.as_ref().and_then(Value::as_object);
     let is_poll = object.is_some_and(|object| object.contains_key("request_id"));
     let mut call = Call {
@@ -192,7 +247,7 @@ async fn api(
                 .and_then(Value::as_str)
                 .map(str::to_owned),
             http_status: 0,
-            body_bytes: body.len(),
+            body_bytes,
             n_items: object
                 .and_then(|object| object.get("requests"))
                 .and_then(Value::as_array)
@@ -253,12 +308,27 @@ async fn api(
     }
 
     let outcome = handle_run(
-        &state, &method, &uri, &headers, &body, run_path, parsed, &mut call,
+        &state, &method, &uri, &headers, body_bytes, run_path, parsed, &mut call,
     );
     match outcome {
         Ok((status, result)) => {
             call.finish(&state, status.as_u16(), None);
-            success_response(status, result)
+            match result {
+                // Serializing a large completion takes tens of milliseconds: keep it off the async workers.
+                Success::Completion(_) => {
+                    tokio::task::spawn_blocking(move || success_response(status, result))
+                        .await
+                        .unwrap_or_else(|error| {
+                            tracing::error!(%error, "serialize a completion");
+                            error_response(
+                                StatusCode::INTERNAL_SERVER_ERROR,
+                                5001,
+                                "Internal error",
+                            )
+                        })
+                }
+                Success::Value(_) => success_response(status, result),
+            }
         }
         Err(error) => {
             call.finish(&state, error.status.as_u16(), Some(error.code));
@@ -267,6 +337,9 @@ async fn api(
     }
 }
 
+/// Message of a 429 from the rate limit, as Cloudflare words its capacity errors.
+const RATE_LIMITED_MESSAGE: &str = "Capacity temporarily exceeded, please try again.";
+
 /// Validates a run call and answers it as a submit or a poll.
 #[allow(clippy::too_many_arguments)]
 fn handle_run(
@@ -274,14 +347,15 @@ fn handle_run(
     method: &Method,
     uri: &Uri,
     headers: &HeaderMap,
-    body: &Bytes,
+    body_bytes: usize,
     run_path: Option<RunPath>,
     parsed: Option<Value>,
     call: &mut Call,
-) -> Result<(StatusCode, Value), ApiError> {
+) -> Result<(StatusCode, Success), ApiError> {
     let is_poll = call.record.kind == CallKind::Poll;
     call.record.kind = CallKind::Rejected;
     let config = &state.config;
+    let limits = state.limits();
 
     let expected = format!("Bearer {}", config.token);
     let authorized = headers
@@ -313,7 +387,7 @@ fn handle_run(
             "Method not allowed",
         ));
     }
-    if body.len() >= config.max_body_bytes {
+    if body_bytes >= limits.max_body_bytes {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             3006,
@@ -327,7 +401,19 @@ fn handle_run(
             format!("No such model {} or task", run_path.model),
         )
     })?;
-    let Some(Value::Object(object)) = parsed else {
+    if let Err(wait) = state.admit(&run_path.account_id, &run_path.model, is_poll) {
+        call.record.kind = if is_poll {
+            CallKind::Poll
+        } else {
+            CallKind::Submit
+        };
+        call.add_fault("rate_limit");
+        return Err(ApiError {
+            retry_after_secs: Some(retry_after_secs(wait)),
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, 3040, RATE_LIMITED_MESSAGE)
+        });
+    }
+    let Some(Value::Object(mut object)) = parsed else {
         return Err(ApiError::invalid_data(
             "the request body must be a JSON object",
         ));
@@ -342,7 +428,7 @@ fn handle_run(
         return poll(state, request_id);
     }
 
-    let requests = match object.get("requests") {
+    let requests = match object.remove("requests") {
         Some(Value::Array(requests)) if !requests.is_empty() => requests,
         Some(Value::Array(_)) | None => {
             return Err(ApiError::new(
@@ -353,13 +439,24 @@ fn handle_run(
         }
         Some(_) => return Err(ApiError::invalid_data("requests must be an array")),
     };
+    if let Some(max_items) = limits.max_items.filter(|&max| requests.len() > max) {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            3006,
+            format!(
+                "Request is too large: {} items, the limit is {max_items}",
+                requests.len()
+            ),
+        ));
+    }
     let items: Vec<Map<String, Value>> = requests
-        .iter()
+        .into_iter()
         .enumerate()
-        .map(|(index, item)| {
-            item.as_object().cloned().ok_or_else(|| {
-                ApiError::invalid_data(&format!("requests/{index} must be an object"))
-            })
+        .map(|(index, item)| match item {
+            Value::Object(item) => Ok(item),
+            _ => Err(ApiError::invalid_data(&format!(
+                "requests/{index} must be an object"
+            ))),
         })
         .collect::<Result<_, _>>()?;
     if !has_queue_request(uri) {
@@ -373,17 +470,19 @@ fn handle_run(
     for name in &plan.fault_names {
         call.add_fault(name);
     }
-    state.add_batch(&request_id, &run_path.model, family, &items, &plan);
+    state.add_batch(&request_id, &run_path.model, family, items, &plan);
     call.record.kind = CallKind::Submit;
     call.record.request_id = Some(request_id.clone());
     let status = StatusCode::from_u16(config.submit_status).unwrap_or(StatusCode::OK);
     Ok((
         status,
-        json!({ "status": "queued", "request_id": request_id, "model": run_path.model }),
+        Success::Value(
+            json!({ "status": "queued", "request_id": request_id, "model": run_path.model }),
+        ),
     ))
 }
 
-fn poll(state: &State, request_id: &str) -> Result<(StatusCode, Value), ApiError> {
+fn poll(state: &State, request_id: &str) -> Result<(StatusCode, Success), ApiError> {
     match state.poll(request_id) {
         PollOutcome::NotFound => Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -403,10 +502,10 @@ fn poll(state: &State, request_id: &str) -> Result<(StatusCode, Value), ApiError
             };
             Ok((
                 StatusCode::OK,
-                json!({ "status": status, "request_id": request_id }),
+                Success::Value(json!({ "status": status, "request_id": request_id })),
             ))
         }
-        PollOutcome::Done(result) => Ok((StatusCode::OK, result)),
+        PollOutcome::Done(completion) => Ok((StatusCode::OK, Success::Completion(completion))),
     }
 }
 
@@ -443,40 +542,136 @@ async fn list_calls(AxumState(state): AxumState<Shared>) -> Json<Vec<CallRecord>
     Json(state.calls())
 }
 
-/// Timing as the control API reads and writes it.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
-struct TimingBody {
-    /// See [`Timing::queued_for`]; unchanged when absent.
-    queued_for_ms: Option<u64>,
-    /// See [`Timing::running_for`]; unchanged when absent.
-    running_for_ms: Option<u64>,
+/// A rate limit as the control API reads and writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RateLimitBody {
+    /// See [`RateLimit::requests`].
+    requests: u32,
+    /// See [`RateLimit::per`], in milliseconds.
+    per_ms: u64,
 }
 
-fn timing_body(timing: Timing) -> TimingBody {
-    let ms = |duration: Duration| Some(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX));
-    TimingBody {
-        queued_for_ms: ms(timing.queued_for),
-        running_for_ms: ms(timing.running_for),
+/// `POST /_emulator/config`: every field optional, absent means unchanged; `null` removes a cap or limit.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigChange {
+    /// See [`Timing::queued_for`].
+    queued_for_ms: Option<u64>,
+    /// See [`Timing::running_for`].
+    running_for_ms: Option<u64>,
+    /// See [`Limits::max_body_bytes`].
+    max_body_bytes: Option<usize>,
+    /// See [`Limits::max_items`].
+    #[serde(default, deserialize_with = "present")]
+    max_items: Option<Option<usize>>,
+    /// See [`Limits::rate_limit`].
+    #[serde(default, deserialize_with = "present")]
+    rate_limit: Option<Option<RateLimitBody>>,
+    /// See [`Limits::limit_polls`].
+    limit_polls: Option<bool>,
+    /// See [`Limits::retention`], in milliseconds.
+    #[serde(default, deserialize_with = "present")]
+    retention_ms: Option<Option<u64>>,
+}
+
+/// Reads a field that is present (possibly `null`) as `Some`; an absent one stays `None` through `default`.
+fn present<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(deserializer).map(Some)
+}
+
+/// The settings `GET`/`POST /_emulator/config` answer with.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct ConfigView {
+    /// See [`Timing::queued_for`].
+    queued_for_ms: u64,
+    /// See [`Timing::running_for`].
+    running_for_ms: u64,
+    /// See [`Limits::max_body_bytes`].
+    max_body_bytes: usize,
+    /// See [`Limits::max_items`].
+    max_items: Option<usize>,
+    /// See [`Limits::rate_limit`].
+    rate_limit: Option<RateLimitBody>,
+    /// See [`Limits::limit_polls`].
+    limit_polls: bool,
+    /// See [`Limits::retention`], in milliseconds.
+    retention_ms: Option<u64>,
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn config_view(timing: Timing, limits: Limits) -> ConfigView {
+    ConfigView {
+        queued_for_ms: millis(timing.queued_for),
+        running_for_ms: millis(timing.running_for),
+        max_body_bytes: limits.max_body_bytes,
+        max_items: limits.max_items,
+        rate_limit: limits.rate_limit.map(|limit| RateLimitBody {
+            requests: limit.requests,
+            per_ms: millis(limit.per),
+        }),
+        limit_polls: limits.limit_polls,
+        retention_ms: limits.retention.map(millis),
     }
 }
 
-async fn get_config(AxumState(state): AxumState<Shared>) -> Json<TimingBody> {
-    Json(timing_body(state.timing()))
+async fn get_config(AxumState(state): AxumState<Shared>) -> Json<ConfigView> {
+    Json(config_view(state.timing(), state.limits()))
 }
 
 async fn set_config(
     AxumState(state): AxumState<Shared>,
-    Json(body): Json<TimingBody>,
-) -> Json<TimingBody> {
+    Json(change): Json<ConfigChange>,
+) -> Json<ConfigView> {
     let mut timing = state.timing();
-    if let Some(ms) = body.queued_for_ms {
+    if let Some(ms) = change.queued_for_ms {
         timing.queued_for = Duration::from_millis(ms);
     }
-    if let Some(ms) = body.running_for_ms {
+    if let Some(ms) = change.running_for_ms {
         timing.running_for = Duration::from_millis(ms);
     }
     state.set_timing(timing);
-    Json(timing_body(timing))
+    let limits = state.update_limits(|limits| {
+        if let Some(max_body_bytes) = change.max_body_bytes {
+            limits.max_body_bytes = max_body_bytes;
+        }
+        if let Some(max_items) = change.max_items {
+            limits.max_items = max_items;
+        }
+        if let Some(rate_limit) = change.rate_limit {
+            limits.rate_limit = rate_limit
+                .map(|body| RateLimit::new(body.requests, Duration::from_millis(body.per_ms)));
+        }
+        if let Some(limit_polls) = change.limit_polls {
+            limits.limit_polls = limit_polls;
+        }
+        if let Some(retention_ms) = change.retention_ms {
+            limits.retention = retention_ms.map(Duration::from_millis);
+        }
+    });
+    tracing::info!(?timing, ?limits, "emulator settings changed");
+    Json(config_view(timing, limits))
+}
+
+/// `GET /_emulator/stats`: counters a test outside the process can read.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Stats {
+    /// Calls answered 429 by the rate limit since start or the last reset.
+    rate_limited: u64,
+    /// Batches accepted since start.
+    batches: usize,
+}
+
+async fn stats(AxumState(state): AxumState<Shared>) -> Json<Stats> {
+    Json(Stats {
+        rate_limited: state.rate_limited_count(),
+        batches: state.batch_count(),
+    })
 }
 
 async fn reset(AxumState(state): AxumState<Shared>) -> StatusCode {

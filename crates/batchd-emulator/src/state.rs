@@ -1,22 +1,25 @@
-//! The emulator's shared state: timing, pending faults, stored batches and the call log.
+//! The emulator's shared state: timing, limits, pending faults, stored batches and the call log.
 //!
-//! Everything sits behind one mutex that is never held across an `.await`.
+//! Everything sits behind one mutex that is never held across an `.await`. A batch keeps only its computed
+//! outputs (embeddings as seeds), never the request body; its completion is serialized outside the lock.
 
 use std::{
     collections::{HashMap, VecDeque},
-    sync::{Mutex, MutexGuard},
+    sync::{Arc, Mutex, MutexGuard},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use rand::{SeedableRng, rngs::StdRng, seq::SliceRandom};
-use serde_json::{Map, Value, json};
+use serde::{Serialize, Serializer, ser::SerializeMap};
+use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use crate::{
     calls::{CallKind, CallRecord},
-    config::{EmulatorConfig, Family},
+    config::{EmulatorConfig, Family, RateLimit},
     fault::{Calls, Fault, FaultKind},
-    outputs::{hash_of, run_item},
+    limits::{Limits, RateLimiter},
+    outputs::{ItemResult, hash_of, run_item},
 };
 
 /// Envelope error of an item in a `fail_items` batch.
@@ -37,11 +40,20 @@ pub(crate) struct State {
 struct Inner {
     /// Current timing of batches.
     timing: Timing,
+    /// Current caps, rate limit and retention.
+    limits: Limits,
+    /// Calls admitted by the rate limit, per account and model.
+    rate_limiter: RateLimiter,
+    /// Calls answered 429 by the rate limit since start or the last reset.
+    n_rate_limited: u64,
+    /// Batches accepted since start (forgotten ones included).
+    n_accepted: usize,
     /// Pending call-level faults, in injection order.
     call_faults: VecDeque<Fault>,
     /// Pending batch-level faults, in injection order.
     batch_faults: VecDeque<Fault>,
-    /// Every accepted batch by request id; kept across resets so in-flight polls keep working.
+    /// Accepted batches by request id, until retention forgets them; kept across resets so in-flight polls
+    /// keep working.
     batches: HashMap<String, Batch>,
     /// The call log.
     calls: Vec<CallRecord>,
@@ -80,6 +92,16 @@ pub(crate) fn phase(elapsed: Duration, timing: Timing) -> Phase {
     }
 }
 
+/// Whether a batch submitted `elapsed` ago finished more than `retention` ago (never without a retention).
+pub(crate) fn expired(elapsed: Duration, timing: Timing, retention: Option<Duration>) -> bool {
+    let Some(retention) = retention else {
+        return false;
+    };
+    elapsed
+        .checked_sub(timing.queued_for + timing.running_for)
+        .is_some_and(|done_for| done_for > retention)
+}
+
 /// One accepted batch.
 #[derive(Debug)]
 pub(crate) struct Batch {
@@ -87,21 +109,119 @@ pub(crate) struct Batch {
     submitted_at: Instant,
     /// Whether it fails as a whole once done (`fail_batch`).
     failed: bool,
-    /// The `result` object polls return once it is done (computed at submit time).
-    completion: Value,
+    /// The `result` object polls return once it is done (computed at submit time, serialized per poll).
+    completion: Arc<Completion>,
 }
 
 /// What a poll finds.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum PollOutcome {
-    /// No batch has this id.
+    /// No batch has this id (never had, or retention forgot it).
     NotFound,
     /// Still queued or running.
     Pending(Phase),
     /// Done and failed as a whole.
     Failed,
     /// Done: the `result` object to return.
-    Done(Value),
+    Done(Arc<Completion>),
+}
+
+/// The `result` object of a done batch, as computed at submit time.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Completion {
+    /// Whether entries are listed under `results` keyed by `index` (else `responses` keyed by `id`).
+    results_shape: bool,
+    /// One entry per item not dropped, in response order.
+    entries: Vec<Entry>,
+    /// Tokens counted over the items that succeeded.
+    usage: Usage,
+}
+
+/// One response item.
+#[derive(Debug, Clone, PartialEq)]
+struct Entry {
+    /// Index of the item in the submitted `requests`.
+    index: usize,
+    /// `external_reference` from the top level of the item, `null` when absent.
+    external_reference: Value,
+    /// The inner `result`, or the code and message of the item's error.
+    outcome: Result<ItemResult, (i64, String)>,
+}
+
+/// Token counts of a completion.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+struct Usage {
+    /// Tokens of the inputs.
+    prompt_tokens: u64,
+    /// Tokens of the generated text.
+    completion_tokens: u64,
+    /// The sum of both.
+    total_tokens: u64,
+}
+
+impl Serialize for Completion {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(2))?;
+        let key = if self.results_shape {
+            "results"
+        } else {
+            "responses"
+        };
+        let entries: Vec<EntryView<'_>> = self
+            .entries
+            .iter()
+            .map(|entry| EntryView {
+                entry,
+                id_key: if self.results_shape { "index" } else { "id" },
+            })
+            .collect();
+        map.serialize_entry(key, &entries)?;
+        map.serialize_entry("usage", &self.usage)?;
+        map.end()
+    }
+}
+
+/// An entry with the name of its index key (`id` or `index`).
+struct EntryView<'a> {
+    /// The entry.
+    entry: &'a Entry,
+    /// `id` (documented) or `index` (the `results_shape` fault).
+    id_key: &'static str,
+}
+
+impl Serialize for EntryView<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let entry = self.entry;
+        let mut map = serializer.serialize_map(Some(4))?;
+        map.serialize_entry(self.id_key, &entry.index)?;
+        match &entry.outcome {
+            Ok(result) => {
+                map.serialize_entry("result", result)?;
+                map.serialize_entry("success", &true)?;
+            }
+            Err((code, message)) => {
+                map.serialize_entry("success", &false)?;
+                map.serialize_entry(
+                    "error",
+                    &ItemError {
+                        code: *code,
+                        message,
+                    },
+                )?;
+            }
+        }
+        map.serialize_entry("external_reference", &entry.external_reference)?;
+        map.end()
+    }
+}
+
+/// The `error` object of a failed item.
+#[derive(Serialize)]
+struct ItemError<'a> {
+    /// Envelope-style error code.
+    code: i64,
+    /// What went wrong.
+    message: &'a str,
 }
 
 /// Batch-level faults that apply to one batch.
@@ -125,10 +245,15 @@ impl State {
             queued_for: config.queued_for,
             running_for: config.running_for,
         };
+        let limits = Limits::from_config(&config);
         Self {
             config,
             inner: Mutex::new(Inner {
                 timing,
+                limits,
+                rate_limiter: RateLimiter::default(),
+                n_rate_limited: 0,
+                n_accepted: 0,
                 call_faults: VecDeque::new(),
                 batch_faults: VecDeque::new(),
                 batches: HashMap::new(),
@@ -151,6 +276,45 @@ impl State {
 
     pub fn set_timing(&self, timing: Timing) {
         self.lock().timing = timing;
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.lock().limits
+    }
+
+    /// Changes the limits with `change` and returns the new ones; a changed rate limit starts with empty windows.
+    pub fn update_limits(&self, change: impl FnOnce(&mut Limits)) -> Limits {
+        let mut inner = self.lock();
+        let mut limits = inner.limits;
+        change(&mut limits);
+        if inner.limits.rate_limit != limits.rate_limit {
+            inner.rate_limiter.clear();
+        }
+        inner.limits = limits;
+        limits
+    }
+
+    /// Applies the rate limit to a call for `account` and `model`: `Err` is how long until one would be
+    /// admitted (the call is counted as rate-limited). Polls pass unless `limit_polls` is set.
+    pub fn admit(&self, account: &str, model: &str, is_poll: bool) -> Result<(), Duration> {
+        let mut inner = self.lock();
+        let Some(limit): Option<RateLimit> = inner.limits.rate_limit else {
+            return Ok(());
+        };
+        if is_poll && !inner.limits.limit_polls {
+            return Ok(());
+        }
+        let admitted = inner
+            .rate_limiter
+            .admit(account, model, limit, Instant::now());
+        if admitted.is_err() {
+            inner.n_rate_limited += 1;
+        }
+        admitted
+    }
+
+    pub fn rate_limited_count(&self) -> u64 {
+        self.lock().n_rate_limited
     }
 
     /// Queues a fault; one with `times == 0` does nothing.
@@ -218,43 +382,56 @@ impl State {
         plan
     }
 
-    /// Stores a new batch and returns nothing; the completion is computed now, from the items.
+    /// Stores a new batch; the completion is computed now, from the items, which are dropped after.
     pub fn add_batch(
         &self,
         request_id: &str,
         model: &str,
         family: Family,
-        items: &[Map<String, Value>],
+        items: Vec<Map<String, Value>>,
         plan: &BatchPlan,
     ) {
         let completion = completion(request_id, model, family, items, plan);
         let batch = Batch {
             submitted_at: Instant::now(),
             failed: plan.fail_batch,
-            completion,
+            completion: Arc::new(completion),
         };
-        self.lock().batches.insert(request_id.to_owned(), batch);
+        let mut inner = self.lock();
+        inner.forget_expired();
+        inner.n_accepted += 1;
+        inner.batches.insert(request_id.to_owned(), batch);
     }
 
     pub fn poll(&self, request_id: &str) -> PollOutcome {
-        let inner = self.lock();
+        let mut inner = self.lock();
+        inner.forget_expired();
         let Some(batch) = inner.batches.get(request_id) else {
             return PollOutcome::NotFound;
         };
         match phase(batch.submitted_at.elapsed(), inner.timing) {
             Phase::Done if batch.failed => PollOutcome::Failed,
-            Phase::Done => PollOutcome::Done(batch.completion.clone()),
+            Phase::Done => PollOutcome::Done(Arc::clone(&batch.completion)),
             pending => PollOutcome::Pending(pending),
         }
     }
 
+    /// Batches accepted since start, including those retention forgot.
     pub fn batch_count(&self) -> usize {
-        self.lock().batches.len()
+        self.lock().n_accepted
+    }
+
+    /// Batches stored now (retention forgets finished ones).
+    pub fn stored_batch_count(&self) -> usize {
+        let mut inner = self.lock();
+        inner.forget_expired();
+        inner.batches.len()
     }
 
     /// Request ids and phases of the stored batches.
     pub fn batch_phases(&self) -> Vec<(String, Phase)> {
-        let inner = self.lock();
+        let mut inner = self.lock();
+        inner.forget_expired();
         let mut phases: Vec<(String, Phase)> = inner
             .batches
             .iter()
@@ -282,13 +459,33 @@ impl State {
         self.lock().calls.clone()
     }
 
-    /// Clears pending faults and the call log; keeps batches and timing.
+    /// Clears pending faults, the call log, the rate-limit windows and the rate-limited count; keeps batches,
+    /// timing and limits.
     pub fn reset(&self) {
         let mut inner = self.lock();
         inner.call_faults.clear();
         inner.batch_faults.clear();
         inner.calls.clear();
         inner.last_seq = 0;
+        inner.rate_limiter.clear();
+        inner.n_rate_limited = 0;
+    }
+}
+
+impl Inner {
+    /// Drops the batches that finished more than the retention ago.
+    fn forget_expired(&mut self) {
+        let Some(retention) = self.limits.retention else {
+            return;
+        };
+        let timing = self.timing;
+        self.batches.retain(|request_id, batch| {
+            let keep = !expired(batch.submitted_at.elapsed(), timing, Some(retention));
+            if !keep {
+                tracing::debug!(%request_id, "batch forgotten after its retention");
+            }
+            keep
+        });
     }
 }
 
@@ -320,67 +517,54 @@ pub(crate) fn response_order(request_id: &str, indices: &mut [usize]) {
     }
 }
 
-/// The `result` object of a done batch: responses (or results) in shuffled order, and usage.
+/// The completion of a done batch: responses (or results) in shuffled order, and usage.
 pub(crate) fn completion(
     request_id: &str,
     model: &str,
     family: Family,
-    items: &[Map<String, Value>],
+    mut items: Vec<Map<String, Value>>,
     plan: &BatchPlan,
-) -> Value {
+) -> Completion {
     let mut order: Vec<usize> = (0..items.len())
         .filter(|index| !plan.drop_items.contains(index))
         .collect();
     response_order(request_id, &mut order);
-    let (mut prompt_tokens, mut completion_tokens) = (0u64, 0u64);
-    let id_key = if plan.results_shape { "index" } else { "id" };
-    let entries: Vec<Value> = order
+    let mut usage = Usage::default();
+    let entries: Vec<Entry> = order
         .iter()
         .map(|&index| {
-            let item = &items[index];
-            let external_reference = item
-                .get("external_reference")
-                .cloned()
-                .unwrap_or(Value::Null);
+            let item = &mut items[index];
+            let external_reference = item.remove("external_reference").unwrap_or(Value::Null);
             let outcome = if plan.fail_items.contains(&index) {
                 Err((FAILED_ITEM_CODE, FAILED_ITEM_MESSAGE.to_owned()))
             } else {
                 run_item(model, family, item).map_err(|message| (5004, message))
             };
-            match outcome {
-                Ok(output) => {
-                    prompt_tokens += output.prompt_tokens;
-                    completion_tokens += output.completion_tokens;
-                    json!({
-                        id_key: index,
-                        "result": output.result,
-                        "success": true,
-                        "external_reference": external_reference,
-                    })
-                }
-                Err((code, message)) => json!({
-                    id_key: index,
-                    "success": false,
-                    "error": { "code": code, "message": message },
-                    "external_reference": external_reference,
-                }),
+            if let Ok(output) = &outcome {
+                usage.prompt_tokens += output.prompt_tokens;
+                usage.completion_tokens += output.completion_tokens;
+            }
+            // Free the item's input now: only the output is kept.
+            *item = Map::new();
+            Entry {
+                index,
+                external_reference,
+                outcome: outcome.map(|output| output.result),
             }
         })
         .collect();
-    let usage = json!({
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    });
-    if plan.results_shape {
-        json!({ "results": entries, "usage": usage })
-    } else {
-        json!({ "responses": entries, "usage": usage })
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
+    Completion {
+        results_shape: plan.results_shape,
+        entries,
+        usage,
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn items(values: Value) -> Vec<Map<String, Value>> {
@@ -402,6 +586,28 @@ mod tests {
         assert_eq!(phase(Duration::from_millis(10), timing), Phase::Running);
         assert_eq!(phase(Duration::from_millis(29), timing), Phase::Running);
         assert_eq!(phase(Duration::from_millis(30), timing), Phase::Done);
+    }
+
+    #[test]
+    fn expiry_counts_from_the_end_of_running() {
+        let timing = Timing {
+            queued_for: Duration::from_millis(10),
+            running_for: Duration::from_millis(20),
+        };
+        let retention = Some(Duration::from_millis(100));
+        assert!(!expired(Duration::from_millis(130), timing, retention));
+        assert!(expired(Duration::from_millis(131), timing, retention));
+        assert!(!expired(
+            Duration::from_millis(5),
+            timing,
+            Some(Duration::ZERO)
+        ));
+        assert!(expired(
+            Duration::from_millis(31),
+            timing,
+            Some(Duration::ZERO)
+        ));
+        assert!(!expired(Duration::from_secs(3600), timing, None));
     }
 
     #[test]
@@ -431,7 +637,14 @@ mod tests {
             drop_items: vec![2],
             ..BatchPlan::default()
         };
-        let done = completion("x", "@cf/m", Family::TextGeneration, &items, &plan);
+        let done = serde_json::to_value(completion(
+            "x",
+            "@cf/m",
+            Family::TextGeneration,
+            items.clone(),
+            &plan,
+        ))
+        .expect("serializes");
         let responses = done["responses"].as_array().expect("responses");
         assert_eq!(responses.len(), 3);
         let by_id = |id: u64| responses.iter().find(|r| r["id"] == id).expect("present");
@@ -447,7 +660,14 @@ mod tests {
             results_shape: true,
             ..BatchPlan::default()
         };
-        let done = completion("x", "@cf/m", Family::TextGeneration, &items, &plan);
+        let done = serde_json::to_value(completion(
+            "x",
+            "@cf/m",
+            Family::TextGeneration,
+            items,
+            &plan,
+        ))
+        .expect("serializes");
         assert_eq!(done["results"].as_array().expect("results").len(), 4);
         assert!(done["results"][0].get("index").is_some());
     }

@@ -21,6 +21,12 @@ async fn binary_prints_its_url_serves_and_stops_on_sigterm() {
             "0",
             "--running-ms",
             "0",
+            "--max-items",
+            "1",
+            "--rate-limit-requests",
+            "2",
+            "--rate-limit-per-ms",
+            "60000",
         ])
         .env("EMULATOR_TOKEN", "secret")
         .env("RUST_LOG", "warn")
@@ -72,6 +78,31 @@ async fn binary_prints_its_url_serves_and_stops_on_sigterm() {
         reply["result"]["responses"][0]["result"]["translated_text"],
         "[de] hi"
     );
+    let two_items = json!({ "requests": [{ "text": "a", "target_lang": "de" }, { "text": "b", "target_lang": "de" }] });
+    let response = reqwest::Client::new()
+        .post(&url)
+        .bearer_auth("secret")
+        .json(&two_items)
+        .send()
+        .await
+        .expect("submit");
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let response = reqwest::Client::new()
+        .post(&url)
+        .bearer_auth("secret")
+        .json(&body)
+        .send()
+        .await
+        .expect("submit");
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let control = base_url.replace("/client/v4", "/_emulator/stats");
+    let stats: serde_json::Value = reqwest::get(&control)
+        .await
+        .expect("stats")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(stats, json!({ "rate_limited": 1, "batches": 1 }));
 
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])

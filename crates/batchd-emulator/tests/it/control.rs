@@ -8,11 +8,11 @@ use serde_json::{Value, json};
 
 use crate::{FOREVER, LLAMA, poll, post, start_paused, submit};
 
-fn control_url(emulator: &batchd_emulator::EmulatorHandle, path: &str) -> String {
+pub(crate) fn control_url(emulator: &batchd_emulator::EmulatorHandle, path: &str) -> String {
     format!("http://{}/_emulator/{path}", emulator.addr())
 }
 
-async fn control_post(
+pub(crate) async fn control_post(
     emulator: &batchd_emulator::EmulatorHandle,
     path: &str,
     body: Value,
@@ -31,7 +31,7 @@ async fn control_post(
     )
 }
 
-async fn control_get(emulator: &batchd_emulator::EmulatorHandle, path: &str) -> Value {
+pub(crate) async fn control_get(emulator: &batchd_emulator::EmulatorHandle, path: &str) -> Value {
     reqwest::get(control_url(emulator, path))
         .await
         .expect("control reply")
@@ -89,10 +89,8 @@ async fn config_changes_timing_at_runtime() {
     let request_id = submit(&emulator, LLAMA, json!([{ "prompt": "x" }])).await;
     let (status, timing) = control_post(&emulator, "config", json!({ "queued_for_ms": 0 })).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(
-        timing,
-        json!({ "queued_for_ms": 0, "running_for_ms": FOREVER.as_millis() as u64 })
-    );
+    assert_eq!(timing["queued_for_ms"], 0);
+    assert_eq!(timing["running_for_ms"], FOREVER.as_millis() as u64);
     assert_eq!(
         poll(&emulator, LLAMA, &request_id).await.body["result"]["status"],
         "running"
@@ -106,8 +104,18 @@ async fn config_changes_timing_at_runtime() {
     assert!(poll(&emulator, LLAMA, &request_id).await.body["result"]["responses"].is_array());
     assert_eq!(
         control_get(&emulator, "config").await,
-        json!({ "queued_for_ms": 0, "running_for_ms": 0 })
+        json!({
+            "queued_for_ms": 0,
+            "running_for_ms": 0,
+            "max_body_bytes": 10_000_000,
+            "max_items": null,
+            "rate_limit": null,
+            "limit_polls": false,
+            "retention_ms": null,
+        })
     );
+    let (status, _) = control_post(&emulator, "config", json!({ "queued_for": 0 })).await;
+    assert!(status.is_client_error(), "unknown fields are refused");
     let batches = control_get(&emulator, "batches").await;
     assert_eq!(
         batches,

@@ -278,3 +278,23 @@ async fn extra_models_are_routed() {
         json!([1, 3])
     );
 }
+
+#[tokio::test]
+async fn extra_models_override_default_ones() {
+    // Small vectors keep polls of very large embedding batches cheap.
+    let config = EmulatorConfig {
+        extra_models: vec![(
+            "@cf/baai/bge-small-en-v1.5".to_owned(),
+            batchd_emulator::Family::Embeddings { dim: 4 },
+        )],
+        queued_for: FOREVER,
+        ..EmulatorConfig::default()
+    };
+    let emulator = start(config).await;
+    let model = "@cf/baai/bge-small-en-v1.5";
+    let request_id = submit(&emulator, model, json!([{ "text": ["x", "y"] }])).await;
+    let reply = finish_and_poll(&emulator, model, &request_id).await;
+    let result = &reply.body["result"]["responses"][0]["result"];
+    assert_eq!(result["shape"], json!([2, 4]));
+    assert_eq!(result["data"][1].as_array().map(Vec::len), Some(4));
+}

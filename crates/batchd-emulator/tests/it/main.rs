@@ -5,6 +5,7 @@ mod control;
 mod errors;
 mod faults;
 mod lifecycle;
+mod limits;
 
 use std::{net::SocketAddr, time::Duration};
 
