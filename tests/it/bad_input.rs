@@ -64,7 +64,7 @@ async fn each_bad_job_gets_a_failed_result_that_names_the_problem() {
         )
         .await
         .1,
-        "invalid `job`: unknown field \"modle\"; the fields of a v1 job are id, model, requests, reply_to, metadata, deadline_secs"
+        "invalid `job`: unknown field \"modle\"; the fields of a v1 job are id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items"
     );
     assert_eq!(
         rejected(&world, &[("payload", "{}".into())], None).await,
@@ -137,20 +137,20 @@ async fn an_entry_over_the_size_limit_is_dead_lettered_before_any_work() {
 }
 
 #[tokio::test]
-async fn a_50_mb_batch_is_refused_by_the_api_with_a_clear_error() {
-    let world = World::new().await;
+async fn a_50_mb_batch_is_split_under_the_api_limit_and_completes() {
+    let world = World::with_emulator(batchd_tests::small_embeddings()).await;
     let daemon = world.daemon();
     let text = "x".repeat(1000);
     let requests: Vec<serde_json::Value> = (0..50_000).map(|i| json!({"text": text, "external_reference": i})).collect();
     let job = json!({"id": "huge", "model": "@cf/baai/bge-small-en-v1.5", "requests": requests});
     assert!(job.to_string().len() > 50_000_000);
     world.enqueue(&job).await;
-    let result = world.wait_for_result("huge", Duration::from_secs(60)).await;
-    assert_eq!(result.status, ResultStatus::Failed);
-    let error = result.error.expect("error");
-    assert_eq!((error.api_code, error.http_status), (Some(3006), Some(413)));
-    assert!(error.message.contains("too large"), "{}", error.message);
-    assert_eq!(result.items_total, 50_000);
+    let result = world.wait_for_result("huge", Duration::from_secs(120)).await;
+    assert_eq!(result.status, ResultStatus::Completed, "{:?}", result.error);
+    assert_eq!((result.items_total, result.items_failed), (50_000, 0));
+    let submits = world.emulator.submits();
+    assert!(submits.len() >= 6, "50 MB needs at least 6 batches under 10 MB, saw {}", submits.len());
+    assert!(submits.iter().all(|call| call.body_bytes < 9_500_000 && call.http_status == 200));
     assert!(daemon.is_running());
     daemon.stop().await.unwrap();
 }

@@ -12,7 +12,7 @@ const WAIT: Duration = Duration::from_secs(30);
 #[tokio::test]
 async fn a_429_on_submit_is_retried_after_retry_after_and_the_job_completes() {
     let world = World::new().await;
-    world.emulator.inject(Fault::status(429).code(3040).retry_after(1).on(Calls::Submit).times(2));
+    world.emulator.inject(Fault::status(429).code(3040).retry_after(2).on(Calls::Submit).times(2));
     let daemon = world.daemon();
     world.enqueue(&bge_m3_job("throttled", 2)).await;
     let result = world.wait_for_result("throttled", WAIT).await;
@@ -23,7 +23,7 @@ async fn a_429_on_submit_is_retried_after_retry_after_and_the_job_completes() {
     assert_eq!(statuses, [429, 429, 200]);
     for pair in submits.windows(2) {
         let gap = pair[1].at_ms - pair[0].at_ms;
-        assert!(gap >= 1000, "Retry-After: 1 was not honoured: next call after {gap} ms");
+        assert!(gap >= 2000, "Retry-After: 2 was not honoured: next call after {gap} ms");
     }
     // 429 does not use up attempts (max_attempts is 4 in tests).
     assert_eq!(world.ledger("throttled").await["c0:attempts"], "1");

@@ -4,7 +4,10 @@
 
 mod bad_input;
 mod backlog;
+mod big;
 mod cli;
 mod failures;
 mod flow;
+mod ops;
+mod producer;
 mod recovery;

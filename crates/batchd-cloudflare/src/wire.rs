@@ -121,3 +121,27 @@ pub(crate) fn as_index(value: &Value) -> Option<usize> {
         _ => None,
     }
 }
+
+/// Exact size in bytes of the submit body `{"requests":[i0,i1,...]}` for items of the given sizes: the envelope,
+/// the items byte for byte, and one comma between neighbours.
+pub fn submit_body_bytes(item_sizes: impl IntoIterator<Item = usize>) -> usize {
+    const ENVELOPE: usize = r#"{"requests":[]}"#.len();
+    let (total, count) = item_sizes.into_iter().fold((0usize, 0usize), |(total, count), size| (total + size, count + 1));
+    ENVELOPE + total + count.saturating_sub(1)
+}
+
+#[cfg(test)]
+mod body_size_tests {
+    use serde_json::value::RawValue;
+
+    use super::*;
+
+    #[test]
+    fn the_computed_size_is_the_serialised_size() {
+        for items in [vec![], vec![r#"{"a":1}"#], vec![r#"{"text":"x"}"#, r#"{ "b" : [1, 2] }"#, "{}"]] {
+            let raw: Vec<Box<RawValue>> = items.iter().map(|i| RawValue::from_string(i.to_string()).unwrap()).collect();
+            let body = serde_json::to_vec(&SubmitBody { requests: &raw }).unwrap();
+            assert_eq!(submit_body_bytes(items.iter().map(|i| i.len())), body.len(), "{items:?}");
+        }
+    }
+}

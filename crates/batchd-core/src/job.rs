@@ -18,7 +18,7 @@ use crate::keys::Keys;
 pub const JOB_FIELD: &str = "job";
 
 /// The fields a v1 job may have; anything else is refused, so a typo cannot be silently ignored.
-const KNOWN_FIELDS: [&str; 6] = ["id", "model", "requests", "reply_to", "metadata", "deadline_secs"];
+const KNOWN_FIELDS: [&str; 7] = ["id", "model", "requests", "reply_to", "metadata", "deadline_secs", "retry_failed_items"];
 
 /// Size bounds enforced before any work is done on an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +53,9 @@ pub struct Job {
     /// Seconds after acceptance at which the job ends `expired`, when not the configured default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deadline_secs: Option<u64>,
+    /// Resubmit the items that came back `success:false`, once, when not the configured default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_failed_items: Option<bool>,
 }
 
 /// Why an ingress entry was not accepted as a job.
@@ -233,7 +236,14 @@ impl Job {
             },
         };
 
-        Ok(Job { id, model, requests, reply_to, metadata, deadline_secs })
+        let retry_failed_items = match optional(&object, "retry_failed_items") {
+            None => None,
+            Some(raw) => Some(serde_json::from_str::<bool>(raw.get()).map_err(|_| {
+                invalid("retry_failed_items", format!("must be true or false, got {}", json_kind(raw.get())))
+            })?),
+        };
+
+        Ok(Job { id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items })
     }
 
     /// The job as v1 JSON (what the ledger stores and the CLI enqueues).
@@ -334,7 +344,7 @@ mod tests {
         );
         assert_eq!(
             error(r#"{"model":"@cf/a/b","requests":[{}],"modle":1}"#),
-            "invalid `job`: unknown field \"modle\"; the fields of a v1 job are id, model, requests, reply_to, metadata, deadline_secs"
+            "invalid `job`: unknown field \"modle\"; the fields of a v1 job are id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items"
         );
         assert_eq!(
             error(r#"{"model":"@cf/a/b","requests":[{}],"metadata":[1]}"#),

@@ -74,6 +74,17 @@ impl Keys {
         format!("{}:dead", self.prefix)
     }
 
+    /// STRING set to request a job's cancellation (by `batchd cancel` or any service); expires with the ledger TTL.
+    pub fn cancel(&self, id: &JobId) -> String {
+        format!("{}:cancel:{}", self.prefix, id)
+    }
+
+    /// STRING: the shared rate limiter's state (GCRA theoretical arrival time, ms) for one bucket
+    /// (`<account>:<task type or model>`).
+    pub fn rate_limit(&self, bucket: &str) -> String {
+        format!("{}:ratelimit:{}", self.prefix, bucket)
+    }
+
     /// Whether `key` is a results stream a job may name in `reply_to`: the default results stream or
     /// `<results>:<suffix>` with a suffix of `[A-Za-z0-9._:-]`.
     pub fn is_results_stream(&self, key: &str) -> bool {
@@ -104,6 +115,8 @@ mod tests {
         assert_eq!(keys.job(&id), "{batchd}:job:inv-42");
         assert_eq!(keys.results(), "{batchd}:results");
         assert_eq!(keys.dead(), "{batchd}:dead");
+        assert_eq!(keys.cancel(&id), "{batchd}:cancel:inv-42");
+        assert_eq!(keys.rate_limit("acct:embeddings"), "{batchd}:ratelimit:acct:embeddings");
         assert_eq!(CONSUMER_GROUP, "batchd");
     }
 

@@ -19,6 +19,8 @@ pub enum JobState {
     Failed,
     /// The job's deadline passed before the remote batches finished.
     Expired,
+    /// Cancelled on request; results of chunks that had finished were published.
+    Cancelled,
 }
 
 impl JobState {
@@ -30,12 +32,13 @@ impl JobState {
             Self::Completed => "completed",
             Self::Failed => "failed",
             Self::Expired => "expired",
+            Self::Cancelled => "cancelled",
         }
     }
 
     /// Whether the job has finished (its result entry was published).
     pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Completed | Self::Failed | Self::Expired)
+        matches!(self, Self::Completed | Self::Failed | Self::Expired | Self::Cancelled)
     }
 }
 
@@ -75,7 +78,7 @@ pub struct UnknownState(pub String);
 impl FromStr for JobState {
     type Err = UnknownState;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [Self::Accepted, Self::Running, Self::Completed, Self::Failed, Self::Expired]
+        [Self::Accepted, Self::Running, Self::Completed, Self::Failed, Self::Expired, Self::Cancelled]
             .into_iter()
             .find(|state| state.as_str() == s)
             .ok_or_else(|| UnknownState(s.to_owned()))
@@ -108,8 +111,14 @@ impl fmt::Display for ChunkState {
 pub mod field {
     /// Job state ([`super::JobState`]).
     pub const STATE: &str = "state";
-    /// The job's v1 JSON, kept until the job finishes.
-    pub const JOB: &str = "job";
+    /// The job's `metadata` JSON, echoed in the result.
+    pub const METADATA: &str = "metadata";
+    /// `1` when failed items are resubmitted once.
+    pub const RETRY_FAILED_ITEMS: &str = "retry_failed_items";
+    /// `1` once the failed-items retry chunk was added.
+    pub const RETRIED: &str = "retried";
+    /// Id of the published result entry.
+    pub const RESULT_ENTRY: &str = "result_entry";
     /// Model name.
     pub const MODEL: &str = "model";
     /// Ingress entry id the job was accepted from.
@@ -154,6 +163,10 @@ pub mod field {
     pub const CHUNK_REMOTE_STATUS: &str = "remote_status";
     /// Per-chunk: first item index and item count, `start:len`.
     pub const CHUNK_ITEMS: &str = "items";
+    /// Per-chunk: for a chunk of retried items, the JSON array of their original indices.
+    pub const CHUNK_INDICES: &str = "indices";
+    /// Per-chunk: the chunk's request items as a JSON array, kept until the job finishes.
+    pub const CHUNK_REQUESTS: &str = "requests";
     /// Per-chunk: the normalised output, stored until the job's result is published.
     pub const CHUNK_OUTPUT: &str = "output";
     /// Per-chunk: the last error seen (JSON).
@@ -168,7 +181,7 @@ mod tests {
 
     #[test]
     fn states_round_trip_through_their_names() {
-        for state in [JobState::Accepted, JobState::Running, JobState::Completed, JobState::Failed, JobState::Expired] {
+        for state in [JobState::Accepted, JobState::Running, JobState::Completed, JobState::Failed, JobState::Expired, JobState::Cancelled] {
             assert_eq!(state.as_str().parse::<JobState>().unwrap(), state);
         }
         for state in [ChunkState::Pending, ChunkState::Submitting, ChunkState::Polling, ChunkState::Done, ChunkState::Failed] {

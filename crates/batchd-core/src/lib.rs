@@ -15,7 +15,7 @@ pub use ids::{ChunkRef, JobId, ModelName, RequestId};
 pub use job::{DecodeError, Job, JobLimits};
 pub use keys::Keys;
 pub use ledger::{ChunkState, JobState};
-pub use result::{ItemResponse, JobError, JobOutput, ResultEntry, ResultStatus};
+pub use result::{FailedBatch, ItemResponse, JobError, JobOutput, ResultEntry, ResultStatus};
 
 /// Milliseconds since the Unix epoch, the one timestamp unit used in Redis and in result entries.
 pub type UnixMillis = u64;

@@ -24,6 +24,8 @@ pub enum ResultStatus {
     Failed,
     /// The job's deadline passed first; `error` says so.
     Expired,
+    /// Cancelled on request; `result` holds the responses of batches that had finished.
+    Cancelled,
 }
 
 impl ResultStatus {
@@ -33,6 +35,7 @@ impl ResultStatus {
             Self::Completed => "completed",
             Self::Failed => "failed",
             Self::Expired => "expired",
+            Self::Cancelled => "cancelled",
         }
     }
 }
@@ -87,6 +90,25 @@ pub mod code {
     pub const RETRIES_EXHAUSTED: &str = "retries_exhausted";
     /// The API no longer knows the remote batch (polled after its results were dropped).
     pub const RESULTS_GONE: &str = "results_gone";
+    /// One request item alone is larger than the payload limit; the job was not submitted.
+    pub const ITEM_TOO_LARGE: &str = "item_too_large";
+    /// The job was cancelled on request.
+    pub const CANCELLED: &str = "cancelled";
+}
+
+/// A chunk (one remote batch) of a job that did not finish; listed in the result so the producer knows which
+/// items failed and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedBatch {
+    /// The chunk's position in the job.
+    pub chunk: u32,
+    /// Indices of the request items the chunk carried.
+    pub items: Vec<usize>,
+    /// The remote request id, when the batch had been submitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// Why it failed.
+    pub error: JobError,
 }
 
 /// One response, at its request's position.
@@ -114,6 +136,9 @@ pub struct JobOutput {
     pub responses: Vec<ItemResponse>,
     /// Token usage as the API reported it (summed over chunks), e.g. `{"prompt_tokens":12,...}`.
     pub usage: serde_json::Value,
+    /// Batches that failed as a whole (absent when none did).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_batches: Vec<FailedBatch>,
 }
 
 impl JobOutput {
@@ -132,7 +157,7 @@ pub struct ResultEntry {
     pub status: ResultStatus,
     /// The job's model (empty when the entry could not be decoded).
     pub model: String,
-    /// Responses and usage; present when `completed`.
+    /// Responses and usage; present when `completed`, and when a failed or cancelled job had finished batches.
     pub result: Option<JobOutput>,
     /// Present when not `completed`.
     pub error: Option<JobError>,
@@ -196,6 +221,7 @@ impl ResultEntry {
             "completed" => ResultStatus::Completed,
             "failed" => ResultStatus::Failed,
             "expired" => ResultStatus::Expired,
+            "cancelled" => ResultStatus::Cancelled,
             other => return Err(MalformedResult(format!("unknown status {other:?}"))),
         };
         let parse = |name: &str, text: &str| MalformedResult(format!("field `{name}` is not valid: {text}"));
@@ -249,6 +275,7 @@ mod tests {
                 },
             ],
             usage: serde_json::json!({"prompt_tokens": 12, "completion_tokens": 0, "total_tokens": 12}),
+            failed_batches: Vec::new(),
         };
         ResultEntry {
             job_id: "inv-42".into(),

@@ -20,7 +20,10 @@ use batchd_core::UnixMillis;
 pub use fetch::FetchBackend;
 pub use ingress::{IngressEntry, IngressSettings};
 pub use schedule::ScheduleSettings;
-pub use store::{Accepted, ChunkPlan, ChunkView, DeadLetter, PublishContext, Store, StoreSettings, SubmitTicket};
+pub use store::{
+    Accepted, AddOutcome, ChunkPlan, ChunkRecord, ChunkView, DeadLetter, NewChunk, Placement, PublishContext, Store,
+    StoreSettings, SubmitTicket,
+};
 
 /// Errors of the storage layer.
 #[derive(Debug, thiserror::Error)]

@@ -50,17 +50,21 @@ pub enum Accepted {
 /// What [`Store::begin_submit`] decided for a chunk.
 #[derive(Debug, Clone)]
 pub enum SubmitTicket {
-    /// Submit the chunk now; the job JSON is returned so no second read is needed.
+    /// Submit the chunk now; what to send is returned so no second read is needed.
     Go {
         /// Attempts made so far, this one included.
         attempt: u64,
         /// True when a previous submit of this chunk was interrupted (its remote batch may exist).
         resubmit: bool,
-        /// The job's v1 JSON.
-        job_json: String,
-        /// The chunk's items: first index and count.
-        items: (usize, usize),
+        /// The job's model.
+        model: String,
+        /// The chunk's request items, byte for byte.
+        requests: Vec<Box<serde_json::value::RawValue>>,
+        /// Where the chunk's items sit in the job.
+        placement: Placement,
     },
+    /// The job's cancellation was requested; nothing is submitted.
+    Cancelled,
     /// The chunk is past submitting (in the given state); nothing to submit.
     Skip {
         /// The chunk's current state.
@@ -99,6 +103,8 @@ pub struct ChunkView {
     pub n_chunks: u32,
     /// Number of items of the job.
     pub n_items: usize,
+    /// The cancellation reason, when a cancellation was requested.
+    pub cancel_requested: Option<String>,
 }
 
 /// A job's fields needed to publish its result.
@@ -114,13 +120,19 @@ pub struct PublishContext {
     pub accepted_at: UnixMillis,
     /// Number of items of the job.
     pub n_items: usize,
-    /// Per chunk: request id (if submitted), state, stored output (if done), last error (if failed), items start.
+    /// Whether failed items are to be resubmitted once.
+    pub retry_failed_items: bool,
+    /// Whether that resubmission already happened.
+    pub retried: bool,
+    /// Every chunk's stored outcome, in chunk order.
     pub chunks: Vec<ChunkRecord>,
 }
 
 /// One chunk's stored outcome.
 #[derive(Debug, Clone)]
 pub struct ChunkRecord {
+    /// The chunk's position in the job.
+    pub index: u32,
     /// Remote request id, if the chunk was submitted.
     pub request_id: Option<String>,
     /// The chunk's state.
@@ -129,10 +141,89 @@ pub struct ChunkRecord {
     pub output: Option<String>,
     /// The stored error JSON, when failed.
     pub last_error: Option<String>,
-    /// First item index.
-    pub items_start: usize,
+    /// Which of the job's items the chunk carries.
+    pub placement: Placement,
+}
+
+/// Which of a job's items a chunk carries: a contiguous range (a planned or split chunk) or a list of indices
+/// (a chunk of retried items).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// Items `start..start + len`.
+    Range {
+        /// First item index.
+        start: usize,
+        /// Number of items.
+        len: usize,
+    },
+    /// These item indices, in this order.
+    Indices(Vec<usize>),
+}
+
+impl Placement {
     /// Number of items.
-    pub items_len: usize,
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Range { len, .. } => *len,
+            Self::Indices(indices) => indices.len(),
+        }
+    }
+
+    /// Whether the chunk carries no item.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The job-wide index of the chunk's item `local`.
+    pub fn job_index(&self, local: usize) -> Option<usize> {
+        match self {
+            Self::Range { start, len } => (local < *len).then_some(start + local),
+            Self::Indices(indices) => indices.get(local).copied(),
+        }
+    }
+
+    /// All job-wide indices, in chunk order.
+    pub fn job_indices(&self) -> Vec<usize> {
+        (0..self.len()).filter_map(|local| self.job_index(local)).collect()
+    }
+
+    fn parse(items: &str, indices: &str) -> Option<Self> {
+        if !indices.is_empty() {
+            return serde_json::from_str(indices).ok().map(Self::Indices);
+        }
+        parse_items(Some(items)).map(|(start, len)| Self::Range { start, len })
+    }
+
+    /// The ledger encoding: (`start:len`, indices JSON or "").
+    fn encode(&self) -> (String, String) {
+        match self {
+            Self::Range { start, len } => (format!("{start}:{len}"), String::new()),
+            Self::Indices(indices) => (
+                format!("0:{}", indices.len()),
+                serde_json::to_string(indices).expect("indices serialise"),
+            ),
+        }
+    }
+}
+
+/// A chunk to add to a running job.
+#[derive(Debug, Clone)]
+pub struct NewChunk {
+    /// Which of the job's items it carries.
+    pub placement: Placement,
+    /// Its request items, in placement order.
+    pub requests: Vec<Box<serde_json::value::RawValue>>,
+}
+
+/// What [`Store::add_chunks`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddOutcome {
+    /// The chunks were added and scheduled.
+    Added,
+    /// The once-only flag was already set; nothing changed.
+    AlreadyDone,
+    /// The job has finished or no longer exists.
+    Gone,
 }
 
 /// A planned split of a job into chunks: `(start, len)` item ranges covering the job in order.
@@ -160,19 +251,30 @@ struct Scripts {
     begin_submit: Script,
     update_chunk: Script,
     chunk_done: Script,
+    add_chunks: Script,
     publish: Script,
+    rate_limit: Script,
+    cancel: Script,
+}
+
+/// Builds a script with the shared prelude (`is_terminal`) in front.
+fn script(body: &str) -> Script {
+    Script::new(&format!("{}\n{body}", include_str!("lua/prelude.lua")))
 }
 
 impl Scripts {
     fn load() -> Self {
         Self {
-            accept: Script::new(include_str!("lua/accept.lua")),
-            reject: Script::new(include_str!("lua/reject.lua")),
-            claim: Script::new(include_str!("lua/claim.lua")),
-            begin_submit: Script::new(include_str!("lua/begin_submit.lua")),
-            update_chunk: Script::new(include_str!("lua/update_chunk.lua")),
-            chunk_done: Script::new(include_str!("lua/chunk_done.lua")),
-            publish: Script::new(include_str!("lua/publish.lua")),
+            accept: script(include_str!("lua/accept.lua")),
+            reject: script(include_str!("lua/reject.lua")),
+            claim: script(include_str!("lua/claim.lua")),
+            begin_submit: script(include_str!("lua/begin_submit.lua")),
+            update_chunk: script(include_str!("lua/update_chunk.lua")),
+            chunk_done: script(include_str!("lua/chunk_done.lua")),
+            add_chunks: script(include_str!("lua/add_chunks.lua")),
+            publish: script(include_str!("lua/publish.lua")),
+            rate_limit: script(include_str!("lua/rate_limit.lua")),
+            cancel: script(include_str!("lua/cancel.lua")),
         }
     }
 }
@@ -218,6 +320,7 @@ impl Store {
         now: UnixMillis,
         deadline_at: UnixMillis,
         first_due: UnixMillis,
+        retry_failed_items: bool,
     ) -> Result<Accepted, StoreError> {
         let reply_to = job.reply_to.clone().unwrap_or_else(|| self.keys.results());
         let mut invocation = self.scripts.accept.prepare_invoke();
@@ -234,7 +337,6 @@ impl Store {
             .arg(now);
         let mut ledger: Vec<(&str, String)> = vec![
             (field::STATE, JobState::Accepted.as_str().to_owned()),
-            (field::JOB, job.to_json()),
             (field::MODEL, job.model.to_string()),
             (field::ENTRY_ID, entry_id.to_owned()),
             (field::N_CHUNKS, plan.len().to_string()),
@@ -245,14 +347,17 @@ impl Store {
             (field::REPLY_TO, reply_to),
         ];
         if let Some(metadata) = &job.metadata {
-            ledger.push(("metadata", metadata.get().to_owned()));
+            ledger.push((field::METADATA, metadata.get().to_owned()));
+        }
+        if retry_failed_items {
+            ledger.push((field::RETRY_FAILED_ITEMS, "1".to_owned()));
         }
         for (name, value) in &ledger {
             invocation.arg(*name).arg(value);
         }
         invocation.arg("--chunks");
         for (start, len) in plan {
-            invocation.arg(format!("{start}:{len}"));
+            invocation.arg(format!("{start}:{len}")).arg(requests_json(&job.requests[*start..start + len]));
         }
         let (verdict, state): (String, String) = invocation.invoke_async(&mut self.conn.clone()).await?;
         Ok(match verdict.as_str() {
@@ -271,6 +376,7 @@ impl Store {
         model: &str,
         error: &JobError,
         dead: Option<&DeadLetter>,
+        items_total: usize,
         now: UnixMillis,
     ) -> Result<bool, StoreError> {
         let entry = ResultEntry {
@@ -283,8 +389,8 @@ impl Store {
             request_ids: Vec::new(),
             accepted_at: now,
             finished_at: now,
-            items_total: 0,
-            items_failed: 0,
+            items_total,
+            items_failed: items_total,
         };
         let result_fields = entry.to_fields();
         let ledger: Vec<(&str, String)> = vec![
@@ -292,7 +398,7 @@ impl Store {
             (field::MODEL, model.to_owned()),
             (field::ENTRY_ID, entry_id.to_owned()),
             (field::N_CHUNKS, "0".to_owned()),
-            (field::N_ITEMS, "0".to_owned()),
+            (field::N_ITEMS, items_total.to_string()),
             (field::ACCEPTED_AT, now.to_string()),
             (field::UPDATED_AT, now.to_string()),
             (field::FINISHED_AT, now.to_string()),
@@ -384,25 +490,39 @@ impl Store {
         now: UnixMillis,
         count_attempt: bool,
     ) -> Result<SubmitTicket, StoreError> {
-        let (verdict, attempt, job_json, previous, items): (String, u64, String, String, String) = self
+        let (verdict, attempt, previous, items, indices, requests, model): (
+            String,
+            u64,
+            String,
+            String,
+            String,
+            String,
+            String,
+        ) = self
             .scripts
             .begin_submit
             .key(self.keys.job(&chunk.job_id))
+            .key(self.keys.cancel(&chunk.job_id))
             .arg(chunk.index)
             .arg(now)
             .arg(if count_attempt { "1" } else { "0" })
             .invoke_async(&mut self.conn.clone())
             .await?;
         Ok(match verdict.as_str() {
-            "submit" | "resubmit" => SubmitTicket::Go {
-                attempt,
-                resubmit: verdict == "resubmit",
-                job_json,
-                items: parse_items(Some(&items)).ok_or_else(|| StoreError::Corrupt {
+            "submit" | "resubmit" => {
+                let corrupt = |what: &str| StoreError::Corrupt {
                     job_id: chunk.job_id.to_string(),
-                    detail: format!("chunk {} has items {items:?}", chunk.index),
-                })?,
-            },
+                    detail: format!("chunk {}: {what}", chunk.index),
+                };
+                let placement = Placement::parse(&items, &indices).ok_or_else(|| corrupt("items"))?;
+                let requests: Vec<Box<serde_json::value::RawValue>> =
+                    serde_json::from_str(&requests).map_err(|_| corrupt("requests"))?;
+                if requests.len() != placement.len() {
+                    return Err(corrupt("requests do not match items"));
+                }
+                SubmitTicket::Go { attempt, resubmit: verdict == "resubmit", model, requests, placement }
+            }
+            "cancelled" => SubmitTicket::Cancelled,
             "skip" => SubmitTicket::Skip { chunk_state: previous },
             _ => SubmitTicket::Gone,
         })
@@ -452,7 +572,11 @@ impl Store {
             field::N_CHUNKS.to_owned(),
             field::N_ITEMS.to_owned(),
         ];
-        let values: Vec<Option<String>> = self.conn.clone().hmget(self.keys.job(&chunk.job_id), &names[..]).await?;
+        let (values, cancel_requested): (Vec<Option<String>>, Option<String>) = redis::pipe()
+            .hmget(self.keys.job(&chunk.job_id), &names[..])
+            .get(self.keys.cancel(&chunk.job_id))
+            .query_async(&mut self.conn.clone())
+            .await?;
         let Some(state) = values[0].as_deref() else {
             return Ok(None);
         };
@@ -480,6 +604,7 @@ impl Store {
             accepted_at: number(9),
             n_chunks: number(10) as u32,
             n_items: number(11) as usize,
+            cancel_requested,
         }))
     }
 
@@ -502,12 +627,13 @@ impl Store {
             .arg(state.as_str())
             .arg(payload)
             .arg(now)
+            .arg(now + self.settings.lease.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await?;
         Ok(u32::try_from(open).ok())
     }
 
-    /// Reads everything needed to build a job's result entry.
+    /// Reads everything needed to build a job's result entry (or decide on a failed-items retry).
     pub async fn publish_context(&self, job_id: &JobId) -> Result<Option<PublishContext>, StoreError> {
         let key = self.keys.job(job_id);
         let head: Vec<Option<String>> = self
@@ -515,51 +641,142 @@ impl Store {
             .clone()
             .hmget(
                 &key,
-                &[field::MODEL, field::REPLY_TO, "metadata", field::ACCEPTED_AT, field::N_ITEMS, field::N_CHUNKS][..],
+                &[
+                    field::MODEL,
+                    field::REPLY_TO,
+                    field::METADATA,
+                    field::ACCEPTED_AT,
+                    field::N_ITEMS,
+                    field::N_CHUNKS,
+                    field::RETRY_FAILED_ITEMS,
+                    field::RETRIED,
+                ][..],
             )
             .await?;
         let Some(n_chunks) = head[5].as_deref().and_then(|n| n.parse::<u32>().ok()) else {
             return Ok(None);
         };
-        let mut names = Vec::with_capacity(n_chunks as usize * 5);
-        for index in 0..n_chunks {
-            for name in [
-                field::CHUNK_REQUEST_ID,
-                field::CHUNK_STATE,
-                field::CHUNK_OUTPUT,
-                field::CHUNK_LAST_ERROR,
-                field::CHUNK_ITEMS,
-            ] {
-                names.push(field::chunk(index, name));
-            }
-        }
-        let values: Vec<Option<String>> = if names.is_empty() {
-            Vec::new()
-        } else {
-            self.conn.clone().hmget(&key, &names[..]).await?
-        };
-        let chunks = values
-            .chunks(5)
-            .map(|chunk| {
-                let (items_start, items_len) = parse_items(chunk[4].as_deref()).unwrap_or((0, 0));
-                ChunkRecord {
+        const PER_CHUNK: [&str; 6] = [
+            field::CHUNK_REQUEST_ID,
+            field::CHUNK_STATE,
+            field::CHUNK_OUTPUT,
+            field::CHUNK_LAST_ERROR,
+            field::CHUNK_ITEMS,
+            field::CHUNK_INDICES,
+        ];
+        let mut chunks = Vec::with_capacity(n_chunks as usize);
+        // Read chunk fields a few chunks at a time: outputs can be large.
+        for first in (0..n_chunks).step_by(16) {
+            let last = (first + 16).min(n_chunks);
+            let names: Vec<String> =
+                (first..last).flat_map(|index| PER_CHUNK.iter().map(move |name| field::chunk(index, name))).collect();
+            let values: Vec<Option<String>> = self.conn.clone().hmget(&key, &names[..]).await?;
+            for (offset, chunk) in values.chunks(PER_CHUNK.len()).enumerate() {
+                let index = first + offset as u32;
+                let placement = Placement::parse(chunk[4].as_deref().unwrap_or(""), chunk[5].as_deref().unwrap_or(""))
+                    .ok_or_else(|| StoreError::Corrupt {
+                        job_id: job_id.to_string(),
+                        detail: format!("chunk {index} has no valid items"),
+                    })?;
+                chunks.push(ChunkRecord {
+                    index,
                     request_id: chunk[0].clone(),
                     state: chunk[1].as_deref().and_then(|s| s.parse().ok()),
                     output: chunk[2].clone(),
                     last_error: chunk[3].clone(),
-                    items_start,
-                    items_len,
-                }
-            })
-            .collect();
+                    placement,
+                });
+            }
+        }
         Ok(Some(PublishContext {
             model: head[0].clone().unwrap_or_default(),
             reply_to: head[1].clone().unwrap_or_else(|| self.keys.results()),
             metadata: head[2].clone(),
             accepted_at: head[3].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0),
             n_items: head[4].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0),
+            retry_failed_items: head[6].as_deref() == Some("1"),
+            retried: head[7].as_deref() == Some("1"),
             chunks,
         }))
+    }
+
+    /// The stored request items of one chunk.
+    pub async fn chunk_requests(
+        &self,
+        chunk: &ChunkRef,
+    ) -> Result<Vec<Box<serde_json::value::RawValue>>, StoreError> {
+        let text: Option<String> =
+            self.conn.clone().hget(self.keys.job(&chunk.job_id), field::chunk(chunk.index, field::CHUNK_REQUESTS)).await?;
+        text.as_deref().and_then(|text| serde_json::from_str(text).ok()).ok_or_else(|| StoreError::Corrupt {
+            job_id: chunk.job_id.to_string(),
+            detail: format!("chunk {} has no stored requests", chunk.index),
+        })
+    }
+
+    /// Adds chunks to a running job, due at `due`: `replaced` (when given) is rewritten with the first of
+    /// `chunks`, the rest are appended. With `once_flag`, this happens at most once per job (the flag is set).
+    pub async fn add_chunks(
+        &self,
+        job_id: &JobId,
+        due: UnixMillis,
+        replaced: Option<u32>,
+        once_flag: Option<&str>,
+        chunks: &[NewChunk],
+    ) -> Result<AddOutcome, StoreError> {
+        let mut invocation = self.scripts.add_chunks.prepare_invoke();
+        invocation
+            .key(self.keys.job(job_id))
+            .key(self.keys.schedule())
+            .arg(job_id.as_str())
+            .arg(due)
+            .arg(replaced.map(|index| index.to_string()).unwrap_or_default())
+            .arg(once_flag.unwrap_or(""));
+        for chunk in chunks {
+            let (items, indices) = chunk.placement.encode();
+            invocation.arg(items).arg(indices).arg(requests_json(&chunk.requests));
+        }
+        let outcome: i64 = invocation.invoke_async(&mut self.conn.clone()).await?;
+        Ok(match outcome {
+            1 => AddOutcome::Added,
+            0 => AddOutcome::AlreadyDone,
+            _ => AddOutcome::Gone,
+        })
+    }
+
+    /// Asks the shared limiter of `bucket` for one slot; `None` means go now (the slot is booked), otherwise how
+    /// long to wait before asking again. `interval` is the window divided by the limit.
+    pub async fn rate_limit(&self, bucket: &str, interval: Duration, burst: u32) -> Result<Option<Duration>, StoreError> {
+        let wait_ms: u64 = self
+            .scripts
+            .rate_limit
+            .key(self.keys.rate_limit(bucket))
+            .arg(interval.as_secs_f64() * 1000.0)
+            .arg(burst.max(1))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok((wait_ms > 0).then(|| Duration::from_millis(wait_ms)))
+    }
+
+    /// Requests cancellation of a job (see `cancel.lua`); returns its state (empty when no ledger exists yet:
+    /// the request then waits for the job to arrive, for `ledger_ttl`).
+    pub async fn cancel(&self, job_id: &JobId, reason: &str) -> Result<String, StoreError> {
+        let state: String = self
+            .scripts
+            .cancel
+            .key(self.keys.job(job_id))
+            .key(self.keys.cancel(job_id))
+            .key(self.keys.schedule())
+            .arg(job_id.as_str())
+            .arg(self.settings.ledger_ttl.as_secs().max(1))
+            .arg(if reason.is_empty() { "cancelled" } else { reason })
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(state)
+    }
+
+    /// The cancellation reason, when a cancellation was requested for the job.
+    pub async fn cancel_requested(&self, job_id: &JobId) -> Result<Option<String>, StoreError> {
+        Ok(self.conn.clone().get(self.keys.cancel(job_id)).await?)
     }
 
     /// Publishes `entry` to `reply_to` and closes the ledger with `state`, atomically and at most once per job.
@@ -584,6 +801,7 @@ impl Store {
             .key(self.keys.job(job_id))
             .key(reply_to)
             .key(self.keys.schedule())
+            .key(self.keys.cancel(job_id))
             .arg(state.as_str())
             .arg(now)
             .arg(self.settings.results_maxlen)
@@ -603,6 +821,20 @@ impl Store {
         let ledger: HashMap<String, String> = self.conn.clone().hgetall(self.keys.job(job_id)).await?;
         Ok((!ledger.is_empty()).then_some(ledger))
     }
+}
+
+/// A JSON array of raw items, byte for byte.
+fn requests_json(items: &[Box<serde_json::value::RawValue>]) -> String {
+    let mut text = String::with_capacity(items.iter().map(|item| item.get().len() + 1).sum::<usize>() + 2);
+    text.push('[');
+    for (position, item) in items.iter().enumerate() {
+        if position > 0 {
+            text.push(',');
+        }
+        text.push_str(item.get());
+    }
+    text.push(']');
+    text
 }
 
 fn parse_items(raw: Option<&str>) -> Option<(usize, usize)> {

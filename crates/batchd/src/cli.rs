@@ -237,10 +237,8 @@ pub async fn status(settings: &Settings, id: &str, json: bool) -> anyhow::Result
         }
         .into());
     }
-    if let Some(job) = ledger.remove(field::JOB) {
-        ledger.insert("job_bytes".to_owned(), job.len().to_string());
-    }
-    ledger.retain(|name, _| !name.ends_with(":output"));
+    // Chunk outputs and request items can be megabytes; status shows the timeline, not the payloads.
+    ledger.retain(|name, _| !name.ends_with(":output") && !name.ends_with(":requests"));
     if json {
         let mut object = serde_json::Map::new();
         object.insert("job_id".into(), job_id.as_str().into());

@@ -4,6 +4,10 @@
 //! died): a worker that ends before shutdown was requested makes `run` return an error, so the process exits
 //! non-zero and its supervisor restarts it. On shutdown the fetchers stop reading at once, in-flight work gets
 //! `shutdown.grace_secs` to finish, and unstarted work is handed back to Redis.
+//!
+//! Around the workers run the admin server (`admin.listen`: `/livez`, `/readyz`, `/metrics`), the Redis sampler
+//! (queue-depth gauges and readiness) and, under systemd, the watchdog pings; systemd hears `READY=1` once the
+//! workers run and `STOPPING=1` when the drain begins.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,17 +17,29 @@ use apalis::layers::WorkerBuilderExt;
 use apalis_core::worker::builder::WorkerBuilder;
 use batchd_cloudflare::{ApiToken, BatchClient, ClientSettings};
 use batchd_queue::{IngressSettings, ScheduleSettings, Store};
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use crate::pipeline::{handle_due, handle_entry, Pipeline};
+use crate::admin::{self, Health};
+use crate::pipeline::{handle_due, handle_entry, Pipeline, SplitSettings};
 use crate::settings::{Secret, Settings};
+
+/// How long the admin server, the sampler and the watchdog get to stop once the workers are done.
+const BACKGROUND_STOP: Duration = Duration::from_secs(2);
 
 /// Runs the daemon until `shutdown` is cancelled (then drains within the grace period and returns `Ok`), or
 /// until a worker stops on its own (returns an error).
 pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let recorder = crate::metrics::install().map_err(anyhow::Error::msg)?;
+    let health = Arc::new(Health::default());
+    // The admin port first: one that is taken fails the start at once, before any work is taken.
+    let admin_listener = match settings.admin.listen_addr() {
+        Some(addr) => Some(admin::bind(addr).await.with_context(|| format!("admin.listen: cannot listen on {addr}"))?),
+        None => None,
+    };
     let keys = settings.keys();
     let redis_client = settings.redis_client()?;
+    let sampler_conn = batchd_queue::connect(redis_client.clone(), Duration::from_secs(5)).context("redis.url")?;
     let conn = batchd_queue::connect(redis_client.clone(), Duration::from_secs(settings.redis.response_timeout_secs))
         .context("redis.url")?;
     let store = Store::new(conn, keys.clone(), settings.store_settings());
@@ -36,12 +52,44 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
     let pipeline = Arc::new(Pipeline {
         store: store.clone(),
         client,
+        account_id: settings.cloudflare.account_id.clone(),
         poll: settings.poll.clone(),
         retry: settings.retry.clone(),
+        split: SplitSettings {
+            max_payload_bytes: settings.jobs.max_payload_bytes,
+            max_batch_items: Some(settings.jobs.max_batch_items).filter(|max| *max > 0),
+            retry_failed_items: settings.jobs.retry_failed_items,
+        },
+        rate_limits: settings.rate_limits.clone(),
         limits: settings.job_limits(),
         default_deadline: Duration::from_secs(settings.jobs.default_deadline_secs),
         lease: Duration::from_secs(settings.schedule.lease_secs),
     });
+
+    // Stopped last, after the drain, so probes and scrapes are answered while work in flight finishes.
+    let background_stop = CancellationToken::new();
+    let _stop_background_on_return = background_stop.clone().drop_guard();
+    let mut background: Vec<JoinHandle<()>> = Vec::new();
+    if let Some(listener) = admin_listener {
+        let router = admin::router(Arc::clone(&health), recorder.clone());
+        let stop = background_stop.clone();
+        background.push(tokio::spawn(async move {
+            if let Err(error) = admin::serve(listener, router, stop).await {
+                tracing::error!(error = %error, "admin server failed");
+            }
+        }));
+    }
+    background.push(tokio::spawn(admin::run_sampler(
+        sampler_conn,
+        keys.clone(),
+        settings.admin.sample_interval(),
+        Arc::clone(&health),
+        recorder,
+        background_stop.clone(),
+    )));
+    if let Some(interval) = admin::watchdog_interval() {
+        background.push(tokio::spawn(admin::run_watchdog(interval, Arc::clone(&health), background_stop.clone())));
+    }
 
     let consumer = consumer_name();
     let fetch_stop = shutdown.child_token();
@@ -86,6 +134,8 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
     workers.spawn(async move { ("submit", submit_worker.run_until(stop_signal(stop)).await) });
     let stop = shutdown.clone();
     workers.spawn(async move { ("schedule", poll_worker.run_until(stop_signal(stop)).await) });
+    health.workers_running();
+    admin::notify_ready();
     tracing::info!(
         consumer = %consumer,
         namespace = %keys.namespace(),
@@ -105,15 +155,32 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
                 Some(Err(error)) => format!("a worker task panicked: {error}"),
                 None => "no workers".to_owned(),
             };
+            health.worker_failed();
+            admin::notify_stopping();
             shutdown.cancel();
             drain(&mut workers, Duration::from_secs(settings.shutdown.grace_secs)).await;
+            stop_background(background_stop, background).await;
             bail!("{detail} before shutdown was requested");
         }
     }
+    health.draining();
+    admin::notify_stopping();
     tracing::info!(grace_secs = settings.shutdown.grace_secs, "shutting down: no new work taken, finishing work in flight");
     drain(&mut workers, Duration::from_secs(settings.shutdown.grace_secs)).await;
+    stop_background(background_stop, background).await;
     tracing::info!("batchd stopped");
     Ok(())
+}
+
+/// Stops the admin server, the sampler and the watchdog, waiting briefly for them (an idle keep-alive scrape
+/// connection must not hold the exit up).
+async fn stop_background(stop: CancellationToken, tasks: Vec<JoinHandle<()>>) {
+    stop.cancel();
+    for mut task in tasks {
+        if tokio::time::timeout(BACKGROUND_STOP, &mut task).await.is_err() {
+            task.abort();
+        }
+    }
 }
 
 /// Waits for the workers to finish their in-flight work, up to `grace`; then abandons what is left (it is

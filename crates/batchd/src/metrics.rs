@@ -1,11 +1,72 @@
 //! The daemon's metrics, recorded through the `metrics` facade (exported in Prometheus format by the admin
 //! server). All names start with `batchd_`, use base units, and carry no per-job labels.
 //!
-//! Call sites use the functions below, never the macros directly, so every metric is named and described here.
+//! Call sites use the functions below, never the macros directly, so every metric is named and described here
+//! and listed in [`NAMES`] (which the Grafana dashboard is checked against). [`install`] installs the process-wide
+//! Prometheus recorder once and returns the handle the admin server renders from.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Every metric batchd exports (histograms also as `_bucket`, `_sum` and `_count` series).
+pub const NAMES: &[&str] = &[
+    "batchd_build_info",
+    "batchd_jobs_accepted_total",
+    "batchd_jobs_rejected_total",
+    "batchd_jobs_duplicate_total",
+    "batchd_jobs_finished_total",
+    "batchd_api_requests_total",
+    "batchd_api_request_duration_seconds",
+    "batchd_batch_turnaround_seconds",
+    "batchd_retries_total",
+    "batchd_throttled_waits_total",
+    "batchd_possible_duplicate_submits_total",
+    "batchd_results_published_total",
+    "batchd_redis_errors_total",
+    "batchd_redis_up",
+    "batchd_queue_depth",
+    "batchd_oldest_waiting_job_age_seconds",
+    "batchd_schedule_lag_seconds",
+];
+
+/// Bucket bounds (seconds) of `batchd_api_request_duration_seconds`: 5 ms to the 60 s request timeout.
+const API_DURATION_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// Bucket bounds (seconds) of `batchd_batch_turnaround_seconds`: one second to the 24 h default deadline.
+const TURNAROUND_BUCKETS: &[f64] =
+    &[1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0];
+
+/// The installed recorder's handle, or why it could not be installed.
+static RECORDER: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
+
+/// Installs the Prometheus recorder as the process's global `metrics` recorder (once per process; later calls,
+/// e.g. by a second in-process daemon in tests, get the same handle) and describes every metric.
+///
+/// Fails if another recorder was installed first.
+pub fn install() -> Result<PrometheusHandle, String> {
+    RECORDER
+        .get_or_init(|| {
+            let handle = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full("batchd_api_request_duration_seconds".into()),
+                    API_DURATION_BUCKETS,
+                )
+                .and_then(|builder| {
+                    builder.set_buckets_for_metric(
+                        Matcher::Full("batchd_batch_turnaround_seconds".into()),
+                        TURNAROUND_BUCKETS,
+                    )
+                })
+                .and_then(PrometheusBuilder::install_recorder)
+                .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+            describe();
+            Ok(handle)
+        })
+        .clone()
+}
 
 /// Which API call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,8 +113,37 @@ pub fn describe() {
     );
     describe_counter!("batchd_results_published_total", "Result entries published.");
     describe_counter!("batchd_redis_errors_total", "Redis operations that failed, by operation.");
-    describe_gauge!("batchd_queue_depth", "Items per stream and state (pending, in_flight, scheduled, dead).");
-    describe_gauge!("batchd_oldest_waiting_job_age_seconds", Unit::Seconds, "Age of the oldest entry waiting in the submit stream.");
+    describe_gauge!(
+        "batchd_queue_depth",
+        "Items per stream and state: submit pending (not yet read) and in_flight (read, not yet taken in), schedule \
+         scheduled (all steps) and due (past their due time), dead (dead-letter entries). Sampled from Redis."
+    );
+    describe_gauge!(
+        "batchd_oldest_waiting_job_age_seconds",
+        Unit::Seconds,
+        "Age of the oldest entry waiting in the submit stream (0 when empty). Sampled from Redis."
+    );
+    describe_gauge!(
+        "batchd_schedule_lag_seconds",
+        Unit::Seconds,
+        "How long the most overdue scheduled step (poll or submit retry) has been due (0 when none). Sampled from Redis."
+    );
+    describe_gauge!("batchd_redis_up", "1 when the last sample reached Redis, 0 when it did not.");
+    describe_gauge!("batchd_build_info", "Always 1; the label `version` is the running batchd version.");
+
+    // Series without labels exist from the start, so rates and alerts on them never see a missing series.
+    gauge!("batchd_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    for name in [
+        "batchd_jobs_accepted_total",
+        "batchd_jobs_duplicate_total",
+        "batchd_possible_duplicate_submits_total",
+        "batchd_results_published_total",
+    ] {
+        counter!(name).absolute(0);
+    }
+    for outcome in ["completed", "failed", "expired"] {
+        counter!("batchd_jobs_finished_total", "outcome" => outcome).absolute(0);
+    }
 }
 
 /// A job was accepted.
@@ -120,4 +210,55 @@ pub fn queue_depth(stream: &'static str, state: &'static str, depth: u64) {
 /// Sets the age of the oldest waiting job.
 pub fn oldest_waiting_job_age(age: Duration) {
     gauge!("batchd_oldest_waiting_job_age_seconds").set(age.as_secs_f64());
+}
+
+/// Sets how long the most overdue scheduled step has been due.
+pub fn schedule_lag(lag: Duration) {
+    gauge!("batchd_schedule_lag_seconds").set(lag.as_secs_f64());
+}
+
+/// Records whether the last sample reached Redis.
+pub fn redis_up(up: bool) {
+    gauge!("batchd_redis_up").set(if up { 1.0 } else { 0.0 });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `batchd_` name written in this file is listed in `NAMES`, and every listed name is described.
+    #[test]
+    fn names_lists_every_metric_of_this_module() {
+        let source = include_str!("metrics.rs");
+        let (code, _) = source.split_once("#[cfg(test)]").expect("test module");
+        let mut used: Vec<&str> = code
+            .match_indices("\"batchd_")
+            .map(|(at, _)| {
+                let rest = &code[at + 1..];
+                &rest[..rest.find('"').expect("closing quote")]
+            })
+            .collect();
+        used.sort_unstable();
+        used.dedup();
+        let mut listed: Vec<&str> = NAMES.to_vec();
+        listed.sort_unstable();
+        assert_eq!(used, listed);
+        let describe = &code[code.find("pub fn describe()").expect("describe")..];
+        for name in NAMES {
+            assert!(describe.contains(&format!("\"{name}\"")), "{name} is not described");
+        }
+    }
+
+    #[test]
+    fn install_is_idempotent_and_renders_described_metrics() {
+        let first = install().expect("install");
+        let second = install().expect("second install returns the same handle");
+        job_accepted();
+        api_request(ApiCall::Poll, "ok", Some(200), Duration::from_millis(30));
+        let text = second.render();
+        assert!(text.contains("# TYPE batchd_jobs_accepted_total counter"), "{text}");
+        assert!(text.contains("batchd_api_request_duration_seconds_bucket{call=\"poll\",le=\"0.05\"} 1"), "{text}");
+        assert!(text.contains("batchd_build_info{version=\""), "{text}");
+        assert!(first.render().contains("# TYPE batchd_jobs_accepted_total counter"));
+    }
 }

@@ -1,15 +1,13 @@
-//! The job's path through batchd: take an ingress entry in, submit its chunks, poll them, publish one result.
+//! The job's path through batchd: take an ingress entry in, split it into batches, submit and poll each, and
+//! publish one result.
 //!
-//! Both apalis handlers live here. Every "retry or give up" decision is made in this module, from the variant of
-//! the API error, and every step ends in one atomic storage transition, so a crash at any point leaves a state
-//! the next replica resumes from.
+//! Both apalis handlers live here. Every "retry, split, wait or give up" decision is made in this module, from the
+//! variant of the API error, and every step ends in one atomic storage transition, so a crash at any point leaves a
+//! state the next replica resumes from. Every way a job ends goes through [`Pipeline::conclude`].
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
-
-use futures::FutureExt;
-use tracing::Instrument;
+use std::time::{Duration, Instant};
 
 use apalis_core::error::BoxDynError;
 use apalis_core::task::data::Data;
@@ -17,15 +15,32 @@ use batchd_cloudflare::{ApiError, BatchClient, ErrorKind, PollStatus};
 use batchd_core::ledger::field;
 use batchd_core::result::code;
 use batchd_core::{
-    ChunkRef, ChunkState, DecodeError, Job, JobError, JobId, JobLimits, JobOutput, JobState, ModelName,
-    RequestId, ResultEntry, ResultStatus, UnixMillis,
+    ChunkRef, ChunkState, DecodeError, Job, JobError, JobId, JobLimits, JobOutput, JobState, ModelName, RequestId,
+    ResultEntry, ResultStatus, UnixMillis,
 };
 use batchd_queue::ingress::IngressEntry;
-use batchd_queue::{now_ms, Accepted, ChunkView, DeadLetter, Store, StoreError, SubmitTicket};
+use batchd_queue::{
+    now_ms, Accepted, AddOutcome, ChunkView, DeadLetter, NewChunk, Placement, PublishContext, Store, StoreError,
+    SubmitTicket,
+};
+use futures::FutureExt;
+use serde_json::value::RawValue;
+use tracing::Instrument;
 
 use crate::metrics::{self, ApiCall};
-use crate::policy::{merge_outputs, next_poll_delay, plan_chunks, retry_delay};
-use crate::settings::{PollSettings, RetrySettings};
+use crate::policy::{assemble, next_poll_delay, plan_chunks, rate_bucket, retry_delay, ChunkOutcome};
+use crate::settings::{PollSettings, RateLimitSettings, RetrySettings};
+
+/// How jobs are split into batches.
+#[derive(Debug, Clone)]
+pub struct SplitSettings {
+    /// Largest submit body, in bytes.
+    pub max_payload_bytes: usize,
+    /// Most items per batch.
+    pub max_batch_items: Option<usize>,
+    /// Default for a job's `retry_failed_items`.
+    pub retry_failed_items: bool,
+}
 
 /// Everything the handlers share.
 #[derive(Debug)]
@@ -34,16 +49,35 @@ pub struct Pipeline {
     pub store: Store,
     /// The Batch API client.
     pub client: BatchClient,
+    /// The Cloudflare account (part of every rate-limit bucket).
+    pub account_id: String,
     /// Poll timing.
     pub poll: PollSettings,
     /// Retry policy for transient errors.
     pub retry: RetrySettings,
+    /// Splitting of big jobs.
+    pub split: SplitSettings,
+    /// Shared submit rate limits.
+    pub rate_limits: RateLimitSettings,
     /// Limits applied when decoding jobs.
     pub limits: JobLimits,
     /// Deadline of jobs that set none.
     pub default_deadline: Duration,
     /// Lease held on a chunk while this replica works on it.
     pub lease: Duration,
+}
+
+/// How a job ends.
+#[derive(Debug, Clone)]
+enum Ending {
+    /// Every batch finished (if one failed as a whole, the job ends `failed`, listing it).
+    Finished,
+    /// The job cannot go on.
+    Failed(JobError),
+    /// The deadline passed.
+    Expired(JobError),
+    /// Cancelled on request.
+    Cancelled(JobError),
 }
 
 fn unit_random() -> f64 {
@@ -76,12 +110,12 @@ pub async fn handle_due(member: String, pipeline: Data<Arc<Pipeline>>) -> Result
     };
     match AssertUnwindSafe(pipeline.step(&chunk)).catch_unwind().await {
         Ok(Ok(())) => {}
-        // The chunk keeps its lease score and becomes due again when the lease ends.
         Ok(Err(StoreError::Corrupt { job_id, detail })) => {
             // Retrying cannot help a ledger batchd did not write; take it off the schedule and say so.
             tracing::error!(job_id = %job_id, detail = %detail, "ledger is corrupt; the chunk is dropped from the schedule");
             drop_member(&pipeline.store, &member).await;
         }
+        // The chunk keeps its lease score and becomes due again when the lease ends.
         Ok(Err(error)) => {
             metrics::redis_error("step");
             tracing::error!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "step failed; it will be retried");
@@ -100,8 +134,8 @@ async fn drop_member(store: &Store, member: &str) {
 }
 
 impl Pipeline {
-    /// Decodes an ingress entry and accepts it as a job (or rejects it with a result that says why),
-    /// then submits its first chunk straight away.
+    /// Decodes an ingress entry, plans its batches and accepts it as a job (or rejects it with a result that
+    /// says why), then submits its first batch straight away.
     #[tracing::instrument(skip_all, fields(entry_id = %entry.id, job_id = tracing::field::Empty))]
     pub async fn take_in(&self, entry: &IngressEntry) -> Result<(), StoreError> {
         let now = now_ms();
@@ -110,15 +144,38 @@ impl Pipeline {
             Err(error) => return self.reject(entry, error, now).await,
         };
         tracing::Span::current().record("job_id", tracing::field::display(&job.id));
-        let plan = plan_chunks(job.requests.len(), None);
+        let sizes: Vec<usize> = job.requests.iter().map(|item| item.get().len()).collect();
+        let plan = match plan_chunks(&sizes, self.split.max_payload_bytes, self.split.max_batch_items) {
+            Ok(plan) => plan,
+            Err(too_large) => {
+                let error = JobError::new(
+                    code::ITEM_TOO_LARGE,
+                    format!(
+                        "request item {} is {} bytes: sent alone it makes a {}-byte body, over the payload limit of {} \
+                         bytes (jobs.max_payload_bytes); nothing was submitted",
+                        too_large.index, too_large.bytes, too_large.body_bytes, self.split.max_payload_bytes
+                    ),
+                );
+                let published = self
+                    .store
+                    .reject(&entry.id, &job.id, job.model.as_str(), &error, None, job.requests.len(), now)
+                    .await?;
+                if published {
+                    metrics::job_rejected(code::ITEM_TOO_LARGE);
+                    tracing::warn!(item = too_large.index, bytes = too_large.bytes, "job refused: an item is too large");
+                }
+                return Ok(());
+            }
+        };
         let deadline = job.deadline_secs.map(Duration::from_secs).unwrap_or(self.default_deadline);
         let deadline_at = now + deadline.as_millis() as u64;
         let first_due = now + self.lease.as_millis() as u64;
-        match self.store.accept(&job, &entry.id, &plan, now, deadline_at, first_due).await? {
+        let retry_failed_items = job.retry_failed_items.unwrap_or(self.split.retry_failed_items);
+        match self.store.accept(&job, &entry.id, &plan, now, deadline_at, first_due, retry_failed_items).await? {
             Accepted::New => {
                 metrics::job_accepted();
                 tracing::info!(model = %job.model, n_items = job.requests.len(), n_chunks = plan.len(), "job accepted");
-                self.submit(&ChunkRef::new(job.id.clone(), 0), true).await
+                self.submit(&ChunkRef::new(job.id.clone(), 0), &job.model).await
             }
             Accepted::Duplicate { state } => {
                 metrics::job_duplicate();
@@ -146,7 +203,7 @@ impl Pipeline {
             }
         };
         let model = model_hint(entry);
-        let published = self.store.reject(&entry.id, &job_id, &model, &job_error, dead.as_ref(), now).await?;
+        let published = self.store.reject(&entry.id, &job_id, &model, &job_error, dead.as_ref(), 0, now).await?;
         if published {
             metrics::job_rejected(if dead.is_some() { code::INVALID_ENTRY } else { code::INVALID_JOB });
             tracing::warn!(job_id = %job_id, error = %job_error.message, dead_lettered = dead.is_some(), "job rejected");
@@ -157,7 +214,7 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Does whatever the chunk's ledger says is next: submit, poll, or finish an interrupted publish.
+    /// Does whatever the chunk's ledger says is next: submit, poll, or finish the job.
     #[tracing::instrument(skip_all, fields(job_id = %chunk.job_id, chunk = chunk.index))]
     pub async fn step(&self, chunk: &ChunkRef) -> Result<(), StoreError> {
         let Some(view) = self.store.load_chunk(chunk).await? else {
@@ -169,22 +226,55 @@ impl Pipeline {
             self.store.update_chunk(chunk, None, None, &[], &[]).await?;
             return Ok(());
         }
+        if let Some(reason) = &view.cancel_requested {
+            return self.cancel(&chunk.job_id, reason).await;
+        }
         let now = now_ms();
         if now >= view.deadline_at {
-            return self.expire(chunk, &view, now).await;
+            return self.expire(&chunk.job_id, &view, now).await;
         }
         match view.chunk_state {
-            ChunkState::Pending | ChunkState::Submitting => self.submit(chunk, true).await,
+            ChunkState::Pending | ChunkState::Submitting => match ModelName::parse(&view.model) {
+                Ok(model) => self.submit(chunk, &model).await,
+                Err(_) => Err(StoreError::Corrupt { job_id: chunk.job_id.to_string(), detail: "model".into() }),
+            },
             ChunkState::Polling => self.poll(chunk, &view).await,
             ChunkState::Done | ChunkState::Failed => self.finish(&chunk.job_id, None).await,
         }
     }
 
+    /// Waits for the shared rate limiter if `model`'s bucket is full: returns how long, after rescheduling the
+    /// chunk (a throttled job neither fails nor uses up attempts).
+    async fn throttle(&self, chunk: &ChunkRef, model: &ModelName, call: ApiCall) -> Result<Option<Duration>, StoreError> {
+        if call == ApiCall::Poll && !self.rate_limits.limit_polls {
+            return Ok(None);
+        }
+        let Some((bucket, limit)) = rate_bucket(&self.account_id, model.as_str(), &self.rate_limits) else {
+            return Ok(None);
+        };
+        let bucket = if call == ApiCall::Poll { format!("poll:{bucket}") } else { bucket };
+        let interval = Duration::from_secs(self.rate_limits.window_secs).div_f64(f64::from(limit));
+        let Some(wait) = self.store.rate_limit(&bucket, interval, self.rate_limits.burst).await? else {
+            return Ok(None);
+        };
+        metrics::throttled_wait(call);
+        tracing::debug!(bucket = %bucket, wait = ?wait, "rate limited; waiting");
+        self.store.update_chunk(chunk, Some(now_ms() + wait.as_millis() as u64), None, &[], &[]).await?;
+        Ok(Some(wait))
+    }
+
     /// Submits one chunk: mark `submitting`, POST, then record the request id and schedule the first poll.
-    async fn submit(&self, chunk: &ChunkRef, count_attempt: bool) -> Result<(), StoreError> {
+    async fn submit(&self, chunk: &ChunkRef, model: &ModelName) -> Result<(), StoreError> {
+        if self.throttle(chunk, model, ApiCall::Submit).await?.is_some() {
+            return Ok(());
+        }
         let now = now_ms();
-        let (attempt, resubmit, job_json, (start, len)) = match self.store.begin_submit(chunk, now, count_attempt).await? {
-            SubmitTicket::Go { attempt, resubmit, job_json, items } => (attempt, resubmit, job_json, items),
+        let (attempt, resubmit, requests, placement) = match self.store.begin_submit(chunk, now, true).await? {
+            SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => (attempt, resubmit, requests, placement),
+            SubmitTicket::Cancelled => {
+                let reason = self.store.cancel_requested(&chunk.job_id).await?.unwrap_or_default();
+                return self.cancel(&chunk.job_id, &reason).await;
+            }
             SubmitTicket::Skip { chunk_state } => {
                 tracing::debug!(chunk_state = %chunk_state, "chunk already submitted");
                 return Ok(());
@@ -200,17 +290,9 @@ impl Pipeline {
                 "resubmitting a chunk whose previous submit was interrupted; the remote batch may be duplicated"
             );
         }
-        let job = match Job::decode_json(&job_json, chunk.job_id.as_str(), &JobLimits::default(), self.store.keys()) {
-            Ok(job) if start + len <= job.requests.len() => job,
-            _ => {
-                let error = JobError::new(code::INVALID_JOB, "the stored job cannot be read back; the ledger is corrupt");
-                return self.fail(chunk, error, now).await;
-            }
-        };
-        let items = &job.requests[start..start + len];
-        let span = tracing::info_span!("submit", model = %job.model, attempt, request_id = tracing::field::Empty);
-        let started = std::time::Instant::now();
-        let submitted = self.client.submit(&job.model, items).instrument(span.clone()).await;
+        let span = tracing::info_span!("submit", model = %model, attempt, request_id = tracing::field::Empty);
+        let started = Instant::now();
+        let submitted = self.client.submit(model, &requests).instrument(span.clone()).await;
         match &submitted {
             Ok(_) => metrics::api_request(ApiCall::Submit, "ok", Some(200), started.elapsed()),
             Err(error) => metrics::api_request(ApiCall::Submit, error.kind.as_str(), error.http_status, started.elapsed()),
@@ -238,26 +320,39 @@ impl Pipeline {
                 tracing::info!(
                     parent: &span,
                     request_id = %submitted.request_id,
-                    n_items = len,
+                    n_items = placement.len(),
                     bytes = submitted.body_bytes,
                     recorded,
                     "batch submitted"
                 );
                 Ok(())
             }
-            Err(error) => self.submit_failed(chunk, &job.model, attempt, error).await,
+            Err(error) => self.submit_failed(chunk, model, attempt, placement, requests, error).await,
         }
     }
 
-    async fn submit_failed(&self, chunk: &ChunkRef, model: &ModelName, attempt: u64, error: ApiError) -> Result<(), StoreError> {
+    async fn submit_failed(
+        &self,
+        chunk: &ChunkRef,
+        model: &ModelName,
+        attempt: u64,
+        placement: Placement,
+        requests: Vec<Box<RawValue>>,
+        error: ApiError,
+    ) -> Result<(), StoreError> {
         let now = now_ms();
-        let rate_limited = error.http_status == Some(429);
-        if !error.is_retryable() {
-            tracing::warn!(model = %model, error = %error, "the Batch API refused the batch");
-            return self.fail(chunk, error.to_job_error(), now).await;
+        match error.kind {
+            ErrorKind::TooLarge if placement.len() > 1 => return self.split(chunk, placement, requests, &error).await,
+            ErrorKind::TooLarge | ErrorKind::BatchFailed => return self.chunk_failed(chunk, error.to_job_error()).await,
+            ErrorKind::Transient | ErrorKind::QuotaExhausted => {}
+            ErrorKind::Permanent | ErrorKind::NotFound => {
+                tracing::warn!(model = %model, error = %error, "the Batch API refused the batch");
+                return self.conclude(&chunk.job_id, Ending::Failed(error.to_job_error())).await;
+            }
         }
+        let rate_limited = error.http_status == Some(429);
         if !rate_limited && attempt >= self.retry.max_attempts {
-            return self.fail(chunk, exhausted(&error, attempt), now).await;
+            return self.chunk_failed(chunk, exhausted(&error, attempt)).await;
         }
         let wait = retry_delay(attempt.max(1), &self.retry, error.retry_after, unit_random());
         // A submit that may have reached the API stays `submitting`, so its retry is counted as a possible
@@ -270,8 +365,6 @@ impl Pipeline {
         if rate_limited {
             // Rate limiting is not a failure of the job: give the attempt back.
             fields.push((field::CHUNK_ATTEMPTS, attempt.saturating_sub(1).to_string()));
-        }
-        if rate_limited {
             metrics::throttled_wait(ApiCall::Submit);
         } else {
             metrics::retry(ApiCall::Submit);
@@ -281,17 +374,50 @@ impl Pipeline {
         Ok(())
     }
 
+    /// The API found the chunk too large: replace it with its first half and append the second, both due now.
+    async fn split(
+        &self,
+        chunk: &ChunkRef,
+        placement: Placement,
+        mut requests: Vec<Box<RawValue>>,
+        error: &ApiError,
+    ) -> Result<(), StoreError> {
+        let half = requests.len() / 2;
+        let second_requests = requests.split_off(half);
+        let (first, second) = match placement {
+            Placement::Range { start, len } => {
+                (Placement::Range { start, len: half }, Placement::Range { start: start + half, len: len - half })
+            }
+            Placement::Indices(mut indices) => {
+                let rest = indices.split_off(half);
+                (Placement::Indices(indices), Placement::Indices(rest))
+            }
+        };
+        tracing::warn!(error = %error, first = first.len(), second = second.len(), "the API found the batch too large; splitting it");
+        let chunks = [
+            NewChunk { placement: first, requests },
+            NewChunk { placement: second, requests: second_requests },
+        ];
+        self.store.add_chunks(&chunk.job_id, now_ms(), Some(chunk.index), None, &chunks).await?;
+        Ok(())
+    }
+
     /// Polls one chunk's remote batch.
     async fn poll(&self, chunk: &ChunkRef, view: &ChunkView) -> Result<(), StoreError> {
         let (Some(request_id), Ok(model)) = (
             view.request_id.as_deref().and_then(|id| RequestId::parse(id).ok()),
             ModelName::parse(&view.model),
         ) else {
-            let error = JobError::new(code::INVALID_JOB, "the ledger lost the chunk's request id or model");
-            return self.fail(chunk, error, now_ms()).await;
+            return Err(StoreError::Corrupt {
+                job_id: chunk.job_id.to_string(),
+                detail: format!("chunk {} is polling without a request id", chunk.index),
+            });
         };
+        if self.throttle(chunk, &model, ApiCall::Poll).await?.is_some() {
+            return Ok(());
+        }
         let span = tracing::info_span!("poll", request_id = %request_id, model = %model, n_polls = view.n_polls);
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let polled = self.client.poll(&model, &request_id, view.items_len).instrument(span).await;
         let elapsed = started.elapsed();
         match &polled {
@@ -303,8 +429,16 @@ impl Pipeline {
             Ok(PollStatus::Queued) => self.still_pending(chunk, view, "queued").await,
             Ok(PollStatus::Running) => self.still_pending(chunk, view, "running").await,
             Ok(PollStatus::Done(output)) => {
-                tracing::info!(n_polls = view.n_polls + 1, n_failed = output.n_failed(), "batch finished");
-                self.chunk_finished(chunk, view, output).await
+                tracing::info!(request_id = %request_id, n_polls = view.n_polls + 1, n_failed = output.n_failed(), "batch finished");
+                if view.n_chunks <= 1 && output.n_failed() == 0 {
+                    // The common case: one batch, nothing to retry; publish without storing the output first.
+                    return self.finish(&chunk.job_id, Some(output)).await;
+                }
+                let payload = serde_json::to_string(&output).expect("output serialises");
+                match self.store.chunk_done(chunk, ChunkState::Done, &payload, now_ms()).await? {
+                    Some(0) => self.finish(&chunk.job_id, None).await,
+                    _ => Ok(()),
+                }
             }
             Err(error) => self.poll_failed(chunk, view, error).await,
         }
@@ -335,7 +469,7 @@ impl Pipeline {
                 let rate_limited = error.http_status == Some(429);
                 let failures = if rate_limited { view.poll_failures } else { view.poll_failures + 1 };
                 if failures >= self.retry.max_attempts {
-                    return self.fail(chunk, exhausted(&error, failures), now).await;
+                    return self.chunk_failed(chunk, exhausted(&error, failures)).await;
                 }
                 let wait = retry_delay(failures.max(1), &self.retry, error.retry_after, unit_random());
                 if rate_limited {
@@ -359,124 +493,215 @@ impl Pipeline {
                     .await?;
                 Ok(())
             }
-            _ => {
-                tracing::warn!(error = %error, "polling failed permanently");
-                self.fail(chunk, error.to_job_error(), now).await
+            ErrorKind::BatchFailed | ErrorKind::NotFound | ErrorKind::TooLarge => {
+                tracing::warn!(error = %error, "the remote batch failed");
+                self.chunk_failed(chunk, error.to_job_error()).await
+            }
+            ErrorKind::Permanent => {
+                tracing::warn!(error = %error, "polling was refused permanently");
+                self.conclude(&chunk.job_id, Ending::Failed(error.to_job_error())).await
             }
         }
     }
 
-    /// Stores a finished chunk; when it was the last open one, publishes the job's result.
-    async fn chunk_finished(&self, chunk: &ChunkRef, view: &ChunkView, output: JobOutput) -> Result<(), StoreError> {
-        if view.n_chunks <= 1 {
-            return self.finish(&chunk.job_id, Some(output)).await;
-        }
-        let payload = serde_json::to_string(&output).expect("output serialises");
-        match self.store.chunk_done(chunk, ChunkState::Done, &payload, now_ms()).await? {
+    /// Records a chunk that cannot finish; the job goes on with its other chunks and ends `failed`, listing it.
+    async fn chunk_failed(&self, chunk: &ChunkRef, error: JobError) -> Result<(), StoreError> {
+        tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error.message, "batch failed");
+        match self.store.chunk_done(chunk, ChunkState::Failed, &error.to_json(), now_ms()).await? {
             Some(0) => self.finish(&chunk.job_id, None).await,
             _ => Ok(()),
         }
     }
 
-    /// Ends the job `failed` with `error`, recording the chunk as failed.
-    async fn fail(&self, chunk: &ChunkRef, error: JobError, now: UnixMillis) -> Result<(), StoreError> {
-        self.store.chunk_done(chunk, ChunkState::Failed, &error.to_json(), now).await?;
-        self.publish_failure(&chunk.job_id, ResultStatus::Failed, error).await
+    /// Every chunk has finished: resubmit failed items once if asked to, otherwise publish. `single` is the
+    /// output of a one-batch job with nothing to retry, passed directly instead of through the ledger.
+    async fn finish(&self, job_id: &JobId, single: Option<JobOutput>) -> Result<(), StoreError> {
+        let Some(context) = self.store.publish_context(job_id).await? else {
+            return Ok(());
+        };
+        if let Some(output) = single {
+            return self.publish(job_id, &context, JobState::Completed, Some(output), None).await;
+        }
+        if context.chunks.iter().any(|chunk| !matches!(chunk.state, Some(ChunkState::Done | ChunkState::Failed))) {
+            return Ok(()); // not every chunk has finished yet
+        }
+        if context.retry_failed_items && !context.retried && self.retry_failed_items(job_id, &context).await? {
+            return Ok(());
+        }
+        self.conclude_with(job_id, &context, Ending::Finished).await
     }
 
-    async fn expire(&self, chunk: &ChunkRef, view: &ChunkView, now: UnixMillis) -> Result<(), StoreError> {
+    /// Adds one more round of chunks carrying the items that came back `success:false`; returns whether it did.
+    async fn retry_failed_items(&self, job_id: &JobId, context: &PublishContext) -> Result<bool, StoreError> {
+        let mut indices = Vec::new();
+        let mut requests = Vec::new();
+        for chunk in &context.chunks {
+            let Some(output) = chunk.output.as_deref().and_then(|text| serde_json::from_str::<JobOutput>(text).ok())
+            else {
+                continue;
+            };
+            let failed: Vec<usize> = output.responses.iter().filter(|r| !r.success).map(|r| r.index).collect();
+            if failed.is_empty() {
+                continue;
+            }
+            let stored = self.store.chunk_requests(&ChunkRef::new(job_id.clone(), chunk.index)).await?;
+            for local in failed {
+                if let (Some(index), Some(item)) = (chunk.placement.job_index(local), stored.get(local)) {
+                    indices.push(index);
+                    requests.push(item.clone());
+                }
+            }
+        }
+        if indices.is_empty() {
+            return Ok(false);
+        }
+        let sizes: Vec<usize> = requests.iter().map(|item| item.get().len()).collect();
+        let Ok(plan) = plan_chunks(&sizes, self.split.max_payload_bytes, self.split.max_batch_items) else {
+            return Ok(false);
+        };
+        let chunks: Vec<NewChunk> = plan
+            .into_iter()
+            .map(|(start, len)| NewChunk {
+                placement: Placement::Indices(indices[start..start + len].to_vec()),
+                requests: requests[start..start + len].to_vec(),
+            })
+            .collect();
+        let n = indices.len();
+        match self.store.add_chunks(job_id, now_ms(), None, Some(field::RETRIED), &chunks).await? {
+            AddOutcome::Added => {
+                tracing::info!(job_id = %job_id, n_items = n, "resubmitting failed items once");
+                Ok(true)
+            }
+            AddOutcome::AlreadyDone | AddOutcome::Gone => Ok(false),
+        }
+    }
+
+    async fn cancel(&self, job_id: &JobId, reason: &str) -> Result<(), StoreError> {
+        let why = if reason.is_empty() || reason == "cancelled" { String::new() } else { format!(" ({reason})") };
+        let error = JobError::new(
+            code::CANCELLED,
+            format!(
+                "cancelled on request{why}; the Batch API has no cancel, so batches already submitted keep running \
+                 remotely (and may be billed), and their results are discarded"
+            ),
+        );
+        tracing::info!(job_id = %job_id, "job cancelled");
+        self.conclude(job_id, Ending::Cancelled(error)).await
+    }
+
+    async fn expire(&self, job_id: &JobId, view: &ChunkView, now: UnixMillis) -> Result<(), StoreError> {
         let waited = Duration::from_millis(now.saturating_sub(view.accepted_at));
         let error = JobError::new(
             code::DEADLINE_EXCEEDED,
             format!(
-                "the job's deadline passed after {}s before the Batch API finished; a remote batch may still \
-                 complete, but its results are not collected",
+                "the job's deadline passed after {}s before the Batch API finished; batches still running remotely \
+                 may complete, but their results are not collected",
                 waited.as_secs()
             ),
         );
-        tracing::warn!(job_id = %chunk.job_id, "job expired");
-        self.publish_failure(&chunk.job_id, ResultStatus::Expired, error).await
+        tracing::warn!(job_id = %job_id, "job expired");
+        self.conclude(job_id, Ending::Expired(error)).await
     }
 
-    /// Publishes a `failed` or `expired` result for the whole job.
-    async fn publish_failure(&self, job_id: &JobId, status: ResultStatus, error: JobError) -> Result<(), StoreError> {
+    /// Ends the job: assembles whatever its chunks produced and publishes the one result entry.
+    async fn conclude(&self, job_id: &JobId, ending: Ending) -> Result<(), StoreError> {
         let Some(context) = self.store.publish_context(job_id).await? else {
             return Ok(());
+        };
+        self.conclude_with(job_id, &context, ending).await
+    }
+
+    async fn conclude_with(&self, job_id: &JobId, context: &PublishContext, ending: Ending) -> Result<(), StoreError> {
+        let mut chunks = Vec::with_capacity(context.chunks.len());
+        for chunk in &context.chunks {
+            let outcome = match chunk.state {
+                Some(ChunkState::Done) => match chunk.output.as_deref().map(serde_json::from_str::<JobOutput>) {
+                    Some(Ok(output)) => ChunkOutcome::Done(output),
+                    _ => {
+                        return Err(StoreError::Corrupt {
+                            job_id: job_id.to_string(),
+                            detail: format!("chunk {} is done without a readable output", chunk.index),
+                        });
+                    }
+                },
+                Some(ChunkState::Failed) => ChunkOutcome::Failed {
+                    error: chunk
+                        .last_error
+                        .as_deref()
+                        .and_then(|text| serde_json::from_str(text).ok())
+                        .unwrap_or_else(|| JobError::new(code::API_ERROR, "the batch failed")),
+                    request_id: chunk.request_id.clone(),
+                },
+                _ => ChunkOutcome::Unfinished,
+            };
+            chunks.push((chunk.index, chunk.placement.clone(), outcome));
+        }
+        let (state, error, unanswered) = match ending {
+            Ending::Finished => (JobState::Completed, None, JobError::new("missing", "no response for this item")),
+            Ending::Failed(error) => (JobState::Failed, Some(error.clone()), error),
+            Ending::Expired(error) => (JobState::Expired, Some(error.clone()), error),
+            Ending::Cancelled(error) => (JobState::Cancelled, Some(error.clone()), error),
+        };
+        let any_done = chunks.iter().any(|(_, _, outcome)| matches!(outcome, ChunkOutcome::Done(_)));
+        let output = assemble(context.n_items, chunks, &unanswered);
+        let (state, error) = match (state, error) {
+            (JobState::Completed, None) if !output.failed_batches.is_empty() && context.chunks.len() == 1 => {
+                (JobState::Failed, Some(output.failed_batches[0].error.clone()))
+            }
+            (JobState::Completed, None) if !output.failed_batches.is_empty() => {
+                let first = &output.failed_batches[0].error;
+                let message = format!(
+                    "{} of {} batches failed; their items have success:false (first: {})",
+                    output.failed_batches.len(),
+                    context.chunks.len(),
+                    first.message
+                );
+                (JobState::Failed, Some(JobError { message, ..first.clone() }))
+            }
+            other => other,
+        };
+        let include_result = state == JobState::Completed || any_done;
+        self.publish(job_id, context, state, include_result.then_some(output), error).await
+    }
+
+    /// Publishes the result entry (exactly once per job, guarded by the ledger state). `output` is left out when
+    /// no batch of a job that did not complete had finished.
+    async fn publish(
+        &self,
+        job_id: &JobId,
+        context: &PublishContext,
+        state: JobState,
+        output: Option<JobOutput>,
+        error: Option<JobError>,
+    ) -> Result<(), StoreError> {
+        let status = match state {
+            JobState::Completed => ResultStatus::Completed,
+            JobState::Expired => ResultStatus::Expired,
+            JobState::Cancelled => ResultStatus::Cancelled,
+            _ => ResultStatus::Failed,
         };
         let now = now_ms();
         let entry = ResultEntry {
             job_id: job_id.to_string(),
             status,
             model: context.model.clone(),
-            result: None,
-            error: Some(error),
-            metadata: metadata(&context.metadata),
-            request_ids: context.chunks.iter().filter_map(|chunk| chunk.request_id.clone()).collect(),
-            accepted_at: context.accepted_at,
-            finished_at: now,
             items_total: context.n_items,
-            items_failed: context.n_items,
-        };
-        let state = if status == ResultStatus::Expired { JobState::Expired } else { JobState::Failed };
-        let published = self.store.publish(job_id, &entry, state, &context.reply_to, now).await?;
-        if published {
-            metrics::job_finished(status.as_str(), Duration::from_millis(now.saturating_sub(context.accepted_at)));
-            tracing::info!(job_id = %job_id, status = %status, "result published");
-        }
-        Ok(())
-    }
-
-    /// Publishes the completed result once every chunk is done. `single` is the output of a one-chunk job,
-    /// passed directly instead of through the ledger.
-    async fn finish(&self, job_id: &JobId, single: Option<JobOutput>) -> Result<(), StoreError> {
-        let Some(context) = self.store.publish_context(job_id).await? else {
-            return Ok(());
-        };
-        if let Some(failed) = context.chunks.iter().find(|chunk| chunk.state == Some(ChunkState::Failed)) {
-            let error = failed
-                .last_error
-                .as_deref()
-                .and_then(|text| serde_json::from_str::<JobError>(text).ok())
-                .unwrap_or_else(|| JobError::new(code::API_ERROR, "a batch of this job failed"));
-            return self.publish_failure(job_id, ResultStatus::Failed, error).await;
-        }
-        let output = match single {
-            Some(output) => output,
-            None => {
-                let mut parts = Vec::with_capacity(context.chunks.len());
-                for chunk in &context.chunks {
-                    let Some(text) = chunk.output.as_deref() else {
-                        return Ok(()); // not every chunk is done yet
-                    };
-                    let output: JobOutput = serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
-                        job_id: job_id.to_string(),
-                        detail: format!("stored chunk output: {e}"),
-                    })?;
-                    parts.push((chunk.items_start, output));
-                }
-                merge_outputs(parts)
-            }
-        };
-        let now = now_ms();
-        let entry = ResultEntry {
-            job_id: job_id.to_string(),
-            status: ResultStatus::Completed,
-            model: context.model.clone(),
-            items_failed: output.n_failed(),
-            items_total: context.n_items,
-            result: Some(output),
-            error: None,
-            metadata: metadata(&context.metadata),
+            items_failed: output.as_ref().map_or(context.n_items, JobOutput::n_failed),
+            result: output,
+            error,
+            metadata: context.metadata.as_ref().and_then(|text| RawValue::from_string(text.clone()).ok()),
             request_ids: context.chunks.iter().filter_map(|chunk| chunk.request_id.clone()).collect(),
             accepted_at: context.accepted_at,
             finished_at: now,
         };
-        if self.store.publish(job_id, &entry, JobState::Completed, &context.reply_to, now).await? {
-            metrics::job_finished("completed", Duration::from_millis(now.saturating_sub(context.accepted_at)));
+        if self.store.publish(job_id, &entry, state, &context.reply_to, now).await? {
+            let turnaround = Duration::from_millis(now.saturating_sub(context.accepted_at));
+            metrics::job_finished(status.as_str(), turnaround);
             tracing::info!(
                 job_id = %job_id,
+                status = %status,
                 items_failed = entry.items_failed,
-                turnaround_ms = now.saturating_sub(context.accepted_at),
+                turnaround_ms = turnaround.as_millis() as u64,
                 "result published"
             );
         }
@@ -489,10 +714,6 @@ fn exhausted(error: &ApiError, attempts: u64) -> JobError {
     job_error.code = code::RETRIES_EXHAUSTED.to_owned();
     job_error.message = format!("gave up after {attempts} attempts; last error: {error}");
     job_error
-}
-
-fn metadata(raw: &Option<String>) -> Option<Box<serde_json::value::RawValue>> {
-    raw.as_ref().and_then(|text| serde_json::value::RawValue::from_string(text.clone()).ok())
 }
 
 /// The model named by an entry that failed validation, when it can be read, for the failure result.

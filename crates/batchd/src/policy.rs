@@ -1,11 +1,14 @@
 //! Pure decisions, unit-tested without Redis or HTTP: when to poll next, how long to back off, how to split a
-//! job into chunks and how to merge chunk outputs back into one result.
+//! job into chunks, how to assemble chunk outputs into one result, and which rate-limit bucket a model uses.
 
 use std::time::Duration;
 
-use batchd_core::{ItemResponse, JobOutput};
+use batchd_cloudflare::submit_body_bytes;
+use batchd_core::{FailedBatch, ItemResponse, JobError, JobOutput};
+use batchd_queue::Placement;
+use serde_json::value::RawValue;
 
-use crate::settings::{PollSettings, RetrySettings};
+use crate::settings::{PollSettings, RateLimitSettings, RetrySettings};
 
 /// Delay before poll number `n_polls + 1` of a batch: `initial × multiplier^n_polls`, capped at `max`,
 /// then spread by ±`jitter`. `unit_random` is a number in [0, 1).
@@ -28,46 +31,159 @@ pub fn retry_delay(attempt: u64, settings: &RetrySettings, retry_after: Option<D
     }
 }
 
-/// Splits `n_items` into chunks of at most `max_items` (splitting by payload size comes with the big-batches
-/// work); every job has at least one chunk.
-pub fn plan_chunks(n_items: usize, max_items: Option<usize>) -> Vec<(usize, usize)> {
-    let size = max_items.filter(|max| *max > 0).unwrap_or(n_items).max(1);
-    let mut plan = Vec::new();
-    let mut start = 0;
-    while start < n_items {
-        let len = size.min(n_items - start);
-        plan.push((start, len));
-        start += len;
-    }
-    if plan.is_empty() {
-        plan.push((0, 0));
-    }
-    plan
+/// One request item that cannot fit any batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemTooLarge {
+    /// Index of the item in the job.
+    pub index: usize,
+    /// Its size in bytes.
+    pub bytes: usize,
+    /// The submit body it alone would make.
+    pub body_bytes: usize,
 }
 
-/// Merges chunk outputs (each with chunk-local indices, paired with the chunk's first item index) into one
-/// output in request order, with usage summed field by field.
-pub fn merge_outputs(chunks: Vec<(usize, JobOutput)>) -> JobOutput {
-    let mut responses: Vec<ItemResponse> = Vec::new();
+/// Splits a job's items (given by their sizes in bytes) into consecutive chunks whose exact submit body stays
+/// under `max_payload_bytes` and that hold at most `max_items` items (when set). Greedy and order-preserving.
+/// An item whose body alone reaches the limit makes the whole job unsubmittable.
+pub fn plan_chunks(
+    item_sizes: &[usize],
+    max_payload_bytes: usize,
+    max_items: Option<usize>,
+) -> Result<Vec<(usize, usize)>, ItemTooLarge> {
+    let max_items = max_items.filter(|max| *max > 0).unwrap_or(usize::MAX);
+    let mut plan = Vec::new();
+    let (mut start, mut len, mut items_bytes) = (0usize, 0usize, 0usize);
+    for (index, &bytes) in item_sizes.iter().enumerate() {
+        let alone = submit_body_bytes([bytes]);
+        if alone >= max_payload_bytes {
+            return Err(ItemTooLarge { index, bytes, body_bytes: alone });
+        }
+        // Body with this item added: envelope + items + one comma per neighbour pair.
+        let with_item = submit_body_bytes([items_bytes + bytes]) + len;
+        if len > 0 && (with_item >= max_payload_bytes || len == max_items) {
+            plan.push((start, len));
+            (start, len, items_bytes) = (index, 0, 0);
+        }
+        len += 1;
+        items_bytes += bytes;
+    }
+    if len > 0 || plan.is_empty() {
+        plan.push((start, len));
+    }
+    Ok(plan)
+}
+
+/// How one chunk ended, for assembling the job's result.
+#[derive(Debug, Clone)]
+pub enum ChunkOutcome {
+    /// The batch finished; its responses have chunk-local indices.
+    Done(JobOutput),
+    /// The batch failed as a whole.
+    Failed {
+        /// Why.
+        error: JobError,
+        /// Its remote request id, if it was submitted.
+        request_id: Option<String>,
+    },
+    /// The batch had not finished (the job was cancelled, expired or failed meanwhile).
+    Unfinished,
+}
+
+/// Assembles the job's output from its chunks: every item gets exactly one response, at its own index, in
+/// request order. Later chunks win (a chunk of retried items replaces the first answers); items of failed batches
+/// get `success:false` with the batch's error, items never answered get `unanswered`. Usage is summed.
+pub fn assemble(n_items: usize, chunks: Vec<(u32, Placement, ChunkOutcome)>, unanswered: &JobError) -> JobOutput {
+    let mut slots: Vec<Option<ItemResponse>> = vec![None; n_items];
     let mut usage = serde_json::Map::new();
-    for (start, output) in chunks {
-        responses.extend(output.responses.into_iter().map(|mut response| {
-            response.index += start;
-            response
-        }));
-        if let serde_json::Value::Object(fields) = output.usage {
-            for (name, value) in fields {
-                let sum = match (usage.get(&name).and_then(|v| v.as_u64()), value.as_u64()) {
-                    (Some(total), Some(more)) => serde_json::Value::from(total + more),
-                    (None, _) => value,
-                    (Some(_), None) => continue,
-                };
-                usage.insert(name, sum);
+    let mut failed_batches = Vec::new();
+    let error_item = |error: &JobError| -> Option<Box<RawValue>> {
+        let text = serde_json::json!({"code": error.code, "message": error.message}).to_string();
+        RawValue::from_string(text).ok()
+    };
+    for (chunk, placement, outcome) in chunks {
+        match outcome {
+            ChunkOutcome::Done(output) => {
+                for mut response in output.responses {
+                    if let Some(index) = placement.job_index(response.index).filter(|index| *index < n_items) {
+                        response.index = index;
+                        slots[index] = Some(response);
+                    }
+                }
+                add_usage(&mut usage, output.usage);
             }
+            ChunkOutcome::Failed { error, request_id } => {
+                let items = placement.job_indices();
+                for &index in items.iter().filter(|index| **index < n_items) {
+                    slots[index] = Some(ItemResponse {
+                        index,
+                        success: false,
+                        result: None,
+                        error: error_item(&error),
+                        external_reference: None,
+                    });
+                }
+                failed_batches.push(FailedBatch { chunk, items, request_id, error });
+            }
+            ChunkOutcome::Unfinished => {}
         }
     }
-    responses.sort_by_key(|response| response.index);
-    JobOutput { responses, usage: serde_json::Value::Object(usage) }
+    let responses = slots
+        .into_iter()
+        .enumerate()
+        .map(|(index, slot)| {
+            slot.unwrap_or_else(|| ItemResponse {
+                index,
+                success: false,
+                result: None,
+                error: error_item(unanswered),
+                external_reference: None,
+            })
+        })
+        .collect();
+    JobOutput { responses, usage: serde_json::Value::Object(usage), failed_batches }
+}
+
+fn add_usage(total: &mut serde_json::Map<String, serde_json::Value>, usage: serde_json::Value) {
+    if let serde_json::Value::Object(fields) = usage {
+        for (name, value) in fields {
+            let sum = match (total.get(&name).and_then(|v| v.as_u64()), value.as_u64()) {
+                (Some(sum), Some(more)) => serde_json::Value::from(sum + more),
+                (None, _) => value,
+                (Some(_), None) => continue,
+            };
+            total.insert(name, sum);
+        }
+    }
+}
+
+/// The task type of a model, for its default rate limit (the API limits per account and task type).
+pub fn task_type(model: &str) -> &'static str {
+    let name = model.to_ascii_lowercase();
+    if name.contains("bge-") || name.contains("embed") {
+        "embeddings"
+    } else if name.contains("m2m100") || name.contains("translat") {
+        "translation"
+    } else if name.contains("whisper") || name.contains("nova-") || name.contains("speech") {
+        "speech_recognition"
+    } else {
+        "text_generation"
+    }
+}
+
+/// The shared limiter bucket (`<account>:<task type or model>`) and its limit per window for `model`, or `None`
+/// when submits of that model are not limited.
+pub fn rate_bucket(account: &str, model: &str, limits: &RateLimitSettings) -> Option<(String, u32)> {
+    if let Some(own) = limits.models.iter().find(|limit| limit.model == model) {
+        return (own.limit > 0).then(|| (format!("{account}:{model}"), own.limit));
+    }
+    let kind = task_type(model);
+    let limit = match kind {
+        "embeddings" => limits.embeddings,
+        "translation" => limits.translation,
+        "speech_recognition" => limits.speech_recognition,
+        _ => limits.text_generation,
+    };
+    (limit > 0).then(|| (format!("{account}:{kind}"), limit))
 }
 
 #[cfg(test)]
@@ -113,35 +229,121 @@ mod tests {
         assert_eq!(retry_delay(10, &retry(), Some(Duration::from_secs(2)), 0.5), Duration::from_secs(30));
     }
 
-    #[test]
-    fn chunks_cover_the_job_in_order() {
-        assert_eq!(plan_chunks(5, None), vec![(0, 5)]);
-        assert_eq!(plan_chunks(5, Some(2)), vec![(0, 2), (2, 2), (4, 1)]);
-        assert_eq!(plan_chunks(4, Some(2)), vec![(0, 2), (2, 2)]);
-        assert_eq!(plan_chunks(1, Some(0)), vec![(0, 1)]);
+    fn body(sizes: &[usize]) -> usize {
+        submit_body_bytes(sizes.iter().copied())
     }
 
     #[test]
-    fn merge_restores_global_order_and_sums_usage() {
-        let response = |index: usize| ItemResponse {
-            index,
-            success: index != 1,
-            result: None,
-            error: None,
-            external_reference: None,
-        };
-        let second = JobOutput {
-            responses: vec![response(1), response(0)],
-            usage: serde_json::json!({"prompt_tokens": 5, "total_tokens": 7}),
-        };
-        let first = JobOutput {
-            responses: vec![response(0), response(1)],
-            usage: serde_json::json!({"prompt_tokens": 3, "total_tokens": 4, "completion_tokens": 1}),
-        };
-        let merged = merge_outputs(vec![(2, second), (0, first)]);
+    fn chunks_cover_the_job_in_order_under_both_limits() {
+        assert_eq!(plan_chunks(&[10; 5], 1000, None), Ok(vec![(0, 5)]));
+        assert_eq!(plan_chunks(&[10; 5], 1000, Some(2)), Ok(vec![(0, 2), (2, 2), (4, 1)]));
+        assert_eq!(plan_chunks(&[10; 4], 1000, Some(2)), Ok(vec![(0, 2), (2, 2)]));
+        assert_eq!(plan_chunks(&[10], 1000, Some(0)), Ok(vec![(0, 1)]));
+        // Three items of 10 bytes make a 47-byte body; a limit of 47 (must stay under) allows two per chunk.
+        assert_eq!(body(&[10, 10, 10]), 47);
+        assert_eq!(plan_chunks(&[10, 10, 10], 47, None), Ok(vec![(0, 2), (2, 1)]));
+        assert_eq!(plan_chunks(&[10, 10, 10], 48, None), Ok(vec![(0, 3)]));
+    }
+
+    #[test]
+    fn every_chunk_stays_under_the_payload_limit() {
+        let sizes: Vec<usize> = (0..500).map(|i| 100 + (i * 7919) % 900).collect();
+        for limit in [1200, 5000, 20_000] {
+            let plan = plan_chunks(&sizes, limit, Some(37)).unwrap();
+            let covered: Vec<usize> = plan.iter().flat_map(|(start, len)| *start..start + len).collect();
+            assert_eq!(covered, (0..500).collect::<Vec<_>>());
+            for (start, len) in plan {
+                assert!(len <= 37);
+                assert!(body(&sizes[start..start + len]) < limit);
+            }
+        }
+    }
+
+    #[test]
+    fn an_item_too_large_alone_is_named() {
+        assert_eq!(
+            plan_chunks(&[10, 2000, 10], 1000, None),
+            Err(ItemTooLarge { index: 1, bytes: 2000, body_bytes: 2015 })
+        );
+    }
+
+    fn response(index: usize, success: bool) -> ItemResponse {
+        ItemResponse { index, success, result: None, error: None, external_reference: None }
+    }
+
+    fn output(indices: &[(usize, bool)], tokens: u64) -> JobOutput {
+        JobOutput {
+            responses: indices.iter().map(|(i, ok)| response(*i, *ok)).collect(),
+            usage: serde_json::json!({"prompt_tokens": tokens, "total_tokens": tokens}),
+            failed_batches: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn assembly_restores_global_order_and_sums_usage() {
+        let unanswered = JobError::new("cancelled", "not answered");
+        let merged = assemble(
+            4,
+            vec![
+                (1, Placement::Range { start: 2, len: 2 }, ChunkOutcome::Done(output(&[(1, false), (0, true)], 5))),
+                (0, Placement::Range { start: 0, len: 2 }, ChunkOutcome::Done(output(&[(0, true), (1, true)], 3))),
+            ],
+            &unanswered,
+        );
         let indices: Vec<usize> = merged.responses.iter().map(|r| r.index).collect();
         assert_eq!(indices, [0, 1, 2, 3]);
-        assert_eq!(merged.usage, serde_json::json!({"prompt_tokens": 8, "total_tokens": 11, "completion_tokens": 1}));
-        assert_eq!(merged.n_failed(), 2);
+        assert_eq!(merged.usage, serde_json::json!({"prompt_tokens": 8, "total_tokens": 8}));
+        assert_eq!(merged.n_failed(), 1);
+        assert!(merged.failed_batches.is_empty());
+    }
+
+    #[test]
+    fn retried_items_replace_their_first_answers_and_failed_batches_are_listed() {
+        let unanswered = JobError::new("cancelled", "not answered");
+        let merged = assemble(
+            5,
+            vec![
+                (0, Placement::Range { start: 0, len: 3 }, ChunkOutcome::Done(output(&[(0, true), (1, false), (2, false)], 1))),
+                (
+                    1,
+                    Placement::Range { start: 3, len: 2 },
+                    ChunkOutcome::Failed { error: JobError::new("batch_failed", "Model execution failed"), request_id: Some("r1".into()) },
+                ),
+                (2, Placement::Indices(vec![2, 1]), ChunkOutcome::Done(output(&[(0, true), (1, true)], 1))),
+            ],
+            &unanswered,
+        );
+        let successes: Vec<bool> = merged.responses.iter().map(|r| r.success).collect();
+        assert_eq!(successes, [true, true, true, false, false]);
+        assert_eq!(merged.failed_batches.len(), 1);
+        assert_eq!(merged.failed_batches[0].items, [3, 4]);
+        assert!(merged.responses[3].error.as_ref().unwrap().get().contains("batch_failed"));
+    }
+
+    #[test]
+    fn unfinished_chunks_leave_their_items_unanswered() {
+        let unanswered = JobError::new("cancelled", "the job was cancelled before this item was answered");
+        let merged = assemble(3, vec![(0, Placement::Range { start: 0, len: 3 }, ChunkOutcome::Unfinished)], &unanswered);
+        assert_eq!(merged.n_failed(), 3);
+        assert!(merged.responses[0].error.as_ref().unwrap().get().contains("cancelled"));
+    }
+
+    #[test]
+    fn models_map_to_rate_limit_buckets() {
+        let limits = RateLimitSettings {
+            text_generation: 300,
+            embeddings: 3000,
+            translation: 0,
+            speech_recognition: 720,
+            window_secs: 60,
+            burst: 1,
+            limit_polls: false,
+            models: vec![crate::settings::ModelLimit { model: "@cf/baai/bge-large-en-v1.5".into(), limit: 1500 }],
+        };
+        assert_eq!(rate_bucket("a", "@cf/baai/bge-m3", &limits), Some(("a:embeddings".into(), 3000)));
+        assert_eq!(rate_bucket("a", "@cf/meta/llama-3.3-70b-instruct-fp8-fast", &limits), Some(("a:text_generation".into(), 300)));
+        assert_eq!(rate_bucket("a", "@cf/baai/bge-large-en-v1.5", &limits), Some(("a:@cf/baai/bge-large-en-v1.5".into(), 1500)));
+        assert_eq!(rate_bucket("a", "@cf/meta/m2m100-1.2b", &limits), None, "0 disables");
+        assert_eq!(task_type("@cf/openai/whisper-large-v3-turbo"), "speech_recognition");
     }
 }

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -17,6 +18,10 @@ pub const DEFAULTS: &str = include_str!("../../../config/default.toml");
 
 /// Exit code for configuration errors (EX_CONFIG), listed in the systemd unit's `RestartPreventExitStatus`.
 pub const EXIT_CONFIG: i32 = 78;
+
+/// Name of the systemd credential holding the API token (`LoadCredential=cloudflare-api-token:<file>`), read
+/// from `$CREDENTIALS_DIRECTORY` when neither the environment nor `cloudflare.api_token_file` gives the token.
+pub const TOKEN_CREDENTIAL: &str = "cloudflare-api-token";
 
 /// A configuration problem, with the key it concerns in the message.
 #[derive(Debug, thiserror::Error)]
@@ -43,12 +48,16 @@ pub struct Settings {
     pub retry: RetrySettings,
     /// Job limits and defaults.
     pub jobs: JobSettings,
+    /// Shared submit rate limits.
+    pub rate_limits: RateLimitSettings,
     /// Retention of results and ledgers.
     pub retention: RetentionSettings,
     /// Graceful shutdown.
     pub shutdown: ShutdownSettings,
     /// Logging.
     pub log: LogSettings,
+    /// The admin HTTP server (health and metrics).
+    pub admin: AdminSettings,
 }
 
 /// `[redis]`
@@ -154,6 +163,44 @@ pub struct JobSettings {
     pub max_entry_bytes: usize,
     /// Largest accepted number of items.
     pub max_items: usize,
+    /// Largest submit body of one batch, in bytes.
+    pub max_payload_bytes: usize,
+    /// Most items per batch (0: no cap).
+    pub max_batch_items: usize,
+    /// Default for a job's `retry_failed_items`.
+    pub retry_failed_items: bool,
+}
+
+/// `[rate_limits]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSettings {
+    /// Requests per window for text generation models.
+    pub text_generation: u32,
+    /// Requests per window for embedding models.
+    pub embeddings: u32,
+    /// Requests per window for translation models.
+    pub translation: u32,
+    /// Requests per window for speech recognition models.
+    pub speech_recognition: u32,
+    /// Window length in seconds.
+    pub window_secs: u64,
+    /// Requests allowed back to back.
+    pub burst: u32,
+    /// Whether polls are limited too.
+    pub limit_polls: bool,
+    /// Per-model limits.
+    pub models: Vec<ModelLimit>,
+}
+
+/// One per-model limit.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelLimit {
+    /// The model name.
+    pub model: String,
+    /// Requests per window.
+    pub limit: u32,
 }
 
 /// `[retention]`
@@ -184,6 +231,28 @@ pub struct LogSettings {
     pub format: LogFormat,
     /// Default level filter.
     pub level: String,
+}
+
+/// `[admin]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSettings {
+    /// Address of the admin HTTP server (`/livez`, `/readyz`, `/metrics`); empty turns it off.
+    pub listen: String,
+    /// How often queue depths and Redis reachability are sampled, in milliseconds.
+    pub sample_interval_ms: u64,
+}
+
+impl AdminSettings {
+    /// The address to listen on, or `None` when the server is off (validated at load).
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        if self.listen.is_empty() { None } else { self.listen.parse().ok() }
+    }
+
+    /// The sampling interval.
+    pub fn sample_interval(&self) -> Duration {
+        Duration::from_millis(self.sample_interval_ms)
+    }
 }
 
 /// Log output format.
@@ -255,12 +324,28 @@ impl Settings {
                     .map_err(|e| ConfigError(format!("{conventional}: {e}")))?;
             }
         }
-        let settings: Settings = builder
+        let mut settings: Settings = builder
             .build()
             .and_then(|config| config.try_deserialize())
             .map_err(|e| ConfigError(e.to_string()))?;
+        settings.use_systemd_credential(env);
         settings.check()?;
         Ok(settings)
+    }
+
+    /// Points `cloudflare.api_token_file` at the systemd credential `cloudflare-api-token` when the token is
+    /// given no other way and systemd passed credentials (`LoadCredential=` sets `$CREDENTIALS_DIRECTORY`).
+    fn use_systemd_credential(&mut self, env: &HashMap<String, String>) {
+        let token_given = self.cloudflare.api_token.as_ref().is_some_and(|token| !token.expose().is_empty());
+        if token_given || !self.cloudflare.api_token_file.is_empty() {
+            return;
+        }
+        if let Some(dir) = env.get("CREDENTIALS_DIRECTORY").filter(|dir| !dir.is_empty()) {
+            let file = Path::new(dir).join(TOKEN_CREDENTIAL);
+            if file.exists() {
+                self.cloudflare.api_token_file = file.display().to_string();
+            }
+        }
     }
 
     /// Checks relations between values that the types cannot express.
@@ -294,8 +379,26 @@ impl Settings {
         if self.jobs.default_deadline_secs == 0 {
             return fail("jobs.default_deadline_secs", "must be at least 1");
         }
+        if self.jobs.max_payload_bytes < 1024 {
+            return fail("jobs.max_payload_bytes", "must be at least 1024");
+        }
+        if self.rate_limits.window_secs == 0 {
+            return fail("rate_limits.window_secs", "must be at least 1");
+        }
+        if self.rate_limits.burst == 0 {
+            return fail("rate_limits.burst", "must be at least 1");
+        }
+        if let Some(bad) = self.rate_limits.models.iter().find(|limit| batchd_core::ModelName::parse(&limit.model).is_err()) {
+            return Err(ConfigError(format!("rate_limits.models: {:?} is not a model name", bad.model)));
+        }
         if self.retention.results_maxlen == 0 {
             return fail("retention.results_maxlen", "must be at least 1");
+        }
+        if !self.admin.listen.is_empty() && self.admin.listen.parse::<SocketAddr>().is_err() {
+            return fail("admin.listen", "must be IP:port (e.g. 127.0.0.1:9090 or 0.0.0.0:9090), or empty");
+        }
+        if self.admin.sample_interval_ms < 10 {
+            return fail("admin.sample_interval_ms", "must be at least 10");
         }
         Ok(())
     }
@@ -407,9 +510,41 @@ mod tests {
         .unwrap();
         assert_eq!(settings.api_token().unwrap().expose(), "file-token");
         let missing = Settings::load_from(None, &env(&[])).unwrap().api_token().unwrap_err();
+        std::fs::remove_dir_all(&dir).ok();
         assert_eq!(
             missing.to_string(),
             "configuration: cloudflare.api_token: not set; set CLOUDFLARE_API_TOKEN or cloudflare.api_token_file"
         );
+    }
+
+    #[test]
+    fn the_token_comes_from_a_systemd_credential_last() {
+        let dir = std::env::temp_dir().join(format!("batchd-credentials-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(TOKEN_CREDENTIAL), "credential-token\n").unwrap();
+        let credentials = ("CREDENTIALS_DIRECTORY", dir.to_str().unwrap());
+        let settings = Settings::load_from(None, &env(&[credentials])).unwrap();
+        assert_eq!(settings.api_token().unwrap().expose(), "credential-token");
+        let settings = Settings::load_from(None, &env(&[credentials, ("CLOUDFLARE_API_TOKEN", "env-token")])).unwrap();
+        assert_eq!(settings.api_token().unwrap().expose(), "env-token", "the environment wins");
+        std::fs::remove_dir_all(&dir).ok();
+        let empty = std::env::temp_dir().join(format!("batchd-no-credentials-{}", std::process::id()));
+        std::fs::create_dir_all(&empty).unwrap();
+        let settings = Settings::load_from(None, &env(&[("CREDENTIALS_DIRECTORY", empty.to_str().unwrap())])).unwrap();
+        assert!(settings.api_token().is_err(), "no such credential: the token is not set");
+        std::fs::remove_dir_all(&empty).ok();
+    }
+
+    #[test]
+    fn admin_settings_are_checked() {
+        let settings = Settings::load_from(None, &env(&[])).unwrap();
+        assert_eq!(settings.admin.listen_addr(), Some("127.0.0.1:9090".parse().unwrap()));
+        assert_eq!(settings.admin.sample_interval(), Duration::from_secs(5));
+        let off = Settings::load_from(None, &env(&[("BATCHD__ADMIN__LISTEN", "")])).unwrap();
+        assert_eq!(off.admin.listen_addr(), None);
+        let err = Settings::load_from(None, &env(&[("BATCHD__ADMIN__LISTEN", "localhost")])).unwrap_err();
+        assert!(err.to_string().contains("admin.listen"), "{err}");
+        let err = Settings::load_from(None, &env(&[("BATCHD__ADMIN__SAMPLE_INTERVAL_MS", "0")])).unwrap_err();
+        assert!(err.to_string().contains("admin.sample_interval_ms"), "{err}");
     }
 }

@@ -5,7 +5,7 @@
 //! must kill Redis always start their own.
 
 use std::collections::HashMap;
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -239,6 +239,8 @@ pub async fn test_connection(url: &str) -> MultiplexedConnection {
 pub fn test_settings(redis_url: &str, emulator: &EmulatorHandle, namespace: &str) -> Settings {
     let env: HashMap<String, String> = [
         ("REDIS_URL", redis_url.to_owned()),
+        // Port 0: the admin server of every in-process daemon gets a free port (tests run in parallel).
+        ("BATCHD__ADMIN__LISTEN", "127.0.0.1:0".to_owned()),
         ("BATCHD__REDIS__NAMESPACE", namespace.to_owned()),
         ("BATCHD__CLOUDFLARE__BASE_URL", emulator.base_url()),
         ("BATCHD__CLOUDFLARE__ACCOUNT_ID", emulator.account_id().to_owned()),
@@ -254,6 +256,11 @@ pub fn test_settings(redis_url: &str, emulator: &EmulatorHandle, namespace: &str
         ("BATCHD__RETRY__MAX_BACKOFF_MS", "200".to_owned()),
         ("BATCHD__RETRY__MAX_ATTEMPTS", "4".to_owned()),
         ("BATCHD__SHUTDOWN__GRACE_SECS", "5".to_owned()),
+        // Rate limiting has its own tests; elsewhere it would only slow the tests down.
+        ("BATCHD__RATE_LIMITS__TEXT_GENERATION", "0".to_owned()),
+        ("BATCHD__RATE_LIMITS__EMBEDDINGS", "0".to_owned()),
+        ("BATCHD__RATE_LIMITS__TRANSLATION", "0".to_owned()),
+        ("BATCHD__RATE_LIMITS__SPEECH_RECOGNITION", "0".to_owned()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
@@ -312,6 +319,15 @@ pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// Emulator settings whose bge-small embeddings have 4 dimensions instead of 384, for tests that move tens of
+/// thousands of items and do not look at the vectors.
+pub fn small_embeddings() -> EmulatorConfig {
+    EmulatorConfig {
+        extra_models: vec![("@cf/baai/bge-small-en-v1.5".to_owned(), batchd_emulator::Family::Embeddings { dim: 4 })],
+        ..EmulatorConfig::default()
+    }
+}
+
 /// A job JSON with `n` bge-m3 query/contexts items.
 pub fn bge_m3_job(id: &str, n: usize) -> serde_json::Value {
     let requests: Vec<serde_json::Value> = (0..n)
@@ -324,4 +340,52 @@ pub fn bge_m3_job(id: &str, n: usize) -> serde_json::Value {
         })
         .collect();
     serde_json::json!({"id": id, "model": "@cf/baai/bge-m3", "requests": requests})
+}
+
+/// Puts the admin server of `settings` on a free loopback port with a fast sampler (100 ms); returns its address.
+pub fn with_admin(settings: &mut Settings) -> SocketAddr {
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    settings.admin.listen = addr.to_string();
+    settings.admin.sample_interval_ms = 100;
+    addr
+}
+
+/// `GET http://<addr><path>` on a fresh connection: the status code and the body. HTTP/1.1 with
+/// `Connection: close`, which is all the admin endpoints need (the test crate carries no HTTP client).
+pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
+        .await
+        .context("connect timed out")??;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response)).await.context("read timed out")??;
+    let response = String::from_utf8(response).context("response is not UTF-8")?;
+    let (head, body) = response.split_once("\r\n\r\n").context("no end of headers")?;
+    let status = head.split(' ').nth(1).context("no status")?.parse::<u16>()?;
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        bail!("chunked response; http_get reads only bodies with a length");
+    }
+    Ok((status, body.to_owned()))
+}
+
+/// Repeats `GET path` until `accept(status, body)` holds; panics after `timeout` with the last answer.
+pub async fn wait_for_http(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+    accept: impl Fn(u16, &str) -> bool,
+) -> (u16, String) {
+    let started = Instant::now();
+    loop {
+        let answer = http_get(addr, path).await;
+        if let Ok((status, body)) = &answer {
+            if accept(*status, body) {
+                return (*status, body.clone());
+            }
+        }
+        assert!(started.elapsed() < timeout, "GET {path}: still {answer:?} after {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -1,17 +1,22 @@
 -- Marks a chunk `submitting` just before its POST, counting the attempt. A chunk found already `submitting`
--- was being submitted by a replica that died inside the submit window: the remote batch may exist already,
--- so the resubmission is counted as a possible duplicate.
--- KEYS: 1 ledger   ARGV: 1 chunk index, 2 now ms, 3 count this attempt (1/0)
--- Returns {verdict, attempts, job json, previous state, chunk items "start:len"}; verdict: gone | skip | submit | resubmit
+-- was being submitted by a replica that died inside the submit window (or whose POST had an unknown outcome):
+-- the remote batch may exist already, so the resubmission is counted as a possible duplicate.
+-- A job whose cancellation was requested is not submitted.
+-- KEYS: 1 ledger, 2 cancel flag   ARGV: 1 chunk index, 2 now ms, 3 count this attempt (1/0)
+-- Returns {verdict, attempts, previous state, items "start:len", indices JSON or "", requests JSON, model};
+-- verdict: gone | cancelled | skip | submit | resubmit
 local ledger, chunk = KEYS[1], ARGV[1]
 local prefix = 'c' .. chunk .. ':'
 local state = redis.call('HGET', ledger, 'state')
-if not state or state == 'completed' or state == 'failed' or state == 'expired' then
-  return {'gone', 0, '', state or '', ''}
+if not state or is_terminal(state) then
+  return {'gone', 0, state or '', '', '', '', ''}
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return {'cancelled', 0, state, '', '', '', ''}
 end
 local chunk_state = redis.call('HGET', ledger, prefix .. 'state')
 if chunk_state ~= 'pending' and chunk_state ~= 'submitting' then
-  return {'skip', 0, '', chunk_state or '', ''}
+  return {'skip', 0, chunk_state or '', '', '', '', ''}
 end
 local verdict = 'submit'
 if chunk_state == 'submitting' then
@@ -23,5 +28,5 @@ if ARGV[3] == '1' then
   attempts = redis.call('HINCRBY', ledger, prefix .. 'attempts', 1)
 end
 redis.call('HSET', ledger, prefix .. 'state', 'submitting', 'updated_at', ARGV[2])
-return {verdict, attempts, redis.call('HGET', ledger, 'job'), chunk_state,
-  redis.call('HGET', ledger, prefix .. 'items')}
+local values = redis.call('HMGET', ledger, prefix .. 'items', prefix .. 'indices', prefix .. 'requests', 'model')
+return {verdict, attempts, chunk_state, values[1] or '', values[2] or '', values[3] or '', values[4] or ''}

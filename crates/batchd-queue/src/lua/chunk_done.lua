@@ -1,10 +1,15 @@
--- Stores a finished chunk's output (or failure) and drops it from the schedule; returns how many chunks of the
--- job are still unfinished (0: the caller merges and publishes). Returns -1 when the job already finished.
--- KEYS: 1 ledger, 2 schedule   ARGV: 1 member, 2 chunk index, 3 chunk state (done|failed), 4 output or error, 5 now
+-- Stores a finished chunk's output (or failure) and returns how many chunks of the job are still unfinished
+-- (0: the caller assembles and publishes), or -1 when the job already finished. The chunk leaves the schedule,
+-- except the last one: it stays claimed (due again after the lease), so if this replica dies before publishing,
+-- another one picks the job up and publishes.
+-- KEYS: 1 ledger, 2 schedule
+-- ARGV: 1 member, 2 chunk index, 3 chunk state (done|failed), 4 output or error JSON, 5 now ms, 6 lease-until ms
 local ledger, schedule, member, chunk = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
 local state = redis.call('HGET', ledger, 'state')
-redis.call('ZREM', schedule, member)
-if not state or state == 'completed' or state == 'failed' or state == 'expired' then return -1 end
+if not state or is_terminal(state) then
+  redis.call('ZREM', schedule, member)
+  return -1
+end
 local prefix = 'c' .. chunk .. ':'
 local field = 'output'
 if ARGV[3] == 'failed' then field = 'last_error' end
@@ -14,5 +19,10 @@ local open = 0
 for c = 0, n - 1 do
   local s = redis.call('HGET', ledger, 'c' .. c .. ':state')
   if s ~= 'done' and s ~= 'failed' then open = open + 1 end
+end
+if open == 0 then
+  redis.call('ZADD', schedule, ARGV[6], member)
+else
+  redis.call('ZREM', schedule, member)
 end
 return open

@@ -4,7 +4,7 @@
 --       3 hincrby field (or ""), then field/value pairs to HSET
 local ledger, schedule, member = KEYS[1], KEYS[2], ARGV[1]
 local state = redis.call('HGET', ledger, 'state')
-if not state or state == 'completed' or state == 'failed' or state == 'expired' then
+if not state or is_terminal(state) then
   redis.call('ZREM', schedule, member)
   return 0
 end

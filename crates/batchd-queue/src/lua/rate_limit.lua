@@ -1,0 +1,16 @@
+-- Shared rate limiter (GCRA), one bucket per key, used by every replica. Time is Redis's own clock, so replicas
+-- with skewed clocks still share one schedule. Returns 0 when the caller may go now (and books its slot), else the
+-- number of milliseconds to wait before asking again.
+-- KEYS: 1 bucket   ARGV: 1 emission interval ms (window / limit, may be fractional), 2 burst (>= 1)
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local interval, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat < now then tat = now end
+local tolerance = interval * (burst - 1)
+if tat - now > tolerance then
+  return math.ceil(tat - now - tolerance)
+end
+local new_tat = tat + interval
+redis.call('SET', KEYS[1], tostring(new_tat), 'PX', math.ceil(new_tat - now + interval) + 1000)
+return 0

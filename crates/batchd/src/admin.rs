@@ -1,0 +1,383 @@
+//! The admin side of the daemon: the health state, the admin HTTP server (`/livez`, `/readyz`, `/metrics`), the
+//! Redis sampler that feeds readiness and the queue-depth gauges, and systemd notifications (`sd_notify`).
+//!
+//! Liveness says only that the process and its workers are alive, so a Redis outage never gets a replica killed
+//! (it recovers by itself); readiness adds "Redis answered the last sample". The sampler reads Redis by the
+//! documented key layout (docs/wire-format.md), like the CLI does, with bounded commands only (`XLEN`,
+//! `XPENDING` summary, `ZCARD`, `ZCOUNT`, `XRANGE .. COUNT 1`, `ZRANGE 0 0`), so its cost never grows with the
+//! backlog.
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use batchd_core::Keys;
+use batchd_core::keys::CONSUMER_GROUP;
+use metrics_exporter_prometheus::PrometheusHandle;
+use redis::aio::ConnectionManager;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics;
+
+/// Where the workers are in their life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Phase {
+    /// Wiring up; workers not running yet.
+    Starting = 0,
+    /// Workers running.
+    Running = 1,
+    /// A stop was requested; work in flight is finishing.
+    Draining = 2,
+    /// A worker ended before a stop was requested; the process is about to exit non-zero.
+    Failed = 3,
+}
+
+/// What `/livez` and `/readyz` answer from, shared by the daemon, the sampler and the admin server.
+#[derive(Debug)]
+pub struct Health {
+    /// The workers' [`Phase`], as its `u8`.
+    phase: AtomicU8,
+    /// Result of the last Redis sample: `None` before the first one, `Some(Err(reason))` when it failed.
+    redis: Mutex<Option<Result<(), String>>>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self { phase: AtomicU8::new(Phase::Starting as u8), redis: Mutex::new(None) }
+    }
+}
+
+impl Health {
+    fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::Acquire) {
+            0 => Phase::Starting,
+            1 => Phase::Running,
+            2 => Phase::Draining,
+            _ => Phase::Failed,
+        }
+    }
+
+    fn set_phase(&self, phase: Phase) {
+        self.phase.store(phase as u8, Ordering::Release);
+    }
+
+    /// The workers are running.
+    pub fn workers_running(&self) {
+        self.set_phase(Phase::Running);
+    }
+
+    /// A stop was requested: not ready any more, still alive while draining.
+    pub fn draining(&self) {
+        self.set_phase(Phase::Draining);
+    }
+
+    /// A worker ended on its own: neither alive nor ready.
+    pub fn worker_failed(&self) {
+        self.set_phase(Phase::Failed);
+    }
+
+    /// Records the outcome of a Redis sample; returns whether reachability changed (for logging).
+    pub fn set_redis(&self, outcome: Result<(), String>) -> bool {
+        let mut redis = self.redis.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let changed = redis.as_ref().map(Result::is_ok) != Some(outcome.is_ok());
+        *redis = Some(outcome);
+        changed
+    }
+
+    /// `Ok` while the process and its workers are alive (also while draining); no dependency is checked.
+    pub fn liveness(&self) -> Result<(), String> {
+        match self.phase() {
+            Phase::Failed => Err("a worker stopped; the process is exiting".to_owned()),
+            _ => Ok(()),
+        }
+    }
+
+    /// `Ok` when the workers run and the last sample reached Redis; otherwise the reason.
+    pub fn readiness(&self) -> Result<(), String> {
+        match self.phase() {
+            Phase::Starting => return Err("starting: workers not running yet".to_owned()),
+            Phase::Draining => return Err("shutting down: finishing work in flight".to_owned()),
+            Phase::Failed => return Err("a worker stopped; the process is exiting".to_owned()),
+            Phase::Running => {}
+        }
+        match &*self.redis.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) {
+            None => Err("redis not checked yet".to_owned()),
+            Some(Err(reason)) => Err(reason.clone()),
+            Some(Ok(())) => Ok(()),
+        }
+    }
+}
+
+/// State of the admin server's handlers.
+#[derive(Debug, Clone)]
+struct AdminState {
+    /// The daemon's health.
+    health: std::sync::Arc<Health>,
+    /// Renders the Prometheus text.
+    metrics: PrometheusHandle,
+}
+
+/// The admin routes: `/livez`, `/readyz`, `/metrics`.
+pub fn router(health: std::sync::Arc<Health>, metrics: PrometheusHandle) -> Router {
+    Router::new()
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .with_state(AdminState { health, metrics })
+}
+
+/// Binds the admin listener (port 0 picks a free port; the bound address is logged by [`serve`]).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+/// Serves the admin routes on `listener` until `stop` is cancelled.
+pub async fn serve(listener: TcpListener, router: Router, stop: CancellationToken) -> std::io::Result<()> {
+    tracing::info!(addr = %listener.local_addr()?, "admin server listening (/livez, /readyz, /metrics)");
+    axum::serve(listener, router).with_graceful_shutdown(async move { stop.cancelled().await }).await
+}
+
+async fn livez(State(state): State<AdminState>) -> Response {
+    plain(state.health.liveness())
+}
+
+async fn readyz(State(state): State<AdminState>) -> Response {
+    plain(state.health.readiness())
+}
+
+async fn metrics_text(State(state): State<AdminState>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], state.metrics.render()).into_response()
+}
+
+/// `200 ok`, or `503` with the reason as plain text.
+fn plain(outcome: Result<(), String>) -> Response {
+    match outcome {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response(),
+    }
+}
+
+/// Queue depths read from Redis in one sample.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueSample {
+    /// Entries in the submit stream (not yet taken in: unread plus in flight).
+    pub submit_entries: u64,
+    /// Of those, entries read by a replica and not yet acknowledged (`XPENDING` of the group).
+    pub submit_in_flight: u64,
+    /// Steps in the schedule (polls and submit retries).
+    pub scheduled: u64,
+    /// Of those, steps whose due time has passed.
+    pub due: u64,
+    /// Entries in the dead-letter stream.
+    pub dead: u64,
+    /// Id of the first entry of the submit stream (the oldest waiting one), if any.
+    pub oldest_entry_id: Option<String>,
+    /// Due time (Unix ms) of the first step of the schedule, if any.
+    pub earliest_due_ms: Option<u64>,
+}
+
+impl QueueSample {
+    /// Reads one sample; every command is bounded, whatever the backlog.
+    pub async fn read(conn: &mut ConnectionManager, keys: &Keys, now_ms: u64) -> redis::RedisResult<Self> {
+        let submit = keys.submit();
+        let schedule = keys.schedule();
+        #[allow(clippy::type_complexity)]
+        let (submit_entries, scheduled, due, dead, first_entry, first_step): (
+            u64,
+            u64,
+            u64,
+            u64,
+            Vec<(String, redis::Value)>,
+            Vec<(String, f64)>,
+        ) = redis::pipe()
+            .cmd("XLEN")
+            .arg(&submit)
+            .cmd("ZCARD")
+            .arg(&schedule)
+            .cmd("ZCOUNT")
+            .arg(&schedule)
+            .arg("-inf")
+            .arg(now_ms)
+            .cmd("XLEN")
+            .arg(keys.dead())
+            .cmd("XRANGE")
+            .arg(&submit)
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(1)
+            .cmd("ZRANGE")
+            .arg(&schedule)
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES")
+            .query_async(conn)
+            .await?;
+        // Summary form: [count, smallest id, greatest id, consumers]. No group yet means nothing in flight.
+        let submit_in_flight = match redis::cmd("XPENDING").arg(&submit).arg(CONSUMER_GROUP).query_async(conn).await {
+            Ok(redis::Value::Array(items)) => {
+                items.first().and_then(|count| redis::from_redis_value::<u64>(count.clone()).ok()).unwrap_or(0)
+            }
+            Ok(_) => 0,
+            Err(error) if error.code() == Some("NOGROUP") => 0,
+            Err(error) => return Err(error),
+        };
+        Ok(Self {
+            submit_entries,
+            submit_in_flight,
+            scheduled,
+            due,
+            dead,
+            oldest_entry_id: first_entry.into_iter().next().map(|(id, _)| id),
+            earliest_due_ms: first_step.first().map(|(_, score)| score.max(0.0) as u64),
+        })
+    }
+
+    /// Sets the gauges from this sample.
+    pub fn record(&self, now_ms: u64) {
+        metrics::queue_depth("submit", "pending", self.submit_entries.saturating_sub(self.submit_in_flight));
+        metrics::queue_depth("submit", "in_flight", self.submit_in_flight);
+        metrics::queue_depth("schedule", "scheduled", self.scheduled);
+        metrics::queue_depth("schedule", "due", self.due);
+        metrics::queue_depth("dead", "dead", self.dead);
+        metrics::oldest_waiting_job_age(self.oldest_entry_id.as_deref().map_or(Duration::ZERO, |id| entry_age(id, now_ms)));
+        metrics::schedule_lag(self.earliest_due_ms.map_or(Duration::ZERO, |due| lag(due, now_ms)));
+    }
+}
+
+/// Age of a stream entry from the millisecond part of its id (`<ms>-<seq>`); zero for ids in the future or
+/// not of that form (a producer that chose its own ids).
+pub fn entry_age(entry_id: &str, now_ms: u64) -> Duration {
+    let ms = entry_id.split_once('-').map_or(entry_id, |(ms, _)| ms);
+    ms.parse::<u64>().map_or(Duration::ZERO, |ms| Duration::from_millis(now_ms.saturating_sub(ms)))
+}
+
+/// How long a step due at `due_ms` has been overdue at `now_ms` (zero if not due yet).
+pub fn lag(due_ms: u64, now_ms: u64) -> Duration {
+    Duration::from_millis(now_ms.saturating_sub(due_ms))
+}
+
+/// The sampler: every `interval`, reads a [`QueueSample`], sets the gauges and records Redis reachability in
+/// `health`; also runs the Prometheus recorder's upkeep. Runs until `stop` is cancelled.
+pub async fn run_sampler(
+    mut conn: ConnectionManager,
+    keys: Keys,
+    interval: Duration,
+    health: std::sync::Arc<Health>,
+    recorder: PrometheusHandle,
+    stop: CancellationToken,
+) {
+    let timeout = interval.max(Duration::from_secs(2));
+    loop {
+        let now_ms = batchd_queue::now_ms();
+        let outcome = match tokio::time::timeout(timeout, QueueSample::read(&mut conn, &keys, now_ms)).await {
+            Ok(Ok(sample)) => {
+                sample.record(now_ms);
+                Ok(())
+            }
+            Ok(Err(error)) => Err(format!("redis unreachable: {error}")),
+            Err(_) => Err(format!("redis unreachable: no answer within {timeout:?}")),
+        };
+        metrics::redis_up(outcome.is_ok());
+        if let Err(reason) = &outcome {
+            metrics::redis_error("sample");
+            if health.set_redis(outcome.clone()) {
+                tracing::warn!(reason = %reason, "not ready: redis unreachable");
+                notify_status(&format!("running; {reason}"));
+            }
+        } else if health.set_redis(Ok(())) {
+            tracing::info!("ready: redis reachable");
+            notify_status("running; redis reachable");
+        }
+        recorder.run_upkeep();
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// Tells systemd the daemon is ready (no-op without `$NOTIFY_SOCKET`).
+pub fn notify_ready() {
+    notify(&[sd_notify::NotifyState::Ready, sd_notify::NotifyState::Status("running")]);
+}
+
+/// Tells systemd the daemon is stopping (no-op without `$NOTIFY_SOCKET`).
+pub fn notify_stopping() {
+    notify(&[sd_notify::NotifyState::Stopping, sd_notify::NotifyState::Status("draining work in flight")]);
+}
+
+/// Updates the status line `systemctl status` shows (no-op without `$NOTIFY_SOCKET`).
+fn notify_status(status: &str) {
+    notify(&[sd_notify::NotifyState::Status(status)]);
+}
+
+fn notify(states: &[sd_notify::NotifyState<'_>]) {
+    if let Err(error) = sd_notify::notify(states) {
+        tracing::warn!(error = %error, "cannot notify systemd");
+    }
+}
+
+/// The watchdog interval systemd asked for (`$WATCHDOG_USEC`, for this process per `$WATCHDOG_PID`), halved as
+/// sd_watchdog_enabled(3) advises; `None` when the watchdog is off.
+pub fn watchdog_interval() -> Option<Duration> {
+    sd_notify::watchdog_enabled().filter(|timeout| !timeout.is_zero()).map(|timeout| timeout / 2)
+}
+
+/// Sends `WATCHDOG=1` every `interval` while `health` says the process is alive, until `stop` is cancelled. A
+/// wedged runtime or a dead worker stops the pings, and systemd restarts the service. Redis being down does not:
+/// the daemon rides that out by itself.
+pub async fn run_watchdog(interval: Duration, health: std::sync::Arc<Health>, stop: CancellationToken) {
+    tracing::info!(interval = ?interval, "systemd watchdog enabled");
+    loop {
+        if health.liveness().is_ok() {
+            notify(&[sd_notify::NotifyState::Watchdog]);
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_age_comes_from_the_id() {
+        assert_eq!(entry_age("1000-0", 4500), Duration::from_millis(3500));
+        assert_eq!(entry_age("5000-3", 4500), Duration::ZERO, "clock skew: never negative");
+        assert_eq!(entry_age("not-an-id", 4500), Duration::ZERO);
+        assert_eq!(lag(1000, 1500), Duration::from_millis(500));
+        assert_eq!(lag(2000, 1500), Duration::ZERO);
+    }
+
+    #[test]
+    fn readiness_needs_running_workers_and_redis() {
+        let health = Health::default();
+        assert!(health.liveness().is_ok());
+        assert_eq!(health.readiness().unwrap_err(), "starting: workers not running yet");
+        health.workers_running();
+        assert_eq!(health.readiness().unwrap_err(), "redis not checked yet");
+        assert!(health.set_redis(Ok(())));
+        assert!(health.readiness().is_ok());
+        assert!(!health.set_redis(Ok(())), "unchanged");
+        assert!(health.set_redis(Err("redis unreachable: refused".into())));
+        assert_eq!(health.readiness().unwrap_err(), "redis unreachable: refused");
+        assert!(health.liveness().is_ok(), "redis is not a liveness concern");
+        health.draining();
+        assert!(health.readiness().unwrap_err().starts_with("shutting down"));
+        assert!(health.liveness().is_ok());
+        health.worker_failed();
+        assert!(health.liveness().is_err());
+    }
+}
