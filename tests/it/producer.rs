@@ -150,11 +150,21 @@ async fn a_thousand_results_survive_a_reader_killed_and_restarted_halfway() {
     assert!(first.iter().all(|d| d.redelivered));
     handle(&mut reader, &first, &log, true).await;
     let task_log = log.clone();
+    let (stranded_tx, stranded_rx) = tokio::sync::oneshot::channel::<Vec<String>>();
+    let mut stranded_tx = Some(stranded_tx);
     let (stream, conn) = (world.keys.results(), world.conn.clone());
     let task = tokio::spawn(async move {
         loop {
             let batch = reader.next_batch().await.unwrap();
             handle(&mut reader, &batch, &task_log, false).await;
+            if n_delivered(&task_log) >= 600 && !batch.is_empty() {
+                // Handled, never acknowledged: the process hangs here until it is killed.
+                let ids: Vec<String> = batch.iter().map(|d| d.entry_id.clone()).collect();
+                if let Some(tx) = stranded_tx.take() {
+                    let _ = tx.send(ids);
+                }
+                std::future::pending::<()>().await;
+            }
             // The acknowledgement and its log line happen together (a task of their own that the abort cannot cut
             // in two), so the log knows exactly what Redis acknowledged.
             let (stream, mut conn, log) = (stream.clone(), conn.clone(), task_log.clone());
@@ -169,11 +179,10 @@ async fn a_thousand_results_survive_a_reader_killed_and_restarted_halfway() {
             ack.await.expect("ack task");
         }
     });
-    let started = Instant::now();
-    while n_delivered(&log) < 600 {
-        assert!(started.elapsed() < Duration::from_secs(120), "phase 2 stalled at {}", n_delivered(&log));
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let stranded = tokio::time::timeout(Duration::from_secs(120), stranded_rx)
+        .await
+        .unwrap_or_else(|_| panic!("phase 2 stalled at {}", n_delivered(&log)))
+        .expect("phase 2 task");
     task.abort();
     let _ = task.await;
     let published_at_kill = world.results().await.len();
@@ -216,13 +225,19 @@ async fn a_thousand_results_survive_a_reader_killed_and_restarted_halfway() {
             Event::Acked(ids) => acked_entries.extend(ids.iter().cloned()),
         }
     }
-    assert!(n_redelivered >= unacked.len(), "the crash's unacknowledged batch came again");
+    assert!(n_redelivered >= unacked.len() + stranded.len(), "both unacknowledged batches came again");
+    let claimed: HashSet<&String> = stranded.iter().collect();
+    let w2_got_them = log.lock().unwrap().iter().filter(|event| {
+        matches!(event, Event::Delivered { entry_id, redelivered: true, .. } if claimed.contains(entry_id))
+    }).count();
+    assert_eq!(w2_got_them, stranded.len(), "w2 claimed what the killed w1 held");
     let published_while_reading = world.results().await.len();
     eprintln!(
-        "{} deliveries for {N} results, {n_redelivered} redelivered ({} unacknowledged at the crash); {} results \
-         when the reader was killed",
+        "{} deliveries for {N} results, {n_redelivered} redelivered ({} unacknowledged at the crash, {} held by the \
+         killed reader); {} results when the reader was killed",
         n_delivered(&log),
         unacked.len(),
+        stranded.len(),
         published_at_kill
     );
     assert!(published_at_kill < published_while_reading, "results were still being published during the restarts");
