@@ -27,6 +27,9 @@ test: deps ## Run every test (unit, golden and integration; real Redis, emulator
 		$(CARGO) test --workspace --no-fail-fast; \
 	fi
 
+lint-deploy: ## Check deploy/: systemd-analyze verify + security, kustomize render + strict schema validation, dashboard JSON
+	@scripts/lint-deploy.sh
+
 lint: ## rustfmt check and clippy with warnings denied
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

@@ -144,6 +144,7 @@ async fn health_follows_redis_down_and_back_without_a_restart() {
     assert!(sample(&metrics, "batchd_redis_errors_total{operation=\"sample\"}") >= 1.0);
 
     world.redis.restart().await;
+    world.conn = batchd_tests::test_connection(&world.redis.url()).await;
     wait_for_http(admin, "/readyz", WAIT, |status, _| status == 200).await;
     world.enqueue(&bge_m3_job("after-outage", 2)).await;
     let result = world.wait_for_result("after-outage", WAIT).await;
@@ -446,16 +447,18 @@ fn deployment_configs_load_and_supervisors_outwait_the_drain() {
         let deployment = read("deploy/kubernetes/base/deployment.yaml");
         assert!(deployment.contains("mountPath: /var/run/secrets/batchd"), "the token file is where the Secret is mounted");
         assert!(deployment.contains("path: /livez") && deployment.contains("path: /readyz"));
-        let termination = number_after(&deployment, "terminationGracePeriodSeconds");
+        let termination = number_after(&deployment, "terminationGracePeriodSeconds:");
         assert!(termination >= settings.shutdown.grace_secs + 10, "{path}: pods get longer than the drain");
         let keda = read("deploy/kubernetes/base/scaledobject.yaml");
         assert!(keda.contains(&format!("stream: \"{{{}}}:submit\"", settings.redis.namespace)), "KEDA watches the submit stream");
         assert!(keda.contains("consumerGroup: batchd"));
+        let address = keda.split("address: ").nth(1).and_then(|rest| rest.lines().next()).expect("KEDA address");
+        assert!(settings.redis.url.expose().ends_with(&format!("//{address}")), "{path}: KEDA reads the same Redis");
     }
     let settings = load_config("deploy/systemd/batchd.toml");
     let unit = read("deploy/systemd/batchd.service");
-    assert!(number_after(&unit, "TimeoutStopSec") >= settings.shutdown.grace_secs + 10, "systemd outwaits the drain");
-    let watchdog = number_after(&unit, "WatchdogSec");
+    assert!(number_after(&unit, "\nTimeoutStopSec=") >= settings.shutdown.grace_secs + 10, "systemd outwaits the drain");
+    let watchdog = number_after(&unit, "\nWatchdogSec=");
     assert!(watchdog * 1000 >= settings.admin.sample_interval_ms * 2 && watchdog >= 10);
     assert!(unit.contains("RestartPreventExitStatus=78"));
     assert!(unit.contains("LoadCredential=cloudflare-api-token:"));
