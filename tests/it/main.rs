@@ -11,3 +11,4 @@ mod flow;
 mod ops;
 mod producer;
 mod recovery;
+mod topologies;

@@ -13,14 +13,13 @@ use batchd_core::Keys;
 use batchd_core::keys::CONSUMER_GROUP;
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimOptions, StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply};
-use redis::{AsyncCommands, AsyncConnectionConfig, Value};
+use redis::{AsyncCommands, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::fetch::{pause, FetchBackend, HandBack};
-use crate::RetryDelay;
+use crate::{Conn, Endpoint, RetryDelay};
 
 /// One entry of the submit stream, as read.
 #[derive(Debug, Clone)]
@@ -48,28 +47,30 @@ pub struct IngressSettings {
 
 /// Starts the ingress fetcher and returns the backend the submit worker reads from.
 pub fn backend(
-    client: redis::Client,
+    endpoint: Endpoint,
     keys: Keys,
     settings: IngressSettings,
     stop: CancellationToken,
 ) -> FetchBackend<IngressEntry> {
     let hand_back: Arc<dyn HandBack<IngressEntry>> = Arc::new(IngressHandBack {
-        client: client.clone(),
+        endpoint: endpoint.clone(),
         keys: keys.clone(),
         consumer: settings.consumer.clone(),
         reclaim_idle: settings.reclaim_idle,
     });
-    FetchBackend::spawn(settings.batch, stop, hand_back, move |tx, stop| fetch_loop(client, keys, settings, tx, stop))
+    FetchBackend::spawn(settings.batch, stop, hand_back, move |tx, stop| fetch_loop(endpoint, keys, settings, tx, stop))
 }
 
 async fn fetch_loop(
-    client: redis::Client,
+    endpoint: Endpoint,
     keys: Keys,
     settings: IngressSettings,
     tx: mpsc::Sender<IngressEntry>,
     stop: CancellationToken,
 ) {
-    let mut conn: Option<MultiplexedConnection> = None;
+    // A connection of its own, never shared: a blocking read must not hold up other commands, and its reply
+    // timeout must exceed BLOCK.
+    let mut conn = endpoint.dedicated(settings.block + Duration::from_secs(10));
     let mut delay = RetryDelay::new();
     let mut last_reclaim: Option<Instant> = None;
     let mut group_ready = false;
@@ -85,15 +86,7 @@ async fn fetch_loop(
             () = stop.cancelled() => break,
         };
         let result: redis::RedisResult<Vec<StreamId>> = async {
-            let connection = match conn.as_mut() {
-                Some(connection) => connection,
-                None => {
-                    let config = AsyncConnectionConfig::new()
-                        .set_response_timeout(Some(settings.block + Duration::from_secs(10)))
-                        .set_connection_timeout(Some(Duration::from_secs(5)));
-                    conn.insert(client.get_multiplexed_async_connection_with_config(&config).await?)
-                }
-            };
+            let connection = &mut conn;
             if !group_ready {
                 ensure_group(connection, &stream).await?;
                 remove_idle_consumers(connection, &stream, settings.reclaim_idle).await;
@@ -135,8 +128,6 @@ async fn fetch_loop(
             Err(error) => {
                 if error.code() == Some("NOGROUP") {
                     group_ready = false;
-                } else {
-                    conn = None;
                 }
                 let wait = delay.failed();
                 tracing::warn!(error = %error, retry_in = ?wait, "reading the submit stream failed; retrying");
@@ -151,7 +142,7 @@ async fn fetch_loop(
 
 /// Creates the consumer group (and the stream) if missing; after a Redis restart without persistence the group
 /// is gone (`NOGROUP`) and is recreated here.
-async fn ensure_group(conn: &mut MultiplexedConnection, stream: &str) -> redis::RedisResult<()> {
+async fn ensure_group(conn: &mut Conn, stream: &str) -> redis::RedisResult<()> {
     let created: redis::RedisResult<()> = conn.xgroup_create_mkstream(stream, CONSUMER_GROUP, "0").await;
     match created {
         Err(error) if error.code() == Some("BUSYGROUP") => Ok(()),
@@ -161,7 +152,7 @@ async fn ensure_group(conn: &mut MultiplexedConnection, stream: &str) -> redis::
 
 /// Deletes consumers that hold nothing and have been idle for long: every process start uses a new consumer
 /// name, and without this the group would collect them forever.
-async fn remove_idle_consumers(conn: &mut MultiplexedConnection, stream: &str, reclaim_idle: Duration) {
+async fn remove_idle_consumers(conn: &mut Conn, stream: &str, reclaim_idle: Duration) {
     let min_idle = (reclaim_idle * 10).max(Duration::from_secs(3600)).as_millis() as i64;
     let consumers: redis::RedisResult<Vec<HashMap<String, Value>>> =
         redis::cmd("XINFO").arg("CONSUMERS").arg(stream).arg(CONSUMER_GROUP).query_async(conn).await;
@@ -196,7 +187,7 @@ fn entry_fields(map: HashMap<String, Value>) -> Vec<(String, Vec<u8>)> {
 
 /// Hands unstarted entries back by marking them idle past `reclaim_idle`, so any replica's next reclaim takes them.
 struct IngressHandBack {
-    client: redis::Client,
+    endpoint: Endpoint,
     keys: Keys,
     consumer: String,
     reclaim_idle: Duration,
@@ -204,13 +195,12 @@ struct IngressHandBack {
 
 impl HandBack<IngressEntry> for IngressHandBack {
     fn hand_back(&self, items: Vec<IngressEntry>) -> BoxFuture<'static, ()> {
-        let client = self.client.clone();
+        let mut conn = self.endpoint.dedicated(Duration::from_secs(10));
         let stream = self.keys.submit();
         let consumer = self.consumer.clone();
         let idle = self.reclaim_idle.as_millis() as u64 + 1;
         async move {
             let result: redis::RedisResult<Value> = async {
-                let mut conn = client.get_multiplexed_async_connection().await?;
                 let mut cmd = redis::cmd("XCLAIM");
                 cmd.arg(&stream).arg(CONSUMER_GROUP).arg(&consumer).arg(0);
                 for item in &items {

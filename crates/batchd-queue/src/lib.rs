@@ -8,6 +8,7 @@
 //!
 //! Nothing here knows the Batch API; the daemon wires storage and API together.
 
+pub mod connection;
 pub mod fetch;
 pub mod ingress;
 pub mod schedule;
@@ -17,6 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use batchd_core::UnixMillis;
 
+pub use connection::{Conn, Endpoint, RedisSettings, Topology};
 pub use fetch::FetchBackend;
 pub use ingress::{IngressEntry, IngressSettings};
 pub use schedule::ScheduleSettings;
@@ -46,17 +48,18 @@ pub fn now_ms() -> UnixMillis {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as UnixMillis).unwrap_or(0)
 }
 
-/// Opens the shared, auto-reconnecting connection used for scripts and short commands.
+/// Opens a shared, auto-reconnecting connection to one standalone server (a shortcut for tools and tests; the
+/// daemon goes through [`Endpoint`], which also speaks Cluster and Sentinel).
 ///
 /// The response timeout is generous because a script can carry a whole job (tens of MB); blocking reads use
 /// their own connections (see [`ingress`]).
-pub fn connect(client: redis::Client, response_timeout: Duration) -> Result<redis::aio::ConnectionManager, StoreError> {
+pub fn connect(client: redis::Client, response_timeout: Duration) -> Result<Conn, StoreError> {
     let config = redis::aio::ConnectionManagerConfig::new()
         .set_response_timeout(Some(response_timeout))
         .set_connection_timeout(Some(Duration::from_secs(5)))
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_secs(2));
-    Ok(redis::aio::ConnectionManager::new_lazy_with_config(client, config)?)
+    Ok(Conn::Managed(redis::aio::ConnectionManager::new_lazy_with_config(client, config)?))
 }
 
 /// Exponential backoff for retrying Redis operations inside the fetchers: 100 ms doubling to 5 s.

@@ -6,10 +6,9 @@ use std::time::Duration;
 
 use batchd_core::ledger::field;
 use batchd_core::{ChunkRef, ChunkState, Job, JobError, JobId, JobState, Keys, ResultEntry, UnixMillis};
-use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 
-use crate::StoreError;
+use crate::{Conn, StoreError};
 
 /// Retention and timing settings of the storage layer.
 #[derive(Debug, Clone)]
@@ -232,7 +231,7 @@ pub type ChunkPlan = Vec<(usize, usize)>;
 /// Handle on one namespace's storage. Cheap to clone; all clones share one multiplexed connection.
 #[derive(Clone)]
 pub struct Store {
-    conn: ConnectionManager,
+    conn: Conn,
     keys: Keys,
     settings: StoreSettings,
     scripts: std::sync::Arc<Scripts>,
@@ -290,7 +289,7 @@ pub struct DeadLetter {
 
 impl Store {
     /// A store over `conn` for the namespace of `keys`.
-    pub fn new(conn: ConnectionManager, keys: Keys, settings: StoreSettings) -> Self {
+    pub fn new(conn: Conn, keys: Keys, settings: StoreSettings) -> Self {
         Self { conn, keys, settings, scripts: std::sync::Arc::new(Scripts::load()) }
     }
 
@@ -305,7 +304,7 @@ impl Store {
     }
 
     /// A clone of the shared connection, for callers that issue their own commands.
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> Conn {
         self.conn.clone()
     }
 

@@ -20,7 +20,7 @@ use axum::routing::get;
 use batchd_core::Keys;
 use batchd_core::keys::CONSUMER_GROUP;
 use metrics_exporter_prometheus::PrometheusHandle;
-use redis::aio::ConnectionManager;
+use batchd_queue::Conn;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -186,7 +186,7 @@ pub struct QueueSample {
 
 impl QueueSample {
     /// Reads one sample; every command is bounded, whatever the backlog.
-    pub async fn read(conn: &mut ConnectionManager, keys: &Keys, now_ms: u64) -> redis::RedisResult<Self> {
+    pub async fn read(conn: &mut Conn, keys: &Keys, now_ms: u64) -> redis::RedisResult<Self> {
         let submit = keys.submit();
         let schedule = keys.schedule();
         #[allow(clippy::type_complexity)]
@@ -268,7 +268,7 @@ pub fn lag(due_ms: u64, now_ms: u64) -> Duration {
 /// The sampler: every `interval`, reads a [`QueueSample`], sets the gauges and records Redis reachability in
 /// `health`; also runs the Prometheus recorder's upkeep. Runs until `stop` is cancelled.
 pub async fn run_sampler(
-    mut conn: ConnectionManager,
+    mut conn: Conn,
     keys: Keys,
     interval: Duration,
     health: std::sync::Arc<Health>,

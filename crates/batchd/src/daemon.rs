@@ -38,10 +38,9 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
         None => None,
     };
     let keys = settings.keys();
-    let redis_client = settings.redis_client()?;
-    let sampler_conn = batchd_queue::connect(redis_client.clone(), Duration::from_secs(5)).context("redis.url")?;
-    let conn = batchd_queue::connect(redis_client.clone(), Duration::from_secs(settings.redis.response_timeout_secs))
-        .context("redis.url")?;
+    let endpoint = settings.redis_endpoint()?;
+    let sampler_conn = endpoint.dedicated(Duration::from_secs(5));
+    let conn = endpoint.shared().context("redis")?;
     let store = Store::new(conn, keys.clone(), settings.store_settings());
     let mut client_settings = ClientSettings::new(settings.cloudflare.account_id.clone(), ApiToken::new(token.expose().to_owned()));
     client_settings.base_url = settings.cloudflare.base_url.clone();
@@ -94,7 +93,7 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
     let consumer = consumer_name();
     let fetch_stop = shutdown.child_token();
     let ingress = batchd_queue::ingress::backend(
-        redis_client,
+        endpoint,
         keys.clone(),
         IngressSettings {
             consumer: consumer.clone(),

@@ -70,6 +70,30 @@ pub struct RedisSettings {
     pub namespace: String,
     /// Longest wait for one reply on the shared connection.
     pub response_timeout_secs: u64,
+    /// `standalone`, `cluster` or `sentinel`.
+    pub mode: RedisMode,
+    /// Cluster seed nodes or sentinel addresses.
+    pub nodes: Vec<String>,
+    /// The master's name for Sentinel.
+    pub sentinel_master: String,
+    /// CA certificate (PEM) for TLS.
+    pub tls_ca_file: String,
+    /// Client certificate (PEM) for mutual TLS.
+    pub tls_cert_file: String,
+    /// Client key (PEM) for mutual TLS.
+    pub tls_key_file: String,
+}
+
+/// The kind of Redis deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisMode {
+    /// One server.
+    Standalone,
+    /// Redis Cluster.
+    Cluster,
+    /// A master behind Redis Sentinel.
+    Sentinel,
 }
 
 /// `[cloudflare]`
@@ -441,6 +465,30 @@ impl Settings {
             ledger_ttl: Duration::from_secs(self.retention.ledger_ttl_secs),
             lease: Duration::from_secs(self.schedule.lease_secs),
         }
+    }
+
+    /// The configured Redis deployment, ready to connect (no connection is opened yet).
+    pub fn redis_endpoint(&self) -> Result<batchd_queue::Endpoint, ConfigError> {
+        let path = |value: &str| (!value.is_empty()).then(|| PathBuf::from(value));
+        let tls_client = match (path(&self.redis.tls_cert_file), path(&self.redis.tls_key_file)) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => return Err(ConfigError("redis.tls_cert_file and redis.tls_key_file go together".into())),
+        };
+        let settings = batchd_queue::RedisSettings {
+            url: self.redis.url.expose().to_owned(),
+            topology: match self.redis.mode {
+                RedisMode::Standalone => batchd_queue::Topology::Standalone,
+                RedisMode::Cluster => batchd_queue::Topology::Cluster,
+                RedisMode::Sentinel => batchd_queue::Topology::Sentinel,
+            },
+            nodes: self.redis.nodes.clone(),
+            sentinel_master: self.redis.sentinel_master.clone(),
+            tls_ca_file: path(&self.redis.tls_ca_file),
+            tls_client,
+            response_timeout: Duration::from_secs(self.redis.response_timeout_secs),
+        };
+        batchd_queue::Endpoint::new(&settings).map_err(|e| ConfigError(format!("redis: {e}")))
     }
 
     /// Opens the Redis client for the configured URL.

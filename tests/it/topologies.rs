@@ -1,0 +1,267 @@
+//! Other Redis deployments: TLS with an ACL user, Redis Cluster (3 masters on loopback), and Sentinel (1 master,
+//! 1 replica, 1 sentinel) with a failover the daemon must follow.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use batchd_core::{JobId, Keys, ResultStatus};
+use batchd_emulator::{Emulator, EmulatorConfig, EmulatorHandle};
+use batchd_tests::{bge_m3_job, free_port, test_settings, Daemon};
+use redis::AsyncCommands;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A redis-server (or sentinel) process, killed on drop.
+struct Process {
+    child: Child,
+}
+
+impl Process {
+    fn spawn(args: &[String]) -> Self {
+        let child = Command::new("redis-server")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server");
+        Self { child }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn temp_dir(label: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("batchd-it-{label}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+async fn wait_until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < WAIT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn ping(client: &redis::Client) -> bool {
+    match client.get_multiplexed_async_connection().await {
+        Ok(mut conn) => redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+async fn emulator() -> EmulatorHandle {
+    Emulator::start(EmulatorConfig::default(), "127.0.0.1:0".parse().unwrap()).await.unwrap()
+}
+
+/// Enqueues `ids` and waits for their results through `conn`, checking each completed exactly once.
+async fn run_jobs<C: redis::aio::ConnectionLike + Clone + Send + Sync>(conn: &C, keys: &Keys, ids: &[String]) {
+    let mut conn = conn.clone();
+    for id in ids {
+        let _: String = conn.xadd(keys.submit(), "*", &[("job", bge_m3_job(id, 2).to_string())]).await.unwrap();
+    }
+    let started = Instant::now();
+    loop {
+        let entries: Vec<(String, HashMap<String, String>)> =
+            redis::cmd("XRANGE").arg(keys.results()).arg("-").arg("+").query_async(&mut conn).await.unwrap_or_default();
+        let done: Vec<&str> = entries.iter().map(|(_, fields)| fields["job_id"].as_str()).collect();
+        if ids.iter().all(|id| done.contains(&id.as_str())) {
+            for id in ids {
+                assert_eq!(done.iter().filter(|d| **d == id).count(), 1, "{id} published once");
+            }
+            assert!(entries.iter().all(|(_, fields)| fields["status"] == ResultStatus::Completed.as_str()));
+            return;
+        }
+        assert!(started.elapsed() < WAIT, "only {}/{} results", done.len(), ids.len());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn make_certificates(dir: &Path) {
+    let run = |args: &[&str]| {
+        let status = Command::new("openssl").args(args).current_dir(dir).stderr(Stdio::null()).status().unwrap();
+        assert!(status.success(), "openssl {args:?}");
+    };
+    run(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=batchd-test-ca"]);
+    run(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]);
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").unwrap();
+    run(&[
+        "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+        "server.crt", "-days", "1", "-extfile", "ext.cnf",
+    ]);
+}
+
+#[tokio::test]
+async fn tls_with_an_acl_user_and_a_private_ca() {
+    let dir = temp_dir("tls");
+    make_certificates(&dir);
+    let port = free_port();
+    let d = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    let _redis = Process::spawn(&[
+        args(&["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]),
+        vec!["--dir".into(), d(""), "--tls-cert-file".into(), d("server.crt"), "--tls-key-file".into(), d("server.key")],
+        vec!["--tls-ca-cert-file".into(), d("ca.crt")],
+        args(&["--tls-auth-clients", "no", "--user", "default", "off", "--user", "batchd", "on", ">s3cret", "~*", "&*", "+@all"]),
+    ]
+    .concat());
+    let url = format!("rediss://batchd:s3cret@127.0.0.1:{port}");
+    let certificates = redis::TlsCertificates { client_tls: None, root_cert: Some(std::fs::read(dir.join("ca.crt")).unwrap()) };
+    let client = redis::Client::build_with_tls(url.as_str(), certificates).unwrap();
+    wait_until("the TLS server", || ping(&client)).await;
+
+    // Without the CA the server is not trusted; with a wrong password the ACL refuses.
+    let untrusted = redis::Client::open(url.as_str()).unwrap();
+    assert!(!ping(&untrusted).await, "a server signed by an unknown CA must not be trusted");
+
+    let emulator = emulator().await;
+    let mut settings = test_settings(&url, &emulator, "tls");
+    settings.redis.tls_ca_file = d("ca.crt");
+    let daemon = Daemon::start(settings.clone(), &emulator);
+    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    let ids: Vec<String> = (0..3).map(|i| format!("tls-{i}")).collect();
+    run_jobs(&conn, &settings.keys(), &ids).await;
+    daemon.stop().await.unwrap();
+
+    let mut wrong = settings.clone();
+    wrong.redis.url = batchd::settings::Secret::new(format!("rediss://batchd:wrong@127.0.0.1:{port}"));
+    let endpoint = wrong.redis_endpoint().unwrap();
+    let mut conn = endpoint.shared().unwrap();
+    let refused: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut conn).await;
+    let error = refused.expect_err("wrong password refused").to_string();
+    assert!(error.contains("WRONGPASS") || error.to_lowercase().contains("auth"), "{error}");
+}
+
+#[tokio::test]
+async fn redis_cluster_runs_the_pipeline_and_namespaces_land_on_different_slots() {
+    let dir = temp_dir("cluster");
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let _nodes: Vec<Process> = ports
+        .iter()
+        .map(|port| {
+            Process::spawn(&[
+                args(&["--port", &port.to_string(), "--bind", "127.0.0.1", "--cluster-enabled", "yes", "--save", ""]),
+                vec!["--cluster-config-file".into(), format!("nodes-{port}.conf")],
+                vec!["--dir".into(), dir.to_string_lossy().into_owned(), "--appendonly".into(), "no".into()],
+            ]
+            .concat())
+        })
+        .collect();
+    for port in &ports {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+        wait_until("a cluster node", || ping(&client)).await;
+    }
+    let mut create = Command::new("redis-cli");
+    create.arg("--cluster").arg("create");
+    for port in &ports {
+        create.arg(format!("127.0.0.1:{port}"));
+    }
+    let status = create.args(["--cluster-replicas", "0", "--cluster-yes"]).stdout(Stdio::null()).status().unwrap();
+    assert!(status.success(), "redis-cli --cluster create");
+    let seeds: Vec<String> = ports.iter().map(|port| format!("redis://127.0.0.1:{port}")).collect();
+    let cluster = redis::cluster::ClusterClient::new(seeds.clone()).unwrap();
+    wait_until("cluster_state:ok", || async {
+        let Ok(mut conn) = redis::Client::open(seeds[0].as_str()).unwrap().get_multiplexed_async_connection().await else {
+            return false;
+        };
+        let info: String = redis::cmd("CLUSTER").arg("INFO").query_async(&mut conn).await.unwrap_or_default();
+        info.contains("cluster_state:ok")
+    })
+    .await;
+    let conn = cluster.get_async_connection().await.unwrap();
+
+    // Two deployments sharing the cluster, each in its own namespace (hash tag) and so its own slot.
+    let emulator = emulator().await;
+    let mut daemons = Vec::new();
+    let mut slots = Vec::new();
+    for namespace in ["alpha", "omega"] {
+        let mut settings = test_settings(&seeds[0], &emulator, namespace);
+        settings.redis.mode = batchd::settings::RedisMode::Cluster;
+        settings.redis.nodes = seeds[1..].to_vec();
+        let keys = settings.keys();
+        let slot: u16 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(keys.submit()).query_async(&mut conn.clone()).await.unwrap();
+        let same: u16 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(keys.job(&JobId::parse("x").unwrap())).query_async(&mut conn.clone()).await.unwrap();
+        assert_eq!(slot, same, "all keys of a namespace share one slot");
+        slots.push(slot);
+        daemons.push(Daemon::start(settings.clone(), &emulator));
+        let ids: Vec<String> = (0..4).map(|i| format!("{namespace}-{i}")).collect();
+        run_jobs(&conn, &keys, &ids).await;
+    }
+    assert_ne!(slots[0], slots[1], "the namespaces spread over the cluster");
+    for daemon in daemons {
+        daemon.stop().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn sentinel_failover_is_followed() {
+    let dir = temp_dir("sentinel");
+    let (master_port, replica_port, sentinel_port) = (free_port(), free_port(), free_port());
+    let common = |port: u16| {
+        args(&["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"])
+            .into_iter()
+            .chain([dir.to_string_lossy().into_owned()])
+            .collect::<Vec<String>>()
+    };
+    let _master = Process::spawn(&common(master_port));
+    let _replica = Process::spawn(&[common(replica_port), args(&["--replicaof", "127.0.0.1", &master_port.to_string()])].concat());
+    let conf = dir.join("sentinel.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "port {sentinel_port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {master_port} 1\n\
+             sentinel down-after-milliseconds mymaster 1000\nsentinel failover-timeout mymaster 5000\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let _sentinel = Process::spawn(&[conf.to_string_lossy().into_owned(), "--sentinel".into()]);
+    let sentinel_client = redis::Client::open(format!("redis://127.0.0.1:{sentinel_port}")).unwrap();
+    wait_until("the sentinel", || ping(&sentinel_client)).await;
+    let replica = redis::Client::open(format!("redis://127.0.0.1:{replica_port}")).unwrap();
+    wait_until("replication", || async {
+        let Ok(mut conn) = replica.get_multiplexed_async_connection().await else { return false };
+        let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap_or_default();
+        info.contains("master_link_status:up")
+    })
+    .await;
+
+    let emulator = emulator().await;
+    let mut settings = test_settings("redis://127.0.0.1:1", &emulator, "sentinel");
+    settings.redis.mode = batchd::settings::RedisMode::Sentinel;
+    settings.redis.nodes = vec![format!("redis://127.0.0.1:{sentinel_port}")];
+    let keys = settings.keys();
+    let daemon = Daemon::start(settings.clone(), &emulator);
+    let master = redis::Client::open(format!("redis://127.0.0.1:{master_port}")).unwrap();
+    let before: Vec<String> = (0..3).map(|i| format!("before-{i}")).collect();
+    run_jobs(&master.get_multiplexed_async_connection().await.unwrap(), &keys, &before).await;
+
+    // Fail over: the replica becomes the master; the old master becomes a replica.
+    let mut sentinel = sentinel_client.get_multiplexed_async_connection().await.unwrap();
+    let _: String = redis::cmd("SENTINEL").arg("FAILOVER").arg("mymaster").query_async(&mut sentinel).await.unwrap();
+    wait_until("the failover", || async {
+        let Ok(mut conn) = replica.get_multiplexed_async_connection().await else { return false };
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await.unwrap_or_default();
+        matches!(role.first(), Some(redis::Value::BulkString(role)) if role == b"master")
+    })
+    .await;
+    let after: Vec<String> = (0..3).map(|i| format!("after-{i}")).collect();
+    run_jobs(&replica.get_multiplexed_async_connection().await.unwrap(), &keys, &after).await;
+    assert!(daemon.is_running());
+    daemon.stop().await.unwrap();
+}
