@@ -15,7 +15,9 @@ fn batchd(world: &World) -> Command {
         .env("BATCHD__CLOUDFLARE__BASE_URL", world.emulator.base_url())
         .env("CLOUDFLARE_ACCOUNT_ID", world.emulator.account_id())
         .env("BATCHD__POLL__INITIAL_INTERVAL_MS", "100")
-        .env("BATCHD__POLL__MAX_INTERVAL_MS", "300");
+        .env("BATCHD__POLL__MAX_INTERVAL_MS", "300")
+        // A free port for the admin server, so a daemon started here never collides with another one.
+        .env("BATCHD__ADMIN__LISTEN", "127.0.0.1:0");
     command
 }
 

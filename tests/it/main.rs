@@ -6,6 +6,7 @@ mod bad_input;
 mod backlog;
 mod big;
 mod cli;
+mod cli_ops;
 mod failures;
 mod flow;
 mod ops;

@@ -1,30 +1,48 @@
-//! The operator CLI: `batchd submit` and `batchd status` (the daemon itself is `batchd run`).
+//! The operator CLI (the daemon itself is `batchd run`): `submit`, `status`, `cancel`, `tail`, `jobs`, `stats` and
+//! `dead`.
 //!
-//! Commands talk to Redis directly with the daemon's own configuration, so they work wherever a producer could
-//! enqueue. Errors are one line, printed by `main`; exit codes are listed in `batchd --help`.
+//! Commands talk to Redis directly with the daemon's own configuration and by the documented key layout
+//! (docs/wire-format.md), so they work wherever a producer could enqueue. Errors are one line, printed by `main`;
+//! exit codes are listed in `batchd --help` and docs/cli.md.
+
+pub mod dead;
+pub mod inspect;
+pub mod submit;
+pub mod tail;
 
 use std::collections::HashMap;
-use std::io::{IsTerminal, Read, Write};
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context as _, anyhow, bail};
-use batchd_core::job::JOB_FIELD;
+use anyhow::{Context as _, anyhow};
 use batchd_core::ledger::field;
-use batchd_core::{Job, JobId, JobState, Keys, ResultEntry};
+use batchd_core::JobId;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 
 use crate::settings::Settings;
 
-/// Exit code: the job ended `failed` or `expired`.
+pub use submit::{SubmitArgs, submit};
+
+/// Exit code: the command line is wrong (unknown command or option, missing or bad argument).
+pub const EXIT_USAGE: i32 = 2;
+/// Exit code: the job ended `failed`, `expired` or `cancelled` (`submit --wait`).
 pub const EXIT_JOB_FAILED: i32 = 3;
-/// Exit code: `--wait` gave up before the job finished.
+/// Exit code: gave up waiting (`submit --wait --timeout`, `tail --timeout`).
 pub const EXIT_WAIT_TIMEOUT: i32 = 4;
-/// Exit code: the job id is unknown.
+/// Exit code: no such job or dead-letter entry.
 pub const EXIT_NOT_FOUND: i32 = 5;
 
-/// An outcome the CLI reports through its exit code (the message is already printed).
+/// The exit codes, as `batchd --help` shows them.
+pub const EXIT_CODES_HELP: &str = "Exit codes:
+  0   success (for `submit --wait`: the job completed)
+  1   error (bad input, Redis unreachable, ...), with a one-line message on stderr
+  2   usage error (unknown command or option, missing or bad argument), one line on stderr
+  3   `submit --wait`: the job ended failed, expired or cancelled
+  4   gave up waiting (`submit --wait --timeout`, `tail --timeout` before --count entries)
+  5   not found: no such job (`status`), no such dead-letter entry (`dead show|retry|purge`)
+  78  configuration error (bad or missing key); the message names the key";
+
+/// An outcome the CLI reports through its exit code, with its one-line message.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct Exit {
@@ -34,22 +52,15 @@ pub struct Exit {
     pub message: String,
 }
 
-/// Options of `batchd submit`.
-#[derive(Debug, Clone)]
-pub struct SubmitOptions {
-    /// The job JSON file, or `-` for standard input.
-    pub file: PathBuf,
-    /// Overrides the job's `id`.
-    pub id: Option<String>,
-    /// Follow the job until it finishes and print its result.
-    pub wait: bool,
-    /// Give up waiting after this long.
-    pub timeout: Duration,
-    /// Print machine-readable JSON instead of text.
-    pub json: bool,
+impl Exit {
+    /// A "not found" outcome (exit code 5).
+    pub fn not_found(message: impl Into<String>) -> anyhow::Error {
+        Self { code: EXIT_NOT_FOUND, message: message.into() }.into()
+    }
 }
 
-async fn connect(settings: &Settings) -> anyhow::Result<MultiplexedConnection> {
+/// Opens a connection for one command; fails fast (5 s) with a message naming the URL (without its password).
+pub(crate) async fn connect(settings: &Settings) -> anyhow::Result<MultiplexedConnection> {
     let client = settings.redis_client()?;
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
@@ -68,139 +79,15 @@ fn redacted_url(url: &str) -> String {
     }
 }
 
-/// `batchd submit`: validates a job locally, enqueues it with one XADD and prints its id; with `--wait`,
-/// follows it and prints the result entry.
-pub async fn submit(settings: &Settings, options: &SubmitOptions) -> anyhow::Result<()> {
-    let text = read_input(&options.file)?;
-    let keys = settings.keys();
-    let mut job = Job::decode_json(&text, "0-0", &settings.job_limits(), &keys)
-        .map_err(|e| anyhow!("{}: {e}", options.file.display()))?;
-    let explicit_id = if let Some(id) = &options.id {
-        job.id = JobId::parse(id).map_err(|e| anyhow!("--id: {e}"))?;
-        true
-    } else {
-        serde_json::from_str::<serde_json::Value>(&text).ok().and_then(|v| v.get("id").cloned()).is_some()
-    };
-    let mut body: serde_json::Value = serde_json::from_str(&job.to_json()).context("re-encode job")?;
-    if !explicit_id {
-        // Without an id the daemon uses the stream entry id, which XADD tells us.
-        body.as_object_mut().map(|object| object.remove("id"));
-    }
-    let mut conn = connect(settings).await?;
-    let entry_id: String = conn
-        .xadd(keys.submit(), "*", &[(JOB_FIELD, body.to_string())])
-        .await
-        .context("enqueue job")?;
-    let job_id = if explicit_id { job.id.clone() } else { JobId::parse(&entry_id).context("entry id")? };
-    if options.json && !options.wait {
-        println!("{}", serde_json::json!({"job_id": job_id.as_str(), "entry_id": entry_id}));
-    } else {
-        println!("{job_id}");
-    }
-    if !options.wait {
-        return Ok(());
-    }
-    let state = follow(&mut conn, &keys, &job_id, options.timeout).await?;
-    let ledger: HashMap<String, String> = conn.hgetall(keys.job(&job_id)).await.context("read ledger")?;
-    let result = read_result(&mut conn, &ledger).await?;
-    println!("{}", serde_json::to_string_pretty(&result).context("encode result")?);
-    if state != JobState::Completed {
-        return Err(Exit { code: EXIT_JOB_FAILED, message: format!("job {job_id} ended {state}") }.into());
-    }
+/// Parses a job id given on the command line.
+pub(crate) fn parse_job_id(id: &str) -> anyhow::Result<JobId> {
+    JobId::parse(id).map_err(|e| anyhow!("job id {id:?} {e}"))
+}
+
+/// Prints a JSON value, pretty.
+pub(crate) fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value).context("encode JSON")?);
     Ok(())
-}
-
-fn read_input(file: &Path) -> anyhow::Result<String> {
-    if file == Path::new("-") {
-        let mut text = String::new();
-        std::io::stdin().read_to_string(&mut text).context("read job from standard input")?;
-        return Ok(text);
-    }
-    std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))
-}
-
-/// Follows a job's ledger until it is terminal, showing progress on stderr (a live line on a terminal,
-/// one line per change otherwise).
-async fn follow(
-    conn: &mut MultiplexedConnection,
-    keys: &Keys,
-    job_id: &JobId,
-    timeout: Duration,
-) -> anyhow::Result<JobState> {
-    let started = Instant::now();
-    let live = std::io::stderr().is_terminal();
-    let mut last_line = String::new();
-    let spinner = ['|', '/', '-', '\\'];
-    let mut tick = 0usize;
-    loop {
-        let ledger: HashMap<String, String> = conn.hgetall(keys.job(job_id)).await.context("read ledger")?;
-        let state = ledger.get(field::STATE).and_then(|s| s.parse::<JobState>().ok());
-        let line = progress_line(job_id, &ledger);
-        let elapsed = started.elapsed();
-        if live {
-            tick += 1;
-            eprint!("\r\x1b[K{} {line}  {:.1}s", spinner[tick % spinner.len()], elapsed.as_secs_f64());
-            let _ = std::io::stderr().flush();
-        } else if line != last_line {
-            eprintln!("{line}");
-        }
-        last_line = line;
-        if let Some(state) = state.filter(|state| state.is_terminal()) {
-            if live {
-                eprintln!();
-            }
-            return Ok(state);
-        }
-        if elapsed >= timeout {
-            if live {
-                eprintln!();
-            }
-            return Err(Exit {
-                code: EXIT_WAIT_TIMEOUT,
-                message: format!("gave up waiting for job {job_id} after {}s; it goes on in the daemon", timeout.as_secs()),
-            }
-            .into());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// `inv-42: running (chunk 0: running, 3 polls)` — the job state and each chunk's remote status.
-fn progress_line(job_id: &JobId, ledger: &HashMap<String, String>) -> String {
-    let Some(state) = ledger.get(field::STATE) else {
-        return format!("{job_id}: waiting for the daemon to take the job in");
-    };
-    let n_chunks: u32 = ledger.get(field::N_CHUNKS).and_then(|n| n.parse().ok()).unwrap_or(0);
-    let chunks: Vec<String> = (0..n_chunks)
-        .map(|index| {
-            let get = |name: &str| ledger.get(&field::chunk(index, name)).cloned().unwrap_or_default();
-            let chunk_state = get(field::CHUNK_STATE);
-            let shown = if chunk_state == "polling" { get(field::CHUNK_REMOTE_STATUS) } else { chunk_state };
-            format!("chunk {index}: {shown}")
-        })
-        .collect();
-    if chunks.is_empty() || JobState::Completed.as_str() == state {
-        format!("{job_id}: {state}")
-    } else {
-        format!("{job_id}: {state} ({})", chunks.join(", "))
-    }
-}
-
-/// Reads the job's published result entry as JSON (structured fields decoded).
-async fn read_result(
-    conn: &mut MultiplexedConnection,
-    ledger: &HashMap<String, String>,
-) -> anyhow::Result<serde_json::Value> {
-    let (Some(stream), Some(entry_id)) = (ledger.get(field::REPLY_TO), ledger.get("result_entry")) else {
-        bail!("the job finished but its ledger does not say where its result entry is");
-    };
-    let entries: Vec<(String, HashMap<String, String>)> =
-        redis::cmd("XRANGE").arg(stream).arg(entry_id).arg(entry_id).query_async(conn).await.context("read result")?;
-    let Some((_, fields)) = entries.into_iter().next() else {
-        bail!("result entry {entry_id} is no longer in {stream} (trimmed by retention.results_maxlen)");
-    };
-    ResultEntry::from_fields(&fields).map_err(|e| anyhow!("{e}"))?;
-    Ok(result_json(&fields))
 }
 
 /// A result entry's fields as one JSON object, with the JSON-valued fields decoded.
@@ -221,21 +108,17 @@ pub fn result_json(fields: &HashMap<String, String>) -> serde_json::Value {
     serde_json::Value::Object(object)
 }
 
-/// `batchd status <id>`: the job's ledger.
+/// `batchd status <id>`: the job's ledger as a timeline.
 pub async fn status(settings: &Settings, id: &str, json: bool) -> anyhow::Result<()> {
-    let job_id = JobId::parse(id).map_err(|e| anyhow!("job id {id:?} {e}"))?;
+    let job_id = parse_job_id(id)?;
     let keys = settings.keys();
     let mut conn = connect(settings).await?;
     let mut ledger: HashMap<String, String> = conn.hgetall(keys.job(&job_id)).await.context("read ledger")?;
     if ledger.is_empty() {
-        return Err(Exit {
-            code: EXIT_NOT_FOUND,
-            message: format!(
-                "no job {job_id} in namespace {} (never enqueued, not taken in yet, or its ledger expired)",
-                keys.namespace()
-            ),
-        }
-        .into());
+        return Err(Exit::not_found(format!(
+            "no job {job_id} in namespace {} (never enqueued, not taken in yet, or its ledger expired)",
+            keys.namespace()
+        )));
     }
     // Chunk outputs and request items can be megabytes; status shows the timeline, not the payloads.
     ledger.retain(|name, _| !name.ends_with(":output") && !name.ends_with(":requests"));
@@ -249,8 +132,7 @@ pub async fn status(settings: &Settings, id: &str, json: bool) -> anyhow::Result
                 .unwrap_or_else(|| value.clone().into());
             object.insert(name.clone(), decoded);
         }
-        println!("{}", serde_json::to_string_pretty(&serde_json::Value::Object(object))?);
-        return Ok(());
+        return print_json(&serde_json::Value::Object(object));
     }
     print!("{}", status_text(&job_id, keys.namespace(), &ledger));
     Ok(())
@@ -304,6 +186,31 @@ fn status_text(job_id: &JobId, namespace: &str, ledger: &HashMap<String, String>
     out
 }
 
+/// `batchd cancel <id>`: requests the job's cancellation through the daemon's own `cancel` script: it sets the
+/// documented flag `{ns}:cancel:<id>` and makes the job's steps due at once, so a replica publishes the `cancelled`
+/// result right away. A job not taken in yet is never submitted; a finished job is not changed.
+pub async fn cancel(settings: &Settings, id: &str, reason: &str) -> anyhow::Result<()> {
+    let job_id = parse_job_id(id)?;
+    // Fail fast with the usual message when Redis is unreachable (the store's connection retries).
+    connect(settings).await?;
+    let conn = batchd_queue::connect(settings.redis_client()?, Duration::from_secs(settings.redis.response_timeout_secs))
+        .map_err(|e| anyhow!("{e}"))?;
+    let store = batchd_queue::Store::new(conn, settings.keys(), settings.store_settings());
+    let state = store.cancel(&job_id, reason).await.map_err(|e| anyhow!("cancel job {job_id}: {e}"))?;
+    match state.parse::<batchd_core::JobState>() {
+        Ok(state) if state.is_terminal() => println!("job {job_id} already ended {state}; nothing to cancel"),
+        Ok(state) => println!(
+            "cancellation of job {job_id} ({state}) requested; the daemon publishes its cancelled result at once"
+        ),
+        Err(_) => println!(
+            "cancellation of job {job_id} requested; it is not taken in yet, and is never submitted if it arrives \
+             within {}s",
+            settings.retention.ledger_ttl_secs
+        ),
+    }
+    Ok(())
+}
+
 /// Formats Unix milliseconds as an RFC 3339 UTC timestamp with milliseconds.
 pub fn format_utc(ms: u64) -> String {
     let secs = ms / 1000;
@@ -322,6 +229,22 @@ pub fn format_utc(ms: u64) -> String {
     format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{:03}Z", ms % 1000)
 }
 
+/// A duration for humans: `850ms`, `12.3s`, `4m05s`, `2h03m`.
+pub fn format_age(age: Duration) -> String {
+    let ms = age.as_millis() as u64;
+    match ms {
+        0..1_000 => format!("{ms}ms"),
+        1_000..60_000 => format!("{:.1}s", ms as f64 / 1000.0),
+        60_000..3_600_000 => format!("{}m{:02}s", ms / 60_000, ms % 60_000 / 1000),
+        _ => format!("{}h{:02}m", ms / 3_600_000, ms % 3_600_000 / 60_000),
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,24 +257,16 @@ mod tests {
     }
 
     #[test]
-    fn passwords_are_not_shown() {
-        assert_eq!(redacted_url("redis://user:secret@host:6379/0"), "redis://[credentials]@host:6379/0");
-        assert_eq!(redacted_url("redis://host:6379"), "redis://host:6379");
+    fn ages_read_naturally() {
+        assert_eq!(format_age(Duration::from_millis(850)), "850ms");
+        assert_eq!(format_age(Duration::from_millis(12_340)), "12.3s");
+        assert_eq!(format_age(Duration::from_secs(245)), "4m05s");
+        assert_eq!(format_age(Duration::from_secs(7380)), "2h03m");
     }
 
     #[test]
-    fn progress_names_each_chunks_remote_status() {
-        let id = JobId::parse("inv-42").unwrap();
-        let ledger: HashMap<String, String> = [
-            ("state", "running"),
-            ("n_chunks", "1"),
-            ("c0:state", "polling"),
-            ("c0:remote_status", "queued"),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        assert_eq!(progress_line(&id, &ledger), "inv-42: running (chunk 0: queued)");
-        assert_eq!(progress_line(&id, &HashMap::new()), "inv-42: waiting for the daemon to take the job in");
+    fn passwords_are_not_shown() {
+        assert_eq!(redacted_url("redis://user:secret@host:6379/0"), "redis://[credentials]@host:6379/0");
+        assert_eq!(redacted_url("redis://host:6379"), "redis://host:6379");
     }
 }

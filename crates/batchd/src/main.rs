@@ -2,31 +2,25 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
-use batchd::cli::{self, Exit, SubmitOptions};
+use batchd::cli::dead::DeadCommand;
+use batchd::cli::inspect::{JobsArgs, StatsArgs};
+use batchd::cli::tail::TailArgs;
+use batchd::cli::{self, EXIT_CODES_HELP, EXIT_USAGE, Exit, SubmitArgs};
 use batchd::settings::{EXIT_CONFIG, Settings};
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
-const EXIT_CODES: &str = "Exit codes:
-  0   success (for `submit --wait`: the job completed)
-  1   error (bad input, Redis unreachable, ...), with a one-line message on stderr
-  3   `submit --wait`: the job ended failed or expired
-  4   `submit --wait`: gave up waiting (--timeout); the job goes on
-  5   `status`: no such job
-  78  configuration error (bad or missing key); the message names the key";
-
 /// Run Cloudflare Workers AI batch jobs from Redis: producers XADD jobs, batchd submits and polls them and
 /// publishes one result entry per job to a results stream.
 #[derive(Debug, Parser)]
-#[command(name = "batchd", version, after_help = EXIT_CODES)]
+#[command(name = "batchd", version, after_help = EXIT_CODES_HELP, max_term_width = 100)]
 struct Cli {
     /// Configuration file (TOML) layered over the built-in defaults; see config/default.toml for every key.
-    #[arg(long, short = 'c', global = true, env = "BATCHD_CONFIG", value_name = "FILE")]
+    #[arg(long, short = 'c', global = true, env = "BATCHD_CONFIG", value_name = "FILE", help_heading = "Global options")]
     config: Option<PathBuf>,
     /// Key namespace (overrides redis.namespace).
-    #[arg(long, global = true, value_name = "NAME")]
+    #[arg(long, global = true, value_name = "NAME", help_heading = "Global options")]
     namespace: Option<String>,
     #[command(subcommand)]
     command: Command,
@@ -36,25 +30,13 @@ struct Cli {
 enum Command {
     /// Run the daemon until SIGTERM or SIGINT, then drain within shutdown.grace_secs and exit 0.
     Run,
-    /// Enqueue a job (JSON file or `-` for stdin) and print its id.
-    #[command(after_help = "The file holds one v1 job: {\"id\":\"inv-42\",\"model\":\"@cf/baai/bge-m3\",\"requests\":[...]}.\nIt is validated here with the daemon's own rules before it is enqueued.")]
-    Submit {
-        /// Job JSON file, or `-` to read standard input.
-        #[arg(value_name = "FILE", default_value = "-")]
-        file: PathBuf,
-        /// Job id (overrides the file's `id`; without either, the stream entry id is the job id).
-        #[arg(long)]
-        id: Option<String>,
-        /// Follow the job (progress on stderr) and print its result entry when it finishes.
-        #[arg(long)]
-        wait: bool,
-        /// With --wait: give up after this many seconds (the job goes on).
-        #[arg(long, default_value_t = 3600, value_name = "SECS")]
-        timeout: u64,
-        /// Print JSON (`{"job_id":..}`) instead of the bare id.
-        #[arg(long)]
-        json: bool,
-    },
+    /// Enqueue a job (a job JSON file, or JSONL request items with --model) and print its id.
+    #[command(after_help = "A job file holds one v1 job: {\"id\":\"inv-42\",\"model\":\"@cf/baai/bge-m3\",\"requests\":[...]}.
+With --model, FILE holds one request item per line ({\"text\":\"...\"}) and one job is built from them.
+Either way the job is checked with the daemon's own rules before it is enqueued (a bad JSONL line is
+named by its line number). Exit codes: 0 enqueued (with --wait: completed), 1 error, 3 the job ended
+failed, expired or cancelled, 4 --timeout passed first.")]
+    Submit(SubmitArgs),
     /// Show one job's ledger: state, chunks, request ids, attempts, timestamps, errors.
     Status {
         /// The job id.
@@ -63,10 +45,36 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Cancel a job: the daemon publishes a `cancelled` result with the batches that had finished.
+    #[command(after_help = "The Batch API has no cancel: batches already submitted keep running remotely; their results are
+discarded. A job not taken in yet is never submitted; a finished job is not changed.")]
+    Cancel {
+        /// The job id.
+        id: String,
+        /// Why, for the result's error message.
+        #[arg(long, default_value = "cancelled", value_name = "TEXT")]
+        reason: String,
+    },
+    /// Follow the results stream: one line (or JSON object) per result entry, from now or from the start.
+    Tail(TailArgs),
+    /// List jobs by state from their ledgers, the most recently accepted first.
+    #[command(after_help = "Walks every ledger of the namespace with SCAN (O(number of ledgers), memory O(--limit)): an
+operator's tool, not something to poll. Ledgers expire retention.ledger_ttl_secs after their job finished.")]
+    Jobs(JobsArgs),
+    /// Show queue depths, work in flight, the oldest waiting job and throughput over the last minutes.
+    Stats(StatsArgs),
+    /// Manage the dead-letter stream: entries that could not be read as a job.
+    Dead {
+        #[command(subcommand)]
+        command: DeadCommand,
+    },
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage_error(error),
+    };
     let mut settings = match Settings::load(cli.config.as_deref()) {
         Ok(settings) => settings,
         Err(error) => return fail(EXIT_CONFIG, &error.to_string()),
@@ -82,13 +90,15 @@ fn main() -> ExitCode {
         Err(error) => return fail(1, &format!("cannot start the async runtime: {error}")),
     };
     let outcome = runtime.block_on(async move {
-        match cli.command {
+        match &cli.command {
             Command::Run => run_daemon(settings).await,
-            Command::Submit { file, id, wait, timeout, json } => {
-                let options = SubmitOptions { file, id, wait, timeout: Duration::from_secs(timeout), json };
-                cli::submit(&settings, &options).await
-            }
-            Command::Status { id, json } => cli::status(&settings, &id, json).await,
+            Command::Submit(args) => cli::submit(&settings, args).await,
+            Command::Status { id, json } => cli::status(&settings, id, *json).await,
+            Command::Cancel { id, reason } => cli::cancel(&settings, id, reason).await,
+            Command::Tail(args) => cli::tail::tail(&settings, args).await,
+            Command::Jobs(args) => cli::inspect::jobs(&settings, args).await,
+            Command::Stats(args) => cli::inspect::stats(&settings, args).await,
+            Command::Dead { command } => cli::dead::dead(&settings, command).await,
         }
     });
     match outcome {
@@ -131,7 +141,27 @@ async fn wait_for_signal() {
     }
 }
 
+/// Help and version go to stdout as clap renders them; a usage error becomes one line on stderr, exit code 2.
+fn usage_error(error: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(error.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+        let _ = error.print();
+        return ExitCode::from(if error.use_stderr() { 2 } else { 0 });
+    }
+    let rendered = error.render().to_string();
+    let message: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .take_while(|line| !line.starts_with("Usage:") && !line.starts_with("For more information"))
+        .filter(|line| !line.is_empty())
+        .collect();
+    let message = message.join(" ");
+    let message = message.strip_prefix("error: ").unwrap_or(&message);
+    fail(EXIT_USAGE, &format!("{message} (see --help)"))
+}
+
+/// Prints the one-line error, with newlines flattened so it stays one line.
 fn fail(code: i32, message: &str) -> ExitCode {
-    eprintln!("batchd: {message}");
+    eprintln!("batchd: {}", message.replace('\n', " "));
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }

@@ -1,0 +1,255 @@
+//! `batchd dead list|show|retry|purge`: the dead-letter stream `{ns}:dead`, where the daemon copies ingress entries
+//! that could not be read as a job (fields `source_id`, `error`, `dead_at`, and the original fields as
+//! `field:<name>`).
+//!
+//! `retry` re-enqueues the original `job` field after validating it with the daemon's rules, and removes the
+//! dead-letter entry in the same `MULTI`/`EXEC` (both keys share the namespace's hash tag).
+
+use std::collections::HashMap;
+
+use anyhow::{Context as _, anyhow, bail};
+use batchd_core::job::JOB_FIELD;
+use batchd_core::{Job, Keys};
+use redis::aio::MultiplexedConnection;
+use serde_json::json;
+
+use super::{Exit, connect, format_utc, print_json};
+use crate::settings::Settings;
+
+/// The prefix of an original entry's fields in a dead-letter entry.
+const FIELD_PREFIX: &str = "field:";
+
+/// `batchd dead` subcommands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum DeadCommand {
+    /// List dead-letter entries, the newest first.
+    List {
+        /// Show at most this many entries.
+        #[arg(long, default_value_t = 50, value_name = "N")]
+        limit: usize,
+        /// Print JSON (an array of entries; original field values are left out, only their sizes are given).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one dead-letter entry with its original fields.
+    Show {
+        /// The dead-letter entry id (from `dead list`).
+        entry_id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-enqueue the original `job` field of entries after checking it with the daemon's rules; an entry whose job
+    /// is still invalid is refused and kept.
+    Retry {
+        /// Dead-letter entry ids.
+        #[arg(required = true)]
+        entry_ids: Vec<String>,
+    },
+    /// Delete dead-letter entries (the given ones, or all with --all).
+    Purge {
+        /// Dead-letter entry ids.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        entry_ids: Vec<String>,
+        /// Delete every dead-letter entry of the namespace.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+/// One dead-letter entry.
+#[derive(Debug, Clone)]
+struct DeadEntry {
+    /// Its id in the dead-letter stream.
+    id: String,
+    /// Every field as stored.
+    fields: HashMap<String, Vec<u8>>,
+}
+
+impl DeadEntry {
+    fn text(&self, name: &str) -> String {
+        self.fields.get(name).map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default()
+    }
+
+    /// The original entry's fields, sorted by name.
+    fn original(&self) -> Vec<(&str, &Vec<u8>)> {
+        let mut fields: Vec<(&str, &Vec<u8>)> =
+            self.fields.iter().filter_map(|(name, value)| Some((name.strip_prefix(FIELD_PREFIX)?, value))).collect();
+        fields.sort_by_key(|(name, _)| *name);
+        fields
+    }
+
+    fn dead_at(&self) -> String {
+        self.text("dead_at").parse::<u64>().map(format_utc).unwrap_or_else(|_| "-".into())
+    }
+
+    fn summary_json(&self) -> serde_json::Value {
+        let sizes: serde_json::Map<String, serde_json::Value> =
+            self.original().into_iter().map(|(name, value)| (name.to_owned(), value.len().into())).collect();
+        json!({
+            "entry_id": self.id,
+            "source_id": self.text("source_id"),
+            "error": self.text("error"),
+            "dead_at": self.text("dead_at").parse::<u64>().ok(),
+            "field_bytes": sizes,
+        })
+    }
+}
+
+/// `batchd dead ...`.
+pub async fn dead(settings: &Settings, command: &DeadCommand) -> anyhow::Result<()> {
+    let keys = settings.keys();
+    let mut conn = connect(settings).await?;
+    match command {
+        DeadCommand::List { limit, json } => list(&mut conn, &keys, *limit, *json).await,
+        DeadCommand::Show { entry_id, json } => show(&mut conn, &keys, entry_id, *json).await,
+        DeadCommand::Retry { entry_ids } => {
+            for entry_id in entry_ids {
+                retry(&mut conn, &keys, settings, entry_id).await?;
+            }
+            Ok(())
+        }
+        DeadCommand::Purge { entry_ids, all } => purge(&mut conn, &keys, entry_ids, *all).await,
+    }
+}
+
+async fn read_range(
+    conn: &mut MultiplexedConnection,
+    command: &str,
+    key: &str,
+    from: &str,
+    to: &str,
+    count: usize,
+) -> anyhow::Result<Vec<DeadEntry>> {
+    let entries: Vec<(String, HashMap<String, Vec<u8>>)> = redis::cmd(command)
+        .arg(key)
+        .arg(from)
+        .arg(to)
+        .arg("COUNT")
+        .arg(count)
+        .query_async(conn)
+        .await
+        .with_context(|| format!("read {key}"))?;
+    Ok(entries.into_iter().map(|(id, fields)| DeadEntry { id, fields }).collect())
+}
+
+async fn read_one(conn: &mut MultiplexedConnection, keys: &Keys, entry_id: &str) -> anyhow::Result<DeadEntry> {
+    if !is_entry_id(entry_id) {
+        bail!("{entry_id:?} is not a stream entry id (<ms>-<seq>, as `batchd dead list` shows)");
+    }
+    read_range(conn, "XRANGE", &keys.dead(), entry_id, entry_id, 1).await?.into_iter().next().ok_or_else(|| {
+        Exit::not_found(format!("no dead-letter entry {entry_id} in {} (see `batchd dead list`)", keys.dead()))
+    })
+}
+
+fn is_entry_id(id: &str) -> bool {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    !ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()) && !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit())
+}
+
+async fn list(conn: &mut MultiplexedConnection, keys: &Keys, limit: usize, json: bool) -> anyhow::Result<()> {
+    let entries = read_range(conn, "XREVRANGE", &keys.dead(), "+", "-", limit.max(1)).await?;
+    let entries = &entries[..entries.len().min(limit)];
+    if json {
+        return print_json(&serde_json::Value::Array(entries.iter().map(DeadEntry::summary_json).collect()));
+    }
+    let total: u64 = redis::cmd("XLEN").arg(keys.dead()).query_async(conn).await.context("count dead letters")?;
+    let width = entries.iter().map(|e| e.id.len()).max().unwrap_or(0).max(8);
+    let source_width = entries.iter().map(|e| e.text("source_id").len()).max().unwrap_or(0).max(9);
+    println!("{:<width$}  {:<24}  {:<source_width$}  ERROR", "ENTRY ID", "DEAD AT", "SOURCE ID");
+    for entry in entries {
+        println!("{:<width$}  {:<24}  {:<source_width$}  {}", entry.id, entry.dead_at(), entry.text("source_id"), entry.text("error"));
+    }
+    println!("{} of {total} dead-letter entries shown (namespace {})", entries.len(), keys.namespace());
+    Ok(())
+}
+
+async fn show(conn: &mut MultiplexedConnection, keys: &Keys, entry_id: &str, json: bool) -> anyhow::Result<()> {
+    let entry = read_one(conn, keys, entry_id).await?;
+    if json {
+        let mut object = entry.summary_json();
+        let fields: serde_json::Map<String, serde_json::Value> = entry
+            .original()
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), String::from_utf8_lossy(value).into_owned().into()))
+            .collect();
+        object["fields"] = fields.into();
+        return print_json(&object);
+    }
+    println!("dead-letter entry {} (namespace {})", entry.id, keys.namespace());
+    println!("  {:<12} {}", "source id", entry.text("source_id"));
+    println!("  {:<12} {}", "dead at", entry.dead_at());
+    println!("  {:<12} {}", "error", entry.text("error"));
+    for (name, value) in entry.original() {
+        println!("  field {name} ({} bytes):", value.len());
+        println!("    {}", String::from_utf8_lossy(value));
+    }
+    Ok(())
+}
+
+async fn retry(conn: &mut MultiplexedConnection, keys: &Keys, settings: &Settings, entry_id: &str) -> anyhow::Result<()> {
+    let entry = read_one(conn, keys, entry_id).await?;
+    let Some(job) = entry.fields.get(&format!("{FIELD_PREFIX}{JOB_FIELD}")) else {
+        let names: Vec<&str> = entry.original().into_iter().map(|(name, _)| name).collect();
+        let present = if names.is_empty() { "none".to_owned() } else { names.join(", ") };
+        bail!("dead-letter entry {entry_id} has no `{JOB_FIELD}` field to retry (fields: {present}); kept");
+    };
+    let fields = [(JOB_FIELD.to_owned(), job.clone())];
+    let validated = Job::decode(&fields, "0-0", &settings.job_limits(), keys)
+        .map_err(|e| anyhow!("dead-letter entry {entry_id} is still not a valid job: {e}; kept"))?;
+    let (new_entry_id, _deleted): (String, u64) = redis::pipe()
+        .atomic()
+        .xadd(keys.submit(), "*", &[(JOB_FIELD, job.as_slice())])
+        .xdel(keys.dead(), &[entry_id])
+        .query_async(conn)
+        .await
+        .context("re-enqueue")?;
+    let has_id = std::str::from_utf8(job).is_ok_and(super::submit::has_id);
+    let job_id = if has_id { validated.id.to_string() } else { new_entry_id.clone() };
+    println!("requeued dead-letter entry {entry_id} as submit entry {new_entry_id} (job {job_id})");
+    Ok(())
+}
+
+async fn purge(conn: &mut MultiplexedConnection, keys: &Keys, entry_ids: &[String], all: bool) -> anyhow::Result<()> {
+    if all {
+        let (n, _): (u64, u64) =
+            redis::pipe().atomic().xlen(keys.dead()).del(keys.dead()).query_async(conn).await.context("purge")?;
+        println!("purged {n} dead-letter entries (namespace {})", keys.namespace());
+        return Ok(());
+    }
+    // All or nothing: check every id first.
+    for entry_id in entry_ids {
+        read_one(conn, keys, entry_id).await?;
+    }
+    let n: u64 = redis::cmd("XDEL").arg(keys.dead()).arg(entry_ids).query_async(conn).await.context("purge")?;
+    println!("purged {n} dead-letter entries (namespace {})", keys.namespace());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_ids_are_checked_before_redis_sees_them() {
+        assert!(is_entry_id("1763769600000-0"));
+        assert!(is_entry_id("1763769600000"));
+        assert!(!is_entry_id("abc"));
+        assert!(!is_entry_id("1-"));
+        assert!(!is_entry_id("-1"));
+    }
+
+    #[test]
+    fn original_fields_are_listed_by_name() {
+        let entry = DeadEntry {
+            id: "1-0".into(),
+            fields: [("source_id", "9-0"), ("field:payload", "x"), ("field:job", "{"), ("error", "bad")]
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+                .collect(),
+        };
+        let names: Vec<&str> = entry.original().into_iter().map(|(name, _)| name).collect();
+        assert_eq!(names, ["job", "payload"]);
+        assert_eq!(entry.summary_json()["field_bytes"]["payload"], 1);
+    }
+}

@@ -1,0 +1,399 @@
+//! `batchd jobs` (ledgers by state) and `batchd stats` (queue depths, work in flight, throughput): read-only looks
+//! at a namespace for operators.
+//!
+//! `jobs` walks the ledgers with `SCAN` (1,000 keys per step, one pipelined `HMGET` per step): its time is O(number
+//! of ledgers) and its memory O(--limit), so it is an operator's tool, not something to poll. `stats` uses bounded
+//! commands only, except throughput, which reads at most `--scan-limit` result entries.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use batchd_core::JobState;
+use batchd_core::keys::CONSUMER_GROUP;
+use batchd_core::ledger::field;
+use redis::aio::MultiplexedConnection;
+use serde::Serialize;
+use serde_json::json;
+
+use super::{connect, format_age, format_utc, now_ms, print_json};
+use crate::settings::Settings;
+
+/// Keys asked for per `SCAN` step.
+const SCAN_COUNT: usize = 1000;
+
+/// Result entries read per `XREVRANGE` page when counting throughput.
+const PAGE: usize = 1000;
+
+/// Throughput windows, in minutes.
+const WINDOWS: [u64; 3] = [1, 5, 15];
+
+/// Options of `batchd jobs`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct JobsArgs {
+    /// Only jobs in this state: accepted, running, completed, failed, expired, cancelled (repeat for several).
+    #[arg(long, value_name = "STATE", value_parser = parse_state)]
+    pub state: Vec<JobState>,
+    /// Show at most this many jobs, the most recently accepted first.
+    #[arg(long, default_value_t = 50, value_name = "N")]
+    pub limit: usize,
+    /// Print JSON: `{"jobs":[..],"matching":N,"scanned":N}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_state(text: &str) -> Result<JobState, String> {
+    text.parse::<JobState>().map_err(|_| {
+        "expected one of accepted, running, completed, failed, expired, cancelled".to_owned()
+    })
+}
+
+/// One ledger, as `batchd jobs` lists it.
+#[derive(Debug, Clone, Serialize)]
+struct JobRow {
+    /// The job id.
+    job_id: String,
+    /// The job's state (as stored).
+    state: String,
+    /// The model.
+    model: String,
+    /// Request items.
+    n_items: Option<u64>,
+    /// Chunks (remote batches).
+    n_chunks: Option<u64>,
+    /// Acceptance time, Unix ms.
+    accepted_at: Option<u64>,
+    /// Last change, Unix ms.
+    updated_at: Option<u64>,
+    /// Finish time, Unix ms.
+    finished_at: Option<u64>,
+}
+
+/// `batchd jobs`.
+pub async fn jobs(settings: &Settings, args: &JobsArgs) -> anyhow::Result<()> {
+    let keys = settings.keys();
+    let mut conn = connect(settings).await?;
+    let prefix = format!("{}:job:", keys.prefix());
+    let pattern = format!("{prefix}*");
+    let columns = [
+        field::STATE,
+        field::MODEL,
+        field::N_ITEMS,
+        field::N_CHUNKS,
+        field::ACCEPTED_AT,
+        field::UPDATED_AT,
+        field::FINISHED_AT,
+    ];
+    let (mut rows, mut matching, mut scanned) = (Vec::<JobRow>::new(), 0usize, 0usize);
+    let mut cursor = 0u64;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(SCAN_COUNT)
+            .query_async(&mut conn)
+            .await
+            .context("scan ledgers")?;
+        if !batch.is_empty() {
+            let mut pipe = redis::pipe();
+            for key in &batch {
+                pipe.cmd("HMGET").arg(key).arg(&columns[..]);
+            }
+            let values: Vec<Vec<Option<String>>> = pipe.query_async(&mut conn).await.context("read ledgers")?;
+            for (key, values) in batch.iter().zip(values) {
+                scanned += 1;
+                let Some(state) = values[0].clone() else { continue };
+                let state_matches = args.state.is_empty() || args.state.iter().any(|wanted| wanted.as_str() == state);
+                if !state_matches {
+                    continue;
+                }
+                matching += 1;
+                let number = |index: usize| values[index].as_deref().and_then(|v| v.parse::<u64>().ok());
+                rows.push(JobRow {
+                    job_id: key.strip_prefix(&prefix).unwrap_or(key).to_owned(),
+                    state,
+                    model: values[1].clone().unwrap_or_default(),
+                    n_items: number(2),
+                    n_chunks: number(3),
+                    accepted_at: number(4),
+                    updated_at: number(5),
+                    finished_at: number(6),
+                });
+                if rows.len() > args.limit.saturating_mul(2).max(SCAN_COUNT) {
+                    newest_first(&mut rows, args.limit);
+                }
+            }
+        }
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    newest_first(&mut rows, args.limit);
+    if args.json {
+        return print_json(&json!({"jobs": rows, "matching": matching, "scanned": scanned}));
+    }
+    print!("{}", jobs_table(&rows));
+    println!(
+        "{} of {matching} matching jobs shown ({scanned} ledgers scanned in namespace {})",
+        rows.len(),
+        keys.namespace()
+    );
+    Ok(())
+}
+
+/// Sorts the most recently accepted first (ties by id) and keeps `limit`.
+fn newest_first(rows: &mut Vec<JobRow>, limit: usize) {
+    rows.sort_by(|a, b| b.accepted_at.cmp(&a.accepted_at).then_with(|| a.job_id.cmp(&b.job_id)));
+    rows.truncate(limit);
+}
+
+fn jobs_table(rows: &[JobRow]) -> String {
+    let width = rows.iter().map(|row| row.job_id.len()).max().unwrap_or(0).clamp(6, 40);
+    let time = |ms: Option<u64>| ms.map(format_utc).unwrap_or_else(|| "-".into());
+    let number = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_else(|| "-".into());
+    let mut out = format!(
+        "{:<width$}  {:<9}  {:>7}  {:>6}  {:<24}  {:<24}  MODEL\n",
+        "JOB ID", "STATE", "ITEMS", "CHUNKS", "ACCEPTED", "UPDATED"
+    );
+    for row in rows {
+        out.push_str(&format!(
+            "{:<width$}  {:<9}  {:>7}  {:>6}  {:<24}  {:<24}  {}\n",
+            row.job_id,
+            row.state,
+            number(row.n_items),
+            number(row.n_chunks),
+            time(row.accepted_at),
+            time(row.updated_at),
+            row.model
+        ));
+    }
+    out
+}
+
+/// Options of `batchd stats`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StatsArgs {
+    /// Most result entries read to count throughput (newest first); past it, counts are lower bounds.
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    pub scan_limit: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `batchd stats`.
+pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> {
+    let keys = settings.keys();
+    let mut conn = connect(settings).await?;
+    let now = now_ms();
+    let (submit_entries, scheduled, due, dead, results, first_entry, first_step): (
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        Vec<(String, HashMap<String, redis::Value>)>,
+        Vec<(String, f64)>,
+    ) = redis::pipe()
+        .cmd("XLEN")
+        .arg(keys.submit())
+        .cmd("ZCARD")
+        .arg(keys.schedule())
+        .cmd("ZCOUNT")
+        .arg(keys.schedule())
+        .arg("-inf")
+        .arg(now)
+        .cmd("XLEN")
+        .arg(keys.dead())
+        .cmd("XLEN")
+        .arg(keys.results())
+        .cmd("XRANGE")
+        .arg(keys.submit())
+        .arg("-")
+        .arg("+")
+        .arg("COUNT")
+        .arg(1)
+        .cmd("ZRANGE")
+        .arg(keys.schedule())
+        .arg(0)
+        .arg(0)
+        .arg("WITHSCORES")
+        .query_async(&mut conn)
+        .await
+        .context("read queue depths")?;
+    let in_flight = pending_count(&mut conn, &keys.submit(), CONSUMER_GROUP).await?;
+    let oldest_waiting_ms = first_entry
+        .first()
+        .and_then(|(id, _)| batchd_producer::entry_millis(id))
+        .map(|ms| now.saturating_sub(ms));
+    let schedule_lag_ms = first_step.first().map(|(_, due)| now.saturating_sub(due.max(0.0) as u64));
+    let throughput = throughput(&mut conn, &keys.results(), now, args.scan_limit).await?;
+    let readers = result_groups(&mut conn, &keys.results()).await?;
+
+    let report = json!({
+        "namespace": keys.namespace(),
+        "at": now,
+        "submit": {
+            "entries": submit_entries,
+            "waiting": submit_entries.saturating_sub(in_flight),
+            "in_flight": in_flight,
+            "oldest_waiting_ms": oldest_waiting_ms,
+        },
+        "schedule": {"chunks_in_flight": scheduled, "due": due, "lag_ms": schedule_lag_ms},
+        "results": {"entries": results, "throughput": throughput, "groups": readers},
+        "dead": {"entries": dead},
+    });
+    if args.json {
+        return print_json(&report);
+    }
+    let ms = |value: &serde_json::Value| value.as_u64().map(|ms| format_age(Duration::from_millis(ms)));
+    let mut out = format!("namespace {} at {}\n", keys.namespace(), format_utc(now));
+    out.push_str(&format!(
+        "  submit stream    {submit_entries} entries: {} waiting, {in_flight} being taken in{}\n",
+        submit_entries.saturating_sub(in_flight),
+        ms(&report["submit"]["oldest_waiting_ms"]).map(|age| format!("; oldest waiting {age}")).unwrap_or_default()
+    ));
+    out.push_str(&format!(
+        "  in flight        {scheduled} chunks (remote batches submitted or waiting to be), {due} due now{}\n",
+        if due > 0 { ms(&report["schedule"]["lag_ms"]).map(|lag| format!(", lag {lag}")).unwrap_or_default() } else { String::new() }
+    ));
+    let windows: Vec<String> = WINDOWS
+        .iter()
+        .map(|minutes| {
+            let n = throughput["windows"][format!("{minutes}m")].as_u64().unwrap_or(0);
+            format!("{minutes}m {n} ({:.1}/min)", n as f64 / *minutes as f64)
+        })
+        .collect();
+    let capped = if throughput["capped"].as_bool() == Some(true) { " (at least; --scan-limit reached)" } else { "" };
+    out.push_str(&format!("  results          {results} entries; last {}{capped}\n", windows.join(", ")));
+    if let Some(statuses) = throughput["by_status_15m"].as_object().filter(|s| !s.is_empty()) {
+        let parts: Vec<String> = statuses.iter().map(|(status, n)| format!("{n} {status}")).collect();
+        out.push_str(&format!("                   last 15m: {}\n", parts.join(", ")));
+    }
+    for group in readers.as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "  result readers   group {}: {} pending, lag {}\n",
+            group["name"].as_str().unwrap_or("?"),
+            group["pending"],
+            group["lag"].as_u64().map_or_else(|| "unknown".to_owned(), |lag| lag.to_string())
+        ));
+    }
+    out.push_str(&format!("  dead letters     {dead} entries\n"));
+    print!("{out}");
+    Ok(())
+}
+
+/// Entries read by a group's consumers and not yet acknowledged (0 when the stream or group does not exist).
+async fn pending_count(conn: &mut MultiplexedConnection, stream: &str, group: &str) -> anyhow::Result<u64> {
+    match redis::cmd("XPENDING").arg(stream).arg(group).query_async::<redis::Value>(conn).await {
+        Ok(redis::Value::Array(items)) => {
+            Ok(items.first().and_then(|count| redis::from_redis_value::<u64>(count.clone()).ok()).unwrap_or(0))
+        }
+        Ok(_) => Ok(0),
+        Err(error) if error.code() == Some("NOGROUP") => Ok(0),
+        Err(error) => Err(error).with_context(|| format!("read pending entries of {stream}")),
+    }
+}
+
+/// Result entries published in the last 1, 5 and 15 minutes, counted from their ids (newest first, at most
+/// `scan_limit` entries read), and the last 15 minutes by status.
+async fn throughput(
+    conn: &mut MultiplexedConnection,
+    stream: &str,
+    now: u64,
+    scan_limit: usize,
+) -> anyhow::Result<serde_json::Value> {
+    let oldest = now.saturating_sub(WINDOWS[WINDOWS.len() - 1] * 60_000);
+    let mut counts = [0u64; WINDOWS.len()];
+    let mut by_status: std::collections::BTreeMap<String, u64> = Default::default();
+    let (mut end, mut read, mut capped) = ("+".to_owned(), 0usize, false);
+    loop {
+        let page = PAGE.min(scan_limit - read);
+        if page == 0 {
+            capped = true;
+            break;
+        }
+        let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XREVRANGE")
+            .arg(stream)
+            .arg(&end)
+            .arg(oldest)
+            .arg("COUNT")
+            .arg(page)
+            .query_async(conn)
+            .await
+            .with_context(|| format!("read {stream}"))?;
+        read += entries.len();
+        for (id, fields) in &entries {
+            let Some(ms) = batchd_producer::entry_millis(id) else { continue };
+            for (count, minutes) in counts.iter_mut().zip(WINDOWS) {
+                if ms >= now.saturating_sub(minutes * 60_000) {
+                    *count += 1;
+                }
+            }
+            *by_status.entry(fields.get("status").cloned().unwrap_or_default()).or_default() += 1;
+        }
+        match entries.last() {
+            Some((id, _)) if entries.len() == page => end = format!("({id}"),
+            _ => break,
+        }
+    }
+    let windows: serde_json::Map<String, serde_json::Value> =
+        WINDOWS.iter().zip(counts).map(|(minutes, n)| (format!("{minutes}m"), n.into())).collect();
+    Ok(json!({"windows": windows, "by_status_15m": by_status, "entries_read": read, "capped": capped}))
+}
+
+/// The consumer groups reading the results stream, with their pending entries and lag (Redis 7).
+async fn result_groups(conn: &mut MultiplexedConnection, stream: &str) -> anyhow::Result<serde_json::Value> {
+    let groups: Vec<HashMap<String, redis::Value>> =
+        match redis::cmd("XINFO").arg("GROUPS").arg(stream).query_async(conn).await {
+            Ok(groups) => groups,
+            Err(error) if error.to_string().contains("no such key") => Vec::new(),
+            Err(error) => return Err(error).with_context(|| format!("read the groups of {stream}")),
+        };
+    let groups: Vec<serde_json::Value> = groups
+        .iter()
+        .map(|group| {
+            let text = |name: &str| group.get(name).and_then(|v| redis::from_redis_value::<String>(v.clone()).ok());
+            let number = |name: &str| group.get(name).and_then(|v| redis::from_redis_value::<u64>(v.clone()).ok());
+            json!({"name": text("name"), "consumers": number("consumers"), "pending": number("pending"), "lag": number("lag")})
+        })
+        .collect();
+    Ok(serde_json::Value::Array(groups))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, accepted_at: u64) -> JobRow {
+        JobRow {
+            job_id: id.into(),
+            state: "running".into(),
+            model: "@cf/baai/bge-m3".into(),
+            n_items: Some(3),
+            n_chunks: Some(1),
+            accepted_at: Some(accepted_at),
+            updated_at: None,
+            finished_at: None,
+        }
+    }
+
+    #[test]
+    fn the_newest_jobs_are_kept() {
+        let mut rows = vec![row("a", 1), row("b", 3), row("c", 2)];
+        newest_first(&mut rows, 2);
+        assert_eq!(rows.iter().map(|r| r.job_id.as_str()).collect::<Vec<_>>(), ["b", "c"]);
+        let table = jobs_table(&rows);
+        assert!(table.starts_with("JOB ID  STATE"), "{table}");
+        assert!(table.contains("b       running          3       1  1970-01-01T00:00:00.003Z  -"), "{table}");
+    }
+
+    #[test]
+    fn states_are_checked() {
+        assert_eq!(parse_state("running"), Ok(JobState::Running));
+        assert!(parse_state("runing").unwrap_err().contains("expected one of"));
+    }
+}

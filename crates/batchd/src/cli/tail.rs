@@ -1,0 +1,162 @@
+//! `batchd tail`: follows a results stream with plain `XREAD` (no consumer group, so it never takes results away
+//! from the applications that read them), from now or from the start, one line per result entry.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use redis::aio::MultiplexedConnection;
+
+use super::{EXIT_WAIT_TIMEOUT, Exit, connect, format_utc, result_json};
+use crate::settings::Settings;
+
+/// Longest wait of one `XREAD` (the loop re-checks `--timeout` between reads).
+const BLOCK: Duration = Duration::from_millis(1000);
+
+/// Entries read at once.
+const BATCH: usize = 100;
+
+/// Options of `batchd tail`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TailArgs {
+    /// Start at the first entry the stream still holds, instead of at new entries only.
+    #[arg(long)]
+    pub from_start: bool,
+    /// Stop after this many entries.
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+    /// Follow `{ns}:results:<SUFFIX>` (a `reply_to` stream) instead of `{ns}:results`.
+    #[arg(long, value_name = "SUFFIX")]
+    pub stream: Option<String>,
+    /// Stop after this many seconds (exit code 4 if --count entries were not seen by then).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<u64>,
+    /// Print each entry as one JSON object per line (`entry_id` plus the entry's fields, JSON fields decoded).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `batchd tail`.
+pub async fn tail(settings: &Settings, args: &TailArgs) -> anyhow::Result<()> {
+    let keys = settings.keys();
+    let stream = match &args.stream {
+        None => keys.results(),
+        Some(suffix) => {
+            let stream = format!("{}:{suffix}", keys.results());
+            if !keys.is_results_stream(&stream) {
+                bail!("--stream {suffix:?}: a results stream suffix is 1-200 characters of A-Z a-z 0-9 . _ : -");
+            }
+            stream
+        }
+    };
+    let mut conn = connect(settings).await?;
+    let mut last_id = if args.from_start { "0-0".to_owned() } else { last_entry_id(&mut conn, &stream).await? };
+    eprintln!(
+        "following {stream} {}",
+        if args.from_start { "from the start".to_owned() } else { format!("from now (after {last_id})") }
+    );
+    let started = Instant::now();
+    let timeout = args.timeout.map(Duration::from_secs);
+    let mut seen = 0u64;
+    loop {
+        if args.count.is_some_and(|count| seen >= count) {
+            return Ok(());
+        }
+        if let Some(timeout) = timeout.filter(|timeout| started.elapsed() >= *timeout) {
+            return match args.count {
+                Some(count) => Err(Exit {
+                    code: EXIT_WAIT_TIMEOUT,
+                    message: format!("gave up after {}s with {seen} of {count} entries", timeout.as_secs()),
+                }
+                .into()),
+                None => Ok(()),
+            };
+        }
+        let want = args.count.map_or(BATCH as u64, |count| (count - seen).min(BATCH as u64));
+        let block = timeout.map_or(BLOCK, |timeout| timeout.saturating_sub(started.elapsed()).clamp(Duration::from_millis(1), BLOCK));
+        let reply: Option<Vec<(String, Vec<(String, HashMap<String, String>)>)>> = redis::cmd("XREAD")
+            .arg("COUNT")
+            .arg(want)
+            .arg("BLOCK")
+            .arg(block.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(&stream)
+            .arg(&last_id)
+            .query_async(&mut conn)
+            .await
+            .with_context(|| format!("read {stream}"))?;
+        for (_, entries) in reply.unwrap_or_default() {
+            for (entry_id, fields) in entries {
+                if args.json {
+                    let mut object = result_json(&fields);
+                    object["entry_id"] = entry_id.clone().into();
+                    println!("{object}");
+                } else {
+                    println!("{}", entry_line(&entry_id, &fields));
+                }
+                last_id = entry_id;
+                seen += 1;
+            }
+        }
+    }
+}
+
+/// The id of the stream's last entry, `0-0` when it is empty or missing.
+async fn last_entry_id(conn: &mut MultiplexedConnection, stream: &str) -> anyhow::Result<String> {
+    let last: Vec<(String, HashMap<String, String>)> = redis::cmd("XREVRANGE")
+        .arg(stream)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(conn)
+        .await
+        .with_context(|| format!("read {stream}"))?;
+    Ok(last.into_iter().next().map_or_else(|| "0-0".to_owned(), |(id, _)| id))
+}
+
+/// `2025-11-22T00:00:05.250Z  inv-42  completed  3 items, 0 failed  @cf/baai/bge-m3` (plus the error when there is
+/// one): when the result was published, from the entry id.
+pub fn entry_line(entry_id: &str, fields: &HashMap<String, String>) -> String {
+    let get = |name: &str| fields.get(name).map(String::as_str).unwrap_or("-");
+    let published = batchd_producer::entry_millis(entry_id).map_or_else(|| entry_id.to_owned(), format_utc);
+    let mut line = format!(
+        "{published}  {}  {}  {} items, {} failed  {}",
+        get("job_id"),
+        get("status"),
+        get("items_total"),
+        get("items_failed"),
+        get("model")
+    );
+    if let Some(error) = fields.get("error") {
+        let error: serde_json::Value = serde_json::from_str(error).unwrap_or_else(|_| error.clone().into());
+        let code = error.get("code").and_then(|c| c.as_str()).unwrap_or("error");
+        let message = error.get("message").and_then(|m| m.as_str()).unwrap_or_default();
+        line.push_str(&format!("  {code}: {message}"));
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_reads_as_one_line() {
+        let fields: HashMap<String, String> = [
+            ("job_id", "inv-42"),
+            ("status", "failed"),
+            ("items_total", "2"),
+            ("items_failed", "2"),
+            ("model", "@cf/x/y"),
+            ("error", r#"{"code":"invalid_job","message":"invalid `model`: is missing"}"#),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(
+            entry_line("1763769605250-0", &fields),
+            "2025-11-22T00:00:05.250Z  inv-42  failed  2 items, 2 failed  @cf/x/y  invalid_job: invalid `model`: is missing"
+        );
+    }
+}

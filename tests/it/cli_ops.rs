@@ -1,0 +1,417 @@
+//! The operator CLI against a live daemon: `submit` of JSONL with `--out` (order checked), `tail`, `jobs`,
+//! `stats`, `cancel` and `dead list|show|retry|purge`, and bad input to every command (one line, non-zero exit).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use batchd_core::ResultStatus;
+use batchd_tests::{Daemon, World, bge_m3_job, binary};
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The environment the CLI gets: the world's Redis, namespace and emulator, and nothing else.
+pub(crate) fn world_env(world: &World) -> Vec<(&'static str, String)> {
+    vec![
+        ("PATH", std::env::var("PATH").unwrap_or_default()),
+        ("REDIS_URL", world.settings.redis.url.expose().to_owned()),
+        ("BATCHD__REDIS__NAMESPACE", world.settings.redis.namespace.clone()),
+        ("BATCHD__CLOUDFLARE__BASE_URL", world.emulator.base_url()),
+        ("CLOUDFLARE_ACCOUNT_ID", world.emulator.account_id().to_owned()),
+    ]
+}
+
+/// The `batchd` binary with [`world_env`].
+pub(crate) fn batchd(world: &World) -> Command {
+    let mut command = Command::new(binary("batchd").expect("batchd binary"));
+    command.env_clear().envs(world_env(world));
+    command
+}
+
+/// Runs a command to completion off the async runtime.
+pub(crate) async fn run(mut command: Command) -> Output {
+    tokio::task::spawn_blocking(move || command.output().expect("run command")).await.expect("join")
+}
+
+/// `batchd <args>`: (exit code, stdout, stderr).
+async fn cli(world: &World, args: &[&str]) -> (i32, String, String) {
+    let mut command = batchd(world);
+    command.args(args);
+    let output = run(command).await;
+    (output.status.code().unwrap_or(-1), text(&output.stdout), text(&output.stderr))
+}
+
+pub(crate) fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn write(dir: &Path, name: &str, content: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, content).expect("write file");
+    path.display().to_string()
+}
+
+#[tokio::test]
+async fn jsonl_submit_waits_and_writes_responses_in_request_order() {
+    let world = World::new().await;
+    // Three items per batch, so the ten items come back from four remote batches.
+    let mut settings = world.settings.clone();
+    settings.jobs.max_batch_items = 3;
+    let daemon = Daemon::start(settings, &world.emulator);
+    let mut lines: Vec<String> = (0..10)
+        .map(|i| json!({"query": format!("q {i}"), "contexts": [{"text": format!("c {i}")}], "external_reference": format!("r{i}")}).to_string())
+        .collect();
+    lines.insert(4, String::new()); // blank lines are skipped
+    let items = write(&world.redis.dir, "items.jsonl", &(lines.join("\n") + "\n"));
+    let out = world.redis.dir.join("responses.jsonl");
+
+    let (code, stdout, stderr) = cli(
+        &world,
+        &[
+            "submit", &items, "--model", "@cf/baai/bge-m3", "--id", "jl-1", "--metadata", r#"{"batch":"nightly"}"#,
+            "--wait", "--timeout", "60", "--out", out.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "stderr: {stderr}");
+    let (id_line, rest) = stdout.split_once('\n').expect("id, then the result");
+    assert_eq!(id_line, "jl-1");
+    let result: Value = serde_json::from_str(rest).expect("result JSON");
+    assert_eq!(result["status"], "completed");
+    assert_eq!(result["items_total"], 10);
+    assert_eq!(result["metadata"], json!({"batch": "nightly"}));
+    assert_eq!(result["out"], json!({"file": out.display().to_string(), "lines": 10}));
+    assert!(result["result"].get("responses").is_none(), "responses went to the file, not stdout");
+    assert_eq!(result["request_ids"].as_array().map(Vec::len), Some(4), "four batches");
+
+    let written = std::fs::read_to_string(&out).expect("--out file");
+    let responses: Vec<Value> = written.lines().map(|line| serde_json::from_str(line).expect("JSONL")).collect();
+    assert_eq!(responses.len(), 10);
+    for (i, response) in responses.iter().enumerate() {
+        assert_eq!(response["index"], i, "request order: {written}");
+        assert_eq!(response["external_reference"], format!("r{i}"));
+        assert_eq!(response["success"], true);
+    }
+    // Not a terminal: one plain progress line per change, the last one the final state.
+    assert!(stderr.lines().any(|line| line.starts_with("jl-1: running (chunk 0: ")), "{stderr}");
+    assert_eq!(stderr.lines().last(), Some("jl-1: completed"), "{stderr}");
+    let ledger = world.ledger("jl-1").await;
+    assert_eq!(ledger.get("n_chunks").map(String::as_str), Some("4"));
+    daemon.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn submit_wait_shows_a_progress_bar_on_a_terminal() {
+    let world = World::new().await;
+    let daemon = world.daemon();
+    let job = write(&world.redis.dir, "job.json", &bge_m3_job("tty-1", 4).to_string());
+    // `script` gives the command a pseudo-terminal, as an operator's shell would.
+    let batchd_path = binary("batchd").unwrap();
+    let mut script = Command::new("script");
+    script
+        .env_clear()
+        .envs(world_env(&world))
+        .env("TERM", "xterm")
+        .args(["-qfec", &format!("{} submit --wait --timeout 60 {job}", batchd_path.display()), "/dev/null"]);
+    let output = run(script).await;
+    let screen = text(&output.stdout);
+    assert!(output.status.success(), "{screen}");
+    assert!(screen.contains("tty-1"), "{screen}");
+    assert!(screen.contains("4/4 items"), "the bar counts items: {screen}");
+    assert!(screen.contains("completed, chunks 1/1"), "and chunks: {screen}");
+    assert!(screen.contains("\"status\": \"completed\""), "{screen}");
+    daemon.stop().await.unwrap();
+}
+
+/// Starts `batchd tail ...` and returns it once it says it is following (so nothing published later is missed).
+async fn start_tail(world: &World, args: &[&str]) -> std::process::Child {
+    let mut command = batchd(world);
+    command.arg("tail").args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+    tokio::task::spawn_blocking(move || {
+        let mut child = command.spawn().expect("start tail");
+        let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
+        let mut line = String::new();
+        stderr.read_line(&mut line).expect("read stderr");
+        assert!(line.starts_with("following "), "tail announces itself: {line}");
+        child
+    })
+    .await
+    .expect("join")
+}
+
+#[tokio::test]
+async fn tail_follows_results_from_now_or_from_the_start() {
+    let world = World::new().await;
+    let daemon = world.daemon();
+    world.enqueue(&bge_m3_job("t-1", 1)).await;
+    world.wait_for_result("t-1", WAIT).await;
+
+    let child = start_tail(&world, &["--count", "2", "--json", "--timeout", "60"]).await;
+    world.enqueue(&bge_m3_job("t-2", 2)).await;
+    world.enqueue(&json!({"id": "t-3", "model": "@cf/nobody/nothing", "requests": [{"text": "x"}]})).await;
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    let entries: Vec<Value> = text(&output.stdout).lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect();
+    let mut ids: Vec<&str> = entries.iter().map(|e| e["job_id"].as_str().unwrap()).collect();
+    ids.sort();
+    assert_eq!(ids, ["t-2", "t-3"], "from now: t-1 was published before tail started");
+    let t2 = entries.iter().find(|e| e["job_id"] == "t-2").unwrap();
+    assert_eq!(t2["result"]["responses"].as_array().map(Vec::len), Some(2), "JSON fields are decoded");
+    assert!(t2["entry_id"].as_str().is_some_and(|id| id.contains('-')));
+
+    let (code, stdout, _) = cli(&world, &["tail", "--from-start", "--count", "3"]).await;
+    assert_eq!(code, 0);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert!(lines[0].ends_with("  t-1  completed  1 items, 0 failed  @cf/baai/bge-m3"), "{stdout}");
+    let failed = lines.iter().find(|line| line.contains("  t-3  failed  ")).expect("t-3's line");
+    assert!(failed.contains("  api_error: ") || failed.contains("  invalid_job: "), "the error is shown: {failed}");
+
+    let (code, stdout, stderr) = cli(&world, &["tail", "--from-start", "--count", "5", "--timeout", "1"]).await;
+    assert_eq!(code, 4, "{stderr}");
+    assert_eq!(stdout.lines().count(), 3);
+    assert!(stderr.trim_end().ends_with("batchd: gave up after 1s with 3 of 5 entries"), "{stderr}");
+    daemon.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn jobs_lists_ledgers_by_state_and_cancel_ends_a_running_job() {
+    let world = World::new().await;
+    let daemon = world.daemon();
+    for id in ["done-1", "done-2"] {
+        world.enqueue(&bge_m3_job(id, 1)).await;
+        world.wait_for_result(id, WAIT).await;
+    }
+    world.enqueue(&json!({"id": "bad-1", "requests": [{"text": "x"}]})).await;
+    world.wait_for_result("bad-1", WAIT).await;
+    // Batches now stay queued, so the next job keeps running.
+    world.emulator.set_timing(Duration::from_secs(600), Duration::from_secs(600));
+    world.enqueue(&bge_m3_job("slow-1", 2)).await;
+    let started = Instant::now();
+    while world.ledger("slow-1").await.get("state").map(String::as_str) != Some("running") {
+        assert!(started.elapsed() < WAIT, "slow-1 never ran");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+
+    let (code, stdout, stderr) = cli(&world, &["jobs"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines[0].starts_with("JOB ID") && lines[0].ends_with("MODEL"), "{stdout}");
+    assert_eq!(lines.len(), 6, "header, four jobs, footer: {stdout}");
+    assert!(lines[1].starts_with("slow-1  running"), "newest first: {stdout}");
+    assert!(lines[5].starts_with("4 of 4 matching jobs shown (4 ledgers scanned in namespace"), "{stdout}");
+
+    let (code, stdout, _) = cli(&world, &["jobs", "--state", "completed", "--json"]).await;
+    assert_eq!(code, 0);
+    let listed: Value = serde_json::from_str(&stdout).unwrap();
+    let ids: Vec<&str> = listed["jobs"].as_array().unwrap().iter().map(|j| j["job_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["done-2", "done-1"]);
+    assert_eq!((listed["matching"].as_u64(), listed["scanned"].as_u64()), (Some(2), Some(4)));
+    assert_eq!(listed["jobs"][0]["n_items"], 1);
+
+    let (_, stdout, _) = cli(&world, &["jobs", "--state", "failed", "--state", "running", "--limit", "1", "--json"]).await;
+    let listed: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(listed["matching"], 2);
+    assert_eq!(listed["jobs"].as_array().map(Vec::len), Some(1), "--limit");
+
+    let (code, stdout, stderr) = cli(&world, &["cancel", "slow-1", "--reason", "not needed"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.starts_with("cancellation of job slow-1 (running) requested"), "{stdout}");
+    let result = world.wait_for_result("slow-1", WAIT).await;
+    assert_eq!(result.status, ResultStatus::Cancelled);
+    let (_, stdout, _) = cli(&world, &["cancel", "done-1"]).await;
+    assert_eq!(stdout.trim_end(), "job done-1 already ended completed; nothing to cancel");
+    let (_, stdout, _) = cli(&world, &["jobs", "--state", "cancelled", "--json"]).await;
+    let listed: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(listed["jobs"][0]["job_id"], "slow-1");
+    daemon.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn stats_shows_depths_in_flight_work_oldest_waiting_and_throughput() {
+    let world = World::new().await;
+    let daemon = world.daemon();
+    for id in ["s-1", "s-2", "s-3"] {
+        world.enqueue(&bge_m3_job(id, 1)).await;
+    }
+    let dead_entry = world.enqueue_raw(&[("payload", "not a job".into())]).await;
+    world.wait_for_results(4, WAIT).await;
+    daemon.stop().await.unwrap();
+    // Two jobs wait with no daemon running; a results reader has its own group.
+    world.enqueue(&bge_m3_job("w-1", 1)).await;
+    world.enqueue(&bge_m3_job("w-2", 1)).await;
+    let mut conn = world.conn.clone();
+    let _: () = conn.xgroup_create(world.keys.results(), "billing", "0").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let (code, stdout, stderr) = cli(&world, &["stats", "--json"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let stats: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(stats["namespace"], world.settings.redis.namespace);
+    assert_eq!(stats["submit"]["entries"], 2);
+    assert_eq!(stats["submit"]["waiting"], 2);
+    assert_eq!(stats["submit"]["in_flight"], 0);
+    assert!(stats["submit"]["oldest_waiting_ms"].as_u64().is_some_and(|ms| ms >= 20 && ms < 60_000), "{stats}");
+    assert_eq!(stats["schedule"]["chunks_in_flight"], 0);
+    assert_eq!(stats["results"]["entries"], 4);
+    assert_eq!(stats["results"]["throughput"]["windows"], json!({"1m": 4, "5m": 4, "15m": 4}));
+    assert_eq!(stats["results"]["throughput"]["by_status_15m"], json!({"completed": 3, "failed": 1}));
+    assert_eq!(stats["results"]["groups"][0]["name"], "billing");
+    assert_eq!(stats["results"]["groups"][0]["lag"], 4);
+    assert_eq!(stats["dead"]["entries"], 1);
+
+    let (code, stdout, _) = cli(&world, &["stats"]).await;
+    assert_eq!(code, 0);
+    assert!(stdout.contains("  submit stream    2 entries: 2 waiting, 0 being taken in; oldest waiting "), "{stdout}");
+    assert!(stdout.contains("  in flight        0 chunks"), "{stdout}");
+    assert!(stdout.contains("  results          4 entries; last 1m 4 (4.0/min), 5m 4 (0.8/min), 15m 4 (0.3/min)"), "{stdout}");
+    assert!(stdout.contains("last 15m: 3 completed, 1 failed"), "{stdout}");
+    assert!(stdout.contains("  result readers   group billing: 0 pending, lag 4"), "{stdout}");
+    assert!(stdout.contains("  dead letters     1 entries"), "{stdout}");
+
+    // A capped throughput count says so.
+    let (_, stdout, _) = cli(&world, &["stats", "--json", "--scan-limit", "2"]).await;
+    let stats: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(stats["results"]["throughput"]["capped"], true);
+    assert_eq!(stats["results"]["throughput"]["windows"]["15m"], 2);
+    assert!(!dead_entry.is_empty());
+}
+
+#[tokio::test]
+async fn dead_letters_are_listed_shown_retried_after_validation_and_purged() {
+    let world = World::new().await;
+    // A daemon with a tiny entry limit sends a normal job to the dead-letter stream, with two real misfits.
+    let mut small = world.settings.clone();
+    small.jobs.max_entry_bytes = 200;
+    let daemon = Daemon::start(small, &world.emulator);
+    let big = world.enqueue(&bge_m3_job("big-1", 3)).await;
+    let no_job = world.enqueue_raw(&[("payload", "hello".into())]).await;
+    let not_json = world.enqueue_raw(&[("job", "not json".into())]).await;
+    world.wait_for_results(3, WAIT).await;
+    daemon.stop().await.unwrap();
+    let dead: Vec<(String, std::collections::HashMap<String, String>)> =
+        redis::cmd("XRANGE").arg(world.keys.dead()).arg("-").arg("+").query_async(&mut world.conn.clone()).await.unwrap();
+    let dead_id = |source: &str| dead.iter().find(|(_, f)| f["source_id"] == source).map(|(id, _)| id.clone()).unwrap();
+    let (big_dead, no_job_dead, not_json_dead) = (dead_id(&big), dead_id(&no_job), dead_id(&not_json));
+
+    let (code, stdout, _) = cli(&world, &["dead", "list"]).await;
+    assert_eq!(code, 0);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines[0].starts_with("ENTRY ID") && lines[0].ends_with("ERROR"), "{stdout}");
+    assert!(lines[1].starts_with(&not_json_dead), "newest first: {stdout}");
+    assert!(lines[1].ends_with("`job` is not valid JSON: expected ident at line 1 column 2"), "{stdout}");
+    assert_eq!(lines[4], format!("3 of 3 dead-letter entries shown (namespace {})", world.settings.redis.namespace));
+    let (_, stdout, _) = cli(&world, &["dead", "list", "--json", "--limit", "2"]).await;
+    let listed: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(listed.as_array().map(Vec::len), Some(2));
+    assert_eq!(listed[1]["source_id"], no_job);
+    assert_eq!(listed[1]["field_bytes"], json!({"payload": 5}));
+
+    let (code, stdout, _) = cli(&world, &["dead", "show", &big_dead]).await;
+    assert_eq!(code, 0);
+    assert!(stdout.contains(&format!("  source id    {big}")), "{stdout}");
+    assert!(stdout.contains("limit (limits.max_entry_bytes) is 200"), "{stdout}");
+    assert!(stdout.contains("  field job ("), "{stdout}");
+    let (_, stdout, _) = cli(&world, &["dead", "show", &big_dead, "--json"]).await;
+    let shown: Value = serde_json::from_str(&stdout).unwrap();
+    let original: Value = serde_json::from_str(shown["fields"]["job"].as_str().unwrap()).unwrap();
+    assert_eq!(original, bge_m3_job("big-1", 3));
+
+    // Entries that are still not jobs are refused, one line each, and kept.
+    let (code, _, stderr) = cli(&world, &["dead", "retry", &no_job_dead]).await;
+    assert_eq!((code, stderr.trim_end()), (1, format!("batchd: dead-letter entry {no_job_dead} has no `job` field to retry (fields: payload); kept").as_str()));
+    let (code, _, stderr) = cli(&world, &["dead", "retry", &not_json_dead]).await;
+    assert_eq!(code, 1);
+    assert_eq!(
+        stderr.trim_end(),
+        format!("batchd: dead-letter entry {not_json_dead} is still not a valid job: `job` is not valid JSON: expected ident at line 1 column 2; kept")
+    );
+    // The big job is valid under the CLI's (default) limits: it goes back to the submit stream, byte for byte.
+    let (code, stdout, stderr) = cli(&world, &["dead", "retry", &big_dead]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.starts_with(&format!("requeued dead-letter entry {big_dead} as submit entry ")), "{stdout}");
+    assert!(stdout.trim_end().ends_with("(job big-1)"), "{stdout}");
+    assert_eq!(world.stream(&world.keys.dead()).await.len(), 2);
+    let daemon = world.daemon();
+    let result = world.wait_for_result("big-1", WAIT).await;
+    assert_eq!(result.status, ResultStatus::Completed);
+    assert_eq!(result.items_total, 3);
+    daemon.stop().await.unwrap();
+
+    let (code, stdout, _) = cli(&world, &["dead", "purge", &no_job_dead]).await;
+    assert_eq!((code, stdout.trim_end()), (0, format!("purged 1 dead-letter entries (namespace {})", world.settings.redis.namespace).as_str()));
+    let (code, _, stderr) = cli(&world, &["dead", "purge", &no_job_dead, &not_json_dead]).await;
+    assert_eq!(code, 5, "all or nothing: {stderr}");
+    assert_eq!(world.stream(&world.keys.dead()).await.len(), 1, "nothing purged when one id is unknown");
+    let (code, stdout, _) = cli(&world, &["dead", "purge", "--all"]).await;
+    assert_eq!((code, stdout.trim_end()), (0, format!("purged 1 dead-letter entries (namespace {})", world.settings.redis.namespace).as_str()));
+    assert!(world.stream(&world.keys.dead()).await.is_empty());
+}
+
+#[tokio::test]
+async fn bad_input_to_every_command_is_one_line_and_a_nonzero_exit() {
+    let world = World::new().await;
+    let dir = &world.redis.dir;
+    let bad_line = write(dir, "bad.jsonl", "{\"text\":\"a\"}\n\n{\"text\": \"b\"\n{\"text\":\"c\"}\n");
+    let not_object = write(dir, "array.jsonl", "{\"text\":\"a\"}\n[\"b\"]\n");
+    let empty = write(dir, "empty.jsonl", "\n\n");
+    let jsonl_as_job = write(dir, "items.jsonl", "{\"text\":\"a\"}\n{\"text\":\"b\"}\n");
+    let good = write(dir, "good.json", &bge_m3_job("g-1", 1).to_string());
+    let cases: Vec<(Vec<&str>, i32, String)> = vec![
+        (vec!["submit", "/nonexistent/job.json"], 1, "batchd: cannot read /nonexistent/job.json: ".into()),
+        (vec!["submit", "/nonexistent/items.jsonl", "--model", "@cf/baai/bge-m3"], 1, "batchd: cannot read /nonexistent/items.jsonl".into()),
+        (vec!["submit", &bad_line, "--model", "@cf/baai/bge-m3"], 1, format!("batchd: {bad_line}:3: not valid JSON: ")),
+        (vec!["submit", &not_object, "--model", "@cf/baai/bge-m3"], 1, format!("batchd: {not_object}:2: a request item must be a JSON object, got an array")),
+        (vec!["submit", &empty, "--model", "@cf/baai/bge-m3"], 1, format!("batchd: {empty}: no request items")),
+        (vec!["submit", &jsonl_as_job], 1, format!("batchd: {jsonl_as_job}: `job` is not valid JSON: ")),
+        (vec!["submit", &good, "--model", "@cf/../x"], 1, format!("batchd: {good}: invalid `model`: ")),
+        (vec!["submit", &good, "--out", "x.jsonl"], 2, "batchd: the following required arguments were not provided: --wait".into()),
+        (vec!["submit", &good, "--id", "a b"], 1, "batchd: --id: contains ' '".into()),
+        (vec!["status", "no-such-job"], 5, "batchd: no job no-such-job in namespace".into()),
+        (vec!["cancel", "bad id"], 1, "batchd: job id \"bad id\" contains ' '".into()),
+        (vec!["tail", "--stream", "a b"], 1, "batchd: --stream \"a b\": a results stream suffix is".into()),
+        (vec!["tail", "--count", "many"], 2, "batchd: invalid value 'many' for '--count <N>'".into()),
+        (vec!["jobs", "--state", "bogus"], 2, "batchd: invalid value 'bogus' for '--state <STATE>': expected one of accepted,".into()),
+        (vec!["stats", "--scan-limit", "-1"], 2, "batchd: unexpected argument '-1' found".into()),
+        (vec!["dead", "show", "1-0"], 5, format!("batchd: no dead-letter entry 1-0 in {}", world.keys.dead())),
+        (vec!["dead", "show", "abc"], 1, "batchd: \"abc\" is not a stream entry id".into()),
+        (vec!["dead", "retry", "1-0"], 5, "batchd: no dead-letter entry 1-0".into()),
+        (vec!["dead", "purge"], 2, "batchd: the following required arguments were not provided: <ENTRY_IDS>...".into()),
+        (vec!["dead", "frob"], 2, "batchd: unrecognized subcommand 'frob'".into()),
+    ];
+    for (args, code, message) in &cases {
+        let (actual, _, stderr) = cli(&world, args).await;
+        assert_eq!(actual, *code, "{args:?}: {stderr}");
+        assert!(stderr.starts_with(message.as_str()), "{args:?}: expected {message:?}, got {stderr:?}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: one line: {stderr}");
+    }
+    let hint = cli(&world, &["submit", &jsonl_as_job]).await.2;
+    assert!(hint.trim_end().ends_with("(for JSONL request items, give --model)"), "{hint}");
+    assert_eq!(world.conn.clone().xlen::<_, usize>(world.keys.submit()).await.unwrap(), 0, "nothing was enqueued");
+
+    // Redis unreachable: every command says so in one line.
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["submit", &good],
+        vec!["status", "g-1"],
+        vec!["cancel", "g-1"],
+        vec!["tail", "--count", "1"],
+        vec!["jobs"],
+        vec!["stats"],
+        vec!["dead", "list"],
+        vec!["dead", "show", "1-0"],
+        vec!["dead", "retry", "1-0"],
+        vec!["dead", "purge", "--all"],
+    ];
+    for args in commands {
+        let mut command = batchd(&world);
+        command.env("REDIS_URL", "redis://127.0.0.1:1").args(&args);
+        let output = run(command).await;
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.starts_with("batchd: cannot reach Redis at redis://127.0.0.1:1"), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+    }
+}
