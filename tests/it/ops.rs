@@ -261,7 +261,7 @@ async fn the_sampler_reads_exact_queue_depths_from_redis() {
             earliest_due_ms: Some(now_ms - 4_000),
         }
     );
-    assert_eq!(batchd::admin::entry_age(sample.oldest_entry_id.as_deref().unwrap(), now_ms), Duration::from_secs(90));
+    assert_eq!(batchd::admin::entry_age(sample.oldest_entry_id.as_deref().expect("oldest id"), now_ms), Duration::from_secs(90));
 
     let other = batchd_core::Keys::new("untouched").expect("namespace");
     let empty = QueueSample::read(&mut manager.clone(), &other, now_ms).await.expect("no keys, no group: zeros");

@@ -362,6 +362,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::unwrap_used)]
     fn readiness_needs_running_workers_and_redis() {
         let health = Health::default();
         assert!(health.liveness().is_ok());

@@ -380,10 +380,9 @@ pub async fn wait_for_http(
     let started = Instant::now();
     loop {
         let answer = http_get(addr, path).await;
-        if let Ok((status, body)) = &answer {
-            if accept(*status, body) {
-                return (*status, body.clone());
-            }
+        match &answer {
+            Ok((status, body)) if accept(*status, body) => return (*status, body.clone()),
+            _ => {}
         }
         assert!(started.elapsed() < timeout, "GET {path}: still {answer:?} after {timeout:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
