@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use batchd_core::JobId;
 use batchd_emulator::EmulatorConfig;
-use batchd_producer::{Delivery, JobState, NewJob, Producer, ProducerError, ReaderOptions, ResultReader, ResultStatus};
+use batchd_producer::{CancelOutcome, Delivery, JobState, NewJob, Producer, ProducerError, ReaderOptions, ResultReader, ResultStatus};
 use batchd_tests::World;
 use redis::AsyncCommands;
 use serde_json::json;
@@ -294,4 +294,37 @@ async fn a_reader_acknowledges_entries_trimmed_while_pending_and_counts_them() {
     bad.stream = Some("other:results".into());
     let error = producer.results_reader(bad).await.unwrap_err();
     assert!(matches!(error, ProducerError::Option(_)), "{error:?}");
+}
+
+#[tokio::test]
+async fn cancel_requests_are_honoured_by_the_daemon() {
+    let world = World::new().await;
+    let producer = producer(&world).await;
+    // Batches stay queued, so a submitted job keeps running until it is cancelled.
+    world.emulator.set_timing(Duration::from_secs(600), Duration::from_secs(600));
+    let daemon = world.daemon();
+
+    // Cancelled before it was enqueued: never submitted.
+    let early = JobId::parse("c-early").unwrap();
+    assert_eq!(producer.cancel(&early, "changed my mind").await.unwrap(), CancelOutcome::Requested(None));
+    producer.enqueue(&embedding_job(0).with_id("c-early")).await.unwrap();
+    let result = world.wait_for_result("c-early", WAIT).await;
+    assert_eq!(result.status, ResultStatus::Cancelled);
+    assert!(result.error.expect("an error").message.contains("changed my mind"));
+    assert!(world.emulator.submits().is_empty(), "a job cancelled before intake is never submitted");
+
+    // Running: cancelled at its next step.
+    let running = producer.enqueue(&embedding_job(1).with_id("c-run")).await.unwrap();
+    let started = Instant::now();
+    while producer.status(&running).await.unwrap().map(|s| s.state) != Some(JobState::Running) {
+        assert!(started.elapsed() < WAIT, "c-run never ran");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(producer.cancel(&running, "").await.unwrap(), CancelOutcome::Requested(Some(JobState::Running)));
+    assert_eq!(world.wait_for_result("c-run", WAIT).await.status, ResultStatus::Cancelled);
+
+    // Finished: left alone.
+    assert_eq!(producer.cancel(&early, "again").await.unwrap(), CancelOutcome::AlreadyFinished(JobState::Cancelled));
+    assert_eq!(world.results().await.len(), 2);
+    daemon.stop().await.unwrap();
 }

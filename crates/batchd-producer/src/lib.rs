@@ -26,7 +26,7 @@
 //! Delivery of results is at least once; the rule for duplicates is in [`reader`]. See `docs/producers.md` for
 //! the same from other languages, and `examples/enqueue_and_read.rs` for a runnable program.
 //!
-//! Cancelling a job is not offered yet: the daemon has no cancel operation (it comes with the big-batches work).
+//! [`Producer::cancel`] requests a job's cancellation with the documented flag key; the daemon does the rest.
 
 mod error;
 mod producer;
@@ -35,6 +35,6 @@ mod reply;
 
 pub use batchd_core::{JobError, JobId, JobLimits, JobState, ResultEntry, ResultStatus};
 pub use error::ProducerError;
-pub use producer::{ChunkStatus, JobStatus, NewJob, Producer};
+pub use producer::{CancelOutcome, ChunkStatus, JobStatus, NewJob, Producer};
 pub use reader::{Delivery, GroupStart, ReaderOptions, ResultReader};
 pub use reply::entry_millis;

@@ -44,12 +44,23 @@ pub struct NewJob {
     /// Seconds after acceptance at which the job ends `expired` (default: the daemon's `jobs.default_deadline_secs`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deadline_secs: Option<u64>,
+    /// Resubmit, once, the items that came back `success:false` (default: the daemon's `jobs.retry_failed_items`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_failed_items: Option<bool>,
 }
 
 impl NewJob {
     /// A job for `model` with these request items.
     pub fn new(model: impl Into<String>, requests: Vec<serde_json::Value>) -> Self {
-        Self { id: None, model: model.into(), requests, reply_to: None, metadata: None, deadline_secs: None }
+        Self {
+            id: None,
+            model: model.into(),
+            requests,
+            reply_to: None,
+            metadata: None,
+            deadline_secs: None,
+            retry_failed_items: None,
+        }
     }
 
     /// Sets the job id (makes enqueueing idempotent).
@@ -73,6 +84,12 @@ impl NewJob {
     /// Sets the job's deadline in seconds after acceptance.
     pub fn with_deadline_secs(mut self, secs: u64) -> Self {
         self.deadline_secs = Some(secs);
+        self
+    }
+
+    /// Asks the daemon to resubmit failed items once (or not, overriding its default).
+    pub fn with_retry_failed_items(mut self, retry: bool) -> Self {
+        self.retry_failed_items = Some(retry);
         self
     }
 
@@ -207,6 +224,19 @@ impl JobStatus {
     }
 }
 
+/// What [`Producer::cancel`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The cancellation was requested. The job's state at that moment, or `None` when it has no ledger (not taken in
+    /// yet: it will never be submitted if it arrives while the request lasts).
+    Requested(Option<JobState>),
+    /// The job had already ended; nothing was changed.
+    AlreadyFinished(JobState),
+}
+
+/// How long a cancellation request lasts by default: the daemon's default `retention.ledger_ttl_secs`.
+const DEFAULT_CANCEL_TTL: Duration = Duration::from_secs(604_800);
+
 /// Enqueues jobs into one batchd namespace and reads their state. Cheap to clone (one multiplexed connection).
 #[derive(Clone)]
 pub struct Producer {
@@ -218,6 +248,8 @@ pub struct Producer {
     keys: Keys,
     /// The limits jobs are validated against (the daemon's defaults unless set).
     limits: JobLimits,
+    /// How long a cancellation request is kept (the daemon's `retention.ledger_ttl_secs` unless set).
+    cancel_ttl: Duration,
 }
 
 impl std::fmt::Debug for Producer {
@@ -237,12 +269,18 @@ impl Producer {
             .set_connection_timeout(Some(Duration::from_secs(5)))
             .set_response_timeout(Some(Duration::from_secs(30)));
         let conn = client.get_multiplexed_async_connection_with_config(&config).await.map_err(connect_error)?;
-        Ok(Self { client, conn, keys, limits: JobLimits::default() })
+        Ok(Self { client, conn, keys, limits: JobLimits::default(), cancel_ttl: DEFAULT_CANCEL_TTL })
     }
 
     /// Validates against these limits instead of the daemon's defaults (set them to the daemon's `jobs.*`).
     pub fn with_limits(mut self, limits: JobLimits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// Keeps cancellation requests this long (set it to the daemon's `retention.ledger_ttl_secs`).
+    pub fn with_cancel_ttl(mut self, ttl: Duration) -> Self {
+        self.cancel_ttl = ttl.max(Duration::from_secs(1));
         self
     }
 
@@ -321,6 +359,22 @@ impl Producer {
             return Ok(None);
         };
         ResultEntry::from_fields(&fields).map(Some).map_err(|e| ProducerError::Reply(format!("{entry_id}: {e}")))
+    }
+
+    /// Requests the cancellation of job `id` the documented way (docs/wire-format.md, "Cancelling a job"): it sets
+    /// `{ns}:cancel:<id>` to `reason`. The daemon notices at the job's next step (at most its
+    /// `poll.max_interval_ms` later) and publishes one `cancelled` result with the responses of the batches that had
+    /// finished; a job not taken in yet is never submitted. A job that already ended is left alone.
+    pub async fn cancel(&self, id: &JobId, reason: &str) -> Result<CancelOutcome, ProducerError> {
+        let mut conn = self.conn.clone();
+        let state: Option<String> = conn.hget(self.keys.job(id), field::STATE).await?;
+        let state = state.and_then(|state| state.parse::<JobState>().ok());
+        if let Some(state) = state.filter(|state| state.is_terminal()) {
+            return Ok(CancelOutcome::AlreadyFinished(state));
+        }
+        let reason = if reason.is_empty() { "cancelled" } else { reason };
+        let _: () = conn.set_ex(self.keys.cancel(id), reason, self.cancel_ttl.as_secs()).await?;
+        Ok(CancelOutcome::Requested(state))
     }
 
     /// Opens a results reader on a connection of its own (its blocking reads would hold up this producer's).
