@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use batchd_core::ResultStatus;
 use batchd_emulator::{CallKind, EmulatorConfig, Fault, RateLimit};
-use batchd_tests::{Daemon, World, bge_m3_job, small_embeddings};
+use batchd_tests::{Daemon, World, bge_m3_job, patient, small_embeddings};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -20,7 +20,7 @@ fn embeddings_job(id: &str, n: usize, text: &str) -> serde_json::Value {
 async fn fifty_thousand_items_with_an_item_cap_come_back_as_one_result_in_order() {
     let mut world = World::with_emulator(small_embeddings()).await;
     world.settings.jobs.max_batch_items = 1000;
-    let daemon = world.daemon();
+    let daemon = Daemon::start(patient(world.settings.clone()), &world.emulator);
     world.enqueue(&embeddings_job("fifty-k", 50_000, "item ")).await;
     let result = world.wait_for_result("fifty-k", WAIT).await;
     assert_eq!(result.status, ResultStatus::Completed, "{:?}", result.error);
@@ -48,7 +48,7 @@ async fn fifty_thousand_items_with_an_item_cap_come_back_as_one_result_in_order(
 #[tokio::test]
 async fn a_40_mb_job_is_sent_in_batches_under_10_mb() {
     let world = World::with_emulator(small_embeddings()).await;
-    let daemon = world.daemon();
+    let daemon = Daemon::start(patient(world.settings.clone()), &world.emulator);
     let text = "y".repeat(4000);
     let job = embeddings_job("forty-mb", 10_000, &text);
     let size = job.to_string().len();

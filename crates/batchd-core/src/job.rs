@@ -96,7 +96,8 @@ impl Job {
         keys: &Keys,
     ) -> Result<Job, DecodeError> {
         let Some((_, raw)) = fields.iter().find(|(name, _)| name == JOB_FIELD) else {
-            let names: Vec<&str> = fields.iter().map(|(name, _)| name.as_str()).collect();
+            // Escaped: a field name is producer data and must not break the message's one line.
+            let names: Vec<String> = fields.iter().map(|(name, _)| name.escape_debug().to_string()).collect();
             let present = if names.is_empty() { "none".to_owned() } else { names.join(", ") };
             return Err(DecodeError::undecodable(format!(
                 "entry has no `{JOB_FIELD}` field (fields present: {present})"
@@ -213,7 +214,7 @@ impl Job {
 
         let metadata = match optional(&object, "metadata") {
             None => None,
-            Some(raw) if raw.get().starts_with('{') => Some(raw.clone()),
+            Some(raw) if raw.get().starts_with('{') => Some(raw.to_owned()),
             Some(raw) => {
                 return Err(invalid(
                     "metadata",
@@ -230,7 +231,7 @@ impl Job {
                 Err(_) => {
                     return Err(invalid(
                         "deadline_secs",
-                        format!("must be a positive whole number of seconds, got {}", raw.get()),
+                        format!("must be a positive whole number of seconds, got {}", describe(raw.get())),
                     ));
                 }
             },
@@ -261,13 +262,26 @@ fn invalid_unknown(id: &JobId, unknown: &str) -> DecodeError {
 }
 
 /// A present, non-null field.
-fn optional<'a>(object: &'a BTreeMap<String, Box<RawValue>>, name: &str) -> Option<&'a Box<RawValue>> {
-    object.get(name).filter(|raw| raw.get() != "null")
+fn optional<'a>(object: &'a BTreeMap<String, Box<RawValue>>, name: &str) -> Option<&'a RawValue> {
+    object.get(name).map(|raw| &**raw).filter(|raw| raw.get() != "null")
 }
 
 fn string_field(raw: &RawValue) -> Result<String, String> {
     serde_json::from_str::<String>(raw.get())
         .map_err(|_| format!("must be a string, got {}", json_kind(raw.get())))
+}
+
+/// A wrong value for an error message: a number as written (shortened), anything else by its kind, so a
+/// pretty-printed or huge value cannot spread the message over many lines.
+fn describe(raw: &str) -> String {
+    const MAX_CHARS: usize = 32;
+    match json_kind(raw) {
+        "a number" if raw.len() > MAX_CHARS => {
+            format!("{}... ({} characters)", raw.chars().take(MAX_CHARS).collect::<String>(), raw.len())
+        }
+        "a number" => raw.to_owned(),
+        kind => kind.to_owned(),
+    }
 }
 
 /// Names the kind of a JSON value for error messages ("a number", "an array", ...).

@@ -94,10 +94,10 @@ impl<T: Send + 'static> Backend for FetchBackend<T> {
             let hand_back = Arc::clone(&self.hand_back);
             self.closing = Some(
                 async move {
-                    if let Some(fetcher) = fetcher {
-                        if let Err(e) = fetcher.await {
-                            tracing::error!(error = %e, "fetcher task ended abnormally");
-                        }
+                    if let Some(fetcher) = fetcher
+                        && let Err(e) = fetcher.await
+                    {
+                        tracing::error!(error = %e, "fetcher task ended abnormally");
                     }
                     let mut unstarted = Vec::new();
                     if let Some(mut rx) = rx {

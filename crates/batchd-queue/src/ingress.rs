@@ -160,11 +160,11 @@ async fn remove_idle_consumers(conn: &mut Conn, stream: &str, reclaim_idle: Dura
     for consumer in consumers {
         let number = |name: &str| consumer.get(name).and_then(|v| redis::from_redis_value::<i64>(v.clone()).ok());
         let name = consumer.get("name").and_then(|v| redis::from_redis_value::<String>(v.clone()).ok());
-        if let (Some(name), Some(0), Some(idle)) = (name, number("pending"), number("idle")) {
-            if idle >= min_idle {
-                let _: redis::RedisResult<i64> = conn.xgroup_delconsumer(stream, CONSUMER_GROUP, &name).await;
-                tracing::debug!(consumer = %name, "removed idle consumer");
-            }
+        if let (Some(name), Some(0), Some(idle)) = (name, number("pending"), number("idle"))
+            && idle >= min_idle
+        {
+            let _: redis::RedisResult<i64> = conn.xgroup_delconsumer(stream, CONSUMER_GROUP, &name).await;
+            tracing::debug!(consumer = %name, "removed idle consumer");
         }
     }
 }

@@ -23,8 +23,8 @@ pub use fetch::FetchBackend;
 pub use ingress::{IngressEntry, IngressSettings};
 pub use schedule::ScheduleSettings;
 pub use store::{
-    Accepted, AddOutcome, ChunkPlan, ChunkRecord, ChunkView, DeadLetter, NewChunk, Placement, PublishContext, Store,
-    StoreSettings, SubmitTicket,
+    Accepted, AddOutcome, ChunkPlan, ChunkRecord, ChunkView, DeadLetter, Intake, NewChunk, Placement, PublishContext,
+    Rejection, Store, StoreSettings, SubmitTicket,
 };
 
 /// Errors of the storage layer.

@@ -225,6 +225,40 @@ pub enum AddOutcome {
     Gone,
 }
 
+/// How an accepted job is recorded (see [`Store::accept`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Intake<'a> {
+    /// The ingress entry the job came from (acknowledged in the same step).
+    pub entry_id: &'a str,
+    /// The job's chunks.
+    pub plan: &'a ChunkPlan,
+    /// Acceptance time, Unix ms.
+    pub now: UnixMillis,
+    /// When the job expires, Unix ms.
+    pub deadline_at: UnixMillis,
+    /// When the first chunk becomes due if the accepting replica does not submit it (its lease).
+    pub first_due: UnixMillis,
+    /// Whether failed items are resubmitted once.
+    pub retry_failed_items: bool,
+}
+
+/// An ingress entry finished as a failed job without running (see [`Store::reject`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Rejection<'a> {
+    /// The ingress entry (acknowledged in the same step).
+    pub entry_id: &'a str,
+    /// The id the failure is published under.
+    pub job_id: &'a JobId,
+    /// The job's model, when known.
+    pub model: &'a str,
+    /// Why.
+    pub error: &'a JobError,
+    /// A copy for the dead-letter stream, for entries that are not jobs at all.
+    pub dead: Option<&'a DeadLetter>,
+    /// Number of request items of the job (0 when unknown).
+    pub items_total: usize,
+}
+
 /// A planned split of a job into chunks: `(start, len)` item ranges covering the job in order.
 pub type ChunkPlan = Vec<(usize, usize)>;
 
@@ -311,16 +345,8 @@ impl Store {
     /// Accepts `job` from ingress entry `entry_id`: ledger created, chunks scheduled, entry acknowledged.
     /// The first chunk is scheduled at `first_due` (the accepting replica submits it right away and holds it
     /// by that lease); the others are due at once.
-    pub async fn accept(
-        &self,
-        job: &Job,
-        entry_id: &str,
-        plan: &ChunkPlan,
-        now: UnixMillis,
-        deadline_at: UnixMillis,
-        first_due: UnixMillis,
-        retry_failed_items: bool,
-    ) -> Result<Accepted, StoreError> {
+    pub async fn accept(&self, job: &Job, intake: &Intake<'_>) -> Result<Accepted, StoreError> {
+        let Intake { entry_id, plan, now, deadline_at, first_due, retry_failed_items } = *intake;
         let reply_to = job.reply_to.clone().unwrap_or_else(|| self.keys.results());
         let mut invocation = self.scripts.accept.prepare_invoke();
         invocation
@@ -368,16 +394,8 @@ impl Store {
     /// Finishes ingress entry `entry_id` as a failed job `job_id` without running it: one `failed` result entry
     /// with `error`, a finished ledger, the entry acknowledged; and, for an undecodable entry, a dead-letter copy.
     /// Returns false when `job_id` already had a ledger (the entry was a duplicate and only acknowledged).
-    pub async fn reject(
-        &self,
-        entry_id: &str,
-        job_id: &JobId,
-        model: &str,
-        error: &JobError,
-        dead: Option<&DeadLetter>,
-        items_total: usize,
-        now: UnixMillis,
-    ) -> Result<bool, StoreError> {
+    pub async fn reject(&self, rejection: &Rejection<'_>, now: UnixMillis) -> Result<bool, StoreError> {
+        let Rejection { entry_id, job_id, model, error, dead, items_total } = *rejection;
         let entry = ResultEntry {
             job_id: job_id.to_string(),
             status: batchd_core::ResultStatus::Failed,

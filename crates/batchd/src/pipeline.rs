@@ -20,8 +20,8 @@ use batchd_core::{
 };
 use batchd_queue::ingress::IngressEntry;
 use batchd_queue::{
-    now_ms, Accepted, AddOutcome, ChunkView, DeadLetter, NewChunk, Placement, PublishContext, Store, StoreError,
-    SubmitTicket,
+    now_ms, Accepted, AddOutcome, ChunkView, DeadLetter, Intake, NewChunk, Placement, PublishContext, Rejection, Store,
+    StoreError, SubmitTicket,
 };
 use futures::FutureExt;
 use serde_json::value::RawValue;
@@ -156,10 +156,15 @@ impl Pipeline {
                         too_large.index, too_large.bytes, too_large.body_bytes, self.split.max_payload_bytes
                     ),
                 );
-                let published = self
-                    .store
-                    .reject(&entry.id, &job.id, job.model.as_str(), &error, None, job.requests.len(), now)
-                    .await?;
+                let rejection = Rejection {
+                    entry_id: &entry.id,
+                    job_id: &job.id,
+                    model: job.model.as_str(),
+                    error: &error,
+                    dead: None,
+                    items_total: job.requests.len(),
+                };
+                let published = self.store.reject(&rejection, now).await?;
                 if published {
                     metrics::job_rejected(code::ITEM_TOO_LARGE);
                     tracing::warn!(item = too_large.index, bytes = too_large.bytes, "job refused: an item is too large");
@@ -171,7 +176,8 @@ impl Pipeline {
         let deadline_at = now + deadline.as_millis() as u64;
         let first_due = now + self.lease.as_millis() as u64;
         let retry_failed_items = job.retry_failed_items.unwrap_or(self.split.retry_failed_items);
-        match self.store.accept(&job, &entry.id, &plan, now, deadline_at, first_due, retry_failed_items).await? {
+        let intake = Intake { entry_id: &entry.id, plan: &plan, now, deadline_at, first_due, retry_failed_items };
+        match self.store.accept(&job, &intake).await? {
             Accepted::New => {
                 metrics::job_accepted();
                 tracing::info!(model = %job.model, n_items = job.requests.len(), n_chunks = plan.len(), "job accepted");
@@ -203,7 +209,15 @@ impl Pipeline {
             }
         };
         let model = model_hint(entry);
-        let published = self.store.reject(&entry.id, &job_id, &model, &job_error, dead.as_ref(), 0, now).await?;
+        let rejection = Rejection {
+            entry_id: &entry.id,
+            job_id: &job_id,
+            model: &model,
+            error: &job_error,
+            dead: dead.as_ref(),
+            items_total: 0,
+        };
+        let published = self.store.reject(&rejection, now).await?;
         if published {
             metrics::job_rejected(if dead.is_some() { code::INVALID_ENTRY } else { code::INVALID_JOB });
             tracing::warn!(job_id = %job_id, error = %job_error.message, dead_lettered = dead.is_some(), "job rejected");

@@ -388,7 +388,7 @@ impl Settings {
         if self.schedule.lease_secs <= self.cloudflare.request_timeout_secs {
             return fail("schedule.lease_secs", "must exceed cloudflare.request_timeout_secs");
         }
-        if !(self.poll.multiplier >= 1.0) {
+        if self.poll.multiplier.is_nan() || self.poll.multiplier < 1.0 {
             return fail("poll.multiplier", "must be at least 1.0");
         }
         if !(0.0..1.0).contains(&self.poll.jitter) {

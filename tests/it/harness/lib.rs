@@ -328,6 +328,14 @@ pub fn small_embeddings() -> EmulatorConfig {
     }
 }
 
+/// Settings for moving tens of megabytes on a busy 2-core machine: patient API requests (and a lease longer than
+/// them, as the configuration requires).
+pub fn patient(mut settings: Settings) -> Settings {
+    settings.cloudflare.request_timeout_secs = 60;
+    settings.schedule.lease_secs = 120;
+    settings
+}
+
 /// A job JSON with `n` bge-m3 query/contexts items.
 pub fn bge_m3_job(id: &str, n: usize) -> serde_json::Value {
     let requests: Vec<serde_json::Value> = (0..n)
