@@ -4,7 +4,7 @@
 CARGO ?= cargo
 SHELL := /bin/bash
 
-.PHONY: help build demo test lint fmt clean deps
+.PHONY: help build demo test lint fmt clean deps examples-deps
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -18,13 +18,26 @@ build: ## Build the batchd and batchd-emulator binaries
 demo: deps build ## Start a private redis-server, the emulator and the daemon; submit sample jobs; stop everything
 	@scripts/demo.sh
 
-test: deps ## Run every test (unit, golden and integration; real Redis, emulator over HTTP)
+test: deps examples-deps lint-deploy ## Run every test (unit, golden, integration with real Redis and the emulator, deploy lint)
 	$(CARGO) build --workspace --bins --tests
 	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		$(CARGO) nextest run --workspace --no-fail-fast; \
 	else \
 		echo "cargo-nextest not found; using cargo test (install it with: cargo install cargo-nextest)"; \
 		$(CARGO) test --workspace --no-fail-fast; \
+	fi
+
+examples-deps: ## Install the pinned packages of the example tests: redis-py (target/examples-venv), ioredis (examples/node)
+	@command -v python3 >/dev/null || { echo "examples-deps: python3 (3.8 or newer, with venv) is needed: apt-get install python3 python3-venv"; exit 1; }
+	@command -v npm >/dev/null || { echo "examples-deps: node 20 and npm are needed: apt-get install nodejs npm"; exit 1; }
+	@if [ ! -f target/examples-venv/.installed ] || [ examples/python/requirements.txt -nt target/examples-venv/.installed ]; then \
+		python3 -m venv target/examples-venv && \
+		target/examples-venv/bin/pip install --quiet --disable-pip-version-check --require-hashes -r examples/python/requirements.txt && \
+		touch target/examples-venv/.installed; \
+	fi
+	@if [ ! -f examples/node/node_modules/.installed ] || [ examples/node/package-lock.json -nt examples/node/node_modules/.installed ]; then \
+		(cd examples/node && npm ci --no-audit --no-fund --loglevel=error) && \
+		touch examples/node/node_modules/.installed; \
 	fi
 
 lint-deploy: ## Check deploy/: systemd-analyze verify + security, kustomize render + strict schema validation, dashboard JSON

@@ -88,6 +88,7 @@ async fn a_daemon_process_killed_with_sigkill_loses_nothing() {
             .env("BATCHD__POLL__MAX_INTERVAL_MS", "300")
             .env("BATCHD__INGRESS__RECLAIM_IDLE_SECS", "2")
             .env("BATCHD__INGRESS__RECLAIM_INTERVAL_SECS", "1")
+            .env("BATCHD__ADMIN__LISTEN", "127.0.0.1:0")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
