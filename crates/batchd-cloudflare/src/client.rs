@@ -77,8 +77,10 @@ impl BatchClient {
         let body = serde_json::to_vec(&wire::SubmitBody { requests }).expect("raw JSON items always serialise");
         let body_bytes = body.len();
         let result = match self.post(Operation::Submit, model, body).await {
-            Ok(reply) if reply.is_success() => read_submit(reply.http_status, &reply.body, body_bytes),
-            Ok(reply) => Err(reply.into_error(Operation::Submit)),
+            Ok(reply) if reply.is_success() => {
+                reply.read(&self.token, |http_status, body| read_submit(http_status, body, body_bytes))
+            }
+            Ok(reply) => Err(reply.into_error(Operation::Submit, &self.token)),
             Err(error) => Err(error),
         };
         match self.scrub(result) {
@@ -114,8 +116,10 @@ impl BatchClient {
         let body = serde_json::to_vec(&wire::PollBody { request_id: request_id.as_str() })
             .expect("a string always serialises");
         let result = match self.post(Operation::Poll, model, body).await {
-            Ok(reply) if reply.is_success() => read_poll(reply.http_status, &reply.body, n_items),
-            Ok(reply) => Err(reply.into_error(Operation::Poll)),
+            Ok(reply) if reply.is_success() => {
+                reply.read(&self.token, |http_status, body| read_poll(http_status, body, n_items))
+            }
+            Ok(reply) => Err(reply.into_error(Operation::Poll, &self.token)),
             Err(error) => Err(error),
         };
         match self.scrub(result) {
@@ -198,9 +202,35 @@ impl Reply {
         (200..300).contains(&self.http_status)
     }
 
-    fn into_error(self, operation: Operation) -> ApiError {
-        ApiError::from_reply(operation, self.http_status, self.retry_after, &self.body)
+    /// Reads a 2xx reply. The error of a reply that cannot be read quotes its body, so it is built from the body
+    /// with the token taken out (replies that read fine, the common case, are not searched).
+    fn read<T>(&self, token: &ApiToken, read: impl Fn(u16, &[u8]) -> Result<T, ApiError>) -> Result<T, ApiError> {
+        read(self.http_status, &self.body).or_else(|_| read(self.http_status, &redact(&self.body, token)))
     }
+
+    /// The error of a non-2xx reply, built from the body with the token taken out.
+    fn into_error(self, operation: Operation, token: &ApiToken) -> ApiError {
+        ApiError::from_reply(operation, self.http_status, self.retry_after, &redact(&self.body, token))
+    }
+}
+
+/// `body` with every copy of the token replaced by `[redacted]`. A server that echoes the request's headers must
+/// not get the token into an error message, a log line or a result; where such a message is cut short,
+/// `BatchClient::scrub` alone would miss the part of the token that is left.
+fn redact(body: &[u8], token: &ApiToken) -> Vec<u8> {
+    let token = token.expose().as_bytes();
+    if token.is_empty() {
+        return body.to_vec();
+    }
+    let mut redacted = Vec::with_capacity(body.len());
+    let mut rest = body;
+    while let Some(at) = rest.windows(token.len()).position(|window| window == token) {
+        redacted.extend_from_slice(&rest[..at]);
+        redacted.extend_from_slice(b"[redacted]");
+        rest = &rest[at + token.len()..];
+    }
+    redacted.extend_from_slice(rest);
+    redacted
 }
 
 /// `{base}/accounts/{account}/ai/run` from a base URL that must be absolute `http(s)` without query, fragment or

@@ -298,9 +298,14 @@ pub(crate) fn body_snippet(body: &[u8]) -> String {
     one_line(title.filter(|title| !title.trim().is_empty()).unwrap_or(&text), SNIPPET_CHARS)
 }
 
-/// `text` with whitespace runs collapsed to one space, cut to `max_chars` characters (marked with `…`).
+/// `text` with runs of whitespace and control characters collapsed to one space (a server's bytes must not
+/// forge log lines or drive a terminal), cut to `max_chars` characters (marked with `…`).
 fn one_line(text: &str, max_chars: usize) -> String {
-    let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let collapsed = text
+        .split(|c: char| c.is_whitespace() || c.is_control())
+        .filter(|part| !part.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
     if collapsed.chars().count() <= max_chars {
         return collapsed;
     }

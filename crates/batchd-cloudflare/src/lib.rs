@@ -11,6 +11,9 @@ mod reply;
 mod settings;
 mod wire;
 
+#[cfg(test)]
+mod proptests;
+
 pub use client::BatchClient;
 pub use error::{ApiError, ErrorKind};
 pub use reply::{PollStatus, Submitted};

@@ -78,7 +78,7 @@ pub(crate) fn read_poll(http_status: u16, body: &[u8], n_items: usize) -> Result
     let Some(result) = envelope.result else {
         return Err(ApiError::unreadable_reply(Operation::Poll, http_status, "the poll reply has no result", body));
     };
-    let usage = result.usage.filter(|usage| !usage.is_null()).unwrap_or_else(|| serde_json::json!({}));
+    let usage = read_usage(result.usage.as_deref());
     if let Some(items) = result.responses {
         return Ok(PollStatus::Done(JobOutput { responses: restore_order(items, IndexKey::Id, n_items), usage, failed_batches: Vec::new() }));
     }
@@ -102,6 +102,20 @@ pub(crate) fn read_poll(http_status: u16, body: &[u8], n_items: usize) -> Result
             "the poll reply has neither a known status nor responses",
             body,
         )),
+    }
+}
+
+/// The batch's token usage, `{}` when absent. Usage is informational: one that cannot be read as a JSON value
+/// (a number beyond `f64`, nesting past serde_json's limit) is dropped with a warning instead of making the whole
+/// finished batch unreadable, which would retry the poll until the job failed with its responses lost.
+fn read_usage(raw: Option<&RawValue>) -> serde_json::Value {
+    match raw.map(|raw| serde_json::from_str::<serde_json::Value>(raw.get())) {
+        None | Some(Ok(serde_json::Value::Null)) => serde_json::json!({}),
+        Some(Ok(usage)) => usage,
+        Some(Err(error)) => {
+            tracing::warn!(%error, "ignoring a token usage that cannot be read");
+            serde_json::json!({})
+        }
     }
 }
 

@@ -85,9 +85,10 @@ pub(crate) struct PollResult {
     /// Items keyed by `index` (the shape one live client reads).
     #[serde(default)]
     pub results: Option<Vec<Item>>,
-    /// Token usage, e.g. `{"prompt_tokens":12,"completion_tokens":0,"total_tokens":12}`.
+    /// Token usage, e.g. `{"prompt_tokens":12,"completion_tokens":0,"total_tokens":12}`; kept raw here and read
+    /// leniently, so a usage no `Value` can hold does not make the responses unreadable.
     #[serde(default)]
-    pub usage: Option<Value>,
+    pub usage: Option<Box<RawValue>>,
 }
 
 /// One response item: `{"id":0,"result":{...},"success":true,"external_reference":"story1"}`.

@@ -37,16 +37,14 @@ impl JobId {
         if raw.is_empty() {
             return Err(InvalidId::new("must not be empty"));
         }
-        if raw.len() > MAX_JOB_ID_LEN {
-            return Err(InvalidId::new(format!(
-                "is {} characters long, the maximum is {MAX_JOB_ID_LEN}",
-                raw.chars().count()
-            )));
-        }
+        // Characters first: past this check a character is a byte, so the length below is exact in both units.
         if let Some(bad) = raw.chars().find(|c| !is_job_id_char(*c)) {
             return Err(InvalidId::new(format!(
                 "contains {bad:?}; allowed characters are A-Z a-z 0-9 . _ : -"
             )));
+        }
+        if raw.len() > MAX_JOB_ID_LEN {
+            return Err(InvalidId::new(format!("is {} characters long, the maximum is {MAX_JOB_ID_LEN}", raw.len())));
         }
         Ok(Self(raw.to_owned()))
     }

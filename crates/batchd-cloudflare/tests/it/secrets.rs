@@ -55,3 +55,26 @@ fn build_errors_do_not_show_the_token() {
     assert!(matches!(bad(fake::TOKEN, "a/b", "https://x.test"), ClientBuildError::InvalidAccountId(_)));
     assert!(matches!(bad(fake::TOKEN, "acct", "x.test"), ClientBuildError::InvalidBaseUrl { .. }));
 }
+
+/// A server that echoes the token where an error message is cut short (400 characters of a JSON message, 200 of
+/// a page title or a body) must not leave part of it behind: the cut would hide the token from a search for the
+/// whole string.
+#[tokio::test]
+async fn a_token_echoed_where_the_message_is_cut_is_not_printed_in_part() {
+    let prefix = &fake::TOKEN[..8];
+    let mut replies = Vec::new();
+    for keep in [3, 8, 12] {
+        let pad = |limit: usize| "x".repeat(limit - keep);
+        replies.push(Canned::new(400, fake::error_body(5004, &format!("{} Bearer {}", pad(400 - 8), fake::TOKEN))));
+        replies.push(Canned::new(502, format!("<html><title>{} {}</title></html>", pad(199), fake::TOKEN)));
+        replies.push(Canned::new(200, format!("not json {} {}", pad(190), fake::TOKEN)));
+    }
+    let n_replies = replies.len();
+    let api = FakeApi::start(replies).await;
+    let client = fake::client_for(api.addr, Duration::from_secs(5));
+    for _ in 0..n_replies {
+        let error = client.submit(&fake::model(), &fake::items(&["{}"])).await.expect_err("should fail");
+        let text = format!("{error:?} {error} {:?}", error.to_job_error());
+        assert!(!text.contains(prefix), "part of the token is shown: {text}");
+    }
+}
