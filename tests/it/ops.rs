@@ -165,18 +165,20 @@ async fn metrics_parse_and_move_as_jobs_run() {
     assert!(text.contains("# HELP batchd_jobs_accepted_total "), "described: {text}");
     let before = parse_prometheus(&text);
     assert_eq!(sample(&before, "batchd_redis_up"), 1.0);
+    let ns = world.settings.redis.namespace.clone();
+    let depth = |stream: &str, state: &str| format!("batchd_queue_depth{{namespace=\"{ns}\",state=\"{state}\",stream=\"{stream}\"}}");
     for series in [
-        "batchd_queue_depth{state=\"pending\",stream=\"submit\"}",
-        "batchd_queue_depth{state=\"in_flight\",stream=\"submit\"}",
-        "batchd_queue_depth{state=\"scheduled\",stream=\"schedule\"}",
-        "batchd_queue_depth{state=\"due\",stream=\"schedule\"}",
-        "batchd_queue_depth{state=\"dead\",stream=\"dead\"}",
-        "batchd_oldest_waiting_job_age_seconds",
-        "batchd_schedule_lag_seconds",
-        "batchd_jobs_accepted_total",
-        "batchd_results_published_total",
+        depth("submit", "pending"),
+        depth("submit", "in_flight"),
+        depth("schedule", "scheduled"),
+        depth("schedule", "due"),
+        depth("dead", "dead"),
+        format!("batchd_oldest_waiting_job_age_seconds{{namespace=\"{ns}\"}}"),
+        format!("batchd_schedule_lag_seconds{{namespace=\"{ns}\"}}"),
+        "batchd_jobs_accepted_total".to_owned(),
+        "batchd_results_published_total".to_owned(),
     ] {
-        assert!(before.contains_key(series), "{series} is exported from the start");
+        assert!(before.contains_key(&series), "{series} is exported from the start");
     }
 
     world.enqueue(&bge_m3_job("metrics-1", 2)).await;
@@ -198,7 +200,7 @@ async fn metrics_parse_and_move_as_jobs_run() {
         let started = Instant::now();
         loop {
             let metrics = scrape(admin).await;
-            if sample(&metrics, "batchd_queue_depth{state=\"dead\",stream=\"dead\"}") >= 1.0 {
+            if sample(&metrics, &depth("dead", "dead")) >= 1.0 {
                 break metrics;
             }
             assert!(started.elapsed() < WAIT, "dead-letter depth never reached 1");

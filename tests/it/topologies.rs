@@ -185,27 +185,24 @@ async fn redis_cluster_runs_the_pipeline_and_namespaces_land_on_different_slots(
     .await;
     let conn = cluster.get_async_connection().await.unwrap();
 
-    // Two deployments sharing the cluster, each in its own namespace (hash tag) and so its own slot.
+    // One daemon serving two namespaces, each its own hash tag and so its own slot.
     let emulator = emulator().await;
-    let mut daemons = Vec::new();
+    let mut settings = test_settings(&seeds[0], &emulator, "alpha");
+    settings.redis.extra_namespaces = vec!["omega".to_owned()];
+    settings.redis.mode = batchd::settings::RedisMode::Cluster;
+    settings.redis.nodes = seeds[1..].to_vec();
+    let daemon = Daemon::start(settings.clone(), &emulator);
     let mut slots = Vec::new();
-    for namespace in ["alpha", "omega"] {
-        let mut settings = test_settings(&seeds[0], &emulator, namespace);
-        settings.redis.mode = batchd::settings::RedisMode::Cluster;
-        settings.redis.nodes = seeds[1..].to_vec();
-        let keys = settings.keys();
+    for keys in settings.all_keys() {
         let slot: u16 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(keys.submit()).query_async(&mut conn.clone()).await.unwrap();
         let same: u16 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(keys.job(&JobId::parse("x").unwrap())).query_async(&mut conn.clone()).await.unwrap();
         assert_eq!(slot, same, "all keys of a namespace share one slot");
         slots.push(slot);
-        daemons.push(Daemon::start(settings.clone(), &emulator));
-        let ids: Vec<String> = (0..4).map(|i| format!("{namespace}-{i}")).collect();
+        let ids: Vec<String> = (0..4).map(|i| format!("{}-{i}", keys.namespace())).collect();
         run_jobs(&conn, &keys, &ids).await;
     }
     assert_ne!(slots[0], slots[1], "the namespaces spread over the cluster");
-    for daemon in daemons {
-        daemon.stop().await.unwrap();
-    }
+    daemon.stop().await.unwrap();
 }
 
 #[tokio::test]

@@ -241,15 +241,17 @@ impl QueueSample {
         })
     }
 
-    /// Sets the gauges from this sample.
-    pub fn record(&self, now_ms: u64) {
-        metrics::queue_depth("submit", "pending", self.submit_entries.saturating_sub(self.submit_in_flight));
-        metrics::queue_depth("submit", "in_flight", self.submit_in_flight);
-        metrics::queue_depth("schedule", "scheduled", self.scheduled);
-        metrics::queue_depth("schedule", "due", self.due);
-        metrics::queue_depth("dead", "dead", self.dead);
-        metrics::oldest_waiting_job_age(self.oldest_entry_id.as_deref().map_or(Duration::ZERO, |id| entry_age(id, now_ms)));
-        metrics::schedule_lag(self.earliest_due_ms.map_or(Duration::ZERO, |due| lag(due, now_ms)));
+    /// Sets the gauges of `namespace` from this sample.
+    pub fn record(&self, namespace: &str, now_ms: u64) {
+        let depth = |stream, state, depth| metrics::queue_depth(namespace, stream, state, depth);
+        depth("submit", "pending", self.submit_entries.saturating_sub(self.submit_in_flight));
+        depth("submit", "in_flight", self.submit_in_flight);
+        depth("schedule", "scheduled", self.scheduled);
+        depth("schedule", "due", self.due);
+        depth("dead", "dead", self.dead);
+        let age = self.oldest_entry_id.as_deref().map_or(Duration::ZERO, |id| entry_age(id, now_ms));
+        metrics::oldest_waiting_job_age(namespace, age);
+        metrics::schedule_lag(namespace, self.earliest_due_ms.map_or(Duration::ZERO, |due| lag(due, now_ms)));
     }
 }
 
@@ -265,11 +267,11 @@ pub fn lag(due_ms: u64, now_ms: u64) -> Duration {
     Duration::from_millis(now_ms.saturating_sub(due_ms))
 }
 
-/// The sampler: every `interval`, reads a [`QueueSample`], sets the gauges and records Redis reachability in
-/// `health`; also runs the Prometheus recorder's upkeep. Runs until `stop` is cancelled.
+/// The sampler: every `interval`, reads a [`QueueSample`] of each namespace, sets the gauges and records Redis
+/// reachability in `health`; also runs the Prometheus recorder's upkeep. Runs until `stop` is cancelled.
 pub async fn run_sampler(
     mut conn: Conn,
-    keys: Keys,
+    namespaces: Vec<Keys>,
     interval: Duration,
     health: std::sync::Arc<Health>,
     recorder: PrometheusHandle,
@@ -278,14 +280,17 @@ pub async fn run_sampler(
     let timeout = interval.max(Duration::from_secs(2));
     loop {
         let now_ms = batchd_queue::now_ms();
-        let outcome = match tokio::time::timeout(timeout, QueueSample::read(&mut conn, &keys, now_ms)).await {
-            Ok(Ok(sample)) => {
-                sample.record(now_ms);
-                Ok(())
+        let mut outcome = Ok(());
+        for keys in &namespaces {
+            match tokio::time::timeout(timeout, QueueSample::read(&mut conn, keys, now_ms)).await {
+                Ok(Ok(sample)) => sample.record(keys.namespace(), now_ms),
+                Ok(Err(error)) => outcome = Err(format!("redis unreachable: {error}")),
+                Err(_) => outcome = Err(format!("redis unreachable: no answer within {timeout:?}")),
             }
-            Ok(Err(error)) => Err(format!("redis unreachable: {error}")),
-            Err(_) => Err(format!("redis unreachable: no answer within {timeout:?}")),
-        };
+            if outcome.is_err() {
+                break;
+            }
+        }
         metrics::redis_up(outcome.is_ok());
         if let Err(reason) = &outcome {
             metrics::redis_error("sample");

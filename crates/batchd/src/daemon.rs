@@ -37,33 +37,15 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
         Some(addr) => Some(admin::bind(addr).await.with_context(|| format!("admin.listen: cannot listen on {addr}"))?),
         None => None,
     };
-    let keys = settings.keys();
+    let namespaces = settings.all_keys();
     let endpoint = settings.redis_endpoint()?;
     let sampler_conn = endpoint.dedicated(Duration::from_secs(5));
     let conn = endpoint.shared().context("redis")?;
-    let store = Store::new(conn, keys.clone(), settings.store_settings());
     let mut client_settings = ClientSettings::new(settings.cloudflare.account_id.clone(), ApiToken::new(token.expose().to_owned()));
     client_settings.base_url = settings.cloudflare.base_url.clone();
     client_settings.request_timeout = Duration::from_secs(settings.cloudflare.request_timeout_secs);
     client_settings.connect_timeout = Duration::from_secs(settings.cloudflare.connect_timeout_secs);
     let client = BatchClient::new(client_settings).context("cloudflare settings")?;
-
-    let pipeline = Arc::new(Pipeline {
-        store: store.clone(),
-        client,
-        account_id: settings.cloudflare.account_id.clone(),
-        poll: settings.poll.clone(),
-        retry: settings.retry.clone(),
-        split: SplitSettings {
-            max_payload_bytes: settings.jobs.max_payload_bytes,
-            max_batch_items: Some(settings.jobs.max_batch_items).filter(|max| *max > 0),
-            retry_failed_items: settings.jobs.retry_failed_items,
-        },
-        rate_limits: settings.rate_limits.clone(),
-        limits: settings.job_limits(),
-        default_deadline: Duration::from_secs(settings.jobs.default_deadline_secs),
-        lease: Duration::from_secs(settings.schedule.lease_secs),
-    });
 
     // Stopped last, after the drain, so probes and scrapes are answered while work in flight finishes.
     let background_stop = CancellationToken::new();
@@ -80,7 +62,7 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
     }
     background.push(tokio::spawn(admin::run_sampler(
         sampler_conn,
-        keys.clone(),
+        namespaces.clone(),
         settings.admin.sample_interval(),
         Arc::clone(&health),
         recorder,
@@ -92,52 +74,33 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
 
     let consumer = consumer_name();
     let fetch_stop = shutdown.child_token();
-    let ingress = batchd_queue::ingress::backend(
-        endpoint,
-        keys.clone(),
-        IngressSettings {
-            consumer: consumer.clone(),
-            batch: settings.ingress.batch,
-            block: Duration::from_millis(settings.ingress.block_ms),
-            reclaim_idle: Duration::from_secs(settings.ingress.reclaim_idle_secs),
-            reclaim_interval: Duration::from_secs(settings.ingress.reclaim_interval_secs),
-        },
-        fetch_stop.clone(),
-    );
-    let schedule = batchd_queue::schedule::backend(
-        store,
-        ScheduleSettings {
-            batch: settings.schedule.batch,
-            idle_poll: Duration::from_millis(settings.schedule.idle_poll_ms),
-        },
-        fetch_stop.clone(),
-    );
-
-    let stop_signal = |token: CancellationToken| async move {
-        token.cancelled().await;
-        Ok::<(), std::io::Error>(())
-    };
-    let submit_worker = WorkerBuilder::new(format!("submit@{consumer}"))
-        .backend(ingress)
-        .data(Arc::clone(&pipeline))
-        .concurrency(settings.workers.submit_concurrency)
-        .build(handle_entry);
-    let poll_worker = WorkerBuilder::new(format!("schedule@{consumer}"))
-        .backend(schedule)
-        .data(Arc::clone(&pipeline))
-        .concurrency(settings.workers.poll_concurrency)
-        .build(handle_due);
-
     let mut workers = JoinSet::new();
-    let stop = shutdown.clone();
-    workers.spawn(async move { ("submit", submit_worker.run_until(stop_signal(stop)).await) });
-    let stop = shutdown.clone();
-    workers.spawn(async move { ("schedule", poll_worker.run_until(stop_signal(stop)).await) });
+    for keys in &namespaces {
+        let store = Store::new(conn.clone(), keys.clone(), settings.store_settings());
+        let pipeline = Arc::new(Pipeline {
+            store: store.clone(),
+            client: client.clone(),
+            account_id: settings.cloudflare.account_id.clone(),
+            poll: settings.poll.clone(),
+            retry: settings.retry.clone(),
+            split: SplitSettings {
+                max_payload_bytes: settings.jobs.max_payload_bytes,
+                max_batch_items: Some(settings.jobs.max_batch_items).filter(|max| *max > 0),
+                retry_failed_items: settings.jobs.retry_failed_items,
+            },
+            rate_limits: settings.rate_limits.clone(),
+            limits: settings.job_limits(),
+            default_deadline: Duration::from_secs(settings.jobs.default_deadline_secs),
+            lease: Duration::from_secs(settings.schedule.lease_secs),
+        });
+        spawn_workers(&mut workers, &settings, &endpoint, pipeline, &consumer, &fetch_stop, &shutdown);
+    }
     health.workers_running();
     admin::notify_ready();
+    let names: Vec<&str> = namespaces.iter().map(|keys| keys.namespace()).collect();
     tracing::info!(
         consumer = %consumer,
-        namespace = %keys.namespace(),
+        namespaces = %names.join(","),
         submit_concurrency = settings.workers.submit_concurrency,
         poll_concurrency = settings.workers.poll_concurrency,
         "batchd running"
@@ -171,6 +134,62 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
     Ok(())
 }
 
+/// The result of one worker task: its name and how it ended.
+type WorkerExit = (String, Result<(), apalis_core::error::WorkerError>);
+
+/// Starts the two apalis workers of one namespace: the submit worker on the ingress stream and the schedule
+/// worker on the schedule, each fed by its fetcher.
+fn spawn_workers(
+    workers: &mut JoinSet<WorkerExit>,
+    settings: &Settings,
+    endpoint: &batchd_queue::Endpoint,
+    pipeline: Arc<Pipeline>,
+    consumer: &str,
+    fetch_stop: &CancellationToken,
+    shutdown: &CancellationToken,
+) {
+    let keys = pipeline.store.keys().clone();
+    let namespace = keys.namespace().to_owned();
+    let ingress = batchd_queue::ingress::backend(
+        endpoint.clone(),
+        keys,
+        IngressSettings {
+            consumer: consumer.to_owned(),
+            batch: settings.ingress.batch,
+            block: Duration::from_millis(settings.ingress.block_ms),
+            reclaim_idle: Duration::from_secs(settings.ingress.reclaim_idle_secs),
+            reclaim_interval: Duration::from_secs(settings.ingress.reclaim_interval_secs),
+        },
+        fetch_stop.clone(),
+    );
+    let schedule = batchd_queue::schedule::backend(
+        pipeline.store.clone(),
+        ScheduleSettings {
+            batch: settings.schedule.batch,
+            idle_poll: Duration::from_millis(settings.schedule.idle_poll_ms),
+        },
+        fetch_stop.clone(),
+    );
+    let submit_worker = WorkerBuilder::new(format!("submit:{namespace}@{consumer}"))
+        .backend(ingress)
+        .data(Arc::clone(&pipeline))
+        .concurrency(settings.workers.submit_concurrency)
+        .build(handle_entry);
+    let poll_worker = WorkerBuilder::new(format!("schedule:{namespace}@{consumer}"))
+        .backend(schedule)
+        .data(pipeline)
+        .concurrency(settings.workers.poll_concurrency)
+        .build(handle_due);
+    let stop_signal = |token: CancellationToken| async move {
+        token.cancelled().await;
+        Ok::<(), std::io::Error>(())
+    };
+    let (stop, name) = (shutdown.clone(), format!("submit:{namespace}"));
+    workers.spawn(async move { (name, submit_worker.run_until(stop_signal(stop)).await) });
+    let (stop, name) = (shutdown.clone(), format!("schedule:{namespace}"));
+    workers.spawn(async move { (name, poll_worker.run_until(stop_signal(stop)).await) });
+}
+
 /// Stops the admin server, the sampler and the watchdog, waiting briefly for them (an idle keep-alive scrape
 /// connection must not hold the exit up).
 async fn stop_background(stop: CancellationToken, tasks: Vec<JoinHandle<()>>) {
@@ -184,7 +203,7 @@ async fn stop_background(stop: CancellationToken, tasks: Vec<JoinHandle<()>>) {
 
 /// Waits for the workers to finish their in-flight work, up to `grace`; then abandons what is left (it is
 /// resumed from Redis by the next replica, after its lease or idle timeout).
-async fn drain(workers: &mut JoinSet<(&'static str, Result<(), apalis_core::error::WorkerError>)>, grace: Duration) {
+async fn drain(workers: &mut JoinSet<WorkerExit>, grace: Duration) {
     let finished = tokio::time::timeout(grace, async {
         while let Some(result) = workers.join_next().await {
             match result {

@@ -203,18 +203,19 @@ pub fn redis_error(operation: &'static str) {
 }
 
 /// Sets a queue depth gauge.
-pub fn queue_depth(stream: &'static str, state: &'static str, depth: u64) {
-    gauge!("batchd_queue_depth", "stream" => stream, "state" => state).set(depth as f64);
+pub fn queue_depth(namespace: &str, stream: &'static str, state: &'static str, depth: u64) {
+    gauge!("batchd_queue_depth", "namespace" => namespace.to_owned(), "stream" => stream, "state" => state)
+        .set(depth as f64);
 }
 
 /// Sets the age of the oldest waiting job.
-pub fn oldest_waiting_job_age(age: Duration) {
-    gauge!("batchd_oldest_waiting_job_age_seconds").set(age.as_secs_f64());
+pub fn oldest_waiting_job_age(namespace: &str, age: Duration) {
+    gauge!("batchd_oldest_waiting_job_age_seconds", "namespace" => namespace.to_owned()).set(age.as_secs_f64());
 }
 
 /// Sets how long the most overdue scheduled step has been due.
-pub fn schedule_lag(lag: Duration) {
-    gauge!("batchd_schedule_lag_seconds").set(lag.as_secs_f64());
+pub fn schedule_lag(namespace: &str, lag: Duration) {
+    gauge!("batchd_schedule_lag_seconds", "namespace" => namespace.to_owned()).set(lag.as_secs_f64());
 }
 
 /// Records whether the last sample reached Redis.

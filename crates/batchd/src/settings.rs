@@ -68,6 +68,8 @@ pub struct RedisSettings {
     pub url: Secret,
     /// Key namespace.
     pub namespace: String,
+    /// More namespaces served by the same daemon.
+    pub extra_namespaces: Vec<String>,
     /// Longest wait for one reply on the shared connection.
     pub response_timeout_secs: u64,
     /// `standalone`, `cluster` or `sentinel`.
@@ -376,6 +378,12 @@ impl Settings {
     fn check(&self) -> Result<(), ConfigError> {
         let fail = |key: &str, why: &str| Err(ConfigError(format!("{key}: {why}")));
         batchd_core::Keys::new(&self.redis.namespace).map_err(|e| ConfigError(format!("redis.namespace: {e}")))?;
+        for extra in &self.redis.extra_namespaces {
+            batchd_core::Keys::new(extra).map_err(|e| ConfigError(format!("redis.extra_namespaces: {e}")))?;
+            if *extra == self.redis.namespace || self.redis.extra_namespaces.iter().filter(|n| *n == extra).count() > 1 {
+                return Err(ConfigError(format!("redis.extra_namespaces: {extra:?} is listed twice")));
+            }
+        }
         if self.workers.submit_concurrency == 0 {
             return fail("workers.submit_concurrency", "must be at least 1");
         }
@@ -450,6 +458,14 @@ impl Settings {
     /// The key builder of the configured namespace (validated at load).
     pub fn keys(&self) -> batchd_core::Keys {
         batchd_core::Keys::new(&self.redis.namespace).expect("namespace checked at load")
+    }
+
+    /// Keys of every namespace the daemon serves: `redis.namespace` first, then `redis.extra_namespaces`.
+    pub fn all_keys(&self) -> Vec<batchd_core::Keys> {
+        std::iter::once(&self.redis.namespace)
+            .chain(&self.redis.extra_namespaces)
+            .map(|namespace| batchd_core::Keys::new(namespace).expect("namespaces checked at load"))
+            .collect()
     }
 
     /// Job limits.
