@@ -12,4 +12,5 @@ mod flow;
 mod ops;
 mod producer;
 mod recovery;
+mod secrets;
 mod topologies;
