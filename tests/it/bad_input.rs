@@ -96,6 +96,18 @@ async fn each_bad_job_gets_a_failed_result_that_names_the_problem() {
 }
 
 #[tokio::test]
+async fn a_deadline_centuries_away_is_accepted_without_overflow() {
+    let world = World::new().await;
+    let daemon = world.daemon();
+    let mut job = bge_m3_job("patient-producer", 1);
+    job["deadline_secs"] = json!(u64::MAX / 1000);
+    world.enqueue(&job).await;
+    assert_eq!(world.wait_for_result("patient-producer", WAIT).await.status, ResultStatus::Completed);
+    assert_eq!(world.ledger("patient-producer").await["deadline_at"], u64::MAX.to_string());
+    daemon.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn entries_that_are_not_jobs_go_to_the_dead_letter_stream_with_their_fields() {
     let world = World::new().await;
     let daemon = world.daemon();

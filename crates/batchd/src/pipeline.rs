@@ -173,7 +173,8 @@ impl Pipeline {
             }
         };
         let deadline = job.deadline_secs.map(Duration::from_secs).unwrap_or(self.default_deadline);
-        let deadline_at = now + deadline.as_millis() as u64;
+        // Saturating: a producer may ask for a deadline centuries away.
+        let deadline_at = now.saturating_add(u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX));
         let first_due = now + self.lease.as_millis() as u64;
         let retry_failed_items = job.retry_failed_items.unwrap_or(self.split.retry_failed_items);
         let intake = Intake { entry_id: &entry.id, plan: &plan, now, deadline_at, first_due, retry_failed_items };
