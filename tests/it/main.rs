@@ -7,6 +7,7 @@ mod backlog;
 mod big;
 mod cli;
 mod cli_ops;
+mod examples;
 mod failures;
 mod flow;
 mod ops;
