@@ -188,10 +188,8 @@ fn line_matches(documented: &str, actual: &str, ids: &mut HashMap<String, String
             continue;
         }
         // JSON values in the doc may be abbreviated with `...`; the rest must match.
-        if let Some(prefix) = doc_bare.strip_suffix("...") {
-            if real_bare.starts_with(prefix) {
-                continue;
-            }
+        if doc_bare.strip_suffix("...").is_some_and(|prefix| real_bare.starts_with(prefix)) {
+            continue;
         }
         return false;
     }

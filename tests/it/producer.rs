@@ -87,19 +87,19 @@ type Log = Arc<Mutex<Vec<Event>>>;
 
 /// Handles one batch the way an application does: record (the "work"), then acknowledge.
 async fn handle(reader: &mut ResultReader, batch: &[Delivery], log: &Log, ack: bool) {
-    log.lock().unwrap().extend(batch.iter().map(|delivery| Event::Delivered {
+    log.lock().expect("log lock").extend(batch.iter().map(|delivery| Event::Delivered {
         entry_id: delivery.entry_id.clone(),
         job_id: delivery.job_id().to_owned(),
         redelivered: delivery.redelivered,
     }));
     if ack {
         reader.ack_all(batch).await.expect("ack");
-        log.lock().unwrap().push(Event::Acked(batch.iter().map(|d| d.entry_id.clone()).collect()));
+        log.lock().expect("log lock").push(Event::Acked(batch.iter().map(|d| d.entry_id.clone()).collect()));
     }
 }
 
 fn n_delivered(log: &Log) -> usize {
-    log.lock().unwrap().iter().filter(|event| matches!(event, Event::Delivered { .. })).count()
+    log.lock().expect("log lock").iter().filter(|event| matches!(event, Event::Delivered { .. })).count()
 }
 
 fn options(consumer: &str) -> ReaderOptions {
@@ -248,7 +248,7 @@ async fn a_thousand_results_survive_a_reader_killed_and_restarted_halfway() {
 }
 
 fn acked_job_ids(log: &Log) -> HashSet<String> {
-    let events = log.lock().unwrap();
+    let events = log.lock().expect("log lock");
     let job_of: HashMap<&str, &str> = events
         .iter()
         .filter_map(|event| match event {

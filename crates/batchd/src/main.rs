@@ -114,7 +114,7 @@ fn main() -> ExitCode {
 }
 
 async fn run_daemon(settings: Settings) -> anyhow::Result<()> {
-    batchd::logging::init(&settings.log).map_err(|message| batchd::settings::ConfigError(message))?;
+    batchd::logging::init(&settings.log).map_err(batchd::settings::ConfigError)?;
     let token = settings.api_token()?;
     let shutdown = CancellationToken::new();
     let signals = shutdown.clone();

@@ -184,20 +184,16 @@ pub struct StatsArgs {
     pub json: bool,
 }
 
+/// The depths pipeline's reply: XLEN submit, ZCARD and ZCOUNT schedule, XLEN dead and results, the first submit
+/// entry, and the first schedule member with its score.
+type DepthsReply = (u64, u64, u64, u64, u64, Vec<(String, HashMap<String, redis::Value>)>, Vec<(String, f64)>);
+
 /// `batchd stats`.
 pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> {
     let keys = settings.keys();
     let mut conn = connect(settings).await?;
     let now = now_ms();
-    let (submit_entries, scheduled, due, dead, results, first_entry, first_step): (
-        u64,
-        u64,
-        u64,
-        u64,
-        u64,
-        Vec<(String, HashMap<String, redis::Value>)>,
-        Vec<(String, f64)>,
-    ) = redis::pipe()
+    let (submit_entries, scheduled, due, dead, results, first_entry, first_step): DepthsReply = redis::pipe()
         .cmd("XLEN")
         .arg(keys.submit())
         .cmd("ZCARD")

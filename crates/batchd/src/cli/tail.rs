@@ -16,6 +16,9 @@ const BLOCK: Duration = Duration::from_millis(1000);
 /// Entries read at once.
 const BATCH: usize = 100;
 
+/// An `XREAD` reply: per stream, its entries as (id, fields).
+type ReadReply = Option<Vec<(String, Vec<(String, HashMap<String, String>)>)>>;
+
 /// Options of `batchd tail`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct TailArgs {
@@ -74,7 +77,7 @@ pub async fn tail(settings: &Settings, args: &TailArgs) -> anyhow::Result<()> {
         }
         let want = args.count.map_or(BATCH as u64, |count| (count - seen).min(BATCH as u64));
         let block = timeout.map_or(BLOCK, |timeout| timeout.saturating_sub(started.elapsed()).clamp(Duration::from_millis(1), BLOCK));
-        let reply: Option<Vec<(String, Vec<(String, HashMap<String, String>)>)>> = redis::cmd("XREAD")
+        let reply: ReadReply = redis::cmd("XREAD")
             .arg("COUNT")
             .arg(want)
             .arg("BLOCK")
