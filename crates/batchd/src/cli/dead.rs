@@ -207,6 +207,16 @@ async fn retry(conn: &mut MultiplexedConnection, keys: &Keys, settings: &Setting
     let has_id = std::str::from_utf8(job).is_ok_and(super::submit::has_id);
     let job_id = if has_id { validated.id.to_string() } else { new_entry_id.clone() };
     println!("requeued dead-letter entry {entry_id} as submit entry {new_entry_id} (job {job_id})");
+    if has_id {
+        let state: Option<String> =
+            redis::cmd("HGET").arg(keys.job(&validated.id)).arg("state").query_async(conn).await.context("read ledger")?;
+        if let Some(state) = state {
+            eprintln!(
+                "batchd: note: job {job_id} already has a ledger ({state}); the daemon counts this entry as a duplicate \
+                 of it and does not run it again"
+            );
+        }
+    }
     Ok(())
 }
 

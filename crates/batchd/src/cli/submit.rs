@@ -54,7 +54,7 @@ pub struct SubmitArgs {
     /// order; the result entry printed then leaves the responses out.
     #[arg(long, value_name = "OUT", requires = "wait")]
     pub out: Option<PathBuf>,
-    /// Print JSON (`{"job_id":..,"entry_id":..}`) instead of the bare id.
+    /// Print the ids as JSON (`{"job_id":..,"entry_id":..}`) instead of the bare job id.
     #[arg(long)]
     pub json: bool,
 }
@@ -96,7 +96,7 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
     let entry_id: String =
         conn.xadd(keys.submit(), "*", &[(JOB_FIELD, text.as_str())]).await.context("enqueue job")?;
     let job_id = if explicit_id { job.id.clone() } else { JobId::parse(&entry_id).context("entry id")? };
-    if args.json && !args.wait {
+    if args.json {
         println!("{}", serde_json::json!({"job_id": job_id.as_str(), "entry_id": entry_id}));
     } else {
         println!("{job_id}");
