@@ -227,6 +227,18 @@ async fn jobs_lists_ledgers_by_state_and_cancel_ends_a_running_job() {
     let (_, stdout, _) = cli(&world, &["jobs", "--state", "cancelled", "--json"]).await;
     let listed: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(listed["jobs"][0]["job_id"], "slow-1");
+
+    // --namespace wins over the configuration, before or after the command.
+    let namespace = world.settings.redis.namespace.clone();
+    for args in [vec!["--namespace", &namespace, "jobs", "--json"], vec!["jobs", "--json", "--namespace", &namespace]] {
+        let mut command = batchd(&world);
+        command.env("BATCHD__REDIS__NAMESPACE", "someone-else").args(&args);
+        let output = run(command).await;
+        let listed: Value = serde_json::from_slice(&output.stdout).expect("jobs --json");
+        assert_eq!(listed["scanned"], 4, "{args:?}");
+    }
+    let (code, stdout, _) = cli(&world, &["--namespace", "someone-else", "jobs", "--json"]).await;
+    assert_eq!((code, serde_json::from_str::<Value>(&stdout).unwrap()["scanned"].as_u64()), (0, Some(0)));
     daemon.stop().await.unwrap();
 }
 
