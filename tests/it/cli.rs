@@ -155,3 +155,38 @@ async fn sigterm_drains_and_exits_zero() {
     assert!(logs.contains("batchd stopped"));
     assert!(!logs.contains(world.emulator.token()), "the token never reaches the logs");
 }
+
+#[tokio::test]
+async fn config_check_prints_the_effective_settings_or_names_the_bad_key() {
+    let world = World::new().await;
+    let good = world.redis.dir.join("good.toml");
+    std::fs::write(&good, "[poll]\nmultiplier = 1.25\nmax_interval_ms = 45000\n[jobs]\nretry_failed_items = true\n").unwrap();
+    let mut command = batchd(&world);
+    command.env("CLOUDFLARE_API_TOKEN", "check-token-value").arg("--config").arg(&good).args(["config", "check"]);
+    let output = run(command).await;
+    let shown = text(&output.stdout);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(shown.contains("multiplier = 1.25"), "the file's value is in effect: {shown}");
+    assert!(shown.contains("max_interval_ms = 300"), "the environment wins over the file: {shown}");
+    assert!(shown.contains("retry_failed_items = true"));
+    assert!(shown.contains(&format!("namespace = \"{}\"", world.settings.redis.namespace)), "{shown}");
+    assert!(shown.contains("api_token = \"[redacted]\""), "{shown}");
+    assert!(!shown.contains("check-token-value"));
+
+    let bad = world.redis.dir.join("bad.toml");
+    std::fs::write(&bad, "[jobs]\nmax_items = \"many\"\n").unwrap();
+    let mut command = batchd(&world);
+    command.env("CLOUDFLARE_API_TOKEN", "t").arg("--config").arg(&bad).args(["config", "check"]);
+    let output = run(command).await;
+    assert_eq!(output.status.code(), Some(78));
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("jobs.max_items"), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1);
+
+    // `run` needs the token; `config check` says so like `run` would.
+    let mut command = batchd(&world);
+    command.args(["config", "check"]);
+    let output = run(command).await;
+    assert_eq!(output.status.code(), Some(78));
+    assert!(text(&output.stderr).contains("cloudflare.api_token"), "{}", text(&output.stderr));
+}

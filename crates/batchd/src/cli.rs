@@ -17,7 +17,7 @@ use anyhow::{Context as _, anyhow};
 use batchd_core::ledger::field;
 use batchd_core::JobId;
 use redis::AsyncCommands;
-use redis::aio::MultiplexedConnection;
+use batchd_queue::Conn;
 
 use crate::settings::Settings;
 
@@ -59,23 +59,18 @@ impl Exit {
     }
 }
 
-/// Opens a connection for one command; fails fast (5 s) with a message naming the URL (without its password).
-pub(crate) async fn connect(settings: &Settings) -> anyhow::Result<MultiplexedConnection> {
-    let client = settings.redis_client()?;
-    let config = redis::AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(5)))
-        .set_response_timeout(Some(Duration::from_secs(settings.redis.response_timeout_secs)));
-    client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .with_context(|| format!("cannot reach Redis at {}", redacted_url(settings.redis.url.expose())))
-}
-
-/// The URL without its password, for messages.
-fn redacted_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => format!("{}://[credentials]@{}", &url[..scheme], &url[at + 1..]),
-        _ => url.to_owned(),
+/// Opens a connection for one command to whichever Redis is configured (standalone, TLS, Cluster, Sentinel);
+/// fails fast (5 s) with a message naming the URL (without its password).
+pub(crate) async fn connect(settings: &Settings) -> anyhow::Result<Conn> {
+    let mut conn = settings
+        .redis_endpoint()?
+        .dedicated(Duration::from_secs(settings.redis.response_timeout_secs.max(5)));
+    let reached = tokio::time::timeout(Duration::from_secs(5), redis::cmd("PING").query_async::<String>(&mut conn)).await;
+    let url = crate::settings::redact_url(settings.redis.url.expose());
+    match reached {
+        Ok(Ok(_)) => Ok(conn),
+        Ok(Err(error)) => Err(anyhow!(error).context(format!("cannot reach Redis at {url}"))),
+        Err(_) => Err(anyhow!("no answer within 5 s").context(format!("cannot reach Redis at {url}"))),
     }
 }
 
@@ -191,10 +186,7 @@ fn status_text(job_id: &JobId, namespace: &str, ledger: &HashMap<String, String>
 /// result right away. A job not taken in yet is never submitted; a finished job is not changed.
 pub async fn cancel(settings: &Settings, id: &str, reason: &str) -> anyhow::Result<()> {
     let job_id = parse_job_id(id)?;
-    // Fail fast with the usual message when Redis is unreachable (the store's connection retries).
-    connect(settings).await?;
-    let conn = batchd_queue::connect(settings.redis_client()?, Duration::from_secs(settings.redis.response_timeout_secs))
-        .map_err(|e| anyhow!("{e}"))?;
+    let conn = connect(settings).await?;
     let store = batchd_queue::Store::new(conn, settings.keys(), settings.store_settings());
     let state = store.cancel(&job_id, reason).await.map_err(|e| anyhow!("cancel job {job_id}: {e}"))?;
     match state.parse::<batchd_core::JobState>() {
@@ -266,7 +258,9 @@ mod tests {
 
     #[test]
     fn passwords_are_not_shown() {
-        assert_eq!(redacted_url("redis://user:secret@host:6379/0"), "redis://[credentials]@host:6379/0");
-        assert_eq!(redacted_url("redis://host:6379"), "redis://host:6379");
+        use crate::settings::redact_url;
+        assert_eq!(redact_url("redis://user:secret@host:6379/0"), "redis://user:[redacted]@host:6379/0");
+        assert_eq!(redact_url("redis://:secret@host:6379"), "redis://:[redacted]@host:6379");
+        assert_eq!(redact_url("redis://host:6379"), "redis://host:6379");
     }
 }

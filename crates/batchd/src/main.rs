@@ -68,6 +68,18 @@ operator's tool, not something to poll. Ledgers expire retention.ledger_ttl_secs
         #[command(subcommand)]
         command: DeadCommand,
     },
+    /// Check the configuration.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Load the configuration exactly as `run` would (file, environment, token, TLS files) and print the effective
+    /// settings with secrets redacted; exit 78 naming the bad key on error. Does not connect to anything.
+    Check,
 }
 
 fn main() -> ExitCode {
@@ -99,6 +111,11 @@ fn main() -> ExitCode {
             Command::Jobs(args) => cli::inspect::jobs(&settings, args).await,
             Command::Stats(args) => cli::inspect::stats(&settings, args).await,
             Command::Dead { command } => cli::dead::dead(&settings, command).await,
+            Command::Config { command: ConfigCommand::Check } => {
+                settings.check_for_run()?;
+                print!("{}", settings.to_redacted_toml());
+                Ok(())
+            }
         }
     });
     match outcome {

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The built-in defaults; the same file documents every key.
 pub const DEFAULTS: &str = include_str!("../../../config/default.toml");
@@ -29,7 +29,7 @@ pub const TOKEN_CREDENTIAL: &str = "cloudflare-api-token";
 pub struct ConfigError(pub String);
 
 /// All settings of the daemon and the CLI.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     /// Redis connection and namespace.
@@ -61,7 +61,7 @@ pub struct Settings {
 }
 
 /// `[redis]`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSettings {
     /// Redis URL (`redis://` or `rediss://`).
@@ -87,7 +87,7 @@ pub struct RedisSettings {
 }
 
 /// The kind of Redis deployment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RedisMode {
     /// One server.
@@ -99,7 +99,7 @@ pub enum RedisMode {
 }
 
 /// `[cloudflare]`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CloudflareSettings {
     /// Account id.
@@ -118,7 +118,7 @@ pub struct CloudflareSettings {
 }
 
 /// `[workers]`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerSettings {
     /// Ingress entries handled at once.
@@ -128,7 +128,7 @@ pub struct WorkerSettings {
 }
 
 /// `[ingress]`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct IngressConfig {
     /// Most entries read at once.
@@ -142,7 +142,7 @@ pub struct IngressConfig {
 }
 
 /// `[schedule]`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleConfig {
     /// Most steps claimed at once.
@@ -154,7 +154,7 @@ pub struct ScheduleConfig {
 }
 
 /// `[poll]`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PollSettings {
     /// First delay between submit and poll.
@@ -168,7 +168,7 @@ pub struct PollSettings {
 }
 
 /// `[retry]`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetrySettings {
     /// Attempts per step before the job fails.
@@ -180,7 +180,7 @@ pub struct RetrySettings {
 }
 
 /// `[jobs]`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobSettings {
     /// Default deadline of a job.
@@ -198,7 +198,7 @@ pub struct JobSettings {
 }
 
 /// `[rate_limits]`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitSettings {
     /// Requests per window for text generation models.
@@ -220,7 +220,7 @@ pub struct RateLimitSettings {
 }
 
 /// One per-model limit.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelLimit {
     /// The model name.
@@ -230,7 +230,7 @@ pub struct ModelLimit {
 }
 
 /// `[retention]`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetentionSettings {
     /// Approximate maximum length of a results stream.
@@ -242,7 +242,7 @@ pub struct RetentionSettings {
 }
 
 /// `[shutdown]`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ShutdownSettings {
     /// Time given to work in flight after a stop signal.
@@ -250,7 +250,7 @@ pub struct ShutdownSettings {
 }
 
 /// `[log]`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogSettings {
     /// `text` or `json`.
@@ -260,7 +260,7 @@ pub struct LogSettings {
 }
 
 /// `[admin]`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdminSettings {
     /// Address of the admin HTTP server (`/livez`, `/readyz`, `/metrics`); empty turns it off.
@@ -282,7 +282,7 @@ impl AdminSettings {
 }
 
 /// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable lines.
@@ -305,6 +305,13 @@ impl Secret {
     /// The secret text; call only where it is used.
     pub fn expose(&self) -> &str {
         &self.0
+    }
+}
+
+impl Serialize for Secret {
+    /// Secrets serialise as `[redacted]` (for `batchd config check`), never as their value.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str("[redacted]")
     }
 }
 
@@ -435,6 +442,23 @@ impl Settings {
         Ok(())
     }
 
+    /// The effective settings as TOML, secrets shown as `[redacted]` (and the Redis URL without its password).
+    pub fn to_redacted_toml(&self) -> String {
+        let mut value = toml::Value::try_from(self).expect("settings serialise");
+        if let Some(url) = value.get_mut("redis").and_then(|redis| redis.get_mut("url")) {
+            *url = toml::Value::String(redact_url(self.redis.url.expose()));
+        }
+        toml::to_string_pretty(&value).expect("settings render as TOML")
+    }
+
+    /// Everything `run` checks before it starts work, short of connecting: the token can be read, the Redis
+    /// deployment (TLS files included) is usable, the admin address parses.
+    pub fn check_for_run(&self) -> Result<(), ConfigError> {
+        self.api_token()?;
+        self.redis_endpoint()?;
+        Ok(())
+    }
+
     /// The API token from the environment or `api_token_file`. Only the daemon needs it.
     pub fn api_token(&self) -> Result<Secret, ConfigError> {
         if let Some(token) = self.cloudflare.api_token.as_ref().filter(|token| !token.expose().is_empty()) {
@@ -507,9 +531,17 @@ impl Settings {
         batchd_queue::Endpoint::new(&settings).map_err(|e| ConfigError(format!("redis: {e}")))
     }
 
-    /// Opens the Redis client for the configured URL.
-    pub fn redis_client(&self) -> Result<redis::Client, ConfigError> {
-        redis::Client::open(self.redis.url.expose()).map_err(|e| ConfigError(format!("redis.url: {e}")))
+}
+
+/// A Redis URL with its password (if any) replaced, for display.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            let user = credentials.split_once(':').map_or("", |(user, _)| user);
+            format!("{}://{user}:[redacted]@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
     }
 }
 
@@ -519,6 +551,20 @@ mod tests {
 
     fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn the_effective_settings_print_without_secrets() {
+        let settings = Settings::load_from(
+            None,
+            &env(&[("REDIS_URL", "redis://app:hunter2@10.0.0.1:6379/0"), ("CLOUDFLARE_API_TOKEN", "tok-secret")]),
+        )
+        .unwrap();
+        let text = settings.to_redacted_toml();
+        assert!(text.contains("url = \"redis://app:[redacted]@10.0.0.1:6379/0\""), "{text}");
+        assert!(text.contains("api_token = \"[redacted]\""), "{text}");
+        assert!(!text.contains("hunter2") && !text.contains("tok-secret"));
+        assert!(text.contains("[rate_limits]") && text.contains("max_payload_bytes = 9500000"), "{text}");
     }
 
     #[test]

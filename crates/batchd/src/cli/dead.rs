@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use anyhow::{Context as _, anyhow, bail};
 use batchd_core::job::JOB_FIELD;
 use batchd_core::{Job, Keys};
-use redis::aio::MultiplexedConnection;
+use batchd_queue::Conn;
 use serde_json::json;
 
 use super::{Exit, connect, format_utc, print_json};
@@ -114,7 +114,7 @@ pub async fn dead(settings: &Settings, command: &DeadCommand) -> anyhow::Result<
 }
 
 async fn read_range(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     command: &str,
     key: &str,
     from: &str,
@@ -133,7 +133,7 @@ async fn read_range(
     Ok(entries.into_iter().map(|(id, fields)| DeadEntry { id, fields }).collect())
 }
 
-async fn read_one(conn: &mut MultiplexedConnection, keys: &Keys, entry_id: &str) -> anyhow::Result<DeadEntry> {
+async fn read_one(conn: &mut Conn, keys: &Keys, entry_id: &str) -> anyhow::Result<DeadEntry> {
     if !is_entry_id(entry_id) {
         bail!("{entry_id:?} is not a stream entry id (<ms>-<seq>, as `batchd dead list` shows)");
     }
@@ -147,7 +147,7 @@ fn is_entry_id(id: &str) -> bool {
     !ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()) && !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit())
 }
 
-async fn list(conn: &mut MultiplexedConnection, keys: &Keys, limit: usize, json: bool) -> anyhow::Result<()> {
+async fn list(conn: &mut Conn, keys: &Keys, limit: usize, json: bool) -> anyhow::Result<()> {
     let entries = read_range(conn, "XREVRANGE", &keys.dead(), "+", "-", limit.max(1)).await?;
     let entries = &entries[..entries.len().min(limit)];
     if json {
@@ -164,7 +164,7 @@ async fn list(conn: &mut MultiplexedConnection, keys: &Keys, limit: usize, json:
     Ok(())
 }
 
-async fn show(conn: &mut MultiplexedConnection, keys: &Keys, entry_id: &str, json: bool) -> anyhow::Result<()> {
+async fn show(conn: &mut Conn, keys: &Keys, entry_id: &str, json: bool) -> anyhow::Result<()> {
     let entry = read_one(conn, keys, entry_id).await?;
     if json {
         let mut object = entry.summary_json();
@@ -187,7 +187,7 @@ async fn show(conn: &mut MultiplexedConnection, keys: &Keys, entry_id: &str, jso
     Ok(())
 }
 
-async fn retry(conn: &mut MultiplexedConnection, keys: &Keys, settings: &Settings, entry_id: &str) -> anyhow::Result<()> {
+async fn retry(conn: &mut Conn, keys: &Keys, settings: &Settings, entry_id: &str) -> anyhow::Result<()> {
     let entry = read_one(conn, keys, entry_id).await?;
     let Some(job) = entry.fields.get(&format!("{FIELD_PREFIX}{JOB_FIELD}")) else {
         let names: Vec<&str> = entry.original().into_iter().map(|(name, _)| name).collect();
@@ -220,7 +220,7 @@ async fn retry(conn: &mut MultiplexedConnection, keys: &Keys, settings: &Setting
     Ok(())
 }
 
-async fn purge(conn: &mut MultiplexedConnection, keys: &Keys, entry_ids: &[String], all: bool) -> anyhow::Result<()> {
+async fn purge(conn: &mut Conn, keys: &Keys, entry_ids: &[String], all: bool) -> anyhow::Result<()> {
     if all {
         let (n, _): (u64, u64) =
             redis::pipe().atomic().xlen(keys.dead()).del(keys.dead()).query_async(conn).await.context("purge")?;

@@ -12,7 +12,7 @@ use anyhow::Context as _;
 use batchd_core::JobState;
 use batchd_core::keys::CONSUMER_GROUP;
 use batchd_core::ledger::field;
-use redis::aio::MultiplexedConnection;
+use batchd_queue::Conn;
 use serde::Serialize;
 use serde_json::json;
 
@@ -283,7 +283,7 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
 }
 
 /// Entries read by a group's consumers and not yet acknowledged (0 when the stream or group does not exist).
-async fn pending_count(conn: &mut MultiplexedConnection, stream: &str, group: &str) -> anyhow::Result<u64> {
+async fn pending_count(conn: &mut Conn, stream: &str, group: &str) -> anyhow::Result<u64> {
     match redis::cmd("XPENDING").arg(stream).arg(group).query_async::<redis::Value>(conn).await {
         Ok(redis::Value::Array(items)) => {
             Ok(items.first().and_then(|count| redis::from_redis_value::<u64>(count.clone()).ok()).unwrap_or(0))
@@ -297,7 +297,7 @@ async fn pending_count(conn: &mut MultiplexedConnection, stream: &str, group: &s
 /// Result entries published in the last 1, 5 and 15 minutes, counted from their ids (newest first, at most
 /// `scan_limit` entries read), and the last 15 minutes by status.
 async fn throughput(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     stream: &str,
     now: u64,
     scan_limit: usize,
@@ -342,7 +342,7 @@ async fn throughput(
 }
 
 /// The consumer groups reading the results stream, with their pending entries and lag (Redis 7).
-async fn result_groups(conn: &mut MultiplexedConnection, stream: &str) -> anyhow::Result<serde_json::Value> {
+async fn result_groups(conn: &mut Conn, stream: &str) -> anyhow::Result<serde_json::Value> {
     let groups: Vec<HashMap<String, redis::Value>> =
         match redis::cmd("XINFO").arg("GROUPS").arg(stream).query_async(conn).await {
             Ok(groups) => groups,

@@ -16,7 +16,7 @@ use batchd_core::{Job, JobId, JobOutput, JobState, Keys, ResultEntry};
 use batchd_producer::JobStatus;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use redis::AsyncCommands;
-use redis::aio::MultiplexedConnection;
+use batchd_queue::Conn;
 use serde_json::value::RawValue;
 
 use super::{EXIT_JOB_FAILED, EXIT_WAIT_TIMEOUT, Exit, connect, result_json};
@@ -285,7 +285,7 @@ fn bar_style() -> ProgressStyle {
 
 /// Follows a job's ledger until it is terminal, showing progress on stderr.
 async fn follow(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     keys: &Keys,
     job_id: &JobId,
     timeout: Duration,
@@ -347,7 +347,7 @@ fn progress_line(job_id: &JobId, ledger: &HashMap<String, String>) -> String {
 
 /// Reads the job's published result entry (its fields).
 async fn read_result(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     ledger: &HashMap<String, String>,
 ) -> anyhow::Result<HashMap<String, String>> {
     let (Some(stream), Some(entry_id)) = (ledger.get(field::REPLY_TO), ledger.get("result_entry")) else {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use redis::aio::MultiplexedConnection;
+use batchd_queue::Conn;
 
 use super::{EXIT_WAIT_TIMEOUT, Exit, connect, format_utc, result_json};
 use crate::settings::Settings;
@@ -105,7 +105,7 @@ pub async fn tail(settings: &Settings, args: &TailArgs) -> anyhow::Result<()> {
 }
 
 /// The id of the stream's last entry, `0-0` when it is empty or missing.
-async fn last_entry_id(conn: &mut MultiplexedConnection, stream: &str) -> anyhow::Result<String> {
+async fn last_entry_id(conn: &mut Conn, stream: &str) -> anyhow::Result<String> {
     let last: Vec<(String, HashMap<String, String>)> = redis::cmd("XREVRANGE")
         .arg(stream)
         .arg("+")
