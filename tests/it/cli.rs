@@ -3,17 +3,11 @@
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use batchd_tests::{World, bge_m3_job, binary};
+use batchd_tests::{World, bge_m3_job};
 
 fn batchd(world: &World) -> Command {
-    let mut command = Command::new(binary("batchd").expect("batchd binary"));
+    let mut command = world.batchd();
     command
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("REDIS_URL", world.settings.redis.url.expose())
-        .env("BATCHD__REDIS__NAMESPACE", &world.settings.redis.namespace)
-        .env("BATCHD__CLOUDFLARE__BASE_URL", world.emulator.base_url())
-        .env("CLOUDFLARE_ACCOUNT_ID", world.emulator.account_id())
         .env("BATCHD__POLL__INITIAL_INTERVAL_MS", "100")
         .env("BATCHD__POLL__MAX_INTERVAL_MS", "300")
         // A free port for the admin server, so a daemon started here never collides with another one.

@@ -15,20 +15,12 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// The environment the CLI gets: the world's Redis, namespace and emulator, and nothing else.
 pub(crate) fn world_env(world: &World) -> Vec<(&'static str, String)> {
-    vec![
-        ("PATH", std::env::var("PATH").unwrap_or_default()),
-        ("REDIS_URL", world.settings.redis.url.expose().to_owned()),
-        ("BATCHD__REDIS__NAMESPACE", world.settings.redis.namespace.clone()),
-        ("BATCHD__CLOUDFLARE__BASE_URL", world.emulator.base_url()),
-        ("CLOUDFLARE_ACCOUNT_ID", world.emulator.account_id().to_owned()),
-    ]
+    world.batchd_env()
 }
 
 /// The `batchd` binary with [`world_env`].
 pub(crate) fn batchd(world: &World) -> Command {
-    let mut command = Command::new(binary("batchd").expect("batchd binary"));
-    command.env_clear().envs(world_env(world));
-    command
+    world.batchd()
 }
 
 /// Runs a command to completion off the async runtime.

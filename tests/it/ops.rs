@@ -12,7 +12,7 @@ use batchd::admin::QueueSample;
 use batchd::settings::{LogFormat, Settings};
 use batchd_core::ResultStatus;
 use batchd_emulator::EmulatorConfig;
-use batchd_tests::{World, bge_m3_job, binary, free_port, http_get, wait_for_http, with_admin};
+use batchd_tests::{World, bge_m3_job, free_port, http_get, wait_for_http, with_admin};
 use redis::AsyncCommands;
 use tokio::net::UnixDatagram;
 
@@ -295,14 +295,8 @@ async fn the_keda_lag_signal_stays_valid_although_batchd_deletes_taken_entries()
 
 /// Starts the real `batchd run` with a clean environment and the world's settings.
 fn spawn_batchd(world: &World, admin: SocketAddr, env: &[(&str, &str)]) -> Child {
-    let mut command = Command::new(binary("batchd").expect("batchd binary"));
+    let mut command = world.batchd();
     command
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("REDIS_URL", world.settings.redis.url.expose())
-        .env("BATCHD__REDIS__NAMESPACE", &world.settings.redis.namespace)
-        .env("BATCHD__CLOUDFLARE__BASE_URL", world.emulator.base_url())
-        .env("CLOUDFLARE_ACCOUNT_ID", world.emulator.account_id())
         .env("BATCHD__CLOUDFLARE__REQUEST_TIMEOUT_SECS", "5")
         .env("BATCHD__SCHEDULE__LEASE_SECS", "6")
         .env("BATCHD__POLL__INITIAL_INTERVAL_MS", "100")

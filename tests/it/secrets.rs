@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use batchd::settings::{Secret, Settings};
 use batchd_core::{Keys, ResultEntry, ResultStatus};
 use batchd_emulator::{Calls, EmulatorConfig, Fault};
-use batchd_tests::{World, bge_m3_job, binary, free_port, http_get, wait_for_http};
+use batchd_tests::{World, bge_m3_job, free_port, http_get, wait_for_http};
 use redis::aio::MultiplexedConnection;
 
 /// The daemon's token, the one the emulator accepts (40 characters, like a Cloudflare token).
@@ -52,15 +52,8 @@ fn assert_clean(what: &str, text: &str) {
 
 /// A `batchd` command for `namespace` with only the environment the test gives it.
 fn batchd(world: &World, namespace: &str) -> Command {
-    let mut command = Command::new(binary("batchd").expect("batchd binary"));
-    command
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("REDIS_URL", world.settings.redis.url.expose())
-        .env("BATCHD__REDIS__NAMESPACE", namespace)
-        .env("BATCHD__CLOUDFLARE__BASE_URL", world.emulator.base_url())
-        .env("CLOUDFLARE_ACCOUNT_ID", world.emulator.account_id())
-        .env("CLOUDFLARE_API_TOKEN", TOKEN);
+    let mut command = world.batchd();
+    command.env("BATCHD__REDIS__NAMESPACE", namespace).env("CLOUDFLARE_API_TOKEN", TOKEN);
     command
 }
 

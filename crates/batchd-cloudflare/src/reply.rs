@@ -170,12 +170,9 @@ fn restore_order(items: Vec<wire::Item>, key: IndexKey, n_items: usize) -> Vec<I
         .into_iter()
         .enumerate()
         .map(|(index, slot)| {
-            slot.unwrap_or_else(|| ItemResponse {
-                index,
-                success: false,
-                result: None,
-                error: Some(RawValue::from_string(MISSING_ITEM_ERROR.to_owned()).expect("the constant is valid JSON")),
-                external_reference: None,
+            slot.unwrap_or_else(|| {
+                let error = RawValue::from_string(MISSING_ITEM_ERROR.to_owned()).expect("the constant is valid JSON");
+                ItemResponse::failure(index, Some(error))
             })
         })
         .collect()

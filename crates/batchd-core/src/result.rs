@@ -129,6 +129,13 @@ pub struct ItemResponse {
     pub external_reference: Option<Box<RawValue>>,
 }
 
+impl ItemResponse {
+    /// A response for item `index` that did not succeed, with `error` as its error object.
+    pub fn failure(index: usize, error: Option<Box<RawValue>>) -> Self {
+        Self { index, success: false, result: None, error, external_reference: None }
+    }
+}
+
 /// The `result` field: all responses in request order plus token usage.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobOutput {

@@ -150,3 +150,17 @@ pub(crate) async fn pause(duration: std::time::Duration, stop: &CancellationToke
         () = stop.cancelled() => false,
     }
 }
+
+/// Waits for room for between 1 and `batch` items in the channel (as many as are free right now), so that
+/// everything read from Redis next can be sent without waiting; `None` when stopped or the worker is gone.
+pub(crate) async fn reserve<'a, T>(
+    tx: &'a mpsc::Sender<T>,
+    batch: usize,
+    stop: &CancellationToken,
+) -> Option<(usize, mpsc::PermitIterator<'a, T>)> {
+    let n = tx.capacity().clamp(1, batch);
+    tokio::select! {
+        permits = tx.reserve_many(n) => permits.ok().map(|permits| (n, permits)),
+        () = stop.cancelled() => None,
+    }
+}

@@ -18,7 +18,7 @@ use redis::{AsyncCommands, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::fetch::{pause, FetchBackend, HandBack};
+use crate::fetch::{pause, reserve, FetchBackend, HandBack};
 use crate::{Conn, Endpoint, RetryDelay};
 
 /// One entry of the submit stream, as read.
@@ -77,14 +77,7 @@ async fn fetch_loop(
     let stream = keys.submit();
     tracing::info!(consumer = %settings.consumer, stream = %stream, "ingress fetcher started");
     while !stop.is_cancelled() {
-        let n = tx.capacity().clamp(1, settings.batch);
-        let permits = tokio::select! {
-            permits = tx.reserve_many(n) => match permits {
-                Ok(permits) => permits,
-                Err(_) => break,
-            },
-            () = stop.cancelled() => break,
-        };
+        let Some((n, permits)) = reserve(&tx, settings.batch, &stop).await else { break };
         let result: redis::RedisResult<Vec<StreamId>> = async {
             let connection = &mut conn;
             if !group_ready {

@@ -9,7 +9,7 @@ use futures::FutureExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::fetch::{pause, FetchBackend, HandBack};
+use crate::fetch::{pause, reserve, FetchBackend, HandBack};
 use crate::{now_ms, RetryDelay, Store};
 
 /// Settings of the schedule fetcher.
@@ -33,14 +33,7 @@ async fn fetch_loop(store: Store, settings: ScheduleSettings, tx: mpsc::Sender<S
     let mut delay = RetryDelay::new();
     tracing::info!(schedule = %store.keys().schedule(), "schedule fetcher started");
     while !stop.is_cancelled() {
-        let n = tx.capacity().clamp(1, settings.batch);
-        let permits = tokio::select! {
-            permits = tx.reserve_many(n) => match permits {
-                Ok(permits) => permits,
-                Err(_) => break,
-            },
-            () = stop.cancelled() => break,
-        };
+        let Some((n, permits)) = reserve(&tx, settings.batch, &stop).await else { break };
         let now = now_ms();
         let claimed = async {
             let members = store.claim_due(now, n).await?;

@@ -114,13 +114,7 @@ pub fn assemble(n_items: usize, chunks: Vec<(u32, Placement, ChunkOutcome)>, una
             ChunkOutcome::Failed { error, request_id } => {
                 let items = placement.job_indices();
                 for &index in items.iter().filter(|index| **index < n_items) {
-                    slots[index] = Some(ItemResponse {
-                        index,
-                        success: false,
-                        result: None,
-                        error: error_item(&error),
-                        external_reference: None,
-                    });
+                    slots[index] = Some(ItemResponse::failure(index, error_item(&error)));
                 }
                 failed_batches.push(FailedBatch { chunk, items, request_id, error });
             }
@@ -131,13 +125,7 @@ pub fn assemble(n_items: usize, chunks: Vec<(u32, Placement, ChunkOutcome)>, una
         .into_iter()
         .enumerate()
         .map(|(index, slot)| {
-            slot.unwrap_or_else(|| ItemResponse {
-                index,
-                success: false,
-                result: None,
-                error: error_item(unanswered),
-                external_reference: None,
-            })
+            slot.unwrap_or_else(|| ItemResponse::failure(index, error_item(unanswered)))
         })
         .collect();
     JobOutput { responses, usage: serde_json::Value::Object(usage), failed_batches }

@@ -219,6 +219,25 @@ impl World {
         }
     }
 
+    /// The environment a `batchd` process gets: the world's Redis, namespace and emulator, and nothing else (no
+    /// token: `run` needs `CLOUDFLARE_API_TOKEN` added).
+    pub fn batchd_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("PATH", std::env::var("PATH").unwrap_or_default()),
+            ("REDIS_URL", self.settings.redis.url.expose().to_owned()),
+            ("BATCHD__REDIS__NAMESPACE", self.settings.redis.namespace.clone()),
+            ("BATCHD__CLOUDFLARE__BASE_URL", self.emulator.base_url()),
+            ("CLOUDFLARE_ACCOUNT_ID", self.emulator.account_id().to_owned()),
+        ]
+    }
+
+    /// The real `batchd` binary with only [`World::batchd_env`] as its environment.
+    pub fn batchd(&self) -> Command {
+        let mut command = Command::new(binary("batchd").expect("batchd binary"));
+        command.env_clear().envs(self.batchd_env());
+        command
+    }
+
     /// Number of members in the schedule.
     pub async fn scheduled(&self) -> usize {
         self.conn.clone().zcard(self.keys.schedule()).await.expect("zcard")
