@@ -1,0 +1,327 @@
+//! `batchd-bench` (`make bench`): batchd's benchmarks side by side with BullMQ and apalis-redis, on private
+//! `redis-server`s with persistence off and with AOF everysec. Every figure is the median of `--runs` runs (3 by
+//! default) with min and max. Prints a Markdown table and writes `target/bench/report.json` (+ `report.md`).
+//!
+//! Scenarios (docs/benchmarks.md says what each measures and how):
+//! 1. queue layer like for like ([`queue_layer`]); 2. full lifecycle ([`lifecycle`]); 3. backlog ([`backlog`]);
+//! 4. poll timing ([`poll_timing`]); 5. big payloads ([`big`]).
+//!
+//! Needs the release binaries `batchd` and `batchd-emulator` next to this one, `node` with bench/peers/node_modules,
+//! and target/bench-peers/release/apalis-redis-bench: scripts/bench.sh builds and installs all of them.
+
+mod backlog;
+mod big;
+mod lifecycle;
+mod poll_timing;
+mod procs;
+mod queue_layer;
+mod redis_server;
+mod report;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde_json::json;
+
+use crate::redis_server::{total, Persistence, RedisServer};
+use crate::report::{fmt, percentile, Report};
+
+/// Command-line options.
+#[derive(Debug, Clone)]
+struct Options {
+    /// Runs per figure.
+    runs: usize,
+    /// Persistence modes to run.
+    modes: Vec<Persistence>,
+    /// Scenarios to run (1..=5).
+    scenarios: Vec<u8>,
+    /// Jobs of scenarios 1 and 2.
+    n: usize,
+    /// Jobs of scenario 3.
+    backlog: usize,
+    /// Measuring window of scenario 4.
+    poll_window: Duration,
+    /// Where the JSON report goes.
+    out: PathBuf,
+}
+
+fn options() -> anyhow::Result<Options> {
+    let root = procs::workspace_root();
+    let mut options = Options {
+        runs: 3,
+        modes: vec![Persistence::Off, Persistence::AofEverysec],
+        scenarios: vec![1, 2, 3, 4, 5],
+        n: 20_000,
+        backlog: 100_000,
+        poll_window: Duration::from_secs(10),
+        out: root.join("target/bench/report.json"),
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        let value = || args.get(i + 1).cloned().with_context(|| format!("{} needs a value", args[i]));
+        match args[i].as_str() {
+            "--quick" => {
+                options.runs = 1;
+                options.n = 2_000;
+                options.backlog = 5_000;
+                options.poll_window = Duration::from_secs(3);
+                i += 1;
+                continue;
+            }
+            "--runs" => options.runs = value()?.parse()?,
+            "--n" => options.n = value()?.parse()?,
+            "--backlog" => options.backlog = value()?.parse()?,
+            "--out" => options.out = value()?.into(),
+            "--modes" => {
+                options.modes = value()?
+                    .split(',')
+                    .map(|mode| match mode {
+                        "off" => Ok(Persistence::Off),
+                        "aof" => Ok(Persistence::AofEverysec),
+                        other => anyhow::bail!("unknown mode {other} (off, aof)"),
+                    })
+                    .collect::<anyhow::Result<_>>()?;
+            }
+            "--scenarios" => options.scenarios = value()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
+            "-h" | "--help" => {
+                println!(
+                    "usage: batchd-bench [--quick] [--runs 3] [--modes off,aof] [--scenarios 1,2,3,4,5] [--n 20000] \
+                     [--backlog 100000] [--out target/bench/report.json]"
+                );
+                std::process::exit(0);
+            }
+            other => anyhow::bail!("unknown option {other} (--help)"),
+        }
+        i += 2;
+    }
+    Ok(options)
+}
+
+fn shell(program: &str, args: &[&str]) -> String {
+    Command::new(program)
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|e| format!("unavailable: {e}"))
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+}
+
+fn machine() -> serde_json::Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned());
+    let bullmq: serde_json::Value = std::fs::read_to_string(procs::workspace_root().join("bench/peers/node_modules/bullmq/package.json"))
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default();
+    json!({
+        "nproc": shell("nproc", &[]),
+        "cpu": cpu,
+        "mem_total": std::fs::read_to_string("/proc/meminfo").unwrap_or_default().lines().next().unwrap_or("").to_owned(),
+        "redis_server": shell("redis-server", &["--version"]),
+        "node": shell("node", &["--version"]),
+        "bullmq": bullmq["version"],
+        "kernel": shell("uname", &["-r"]),
+    })
+}
+
+fn per_job(counts: &BTreeMap<String, u64>, n: usize) -> f64 {
+    total(counts) as f64 / n as f64
+}
+
+fn scaled(counts: &BTreeMap<String, u64>, n: usize) -> serde_json::Value {
+    counts.iter().map(|(name, calls)| (name.clone(), json!((*calls as f64 / n as f64 * 100.0).round() / 100.0))).collect()
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let options = options()?;
+    let root = procs::workspace_root();
+    let work = root.join("target/bench");
+    let logs = work.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let mut report = Report::default();
+    let machine = machine();
+    let load_start = loadavg();
+    eprintln!("batchd-bench: {options:?}\nmachine: {machine}\nload average at start: {load_start}");
+
+    for &mode in &options.modes {
+        let m = mode.label();
+        if options.scenarios.contains(&1) {
+            scenario_queue(&options, mode, &work, &mut report).await?;
+        }
+        if options.scenarios.contains(&2) {
+            scenario_lifecycle(&options, mode, &work, &logs, &mut report).await?;
+        }
+        if options.scenarios.contains(&3) {
+            let s = "3 backlog";
+            for run in 0..options.runs {
+                eprintln!("[{m}] scenario 3, run {}: {} jobs", run + 1, options.backlog);
+                let redis = RedisServer::start(mode, &work).await?;
+                let b = backlog::run(&redis, options.backlog, &logs, &format!("backlog-{m}-{run}")).await?;
+                let label = format!("batchd, {} jobs", fmt(options.backlog as f64));
+                report.add(s, &label, "daemon RSS, all in flight", "MiB", m, b.daemon_rss_mib);
+                report.add(s, &label, "daemon peak RSS (VmHWM), take-in", "MiB", m, b.daemon_hwm_mib);
+                report.add(s, &label, "Redis memory per waiting job", "bytes", m, b.redis_bytes_per_waiting_job);
+                report.add(s, &label, "Redis memory per job in flight", "bytes", m, b.redis_bytes_per_job_in_flight);
+                report.add(s, &label, "take-in (accept + submit + schedule)", "jobs/s", m, b.take_in_per_sec);
+                for members in [1_000usize, 100_000] {
+                    let mut times = backlog::claim_times(&redis, members, 200).await?;
+                    let p50 = percentile(&mut times, 50.0);
+                    let p99 = percentile(&mut times, 99.0);
+                    let label = format!("Store::claim_due(256), {} due", fmt(members as f64));
+                    report.add(s, &label, "claim time p50", "ms", m, p50);
+                    report.add(s, &label, "claim time p99", "ms", m, p99);
+                }
+            }
+        }
+        if options.scenarios.contains(&4) {
+            let s = "4 poll timing";
+            for run in 0..options.runs {
+                eprintln!("[{m}] scenario 4, run {}", run + 1);
+                let redis = RedisServer::start(mode, &work).await?;
+                let (mut lateness, rate) =
+                    poll_timing::run(&redis, options.poll_window, &logs, &format!("polls-{m}-{run}")).await?;
+                let label = "batchd, 1,000 jobs polled every 1 s";
+                report.add(s, label, "polls/s seen by the API", "polls/s", m, rate);
+                report.add(s, label, "lateness p50", "ms", m, percentile(&mut lateness, 50.0));
+                report.add(s, label, "lateness p99", "ms", m, percentile(&mut lateness, 99.0));
+                report.add(s, label, "lateness max", "ms", m, percentile(&mut lateness, 100.0));
+            }
+        }
+        if options.scenarios.contains(&5) {
+            let s = "5 big payloads";
+            for run in 0..options.runs {
+                eprintln!("[{m}] scenario 5, run {}", run + 1);
+                let redis = RedisServer::start(mode, &work).await?;
+                let b = big::run(&redis, &big::big_submit_job(), &[], &logs, &format!("bigsubmit-{m}-{run}")).await?;
+                let label = format!("batchd, {:.2} MB submit (1 batch)", b.job_bytes as f64 / 1e6);
+                report.add(s, &label, "XADD → result", "s", m, b.secs);
+                report.add(s, &label, "daemon peak RSS (VmHWM)", "MiB", m, b.hwm_mib);
+                report.add(s, &label, "daemon RSS before the job", "MiB", m, b.rss_before_mib);
+                report.add(s, &label, "peak RSS / payload", "×", m, b.hwm_mib * 1048576.0 / b.job_bytes as f64);
+                drop(redis);
+                let redis = RedisServer::start(mode, &work).await?;
+                let env = [("BATCHD__JOBS__MAX_BATCH_ITEMS", "2000".to_owned())];
+                let b = big::run(&redis, &big::big_result_job(), &env, &logs, &format!("bigresult-{m}-{run}")).await?;
+                let label = format!("batchd, {:.1} MB merged result (6 batches)", b.result_bytes as f64 / 1e6);
+                report.add(s, &label, "XADD → result", "s", m, b.secs);
+                report.add(s, &label, "daemon peak RSS (VmHWM)", "MiB", m, b.hwm_mib);
+                report.add(s, &label, "peak RSS / result", "×", m, b.hwm_mib * 1048576.0 / b.result_bytes as f64);
+            }
+        }
+    }
+
+    report.finish();
+    let modes: Vec<&str> = options.modes.iter().map(|m| m.label()).collect();
+    let table = report.table(&modes);
+    let load_end = loadavg();
+    println!("{table}");
+    println!("load average (1, 5, 15 min) at start: {load_start}; at end: {load_end}");
+    let out = json!({
+        "machine": machine,
+        "load_average_start": load_start,
+        "load_average_end": load_end,
+        "options": {"runs": options.runs, "n": options.n, "backlog": options.backlog,
+                    "poll_window_secs": options.poll_window.as_secs()},
+        "rows": report.rows,
+        "details": report.details,
+    });
+    if let Some(dir) = options.out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&options.out, serde_json::to_string_pretty(&out)?)?;
+    std::fs::write(options.out.with_extension("md"), format!("{table}\nload average at start: {load_start}; at end: {load_end}\n"))?;
+    eprintln!("wrote {}", options.out.display());
+    Ok(())
+}
+
+async fn scenario_queue(options: &Options, mode: Persistence, work: &std::path::Path, report: &mut Report) -> anyhow::Result<()> {
+    let s = "1 queue layer";
+    let m = mode.label();
+    let n = options.n;
+    let bullmq_label = format!("BullMQ {}", machine()["bullmq"].as_str().unwrap_or("?"));
+    for run in 0..options.runs {
+        eprintln!("[{m}] scenario 1, run {}: {n} jobs", run + 1);
+        let systems: Vec<(String, Box<dyn Fn(&RedisServer) -> futures::future::BoxFuture<'_, anyhow::Result<queue_layer::QueueRun>>>)> = vec![
+            ("batchd (ack)".to_owned(), Box::new(move |r| Box::pin(queue_layer::batchd(r, n, queue_layer::Handler::Ack)))),
+            ("batchd (accept)".to_owned(), Box::new(move |r| Box::pin(queue_layer::batchd(r, n, queue_layer::Handler::Accept)))),
+            (bullmq_label.clone(), Box::new(move |r| Box::pin(async move { queue_layer::bullmq(r, n, run) }))),
+            ("apalis-redis 1.0.0".to_owned(), Box::new(move |r| Box::pin(async move { queue_layer::apalis_redis(r, n, true, run) }))),
+            (
+                "apalis-redis 1.0.0 (lock_tasks=false)".to_owned(),
+                Box::new(move |r| Box::pin(async move { queue_layer::apalis_redis(r, n, false, run) })),
+            ),
+        ];
+        for (label, run_system) in &systems {
+            let redis = RedisServer::start(mode, work).await?;
+            let result = run_system(&redis).await.with_context(|| format!("scenario 1: {label}"))?;
+            report.add(s, label, "enqueue", "jobs/s", m, n as f64 / result.enqueue_secs);
+            report.add(s, label, "drain", "jobs/s", m, n as f64 / result.drain_secs);
+            report.add(s, label, "Redis commands per job, enqueue", "cmds", m, per_job(&result.enqueue_commands, n));
+            report.add(s, label, "Redis commands per job, drain", "cmds", m, per_job(&result.drain_commands, n));
+            report.detail(
+                &format!("1 queue layer / {label} / {m} / commands per job"),
+                json!({"enqueue": scaled(&result.enqueue_commands, n), "drain": scaled(&result.drain_commands, n)}),
+            );
+        }
+        let redis = RedisServer::start(mode, work).await?;
+        for (test, rps) in queue_layer::redis_benchmark(&redis, n)? {
+            report.add(s, &format!("redis-benchmark {test}, 50 clients"), "commands", "per s", m, rps);
+        }
+    }
+    Ok(())
+}
+
+async fn scenario_lifecycle(
+    options: &Options,
+    mode: Persistence,
+    work: &std::path::Path,
+    logs: &std::path::Path,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let s = "2 full lifecycle";
+    let m = mode.label();
+    let n = options.n;
+    let burst_label = format!("batchd, {} jobs at once", fmt(n as f64));
+    let paced_n = (n / 4).max(500);
+    let paced_rate = 500;
+    let paced_label = format!("batchd, {} jobs at {paced_rate}/s", fmt(paced_n as f64));
+    for run in 0..options.runs {
+        eprintln!("[{m}] scenario 2, run {}: {n} jobs", run + 1);
+        let redis = RedisServer::start(mode, work).await?;
+        let mut burst = lifecycle::burst(&redis, n, logs, &format!("lifecycle-{m}-{run}")).await?;
+        report.add(s, &burst_label, "throughput", "jobs/s", m, burst.jobs_per_sec);
+        report.add(s, &burst_label, "XADD → result p50", "ms", m, percentile(&mut burst.latencies_ms, 50.0));
+        report.add(s, &burst_label, "XADD → result p99", "ms", m, percentile(&mut burst.latencies_ms, 99.0));
+        report.add(s, &burst_label, "Redis commands per job (in scripts included)", "cmds", m, per_job(&burst.commands, n));
+        report.add(s, &burst_label, "jobs not completed", "jobs", m, burst.not_completed as f64);
+        report.detail(&format!("2 full lifecycle / {m} / commands per job (commandstats)"), scaled(&burst.commands, n));
+        drop(redis);
+        let redis = RedisServer::start(mode, work).await?;
+        let mut paced = lifecycle::paced(&redis, paced_n, paced_rate, logs, &format!("paced-{m}-{run}")).await?;
+        report.add(s, &paced_label, "XADD → result p50", "ms", m, percentile(&mut paced, 50.0));
+        report.add(s, &paced_label, "XADD → result p99", "ms", m, percentile(&mut paced, 99.0));
+    }
+    // Round trips: one run under MONITOR (slower, so not timed).
+    let monitored_n = 2_000.min(n);
+    let redis = RedisServer::start(mode, work).await?;
+    let seen = lifecycle::monitored(&redis, monitored_n, logs, &format!("monitor-{m}")).await?;
+    // load_chunk sends HMGET + GET of the cancel flag in one pipeline: one round trip for the two.
+    let pipelined = seen.client.get("get").copied().unwrap_or(0);
+    let client = per_job(&seen.client, monitored_n);
+    report.add(s, &burst_label, "commands sent by the daemon per job (MONITOR)", "cmds", m, client);
+    report.add(s, &burst_label, "round trips per job (MONITOR)", "round trips", m, client - pipelined as f64 / monitored_n as f64);
+    report.add(s, &burst_label, "commands run inside scripts per job (MONITOR)", "cmds", m, per_job(&seen.lua, monitored_n));
+    report.detail(
+        &format!("2 full lifecycle / {m} / MONITOR per job ({monitored_n} jobs)"),
+        json!({"client": scaled(&seen.client, monitored_n), "lua": scaled(&seen.lua, monitored_n)}),
+    );
+    Ok(())
+}

@@ -1,0 +1,196 @@
+//! The report: every figure is the median of several runs with their min and max, per Redis persistence mode;
+//! printed as a table and written as JSON.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// Median, min and max of a figure's runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Median of the runs (mean of the two middle ones for an even count).
+    pub median: f64,
+    /// Smallest run.
+    pub min: f64,
+    /// Largest run.
+    pub max: f64,
+    /// Every run, in order.
+    pub runs: Vec<f64>,
+}
+
+impl Summary {
+    /// Summarises `runs` (NaN-free; an empty list gives NaNs).
+    pub fn of(runs: &[f64]) -> Self {
+        let mut sorted: Vec<f64> = runs.iter().copied().filter(|v| !v.is_nan()).collect();
+        sorted.sort_by(f64::total_cmp);
+        let median = match sorted.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => sorted[n / 2],
+            n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+        };
+        Self {
+            median,
+            min: sorted.first().copied().unwrap_or(f64::NAN),
+            max: sorted.last().copied().unwrap_or(f64::NAN),
+            runs: runs.to_vec(),
+        }
+    }
+}
+
+/// Percentile `p` (0..=100) of `values` (nearest rank).
+pub fn percentile(values: &mut [f64], p: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * values.len() as f64).ceil() as usize;
+    values[rank.clamp(1, values.len()) - 1]
+}
+
+/// One line of the report: a figure of one system in one scenario, per persistence mode.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// Scenario, e.g. "1 queue layer".
+    pub scenario: String,
+    /// What was measured, e.g. "batchd (accept)", "BullMQ 6.7.0".
+    pub system: String,
+    /// The figure, e.g. "drain".
+    pub metric: String,
+    /// Its unit, e.g. "jobs/s".
+    pub unit: String,
+    /// Per persistence mode ("off", "aof").
+    pub by_mode: BTreeMap<String, Summary>,
+    /// Anything a reader must know to read the figure.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub note: String,
+}
+
+/// Collects rows; one value per run is added under (scenario, system, metric, mode).
+#[derive(Debug, Default, Serialize)]
+pub struct Report {
+    /// The rows, in the order first seen.
+    pub rows: Vec<Row>,
+    /// Raw per-run values, before summarising.
+    #[serde(skip)]
+    raw: Vec<((String, String, String, String, String), Vec<f64>)>,
+    /// Extra facts per scenario (command breakdowns, sample counts, ...).
+    pub details: BTreeMap<String, serde_json::Value>,
+}
+
+impl Report {
+    /// Adds one run's `value`.
+    pub fn add(&mut self, scenario: &str, system: &str, metric: &str, unit: &str, mode: &str, value: f64) {
+        let key = (scenario.to_owned(), system.to_owned(), metric.to_owned(), unit.to_owned(), mode.to_owned());
+        match self.raw.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, values)) => values.push(value),
+            None => self.raw.push((key, vec![value])),
+        }
+    }
+
+    /// Records a detail (JSON) under `key`.
+    pub fn detail(&mut self, key: &str, value: serde_json::Value) {
+        self.details.insert(key.to_owned(), value);
+    }
+
+    /// Summarises the raw values into rows.
+    pub fn finish(&mut self) {
+        self.rows.clear();
+        for ((scenario, system, metric, unit, mode), values) in &self.raw {
+            let summary = Summary::of(values);
+            match self
+                .rows
+                .iter_mut()
+                .find(|row| row.scenario == *scenario && row.system == *system && row.metric == *metric)
+            {
+                Some(row) => {
+                    row.by_mode.insert(mode.clone(), summary);
+                }
+                None => {
+                    let note = self
+                        .details
+                        .get(&format!("note: {scenario} / {system} / {metric}"))
+                        .and_then(|v| v.as_str())
+                        .unwrap_or("")
+                        .to_owned();
+                    self.rows.push(Row {
+                        scenario: scenario.clone(),
+                        system: system.clone(),
+                        metric: metric.clone(),
+                        unit: unit.clone(),
+                        by_mode: BTreeMap::from([(mode.clone(), summary)]),
+                        note,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The table as Markdown: one column per persistence mode, "median (min–max)".
+    pub fn table(&self, modes: &[&str]) -> String {
+        let mut out = String::from("| scenario | system | figure | unit |");
+        for mode in modes {
+            out.push_str(&format!(" Redis persistence {mode}: median (min–max) |"));
+        }
+        out.push_str("\n|---|---|---|---|");
+        for _ in modes {
+            out.push_str("---|");
+        }
+        out.push('\n');
+        for row in &self.rows {
+            out.push_str(&format!("| {} | {} | {} | {} |", row.scenario, row.system, row.metric, row.unit));
+            for mode in modes {
+                match row.by_mode.get(*mode) {
+                    Some(s) => out.push_str(&format!(" {} ({}–{}) |", fmt(s.median), fmt(s.min), fmt(s.max))),
+                    None => out.push_str(" – |"),
+                }
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// A figure with about three significant digits.
+pub fn fmt(value: f64) -> String {
+    if value.is_nan() {
+        return "n/a".to_owned();
+    }
+    let abs = value.abs();
+    if abs >= 1000.0 {
+        let rounded = value.round() as i64;
+        let digits = rounded.abs().to_string();
+        let mut grouped = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                grouped.push(',');
+            }
+            grouped.push(c);
+        }
+        if rounded < 0 { format!("-{grouped}") } else { grouped }
+    } else if abs >= 100.0 {
+        format!("{value:.0}")
+    } else if abs >= 10.0 {
+        format!("{value:.1}")
+    } else if abs >= 1.0 {
+        format!("{value:.2}")
+    } else {
+        format!("{value:.3}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_and_percentiles() {
+        let s = Summary::of(&[3.0, 1.0, 2.0]);
+        assert_eq!((s.median, s.min, s.max), (2.0, 1.0, 3.0));
+        assert_eq!(Summary::of(&[1.0, 2.0, 3.0, 4.0]).median, 2.5);
+        let mut values: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&mut values, 50.0), 50.0);
+        assert_eq!(percentile(&mut values, 99.0), 99.0);
+        assert_eq!(fmt(12345.6), "12,346");
+        assert_eq!(fmt(1.234), "1.23");
+    }
+}
