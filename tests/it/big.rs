@@ -187,6 +187,7 @@ async fn results_no_longer_available_end_the_job_with_a_clear_error() {
     assert_eq!(result.status, ResultStatus::Failed);
     let error = result.error.expect("error");
     assert_eq!((error.code.as_str(), error.http_status), ("results_gone", Some(404)));
+    assert!(error.message.starts_with("the Batch API no longer has the batch's results"), "{}", error.message);
     daemon.stop().await.unwrap();
 }
 
