@@ -4,7 +4,7 @@
 CARGO ?= cargo
 SHELL := /bin/bash
 
-.PHONY: help build demo test lint fmt clean deps examples-deps
+.PHONY: help build demo test lint fmt clean deps bench examples-deps
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ examples-deps: ## Install the pinned packages of the example tests: redis-py (ta
 
 lint-deploy: ## Check deploy/: systemd-analyze verify + security, kustomize render + strict schema validation, dashboard JSON
 	@scripts/lint-deploy.sh
+
+bench: deps ## Benchmarks side by side with BullMQ and apalis-redis (release builds; table + target/bench/report.json; minutes)
+	@scripts/bench.sh $(BENCH_ARGS)
 
 lint: ## rustfmt check and clippy with warnings denied
 	$(CARGO) fmt --all --check

@@ -11,9 +11,9 @@ use batchd_core::Keys;
 use batchd_queue::{Store, StoreSettings};
 
 use crate::lifecycle::start_stack;
-use crate::procs::{status_mib, Proc};
+use crate::procs::{Proc, status_mib};
 use crate::queue_layer::enqueue;
-use crate::redis_server::{used_memory, RedisServer};
+use crate::redis_server::{RedisServer, used_memory};
 
 /// What one backlog run measured.
 #[derive(Debug, Clone)]

@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{bail, Context as _};
+use anyhow::{Context as _, bail};
 use redis::streams::StreamRangeReply;
 
 use crate::lifecycle::{entry_ms, start_stack, wait_results, zero_delay_env};
@@ -38,12 +38,19 @@ pub fn big_submit_job() -> String {
 
 /// The job whose merged result is about 50 MB.
 pub fn big_result_job() -> String {
-    let requests: Vec<serde_json::Value> = (0..11_500).map(|i| serde_json::json!({ "text": format!("item {i}") })).collect();
+    let requests: Vec<serde_json::Value> =
+        (0..11_500).map(|i| serde_json::json!({ "text": format!("item {i}") })).collect();
     serde_json::json!({"id": "big-result", "model": "@cf/baai/bge-small-en-v1.5", "requests": requests}).to_string()
 }
 
 /// Runs `job` through a fresh daemon with `extra_env`.
-pub async fn run(redis: &RedisServer, job: &str, extra_env: &[(&str, String)], logs: &Path, tag: &str) -> anyhow::Result<Big> {
+pub async fn run(
+    redis: &RedisServer,
+    job: &str,
+    extra_env: &[(&str, String)],
+    logs: &Path,
+    tag: &str,
+) -> anyhow::Result<Big> {
     let mut env = zero_delay_env();
     env.extend(extra_env.iter().cloned());
     let stack = start_stack(redis, 0, 0, &env, logs, tag).await?;
@@ -51,7 +58,8 @@ pub async fn run(redis: &RedisServer, job: &str, extra_env: &[(&str, String)], l
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_before_mib = status_mib(pid, "VmRSS");
     let mut conn = redis.connect().await?;
-    let entry_id: String = redis::cmd("XADD").arg(stack.keys.submit()).arg("*").arg("job").arg(job).query_async(&mut conn).await?;
+    let entry_id: String =
+        redis::cmd("XADD").arg(stack.keys.submit()).arg("*").arg("job").arg(job).query_async(&mut conn).await?;
     wait_results(&mut conn, &stack.keys, 1, Duration::from_secs(300)).await?;
     let hwm_mib = status_mib(pid, "VmHWM");
     let reply: StreamRangeReply =

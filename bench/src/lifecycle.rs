@@ -12,18 +12,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _};
+use anyhow::{Context as _, bail};
 use batchd_core::Keys;
 use redis::aio::MultiplexedConnection;
 use redis::streams::StreamRangeReply;
 
-use crate::procs::{daemon_env, start_daemon, start_emulator, wait_daemon_ready, Emulator, Proc};
+use crate::procs::{Emulator, Proc, daemon_env, start_daemon, start_emulator, wait_daemon_ready};
 use crate::queue_layer::enqueue;
-use crate::redis_server::{commandstats, delta, RedisServer};
+use crate::redis_server::{RedisServer, commandstats, delta};
 
 /// Settings of the lifecycle daemon: first poll 1 ms after the submit, every later one 1 ms too, no jitter.
 pub fn zero_delay_env() -> Vec<(&'static str, String)> {
@@ -69,7 +69,12 @@ pub fn entry_ms(id: &str) -> u64 {
 }
 
 /// Waits until the results stream holds `n` entries (or `timeout`).
-pub async fn wait_results(conn: &mut MultiplexedConnection, keys: &Keys, n: usize, timeout: Duration) -> anyhow::Result<()> {
+pub async fn wait_results(
+    conn: &mut MultiplexedConnection,
+    keys: &Keys,
+    n: usize,
+    timeout: Duration,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     loop {
         let len: usize = redis::cmd("XLEN").arg(keys.results()).query_async(conn).await?;
@@ -84,7 +89,10 @@ pub async fn wait_results(conn: &mut MultiplexedConnection, keys: &Keys, n: usiz
 }
 
 /// Every result entry: job id → (entry ms, status).
-pub async fn read_results(conn: &mut MultiplexedConnection, keys: &Keys) -> anyhow::Result<HashMap<String, (u64, String)>> {
+pub async fn read_results(
+    conn: &mut MultiplexedConnection,
+    keys: &Keys,
+) -> anyhow::Result<HashMap<String, (u64, String)>> {
     let mut out = HashMap::new();
     let mut start = "-".to_owned();
     loop {
@@ -199,11 +207,8 @@ pub async fn monitored(redis: &RedisServer, n: usize, logs: &Path, tag: &str) ->
     let stack = start_stack(redis, 0, 0, &zero_delay_env(), logs, tag).await?;
     let mut conn = redis.connect().await?;
     let own: String = redis::cmd("CLIENT").arg("INFO").query_async(&mut conn).await?;
-    let own_addr = own
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix("addr="))
-        .context("CLIENT INFO addr")?
-        .to_owned();
+    let own_addr =
+        own.split_whitespace().find_map(|kv| kv.strip_prefix("addr=")).context("CLIENT INFO addr")?.to_owned();
     let stop = Arc::new(AtomicBool::new(false));
     let port = redis.port;
     let thread_stop = Arc::clone(&stop);

@@ -26,8 +26,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde_json::json;
 
-use crate::redis_server::{total, Persistence, RedisServer};
-use crate::report::{fmt, percentile, Report};
+use crate::redis_server::{Persistence, RedisServer, total};
+use crate::report::{Report, fmt, percentile};
 
 /// Command-line options.
 #[derive(Debug, Clone)]
@@ -109,17 +109,36 @@ fn shell(program: &str, args: &[&str]) -> String {
         .unwrap_or_else(|e| format!("unavailable: {e}"))
 }
 
+/// The load average when each run started (kept for the report).
+static RUN_LOADS: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// Prints what runs now, with the load average, and remembers both for the report.
+fn progress(what: &str) {
+    let load = loadavg();
+    eprintln!("{what} (load average {load})");
+    RUN_LOADS.lock().expect("lock").push((what.to_owned(), load));
+}
+
 fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn machine() -> serde_json::Value {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu = cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned());
-    let bullmq: serde_json::Value = std::fs::read_to_string(procs::workspace_root().join("bench/peers/node_modules/bullmq/package.json"))
-        .ok()
-        .and_then(|text| serde_json::from_str(&text).ok())
-        .unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned());
+    let bullmq: serde_json::Value =
+        std::fs::read_to_string(procs::workspace_root().join("bench/peers/node_modules/bullmq/package.json"))
+            .ok()
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default();
     json!({
         "nproc": shell("nproc", &[]),
         "cpu": cpu,
@@ -136,7 +155,10 @@ fn per_job(counts: &BTreeMap<String, u64>, n: usize) -> f64 {
 }
 
 fn scaled(counts: &BTreeMap<String, u64>, n: usize) -> serde_json::Value {
-    counts.iter().map(|(name, calls)| (name.clone(), json!((*calls as f64 / n as f64 * 100.0).round() / 100.0))).collect()
+    counts
+        .iter()
+        .map(|(name, calls)| (name.clone(), json!((*calls as f64 / n as f64 * 100.0).round() / 100.0)))
+        .collect()
 }
 
 #[tokio::main]
@@ -162,7 +184,7 @@ async fn main() -> anyhow::Result<()> {
         if options.scenarios.contains(&3) {
             let s = "3 backlog";
             for run in 0..options.runs {
-                eprintln!("[{m}] scenario 3, run {}: {} jobs", run + 1, options.backlog);
+                progress(&format!("[{m}] scenario 3, run {}: {} jobs", run + 1, options.backlog));
                 let redis = RedisServer::start(mode, &work).await?;
                 let b = backlog::run(&redis, options.backlog, &logs, &format!("backlog-{m}-{run}")).await?;
                 let label = format!("batchd, {} jobs", fmt(options.backlog as f64));
@@ -184,7 +206,7 @@ async fn main() -> anyhow::Result<()> {
         if options.scenarios.contains(&4) {
             let s = "4 poll timing";
             for run in 0..options.runs {
-                eprintln!("[{m}] scenario 4, run {}", run + 1);
+                progress(&format!("[{m}] scenario 4, run {}", run + 1));
                 let redis = RedisServer::start(mode, &work).await?;
                 let (mut lateness, rate) =
                     poll_timing::run(&redis, options.poll_window, &logs, &format!("polls-{m}-{run}")).await?;
@@ -198,7 +220,7 @@ async fn main() -> anyhow::Result<()> {
         if options.scenarios.contains(&5) {
             let s = "5 big payloads";
             for run in 0..options.runs {
-                eprintln!("[{m}] scenario 5, run {}", run + 1);
+                progress(&format!("[{m}] scenario 5, run {}", run + 1));
                 let redis = RedisServer::start(mode, &work).await?;
                 let b = big::run(&redis, &big::big_submit_job(), &[], &logs, &format!("bigsubmit-{m}-{run}")).await?;
                 let label = format!("batchd, {:.2} MB submit (1 batch)", b.job_bytes as f64 / 1e6);
@@ -230,6 +252,8 @@ async fn main() -> anyhow::Result<()> {
         "load_average_end": load_end,
         "options": {"runs": options.runs, "n": options.n, "backlog": options.backlog,
                     "poll_window_secs": options.poll_window.as_secs()},
+        "load_average_per_run": RUN_LOADS.lock().expect("lock").iter()
+            .map(|(what, load)| json!({"run": what, "load_average": load})).collect::<Vec<_>>(),
         "rows": report.rows,
         "details": report.details,
     });
@@ -237,23 +261,43 @@ async fn main() -> anyhow::Result<()> {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&options.out, serde_json::to_string_pretty(&out)?)?;
-    std::fs::write(options.out.with_extension("md"), format!("{table}\nload average at start: {load_start}; at end: {load_end}\n"))?;
+    std::fs::write(
+        options.out.with_extension("md"),
+        format!("{table}\nload average at start: {load_start}; at end: {load_end}\n"),
+    )?;
     eprintln!("wrote {}", options.out.display());
     Ok(())
 }
 
-async fn scenario_queue(options: &Options, mode: Persistence, work: &std::path::Path, report: &mut Report) -> anyhow::Result<()> {
+/// Runs one system of scenario 1 against a server.
+type RunSystem = Box<dyn Fn(&RedisServer) -> futures::future::BoxFuture<'_, anyhow::Result<queue_layer::QueueRun>>>;
+
+async fn scenario_queue(
+    options: &Options,
+    mode: Persistence,
+    work: &std::path::Path,
+    report: &mut Report,
+) -> anyhow::Result<()> {
     let s = "1 queue layer";
     let m = mode.label();
     let n = options.n;
     let bullmq_label = format!("BullMQ {}", machine()["bullmq"].as_str().unwrap_or("?"));
     for run in 0..options.runs {
-        eprintln!("[{m}] scenario 1, run {}: {n} jobs", run + 1);
-        let systems: Vec<(String, Box<dyn Fn(&RedisServer) -> futures::future::BoxFuture<'_, anyhow::Result<queue_layer::QueueRun>>>)> = vec![
-            ("batchd (ack)".to_owned(), Box::new(move |r| Box::pin(queue_layer::batchd(r, n, queue_layer::Handler::Ack)))),
-            ("batchd (accept)".to_owned(), Box::new(move |r| Box::pin(queue_layer::batchd(r, n, queue_layer::Handler::Accept)))),
+        progress(&format!("[{m}] scenario 1, run {}: {n} jobs", run + 1));
+        let systems: Vec<(String, RunSystem)> = vec![
+            (
+                "batchd (ack)".to_owned(),
+                Box::new(move |r| Box::pin(queue_layer::batchd(r, n, queue_layer::Handler::Ack))),
+            ),
+            (
+                "batchd (accept)".to_owned(),
+                Box::new(move |r| Box::pin(queue_layer::batchd(r, n, queue_layer::Handler::Accept))),
+            ),
             (bullmq_label.clone(), Box::new(move |r| Box::pin(async move { queue_layer::bullmq(r, n, run) }))),
-            ("apalis-redis 1.0.0".to_owned(), Box::new(move |r| Box::pin(async move { queue_layer::apalis_redis(r, n, true, run) }))),
+            (
+                "apalis-redis 1.0.0".to_owned(),
+                Box::new(move |r| Box::pin(async move { queue_layer::apalis_redis(r, n, true, run) })),
+            ),
             (
                 "apalis-redis 1.0.0 (lock_tasks=false)".to_owned(),
                 Box::new(move |r| Box::pin(async move { queue_layer::apalis_redis(r, n, false, run) })),
@@ -294,13 +338,20 @@ async fn scenario_lifecycle(
     let paced_rate = 500;
     let paced_label = format!("batchd, {} jobs at {paced_rate}/s", fmt(paced_n as f64));
     for run in 0..options.runs {
-        eprintln!("[{m}] scenario 2, run {}: {n} jobs", run + 1);
+        progress(&format!("[{m}] scenario 2, run {}: {n} jobs", run + 1));
         let redis = RedisServer::start(mode, work).await?;
         let mut burst = lifecycle::burst(&redis, n, logs, &format!("lifecycle-{m}-{run}")).await?;
         report.add(s, &burst_label, "throughput", "jobs/s", m, burst.jobs_per_sec);
         report.add(s, &burst_label, "XADD → result p50", "ms", m, percentile(&mut burst.latencies_ms, 50.0));
         report.add(s, &burst_label, "XADD → result p99", "ms", m, percentile(&mut burst.latencies_ms, 99.0));
-        report.add(s, &burst_label, "Redis commands per job (in scripts included)", "cmds", m, per_job(&burst.commands, n));
+        report.add(
+            s,
+            &burst_label,
+            "Redis commands per job (in scripts included)",
+            "cmds",
+            m,
+            per_job(&burst.commands, n),
+        );
         report.add(s, &burst_label, "jobs not completed", "jobs", m, burst.not_completed as f64);
         report.detail(&format!("2 full lifecycle / {m} / commands per job (commandstats)"), scaled(&burst.commands, n));
         drop(redis);
@@ -317,8 +368,22 @@ async fn scenario_lifecycle(
     let pipelined = seen.client.get("get").copied().unwrap_or(0);
     let client = per_job(&seen.client, monitored_n);
     report.add(s, &burst_label, "commands sent by the daemon per job (MONITOR)", "cmds", m, client);
-    report.add(s, &burst_label, "round trips per job (MONITOR)", "round trips", m, client - pipelined as f64 / monitored_n as f64);
-    report.add(s, &burst_label, "commands run inside scripts per job (MONITOR)", "cmds", m, per_job(&seen.lua, monitored_n));
+    report.add(
+        s,
+        &burst_label,
+        "round trips per job (MONITOR)",
+        "round trips",
+        m,
+        client - pipelined as f64 / monitored_n as f64,
+    );
+    report.add(
+        s,
+        &burst_label,
+        "commands run inside scripts per job (MONITOR)",
+        "cmds",
+        m,
+        per_job(&seen.lua, monitored_n),
+    );
     report.detail(
         &format!("2 full lifecycle / {m} / MONITOR per job ({monitored_n} jobs)"),
         json!({"client": scaled(&seen.client, monitored_n), "lua": scaled(&seen.lua, monitored_n)}),

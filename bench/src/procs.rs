@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _};
+use anyhow::{Context as _, bail};
 use batchd_core::Keys;
 use redis::aio::MultiplexedConnection;
 
@@ -82,7 +82,14 @@ impl Emulator {
 /// Starts the release emulator on a free port with the given batch timing; logs go to `log`.
 pub fn start_emulator(queued_ms: u64, running_ms: u64, log: &Path) -> anyhow::Result<Emulator> {
     let mut child = Command::new(sibling_binary("batchd-emulator")?)
-        .args(["--listen", "127.0.0.1:0", "--queued-ms", &queued_ms.to_string(), "--running-ms", &running_ms.to_string()])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--queued-ms",
+            &queued_ms.to_string(),
+            "--running-ms",
+            &running_ms.to_string(),
+        ])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(log)?)
@@ -135,11 +142,7 @@ pub fn start_daemon(env: &[(String, String)], log: &Path) -> anyhow::Result<Proc
     for (key, value) in env {
         command.env(key, value);
     }
-    let child = command
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log)?)
-        .spawn()
-        .context("start batchd")?;
+    let child = command.stdout(Stdio::null()).stderr(std::fs::File::create(log)?).spawn().context("start batchd")?;
     Ok(Proc { child, _stdout: None })
 }
 

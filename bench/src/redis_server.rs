@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _};
+use anyhow::{Context as _, bail};
 use redis::aio::MultiplexedConnection;
 
 /// How Redis persists, the two settings every scenario runs under.
@@ -70,10 +70,10 @@ impl RedisServer {
         let server = Self { child, port, dir };
         let started = Instant::now();
         loop {
-            if let Ok(mut conn) = server.connect().await {
-                if redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok() {
-                    return Ok(server);
-                }
+            if let Ok(mut conn) = server.connect().await
+                && redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok()
+            {
+                return Ok(server);
             }
             if started.elapsed() > Duration::from_secs(10) {
                 bail!("redis-server on port {port} did not answer within 10 s");
@@ -129,11 +129,7 @@ pub async fn commandstats(conn: &mut MultiplexedConnection) -> anyhow::Result<BT
 }
 
 /// `after - before` per command, leaving out the names in `exclude` (the harness's own probes).
-pub fn delta(
-    before: &BTreeMap<String, u64>,
-    after: &BTreeMap<String, u64>,
-    exclude: &[&str],
-) -> BTreeMap<String, u64> {
+pub fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>, exclude: &[&str]) -> BTreeMap<String, u64> {
     after
         .iter()
         .filter(|(name, _)| !exclude.contains(&name.as_str()))

@@ -47,6 +47,9 @@ pub fn percentile(values: &mut [f64], p: f64) -> f64 {
     values[rank.clamp(1, values.len()) - 1]
 }
 
+/// (scenario, system, metric, unit, mode).
+type RowKey = (String, String, String, String, String);
+
 /// One line of the report: a figure of one system in one scenario, per persistence mode.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
@@ -72,7 +75,7 @@ pub struct Report {
     pub rows: Vec<Row>,
     /// Raw per-run values, before summarising.
     #[serde(skip)]
-    raw: Vec<((String, String, String, String, String), Vec<f64>)>,
+    raw: Vec<(RowKey, Vec<f64>)>,
     /// Extra facts per scenario (command breakdowns, sample counts, ...).
     pub details: BTreeMap<String, serde_json::Value>,
 }
@@ -161,7 +164,7 @@ pub fn fmt(value: f64) -> String {
         let digits = rounded.abs().to_string();
         let mut grouped = String::new();
         for (i, c) in digits.chars().enumerate() {
-            if i > 0 && (digits.len() - i) % 3 == 0 {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
                 grouped.push(',');
             }
             grouped.push(c);
