@@ -38,6 +38,15 @@ pub struct CallRecord {
     pub error_code: Option<i64>,
     /// When the call arrived, in Unix milliseconds.
     pub at_ms: u64,
-    /// Names of the injected faults that shaped this call (`reset`, `fail_items+results_shape`, ...).
+    /// Names of the injected faults that shaped this call (`reset`, `fail_items+results_shape`, ...; random
+    /// faults are `random_500`, `random_502`, `random_503`, `random_reset`).
     pub fault: Option<String>,
+    /// For a submit, the `external_reference` of its first request item when that is a string: lets a test
+    /// that labels its items tell which job (and chunk) a remote batch belongs to, e.g. to count duplicates.
+    #[serde(default)]
+    pub first_reference: Option<String>,
+    /// The local port the call arrived on: with [`crate::EmulatorHandle::listen_also`], each client can be given
+    /// its own port, so the log tells which client made each call.
+    #[serde(default)]
+    pub port: u16,
 }

@@ -29,6 +29,20 @@ pub struct EmulatorConfig {
     pub submit_status: u16,
     /// Models known in addition to [`default_models`], with the family that shapes their input and output.
     pub extra_models: Vec<(String, Family)>,
+    /// When set, every new batch draws its own duration from this range instead of using `queued_for` and
+    /// `running_for` (see [`DurationRange`]). `None`: the fixed timing above.
+    pub random_durations: Option<DurationRange>,
+    /// When set, a share of the calls fails at random with a transient error (see [`RandomFaults`]). `None`:
+    /// only injected faults.
+    pub random_faults: Option<RandomFaults>,
+    /// When set, every call that is handled (not one answered by a fault) is answered after a delay drawn from
+    /// this range, like the latency of the live API. The work is done first: a submit's batch exists before its
+    /// reply leaves, so a client that dies meanwhile leaves a batch it never learned about. `None`: no delay.
+    pub random_latency: Option<DurationRange>,
+    /// Seed of the generator behind [`EmulatorConfig::random_durations`], [`EmulatorConfig::random_faults`] and
+    /// [`EmulatorConfig::random_latency`]:
+    /// the same seed gives the same sequence of draws (which call gets which draw still depends on arrival order).
+    pub seed: u64,
 }
 
 impl Default for EmulatorConfig {
@@ -45,7 +59,83 @@ impl Default for EmulatorConfig {
             retention: None,
             submit_status: 200,
             extra_models: Vec::new(),
+            random_durations: None,
+            random_faults: None,
+            random_latency: None,
+            seed: 0,
         }
+    }
+}
+
+/// Per-batch random durations: each accepted batch draws its total time to completion uniformly from
+/// `[min, max]` (the first quarter of it `queued`, the rest `running`), so batches of one run finish out of
+/// order, as they do on the live API. A batch keeps the duration it drew; changing the timing later does not
+/// move it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DurationRange {
+    /// Shortest time from submit to done.
+    #[serde(rename = "min_ms", with = "millis")]
+    pub min: Duration,
+    /// Longest time from submit to done.
+    #[serde(rename = "max_ms", with = "millis")]
+    pub max: Duration,
+}
+
+impl DurationRange {
+    /// Durations drawn uniformly from `[min, max]` (the bounds are swapped if given in the wrong order).
+    pub fn new(min: Duration, max: Duration) -> Self {
+        Self {
+            min: min.min(max),
+            max: max.max(min),
+        }
+    }
+}
+
+/// Random transient faults: each matching API call fails with probability `rate`, with one of HTTP 500
+/// (JSON envelope), 502 (an HTML gateway page), 503 (JSON envelope) or a connection reset, picked uniformly.
+/// Like injected call-level faults they hit before the call is handled, so a faulted submit creates no batch.
+/// Injected faults go first; the rate limit and validation come after.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RandomFaults {
+    /// Probability in `[0, 1]` that one matching call fails.
+    pub rate: f64,
+    /// Which calls can fail.
+    #[serde(default)]
+    pub calls: crate::fault::Calls,
+}
+
+impl RandomFaults {
+    /// Every kind of call fails with probability `rate` (clamped to `[0, 1]`).
+    pub fn new(rate: f64) -> Self {
+        Self {
+            rate: if rate.is_nan() {
+                0.0
+            } else {
+                rate.clamp(0.0, 1.0)
+            },
+            calls: crate::fault::Calls::Any,
+        }
+    }
+
+    /// Restricts the faults to submits or polls.
+    pub fn on(mut self, calls: crate::fault::Calls) -> Self {
+        self.calls = calls;
+        self
+    }
+}
+
+/// Serde for a [`Duration`] as whole milliseconds.
+mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        u64::deserialize(deserializer).map(Duration::from_millis)
     }
 }
 

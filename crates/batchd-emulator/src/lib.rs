@@ -16,15 +16,19 @@ mod state;
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
-use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
+use tokio::{
+    net::TcpListener,
+    sync::{oneshot, watch},
+    task::JoinHandle,
+};
 
 pub use crate::{
     calls::{CallKind, CallRecord},
-    config::{EmulatorConfig, Family, RateLimit, default_models},
+    config::{DurationRange, EmulatorConfig, Family, RandomFaults, RateLimit, default_models},
     fault::{Calls, Fault, FaultKind},
 };
 use crate::{
@@ -63,11 +67,14 @@ impl Emulator {
             }
         });
         tracing::info!(%addr, "emulator started");
+        let (extra_stop, _) = watch::channel(false);
         Ok(EmulatorHandle {
             addr,
             state,
             shutdown_tx: Some(shutdown_tx),
             task: Some(task),
+            extra_stop,
+            extra_tasks: Mutex::new(Vec::new()),
         })
     }
 }
@@ -83,6 +90,10 @@ pub struct EmulatorHandle {
     shutdown_tx: Option<oneshot::Sender<()>>,
     /// The serving task; `None` once awaited.
     task: Option<JoinHandle<()>>,
+    /// Tells the servers started by [`EmulatorHandle::listen_also`] to stop.
+    extra_stop: watch::Sender<bool>,
+    /// The serving tasks of [`EmulatorHandle::listen_also`].
+    extra_tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl EmulatorHandle {
@@ -196,6 +207,59 @@ impl EmulatorHandle {
         });
     }
 
+    /// Serves the same emulator (same batches, faults and call log) on one more address, until the handle is
+    /// shut down or dropped; returns the bound address. Giving each client its own port makes the call log's
+    /// [`CallRecord::port`] say which client made each call (e.g. which daemon process submitted a batch).
+    pub async fn listen_also(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let app = server::router(Arc::clone(&self.state))
+            .into_make_service_with_connect_info::<Connection>();
+        let mut stop = self.extra_stop.subscribe();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(ResettableListener::new(listener), app).with_graceful_shutdown(
+                async move {
+                    // A dropped sender also means stop.
+                    let _ = stop.wait_for(|stopped| *stopped).await;
+                },
+            );
+            if let Err(error) = serve.await {
+                tracing::error!(%error, "emulator server failed");
+            }
+        });
+        self.extra_tasks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(task);
+        tracing::info!(%addr, "emulator also listening");
+        Ok(addr)
+    }
+
+    /// Base URL of an address returned by [`EmulatorHandle::listen_also`] (or any address of this emulator).
+    pub fn base_url_of(addr: SocketAddr) -> String {
+        let mut addr = addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        format!("http://{addr}/client/v4")
+    }
+
+    /// Turns per-batch random durations on (or off with `None`) for batches submitted from now on; batches
+    /// already submitted keep their timing.
+    pub fn set_random_durations(&self, range: Option<DurationRange>) {
+        self.state.set_random_durations(range);
+    }
+
+    /// Turns random reply latency on (or off with `None`) for calls from now on.
+    pub fn set_random_latency(&self, latency: Option<DurationRange>) {
+        self.state.set_random_latency(latency);
+    }
+
+    /// Turns random transient faults on (or off with `None`) for calls from now on.
+    pub fn set_random_faults(&self, faults: Option<RandomFaults>) {
+        self.state.set_random_faults(faults);
+    }
+
     /// Clears pending faults, the call log, the rate-limit windows and [`EmulatorHandle::rate_limited_count`];
     /// batches, timing and limits stay.
     pub fn reset(&self) {
@@ -206,6 +270,21 @@ impl EmulatorHandle {
     pub async fn shutdown(mut self) {
         if let Some(shutdown_tx) = self.shutdown_tx.take() {
             let _ = shutdown_tx.send(());
+        }
+        self.extra_stop.send_replace(true);
+        let extra: Vec<JoinHandle<()>> = std::mem::take(
+            &mut *self
+                .extra_tasks
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        for mut task in extra {
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+            }
         }
         if let Some(mut task) = self.task.take() {
             if tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
@@ -229,6 +308,15 @@ impl Drop for EmulatorHandle {
         }
         if let Some(task) = self.task.take() {
             // Dropped without `shutdown`: nobody waits, so stop at once.
+            task.abort();
+        }
+        self.extra_stop.send_replace(true);
+        for task in self
+            .extra_tasks
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .drain(..)
+        {
             task.abort();
         }
     }

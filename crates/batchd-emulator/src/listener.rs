@@ -132,6 +132,8 @@ impl AsyncWrite for ResettableStream {
 pub(crate) struct Connection {
     /// The peer's address.
     pub remote: SocketAddr,
+    /// The address the connection arrived on (which listener, when there are several).
+    pub local: SocketAddr,
     /// The switch of the connection's [`ResettableStream`].
     reset: Arc<AtomicBool>,
 }
@@ -145,9 +147,14 @@ impl Connection {
 
 impl Connected<IncomingStream<'_, ResettableListener>> for Connection {
     fn connect_info(stream: IncomingStream<'_, ResettableListener>) -> Self {
+        let io = stream.io();
         Self {
             remote: *stream.remote_addr(),
-            reset: Arc::clone(&stream.io().reset),
+            local: io
+                .inner
+                .local_addr()
+                .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0))),
+            reset: Arc::clone(&io.reset),
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::{io::Write, net::SocketAddr, time::Duration};
 
 use anyhow::Context;
-use batchd_emulator::{Emulator, EmulatorConfig, RateLimit};
+use batchd_emulator::{DurationRange, Emulator, EmulatorConfig, RandomFaults, RateLimit};
 use clap::Parser;
 
 /// Fake Cloudflare Workers AI Batch API for local tests. Its control API (/_emulator/) has no auth:
@@ -50,6 +50,26 @@ struct Args {
     /// HTTP status of an accepted submit (200 or 202).
     #[arg(long, default_value_t = 200)]
     submit_status: u16,
+    /// Give every batch its own random duration of at least this many milliseconds (with --duration-max-ms;
+    /// replaces --queued-ms/--running-ms).
+    #[arg(long, requires = "duration_max_ms")]
+    duration_min_ms: Option<u64>,
+    /// Longest random batch duration in milliseconds.
+    #[arg(long, requires = "duration_min_ms")]
+    duration_max_ms: Option<u64>,
+    /// Share of calls (0 to 1) that fail at random with HTTP 500, 502 (HTML), 503 or a connection reset.
+    #[arg(long)]
+    fault_rate: Option<f64>,
+    /// Answer every handled call after a random delay of at least this many milliseconds (with
+    /// --latency-max-ms).
+    #[arg(long, requires = "latency_max_ms")]
+    latency_min_ms: Option<u64>,
+    /// Longest random reply delay in milliseconds.
+    #[arg(long, requires = "latency_min_ms")]
+    latency_max_ms: Option<u64>,
+    /// Seed of the random durations, faults and latency.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
 }
 
 #[tokio::main]
@@ -76,6 +96,20 @@ async fn main() -> anyhow::Result<()> {
         retention: args.retention_ms.map(Duration::from_millis),
         submit_status: args.submit_status,
         extra_models: Vec::new(),
+        random_durations: args
+            .duration_min_ms
+            .zip(args.duration_max_ms)
+            .map(|(min, max)| {
+                DurationRange::new(Duration::from_millis(min), Duration::from_millis(max))
+            }),
+        random_faults: args.fault_rate.map(RandomFaults::new),
+        random_latency: args
+            .latency_min_ms
+            .zip(args.latency_max_ms)
+            .map(|(min, max)| {
+                DurationRange::new(Duration::from_millis(min), Duration::from_millis(max))
+            }),
+        seed: args.seed,
     };
     let shutdown = shutdown_signal().context("install signal handlers")?;
     let handle = Emulator::start(config, args.listen)

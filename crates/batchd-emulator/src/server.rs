@@ -19,7 +19,7 @@ use serde_json::{Map, Value, json};
 
 use crate::{
     calls::{CallKind, CallRecord},
-    config::RateLimit,
+    config::{DurationRange, RandomFaults, RateLimit},
     fault::{Fault, FaultKind, default_error_for_status},
     limits::{Limits, retry_after_secs},
     listener::Connection,
@@ -255,6 +255,15 @@ async fn api(
             error_code: None,
             at_ms: 0,
             fault: None,
+            first_reference: object
+                .filter(|_| !is_poll)
+                .and_then(|object| object.get("requests"))
+                .and_then(Value::as_array)
+                .and_then(|requests| requests.first())
+                .and_then(|item| item.get("external_reference"))
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            port: connection.local.port(),
         },
     };
     if !is_poll {
@@ -262,8 +271,18 @@ async fn api(
         call.record.request_id = None;
     }
 
-    if let Some(fault) = state.take_call_fault(call.record.kind) {
-        call.add_fault(fault.name());
+    // Injected faults first; only a call none of them hit can draw a random one.
+    let fault = match state.take_call_fault(call.record.kind) {
+        Some(fault) => {
+            call.add_fault(fault.name());
+            Some(fault)
+        }
+        None => state.draw_random_fault(call.record.kind).map(|random| {
+            call.add_fault(random.name());
+            random.as_fault_kind()
+        }),
+    };
+    if let Some(fault) = fault {
         match fault {
             FaultKind::Delay { millis } => tokio::time::sleep(Duration::from_millis(millis)).await,
             FaultKind::Reset => {
@@ -310,30 +329,31 @@ async fn api(
     let outcome = handle_run(
         &state, &method, &uri, &headers, body_bytes, run_path, parsed, &mut call,
     );
+    // The call is logged now: if the client goes away while the reply is late (below), the server drops this
+    // future, and the batch a submit created must still be on record.
+    match &outcome {
+        Ok((status, _)) => call.finish(&state, status.as_u16(), None),
+        Err(error) => call.finish(&state, error.status.as_u16(), Some(error.code)),
+    }
+    // The work is done; only the reply is late (a submit's batch already exists).
+    let latency = state.draw_latency();
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
     match outcome {
-        Ok((status, result)) => {
-            call.finish(&state, status.as_u16(), None);
-            match result {
-                // Serializing a large completion takes tens of milliseconds: keep it off the async workers.
-                Success::Completion(_) => {
-                    tokio::task::spawn_blocking(move || success_response(status, result))
-                        .await
-                        .unwrap_or_else(|error| {
-                            tracing::error!(%error, "serialize a completion");
-                            error_response(
-                                StatusCode::INTERNAL_SERVER_ERROR,
-                                5001,
-                                "Internal error",
-                            )
-                        })
-                }
-                Success::Value(_) => success_response(status, result),
+        Ok((status, result)) => match result {
+            // Serializing a large completion takes tens of milliseconds: keep it off the async workers.
+            Success::Completion(_) => {
+                tokio::task::spawn_blocking(move || success_response(status, result))
+                    .await
+                    .unwrap_or_else(|error| {
+                        tracing::error!(%error, "serialize a completion");
+                        error_response(StatusCode::INTERNAL_SERVER_ERROR, 5001, "Internal error")
+                    })
             }
-        }
-        Err(error) => {
-            call.finish(&state, error.status.as_u16(), Some(error.code));
-            error.into_response()
-        }
+            Success::Value(_) => success_response(status, result),
+        },
+        Err(error) => error.into_response(),
     }
 }
 
@@ -573,6 +593,15 @@ struct ConfigChange {
     /// See [`Limits::retention`], in milliseconds.
     #[serde(default, deserialize_with = "present")]
     retention_ms: Option<Option<u64>>,
+    /// Per-batch random durations of new batches: `{"min_ms":..,"max_ms":..}`, `null`: off.
+    #[serde(default, deserialize_with = "present")]
+    random_durations: Option<Option<DurationRange>>,
+    /// Random transient faults: `{"rate":0.05,"calls":"any"}`, `null`: off.
+    #[serde(default, deserialize_with = "present")]
+    random_faults: Option<Option<RandomFaults>>,
+    /// Random reply latency: `{"min_ms":..,"max_ms":..}`, `null`: off.
+    #[serde(default, deserialize_with = "present")]
+    random_latency: Option<Option<DurationRange>>,
 }
 
 /// Reads a field that is present (possibly `null`) as `Some`; an absent one stays `None` through `default`.
@@ -599,14 +628,24 @@ struct ConfigView {
     limit_polls: bool,
     /// See [`Limits::retention`], in milliseconds.
     retention_ms: Option<u64>,
+    /// Per-batch random durations, when on.
+    random_durations: Option<DurationRange>,
+    /// Random transient faults, when on.
+    random_faults: Option<RandomFaults>,
+    /// Random reply latency, when on.
+    random_latency: Option<DurationRange>,
 }
 
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn config_view(timing: Timing, limits: Limits) -> ConfigView {
+fn config_view(state: &State) -> ConfigView {
+    let (timing, limits): (Timing, Limits) = (state.timing(), state.limits());
     ConfigView {
+        random_durations: state.random_durations(),
+        random_faults: state.random_faults(),
+        random_latency: state.random_latency(),
         queued_for_ms: millis(timing.queued_for),
         running_for_ms: millis(timing.running_for),
         max_body_bytes: limits.max_body_bytes,
@@ -621,7 +660,7 @@ fn config_view(timing: Timing, limits: Limits) -> ConfigView {
 }
 
 async fn get_config(AxumState(state): AxumState<Shared>) -> Json<ConfigView> {
-    Json(config_view(state.timing(), state.limits()))
+    Json(config_view(&state))
 }
 
 async fn set_config(
@@ -654,8 +693,19 @@ async fn set_config(
             limits.retention = retention_ms.map(Duration::from_millis);
         }
     });
+    if let Some(range) = change.random_durations {
+        state.set_random_durations(range);
+    }
+    if let Some(latency) = change.random_latency {
+        state.set_random_latency(latency);
+    }
+    if let Some(faults) = change.random_faults {
+        state.set_random_faults(
+            faults.map(|faults| RandomFaults::new(faults.rate).on(faults.calls)),
+        );
+    }
     tracing::info!(?timing, ?limits, "emulator settings changed");
-    Json(config_view(timing, limits))
+    Json(config_view(&state))
 }
 
 /// `GET /_emulator/stats`: counters a test outside the process can read.

@@ -9,14 +9,14 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use rand::{SeedableRng, rngs::StdRng, seq::SliceRandom};
+use rand::{RngExt, SeedableRng, rngs::StdRng, seq::SliceRandom};
 use serde::{Serialize, Serializer, ser::SerializeMap};
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use crate::{
     calls::{CallKind, CallRecord},
-    config::{EmulatorConfig, Family, RateLimit},
+    config::{DurationRange, EmulatorConfig, Family, RandomFaults, RateLimit},
     fault::{Calls, Fault, FaultKind},
     limits::{Limits, RateLimiter},
     outputs::{ItemResult, hash_of, run_item},
@@ -59,6 +59,59 @@ struct Inner {
     calls: Vec<CallRecord>,
     /// Sequence number of the last logged call.
     last_seq: u64,
+    /// Per-batch random durations for new batches, if on.
+    random_durations: Option<DurationRange>,
+    /// Random transient faults, if on.
+    random_faults: Option<RandomFaults>,
+    /// Random reply latency, if on.
+    random_latency: Option<DurationRange>,
+    /// The seeded generator behind both.
+    rng: StdRng,
+}
+
+/// A transient fault drawn by [`EmulatorConfig::random_faults`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RandomFault {
+    /// HTTP 500 with a JSON error envelope.
+    Status500,
+    /// HTTP 502 with an HTML gateway page.
+    Html502,
+    /// HTTP 503 with a JSON error envelope.
+    Status503,
+    /// The connection is reset without a reply.
+    Reset,
+}
+
+impl RandomFault {
+    /// The name recorded in the call log's `fault`.
+    pub fn name(self) -> &'static str {
+        match self {
+            RandomFault::Status500 => "random_500",
+            RandomFault::Html502 => "random_502",
+            RandomFault::Status503 => "random_503",
+            RandomFault::Reset => "random_reset",
+        }
+    }
+
+    /// The same misbehaviour as an injected fault.
+    pub fn as_fault_kind(self) -> FaultKind {
+        match self {
+            RandomFault::Status500 => FaultKind::Status {
+                status: 500,
+                code: None,
+                message: None,
+                retry_after_secs: None,
+            },
+            RandomFault::Html502 => FaultKind::Html { status: 502 },
+            RandomFault::Status503 => FaultKind::Status {
+                status: 503,
+                code: None,
+                message: None,
+                retry_after_secs: None,
+            },
+            RandomFault::Reset => FaultKind::Reset,
+        }
+    }
 }
 
 /// How long batches stay in each pending state.
@@ -109,8 +162,28 @@ pub(crate) struct Batch {
     submitted_at: Instant,
     /// Whether it fails as a whole once done (`fail_batch`).
     failed: bool,
+    /// Its own time from submit to done, when drawn from [`EmulatorConfig::random_durations`]; `None`: the
+    /// current global timing applies.
+    duration: Option<Duration>,
     /// The `result` object polls return once it is done (computed at submit time, serialized per poll).
     completion: Arc<Completion>,
+}
+
+impl Batch {
+    /// The timing that applies to this batch: its own drawn duration (a quarter queued, the rest running), or
+    /// the global timing.
+    fn timing(&self, global: Timing) -> Timing {
+        match self.duration {
+            Some(total) => {
+                let queued_for = total / 4;
+                Timing {
+                    queued_for,
+                    running_for: total - queued_for,
+                }
+            }
+            None => global,
+        }
+    }
 }
 
 /// What a poll finds.
@@ -246,6 +319,10 @@ impl State {
             running_for: config.running_for,
         };
         let limits = Limits::from_config(&config);
+        let random_durations = config.random_durations;
+        let random_faults = config.random_faults;
+        let random_latency = config.random_latency;
+        let rng = StdRng::seed_from_u64(config.seed);
         Self {
             config,
             inner: Mutex::new(Inner {
@@ -259,6 +336,10 @@ impl State {
                 batches: HashMap::new(),
                 calls: Vec::new(),
                 last_seq: 0,
+                random_durations,
+                random_faults,
+                random_latency,
+                rng,
             }),
         }
     }
@@ -315,6 +396,61 @@ impl State {
 
     pub fn rate_limited_count(&self) -> u64 {
         self.lock().n_rate_limited
+    }
+
+    pub fn random_durations(&self) -> Option<DurationRange> {
+        self.lock().random_durations
+    }
+
+    /// Changes the random durations of batches submitted from now on (`None`: the fixed timing).
+    pub fn set_random_durations(&self, range: Option<DurationRange>) {
+        self.lock().random_durations = range;
+    }
+
+    pub fn random_faults(&self) -> Option<RandomFaults> {
+        self.lock().random_faults
+    }
+
+    pub fn set_random_faults(&self, faults: Option<RandomFaults>) {
+        self.lock().random_faults = faults;
+    }
+
+    pub fn random_latency(&self) -> Option<DurationRange> {
+        self.lock().random_latency
+    }
+
+    pub fn set_random_latency(&self, latency: Option<DurationRange>) {
+        self.lock().random_latency = latency;
+    }
+
+    /// Draws the delay of one reply (zero without a random latency).
+    pub fn draw_latency(&self) -> Duration {
+        let mut inner = self.lock();
+        match inner.random_latency {
+            Some(range) if range.max > range.min => inner.rng.random_range(range.min..=range.max),
+            Some(range) => range.min,
+            None => Duration::ZERO,
+        }
+    }
+
+    /// Draws whether a call of `kind` fails at random, and how.
+    pub fn draw_random_fault(&self, kind: CallKind) -> Option<RandomFault> {
+        let mut inner = self.lock();
+        let faults = inner.random_faults?;
+        let applies = match faults.calls {
+            Calls::Any => true,
+            Calls::Submit => kind == CallKind::Submit,
+            Calls::Poll => kind == CallKind::Poll,
+        };
+        if !applies || faults.rate <= 0.0 || !inner.rng.random_bool(faults.rate.min(1.0)) {
+            return None;
+        }
+        Some(match inner.rng.random_range(0..4u8) {
+            0 => RandomFault::Status500,
+            1 => RandomFault::Html502,
+            2 => RandomFault::Status503,
+            _ => RandomFault::Reset,
+        })
     }
 
     /// Queues a fault; one with `times == 0` does nothing.
@@ -392,12 +528,20 @@ impl State {
         plan: &BatchPlan,
     ) {
         let completion = completion(request_id, model, family, items, plan);
+        let mut inner = self.lock();
+        let duration = match inner.random_durations {
+            Some(range) if range.max > range.min => {
+                Some(inner.rng.random_range(range.min..=range.max))
+            }
+            Some(range) => Some(range.min),
+            None => None,
+        };
         let batch = Batch {
             submitted_at: Instant::now(),
             failed: plan.fail_batch,
+            duration,
             completion: Arc::new(completion),
         };
-        let mut inner = self.lock();
         inner.forget_expired();
         inner.n_accepted += 1;
         inner.batches.insert(request_id.to_owned(), batch);
@@ -409,7 +553,7 @@ impl State {
         let Some(batch) = inner.batches.get(request_id) else {
             return PollOutcome::NotFound;
         };
-        match phase(batch.submitted_at.elapsed(), inner.timing) {
+        match phase(batch.submitted_at.elapsed(), batch.timing(inner.timing)) {
             Phase::Done if batch.failed => PollOutcome::Failed,
             Phase::Done => PollOutcome::Done(Arc::clone(&batch.completion)),
             pending => PollOutcome::Pending(pending),
@@ -438,7 +582,7 @@ impl State {
             .map(|(id, batch)| {
                 (
                     id.clone(),
-                    phase(batch.submitted_at.elapsed(), inner.timing),
+                    phase(batch.submitted_at.elapsed(), batch.timing(inner.timing)),
                 )
             })
             .collect();
@@ -480,7 +624,11 @@ impl Inner {
         };
         let timing = self.timing;
         self.batches.retain(|request_id, batch| {
-            let keep = !expired(batch.submitted_at.elapsed(), timing, Some(retention));
+            let keep = !expired(
+                batch.submitted_at.elapsed(),
+                batch.timing(timing),
+                Some(retention),
+            );
             if !keep {
                 tracing::debug!(%request_id, "batch forgotten after its retention");
             }

@@ -112,6 +112,9 @@ async fn config_changes_timing_at_runtime() {
             "rate_limit": null,
             "limit_polls": false,
             "retention_ms": null,
+            "random_durations": null,
+            "random_faults": null,
+            "random_latency": null,
         })
     );
     let (status, _) = control_post(&emulator, "config", json!({ "queued_for": 0 })).await;

@@ -6,6 +6,7 @@ mod errors;
 mod faults;
 mod lifecycle;
 mod limits;
+mod random;
 
 use std::{net::SocketAddr, time::Duration};
 
