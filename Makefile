@@ -46,6 +46,11 @@ lint-deploy: ## Check deploy/: systemd-analyze verify + security, kustomize rend
 bench: deps ## Benchmarks side by side with BullMQ and apalis-redis (release builds; table + target/bench/report.json; minutes)
 	@scripts/bench.sh $(BENCH_ARGS)
 
+.PHONY: chaos
+chaos: deps ## Chaos suite: kill -9, Redis restarts and outages, rolling SIGTERM, 100,000-job backlog (~12 min; CHAOS="1-kill9 ..." picks scenarios); target/chaos/report.json
+	$(CARGO) build --workspace --bins
+	$(CARGO) run --quiet -p batchd-tests --bin chaos -- $(CHAOS)
+
 lint: ## rustfmt check and clippy with warnings denied
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

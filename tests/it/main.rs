@@ -4,6 +4,7 @@
 
 mod bad_input;
 mod backlog;
+mod chaos;
 mod big;
 mod cli;
 mod cli_ops;

@@ -104,6 +104,62 @@ impl RedisServer {
     }
 }
 
+impl RedisServer {
+    /// The process id of the running server, if it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends a signal by name (`STOP`, `CONT`, `TERM`, ...) to the running server with `kill(1)`.
+    pub fn signal(&self, name: &str) -> anyhow::Result<()> {
+        let pid = self.pid().context("redis-server is not running")?;
+        send_signal(pid, name)
+    }
+
+    /// Waits (at most `timeout`) for the server to exit on its own, e.g. after `SHUTDOWN`; returns whether it did.
+    pub fn wait_for_exit(&mut self, timeout: Duration) -> bool {
+        let started = Instant::now();
+        while let Some(child) = self.child.as_mut() {
+            if matches!(child.try_wait(), Ok(Some(_)) | Err(_)) {
+                self.child = None;
+                return true;
+            }
+            if started.elapsed() >= timeout {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+}
+
+/// Sends a signal by name (`TERM`, `STOP`, `CONT`, `KILL`, ...) to a process with `kill(1)` (the workspace
+/// forbids `unsafe`, so no `libc::kill`).
+pub fn send_signal(pid: u32, name: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()).status().context("run kill")?;
+    if !status.success() {
+        bail!("kill -{name} {pid} failed: {status}");
+    }
+    Ok(())
+}
+
+/// Path of a binary built by this workspace, for callers that are binaries themselves (next to them in
+/// `target/<profile>/`) as well as tests (one level up from `target/<profile>/deps/`); builds it if missing.
+pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().context("exe dir")?;
+    for candidate in [dir.join(name), dir.parent().context("target dir")?.join(name)] {
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    binary(name)
+}
+
+/// The chaos suite (`make chaos`; short versions run in `tests/it/chaos.rs`).
+#[path = "../../chaos/mod.rs"]
+pub mod chaos;
+
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();

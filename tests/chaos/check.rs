@@ -1,0 +1,676 @@
+//! How a chaos run is judged: the final drain and check over every job id, the tracing of duplicate remote
+//! submits to their cause, and the measurement of how long work abandoned by a killed daemon waits.
+//!
+//! The check over all job ids: each has exactly one result entry, none is lost, nothing is left pending in the
+//! ingress group (`XPENDING {ns}:submit batchd`), in the schedule (`ZCARD {ns}:schedule`) or in the submit
+//! stream. A duplicate remote submit is a job whose chunk the emulator accepted more than once; the batch whose
+//! request id did not make it into the result is the orphan, and it must be explained: submitted by a daemon
+//! that was then killed with -9 before it could record the request id (the documented submit window), or
+//! answered while Redis was unavailable to record it. It must also be counted in the job's ledger
+//! (`possible_duplicate_submits`). Anything else is a failure.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use batchd_core::{JobId, Keys};
+use batchd_emulator::CallKind;
+use redis::aio::ConnectionManager;
+use tokio::task::JoinHandle;
+
+use super::cluster::{Cluster, End};
+use super::load::{Collected, Collector, Produced};
+use super::{Size, human, unix_ms};
+
+/// The verdict and figures of one scenario.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Scenario name, e.g. `1-kill9`.
+    pub scenario: String,
+    /// What it does, in a few words.
+    pub title: String,
+    /// Full or short.
+    pub size: Size,
+    /// Jobs acknowledged by `XADD`.
+    pub jobs: usize,
+    /// kill -9 of daemons, kills or freezes of Redis.
+    pub kills: usize,
+    /// Processes started again (daemons after a kill or in a rolling restart, Redis after a kill).
+    pub restarts: usize,
+    /// Acknowledged jobs without a result entry after the drain.
+    pub lost: Vec<String>,
+    /// Jobs with more than one result entry (in the stream, or seen by the consumer).
+    pub duplicated_results: Vec<String>,
+    /// Remote batches created more than once for the same job (from the emulator's call log).
+    pub duplicate_submits: usize,
+    /// What caused them: `kill -9 inside the submit window`, `redis unavailable while recording`, ...
+    pub duplicate_causes: BTreeMap<String, usize>,
+    /// Kills that landed inside at least one submit window (caused at least one duplicate).
+    pub kills_in_submit_window: usize,
+    /// Sum of the ledgers' `possible_duplicate_submits` (resubmits batchd counted, including after ambiguous
+    /// API answers that created nothing).
+    pub counted_possible_duplicates: u64,
+    /// The scenario's recovery time (what it measures is in `recovery_what`).
+    pub recovery: Option<Duration>,
+    /// What `recovery` measures.
+    pub recovery_what: String,
+    /// The whole scenario, start to verdict.
+    pub wall: Duration,
+    /// Further figures (drain time, throughput, readiness answers, ...).
+    pub figures: serde_json::Map<String, serde_json::Value>,
+    /// Observations worth reading.
+    pub notes: Vec<String>,
+    /// Every violated expectation, one sentence each; empty when the scenario passed.
+    pub failures: Vec<String>,
+    /// Daemon settings that differ from the defaults.
+    pub settings: Vec<String>,
+    /// The daemons' logs.
+    pub log_dir: String,
+}
+
+impl Outcome {
+    /// An empty outcome for `scenario`.
+    pub fn new(scenario: &str, title: &str, size: Size) -> Self {
+        Self {
+            scenario: scenario.to_owned(),
+            title: title.to_owned(),
+            size,
+            jobs: 0,
+            kills: 0,
+            restarts: 0,
+            lost: Vec::new(),
+            duplicated_results: Vec::new(),
+            duplicate_submits: 0,
+            duplicate_causes: BTreeMap::new(),
+            kills_in_submit_window: 0,
+            counted_possible_duplicates: 0,
+            recovery: None,
+            recovery_what: String::new(),
+            wall: Duration::ZERO,
+            figures: serde_json::Map::new(),
+            notes: Vec::new(),
+            failures: Vec::new(),
+            settings: Vec::new(),
+            log_dir: String::new(),
+        }
+    }
+
+    /// Whether every expectation held.
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+
+    /// Records a failure unless `ok`.
+    pub fn expect(&mut self, ok: bool, failure: impl FnOnce() -> String) {
+        if !ok {
+            self.failures.push(failure());
+        }
+    }
+
+    /// Adds a figure.
+    pub fn figure(&mut self, name: &str, value: impl Into<serde_json::Value>) {
+        self.figures.insert(name.to_owned(), value.into());
+    }
+
+    /// A multi-line summary for a failing test's message.
+    pub fn explain(&self) -> String {
+        let mut text = format!(
+            "scenario {} ({}): {} jobs, {} lost, {} duplicated results, {} duplicate submits; logs in {}\n",
+            self.scenario,
+            self.size.as_str(),
+            self.jobs,
+            self.lost.len(),
+            self.duplicated_results.len(),
+            self.duplicate_submits,
+            self.log_dir
+        );
+        for failure in &self.failures {
+            text.push_str(&format!("  FAILED: {failure}\n"));
+        }
+        for note in &self.notes {
+            text.push_str(&format!("  note: {note}\n"));
+        }
+        text
+    }
+}
+
+/// Waits until the consumer has seen a result for `n` jobs, restarting daemons that died meanwhile; returns
+/// how long it waited, or `None` after `timeout`.
+pub async fn drain(cluster: &mut Cluster, collector: &Collector, n: usize, timeout: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let mut last_report = Instant::now();
+    loop {
+        let have = collector.distinct();
+        if have >= n {
+            return Some(started.elapsed());
+        }
+        if started.elapsed() > timeout {
+            cluster.event(format!("drain timed out: {have} of {n} jobs have a result"));
+            return None;
+        }
+        if last_report.elapsed() > Duration::from_secs(10) {
+            cluster.event(format!("draining: {have} of {n} jobs have a result"));
+            last_report = Instant::now();
+        }
+        if let Err(error) = cluster.supervise().await {
+            cluster.event(format!("supervise: {error:#}"));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// One result entry, as far as the check needs it.
+#[derive(Debug, Clone)]
+struct ResultSeen {
+    /// `status`.
+    status: String,
+    /// `request_ids`.
+    request_ids: Vec<String>,
+}
+
+/// Every entry of the results stream, by job id (read in pages, so 100,000 entries are fine).
+async fn read_results(
+    conn: &mut ConnectionManager,
+    keys: &Keys,
+) -> redis::RedisResult<HashMap<String, Vec<ResultSeen>>> {
+    let mut results: HashMap<String, Vec<ResultSeen>> = HashMap::new();
+    let mut start = "-".to_owned();
+    loop {
+        let page: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+            .arg(keys.results())
+            .arg(&start)
+            .arg("+")
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(conn)
+            .await?;
+        let Some((last, _)) = page.last() else { break };
+        start = format!("({last}");
+        let full = page.len() < 10_000;
+        for (_, fields) in page {
+            let job_id = fields.get("job_id").cloned().unwrap_or_default();
+            let request_ids = fields
+                .get("request_ids")
+                .and_then(|text| serde_json::from_str::<Vec<String>>(text).ok())
+                .unwrap_or_default();
+            let status = fields.get("status").cloned().unwrap_or_default();
+            results.entry(job_id).or_default().push(ResultSeen { status, request_ids });
+        }
+        if full {
+            break;
+        }
+    }
+    Ok(results)
+}
+
+/// `(XPENDING count, ZCARD schedule, XLEN submit)`.
+pub async fn leftovers(conn: &mut ConnectionManager, keys: &Keys) -> redis::RedisResult<(u64, u64, u64)> {
+    let pending = match redis::cmd("XPENDING").arg(keys.submit()).arg("batchd").query_async::<redis::Value>(conn).await
+    {
+        Ok(redis::Value::Array(items)) => {
+            items.first().and_then(|count| redis::from_redis_value::<u64>(count.clone()).ok()).unwrap_or(0)
+        }
+        Ok(_) => 0,
+        Err(error) if error.code() == Some("NOGROUP") => 0,
+        Err(error) => return Err(error),
+    };
+    let scheduled: u64 = redis::cmd("ZCARD").arg(keys.schedule()).query_async(conn).await?;
+    let waiting: u64 = redis::cmd("XLEN").arg(keys.submit()).query_async(conn).await?;
+    Ok((pending, scheduled, waiting))
+}
+
+/// The ledger field `possible_duplicate_submits` of each job (0 when absent).
+async fn counted_duplicates(
+    conn: &mut ConnectionManager,
+    keys: &Keys,
+    ids: &[String],
+) -> redis::RedisResult<HashMap<String, u64>> {
+    let mut counted = HashMap::new();
+    for chunk in ids.chunks(1000) {
+        let mut pipe = redis::pipe();
+        for id in chunk {
+            let key = JobId::parse(id).map(|id| keys.job(&id)).unwrap_or_default();
+            pipe.cmd("HGET").arg(key).arg("possible_duplicate_submits");
+        }
+        let values: Vec<Option<u64>> = pipe.query_async(conn).await?;
+        counted.extend(chunk.iter().cloned().zip(values.into_iter().map(Option::unwrap_or_default)));
+    }
+    Ok(counted)
+}
+
+/// A job's ledger in one line, for failure messages.
+pub async fn ledger_line(conn: &mut ConnectionManager, keys: &Keys, id: &str) -> String {
+    let Ok(job_id) = JobId::parse(id) else { return format!("{id}: not a job id") };
+    let ledger: redis::RedisResult<HashMap<String, String>> =
+        redis::cmd("HGETALL").arg(keys.job(&job_id)).query_async(conn).await;
+    let score: redis::RedisResult<Option<f64>> =
+        redis::cmd("ZSCORE").arg(keys.schedule()).arg(format!("{id}#0")).query_async(conn).await;
+    match ledger {
+        Ok(ledger) if ledger.is_empty() => format!("{id}: no ledger; schedule score {score:?}"),
+        Ok(ledger) => {
+            let mut fields: Vec<String> = ledger
+                .into_iter()
+                .filter(|(key, _)| !key.ends_with(":requests") && !key.ends_with(":output"))
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect();
+            fields.sort();
+            format!("{id}: {}; schedule score {score:?}", fields.join(" "))
+        }
+        Err(error) => format!("{id}: {error}"),
+    }
+}
+
+/// The final check over every acknowledged job id (see the module docs). `no_duplicate_submits` makes any
+/// duplicate remote submit a failure (graceful restarts).
+pub async fn verify(
+    cluster: &mut Cluster,
+    produced: &Produced,
+    collected: &Collected,
+    no_duplicate_submits: bool,
+    outcome: &mut Outcome,
+) {
+    let mut conn = cluster.conn.clone();
+    let keys = cluster.keys.clone();
+    let mut ids: Vec<String> = produced.acked.keys().cloned().collect();
+    ids.sort();
+    outcome.jobs = ids.len();
+    outcome.kills = cluster.kills;
+    outcome.restarts = cluster.restarts;
+
+    // Results, from the stream itself.
+    let results = match read_results(&mut conn, &keys).await {
+        Ok(results) => results,
+        Err(error) => {
+            outcome.failures.push(format!("cannot read the results stream: {error}"));
+            return;
+        }
+    };
+    let acked: HashSet<&str> = ids.iter().map(String::as_str).collect();
+    outcome.lost = ids.iter().filter(|id| !results.contains_key(*id)).cloned().collect();
+    let mut duplicated: Vec<String> = results
+        .iter()
+        .filter(|(_, entries)| entries.len() > 1)
+        .map(|(id, _)| id.clone())
+        .chain(collected.seen.iter().filter(|(_, n)| **n > 1).map(|(id, _)| id.clone()))
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    duplicated.sort();
+    outcome.duplicated_results = duplicated;
+    let strangers: Vec<&String> = results.keys().filter(|id| !acked.contains(id.as_str())).collect();
+    outcome.expect(strangers.is_empty(), || {
+        format!(
+            "{} results for jobs never enqueued: {:?}",
+            strangers.len(),
+            strangers.iter().take(5).collect::<Vec<_>>()
+        )
+    });
+    let mut statuses: BTreeMap<String, usize> = BTreeMap::new();
+    for entries in results.values() {
+        for entry in entries {
+            *statuses.entry(entry.status.clone()).or_default() += 1;
+        }
+    }
+    outcome.figure("result_statuses", serde_json::json!(statuses));
+    let not_completed: Vec<String> = results
+        .iter()
+        .filter(|(_, entries)| entries.iter().any(|entry| entry.status != "completed"))
+        .map(|(id, _)| id.clone())
+        .collect();
+    if !outcome.lost.is_empty() {
+        let mut evidence = Vec::new();
+        for id in outcome.lost.iter().take(10) {
+            evidence.push(ledger_line(&mut conn, &keys, id).await);
+        }
+        let acked_at: Vec<u64> = outcome.lost.iter().filter_map(|id| produced.acked.get(id).copied()).collect();
+        outcome.failures.push(format!(
+            "{} jobs acknowledged by XADD have no result (first ledgers: {}; acknowledged at Unix ms {:?})",
+            outcome.lost.len(),
+            evidence.join(" | "),
+            acked_at.iter().take(10).collect::<Vec<_>>()
+        ));
+    }
+    if !outcome.duplicated_results.is_empty() {
+        let failure = format!(
+            "{} jobs have more than one result entry: {:?}",
+            outcome.duplicated_results.len(),
+            outcome.duplicated_results.iter().take(10).collect::<Vec<_>>()
+        );
+        outcome.failures.push(failure);
+    }
+    if !not_completed.is_empty() {
+        let mut evidence = Vec::new();
+        for id in not_completed.iter().take(5) {
+            evidence.push(ledger_line(&mut conn, &keys, id).await);
+        }
+        outcome.failures.push(format!(
+            "{} jobs ended other than completed ({statuses:?}); transient faults must be retried, not fail a job: {}",
+            not_completed.len(),
+            evidence.join(" | ")
+        ));
+    }
+
+    // Nothing left behind.
+    let mut left = (u64::MAX, u64::MAX, u64::MAX);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(15) {
+        if let Ok(found) = leftovers(&mut conn, &keys).await {
+            left = found;
+            if found == (0, 0, 0) {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    outcome.figure("left_pending_ingress", left.0);
+    outcome.figure("left_scheduled", left.1);
+    outcome.figure("left_in_submit_stream", left.2);
+    outcome.expect(left.0 == 0, || format!("{} entries still pending in the ingress group (XPENDING)", left.0));
+    outcome.expect(left.1 == 0, || format!("{} members still in the schedule (ZCARD)", left.1));
+    outcome.expect(left.2 == 0, || format!("{} entries still in the submit stream (XLEN)", left.2));
+
+    // Duplicate remote submits, from the call log.
+    let calls = cluster.emulator.calls();
+    let submits: Vec<_> = calls
+        .iter()
+        .filter(|call| {
+            call.kind == CallKind::Submit && call.request_id.is_some() && (200..300).contains(&call.http_status)
+        })
+        .collect();
+    let polls = calls.iter().filter(|call| call.kind == CallKind::Poll).count();
+    let faulted = calls.iter().filter(|call| call.fault.as_deref().is_some_and(|f| f.starts_with("random_"))).count();
+    outcome.figure("api_calls", calls.len());
+    outcome.figure("api_submits_accepted", submits.len());
+    let batches = cluster.emulator.batch_count();
+    outcome.expect(batches == submits.len(), || {
+        format!("the emulator created {batches} batches but logged {} accepted submits", submits.len())
+    });
+    outcome.figure("api_polls", polls);
+    outcome.figure("api_random_faults", faulted);
+    let mut by_job: HashMap<&str, Vec<&batchd_emulator::CallRecord>> = HashMap::new();
+    for call in &submits {
+        by_job.entry(call.first_reference.as_deref().unwrap_or("")).or_default().push(call);
+    }
+    let never_submitted: Vec<&String> =
+        ids.iter().filter(|id| results.contains_key(*id) && !by_job.contains_key(id.as_str())).collect();
+    outcome.expect(never_submitted.is_empty(), || {
+        format!(
+            "{} jobs have a result but were never submitted: {:?}",
+            never_submitted.len(),
+            never_submitted.iter().take(5).collect::<Vec<_>>()
+        )
+    });
+    let counted = match counted_duplicates(&mut conn, &keys, &ids).await {
+        Ok(counted) => counted,
+        Err(error) => {
+            outcome.failures.push(format!("cannot read the ledgers: {error}"));
+            HashMap::new()
+        }
+    };
+    outcome.counted_possible_duplicates = counted.values().sum();
+    let mut kills_hit: HashSet<usize> = HashSet::new();
+    let mut attributed_kills: Vec<usize> = Vec::new();
+    let mut unexplained = Vec::new();
+    for (job, job_submits) in &by_job {
+        if job_submits.len() < 2 {
+            continue;
+        }
+        let extra = job_submits.len() - 1;
+        outcome.duplicate_submits += extra;
+        let recorded: HashSet<&str> = results
+            .get(*job)
+            .map(|entries| entries.iter().flat_map(|entry| entry.request_ids.iter().map(String::as_str)).collect())
+            .unwrap_or_default();
+        let orphans: Vec<_> = job_submits
+            .iter()
+            .filter(|call| !call.request_id.as_deref().is_some_and(|id| recorded.contains(id)))
+            .collect();
+        let mut job_kills = HashSet::new();
+        for orphan in &orphans {
+            let incarnation = cluster.by_port(orphan.port);
+            let cause = match incarnation.map(|(index, incarnation)| (index, &incarnation.end)) {
+                // Created before the kill, and recently enough to have been in flight (latency and the API timeout
+                // bound how long a reply can take), by a process that never got to record it.
+                Some((index, Some(End::Killed { at_ms })))
+                    if orphan.at_ms <= *at_ms && orphan.at_ms + 15_000 >= *at_ms && job_kills.insert(index) =>
+                {
+                    kills_hit.insert(index);
+                    attributed_kills.push(index);
+                    Some("kill -9 inside the submit window")
+                }
+                _ if cluster
+                    .redis_outages
+                    .iter()
+                    .any(|(start, end)| orphan.at_ms + 2_000 >= *start && orphan.at_ms <= end + 5_000) =>
+                {
+                    Some("redis unavailable while recording the request id")
+                }
+                _ => None,
+            };
+            match cause {
+                Some(cause) => *outcome.duplicate_causes.entry(cause.to_owned()).or_default() += 1,
+                None => unexplained.push(format!(
+                    "{job}: batch {} submitted at Unix ms {} by daemon {:?} ending {:?}",
+                    orphan.request_id.as_deref().unwrap_or("?"),
+                    orphan.at_ms,
+                    incarnation.map(|(index, _)| index),
+                    incarnation.map(|(_, incarnation)| incarnation.end.clone()),
+                )),
+            }
+        }
+        if orphans.len() != extra {
+            unexplained.push(format!("{job}: {} submits, {} not in its result", job_submits.len(), orphans.len()));
+        }
+        let in_ledger = counted.get(*job).copied().unwrap_or(0);
+        outcome.expect(in_ledger >= extra as u64, || {
+            format!(
+                "{job} was submitted {} times but its ledger counts {in_ledger} possible duplicates",
+                job_submits.len()
+            )
+        });
+    }
+    outcome.kills_in_submit_window = kills_hit.len();
+    let mut per_kill: HashMap<usize, usize> = HashMap::new();
+    for index in attributed_kills {
+        *per_kill.entry(index).or_default() += 1;
+    }
+    let most = per_kill.values().copied().max().unwrap_or(0);
+    outcome.figure("most_duplicate_submits_from_one_kill", most);
+    // One kill interrupts at most the submits that replica had in flight: one per submit worker slot and one per
+    // schedule worker slot (a retried submit runs there).
+    let in_flight_bound = (var_or(cluster, "BATCHD__WORKERS__SUBMIT_CONCURRENCY", 16)
+        + var_or(cluster, "BATCHD__WORKERS__POLL_CONCURRENCY", 64)) as usize;
+    outcome.expect(most <= in_flight_bound, || {
+        format!("one kill caused {most} duplicate submits, more than the {in_flight_bound} submits a replica can have in flight")
+    });
+    if !unexplained.is_empty() {
+        let mut evidence = Vec::new();
+        for line in unexplained.iter().take(5) {
+            let job = line.split(':').next().unwrap_or_default();
+            evidence.push(ledger_line(&mut conn, &keys, job).await);
+        }
+        outcome.failures.push(format!(
+            "{} duplicate remote submits without a kill or Redis outage to explain them: {} (ledgers: {})",
+            unexplained.len(),
+            unexplained.iter().take(5).cloned().collect::<Vec<_>>().join("; "),
+            evidence.join(" | ")
+        ));
+    }
+    if no_duplicate_submits {
+        let duplicates = outcome.duplicate_submits;
+        outcome.expect(duplicates == 0, || format!("{duplicates} duplicate remote submits where none are allowed"));
+    }
+
+    for exit in cluster.unexpected_exits() {
+        outcome.failures.push(exit);
+    }
+    outcome.settings = cluster.settings_summary();
+    outcome.log_dir = cluster.log_dir().display().to_string();
+}
+
+/// A numeric daemon setting of the run, or its default.
+fn var_or(cluster: &Cluster, key: &str, default: u64) -> u64 {
+    cluster.var(key).and_then(|value| value.parse().ok()).unwrap_or(default)
+}
+
+/// What happened to the work a stopped or killed daemon held.
+#[derive(Debug, Clone, Default)]
+pub struct Abandoned {
+    /// Leased schedule members (of any daemon) seen at the moment of the kill or stop.
+    pub leased_at_kill: usize,
+    /// Schedule claims (leased steps) the daemon held.
+    pub claims: usize,
+    /// Ingress entries pending for its consumer.
+    pub entries: usize,
+    /// From the kill until the last of them was taken over.
+    pub resumed_after: Option<Duration>,
+    /// From the kill until the last claim was taken over.
+    pub claims_resumed_after: Option<Duration>,
+    /// From the kill until the last entry was taken over.
+    pub entries_resumed_after: Option<Duration>,
+    /// Members or entries not taken over before the tracker gave up.
+    pub stuck: Vec<String>,
+}
+
+/// Watches, from the moment a daemon died (`pid`, at `at_ms`), the work it held until other daemons take it
+/// over. Claims are schedule members whose score lies more than `threshold` in the future (a lease; polls and
+/// retries are never scheduled that far out); those held by live daemons get re-scored before their lease ends,
+/// the dead one's only after. Ingress entries are those pending for a consumer named after `pid`.
+pub fn track_abandoned(
+    mut conn: ConnectionManager,
+    keys: Keys,
+    pid: u32,
+    at_ms: u64,
+    threshold: Duration,
+    give_up: Duration,
+) -> JoinHandle<Abandoned> {
+    tokio::spawn(async move {
+        let mut abandoned = Abandoned::default();
+        let floor = at_ms + threshold.as_millis() as u64;
+        let claims: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
+            .arg(keys.schedule())
+            .arg(format!("({floor}"))
+            .arg("+inf")
+            .arg("WITHSCORES")
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        abandoned.leased_at_kill = claims.len();
+        let marker = format!("-{pid}-");
+        let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+            .arg(keys.submit())
+            .arg("batchd")
+            .arg("-")
+            .arg("+")
+            .arg(100_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        let mut entries: Vec<(String, String)> = pending
+            .into_iter()
+            .filter(|(_, consumer, _, _)| consumer.contains(&marker))
+            .map(|(id, consumer, _, _)| (id, consumer))
+            .collect();
+        let mut claims_open: Vec<(String, u64)> =
+            claims.into_iter().map(|(member, score)| (member, score as u64)).collect();
+        let mut claims_orphaned = 0;
+        let started = Instant::now();
+        while (!claims_open.is_empty() || !entries.is_empty()) && started.elapsed() < give_up {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = unix_ms();
+            if !claims_open.is_empty() {
+                let mut cmd = redis::cmd("ZMSCORE");
+                cmd.arg(keys.schedule());
+                for (member, _) in &claims_open {
+                    cmd.arg(member);
+                }
+                let Ok(scores) = cmd.query_async::<Vec<Option<f64>>>(&mut conn).await else { continue };
+                let mut still = Vec::new();
+                for ((member, lease_end), score) in claims_open.into_iter().zip(scores) {
+                    if score.map(|score| score as u64) == Some(lease_end) {
+                        still.push((member, lease_end));
+                    } else if now + 500 >= lease_end {
+                        // Changed only once its lease was over: it was the dead daemon's, and is resumed now.
+                        claims_orphaned += 1;
+                        let after = Duration::from_millis(now.saturating_sub(at_ms));
+                        abandoned.claims_resumed_after = abandoned.claims_resumed_after.max(Some(after));
+                    }
+                }
+                claims_open = still;
+            }
+            if !entries.is_empty() {
+                let mut pipe = redis::pipe();
+                for (id, _) in &entries {
+                    pipe.cmd("XPENDING").arg(keys.submit()).arg("batchd").arg(id).arg(id).arg(1);
+                }
+                let Ok(replies) = pipe.query_async::<Vec<Vec<(String, String, u64, u64)>>>(&mut conn).await else {
+                    continue;
+                };
+                let mut still = Vec::new();
+                for ((id, consumer), reply) in entries.into_iter().zip(replies) {
+                    if reply.first().is_some_and(|(_, owner, _, _)| *owner == consumer) {
+                        still.push((id, consumer));
+                    } else {
+                        abandoned.entries += 1;
+                        let after = Duration::from_millis(now.saturating_sub(at_ms));
+                        abandoned.entries_resumed_after = abandoned.entries_resumed_after.max(Some(after));
+                    }
+                }
+                entries = still;
+            }
+        }
+        abandoned.claims = claims_orphaned;
+        abandoned.stuck = claims_open
+            .iter()
+            .filter(|(_, lease_end)| unix_ms() > lease_end + 1_000)
+            .map(|(member, _)| member.clone())
+            .chain(entries.iter().map(|(id, _)| id.clone()))
+            .collect();
+        abandoned.entries += entries.len();
+        abandoned.resumed_after = abandoned.claims_resumed_after.max(abandoned.entries_resumed_after);
+        abandoned
+    })
+}
+
+/// Summarises the trackers of a run into the outcome: the longest wait, and a failure for work taken over
+/// later than `claims_bound` (claims) or `entries_bound` (ingress entries), or never.
+pub fn judge_abandoned(
+    outcome: &mut Outcome,
+    reports: &[(String, Abandoned)],
+    claims_bound: Duration,
+    entries_bound: Duration,
+) {
+    let claims: usize = reports.iter().map(|(_, report)| report.claims).sum();
+    let leased: usize = reports.iter().map(|(_, report)| report.leased_at_kill).sum();
+    outcome.figure("leased_claims_seen_at_kills", leased);
+    let entries: usize = reports.iter().map(|(_, report)| report.entries).sum();
+    let claims_after = reports.iter().filter_map(|(_, report)| report.claims_resumed_after).max();
+    let entries_after = reports.iter().filter_map(|(_, report)| report.entries_resumed_after).max();
+    outcome.figure("abandoned_claims", claims);
+    outcome.figure("abandoned_ingress_entries", entries);
+    outcome.figure("claims_resumed_within_ms", claims_after.map(|d| d.as_millis() as u64));
+    outcome.figure("entries_resumed_within_ms", entries_after.map(|d| d.as_millis() as u64));
+    for (what, report) in reports {
+        outcome.expect(report.stuck.is_empty(), || {
+            format!(
+                "after {what}: {} claims/entries never taken over: {:?}",
+                report.stuck.len(),
+                report.stuck.iter().take(5).collect::<Vec<_>>()
+            )
+        });
+    }
+    if let Some(after) = claims_after {
+        outcome.expect(after <= claims_bound, || {
+            format!("an abandoned claim waited {} (bound {})", human(after), human(claims_bound))
+        });
+    }
+    if let Some(after) = entries_after {
+        outcome.expect(after <= entries_bound, || {
+            format!("an abandoned ingress entry waited {} (bound {})", human(after), human(entries_bound))
+        });
+    }
+    outcome.notes.push(format!(
+        "work left behind by stopped or killed daemons: {claims} schedule claims waiting for their lease (all taken over within {}), {entries} ingress entries (within {})",
+        claims_after.map_or("-".to_owned(), human),
+        entries_after.map_or("-".to_owned(), human)
+    ));
+}

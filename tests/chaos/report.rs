@@ -1,0 +1,137 @@
+//! The chaos report: a text table for the terminal and `docs/reliability.md`, and JSON for machines
+//! (`target/chaos/report.json`).
+
+use std::path::Path;
+
+use super::check::Outcome;
+use super::human;
+
+/// The columns of the table.
+const HEADER: [&str; 10] =
+    ["scenario", "jobs", "kills", "restarts", "lost", "dup. results", "dup. submits", "recovery", "wall", "verdict"];
+
+/// One row per outcome, as cells.
+fn rows(outcomes: &[Outcome]) -> Vec<[String; 10]> {
+    outcomes
+        .iter()
+        .map(|outcome| {
+            [
+                outcome.scenario.clone(),
+                outcome.jobs.to_string(),
+                outcome.kills.to_string(),
+                outcome.restarts.to_string(),
+                outcome.lost.len().to_string(),
+                outcome.duplicated_results.len().to_string(),
+                if outcome.duplicate_submits == 0 {
+                    "0".to_owned()
+                } else {
+                    format!("{} ({} kills in window)", outcome.duplicate_submits, outcome.kills_in_submit_window)
+                },
+                outcome.recovery.map_or("-".to_owned(), human),
+                human(outcome.wall),
+                if outcome.passed() { "pass".to_owned() } else { format!("FAIL ({})", outcome.failures.len()) },
+            ]
+        })
+        .collect()
+}
+
+/// The table as aligned plain text.
+pub fn table(outcomes: &[Outcome]) -> String {
+    let rows = rows(outcomes);
+    let mut widths: Vec<usize> = HEADER.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_owned()
+    };
+    let mut text = line(HEADER.to_vec());
+    text.push('\n');
+    text.push_str(&line(
+        widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().iter().map(String::as_str).collect(),
+    ));
+    text.push('\n');
+    for row in &rows {
+        text.push_str(&line(row.iter().map(String::as_str).collect()));
+        text.push('\n');
+    }
+    text
+}
+
+/// The table as Markdown.
+pub fn markdown(outcomes: &[Outcome]) -> String {
+    let mut text = format!("| {} |\n|{}\n", HEADER.join(" | "), "---|".repeat(HEADER.len()));
+    for row in rows(outcomes) {
+        text.push_str(&format!("| {} |\n", row.join(" | ")));
+    }
+    text
+}
+
+/// One outcome as JSON.
+pub fn json(outcome: &Outcome) -> serde_json::Value {
+    serde_json::json!({
+        "scenario": outcome.scenario,
+        "title": outcome.title,
+        "size": outcome.size.as_str(),
+        "passed": outcome.passed(),
+        "jobs": outcome.jobs,
+        "kills": outcome.kills,
+        "restarts": outcome.restarts,
+        "lost": outcome.lost.len(),
+        "lost_ids": outcome.lost.iter().take(100).collect::<Vec<_>>(),
+        "duplicated_results": outcome.duplicated_results.len(),
+        "duplicated_result_ids": outcome.duplicated_results.iter().take(100).collect::<Vec<_>>(),
+        "duplicate_submits": outcome.duplicate_submits,
+        "duplicate_submit_causes": outcome.duplicate_causes,
+        "kills_in_submit_window": outcome.kills_in_submit_window,
+        "counted_possible_duplicate_submits": outcome.counted_possible_duplicates,
+        "recovery_ms": outcome.recovery.map(|d| d.as_millis() as u64),
+        "recovery_measures": outcome.recovery_what,
+        "wall_ms": outcome.wall.as_millis() as u64,
+        "figures": outcome.figures,
+        "notes": outcome.notes,
+        "failures": outcome.failures,
+        "daemon_settings": outcome.settings,
+        "logs": outcome.log_dir,
+    })
+}
+
+/// Writes the JSON report (every outcome plus the machine) to `path`.
+pub fn write_json(path: &Path, outcomes: &[Outcome], machine: serde_json::Value) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let report = serde_json::json!({
+        "machine": machine,
+        "scenarios": outcomes.iter().map(json).collect::<Vec<_>>(),
+    });
+    std::fs::write(path, serde_json::to_string_pretty(&report).unwrap_or_default())
+}
+
+/// `nproc`, `redis-server --version` and the kernel, for the report.
+pub fn machine() -> serde_json::Value {
+    let run = |program: &str, args: &[&str]| {
+        std::process::Command::new(program)
+            .args(args)
+            .output()
+            .ok()
+            .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    serde_json::json!({
+        "nproc": run("nproc", &[]),
+        "redis_server": run("redis-server", &["--version"]),
+        "kernel": run("uname", &["-srm"]),
+        "memory": run("sh", &["-c", "free -h | awk '/^Mem:/ {print $2}'"]),
+        "build": "debug (the profile `make test` builds)",
+    })
+}
