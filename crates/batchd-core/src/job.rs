@@ -122,7 +122,9 @@ impl Job {
         limits: &JobLimits,
         keys: &Keys,
     ) -> Result<Job, DecodeError> {
-        let value: Box<RawValue> = serde_json::from_str(text)
+        // Borrowed views into `text` all the way down: a job can be tens of MB, and only the request items are
+        // copied (once, into the job).
+        let value: &RawValue = serde_json::from_str(text)
             .map_err(|e| DecodeError::undecodable(format!("`{JOB_FIELD}` is not valid JSON: {e}")))?;
         if !value.get().trim_start().starts_with('{') {
             return Err(DecodeError::undecodable(format!(
@@ -130,7 +132,7 @@ impl Job {
                 json_kind(value.get())
             )));
         }
-        let object: BTreeMap<String, Box<RawValue>> = serde_json::from_str(value.get())
+        let object: BTreeMap<String, &RawValue> = serde_json::from_str(value.get())
             .map_err(|e| DecodeError::undecodable(format!("`{JOB_FIELD}` is not a valid JSON object: {e}")))?;
 
         let fallback_id = JobId::parse(default_id).map_err(|e| {
@@ -262,8 +264,8 @@ fn invalid_unknown(id: &JobId, unknown: &str) -> DecodeError {
 }
 
 /// A present, non-null field.
-fn optional<'a>(object: &'a BTreeMap<String, Box<RawValue>>, name: &str) -> Option<&'a RawValue> {
-    object.get(name).map(|raw| &**raw).filter(|raw| raw.get() != "null")
+fn optional<'a>(object: &BTreeMap<String, &'a RawValue>, name: &str) -> Option<&'a RawValue> {
+    object.get(name).copied().filter(|raw| raw.get() != "null")
 }
 
 fn string_field(raw: &RawValue) -> Result<String, String> {

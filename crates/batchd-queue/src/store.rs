@@ -57,7 +57,7 @@ pub enum SubmitTicket {
         resubmit: bool,
         /// The job's model.
         model: String,
-        /// The chunk's request items, byte for byte.
+        /// The chunk's request items, byte for byte (empty when not asked for).
         requests: Vec<Box<serde_json::value::RawValue>>,
         /// Where the chunk's items sit in the job.
         placement: Placement,
@@ -382,7 +382,7 @@ impl Store {
         }
         invocation.arg("--chunks");
         for (start, len) in plan {
-            invocation.arg(format!("{start}:{len}")).arg(requests_json(&job.requests[*start..start + len]));
+            invocation.arg(format!("{start}:{len}")).arg(RequestsArg(&job.requests[*start..start + len]));
         }
         let (verdict, state): (String, String) = invocation.invoke_async(&mut self.conn.clone()).await?;
         Ok(match verdict.as_str() {
@@ -500,12 +500,14 @@ impl Store {
     }
 
     /// Marks a chunk `submitting` (see `begin_submit.lua`). `count_attempt` is false for a retry after a
-    /// rate-limit answer, which does not use up an attempt.
+    /// rate-limit answer, which does not use up an attempt; `with_requests` is false when the caller still holds
+    /// the chunk's items (right after accepting the job), so they are not read back.
     pub async fn begin_submit(
         &self,
         chunk: &ChunkRef,
         now: UnixMillis,
         count_attempt: bool,
+        with_requests: bool,
     ) -> Result<SubmitTicket, StoreError> {
         let (verdict, attempt, previous, items, indices, requests, model): (
             String,
@@ -523,6 +525,7 @@ impl Store {
             .arg(chunk.index)
             .arg(now)
             .arg(if count_attempt { "1" } else { "0" })
+            .arg(if with_requests { "1" } else { "0" })
             .invoke_async(&mut self.conn.clone())
             .await?;
         Ok(match verdict.as_str() {
@@ -532,9 +535,12 @@ impl Store {
                     detail: format!("chunk {}: {what}", chunk.index),
                 };
                 let placement = Placement::parse(&items, &indices).ok_or_else(|| corrupt("items"))?;
-                let requests: Vec<Box<serde_json::value::RawValue>> =
-                    serde_json::from_str(&requests).map_err(|_| corrupt("requests"))?;
-                if requests.len() != placement.len() {
+                let requests: Vec<Box<serde_json::value::RawValue>> = if with_requests {
+                    serde_json::from_str(&requests).map_err(|_| corrupt("requests"))?
+                } else {
+                    Vec::new()
+                };
+                if with_requests && requests.len() != placement.len() {
                     return Err(corrupt("requests do not match items"));
                 }
                 SubmitTicket::Go { attempt, resubmit: verdict == "resubmit", model, requests, placement }
@@ -750,7 +756,7 @@ impl Store {
             .arg(once_flag.unwrap_or(""));
         for chunk in chunks {
             let (items, indices) = chunk.placement.encode();
-            invocation.arg(items).arg(indices).arg(requests_json(&chunk.requests));
+            invocation.arg(items).arg(indices).arg(RequestsArg(&chunk.requests));
         }
         let outcome: i64 = invocation.invoke_async(&mut self.conn.clone()).await?;
         Ok(match outcome {
@@ -840,18 +846,24 @@ impl Store {
     }
 }
 
-/// A JSON array of raw items, byte for byte.
-fn requests_json(items: &[Box<serde_json::value::RawValue>]) -> String {
-    let mut text = String::with_capacity(items.iter().map(|item| item.get().len() + 1).sum::<usize>() + 2);
-    text.push('[');
-    for (position, item) in items.iter().enumerate() {
-        if position > 0 {
-            text.push(',');
+/// A JSON array of raw items, byte for byte, written straight into the command being built: a chunk can be
+/// nearly 10 MB, and an intermediate string would be one more copy of it in memory.
+struct RequestsArg<'a>(&'a [Box<serde_json::value::RawValue>]);
+
+impl redis::ToRedisArgs for RequestsArg<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        use std::io::Write as _;
+        let mut writer = out.writer_for_next_arg();
+        let mut write = |bytes: &[u8]| writer.write_all(bytes).expect("writing into memory cannot fail");
+        write(b"[");
+        for (position, item) in self.0.iter().enumerate() {
+            if position > 0 {
+                write(b",");
+            }
+            write(item.get().as_bytes());
         }
-        text.push_str(item.get());
+        write(b"]");
     }
-    text.push(']');
-    text
 }
 
 fn parse_items(raw: Option<&str>) -> Option<(usize, usize)> {

@@ -86,14 +86,15 @@ fn unit_random() -> f64 {
 
 /// apalis handler of the submit worker: one ingress entry.
 pub async fn handle_entry(entry: IngressEntry, pipeline: Data<Arc<Pipeline>>) -> Result<(), BoxDynError> {
-    match AssertUnwindSafe(pipeline.take_in(&entry)).catch_unwind().await {
+    let entry_id = entry.id.clone();
+    match AssertUnwindSafe(pipeline.take_in(entry)).catch_unwind().await {
         Ok(Ok(())) => {}
         // The entry stays pending in the consumer group and is reclaimed after `ingress.reclaim_idle_secs`.
         Ok(Err(error)) => {
             metrics::redis_error("take_in");
-            tracing::error!(entry_id = %entry.id, error = %error, "could not take in ingress entry; it will be retried");
+            tracing::error!(entry_id = %entry_id, error = %error, "could not take in ingress entry; it will be retried");
         }
-        Err(_) => tracing::error!(entry_id = %entry.id, "panic while taking in ingress entry; it will be retried"),
+        Err(_) => tracing::error!(entry_id = %entry_id, "panic while taking in ingress entry; it will be retried"),
     }
     Ok(())
 }
@@ -137,12 +138,15 @@ impl Pipeline {
     /// Decodes an ingress entry, plans its batches and accepts it as a job (or rejects it with a result that
     /// says why), then submits its first batch straight away.
     #[tracing::instrument(skip_all, fields(entry_id = %entry.id, job_id = tracing::field::Empty))]
-    pub async fn take_in(&self, entry: &IngressEntry) -> Result<(), StoreError> {
+    pub async fn take_in(&self, entry: IngressEntry) -> Result<(), StoreError> {
         let now = now_ms();
-        let job = match Job::decode(&entry.fields, &entry.id, &self.limits, self.store.keys()) {
+        let mut job = match Job::decode(&entry.fields, &entry.id, &self.limits, self.store.keys()) {
             Ok(job) => job,
-            Err(error) => return self.reject(entry, error, now).await,
+            Err(error) => return self.reject(&entry, error, now).await,
         };
+        // The job holds its own copy of the items now; the raw entry (tens of MB for a big job) can go.
+        let IngressEntry { id: entry_id, fields } = entry;
+        drop(fields);
         tracing::Span::current().record("job_id", tracing::field::display(&job.id));
         let sizes: Vec<usize> = job.requests.iter().map(|item| item.get().len()).collect();
         let plan = match plan_chunks(&sizes, self.split.max_payload_bytes, self.split.max_batch_items) {
@@ -157,7 +161,7 @@ impl Pipeline {
                     ),
                 );
                 let rejection = Rejection {
-                    entry_id: &entry.id,
+                    entry_id: &entry_id,
                     job_id: &job.id,
                     model: job.model.as_str(),
                     error: &error,
@@ -177,12 +181,15 @@ impl Pipeline {
         let deadline_at = now.saturating_add(u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX));
         let first_due = now + self.lease.as_millis() as u64;
         let retry_failed_items = job.retry_failed_items.unwrap_or(self.split.retry_failed_items);
-        let intake = Intake { entry_id: &entry.id, plan: &plan, now, deadline_at, first_due, retry_failed_items };
+        let intake = Intake { entry_id: &entry_id, plan: &plan, now, deadline_at, first_due, retry_failed_items };
         match self.store.accept(&job, &intake).await? {
             Accepted::New => {
                 metrics::job_accepted();
                 tracing::info!(model = %job.model, n_items = job.requests.len(), n_chunks = plan.len(), "job accepted");
-                self.submit(&ChunkRef::new(job.id.clone(), 0), &job.model).await
+                // Submit the first chunk with the items in hand instead of reading them back; the others go.
+                job.requests.truncate(plan[0].1);
+                let first = std::mem::take(&mut job.requests);
+                self.submit(&ChunkRef::new(job.id.clone(), 0), &job.model, Some(first)).await
             }
             Accepted::Duplicate { state } => {
                 metrics::job_duplicate();
@@ -250,7 +257,7 @@ impl Pipeline {
         }
         match view.chunk_state {
             ChunkState::Pending | ChunkState::Submitting => match ModelName::parse(&view.model) {
-                Ok(model) => self.submit(chunk, &model).await,
+                Ok(model) => self.submit(chunk, &model, None).await,
                 Err(_) => Err(StoreError::Corrupt { job_id: chunk.job_id.to_string(), detail: "model".into() }),
             },
             ChunkState::Polling => self.poll(chunk, &view).await,
@@ -279,13 +286,22 @@ impl Pipeline {
     }
 
     /// Submits one chunk: mark `submitting`, POST, then record the request id and schedule the first poll.
-    async fn submit(&self, chunk: &ChunkRef, model: &ModelName) -> Result<(), StoreError> {
+    /// `in_hand` are the chunk's items when the caller still holds them (right after accepting the job).
+    async fn submit(
+        &self,
+        chunk: &ChunkRef,
+        model: &ModelName,
+        in_hand: Option<Vec<Box<RawValue>>>,
+    ) -> Result<(), StoreError> {
         if self.throttle(chunk, model, ApiCall::Submit).await?.is_some() {
             return Ok(());
         }
         let now = now_ms();
-        let (attempt, resubmit, requests, placement) = match self.store.begin_submit(chunk, now, true).await? {
-            SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => (attempt, resubmit, requests, placement),
+        let ticket = self.store.begin_submit(chunk, now, true, in_hand.is_none()).await?;
+        let (attempt, resubmit, requests, placement) = match ticket {
+            SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => {
+                (attempt, resubmit, in_hand.unwrap_or(requests), placement)
+            }
             SubmitTicket::Cancelled => {
                 let reason = self.store.cancel_requested(&chunk.job_id).await?.unwrap_or_default();
                 return self.cancel(&chunk.job_id, &reason).await;

@@ -2,7 +2,8 @@
 -- was being submitted by a replica that died inside the submit window (or whose POST had an unknown outcome):
 -- the remote batch may exist already, so the resubmission is counted as a possible duplicate.
 -- A job whose cancellation was requested is not submitted.
--- KEYS: 1 ledger, 2 cancel flag   ARGV: 1 chunk index, 2 now ms, 3 count this attempt (1/0)
+-- KEYS: 1 ledger, 2 cancel flag   ARGV: 1 chunk index, 2 now ms, 3 count this attempt (1/0),
+--       4 return the chunk's request items (1/0; 0 when the caller still holds them)
 -- Returns {verdict, attempts, previous state, items "start:len", indices JSON or "", requests JSON, model};
 -- verdict: gone | cancelled | skip | submit | resubmit
 local ledger, chunk = KEYS[1], ARGV[1]
@@ -28,5 +29,7 @@ if ARGV[3] == '1' then
   attempts = redis.call('HINCRBY', ledger, prefix .. 'attempts', 1)
 end
 redis.call('HSET', ledger, prefix .. 'state', 'submitting', 'updated_at', ARGV[2])
-local values = redis.call('HMGET', ledger, prefix .. 'items', prefix .. 'indices', prefix .. 'requests', 'model')
-return {verdict, attempts, chunk_state, values[1] or '', values[2] or '', values[3] or '', values[4] or ''}
+local values = redis.call('HMGET', ledger, prefix .. 'items', prefix .. 'indices', 'model')
+local requests = ''
+if ARGV[4] == '1' then requests = redis.call('HGET', ledger, prefix .. 'requests') or '' end
+return {verdict, attempts, chunk_state, values[1] or '', values[2] or '', requests, values[3] or ''}
