@@ -21,7 +21,7 @@ use batchd_core::Keys;
 use redis::aio::MultiplexedConnection;
 use redis::streams::StreamRangeReply;
 
-use crate::procs::{Emulator, Proc, daemon_env, start_daemon, start_emulator, wait_daemon_ready};
+use crate::procs::{Emulator, Proc, cpu_secs, daemon_env, start_daemon, start_emulator, wait_daemon_ready};
 use crate::queue_layer::enqueue;
 use crate::redis_server::{RedisServer, commandstats, delta};
 
@@ -128,16 +128,23 @@ pub struct Burst {
     pub commands: BTreeMap<String, u64>,
     /// Jobs that did not end `completed`.
     pub not_completed: usize,
+    /// CPU time per job of the daemon, the emulator and redis-server, µs (robust against other load on the
+    /// machine, unlike jobs/s).
+    pub cpu_us_per_job: [f64; 3],
 }
 
 /// N jobs at once through a fresh daemon.
 pub async fn burst(redis: &RedisServer, n: usize, logs: &Path, tag: &str) -> anyhow::Result<Burst> {
     let stack = start_stack(redis, 0, 0, &zero_delay_env(), logs, tag).await?;
     let mut conn = redis.connect().await?;
+    let pids = [stack.daemon.pid(), stack.emulator.pid(), redis.pid()];
+    let cpu0 = pids.map(cpu_secs);
     let s0 = commandstats(&mut conn).await?;
     let ids = enqueue(&mut conn, &stack.keys, "L", n).await?;
     wait_results(&mut conn, &stack.keys, n, Duration::from_secs(600)).await?;
     let s1 = commandstats(&mut conn).await?;
+    let cpu1 = pids.map(cpu_secs);
+    let cpu_us_per_job = [0, 1, 2].map(|i| (cpu1[i] - cpu0[i]) * 1e6 / n as f64);
     let results = read_results(&mut conn, &stack.keys).await?;
     drop(stack);
     let mut commands = delta(&s0, &s1, &["info", "xlen"]);
@@ -159,6 +166,7 @@ pub async fn burst(redis: &RedisServer, n: usize, logs: &Path, tag: &str) -> any
         latencies_ms,
         commands,
         not_completed: results.values().filter(|(_, status)| status != "completed").count(),
+        cpu_us_per_job,
     })
 }
 

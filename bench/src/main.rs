@@ -353,6 +353,9 @@ async fn scenario_lifecycle(
             per_job(&burst.commands, n),
         );
         report.add(s, &burst_label, "jobs not completed", "jobs", m, burst.not_completed as f64);
+        for (process, cpu) in ["daemon", "emulator", "redis-server"].iter().zip(burst.cpu_us_per_job) {
+            report.add(s, &burst_label, &format!("CPU per job, {process}"), "µs", m, cpu);
+        }
         report.detail(&format!("2 full lifecycle / {m} / commands per job (commandstats)"), scaled(&burst.commands, n));
         drop(redis);
         let redis = RedisServer::start(mode, work).await?;

@@ -73,6 +73,11 @@ pub struct Emulator {
 }
 
 impl Emulator {
+    /// The emulator's process id.
+    pub fn pid(&self) -> u32 {
+        self._proc.pid()
+    }
+
     /// The emulator's origin, for the control API (`/_emulator/...`).
     pub fn origin(&self) -> String {
         self.base_url.trim_end_matches("/client/v4").to_owned()
@@ -127,6 +132,14 @@ pub fn daemon_env(redis_url: &str, emulator: &Emulator, extra: &[(&str, String)]
     for (key, value) in extra {
         env.push(((*key).to_owned(), value.clone()));
     }
+    // What-if runs: BENCH_DAEMON_ENV="BATCHD__LOG__LEVEL=warn,BATCHD__SCHEDULE__IDLE_POLL_MS=5" goes to every daemon.
+    if let Ok(overrides) = std::env::var("BENCH_DAEMON_ENV") {
+        for pair in overrides.split(',').filter(|pair| !pair.is_empty()) {
+            if let Some((key, value)) = pair.split_once('=') {
+                env.push((key.trim().to_owned(), value.trim().to_owned()));
+            }
+        }
+    }
     env
 }
 
@@ -172,6 +185,17 @@ pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
         let rest = line.strip_prefix(field)?.strip_prefix(':')?;
         rest.trim().trim_end_matches("kB").trim().parse().ok()
     })
+}
+
+/// CPU time (user + system) a process has used so far, in seconds (from `/proc/<pid>/stat`).
+pub fn cpu_secs(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return f64::NAN };
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name; clock ticks are 100 per second.
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// `status_kib` in MiB, as f64.

@@ -82,6 +82,11 @@ impl RedisServer {
         }
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
