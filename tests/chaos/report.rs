@@ -10,6 +10,21 @@ use super::human;
 const HEADER: [&str; 10] =
     ["scenario", "jobs", "kills", "restarts", "lost", "dup. results", "dup. submits", "recovery", "wall", "verdict"];
 
+/// `0`, or the number with its causes: `84 (8 kills in window)`, `33 (redis down at record)`.
+fn duplicate_submits(outcome: &Outcome) -> String {
+    if outcome.duplicate_submits == 0 {
+        return "0".to_owned();
+    }
+    let mut causes = Vec::new();
+    if outcome.kills_in_submit_window > 0 {
+        causes.push(format!("{} kills in window", outcome.kills_in_submit_window));
+    }
+    if outcome.duplicate_causes.keys().any(|cause| cause.starts_with("redis")) {
+        causes.push("redis down at record".to_owned());
+    }
+    format!("{} ({})", outcome.duplicate_submits, causes.join(", "))
+}
+
 /// One row per outcome, as cells.
 fn rows(outcomes: &[Outcome]) -> Vec<[String; 10]> {
     outcomes
@@ -22,11 +37,7 @@ fn rows(outcomes: &[Outcome]) -> Vec<[String; 10]> {
                 outcome.restarts.to_string(),
                 outcome.lost.len().to_string(),
                 outcome.duplicated_results.len().to_string(),
-                if outcome.duplicate_submits == 0 {
-                    "0".to_owned()
-                } else {
-                    format!("{} ({} kills in window)", outcome.duplicate_submits, outcome.kills_in_submit_window)
-                },
+                duplicate_submits(outcome),
                 outcome.recovery.map_or("-".to_owned(), human),
                 human(outcome.wall),
                 if outcome.passed() { "pass".to_owned() } else { format!("FAIL ({})", outcome.failures.len()) },
