@@ -59,3 +59,16 @@ async fn chaos_backlog_enqueued_before_any_daemon_is_drained() {
     assert_eq!(outcome.jobs, 3_000);
     assert!(figure(&outcome, "drain_ms").is_some(), "{}", outcome.explain());
 }
+
+/// Regression for chaos finding f1: a submit answered while Redis is down for 2.5 s used to be submitted again
+/// after its lease; the daemon now keeps retrying to record the request id it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_id_received_while_redis_is_down_is_recorded_not_resubmitted() {
+    let outcome = scenarios::run("f1-redis-blip-while-recording", Size::Short)
+        .await
+        .unwrap_or_else(|error| panic!("f1 could not run: {error:#}"));
+    assert!(outcome.passed(), "{}", outcome.explain());
+    assert_eq!(outcome.jobs, 3);
+    assert_eq!(outcome.duplicate_submits, 0, "{}", outcome.explain());
+    assert_eq!(figure(&outcome, "emulator_batches"), Some(3), "one remote batch per job");
+}

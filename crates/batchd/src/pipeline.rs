@@ -331,23 +331,7 @@ impl Pipeline {
         match submitted {
             Ok(submitted) => {
                 span.record("request_id", tracing::field::display(&submitted.request_id));
-                let now = now_ms();
-                let due = now + next_poll_delay(0, &self.poll, unit_random()).as_millis() as u64;
-                let recorded = self
-                    .store
-                    .update_chunk(
-                        chunk,
-                        Some(due),
-                        None,
-                        &[
-                            (field::CHUNK_STATE, ChunkState::Polling.as_str().to_owned()),
-                            (field::CHUNK_REQUEST_ID, submitted.request_id.to_string()),
-                            (field::CHUNK_SUBMITTED_AT, now.to_string()),
-                            (field::CHUNK_REMOTE_STATUS, "queued".to_owned()),
-                        ],
-                        &[(field::STATE, JobState::Running.as_str().to_owned()), (field::UPDATED_AT, now.to_string())],
-                    )
-                    .await?;
+                let recorded = self.record_submitted(chunk, &submitted.request_id).await?;
                 tracing::info!(
                     parent: &span,
                     request_id = %submitted.request_id,
@@ -359,6 +343,55 @@ impl Pipeline {
                 Ok(())
             }
             Err(error) => self.submit_failed(chunk, model, attempt, placement, requests, error).await,
+        }
+    }
+
+    /// Records a submitted chunk's request id and schedules its first poll. The remote batch exists now, so a
+    /// Redis error here must not lose the id (the chunk would be submitted again after its lease): the step is
+    /// retried with backoff for as long as this replica holds the lease.
+    async fn record_submitted(&self, chunk: &ChunkRef, request_id: &RequestId) -> Result<bool, StoreError> {
+        let started = Instant::now();
+        let mut wait = Duration::from_millis(100);
+        loop {
+            let now = now_ms();
+            let due = now + next_poll_delay(0, &self.poll, unit_random()).as_millis() as u64;
+            let recorded = self
+                .store
+                .update_chunk(
+                    chunk,
+                    Some(due),
+                    None,
+                    &[
+                        (field::CHUNK_STATE, ChunkState::Polling.as_str().to_owned()),
+                        (field::CHUNK_REQUEST_ID, request_id.to_string()),
+                        (field::CHUNK_SUBMITTED_AT, now.to_string()),
+                        (field::CHUNK_REMOTE_STATUS, "queued".to_owned()),
+                    ],
+                    &[(field::STATE, JobState::Running.as_str().to_owned()), (field::UPDATED_AT, now.to_string())],
+                )
+                .await;
+            match recorded {
+                Ok(recorded) => return Ok(recorded),
+                Err(error) if started.elapsed() + wait < self.lease => {
+                    metrics::redis_error("record_submitted");
+                    tracing::warn!(
+                        request_id = %request_id,
+                        error = %error,
+                        retry_in = ?wait,
+                        "cannot record the request id of a submitted batch; retrying"
+                    );
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
+                Err(error) => {
+                    tracing::error!(
+                        request_id = %request_id,
+                        error = %error,
+                        "gave up recording the request id of a submitted batch; the chunk will be submitted again"
+                    );
+                    return Err(error);
+                }
+            }
         }
     }
 
