@@ -84,10 +84,7 @@ pub struct DurationRange {
 impl DurationRange {
     /// Durations drawn uniformly from `[min, max]` (the bounds are swapped if given in the wrong order).
     pub fn new(min: Duration, max: Duration) -> Self {
-        Self {
-            min: min.min(max),
-            max: max.max(min),
-        }
+        Self { min: min.min(max), max: max.max(min) }
     }
 }
 
@@ -107,14 +104,7 @@ pub struct RandomFaults {
 impl RandomFaults {
     /// Every kind of call fails with probability `rate` (clamped to `[0, 1]`).
     pub fn new(rate: f64) -> Self {
-        Self {
-            rate: if rate.is_nan() {
-                0.0
-            } else {
-                rate.clamp(0.0, 1.0)
-            },
-            calls: crate::fault::Calls::Any,
-        }
+        Self { rate: if rate.is_nan() { 0.0 } else { rate.clamp(0.0, 1.0) }, calls: crate::fault::Calls::Any }
     }
 
     /// Restricts the faults to submits or polls.
@@ -189,29 +179,15 @@ pub fn default_models() -> Vec<(String, Family)> {
         "@cf/openai/gpt-oss-120b",
         "@cf/openai/gpt-oss-20b",
     ];
-    let mut models: Vec<(String, Family)> = text
-        .iter()
-        .map(|name| ((*name).to_owned(), Family::TextGeneration))
-        .collect();
+    let mut models: Vec<(String, Family)> =
+        text.iter().map(|name| ((*name).to_owned(), Family::TextGeneration)).collect();
     models.extend([
-        (
-            "@cf/baai/bge-small-en-v1.5".to_owned(),
-            Family::Embeddings { dim: 384 },
-        ),
-        (
-            "@cf/baai/bge-base-en-v1.5".to_owned(),
-            Family::Embeddings { dim: 768 },
-        ),
-        (
-            "@cf/baai/bge-large-en-v1.5".to_owned(),
-            Family::Embeddings { dim: 1024 },
-        ),
+        ("@cf/baai/bge-small-en-v1.5".to_owned(), Family::Embeddings { dim: 384 }),
+        ("@cf/baai/bge-base-en-v1.5".to_owned(), Family::Embeddings { dim: 768 }),
+        ("@cf/baai/bge-large-en-v1.5".to_owned(), Family::Embeddings { dim: 1024 }),
         ("@cf/baai/bge-m3".to_owned(), Family::BgeM3),
         ("@cf/meta/m2m100-1.2b".to_owned(), Family::Translation),
-        (
-            "@cf/openai/whisper-large-v3-turbo".to_owned(),
-            Family::Speech,
-        ),
+        ("@cf/openai/whisper-large-v3-turbo".to_owned(), Family::Speech),
     ]);
     models
 }
@@ -223,11 +199,6 @@ impl EmulatorConfig {
             .iter()
             .find(|(name, _)| name == model)
             .map(|(_, family)| *family)
-            .or_else(|| {
-                default_models()
-                    .into_iter()
-                    .find(|(name, _)| name == model)
-                    .map(|(_, family)| family)
-            })
+            .or_else(|| default_models().into_iter().find(|(name, _)| name == model).map(|(_, family)| family))
     }
 }

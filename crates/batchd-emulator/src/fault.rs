@@ -104,10 +104,7 @@ impl FaultKind {
     pub fn is_batch_level(&self) -> bool {
         matches!(
             self,
-            FaultKind::FailItems { .. }
-                | FaultKind::FailBatch
-                | FaultKind::ResultsShape
-                | FaultKind::DropItems { .. }
+            FaultKind::FailItems { .. } | FaultKind::FailBatch | FaultKind::ResultsShape | FaultKind::DropItems { .. }
         )
     }
 }
@@ -115,21 +112,12 @@ impl FaultKind {
 impl Fault {
     /// A fault of `kind` hitting the next call of any kind (or the next batch), once.
     pub fn new(kind: FaultKind) -> Self {
-        Self {
-            kind,
-            calls: Calls::Any,
-            times: 1,
-        }
+        Self { kind, calls: Calls::Any, times: 1 }
     }
 
     /// Reply with `status` and an error envelope (code and message default from the status).
     pub fn status(status: u16) -> Self {
-        Self::new(FaultKind::Status {
-            status,
-            code: None,
-            message: None,
-            retry_after_secs: None,
-        })
+        Self::new(FaultKind::Status { status, code: None, message: None, retry_after_secs: None })
     }
 
     /// Reply with `status` and an HTML page instead of JSON.
@@ -150,9 +138,7 @@ impl Fault {
 
     /// Fail these items of the next batch.
     pub fn fail_items(indices: impl IntoIterator<Item = usize>) -> Self {
-        Self::new(FaultKind::FailItems {
-            indices: indices.into_iter().collect(),
-        })
+        Self::new(FaultKind::FailItems { indices: indices.into_iter().collect() })
     }
 
     /// Fail the next batch as a whole.
@@ -167,9 +153,7 @@ impl Fault {
 
     /// Leave these items out of the next batch's completion.
     pub fn drop_items(indices: impl IntoIterator<Item = usize>) -> Self {
-        Self::new(FaultKind::DropItems {
-            indices: indices.into_iter().collect(),
-        })
+        Self::new(FaultKind::DropItems { indices: indices.into_iter().collect() })
     }
 
     /// Set the envelope error code of a `status` fault (no effect on other kinds).
@@ -190,10 +174,7 @@ impl Fault {
 
     /// Send `Retry-After: <secs>` with a `status` fault (no effect on other kinds).
     pub fn retry_after(mut self, secs: u64) -> Self {
-        if let FaultKind::Status {
-            retry_after_secs, ..
-        } = &mut self.kind
-        {
+        if let FaultKind::Status { retry_after_secs, .. } = &mut self.kind {
             *retry_after_secs = Some(secs);
         }
         self
@@ -218,10 +199,7 @@ pub(crate) fn default_error_for_status(status: u16) -> (i64, String) {
         401 | 403 => (10000, "Authentication error".to_owned()),
         408 => (3007, "Request timeout".to_owned()),
         413 => (3006, "Request is too large".to_owned()),
-        429 => (
-            3040,
-            "Capacity temporarily exceeded, please try again.".to_owned(),
-        ),
+        429 => (3040, "Capacity temporarily exceeded, please try again.".to_owned()),
         other => {
             let reason = axum::http::StatusCode::from_u16(other)
                 .ok()
@@ -240,20 +218,12 @@ mod tests {
     fn json_and_builder_agree() {
         let json = r#"{"kind":"status","status":429,"code":3040,"retry_after_secs":2,"calls":"submit","times":3}"#;
         let parsed: Fault = serde_json::from_str(json).expect("parse fault");
-        assert_eq!(
-            parsed,
-            Fault::status(429)
-                .code(3040)
-                .retry_after(2)
-                .on(Calls::Submit)
-                .times(3)
-        );
+        assert_eq!(parsed, Fault::status(429).code(3040).retry_after(2).on(Calls::Submit).times(3));
     }
 
     #[test]
     fn calls_and_times_default_to_any_and_one() {
-        let parsed: Fault =
-            serde_json::from_str(r#"{"kind":"fail_items","indices":[1,3]}"#).expect("parse fault");
+        let parsed: Fault = serde_json::from_str(r#"{"kind":"fail_items","indices":[1,3]}"#).expect("parse fault");
         assert_eq!(parsed, Fault::fail_items([1, 3]));
         let parsed: Fault = serde_json::from_str(r#"{"kind":"reset"}"#).expect("parse fault");
         assert_eq!(parsed, Fault::reset());

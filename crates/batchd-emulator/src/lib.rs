@@ -45,23 +45,17 @@ pub struct Emulator;
 
 impl Emulator {
     /// Binds `addr` (port 0 picks a free port) and serves the emulator until the handle is shut down or dropped.
-    pub async fn start(
-        config: EmulatorConfig,
-        addr: SocketAddr,
-    ) -> std::io::Result<EmulatorHandle> {
+    pub async fn start(config: EmulatorConfig, addr: SocketAddr) -> std::io::Result<EmulatorHandle> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(State::new(config));
-        let app =
-            server::router(Arc::clone(&state)).into_make_service_with_connect_info::<Connection>();
+        let app = server::router(Arc::clone(&state)).into_make_service_with_connect_info::<Connection>();
         let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            let serve = axum::serve(ResettableListener::new(listener), app).with_graceful_shutdown(
-                async move {
-                    // A dropped sender also means stop.
-                    let _ = shutdown_rx.await;
-                },
-            );
+            let serve = axum::serve(ResettableListener::new(listener), app).with_graceful_shutdown(async move {
+                // A dropped sender also means stop.
+                let _ = shutdown_rx.await;
+            });
             if let Err(error) = serve.await {
                 tracing::error!(%error, "emulator server failed");
             }
@@ -140,18 +134,12 @@ impl EmulatorHandle {
 
     /// The calls of kind [`CallKind::Submit`] (accepted submits, and submits answered by a call-level fault).
     pub fn submits(&self) -> Vec<CallRecord> {
-        self.calls()
-            .into_iter()
-            .filter(|call| call.kind == CallKind::Submit)
-            .collect()
+        self.calls().into_iter().filter(|call| call.kind == CallKind::Submit).collect()
     }
 
     /// The calls of kind [`CallKind::Poll`].
     pub fn polls(&self) -> Vec<CallRecord> {
-        self.calls()
-            .into_iter()
-            .filter(|call| call.kind == CallKind::Poll)
-            .collect()
+        self.calls().into_iter().filter(|call| call.kind == CallKind::Poll).collect()
     }
 
     /// Number of batches accepted since start (resets do not forget batches, and batches that
@@ -182,29 +170,23 @@ impl EmulatorHandle {
 
     /// Changes the per-(account, model) rate limit (`None`: unlimited); the windows start empty.
     pub fn set_rate_limit(&self, rate_limit: Option<RateLimit>) {
-        self.state
-            .update_limits(|limits| limits.rate_limit = rate_limit);
+        self.state.update_limits(|limits| limits.rate_limit = rate_limit);
     }
 
     /// Whether polls count against the rate limit too (by default only submits do).
     pub fn set_limit_polls(&self, limit_polls: bool) {
-        self.state
-            .update_limits(|limits| limits.limit_polls = limit_polls);
+        self.state.update_limits(|limits| limits.limit_polls = limit_polls);
     }
 
     /// Changes how long a finished batch can still be polled (`None`: forever); later polls get 404, code
     /// 7000, and the batch is forgotten. Applies to existing batches too.
     pub fn set_retention(&self, retention: Option<Duration>) {
-        self.state
-            .update_limits(|limits| limits.retention = retention);
+        self.state.update_limits(|limits| limits.retention = retention);
     }
 
     /// Changes how long batches stay queued and running; applies to existing batches too.
     pub fn set_timing(&self, queued_for: Duration, running_for: Duration) {
-        self.state.set_timing(Timing {
-            queued_for,
-            running_for,
-        });
+        self.state.set_timing(Timing { queued_for, running_for });
     }
 
     /// Serves the same emulator (same batches, faults and call log) on one more address, until the handle is
@@ -213,24 +195,18 @@ impl EmulatorHandle {
     pub async fn listen_also(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let app = server::router(Arc::clone(&self.state))
-            .into_make_service_with_connect_info::<Connection>();
+        let app = server::router(Arc::clone(&self.state)).into_make_service_with_connect_info::<Connection>();
         let mut stop = self.extra_stop.subscribe();
         let task = tokio::spawn(async move {
-            let serve = axum::serve(ResettableListener::new(listener), app).with_graceful_shutdown(
-                async move {
-                    // A dropped sender also means stop.
-                    let _ = stop.wait_for(|stopped| *stopped).await;
-                },
-            );
+            let serve = axum::serve(ResettableListener::new(listener), app).with_graceful_shutdown(async move {
+                // A dropped sender also means stop.
+                let _ = stop.wait_for(|stopped| *stopped).await;
+            });
             if let Err(error) = serve.await {
                 tracing::error!(%error, "emulator server failed");
             }
         });
-        self.extra_tasks
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(task);
+        self.extra_tasks.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(task);
         tracing::info!(%addr, "emulator also listening");
         Ok(addr)
     }
@@ -272,28 +248,16 @@ impl EmulatorHandle {
             let _ = shutdown_tx.send(());
         }
         self.extra_stop.send_replace(true);
-        let extra: Vec<JoinHandle<()>> = std::mem::take(
-            &mut *self
-                .extra_tasks
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        );
+        let extra: Vec<JoinHandle<()>> =
+            std::mem::take(&mut *self.extra_tasks.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
         for mut task in extra {
-            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
-                .await
-                .is_err()
-            {
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await.is_err() {
                 task.abort();
             }
         }
         if let Some(mut task) = self.task.take() {
-            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
-                .await
-                .is_err()
-            {
-                tracing::warn!(
-                    "emulator connections still open after the grace period; dropping them"
-                );
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await.is_err() {
+                tracing::warn!("emulator connections still open after the grace period; dropping them");
                 task.abort();
             }
         }
@@ -311,12 +275,7 @@ impl Drop for EmulatorHandle {
             task.abort();
         }
         self.extra_stop.send_replace(true);
-        for task in self
-            .extra_tasks
-            .get_mut()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .drain(..)
-        {
+        for task in self.extra_tasks.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner()).drain(..) {
             task.abort();
         }
     }

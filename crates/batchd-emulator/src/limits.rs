@@ -52,24 +52,12 @@ pub(crate) struct RateLimiter {
 
 impl RateLimiter {
     /// Admits a call for `account` and `model` at `now`, or returns how long until a call would be admitted.
-    pub fn admit(
-        &mut self,
-        account: &str,
-        model: &str,
-        limit: RateLimit,
-        now: Instant,
-    ) -> Result<(), Duration> {
+    pub fn admit(&mut self, account: &str, model: &str, limit: RateLimit, now: Instant) -> Result<(), Duration> {
         if limit.requests == 0 {
             return Err(limit.per);
         }
-        let log = self
-            .admitted
-            .entry((account.to_owned(), model.to_owned()))
-            .or_default();
-        while log
-            .front()
-            .is_some_and(|&at| now.saturating_duration_since(at) >= limit.per)
-        {
+        let log = self.admitted.entry((account.to_owned(), model.to_owned())).or_default();
+        while log.front().is_some_and(|&at| now.saturating_duration_since(at) >= limit.per) {
             log.pop_front();
         }
         match log.front() {
@@ -110,19 +98,13 @@ mod tests {
         let mut limiter = RateLimiter::default();
         assert_eq!(limiter.admit("a", "m", limit, start), Ok(()));
         assert_eq!(limiter.admit("a", "m", limit, start + ms(100)), Ok(()));
-        assert_eq!(
-            limiter.admit("a", "m", limit, start + ms(300)),
-            Err(ms(700))
-        );
+        assert_eq!(limiter.admit("a", "m", limit, start + ms(300)), Err(ms(700)));
         // Other models and accounts have their own windows.
         assert_eq!(limiter.admit("a", "other", limit, start + ms(300)), Ok(()));
         assert_eq!(limiter.admit("b", "m", limit, start + ms(300)), Ok(()));
         // The first call leaves the window at 1000 ms: one slot frees, the second call still counts.
         assert_eq!(limiter.admit("a", "m", limit, start + ms(1000)), Ok(()));
-        assert_eq!(
-            limiter.admit("a", "m", limit, start + ms(1050)),
-            Err(ms(50))
-        );
+        assert_eq!(limiter.admit("a", "m", limit, start + ms(1050)), Err(ms(50)));
         assert_eq!(limiter.admit("a", "m", limit, start + ms(1100)), Ok(()));
     }
 
@@ -133,11 +115,7 @@ mod tests {
         let mut limiter = RateLimiter::default();
         assert_eq!(limiter.admit("a", "m", limit, start), Ok(()));
         for step in 1..10 {
-            assert!(
-                limiter
-                    .admit("a", "m", limit, start + ms(step * 50))
-                    .is_err()
-            );
+            assert!(limiter.admit("a", "m", limit, start + ms(step * 50)).is_err());
         }
         assert_eq!(limiter.admit("a", "m", limit, start + ms(1000)), Ok(()));
         limiter.clear();
@@ -148,10 +126,7 @@ mod tests {
     fn zero_requests_refuses_everything() {
         let mut limiter = RateLimiter::default();
         let limit = RateLimit::new(0, ms(1500));
-        assert_eq!(
-            limiter.admit("a", "m", limit, Instant::now()),
-            Err(ms(1500))
-        );
+        assert_eq!(limiter.admit("a", "m", limit, Instant::now()), Err(ms(1500)));
     }
 
     #[test]

@@ -46,10 +46,7 @@ impl Listener for ResettableListener {
         loop {
             match self.inner.accept().await {
                 Ok((stream, remote)) => {
-                    let stream = ResettableStream {
-                        inner: stream,
-                        reset: Arc::new(AtomicBool::new(false)),
-                    };
+                    let stream = ResettableStream { inner: stream, reset: Arc::new(AtomicBool::new(false)) };
                     return (stream, remote);
                 }
                 Err(error) => {
@@ -84,19 +81,12 @@ impl ResettableStream {
         if let Err(error) = self.inner.set_zero_linger() {
             tracing::debug!(%error, "set SO_LINGER 0");
         }
-        Err(io::Error::new(
-            io::ErrorKind::ConnectionReset,
-            "connection reset by an injected fault",
-        ))
+        Err(io::Error::new(io::ErrorKind::ConnectionReset, "connection reset by an injected fault"))
     }
 }
 
 impl AsyncRead for ResettableStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         this.check_reset()?;
         Pin::new(&mut this.inner).poll_read(cx, buf)
@@ -104,11 +94,7 @@ impl AsyncRead for ResettableStream {
 }
 
 impl AsyncWrite for ResettableStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         this.check_reset()?;
         Pin::new(&mut this.inner).poll_write(cx, buf)
@@ -150,10 +136,7 @@ impl Connected<IncomingStream<'_, ResettableListener>> for Connection {
         let io = stream.io();
         Self {
             remote: *stream.remote_addr(),
-            local: io
-                .inner
-                .local_addr()
-                .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0))),
+            local: io.inner.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0))),
             reset: Arc::clone(&io.reset),
         }
     }

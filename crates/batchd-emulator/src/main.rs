@@ -89,9 +89,9 @@ async fn main() -> anyhow::Result<()> {
         running_for: Duration::from_millis(args.running_ms),
         max_body_bytes: args.max_body_bytes,
         max_items: args.max_items,
-        rate_limit: args.rate_limit_requests.map(|requests| {
-            RateLimit::new(requests, Duration::from_millis(args.rate_limit_per_ms))
-        }),
+        rate_limit: args
+            .rate_limit_requests
+            .map(|requests| RateLimit::new(requests, Duration::from_millis(args.rate_limit_per_ms))),
         limit_polls: args.limit_polls,
         retention: args.retention_ms.map(Duration::from_millis),
         submit_status: args.submit_status,
@@ -99,25 +99,18 @@ async fn main() -> anyhow::Result<()> {
         random_durations: args
             .duration_min_ms
             .zip(args.duration_max_ms)
-            .map(|(min, max)| {
-                DurationRange::new(Duration::from_millis(min), Duration::from_millis(max))
-            }),
+            .map(|(min, max)| DurationRange::new(Duration::from_millis(min), Duration::from_millis(max))),
         random_faults: args.fault_rate.map(RandomFaults::new),
         random_latency: args
             .latency_min_ms
             .zip(args.latency_max_ms)
-            .map(|(min, max)| {
-                DurationRange::new(Duration::from_millis(min), Duration::from_millis(max))
-            }),
+            .map(|(min, max)| DurationRange::new(Duration::from_millis(min), Duration::from_millis(max))),
         seed: args.seed,
     };
     let shutdown = shutdown_signal().context("install signal handlers")?;
-    let handle = Emulator::start(config, args.listen)
-        .await
-        .with_context(|| format!("listen on {}", args.listen))?;
+    let handle = Emulator::start(config, args.listen).await.with_context(|| format!("listen on {}", args.listen))?;
     let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "batchd-emulator listening on {}", handle.base_url())
-        .context("write to stdout")?;
+    writeln!(stdout, "batchd-emulator listening on {}", handle.base_url()).context("write to stdout")?;
     stdout.flush().context("flush stdout")?;
     drop(stdout);
 

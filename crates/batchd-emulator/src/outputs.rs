@@ -30,11 +30,7 @@ pub(crate) struct ItemOutput {
 }
 
 /// Runs the fake model of `family` on one item; `Err` carries the message of a schema error (code 5004).
-pub(crate) fn run_item(
-    model: &str,
-    family: Family,
-    item: &Map<String, Value>,
-) -> Result<ItemOutput, String> {
+pub(crate) fn run_item(model: &str, family: Family, item: &Map<String, Value>) -> Result<ItemOutput, String> {
     match family {
         Family::TextGeneration => text_generation(model, item),
         Family::Embeddings { dim } => embeddings(item, dim),
@@ -129,17 +125,11 @@ fn text_generation(model: &str, item: &Map<String, Value>) -> Result<ItemOutput,
     // gpt-oss models take the Responses-style `input` only; a `messages` item is refused live.
     let takes_input_only = model.contains("gpt-oss");
     let prompt = if takes_input_only {
-        item.get("input")
-            .and_then(text_of_input)
-            .ok_or_else(|| schema_error("expected input"))?
+        item.get("input").and_then(text_of_input).ok_or_else(|| schema_error("expected input"))?
     } else if let Some(prompt) = item.get("prompt") {
-        prompt
-            .as_str()
-            .map(str::to_owned)
-            .ok_or_else(|| schema_error("prompt must be a string"))?
+        prompt.as_str().map(str::to_owned).ok_or_else(|| schema_error("prompt must be a string"))?
     } else if let Some(messages) = item.get("messages") {
-        text_of_messages(messages)
-            .ok_or_else(|| schema_error("messages must be a non-empty array of messages"))?
+        text_of_messages(messages).ok_or_else(|| schema_error("messages must be a non-empty array of messages"))?
     } else if let Some(input) = item.get("input") {
         text_of_input(input).ok_or_else(|| schema_error("expected prompt, messages or input"))?
     } else {
@@ -156,9 +146,7 @@ fn text_generation(model: &str, item: &Map<String, Value>) -> Result<ItemOutput,
 
 /// The text of a chat: the content of the last message, or `None` when not a non-empty list of messages.
 fn text_of_messages(messages: &Value) -> Option<String> {
-    let messages = messages
-        .as_array()
-        .filter(|messages| !messages.is_empty())?;
+    let messages = messages.as_array().filter(|messages| !messages.is_empty())?;
     let mut texts = Vec::with_capacity(messages.len());
     for message in messages {
         texts.push(text_of_content(message.as_object()?.get("content")?)?);
@@ -171,10 +159,7 @@ fn text_of_content(content: &Value) -> Option<String> {
     match content {
         Value::String(text) => Some(text.clone()),
         Value::Array(parts) => {
-            let texts: Vec<&str> = parts
-                .iter()
-                .filter_map(|part| part.get("text").and_then(Value::as_str))
-                .collect();
+            let texts: Vec<&str> = parts.iter().filter_map(|part| part.get("text").and_then(Value::as_str)).collect();
             Some(texts.join(" "))
         }
         _ => None,
@@ -199,9 +184,7 @@ fn texts_of(item: &Map<String, Value>) -> Result<Vec<&str>, String> {
             .map(Value::as_str)
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| schema_error("text must be a string or a list of strings")),
-        _ => Err(schema_error(
-            "text must be a string or a non-empty list of strings",
-        )),
+        _ => Err(schema_error("text must be a string or a non-empty list of strings")),
     }
 }
 
@@ -210,10 +193,7 @@ fn embeddings(item: &Map<String, Value>, dim: usize) -> Result<ItemOutput, Strin
     Ok(ItemOutput {
         prompt_tokens: texts.iter().map(|&text| count_words(text)).sum(),
         completion_tokens: 0,
-        result: ItemResult::Embeddings {
-            dim,
-            seeds: texts.iter().map(|&text| hash_of(&[text])).collect(),
-        },
+        result: ItemResult::Embeddings { dim, seeds: texts.iter().map(|&text| hash_of(&[text])).collect() },
     })
 }
 
@@ -227,20 +207,12 @@ pub(crate) fn embedding(text: &str, dim: usize) -> Vec<f32> {
 fn embedding_of_seed(seed: u64, dim: usize) -> Vec<f32> {
     let mut rng = StdRng::seed_from_u64(seed);
     let raw: Vec<f64> = (0..dim).map(|_| rng.random_range(-1.0..1.0)).collect();
-    let norm = raw
-        .iter()
-        .map(|x| x * x)
-        .sum::<f64>()
-        .sqrt()
-        .max(f64::MIN_POSITIVE);
+    let norm = raw.iter().map(|x| x * x).sum::<f64>().sqrt().max(f64::MIN_POSITIVE);
     raw.iter().map(|x| (x / norm) as f32).collect()
 }
 
 fn rerank(item: &Map<String, Value>) -> Result<ItemOutput, String> {
-    let query = item
-        .get("query")
-        .and_then(Value::as_str)
-        .ok_or_else(|| schema_error("query must be a string"))?;
+    let query = item.get("query").and_then(Value::as_str).ok_or_else(|| schema_error("query must be a string"))?;
     let contexts = item
         .get("contexts")
         .and_then(Value::as_array)
@@ -257,15 +229,8 @@ fn rerank(item: &Map<String, Value>) -> Result<ItemOutput, String> {
         scored.push((id, score(query, text)));
     }
     scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    let response: Vec<Value> = scored
-        .iter()
-        .map(|(id, score)| json!({ "id": id, "score": score }))
-        .collect();
-    Ok(ItemOutput {
-        prompt_tokens,
-        completion_tokens: 0,
-        result: ItemResult::Json(json!({ "response": response })),
-    })
+    let response: Vec<Value> = scored.iter().map(|(id, score)| json!({ "id": id, "score": score })).collect();
+    Ok(ItemOutput { prompt_tokens, completion_tokens: 0, result: ItemResult::Json(json!({ "response": response })) })
 }
 
 /// A relevance score in `0.0..1.0` with four decimals, derived from the query and the context.
@@ -274,18 +239,10 @@ pub(crate) fn score(query: &str, context: &str) -> f64 {
 }
 
 fn translation(item: &Map<String, Value>) -> Result<ItemOutput, String> {
-    let text = item
-        .get("text")
-        .and_then(Value::as_str)
-        .ok_or_else(|| schema_error("text must be a string"))?;
-    let target_lang = item
-        .get("target_lang")
-        .and_then(Value::as_str)
-        .ok_or_else(|| schema_error("target_lang must be a string"))?;
-    if item
-        .get("source_lang")
-        .is_some_and(|lang| !lang.is_string())
-    {
+    let text = item.get("text").and_then(Value::as_str).ok_or_else(|| schema_error("text must be a string"))?;
+    let target_lang =
+        item.get("target_lang").and_then(Value::as_str).ok_or_else(|| schema_error("target_lang must be a string"))?;
+    if item.get("source_lang").is_some_and(|lang| !lang.is_string()) {
         return Err(schema_error("source_lang must be a string"));
     }
     let translated = format!("[{target_lang}] {text}");
@@ -327,16 +284,9 @@ mod tests {
 
     #[test]
     fn text_generation_echoes_the_prompt() {
-        let out = run_item(
-            "@cf/x",
-            Family::TextGeneration,
-            &item(json!({"prompt": "hello there world"})),
-        )
-        .expect("fits");
-        assert_eq!(
-            out.result.to_value(),
-            json!({"response": "echo: hello there world"})
-        );
+        let out =
+            run_item("@cf/x", Family::TextGeneration, &item(json!({"prompt": "hello there world"}))).expect("fits");
+        assert_eq!(out.result.to_value(), json!({"response": "echo: hello there world"}));
         assert_eq!(out.prompt_tokens, 3);
         let out = run_item(
             "@cf/x",
@@ -353,14 +303,7 @@ mod tests {
         assert!(run_item("@cf/openai/gpt-oss-20b", Family::TextGeneration, &messages).is_err());
         let input = item(json!({"input": [{"role": "user", "content": "hi"}]}));
         assert!(run_item("@cf/openai/gpt-oss-20b", Family::TextGeneration, &input).is_ok());
-        assert!(
-            run_item(
-                "@cf/x",
-                Family::TextGeneration,
-                &item(json!({"max_tokens": 3}))
-            )
-            .is_err()
-        );
+        assert!(run_item("@cf/x", Family::TextGeneration, &item(json!({"max_tokens": 3}))).is_err());
     }
 
     #[test]
@@ -370,25 +313,13 @@ mod tests {
         assert_ne!(a, embedding("abd", 384));
         let norm: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
         assert!((norm - 1.0).abs() < 1e-3);
-        let out = run_item(
-            "m",
-            Family::Embeddings { dim: 8 },
-            &item(json!({"text": ["a", "b"]})),
-        )
-        .expect("fits");
+        let out = run_item("m", Family::Embeddings { dim: 8 }, &item(json!({"text": ["a", "b"]}))).expect("fits");
         let result = out.result.to_value();
         assert_eq!(result["shape"], json!([2, 8]));
         assert_eq!(result["data"][1].as_array().map(Vec::len), Some(8));
         let first: Vec<f32> = serde_json::from_value(result["data"][0].clone()).expect("floats");
         assert_eq!(first, embedding("a", 8));
-        assert!(
-            run_item(
-                "m",
-                Family::Embeddings { dim: 8 },
-                &item(json!({"text": []}))
-            )
-            .is_err()
-        );
+        assert!(run_item("m", Family::Embeddings { dim: 8 }, &item(json!({"text": []}))).is_err());
     }
 
     #[test]
@@ -402,10 +333,7 @@ mod tests {
         let result = out.result.to_value();
         let response = result["response"].as_array().expect("array");
         assert_eq!(response.len(), 3);
-        let scores: Vec<f64> = response
-            .iter()
-            .map(|r| r["score"].as_f64().expect("score"))
-            .collect();
+        let scores: Vec<f64> = response.iter().map(|r| r["score"].as_f64().expect("score")).collect();
         assert!(scores.windows(2).all(|w| w[0] >= w[1]));
         assert!(scores.iter().all(|s| (0.0..1.0).contains(s)));
         let out = run_item("m", Family::BgeM3, &item(json!({"text": "a"}))).expect("fits");
@@ -429,10 +357,7 @@ mod tests {
             &item(json!({"text": "hello", "source_lang": "en", "target_lang": "es"})),
         )
         .expect("fits");
-        assert_eq!(
-            out.result.to_value(),
-            json!({"translated_text": "[es] hello"})
-        );
+        assert_eq!(out.result.to_value(), json!({"translated_text": "[es] hello"}));
         assert!(run_item("m", Family::Translation, &item(json!({"text": "hello"}))).is_err());
     }
 }

@@ -62,20 +62,11 @@ struct ApiError {
 
 impl ApiError {
     fn new(status: StatusCode, code: i64, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            code,
-            message: message.into(),
-            retry_after_secs: None,
-        }
+        Self { status, code, message: message.into(), retry_after_secs: None }
     }
 
     fn invalid_data(detail: &str) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            5004,
-            format!("Invalid data: {detail}"),
-        )
+        Self::new(StatusCode::BAD_REQUEST, 5004, format!("Invalid data: {detail}"))
     }
 }
 
@@ -83,9 +74,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = error_response(self.status, self.code, &self.message);
         if let Some(secs) = self.retry_after_secs {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }
@@ -138,12 +127,7 @@ fn success_response(status: StatusCode, result: Success) -> Response {
 }
 
 fn envelope<T: Serialize>(result: &T) -> Envelope<'_, T> {
-    Envelope {
-        result,
-        success: true,
-        errors: [],
-        messages: [],
-    }
+    Envelope { result, success: true, errors: [], messages: [] }
 }
 
 /// What the URL says: account and model, both percent-decoded.
@@ -165,10 +149,7 @@ fn parse_run_path(path: &str) -> Option<RunPath> {
     if account_id.is_empty() || model.is_empty() {
         return None;
     }
-    Some(RunPath {
-        account_id: decode(account_id),
-        model,
-    })
+    Some(RunPath { account_id: decode(account_id), model })
 }
 
 fn has_queue_request(uri: &Uri) -> bool {
@@ -229,29 +210,13 @@ async fn api(
     let mut call = Call {
         record: CallRecord {
             seq: 0,
-            kind: if is_poll {
-                CallKind::Poll
-            } else {
-                CallKind::Submit
-            },
-            model: run_path
-                .as_ref()
-                .map(|path| path.model.clone())
-                .unwrap_or_default(),
-            account_id: run_path
-                .as_ref()
-                .map(|path| path.account_id.clone())
-                .unwrap_or_default(),
-            request_id: object
-                .and_then(|object| object.get("request_id"))
-                .and_then(Value::as_str)
-                .map(str::to_owned),
+            kind: if is_poll { CallKind::Poll } else { CallKind::Submit },
+            model: run_path.as_ref().map(|path| path.model.clone()).unwrap_or_default(),
+            account_id: run_path.as_ref().map(|path| path.account_id.clone()).unwrap_or_default(),
+            request_id: object.and_then(|object| object.get("request_id")).and_then(Value::as_str).map(str::to_owned),
             http_status: 0,
             body_bytes,
-            n_items: object
-                .and_then(|object| object.get("requests"))
-                .and_then(Value::as_array)
-                .map(Vec::len),
+            n_items: object.and_then(|object| object.get("requests")).and_then(Value::as_array).map(Vec::len),
             error_code: None,
             at_ms: 0,
             fault: None,
@@ -291,22 +256,13 @@ async fn api(
                 call.finish(&state, 0, None);
                 return StatusCode::INTERNAL_SERVER_ERROR.into_response();
             }
-            FaultKind::Status {
-                status,
-                code,
-                message,
-                retry_after_secs,
-            } => {
-                let status =
-                    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            FaultKind::Status { status, code, message, retry_after_secs } => {
+                let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
                 let (default_code, default_message) = default_error_for_status(status.as_u16());
                 let code = code.unwrap_or(default_code);
-                let mut response =
-                    error_response(status, code, &message.unwrap_or(default_message));
+                let mut response = error_response(status, code, &message.unwrap_or(default_message));
                 if let Some(secs) = retry_after_secs {
-                    response
-                        .headers_mut()
-                        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+                    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
                 }
                 call.finish(&state, status.as_u16(), Some(code));
                 return response;
@@ -326,9 +282,7 @@ async fn api(
         }
     }
 
-    let outcome = handle_run(
-        &state, &method, &uri, &headers, body_bytes, run_path, parsed, &mut call,
-    );
+    let outcome = handle_run(&state, &method, &uri, &headers, body_bytes, run_path, parsed, &mut call);
     // The call is logged now: if the client goes away while the reply is late (below), the server drops this
     // future, and the batch a submit created must still be on record.
     match &outcome {
@@ -344,12 +298,10 @@ async fn api(
         Ok((status, result)) => match result {
             // Serializing a large completion takes tens of milliseconds: keep it off the async workers.
             Success::Completion(_) => {
-                tokio::task::spawn_blocking(move || success_response(status, result))
-                    .await
-                    .unwrap_or_else(|error| {
-                        tracing::error!(%error, "serialize a completion");
-                        error_response(StatusCode::INTERNAL_SERVER_ERROR, 5001, "Internal error")
-                    })
+                tokio::task::spawn_blocking(move || success_response(status, result)).await.unwrap_or_else(|error| {
+                    tracing::error!(%error, "serialize a completion");
+                    error_response(StatusCode::INTERNAL_SERVER_ERROR, 5001, "Internal error")
+                })
             }
             Success::Value(_) => success_response(status, result),
         },
@@ -378,15 +330,9 @@ fn handle_run(
     let limits = state.limits();
 
     let expected = format!("Bearer {}", config.token);
-    let authorized = headers
-        .get(header::AUTHORIZATION)
-        .is_some_and(|value| value.as_bytes() == expected.as_bytes());
+    let authorized = headers.get(header::AUTHORIZATION).is_some_and(|value| value.as_bytes() == expected.as_bytes());
     if !authorized {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            10000,
-            "Authentication error",
-        ));
+        return Err(ApiError::new(StatusCode::UNAUTHORIZED, 10000, "Authentication error"));
     }
     let unroutable = || {
         let path = uri.path().strip_prefix(API_PREFIX).unwrap_or(uri.path());
@@ -401,32 +347,16 @@ fn handle_run(
         return Err(unroutable());
     }
     if method != Method::POST {
-        return Err(ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            7001,
-            "Method not allowed",
-        ));
+        return Err(ApiError::new(StatusCode::METHOD_NOT_ALLOWED, 7001, "Method not allowed"));
     }
     if body_bytes >= limits.max_body_bytes {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            3006,
-            "Request is too large",
-        ));
+        return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, 3006, "Request is too large"));
     }
     let family = config.family_of(&run_path.model).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            5007,
-            format!("No such model {} or task", run_path.model),
-        )
+        ApiError::new(StatusCode::BAD_REQUEST, 5007, format!("No such model {} or task", run_path.model))
     })?;
     if let Err(wait) = state.admit(&run_path.account_id, &run_path.model, is_poll) {
-        call.record.kind = if is_poll {
-            CallKind::Poll
-        } else {
-            CallKind::Submit
-        };
+        call.record.kind = if is_poll { CallKind::Poll } else { CallKind::Submit };
         call.add_fault("rate_limit");
         return Err(ApiError {
             retry_after_secs: Some(retry_after_secs(wait)),
@@ -434,9 +364,7 @@ fn handle_run(
         });
     }
     let Some(Value::Object(mut object)) = parsed else {
-        return Err(ApiError::invalid_data(
-            "the request body must be a JSON object",
-        ));
+        return Err(ApiError::invalid_data("the request body must be a JSON object"));
     };
 
     if is_poll {
@@ -463,10 +391,7 @@ fn handle_run(
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             3006,
-            format!(
-                "Request is too large: {} items, the limit is {max_items}",
-                requests.len()
-            ),
+            format!("Request is too large: {} items, the limit is {max_items}", requests.len()),
         ));
     }
     let items: Vec<Map<String, Value>> = requests
@@ -474,9 +399,7 @@ fn handle_run(
         .enumerate()
         .map(|(index, item)| match item {
             Value::Object(item) => Ok(item),
-            _ => Err(ApiError::invalid_data(&format!(
-                "requests/{index} must be an object"
-            ))),
+            _ => Err(ApiError::invalid_data(&format!("requests/{index} must be an object"))),
         })
         .collect::<Result<_, _>>()?;
     if !has_queue_request(uri) {
@@ -494,36 +417,16 @@ fn handle_run(
     call.record.kind = CallKind::Submit;
     call.record.request_id = Some(request_id.clone());
     let status = StatusCode::from_u16(config.submit_status).unwrap_or(StatusCode::OK);
-    Ok((
-        status,
-        Success::Value(
-            json!({ "status": "queued", "request_id": request_id, "model": run_path.model }),
-        ),
-    ))
+    Ok((status, Success::Value(json!({ "status": "queued", "request_id": request_id, "model": run_path.model }))))
 }
 
 fn poll(state: &State, request_id: &str) -> Result<(StatusCode, Success), ApiError> {
     match state.poll(request_id) {
-        PollOutcome::NotFound => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            7000,
-            "Request not found",
-        )),
-        PollOutcome::Failed => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            5001,
-            "Model execution failed",
-        )),
+        PollOutcome::NotFound => Err(ApiError::new(StatusCode::NOT_FOUND, 7000, "Request not found")),
+        PollOutcome::Failed => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, 5001, "Model execution failed")),
         PollOutcome::Pending(phase) => {
-            let status = if phase == Phase::Queued {
-                "queued"
-            } else {
-                "running"
-            };
-            Ok((
-                StatusCode::OK,
-                Success::Value(json!({ "status": status, "request_id": request_id })),
-            ))
+            let status = if phase == Phase::Queued { "queued" } else { "running" };
+            Ok((StatusCode::OK, Success::Value(json!({ "status": status, "request_id": request_id }))))
         }
         PollOutcome::Done(completion) => Ok((StatusCode::OK, Success::Completion(completion))),
     }
@@ -539,10 +442,7 @@ enum FaultsBody {
     Many(Vec<Fault>),
 }
 
-async fn add_faults(
-    AxumState(state): AxumState<Shared>,
-    Json(body): Json<FaultsBody>,
-) -> Json<Vec<Fault>> {
+async fn add_faults(AxumState(state): AxumState<Shared>, Json(body): Json<FaultsBody>) -> Json<Vec<Fault>> {
     let faults = match body {
         FaultsBody::One(fault) => vec![fault],
         FaultsBody::Many(faults) => faults,
@@ -605,9 +505,7 @@ struct ConfigChange {
 }
 
 /// Reads a field that is present (possibly `null`) as `Some`; an absent one stays `None` through `default`.
-fn present<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<T>, D::Error> {
+fn present<'de, T: Deserialize<'de>, D: Deserializer<'de>>(deserializer: D) -> Result<Option<T>, D::Error> {
     T::deserialize(deserializer).map(Some)
 }
 
@@ -650,10 +548,9 @@ fn config_view(state: &State) -> ConfigView {
         running_for_ms: millis(timing.running_for),
         max_body_bytes: limits.max_body_bytes,
         max_items: limits.max_items,
-        rate_limit: limits.rate_limit.map(|limit| RateLimitBody {
-            requests: limit.requests,
-            per_ms: millis(limit.per),
-        }),
+        rate_limit: limits
+            .rate_limit
+            .map(|limit| RateLimitBody { requests: limit.requests, per_ms: millis(limit.per) }),
         limit_polls: limits.limit_polls,
         retention_ms: limits.retention.map(millis),
     }
@@ -663,10 +560,7 @@ async fn get_config(AxumState(state): AxumState<Shared>) -> Json<ConfigView> {
     Json(config_view(&state))
 }
 
-async fn set_config(
-    AxumState(state): AxumState<Shared>,
-    Json(change): Json<ConfigChange>,
-) -> Json<ConfigView> {
+async fn set_config(AxumState(state): AxumState<Shared>, Json(change): Json<ConfigChange>) -> Json<ConfigView> {
     let mut timing = state.timing();
     if let Some(ms) = change.queued_for_ms {
         timing.queued_for = Duration::from_millis(ms);
@@ -683,8 +577,8 @@ async fn set_config(
             limits.max_items = max_items;
         }
         if let Some(rate_limit) = change.rate_limit {
-            limits.rate_limit = rate_limit
-                .map(|body| RateLimit::new(body.requests, Duration::from_millis(body.per_ms)));
+            limits.rate_limit =
+                rate_limit.map(|body| RateLimit::new(body.requests, Duration::from_millis(body.per_ms)));
         }
         if let Some(limit_polls) = change.limit_polls {
             limits.limit_polls = limit_polls;
@@ -700,9 +594,7 @@ async fn set_config(
         state.set_random_latency(latency);
     }
     if let Some(faults) = change.random_faults {
-        state.set_random_faults(
-            faults.map(|faults| RandomFaults::new(faults.rate).on(faults.calls)),
-        );
+        state.set_random_faults(faults.map(|faults| RandomFaults::new(faults.rate).on(faults.calls)));
     }
     tracing::info!(?timing, ?limits, "emulator settings changed");
     Json(config_view(&state))
@@ -718,10 +610,7 @@ struct Stats {
 }
 
 async fn stats(AxumState(state): AxumState<Shared>) -> Json<Stats> {
-    Json(Stats {
-        rate_limited: state.rate_limited_count(),
-        batches: state.batch_count(),
-    })
+    Json(Stats { rate_limited: state.rate_limited_count(), batches: state.batch_count() })
 }
 
 async fn reset(AxumState(state): AxumState<Shared>) -> StatusCode {
@@ -751,17 +640,9 @@ mod tests {
 
     #[test]
     fn run_path_decodes_each_model_segment() {
-        let path =
-            parse_run_path("/client/v4/accounts/acc/ai/run/%40cf/baai/bge-m3").expect("routes");
-        assert_eq!(
-            path,
-            RunPath {
-                account_id: "acc".to_owned(),
-                model: "@cf/baai/bge-m3".to_owned()
-            }
-        );
-        let path =
-            parse_run_path("/client/v4/accounts/acc/ai/run/@cf/meta/m2m100-1.2b").expect("routes");
+        let path = parse_run_path("/client/v4/accounts/acc/ai/run/%40cf/baai/bge-m3").expect("routes");
+        assert_eq!(path, RunPath { account_id: "acc".to_owned(), model: "@cf/baai/bge-m3".to_owned() });
+        let path = parse_run_path("/client/v4/accounts/acc/ai/run/@cf/meta/m2m100-1.2b").expect("routes");
         assert_eq!(path.model, "@cf/meta/m2m100-1.2b");
         assert!(parse_run_path("/client/v4/accounts/acc/ai/run/").is_none());
         assert!(parse_run_path("/client/v4/accounts/acc/ai/models").is_none());
@@ -771,12 +652,8 @@ mod tests {
     #[test]
     fn queue_request_is_read_from_the_query() {
         assert!(has_queue_request(&Uri::from_static("/x?queueRequest=true")));
-        assert!(has_queue_request(&Uri::from_static(
-            "/x?a=b&queueRequest=true"
-        )));
-        assert!(!has_queue_request(&Uri::from_static(
-            "/x?queueRequest=false"
-        )));
+        assert!(has_queue_request(&Uri::from_static("/x?a=b&queueRequest=true")));
+        assert!(!has_queue_request(&Uri::from_static("/x?queueRequest=false")));
         assert!(!has_queue_request(&Uri::from_static("/x")));
     }
 }

@@ -96,19 +96,13 @@ impl RandomFault {
     /// The same misbehaviour as an injected fault.
     pub fn as_fault_kind(self) -> FaultKind {
         match self {
-            RandomFault::Status500 => FaultKind::Status {
-                status: 500,
-                code: None,
-                message: None,
-                retry_after_secs: None,
-            },
+            RandomFault::Status500 => {
+                FaultKind::Status { status: 500, code: None, message: None, retry_after_secs: None }
+            }
             RandomFault::Html502 => FaultKind::Html { status: 502 },
-            RandomFault::Status503 => FaultKind::Status {
-                status: 503,
-                code: None,
-                message: None,
-                retry_after_secs: None,
-            },
+            RandomFault::Status503 => {
+                FaultKind::Status { status: 503, code: None, message: None, retry_after_secs: None }
+            }
             RandomFault::Reset => FaultKind::Reset,
         }
     }
@@ -150,9 +144,7 @@ pub(crate) fn expired(elapsed: Duration, timing: Timing, retention: Option<Durat
     let Some(retention) = retention else {
         return false;
     };
-    elapsed
-        .checked_sub(timing.queued_for + timing.running_for)
-        .is_some_and(|done_for| done_for > retention)
+    elapsed.checked_sub(timing.queued_for + timing.running_for).is_some_and(|done_for| done_for > retention)
 }
 
 /// One accepted batch.
@@ -176,10 +168,7 @@ impl Batch {
         match self.duration {
             Some(total) => {
                 let queued_for = total / 4;
-                Timing {
-                    queued_for,
-                    running_for: total - queued_for,
-                }
+                Timing { queued_for, running_for: total - queued_for }
             }
             None => global,
         }
@@ -235,18 +224,11 @@ struct Usage {
 impl Serialize for Completion {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(Some(2))?;
-        let key = if self.results_shape {
-            "results"
-        } else {
-            "responses"
-        };
+        let key = if self.results_shape { "results" } else { "responses" };
         let entries: Vec<EntryView<'_>> = self
             .entries
             .iter()
-            .map(|entry| EntryView {
-                entry,
-                id_key: if self.results_shape { "index" } else { "id" },
-            })
+            .map(|entry| EntryView { entry, id_key: if self.results_shape { "index" } else { "id" } })
             .collect();
         map.serialize_entry(key, &entries)?;
         map.serialize_entry("usage", &self.usage)?;
@@ -274,13 +256,7 @@ impl Serialize for EntryView<'_> {
             }
             Err((code, message)) => {
                 map.serialize_entry("success", &false)?;
-                map.serialize_entry(
-                    "error",
-                    &ItemError {
-                        code: *code,
-                        message,
-                    },
-                )?;
+                map.serialize_entry("error", &ItemError { code: *code, message })?;
             }
         }
         map.serialize_entry("external_reference", &entry.external_reference)?;
@@ -314,10 +290,7 @@ pub(crate) struct BatchPlan {
 
 impl State {
     pub fn new(config: EmulatorConfig) -> Self {
-        let timing = Timing {
-            queued_for: config.queued_for,
-            running_for: config.running_for,
-        };
+        let timing = Timing { queued_for: config.queued_for, running_for: config.running_for };
         let limits = Limits::from_config(&config);
         let random_durations = config.random_durations;
         let random_faults = config.random_faults;
@@ -346,9 +319,7 @@ impl State {
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave the state half-updated in a way that matters here.
-        self.inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn timing(&self) -> Timing {
@@ -385,9 +356,7 @@ impl State {
         if is_poll && !inner.limits.limit_polls {
             return Ok(());
         }
-        let admitted = inner
-            .rate_limiter
-            .admit(account, model, limit, Instant::now());
+        let admitted = inner.rate_limiter.admit(account, model, limit, Instant::now());
         if admitted.is_err() {
             inner.n_rate_limited += 1;
         }
@@ -469,25 +438,17 @@ impl State {
     /// Pending faults, call-level first.
     pub fn pending_faults(&self) -> Vec<Fault> {
         let inner = self.lock();
-        inner
-            .call_faults
-            .iter()
-            .chain(inner.batch_faults.iter())
-            .cloned()
-            .collect()
+        inner.call_faults.iter().chain(inner.batch_faults.iter()).cloned().collect()
     }
 
     /// Takes one use of the oldest call-level fault that matches a call of `kind`.
     pub fn take_call_fault(&self, kind: CallKind) -> Option<FaultKind> {
         let mut inner = self.lock();
-        let position = inner
-            .call_faults
-            .iter()
-            .position(|fault| match fault.calls {
-                Calls::Any => true,
-                Calls::Submit => kind == CallKind::Submit,
-                Calls::Poll => kind == CallKind::Poll,
-            })?;
+        let position = inner.call_faults.iter().position(|fault| match fault.calls {
+            Calls::Any => true,
+            Calls::Submit => kind == CallKind::Submit,
+            Calls::Poll => kind == CallKind::Poll,
+        })?;
         take_one(&mut inner.call_faults, position)
     }
 
@@ -496,11 +457,7 @@ impl State {
         let mut inner = self.lock();
         let mut plan = BatchPlan::default();
         for name in ["fail_items", "drop_items", "results_shape", "fail_batch"] {
-            let Some(position) = inner
-                .batch_faults
-                .iter()
-                .position(|fault| fault.kind.name() == name)
-            else {
+            let Some(position) = inner.batch_faults.iter().position(|fault| fault.kind.name() == name) else {
                 continue;
             };
             let Some(kind) = take_one(&mut inner.batch_faults, position) else {
@@ -530,18 +487,12 @@ impl State {
         let completion = completion(request_id, model, family, items, plan);
         let mut inner = self.lock();
         let duration = match inner.random_durations {
-            Some(range) if range.max > range.min => {
-                Some(inner.rng.random_range(range.min..=range.max))
-            }
+            Some(range) if range.max > range.min => Some(inner.rng.random_range(range.min..=range.max)),
             Some(range) => Some(range.min),
             None => None,
         };
-        let batch = Batch {
-            submitted_at: Instant::now(),
-            failed: plan.fail_batch,
-            duration,
-            completion: Arc::new(completion),
-        };
+        let batch =
+            Batch { submitted_at: Instant::now(), failed: plan.fail_batch, duration, completion: Arc::new(completion) };
         inner.forget_expired();
         inner.n_accepted += 1;
         inner.batches.insert(request_id.to_owned(), batch);
@@ -579,12 +530,7 @@ impl State {
         let mut phases: Vec<(String, Phase)> = inner
             .batches
             .iter()
-            .map(|(id, batch)| {
-                (
-                    id.clone(),
-                    phase(batch.submitted_at.elapsed(), batch.timing(inner.timing)),
-                )
-            })
+            .map(|(id, batch)| (id.clone(), phase(batch.submitted_at.elapsed(), batch.timing(inner.timing))))
             .collect();
         phases.sort();
         phases
@@ -624,11 +570,7 @@ impl Inner {
         };
         let timing = self.timing;
         self.batches.retain(|request_id, batch| {
-            let keep = !expired(
-                batch.submitted_at.elapsed(),
-                batch.timing(timing),
-                Some(retention),
-            );
+            let keep = !expired(batch.submitted_at.elapsed(), batch.timing(timing), Some(retention));
             if !keep {
                 tracing::debug!(%request_id, "batch forgotten after its retention");
             }
@@ -649,11 +591,7 @@ fn take_one(faults: &mut VecDeque<Fault>, position: usize) -> Option<FaultKind> 
 }
 
 fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| {
-            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
-        })
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The order in which item indices appear in a completion: shuffled from the request id, never sorted when n >= 2.
@@ -673,9 +611,7 @@ pub(crate) fn completion(
     mut items: Vec<Map<String, Value>>,
     plan: &BatchPlan,
 ) -> Completion {
-    let mut order: Vec<usize> = (0..items.len())
-        .filter(|index| !plan.drop_items.contains(index))
-        .collect();
+    let mut order: Vec<usize> = (0..items.len()).filter(|index| !plan.drop_items.contains(index)).collect();
     response_order(request_id, &mut order);
     let mut usage = Usage::default();
     let entries: Vec<Entry> = order
@@ -694,19 +630,11 @@ pub(crate) fn completion(
             }
             // Free the item's input now: only the output is kept.
             *item = Map::new();
-            Entry {
-                index,
-                external_reference,
-                outcome: outcome.map(|output| output.result),
-            }
+            Entry { index, external_reference, outcome: outcome.map(|output| output.result) }
         })
         .collect();
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
-    Completion {
-        results_shape: plan.results_shape,
-        entries,
-        usage,
-    }
+    Completion { results_shape: plan.results_shape, entries, usage }
 }
 
 #[cfg(test)]
@@ -716,20 +644,12 @@ mod tests {
     use super::*;
 
     fn items(values: Value) -> Vec<Map<String, Value>> {
-        values
-            .as_array()
-            .expect("array")
-            .iter()
-            .map(|item| item.as_object().cloned().expect("object"))
-            .collect()
+        values.as_array().expect("array").iter().map(|item| item.as_object().cloned().expect("object")).collect()
     }
 
     #[test]
     fn phase_follows_the_clock() {
-        let timing = Timing {
-            queued_for: Duration::from_millis(10),
-            running_for: Duration::from_millis(20),
-        };
+        let timing = Timing { queued_for: Duration::from_millis(10), running_for: Duration::from_millis(20) };
         assert_eq!(phase(Duration::ZERO, timing), Phase::Queued);
         assert_eq!(phase(Duration::from_millis(10), timing), Phase::Running);
         assert_eq!(phase(Duration::from_millis(29), timing), Phase::Running);
@@ -738,23 +658,12 @@ mod tests {
 
     #[test]
     fn expiry_counts_from_the_end_of_running() {
-        let timing = Timing {
-            queued_for: Duration::from_millis(10),
-            running_for: Duration::from_millis(20),
-        };
+        let timing = Timing { queued_for: Duration::from_millis(10), running_for: Duration::from_millis(20) };
         let retention = Some(Duration::from_millis(100));
         assert!(!expired(Duration::from_millis(130), timing, retention));
         assert!(expired(Duration::from_millis(131), timing, retention));
-        assert!(!expired(
-            Duration::from_millis(5),
-            timing,
-            Some(Duration::ZERO)
-        ));
-        assert!(expired(
-            Duration::from_millis(31),
-            timing,
-            Some(Duration::ZERO)
-        ));
+        assert!(!expired(Duration::from_millis(5), timing, Some(Duration::ZERO)));
+        assert!(expired(Duration::from_millis(31), timing, Some(Duration::ZERO)));
         assert!(!expired(Duration::from_secs(3600), timing, None));
     }
 
@@ -780,19 +689,9 @@ mod tests {
             {"prompt": "c", "external_reference": "r2"},
             {"max_tokens": 1}
         ]));
-        let plan = BatchPlan {
-            fail_items: vec![1],
-            drop_items: vec![2],
-            ..BatchPlan::default()
-        };
-        let done = serde_json::to_value(completion(
-            "x",
-            "@cf/m",
-            Family::TextGeneration,
-            items.clone(),
-            &plan,
-        ))
-        .expect("serializes");
+        let plan = BatchPlan { fail_items: vec![1], drop_items: vec![2], ..BatchPlan::default() };
+        let done = serde_json::to_value(completion("x", "@cf/m", Family::TextGeneration, items.clone(), &plan))
+            .expect("serializes");
         let responses = done["responses"].as_array().expect("responses");
         assert_eq!(responses.len(), 3);
         let by_id = |id: u64| responses.iter().find(|r| r["id"] == id).expect("present");
@@ -804,18 +703,9 @@ mod tests {
         assert!(by_id(3).get("result").is_none());
         assert_eq!(done["usage"]["prompt_tokens"], 1);
 
-        let plan = BatchPlan {
-            results_shape: true,
-            ..BatchPlan::default()
-        };
-        let done = serde_json::to_value(completion(
-            "x",
-            "@cf/m",
-            Family::TextGeneration,
-            items,
-            &plan,
-        ))
-        .expect("serializes");
+        let plan = BatchPlan { results_shape: true, ..BatchPlan::default() };
+        let done =
+            serde_json::to_value(completion("x", "@cf/m", Family::TextGeneration, items, &plan)).expect("serializes");
         assert_eq!(done["results"].as_array().expect("results").len(), 4);
         assert!(done["results"][0].get("index").is_some());
     }

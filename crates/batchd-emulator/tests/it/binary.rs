@@ -47,10 +47,7 @@ async fn binary_prints_its_url_serves_and_stops_on_sigterm() {
         .strip_prefix("batchd-emulator listening on ")
         .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
         .to_owned();
-    assert!(
-        base_url.starts_with("http://127.0.0.1:") && base_url.ends_with("/client/v4"),
-        "{base_url}"
-    );
+    assert!(base_url.starts_with("http://127.0.0.1:") && base_url.ends_with("/client/v4"), "{base_url}");
 
     let url = format!("{base_url}/accounts/acc/ai/run/%40cf/meta/m2m100-1.2b?queueRequest=true");
     let body = json!({ "requests": [{ "text": "hi", "source_lang": "en", "target_lang": "de" }] });
@@ -74,40 +71,18 @@ async fn binary_prints_its_url_serves_and_stops_on_sigterm() {
         .expect("poll");
     assert_eq!(response.status(), StatusCode::OK);
     let reply: serde_json::Value = response.json().await.expect("json");
-    assert_eq!(
-        reply["result"]["responses"][0]["result"]["translated_text"],
-        "[de] hi"
-    );
+    assert_eq!(reply["result"]["responses"][0]["result"]["translated_text"], "[de] hi");
     let two_items = json!({ "requests": [{ "text": "a", "target_lang": "de" }, { "text": "b", "target_lang": "de" }] });
-    let response = reqwest::Client::new()
-        .post(&url)
-        .bearer_auth("secret")
-        .json(&two_items)
-        .send()
-        .await
-        .expect("submit");
+    let response =
+        reqwest::Client::new().post(&url).bearer_auth("secret").json(&two_items).send().await.expect("submit");
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
-    let response = reqwest::Client::new()
-        .post(&url)
-        .bearer_auth("secret")
-        .json(&body)
-        .send()
-        .await
-        .expect("submit");
+    let response = reqwest::Client::new().post(&url).bearer_auth("secret").json(&body).send().await.expect("submit");
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     let control = base_url.replace("/client/v4", "/_emulator/stats");
-    let stats: serde_json::Value = reqwest::get(&control)
-        .await
-        .expect("stats")
-        .json()
-        .await
-        .expect("json");
+    let stats: serde_json::Value = reqwest::get(&control).await.expect("stats").json().await.expect("json");
     assert_eq!(stats, json!({ "rate_limited": 1, "batches": 1 }));
 
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("run kill");
+    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("run kill");
     assert!(status.success());
     let exit = tokio::task::spawn_blocking(move || {
         for _ in 0..100 {

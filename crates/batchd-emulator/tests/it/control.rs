@@ -17,27 +17,15 @@ pub(crate) async fn control_post(
     path: &str,
     body: Value,
 ) -> (StatusCode, Value) {
-    let response = reqwest::Client::new()
-        .post(control_url(emulator, path))
-        .json(&body)
-        .send()
-        .await
-        .expect("control reply");
+    let response =
+        reqwest::Client::new().post(control_url(emulator, path)).json(&body).send().await.expect("control reply");
     let status = response.status();
     let bytes = response.bytes().await.expect("body");
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
 }
 
 pub(crate) async fn control_get(emulator: &batchd_emulator::EmulatorHandle, path: &str) -> Value {
-    reqwest::get(control_url(emulator, path))
-        .await
-        .expect("control reply")
-        .json()
-        .await
-        .expect("json")
+    reqwest::get(control_url(emulator, path)).await.expect("control reply").json().await.expect("json")
 }
 
 #[tokio::test]
@@ -67,17 +55,8 @@ async fn faults_can_be_injected_over_http() {
     let body = json!({ "requests": [{ "prompt": "x" }] });
     let reply = post(&emulator, LLAMA, &body).await;
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(
-        reply
-            .headers
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok()),
-        Some("2")
-    );
-    assert_eq!(
-        post(&emulator, LLAMA, &body).await.status,
-        StatusCode::BAD_GATEWAY
-    );
+    assert_eq!(reply.headers.get("retry-after").and_then(|v| v.to_str().ok()), Some("2"));
+    assert_eq!(post(&emulator, LLAMA, &body).await.status, StatusCode::BAD_GATEWAY);
 
     let (status, _) = control_post(&emulator, "faults", json!({ "kind": "nonsense" })).await;
     assert!(status.is_client_error());
@@ -91,16 +70,8 @@ async fn config_changes_timing_at_runtime() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(timing["queued_for_ms"], 0);
     assert_eq!(timing["running_for_ms"], FOREVER.as_millis() as u64);
-    assert_eq!(
-        poll(&emulator, LLAMA, &request_id).await.body["result"]["status"],
-        "running"
-    );
-    control_post(
-        &emulator,
-        "config",
-        json!({ "queued_for_ms": 0, "running_for_ms": 0 }),
-    )
-    .await;
+    assert_eq!(poll(&emulator, LLAMA, &request_id).await.body["result"]["status"], "running");
+    control_post(&emulator, "config", json!({ "queued_for_ms": 0, "running_for_ms": 0 })).await;
     assert!(poll(&emulator, LLAMA, &request_id).await.body["result"]["responses"].is_array());
     assert_eq!(
         control_get(&emulator, "config").await,
@@ -120,35 +91,19 @@ async fn config_changes_timing_at_runtime() {
     let (status, _) = control_post(&emulator, "config", json!({ "queued_for": 0 })).await;
     assert!(status.is_client_error(), "unknown fields are refused");
     let batches = control_get(&emulator, "batches").await;
-    assert_eq!(
-        batches,
-        json!([{ "request_id": request_id, "status": "done" }])
-    );
+    assert_eq!(batches, json!([{ "request_id": request_id, "status": "done" }]));
 }
 
 #[tokio::test]
 async fn call_log_records_every_api_call() {
     let emulator = start_paused().await;
-    let request_id = submit(
-        &emulator,
-        "@cf/baai/bge-m3",
-        json!([{ "text": "a" }, { "text": "b" }]),
-    )
-    .await;
+    let request_id = submit(&emulator, "@cf/baai/bge-m3", json!([{ "text": "a" }, { "text": "b" }])).await;
     poll(&emulator, "@cf/baai/bge-m3", &request_id).await;
-    post(
-        &emulator,
-        "@cf/unknown/model",
-        &json!({ "requests": [{ "text": "a" }] }),
-    )
-    .await;
+    post(&emulator, "@cf/unknown/model", &json!({ "requests": [{ "text": "a" }] })).await;
 
     let calls = emulator.calls();
     assert_eq!(calls.len(), 3);
-    assert_eq!(
-        calls.iter().map(|c| c.seq).collect::<Vec<_>>(),
-        vec![1, 2, 3]
-    );
+    assert_eq!(calls.iter().map(|c| c.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
     let submit_call = &calls[0];
     assert_eq!(submit_call.kind, CallKind::Submit);
     assert_eq!(submit_call.model, "@cf/baai/bge-m3");
@@ -181,11 +136,7 @@ async fn reset_clears_faults_and_log_but_keeps_batches() {
     let request_id = submit(&emulator, LLAMA, json!([{ "prompt": "x" }])).await;
     emulator.inject(Fault::status(500).times(5));
     emulator.inject(Fault::fail_batch());
-    let response = reqwest::Client::new()
-        .post(control_url(&emulator, "reset"))
-        .send()
-        .await
-        .expect("reply");
+    let response = reqwest::Client::new().post(control_url(&emulator, "reset")).send().await.expect("reply");
     assert!(response.status().is_success());
     assert!(emulator.calls().is_empty());
     assert!(emulator.pending_faults().is_empty());
@@ -205,8 +156,6 @@ async fn shutdown_stops_serving() {
     let emulator = start_paused().await;
     let addr = emulator.addr();
     submit(&emulator, LLAMA, json!([{ "prompt": "x" }])).await;
-    tokio::time::timeout(Duration::from_secs(10), emulator.shutdown())
-        .await
-        .expect("shutdown in time");
+    tokio::time::timeout(Duration::from_secs(10), emulator.shutdown()).await.expect("shutdown in time");
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }

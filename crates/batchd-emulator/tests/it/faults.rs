@@ -10,38 +10,21 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::{LLAMA, finish_and_poll, poll, post, post_raw, run_url, start_paused, submit};
 
 fn prompts(n: usize) -> Value {
-    (0..n)
-        .map(|i| json!({ "prompt": format!("p{i}"), "external_reference": format!("r{i}") }))
-        .collect()
+    (0..n).map(|i| json!({ "prompt": format!("p{i}"), "external_reference": format!("r{i}") })).collect()
 }
 
 #[tokio::test]
 async fn status_fault_hits_matching_calls_times_n_with_retry_after() {
     let emulator = start_paused().await;
-    emulator.inject(
-        Fault::status(429)
-            .code(3040)
-            .retry_after(2)
-            .on(Calls::Submit)
-            .times(2),
-    );
+    emulator.inject(Fault::status(429).code(3040).retry_after(2).on(Calls::Submit).times(2));
     let request_body = json!({ "requests": prompts(1) });
 
     for _ in 0..2 {
         let reply = post(&emulator, LLAMA, &request_body).await;
         assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(reply.error_code(), 3040);
-        assert_eq!(
-            reply.body["errors"][0]["message"],
-            "Capacity temporarily exceeded, please try again."
-        );
-        assert_eq!(
-            reply
-                .headers
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok()),
-            Some("2")
-        );
+        assert_eq!(reply.body["errors"][0]["message"], "Capacity temporarily exceeded, please try again.");
+        assert_eq!(reply.headers.get("retry-after").and_then(|v| v.to_str().ok()), Some("2"));
     }
     let request_id = submit(&emulator, LLAMA, prompts(1)).await;
     // A submit-only fault never hits polls.
@@ -77,21 +60,11 @@ async fn status_fault_without_code_gets_a_default_and_poll_faults_hit_polls() {
 async fn html_fault_answers_a_proxy_page() {
     let emulator = start_paused().await;
     emulator.inject(Fault::html(502));
-    let reply = post_raw(
-        &run_url(&emulator, LLAMA),
-        emulator.token(),
-        json!({ "requests": prompts(1) }).to_string(),
-    )
-    .await
-    .expect("reply");
+    let reply = post_raw(&run_url(&emulator, LLAMA), emulator.token(), json!({ "requests": prompts(1) }).to_string())
+        .await
+        .expect("reply");
     assert_eq!(reply.status, StatusCode::BAD_GATEWAY);
-    assert_eq!(
-        reply
-            .headers
-            .get("content-type")
-            .and_then(|v| v.to_str().ok()),
-        Some("text/html")
-    );
+    assert_eq!(reply.headers.get("content-type").and_then(|v| v.to_str().ok()), Some("text/html"));
     assert_eq!(reply.body, Value::Null, "the body is not JSON");
     let text = reqwest::Client::new()
         .post(run_url(&emulator, LLAMA))
@@ -119,13 +92,9 @@ async fn html_fault_answers_a_proxy_page() {
 async fn reset_fault_closes_the_connection_without_a_reply_for_reqwest() {
     let emulator = start_paused().await;
     emulator.inject(Fault::reset().on(Calls::Submit));
-    let error = post_raw(
-        &run_url(&emulator, LLAMA),
-        emulator.token(),
-        json!({ "requests": prompts(1) }).to_string(),
-    )
-    .await
-    .expect_err("the connection must fail");
+    let error = post_raw(&run_url(&emulator, LLAMA), emulator.token(), json!({ "requests": prompts(1) }).to_string())
+        .await
+        .expect_err("the connection must fail");
     assert!(error.status().is_none(), "{error:?}");
     assert!(error.is_request() || error.is_connect(), "{error:?}");
 
@@ -152,22 +121,13 @@ async fn reset_fault_is_a_tcp_reset_on_a_raw_socket() {
         emulator.token(),
         body.len(),
     );
-    let mut stream = tokio::net::TcpStream::connect(emulator.addr())
-        .await
-        .expect("connect");
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .expect("write request");
+    let mut stream = tokio::net::TcpStream::connect(emulator.addr()).await.expect("connect");
+    stream.write_all(request.as_bytes()).await.expect("write request");
     let mut received = Vec::new();
     let outcome = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut received))
         .await
         .expect("the server must close the connection");
-    assert!(
-        received.is_empty(),
-        "no HTTP bytes may arrive: {:?}",
-        String::from_utf8_lossy(&received)
-    );
+    assert!(received.is_empty(), "no HTTP bytes may arrive: {:?}", String::from_utf8_lossy(&received));
     let error = outcome.expect_err("a reset, not a clean close");
     assert_eq!(error.kind(), std::io::ErrorKind::ConnectionReset);
 }
@@ -189,14 +149,8 @@ async fn call_faults_are_used_in_order() {
     emulator.inject(Fault::status(503));
     emulator.inject(Fault::status(429));
     let body = json!({ "requests": prompts(1) });
-    assert_eq!(
-        post(&emulator, LLAMA, &body).await.status,
-        StatusCode::SERVICE_UNAVAILABLE
-    );
-    assert_eq!(
-        post(&emulator, LLAMA, &body).await.status,
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    assert_eq!(post(&emulator, LLAMA, &body).await.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(post(&emulator, LLAMA, &body).await.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(post(&emulator, LLAMA, &body).await.status, StatusCode::OK);
 }
 
@@ -207,20 +161,12 @@ async fn fail_items_and_drop_items_shape_the_next_batch() {
     emulator.inject(Fault::drop_items([2]));
     let request_id = submit(&emulator, LLAMA, prompts(5)).await;
     let clean_id = submit(&emulator, LLAMA, prompts(5)).await;
-    assert_eq!(
-        emulator.submits()[0].fault.as_deref(),
-        Some("fail_items+drop_items")
-    );
+    assert_eq!(emulator.submits()[0].fault.as_deref(), Some("fail_items+drop_items"));
 
     let reply = finish_and_poll(&emulator, LLAMA, &request_id).await;
     assert_eq!(reply.status, StatusCode::OK);
-    let responses = reply.body["result"]["responses"]
-        .as_array()
-        .expect("responses");
-    let mut ids: Vec<u64> = responses
-        .iter()
-        .map(|r| r["id"].as_u64().expect("id"))
-        .collect();
+    let responses = reply.body["result"]["responses"].as_array().expect("responses");
+    let mut ids: Vec<u64> = responses.iter().map(|r| r["id"].as_u64().expect("id")).collect();
     ids.sort();
     assert_eq!(ids, vec![0, 1, 3, 4]);
     for response in responses {
@@ -232,9 +178,7 @@ async fn fail_items_and_drop_items_shape_the_next_batch() {
     }
 
     let reply = poll(&emulator, LLAMA, &clean_id).await;
-    let responses = reply.body["result"]["responses"]
-        .as_array()
-        .expect("responses");
+    let responses = reply.body["result"]["responses"].as_array().expect("responses");
     assert_eq!(responses.len(), 5);
     assert!(responses.iter().all(|r| r["success"] == true));
 }
@@ -254,10 +198,5 @@ async fn fail_batch_answers_500_5001_forever_once_done() {
         assert_eq!(reply.body["errors"][0]["message"], "Model execution failed");
     }
     let polls = emulator.polls();
-    assert!(
-        polls
-            .iter()
-            .skip(1)
-            .all(|call| call.kind == CallKind::Poll && call.http_status == 500)
-    );
+    assert!(polls.iter().skip(1).all(|call| call.kind == CallKind::Poll && call.http_status == 500));
 }

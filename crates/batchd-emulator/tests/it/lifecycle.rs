@@ -9,7 +9,9 @@ use serde_json::{Value, json};
 use crate::{FOREVER, LLAMA, finish_and_poll, poll, post, post_raw, start, start_paused, submit};
 
 fn prompts(n: usize) -> Value {
-    (0..n).map(|i| json!({ "prompt": format!("prompt number {i}"), "external_reference": format!("ref-{i}") })).collect()
+    (0..n)
+        .map(|i| json!({ "prompt": format!("prompt number {i}"), "external_reference": format!("ref-{i}") }))
+        .collect()
 }
 
 #[tokio::test]
@@ -22,9 +24,7 @@ async fn submit_reply_matches_the_documented_envelope() {
     assert_eq!(reply.body["messages"], json!([]));
     assert_eq!(reply.body["result"]["status"], "queued");
     assert_eq!(reply.body["result"]["model"], LLAMA);
-    let request_id = reply.body["result"]["request_id"]
-        .as_str()
-        .expect("request id");
+    let request_id = reply.body["result"]["request_id"].as_str().expect("request id");
     assert!(uuid::Uuid::parse_str(request_id).is_ok(), "{request_id}");
     assert_eq!(emulator.batch_count(), 1);
 }
@@ -36,10 +36,7 @@ async fn poll_goes_queued_running_done_on_the_emulator_clock() {
 
     let reply = poll(&emulator, LLAMA, &request_id).await;
     assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(
-        reply.body["result"],
-        json!({ "status": "queued", "request_id": request_id })
-    );
+    assert_eq!(reply.body["result"], json!({ "status": "queued", "request_id": request_id }));
 
     emulator.set_timing(Duration::ZERO, FOREVER);
     let reply = poll(&emulator, LLAMA, &request_id).await;
@@ -48,18 +45,10 @@ async fn poll_goes_queued_running_done_on_the_emulator_clock() {
     let reply = finish_and_poll(&emulator, LLAMA, &request_id).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.body["success"], true);
-    let responses = reply.body["result"]["responses"]
-        .as_array()
-        .expect("responses");
-    let ids: Vec<u64> = responses
-        .iter()
-        .map(|r| r["id"].as_u64().expect("id"))
-        .collect();
+    let responses = reply.body["result"]["responses"].as_array().expect("responses");
+    let ids: Vec<u64> = responses.iter().map(|r| r["id"].as_u64().expect("id")).collect();
     assert_eq!(ids.len(), 5);
-    assert!(
-        !ids.is_sorted(),
-        "responses must come back shuffled: {ids:?}"
-    );
+    assert!(!ids.is_sorted(), "responses must come back shuffled: {ids:?}");
     let mut sorted = ids.clone();
     sorted.sort();
     assert_eq!(sorted, vec![0, 1, 2, 3, 4]);
@@ -67,10 +56,7 @@ async fn poll_goes_queued_running_done_on_the_emulator_clock() {
         let id = response["id"].as_u64().expect("id");
         assert_eq!(response["success"], true);
         assert_eq!(response["external_reference"], format!("ref-{id}"));
-        assert_eq!(
-            response["result"]["response"],
-            format!("echo: prompt number {id}")
-        );
+        assert_eq!(response["result"]["response"], format!("echo: prompt number {id}"));
     }
     let usage = &reply.body["result"]["usage"];
     assert_eq!(usage["prompt_tokens"], 15);
@@ -95,20 +81,14 @@ async fn batches_finish_in_real_time() {
     let mut seen = Vec::new();
     loop {
         let reply = poll(&emulator, LLAMA, &request_id).await;
-        let status = reply.body["result"]["status"]
-            .as_str()
-            .unwrap_or("done")
-            .to_owned();
+        let status = reply.body["result"]["status"].as_str().unwrap_or("done").to_owned();
         if seen.last() != Some(&status) {
             seen.push(status.clone());
         }
         if status == "done" {
             break;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "never finished: {seen:?}"
-        );
+        assert!(started.elapsed() < Duration::from_secs(5), "never finished: {seen:?}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(started.elapsed() >= Duration::from_millis(80));
@@ -120,29 +100,15 @@ async fn batches_finish_in_real_time() {
 async fn poll_without_queue_request_and_unencoded_model_work() {
     let emulator = start_paused().await;
     let request_id = submit(&emulator, "@cf/baai/bge-m3", json!([{ "text": "a" }])).await;
-    let url = format!(
-        "{}/accounts/{}/ai/run/@cf/baai/bge-m3",
-        emulator.base_url(),
-        emulator.account_id()
-    );
-    let reply = post_raw(
-        &url,
-        emulator.token(),
-        json!({ "request_id": request_id }).to_string(),
-    )
-    .await
-    .expect("reply");
+    let url = format!("{}/accounts/{}/ai/run/@cf/baai/bge-m3", emulator.base_url(), emulator.account_id());
+    let reply = post_raw(&url, emulator.token(), json!({ "request_id": request_id }).to_string()).await.expect("reply");
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.body["result"]["status"], "queued");
 }
 
 #[tokio::test]
 async fn submit_status_can_be_202() {
-    let emulator = start(EmulatorConfig {
-        submit_status: 202,
-        ..EmulatorConfig::default()
-    })
-    .await;
+    let emulator = start(EmulatorConfig { submit_status: 202, ..EmulatorConfig::default() }).await;
     let reply = post(&emulator, LLAMA, &json!({ "requests": prompts(1) })).await;
     assert_eq!(reply.status, StatusCode::ACCEPTED);
     assert_eq!(reply.body["result"]["status"], "queued");
@@ -157,17 +123,10 @@ async fn results_shape_keys_items_by_index() {
     let reply = finish_and_poll(&emulator, LLAMA, &first).await;
     let results = reply.body["result"]["results"].as_array().expect("results");
     assert!(reply.body["result"].get("responses").is_none());
-    let indices: Vec<u64> = results
-        .iter()
-        .map(|r| r["index"].as_u64().expect("index"))
-        .collect();
+    let indices: Vec<u64> = results.iter().map(|r| r["index"].as_u64().expect("index")).collect();
     assert_eq!(indices.len(), 4);
     assert!(!indices.is_sorted());
-    assert!(
-        results
-            .iter()
-            .all(|r| r.get("id").is_none() && r["success"] == true)
-    );
+    assert!(results.iter().all(|r| r.get("id").is_none() && r["success"] == true));
     assert_eq!(reply.body["result"]["usage"]["prompt_tokens"], 12);
     // The fault applied to one batch only.
     let reply = poll(&emulator, LLAMA, &second).await;
@@ -177,12 +136,8 @@ async fn results_shape_keys_items_by_index() {
 #[tokio::test]
 async fn each_family_gets_its_own_output() {
     let emulator = start_paused().await;
-    let small = submit(
-        &emulator,
-        "@cf/baai/bge-small-en-v1.5",
-        json!([{ "text": ["a b", "c"] }, { "text": "d" }]),
-    )
-    .await;
+    let small =
+        submit(&emulator, "@cf/baai/bge-small-en-v1.5", json!([{ "text": ["a b", "c"] }, { "text": "d" }])).await;
     let m3 = submit(
         &emulator,
         "@cf/baai/bge-m3",
@@ -215,10 +170,7 @@ async fn each_family_gets_its_own_output() {
     let reply = finish_and_poll(&emulator, "@cf/baai/bge-small-en-v1.5", &small).await;
     let first = by_id(&reply, 0);
     assert_eq!(first["result"]["shape"], json!([2, 384]));
-    assert_eq!(
-        first["result"]["data"][1].as_array().expect("vector").len(),
-        384
-    );
+    assert_eq!(first["result"]["data"][1].as_array().expect("vector").len(), 384);
     assert_eq!(by_id(&reply, 1)["result"]["shape"], json!([1, 384]));
 
     let reply = poll(&emulator, "@cf/baai/bge-m3", &m3).await;
@@ -226,17 +178,10 @@ async fn each_family_gets_its_own_output() {
     assert_eq!(item["external_reference"], "m");
     let scores = item["result"]["response"].as_array().expect("scores");
     assert_eq!(scores.len(), 3);
-    assert!(
-        scores
-            .windows(2)
-            .all(|w| w[0]["score"].as_f64() >= w[1]["score"].as_f64())
-    );
+    assert!(scores.windows(2).all(|w| w[0]["score"].as_f64() >= w[1]["score"].as_f64()));
 
     let reply = poll(&emulator, "@cf/meta/m2m100-1.2b", &m2m).await;
-    assert_eq!(
-        by_id(&reply, 0)["result"],
-        json!({ "translated_text": "[fr] hello" })
-    );
+    assert_eq!(by_id(&reply, 0)["result"], json!({ "translated_text": "[fr] hello" }));
 
     let reply = poll(&emulator, "@cf/openai/gpt-oss-20b", &oss).await;
     assert_eq!(by_id(&reply, 0)["result"]["response"], "echo: hi");
@@ -254,39 +199,27 @@ async fn same_input_gives_same_output_across_batches() {
     let second = submit(&emulator, "@cf/baai/bge-base-en-v1.5", items).await;
     let a = finish_and_poll(&emulator, "@cf/baai/bge-base-en-v1.5", &first).await;
     let b = poll(&emulator, "@cf/baai/bge-base-en-v1.5", &second).await;
-    assert_eq!(
-        a.body["result"]["responses"][0]["result"],
-        b.body["result"]["responses"][0]["result"]
-    );
+    assert_eq!(a.body["result"]["responses"][0]["result"], b.body["result"]["responses"][0]["result"]);
 }
 
 #[tokio::test]
 async fn extra_models_are_routed() {
     let config = EmulatorConfig {
-        extra_models: vec![(
-            "@cf/test/tiny".to_owned(),
-            batchd_emulator::Family::Embeddings { dim: 3 },
-        )],
+        extra_models: vec![("@cf/test/tiny".to_owned(), batchd_emulator::Family::Embeddings { dim: 3 })],
         queued_for: FOREVER,
         ..EmulatorConfig::default()
     };
     let emulator = start(config).await;
     let request_id = submit(&emulator, "@cf/test/tiny", json!([{ "text": "x" }])).await;
     let reply = finish_and_poll(&emulator, "@cf/test/tiny", &request_id).await;
-    assert_eq!(
-        reply.body["result"]["responses"][0]["result"]["shape"],
-        json!([1, 3])
-    );
+    assert_eq!(reply.body["result"]["responses"][0]["result"]["shape"], json!([1, 3]));
 }
 
 #[tokio::test]
 async fn extra_models_override_default_ones() {
     // Small vectors keep polls of very large embedding batches cheap.
     let config = EmulatorConfig {
-        extra_models: vec![(
-            "@cf/baai/bge-small-en-v1.5".to_owned(),
-            batchd_emulator::Family::Embeddings { dim: 4 },
-        )],
+        extra_models: vec![("@cf/baai/bge-small-en-v1.5".to_owned(), batchd_emulator::Family::Embeddings { dim: 4 })],
         queued_for: FOREVER,
         ..EmulatorConfig::default()
     };

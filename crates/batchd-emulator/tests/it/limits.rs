@@ -15,36 +15,21 @@ use crate::{
 const BGE_SMALL: &str = "@cf/baai/bge-small-en-v1.5";
 
 fn prompts(n: usize) -> Value {
-    Value::Array(
-        (0..n)
-            .map(|i| json!({ "prompt": format!("p{i}") }))
-            .collect(),
-    )
+    Value::Array((0..n).map(|i| json!({ "prompt": format!("p{i}") })).collect())
 }
 
 fn retry_after(reply: &crate::Reply) -> Option<&str> {
-    reply
-        .headers
-        .get("retry-after")
-        .and_then(|value| value.to_str().ok())
+    reply.headers.get("retry-after").and_then(|value| value.to_str().ok())
 }
 
 #[tokio::test]
 async fn item_cap_is_413_3006_and_both_caps_change_at_runtime() {
-    let emulator = start(EmulatorConfig {
-        queued_for: FOREVER,
-        max_items: Some(3),
-        ..EmulatorConfig::default()
-    })
-    .await;
+    let emulator = start(EmulatorConfig { queued_for: FOREVER, max_items: Some(3), ..EmulatorConfig::default() }).await;
     submit(&emulator, LLAMA, prompts(3)).await;
     let reply = post(&emulator, LLAMA, &json!({ "requests": prompts(4) })).await;
     assert_eq!(reply.status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(reply.error_code(), 3006);
-    assert_eq!(
-        reply.body["errors"][0]["message"],
-        "Request is too large: 4 items, the limit is 3"
-    );
+    assert_eq!(reply.body["errors"][0]["message"], "Request is too large: 4 items, the limit is 3");
     let call = emulator.calls().pop().expect("a call");
     assert_eq!(call.kind, CallKind::Rejected);
     assert_eq!(call.n_items, Some(4));
@@ -62,27 +47,14 @@ async fn item_cap_is_413_3006_and_both_caps_change_at_runtime() {
     assert_eq!(view["max_body_bytes"], 10_000_000);
     submit(&emulator, LLAMA, prompts(50)).await;
 
-    let (_, view) = control_post(
-        &emulator,
-        "config",
-        json!({ "max_body_bytes": 100, "max_items": 2 }),
-    )
-    .await;
+    let (_, view) = control_post(&emulator, "config", json!({ "max_body_bytes": 100, "max_items": 2 })).await;
     assert_eq!(view["max_body_bytes"], 100);
     assert_eq!(view["max_items"], 2);
-    let reply = post(
-        &emulator,
-        LLAMA,
-        &json!({ "requests": [{ "prompt": "x".repeat(100) }] }),
-    )
-    .await;
+    let reply = post(&emulator, LLAMA, &json!({ "requests": [{ "prompt": "x".repeat(100) }] })).await;
     assert_eq!(reply.status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(reply.body["errors"][0]["message"], "Request is too large");
     let reply = post(&emulator, LLAMA, &json!({ "requests": prompts(3) })).await;
-    assert_eq!(
-        reply.body["errors"][0]["message"],
-        "Request is too large: 3 items, the limit is 2"
-    );
+    assert_eq!(reply.body["errors"][0]["message"], "Request is too large: 3 items, the limit is 2");
     assert_eq!(control_get(&emulator, "config").await["max_items"], 2);
 }
 
@@ -99,26 +71,16 @@ async fn rate_limit_is_429_3040_with_retry_after_per_account_and_model() {
     let reply = post(&emulator, LLAMA, &json!({ "requests": prompts(1) })).await;
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(reply.error_code(), 3040);
-    assert_eq!(
-        reply.body["errors"][0]["message"],
-        "Capacity temporarily exceeded, please try again."
-    );
+    assert_eq!(reply.body["errors"][0]["message"], "Capacity temporarily exceeded, please try again.");
     // The first submit leaves the one-minute window in just under 60 s: rounded up.
-    let wait: u64 = retry_after(&reply)
-        .expect("Retry-After")
-        .parse()
-        .expect("seconds");
+    let wait: u64 = retry_after(&reply).expect("Retry-After").parse().expect("seconds");
     assert!((58..=60).contains(&wait), "{wait}");
 
     // Another model has its own window, and polls are not limited by default.
     submit(&emulator, BGE_SMALL, json!([{ "text": "a" }])).await;
     assert_eq!(poll(&emulator, LLAMA, &first).await.status, StatusCode::OK);
 
-    let limited = emulator
-        .calls()
-        .into_iter()
-        .find(|call| call.http_status == 429)
-        .expect("the 429 is logged");
+    let limited = emulator.calls().into_iter().find(|call| call.http_status == 429).expect("the 429 is logged");
     assert_eq!(limited.kind, CallKind::Submit);
     assert_eq!(limited.fault.as_deref(), Some("rate_limit"));
     assert_eq!(limited.error_code, Some(3040));
@@ -126,19 +88,11 @@ async fn rate_limit_is_429_3040_with_retry_after_per_account_and_model() {
     assert_eq!(limited.n_items, Some(1));
     assert_eq!(emulator.submits().len(), 4);
     assert_eq!(emulator.rate_limited_count(), 1);
-    assert_eq!(
-        control_get(&emulator, "stats").await,
-        json!({ "rate_limited": 1, "batches": 3 })
-    );
+    assert_eq!(control_get(&emulator, "stats").await, json!({ "rate_limited": 1, "batches": 3 }));
 
     // An injected 429 is not the limiter's.
     emulator.inject(Fault::status(429).code(3040));
-    let reply = post(
-        &emulator,
-        BGE_SMALL,
-        &json!({ "requests": [{ "text": "a" }] }),
-    )
-    .await;
+    let reply = post(&emulator, BGE_SMALL, &json!({ "requests": [{ "text": "a" }] })).await;
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(emulator.rate_limited_count(), 1);
 
@@ -165,12 +119,8 @@ async fn rate_limit_is_429_3040_with_retry_after_per_account_and_model() {
 #[tokio::test]
 async fn rate_limit_changes_at_runtime_and_frees_after_its_window() {
     let emulator = start_paused().await;
-    let (status, view) = control_post(
-        &emulator,
-        "config",
-        json!({ "rate_limit": { "requests": 1, "per_ms": 300 } }),
-    )
-    .await;
+    let (status, view) =
+        control_post(&emulator, "config", json!({ "rate_limit": { "requests": 1, "per_ms": 300 } })).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(view["rate_limit"], json!({ "requests": 1, "per_ms": 300 }));
     assert_eq!(view["limit_polls"], false);
@@ -189,19 +139,9 @@ async fn rate_limit_changes_at_runtime_and_frees_after_its_window() {
         submit(&emulator, LLAMA, prompts(1)).await;
     }
     emulator.set_rate_limit(Some(RateLimit::new(0, Duration::from_millis(1500))));
-    let reply = post(
-        &emulator,
-        BGE_SMALL,
-        &json!({ "requests": [{ "text": "a" }] }),
-    )
-    .await;
+    let reply = post(&emulator, BGE_SMALL, &json!({ "requests": [{ "text": "a" }] })).await;
     assert_eq!(retry_after(&reply), Some("2"));
-    let (_, view) = control_post(
-        &emulator,
-        "config",
-        json!({ "rate_limit": null, "limit_polls": true }),
-    )
-    .await;
+    let (_, view) = control_post(&emulator, "config", json!({ "rate_limit": null, "limit_polls": true })).await;
     assert_eq!(view["rate_limit"], Value::Null);
     assert_eq!(view["limit_polls"], true);
     submit(&emulator, BGE_SMALL, json!([{ "text": "a" }])).await;
@@ -241,17 +181,11 @@ async fn finished_batches_are_forgotten_after_the_retention() {
     let (_, view) = control_post(&emulator, "config", json!({ "retention_ms": 0 })).await;
     assert_eq!(view["retention_ms"], 0);
     let request_id = submit(&emulator, LLAMA, prompts(1)).await;
-    assert_eq!(
-        poll(&emulator, LLAMA, &request_id).await.status,
-        StatusCode::NOT_FOUND
-    );
+    assert_eq!(poll(&emulator, LLAMA, &request_id).await.status, StatusCode::NOT_FOUND);
     let (_, view) = control_post(&emulator, "config", json!({ "retention_ms": null })).await;
     assert_eq!(view["retention_ms"], Value::Null);
     let request_id = submit(&emulator, LLAMA, prompts(1)).await;
-    assert_eq!(
-        poll(&emulator, LLAMA, &request_id).await.status,
-        StatusCode::OK
-    );
+    assert_eq!(poll(&emulator, LLAMA, &request_id).await.status, StatusCode::OK);
 }
 
 #[tokio::test]
@@ -259,25 +193,13 @@ async fn call_log_body_bytes_is_the_raw_body_length() {
     let emulator = start_paused().await;
     let url = run_url(&emulator, BGE_SMALL);
     // Whitespace that a re-serialization would drop still counts.
-    let body = format!(
-        "{{ \"requests\" : [ {{ \"text\" : \"é\" }} ] }}{}",
-        " ".repeat(777)
-    );
-    let reply = post_raw(&url, emulator.token(), body.clone())
-        .await
-        .expect("reply");
+    let body = format!("{{ \"requests\" : [ {{ \"text\" : \"é\" }} ] }}{}", " ".repeat(777));
+    let reply = post_raw(&url, emulator.token(), body.clone()).await.expect("reply");
     assert_eq!(reply.status, StatusCode::OK);
-    let request_id = reply.body["result"]["request_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let request_id = reply.body["result"]["request_id"].as_str().expect("id").to_owned();
     let poll_body = format!("{{\"request_id\":\"{request_id}\"}}\n");
-    post_raw(&url, emulator.token(), poll_body.clone())
-        .await
-        .expect("reply");
-    post_raw(&url, emulator.token(), "{\"requests\":[]}")
-        .await
-        .expect("reply");
+    post_raw(&url, emulator.token(), poll_body.clone()).await.expect("reply");
+    post_raw(&url, emulator.token(), "{\"requests\":[]}").await.expect("reply");
     let calls = emulator.calls();
     assert_eq!(calls[0].kind, CallKind::Submit);
     assert_eq!(calls[0].body_bytes, body.len());
@@ -290,26 +212,16 @@ async fn call_log_body_bytes_is_the_raw_body_length() {
 async fn a_nine_and_a_half_megabyte_submit_is_fast() {
     let emulator = start_paused().await;
     let text = "word ".repeat(1900);
-    let requests: Vec<Value> = (0..1000)
-        .map(|i| json!({ "text": format!("{i} {text}"), "external_reference": format!("r{i}") }))
-        .collect();
+    let requests: Vec<Value> =
+        (0..1000).map(|i| json!({ "text": format!("{i} {text}"), "external_reference": format!("r{i}") })).collect();
     let body = json!({ "requests": requests }).to_string();
     assert!(body.len() > 9_500_000 && body.len() < 10_000_000);
 
     let started = Instant::now();
-    let reply = post_raw(
-        &run_url(&emulator, BGE_SMALL),
-        emulator.token(),
-        body.clone(),
-    )
-    .await
-    .expect("reply");
+    let reply = post_raw(&run_url(&emulator, BGE_SMALL), emulator.token(), body.clone()).await.expect("reply");
     let submit_took = started.elapsed();
     assert_eq!(reply.status, StatusCode::OK);
-    let request_id = reply.body["result"]["request_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let request_id = reply.body["result"]["request_id"].as_str().expect("id").to_owned();
     let call = emulator.submits().pop().expect("the submit");
     assert_eq!(call.body_bytes, body.len());
     assert_eq!(call.n_items, Some(1000));
@@ -325,11 +237,7 @@ async fn a_nine_and_a_half_megabyte_submit_is_fast() {
         .expect("poll");
     let bytes = response.bytes().await.expect("body");
     let poll_took = started.elapsed();
-    eprintln!(
-        "9.5 MB submit: {} bytes in {submit_took:?}; poll: {} bytes in {poll_took:?}",
-        body.len(),
-        bytes.len()
-    );
+    eprintln!("9.5 MB submit: {} bytes in {submit_took:?}; poll: {} bytes in {poll_took:?}", body.len(), bytes.len());
     // Measured about 0.1 s each in a debug build; the bounds leave room for a loaded machine.
     assert!(submit_took < Duration::from_secs(3), "{submit_took:?}");
     assert!(poll_took < Duration::from_secs(3), "{poll_took:?}");

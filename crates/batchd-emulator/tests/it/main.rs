@@ -24,22 +24,13 @@ async fn start(config: EmulatorConfig) -> EmulatorHandle {
 
 /// An emulator whose batches stay queued until the test calls `set_timing`.
 async fn start_paused() -> EmulatorHandle {
-    start(EmulatorConfig {
-        queued_for: FOREVER,
-        running_for: FOREVER,
-        ..EmulatorConfig::default()
-    })
-    .await
+    start(EmulatorConfig { queued_for: FOREVER, running_for: FOREVER, ..EmulatorConfig::default() }).await
 }
 
 /// The run URL of `model`, percent-encoding the `@` like the real client does.
 fn run_url(emulator: &EmulatorHandle, model: &str) -> String {
     let model = model.replace('@', "%40");
-    format!(
-        "{}/accounts/{}/ai/run/{model}?queueRequest=true",
-        emulator.base_url(),
-        emulator.account_id()
-    )
+    format!("{}/accounts/{}/ai/run/{model}?queueRequest=true", emulator.base_url(), emulator.account_id())
 }
 
 /// A reply: status, headers and the JSON body (`Value::Null` when the body is not JSON).
@@ -55,17 +46,11 @@ impl Reply {
     fn error_code(&self) -> i64 {
         assert_eq!(self.body["success"], false, "{:?}", self.body);
         assert_eq!(self.body["result"], Value::Null);
-        self.body["errors"][0]["code"]
-            .as_i64()
-            .expect("an error code")
+        self.body["errors"][0]["code"].as_i64().expect("an error code")
     }
 }
 
-async fn post_raw(
-    url: &str,
-    token: &str,
-    body: impl Into<reqwest::Body>,
-) -> Result<Reply, reqwest::Error> {
+async fn post_raw(url: &str, token: &str, body: impl Into<reqwest::Body>) -> Result<Reply, reqwest::Error> {
     let response = reqwest::Client::new()
         .post(url)
         .bearer_auth(token)
@@ -77,31 +62,18 @@ async fn post_raw(
     let headers = response.headers().clone();
     let bytes = response.bytes().await?;
     let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Ok(Reply {
-        status,
-        headers,
-        body,
-    })
+    Ok(Reply { status, headers, body })
 }
 
 async fn post(emulator: &EmulatorHandle, model: &str, body: &Value) -> Reply {
-    post_raw(
-        &run_url(emulator, model),
-        emulator.token(),
-        body.to_string(),
-    )
-    .await
-    .expect("a reply")
+    post_raw(&run_url(emulator, model), emulator.token(), body.to_string()).await.expect("a reply")
 }
 
 /// Submits `requests` and returns the new request id.
 async fn submit(emulator: &EmulatorHandle, model: &str, requests: Value) -> String {
     let reply = post(emulator, model, &json!({ "requests": requests })).await;
     assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
-    reply.body["result"]["request_id"]
-        .as_str()
-        .expect("a request id")
-        .to_owned()
+    reply.body["result"]["request_id"].as_str().expect("a request id").to_owned()
 }
 
 async fn poll(emulator: &EmulatorHandle, model: &str, request_id: &str) -> Reply {

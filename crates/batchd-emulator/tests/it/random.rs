@@ -3,9 +3,7 @@
 
 use std::time::Duration;
 
-use batchd_emulator::{
-    CallKind, DurationRange, Emulator, EmulatorConfig, EmulatorHandle, RandomFaults,
-};
+use batchd_emulator::{CallKind, DurationRange, Emulator, EmulatorConfig, EmulatorHandle, RandomFaults};
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -19,10 +17,7 @@ async fn phases(emulator: &EmulatorHandle, ids: &[String]) -> Vec<String> {
         let status = if reply.body["result"]["responses"].is_array() {
             "done".to_owned()
         } else {
-            reply.body["result"]["status"]
-                .as_str()
-                .expect("a status")
-                .to_owned()
+            reply.body["result"]["status"].as_str().expect("a status").to_owned()
         };
         statuses.push(status);
     }
@@ -32,10 +27,7 @@ async fn phases(emulator: &EmulatorHandle, ids: &[String]) -> Vec<String> {
 #[tokio::test]
 async fn each_batch_draws_its_own_duration_from_the_range() {
     let emulator = start(EmulatorConfig {
-        random_durations: Some(DurationRange::new(
-            Duration::from_millis(400),
-            Duration::from_millis(2_400),
-        )),
+        random_durations: Some(DurationRange::new(Duration::from_millis(400), Duration::from_millis(2_400))),
         seed: 7,
         ..EmulatorConfig::default()
     })
@@ -50,10 +42,7 @@ async fn each_batch_draws_its_own_duration_from_the_range() {
     tokio::time::sleep(Duration::from_millis(1_300)).await;
     let middle = phases(&emulator, &ids).await;
     let done = middle.iter().filter(|s| *s == "done").count();
-    assert!(
-        done > 0 && done < ids.len(),
-        "durations differ per batch: {middle:?}"
-    );
+    assert!(done > 0 && done < ids.len(), "durations differ per batch: {middle:?}");
     assert!(middle.iter().any(|s| s == "running"), "{middle:?}");
     tokio::time::sleep(Duration::from_millis(1_300)).await;
     let late = phases(&emulator, &ids).await;
@@ -65,12 +54,9 @@ async fn each_batch_draws_its_own_duration_from_the_range() {
 
 #[tokio::test]
 async fn random_faults_fail_about_their_share_of_calls_before_anything_is_created() {
-    let emulator = start(EmulatorConfig {
-        random_faults: Some(RandomFaults::new(0.25)),
-        seed: 42,
-        ..EmulatorConfig::default()
-    })
-    .await;
+    let emulator =
+        start(EmulatorConfig { random_faults: Some(RandomFaults::new(0.25)), seed: 42, ..EmulatorConfig::default() })
+            .await;
     let url = run_url(&emulator, LLAMA);
     let body = json!({ "requests": [{ "prompt": "x" }] }).to_string();
     let mut answered = 0;
@@ -96,30 +82,17 @@ async fn random_faults_fail_about_their_share_of_calls_before_anything_is_create
     let calls = emulator.submits();
     assert_eq!(calls.len(), 200);
     let faulted: Vec<_> = calls.iter().filter(|call| call.fault.is_some()).collect();
-    assert!(
-        (25..=75).contains(&faulted.len()),
-        "about 25% of 200 calls fail: {}",
-        faulted.len()
-    );
-    let kinds: std::collections::HashSet<&str> = faulted
-        .iter()
-        .filter_map(|call| call.fault.as_deref())
-        .collect();
+    assert!((25..=75).contains(&faulted.len()), "about 25% of 200 calls fail: {}", faulted.len());
+    let kinds: std::collections::HashSet<&str> = faulted.iter().filter_map(|call| call.fault.as_deref()).collect();
     assert_eq!(
         kinds,
-        ["random_500", "random_502", "random_503", "random_reset"]
-            .into_iter()
-            .collect(),
+        ["random_500", "random_502", "random_503", "random_reset"].into_iter().collect(),
         "all four kinds occur"
     );
     let resets = faulted.iter().filter(|call| call.http_status == 0).count();
     assert_eq!(answered, 200 - resets, "a reset sends no reply");
     assert!(faulted.iter().all(|call| call.request_id.is_none()));
-    assert_eq!(
-        emulator.batch_count(),
-        200 - faulted.len(),
-        "a faulted submit creates no batch"
-    );
+    assert_eq!(emulator.batch_count(), 200 - faulted.len(), "a faulted submit creates no batch");
 }
 
 #[tokio::test]
@@ -133,29 +106,13 @@ async fn random_faults_and_durations_change_at_runtime_over_http() {
     )
     .await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(
-        config["random_faults"],
-        json!({ "rate": 1.0, "calls": "poll" })
-    );
-    assert_eq!(
-        config["random_durations"],
-        json!({ "min_ms": 1000, "max_ms": 20000 })
-    );
+    assert_eq!(config["random_faults"], json!({ "rate": 1.0, "calls": "poll" }));
+    assert_eq!(config["random_durations"], json!({ "min_ms": 1000, "max_ms": 20000 }));
     let id = submit(&emulator, LLAMA, json!([{ "prompt": "x" }])).await;
     let reply = post(&emulator, LLAMA, &json!({ "request_id": id })).await;
     assert!(reply.status.is_server_error() || reply.status == StatusCode::OK);
-    assert!(
-        emulator.polls()[0]
-            .fault
-            .as_deref()
-            .is_some_and(|f| f.starts_with("random_"))
-    );
-    control_post(
-        &emulator,
-        "config",
-        json!({ "random_faults": null, "random_durations": null }),
-    )
-    .await;
+    assert!(emulator.polls()[0].fault.as_deref().is_some_and(|f| f.starts_with("random_")));
+    control_post(&emulator, "config", json!({ "random_faults": null, "random_durations": null })).await;
     let config = control_get(&emulator, "config").await;
     assert_eq!(config["random_faults"], serde_json::Value::Null);
     assert_eq!(config["random_durations"], serde_json::Value::Null);
@@ -165,16 +122,9 @@ async fn random_faults_and_durations_change_at_runtime_over_http() {
 
 #[tokio::test]
 async fn the_call_log_names_the_port_and_the_first_reference() {
-    let emulator = Emulator::start(
-        EmulatorConfig::default(),
-        "127.0.0.1:0".parse().expect("addr"),
-    )
-    .await
-    .expect("start");
-    let second = emulator
-        .listen_also("127.0.0.1:0".parse().expect("addr"))
-        .await
-        .expect("listen");
+    let emulator =
+        Emulator::start(EmulatorConfig::default(), "127.0.0.1:0".parse().expect("addr")).await.expect("start");
+    let second = emulator.listen_also("127.0.0.1:0".parse().expect("addr")).await.expect("listen");
     assert_ne!(second.port(), emulator.addr().port());
     let url = format!(
         "{}/accounts/{}/ai/run/{}?queueRequest=true",
@@ -183,67 +133,37 @@ async fn the_call_log_names_the_port_and_the_first_reference() {
         LLAMA.replace('@', "%40")
     );
     let body = json!({ "requests": [{ "prompt": "a", "external_reference": "job-7:0" }, { "prompt": "b" }] });
-    let reply = post_raw(&url, emulator.token(), body.to_string())
-        .await
-        .expect("reply");
+    let reply = post_raw(&url, emulator.token(), body.to_string()).await.expect("reply");
     assert_eq!(reply.status, StatusCode::OK);
-    let request_id = reply.body["result"]["request_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let request_id = reply.body["result"]["request_id"].as_str().expect("id").to_owned();
     // The batch is shared: the first listener polls it.
-    assert_eq!(
-        poll(&emulator, LLAMA, &request_id).await.status,
-        StatusCode::OK
-    );
+    assert_eq!(poll(&emulator, LLAMA, &request_id).await.status, StatusCode::OK);
     let calls = emulator.calls();
     assert_eq!(calls.len(), 2);
-    assert_eq!(
-        (calls[0].kind, calls[0].port),
-        (CallKind::Submit, second.port())
-    );
+    assert_eq!((calls[0].kind, calls[0].port), (CallKind::Submit, second.port()));
     assert_eq!(calls[0].first_reference.as_deref(), Some("job-7:0"));
-    assert_eq!(
-        (calls[1].kind, calls[1].port),
-        (CallKind::Poll, emulator.addr().port())
-    );
+    assert_eq!((calls[1].kind, calls[1].port), (CallKind::Poll, emulator.addr().port()));
     assert_eq!(calls[1].first_reference, None);
     emulator.shutdown().await;
-    assert!(
-        reqwest::get(format!("http://{second}/_emulator/calls"))
-            .await
-            .is_err(),
-        "the extra listener stops too"
-    );
+    assert!(reqwest::get(format!("http://{second}/_emulator/calls")).await.is_err(), "the extra listener stops too");
 }
 
 #[tokio::test]
 async fn random_latency_delays_the_reply_after_the_batch_exists() {
     let emulator = start(EmulatorConfig {
-        random_latency: Some(DurationRange::new(
-            Duration::from_millis(400),
-            Duration::from_millis(500),
-        )),
+        random_latency: Some(DurationRange::new(Duration::from_millis(400), Duration::from_millis(500))),
         ..EmulatorConfig::default()
     })
     .await;
     let url = run_url(&emulator, LLAMA);
     let token = emulator.token().to_owned();
     let started = std::time::Instant::now();
-    let pending = tokio::spawn(async move {
-        post_raw(
-            &url,
-            &token,
-            json!({ "requests": [{ "prompt": "x" }] }).to_string(),
-        )
-        .await
-    });
+    let pending =
+        tokio::spawn(
+            async move { post_raw(&url, &token, json!({ "requests": [{ "prompt": "x" }] }).to_string()).await },
+        );
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        emulator.batch_count(),
-        1,
-        "the batch exists before its reply leaves"
-    );
+    assert_eq!(emulator.batch_count(), 1, "the batch exists before its reply leaves");
     assert!(!pending.is_finished(), "the reply is still on its way");
     let reply = pending.await.expect("join").expect("reply");
     assert_eq!(reply.status, StatusCode::OK);
@@ -251,10 +171,7 @@ async fn random_latency_delays_the_reply_after_the_batch_exists() {
     emulator.set_random_latency(None);
     let started = std::time::Instant::now();
     submit(&emulator, LLAMA, json!([{ "prompt": "y" }])).await;
-    assert!(
-        started.elapsed() < Duration::from_millis(300),
-        "latency off again"
-    );
+    assert!(started.elapsed() < Duration::from_millis(300), "latency off again");
 }
 
 #[tokio::test]
@@ -289,29 +206,13 @@ async fn the_binary_takes_the_chaos_flags() {
     .await
     .expect("join")
     .expect("first line");
-    let base = line
-        .trim()
-        .trim_start_matches("batchd-emulator listening on ")
-        .trim_end_matches("/client/v4")
-        .to_owned();
-    let config: serde_json::Value = reqwest::get(format!("{base}/_emulator/config"))
-        .await
-        .expect("config")
-        .json()
-        .await
-        .expect("json");
+    let base =
+        line.trim().trim_start_matches("batchd-emulator listening on ").trim_end_matches("/client/v4").to_owned();
+    let config: serde_json::Value =
+        reqwest::get(format!("{base}/_emulator/config")).await.expect("config").json().await.expect("json");
     child.kill().ok();
     child.wait().ok();
-    assert_eq!(
-        config["random_durations"],
-        json!({ "min_ms": 1000, "max_ms": 20000 })
-    );
-    assert_eq!(
-        config["random_faults"],
-        json!({ "rate": 0.05, "calls": "any" })
-    );
-    assert_eq!(
-        config["random_latency"],
-        json!({ "min_ms": 10, "max_ms": 20 })
-    );
+    assert_eq!(config["random_durations"], json!({ "min_ms": 1000, "max_ms": 20000 }));
+    assert_eq!(config["random_faults"], json!({ "rate": 0.05, "calls": "any" }));
+    assert_eq!(config["random_latency"], json!({ "min_ms": 10, "max_ms": 20 }));
 }
