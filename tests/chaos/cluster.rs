@@ -333,7 +333,7 @@ impl Cluster {
         }
     }
 
-    /// Whether `incarnation` (by emulator port) was killed with -9, and when.
+    /// The daemon process that talked to the emulator on `port`, with its index.
     pub fn by_port(&self, port: u16) -> Option<(usize, &Incarnation)> {
         self.incarnations.iter().enumerate().find(|(_, incarnation)| incarnation.port == port)
     }
@@ -346,11 +346,6 @@ impl Cluster {
             .filter(|(key, _)| key != "BATCHD__REDIS__NAMESPACE")
             .map(|(key, value)| format!("{key}={value}"))
             .collect()
-    }
-
-    /// Removes the daemons' logs (after a passing short run).
-    pub fn remove_logs(&self) {
-        let _ = std::fs::remove_dir_all(&self.log_dir);
     }
 
     /// Where the daemons' logs are.

@@ -30,9 +30,10 @@ const NO_PERSISTENCE: [&str; 4] = ["--appendonly", "no", "--save", ""];
 /// problem is fixed, and then stays as a regression (f1 is fixed, and `make test` runs it too).
 pub const FINDINGS: [&str; 1] = ["f1-redis-blip-while-recording"];
 
-/// Runs one scenario (or finding) by name.
+/// Runs one scenario (or finding) by name. The daemons' logs are kept under `target/chaos/logs/`, except those
+/// of a short run that passed (`make test` runs the short ones every time).
 pub async fn run(name: &str, size: Size) -> anyhow::Result<Outcome> {
-    match name {
+    let outcome = match name {
         "f1-redis-blip-while-recording" => redis_blip_while_recording().await,
         "1-kill9" => kill9(size).await,
         "2-redis-aof-restart" => redis_aof_restart(size).await,
@@ -40,8 +41,12 @@ pub async fn run(name: &str, size: Size) -> anyhow::Result<Outcome> {
         "3b-redis-down" => redis_unreachable(size, Outage::Down).await,
         "4-rolling-sigterm" => rolling_sigterm(size).await,
         "5-backlog" => backlog(size).await,
-        other => anyhow::bail!("no scenario {other:?}; the scenarios are {ALL:?}"),
+        other => anyhow::bail!("no scenario {other:?}; the scenarios are {ALL:?} and {FINDINGS:?}"),
+    }?;
+    if outcome.size == Size::Short && outcome.passed() && !outcome.log_dir.is_empty() {
+        let _ = std::fs::remove_dir_all(&outcome.log_dir);
     }
+    Ok(outcome)
 }
 
 /// A small deterministic random source (splitmix64), so a run's fault schedule can be replayed by seed.
