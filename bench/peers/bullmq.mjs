@@ -1,9 +1,9 @@
 // BullMQ side of the batchd queue-layer benchmark (scenario 1 of docs/benchmarks.md).
 //
 // Enqueues N no-op jobs (Queue.addBulk, 1,000 per call, one call at a time, removeOnComplete), then drains them
-// with one Worker of the given concurrency, and prints one JSON line: the time of each phase and the Redis
+// with one Worker of the given concurrency, and prints one JSON line: the time of each phase, the Redis
 // commands each phase cost (INFO commandstats before and after, on a separate connection; the INFO calls
-// themselves are left out).
+// themselves are left out), redis-server's CPU time per phase (INFO cpu) and this process's CPU time while draining.
 //
 // usage: node bullmq.mjs --redis redis://127.0.0.1:6379 --n 20000 --concurrency 50 --queue bench-1 --payload '{..}'
 
@@ -30,6 +30,12 @@ async function commandstats(redis) {
   return calls;
 }
 
+async function redisCpu(redis) {
+  const text = await redis.info("cpu");
+  const field = (name) => Number((text.match(new RegExp(`${name}:([0-9.]+)`)) || [0, "NaN"])[1]);
+  return field("used_cpu_user") + field("used_cpu_sys");
+}
+
 function delta(before, after) {
   const out = {};
   for (const [name, calls] of Object.entries(after)) {
@@ -49,6 +55,7 @@ await queue.waitUntilReady();
 
 const payload = JSON.parse(opts.payload);
 const s0 = await commandstats(stats);
+const c0 = await redisCpu(stats);
 const enqueueStart = process.hrtime.bigint();
 for (let first = 0; first < opts.n; first += opts.chunk) {
   const jobs = [];
@@ -59,11 +66,13 @@ for (let first = 0; first < opts.n; first += opts.chunk) {
 }
 const enqueueSecs = Number(process.hrtime.bigint() - enqueueStart) / 1e9;
 const s1 = await commandstats(stats);
+const c1 = await redisCpu(stats);
 
 let done = 0;
 let finish;
 const allDone = new Promise((resolve) => (finish = resolve));
 const drainStart = process.hrtime.bigint();
+const cpuStart = process.cpuUsage();
 const worker = new Worker(opts.queue, async () => {}, { connection, concurrency: opts.concurrency });
 worker.on("completed", () => {
   done += 1;
@@ -73,8 +82,10 @@ worker.on("failed", (job, err) => {
   console.error(`job failed: ${err}`);
 });
 const drainEnd = await allDone;
+const cpuDrain = process.cpuUsage(cpuStart);
 const drainSecs = Number(drainEnd - drainStart) / 1e9;
 const s2 = await commandstats(stats);
+const c2 = await redisCpu(stats);
 await worker.close();
 const left = await queue.getJobCounts();
 await queue.obliterate({ force: true });
@@ -89,6 +100,9 @@ console.log(
     drain_secs: drainSecs,
     enqueue_commands: delta(s0, s1),
     drain_commands: delta(s1, s2),
+    enqueue_redis_cpu_secs: c1 - c0,
+    drain_redis_cpu_secs: c2 - c1,
+    drain_worker_cpu_secs: (cpuDrain.user + cpuDrain.system) / 1e6,
     left,
   }),
 );

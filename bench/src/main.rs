@@ -310,6 +310,22 @@ async fn scenario_queue(
             report.add(s, label, "drain", "jobs/s", m, n as f64 / result.drain_secs);
             report.add(s, label, "Redis commands per job, enqueue", "cmds", m, per_job(&result.enqueue_commands, n));
             report.add(s, label, "Redis commands per job, drain", "cmds", m, per_job(&result.drain_commands, n));
+            report.add(
+                s,
+                label,
+                "CPU per job, worker process, drain",
+                "µs",
+                m,
+                result.drain_worker_cpu_secs * 1e6 / n as f64,
+            );
+            report.add(
+                s,
+                label,
+                "CPU per job, redis-server, drain",
+                "µs",
+                m,
+                result.drain_redis_cpu_secs * 1e6 / n as f64,
+            );
             report.detail(
                 &format!("1 queue layer / {label} / {m} / commands per job"),
                 json!({"enqueue": scaled(&result.enqueue_commands, n), "drain": scaled(&result.drain_commands, n)}),

@@ -1,6 +1,7 @@
 //! Scenario 1, the queue layer like for like: N no-op jobs enqueued, then drained by one worker process with
 //! concurrency 50, for batchd's storage, BullMQ and apalis-redis on the same Redis; `redis-benchmark` gives the
-//! physical limit of one command per job.
+//! physical limit of one command per job. Besides jobs/s (which moves with other load on the machine), every system
+//! reports the CPU time its worker process and redis-server spent per drained job.
 //!
 //! batchd's side runs in this process, on `batchd_queue` directly: the daemon's ingress fetcher
 //! (`batchd_queue::ingress::backend`, the apalis `FetchBackend` over `XREADGROUP`) feeds an apalis worker with
@@ -56,6 +57,10 @@ pub struct QueueRun {
     pub enqueue_commands: BTreeMap<String, u64>,
     /// Redis commands of the drain phase, per command.
     pub drain_commands: BTreeMap<String, u64>,
+    /// CPU time of the worker process while draining, seconds.
+    pub drain_worker_cpu_secs: f64,
+    /// CPU time of redis-server while draining, seconds.
+    pub drain_redis_cpu_secs: f64,
 }
 
 /// batchd's drain handler.
@@ -162,6 +167,8 @@ pub async fn batchd(redis: &RedisServer, n: usize, handler: Handler) -> anyhow::
     enqueue(&mut conn.clone(), &keys, "j", n).await?;
     let enqueue_secs = started.elapsed().as_secs_f64();
     let s1 = commandstats(&mut stats).await?;
+    let redis_cpu0 = crate::redis_server::cpu_secs(&mut stats).await?;
+    let own_cpu0 = crate::procs::cpu_secs(std::process::id());
 
     let ctx = Arc::new(DrainContext {
         conn,
@@ -203,6 +210,8 @@ pub async fn batchd(redis: &RedisServer, n: usize, handler: Handler) -> anyhow::
     })
     .await;
     let drain_secs = started.elapsed().as_secs_f64();
+    let drain_worker_cpu_secs = crate::procs::cpu_secs(std::process::id()) - own_cpu0;
+    let drain_redis_cpu_secs = crate::redis_server::cpu_secs(&mut stats).await? - redis_cpu0;
     let s2 = commandstats(&mut stats).await?;
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(30), running).await;
@@ -214,6 +223,8 @@ pub async fn batchd(redis: &RedisServer, n: usize, handler: Handler) -> anyhow::
         drain_secs,
         enqueue_commands: delta(&s0, &s1, &["info"]),
         drain_commands: delta(&s1, &s2, &["info"]),
+        drain_worker_cpu_secs,
+        drain_redis_cpu_secs,
     })
 }
 
@@ -241,6 +252,8 @@ fn parse_peer(output: std::process::Output, what: &str) -> anyhow::Result<QueueR
         drain_secs: value["drain_secs"].as_f64().context("drain_secs")?,
         enqueue_commands: commands("enqueue_commands"),
         drain_commands: commands("drain_commands"),
+        drain_worker_cpu_secs: value["drain_worker_cpu_secs"].as_f64().unwrap_or(f64::NAN),
+        drain_redis_cpu_secs: value["drain_redis_cpu_secs"].as_f64().unwrap_or(f64::NAN),
     })
 }
 

@@ -157,3 +157,14 @@ pub async fn used_memory(conn: &mut MultiplexedConnection) -> anyhow::Result<u64
         .find_map(|line| line.strip_prefix("used_memory:").and_then(|v| v.trim().parse().ok()))
         .context("INFO memory has no used_memory")
 }
+
+/// redis-server's CPU time so far (`INFO cpu`: user + sys), seconds.
+pub async fn cpu_secs(conn: &mut MultiplexedConnection) -> anyhow::Result<f64> {
+    let text: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
+    let field = |name: &str| -> anyhow::Result<f64> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+            .with_context(|| format!("INFO cpu has no {name}"))
+    };
+    Ok(field("used_cpu_user")? + field("used_cpu_sys")?)
+}

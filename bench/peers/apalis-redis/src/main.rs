@@ -1,7 +1,8 @@
 //! apalis-redis 1.0 side of the batchd queue-layer benchmark (scenario 1 of docs/benchmarks.md).
 //!
 //! Enqueues N no-op jobs and drains them with one worker of the given concurrency, then prints one JSON line with
-//! the time of each phase and the Redis commands each phase cost (`INFO commandstats` deltas, INFO itself left out).
+//! the time of each phase, the Redis commands each phase cost (`INFO commandstats` deltas, INFO itself left out),
+//! redis-server's CPU time per phase (`INFO cpu`) and this process's CPU time while draining.
 //!
 //! apalis-redis puts every push, even an immediate one, into its `scheduled` ZSET, and its fetch script promotes
 //! all due members with one unbounded Lua `unpack`: with 8,000 or more due at once every fetch fails and the worker
@@ -85,6 +86,25 @@ async fn commandstats(conn: &mut redis::aio::MultiplexedConnection) -> HashMap<S
         .collect()
 }
 
+/// redis-server's CPU time so far (`INFO cpu`: user + sys), seconds.
+async fn redis_cpu(conn: &mut redis::aio::MultiplexedConnection) -> f64 {
+    let text: String = redis::cmd("INFO").arg("cpu").query_async(conn).await.expect("INFO cpu");
+    let field = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    field("used_cpu_user") + field("used_cpu_sys")
+}
+
+/// This process's CPU time so far (user + system, `/proc/self/stat`), seconds.
+fn own_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn add_delta(total: &mut HashMap<String, u64>, before: &HashMap<String, u64>, after: &HashMap<String, u64>) {
     for (name, calls) in after {
         let d = calls - before.get(name).copied().unwrap_or(0);
@@ -116,12 +136,14 @@ async fn main() {
     let mut drain = Duration::ZERO;
     let mut enqueue_commands = HashMap::new();
     let mut drain_commands = HashMap::new();
+    let (mut enqueue_redis_cpu, mut drain_redis_cpu, mut drain_worker_cpu) = (0.0, 0.0, 0.0);
     let mut pushed = 0;
     let mut wave_index = 0;
     while pushed < options.n {
         let wave_end = (pushed + options.wave).min(options.n);
         let mut storage = RedisStorage::<serde_json::Value>::new(conn.clone()).with_config(config.clone());
         let s0 = commandstats(&mut stats).await;
+        let r0 = redis_cpu(&mut stats).await;
         let started = Instant::now();
         let mut first = pushed;
         while first < wave_end {
@@ -138,6 +160,8 @@ async fn main() {
         }
         enqueue += started.elapsed();
         let s1 = commandstats(&mut stats).await;
+        let r1 = redis_cpu(&mut stats).await;
+        enqueue_redis_cpu += r1 - r0;
         add_delta(&mut enqueue_commands, &s0, &s1);
 
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -146,6 +170,7 @@ async fn main() {
             .concurrency(options.concurrency)
             .build(noop);
         let started = Instant::now();
+        let own0 = own_cpu();
         let running = tokio::spawn(worker.run_until(async move {
             let _ = stop_rx.await;
             Ok::<(), std::io::Error>(())
@@ -161,7 +186,9 @@ async fn main() {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         drain += started.elapsed();
+        drain_worker_cpu += own_cpu() - own0;
         let s2 = commandstats(&mut stats).await;
+        drain_redis_cpu += redis_cpu(&mut stats).await - r1;
         add_delta(&mut drain_commands, &s1, &s2);
         let _ = stop_tx.send(());
         let _ = tokio::time::timeout(Duration::from_secs(30), running).await;
@@ -181,6 +208,9 @@ async fn main() {
         "drain_secs": drain.as_secs_f64(),
         "enqueue_commands": enqueue_commands,
         "drain_commands": drain_commands,
+        "enqueue_redis_cpu_secs": enqueue_redis_cpu,
+        "drain_redis_cpu_secs": drain_redis_cpu,
+        "drain_worker_cpu_secs": drain_worker_cpu,
     });
     println!("{report}");
 }
