@@ -249,8 +249,18 @@ async fn sentinel_failover_is_followed() {
     run_jobs(&master.get_multiplexed_async_connection().await.unwrap(), &keys, &before).await;
 
     // Fail over: the replica becomes the master; the old master becomes a replica.
+    // The sentinel learns about the replica from the master's INFO (every few seconds); until then it answers
+    // NOGOODSLAVE, so ask until it accepts.
     let mut sentinel = sentinel_client.get_multiplexed_async_connection().await.unwrap();
-    let _: String = redis::cmd("SENTINEL").arg("FAILOVER").arg("mymaster").query_async(&mut sentinel).await.unwrap();
+    wait_until("the sentinel to accept a failover", || {
+        let mut sentinel = sentinel.clone();
+        async move {
+            let asked: redis::RedisResult<String> =
+                redis::cmd("SENTINEL").arg("FAILOVER").arg("mymaster").query_async(&mut sentinel).await;
+            asked.is_ok()
+        }
+    })
+    .await;
     wait_until("the failover", || async {
         let Ok(mut conn) = replica.get_multiplexed_async_connection().await else { return false };
         let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await.unwrap_or_default();
