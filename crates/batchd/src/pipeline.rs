@@ -189,7 +189,12 @@ impl Pipeline {
                 // Submit the first chunk with the items in hand instead of reading them back; the others go.
                 job.requests.truncate(plan[0].1);
                 let first = std::mem::take(&mut job.requests);
-                self.submit(&ChunkRef::new(job.id.clone(), 0), &job.model, Some(first)).await
+                if let Err(error) = self.submit(&ChunkRef::new(job.id.clone(), 0), &job.model, Some(first)).await {
+                    // The entry is taken in (acknowledged); what is retried is the chunk, from the schedule.
+                    metrics::redis_error("submit");
+                    tracing::error!(error = %error, "submitting the first batch failed; it is retried after its lease");
+                }
+                Ok(())
             }
             Accepted::Duplicate { state } => {
                 metrics::job_duplicate();
