@@ -21,6 +21,9 @@ use tokio_util::sync::CancellationToken;
 use crate::fetch::{pause, reserve, FetchBackend, HandBack};
 use crate::{Conn, Endpoint, RetryDelay};
 
+/// A read of more than this many bytes replaces the reader's connection afterwards (see `fetch_loop`).
+const BIG_READ: usize = 1024 * 1024;
+
 /// One entry of the submit stream, as read.
 #[derive(Debug, Clone)]
 pub struct IngressEntry {
@@ -114,8 +117,16 @@ async fn fetch_loop(
         match result {
             Ok(entries) => {
                 delay.succeeded();
+                let mut bytes = 0;
                 for (permit, entry) in permits.zip(entries) {
-                    permit.send(IngressEntry { id: entry.id, fields: entry_fields(entry.map) });
+                    let fields = entry_fields(entry.map);
+                    bytes += fields.iter().map(|(name, value)| name.len() + value.len()).sum::<usize>();
+                    permit.send(IngressEntry { id: entry.id, fields });
+                }
+                if bytes > BIG_READ {
+                    // The connection's read buffer grew to hold this reply and never shrinks: start afresh rather
+                    // than keep megabytes around for the daemon's lifetime.
+                    conn = endpoint.dedicated(settings.block + Duration::from_secs(10));
                 }
             }
             Err(error) => {

@@ -53,8 +53,10 @@ async fn fetch_loop(store: Store, settings: ScheduleSettings, tx: mpsc::Sender<S
                         .map(|due| Duration::from_millis(due.saturating_sub(now_ms())))
                         .unwrap_or(settings.idle_poll);
                     let wait = until_due.clamp(Duration::from_millis(1), settings.idle_poll);
-                    if !pause(wait, &stop).await {
-                        break;
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        () = store.soon_due() => {}
+                        () = stop.cancelled() => break,
                     }
                 }
             }

@@ -259,6 +259,9 @@ pub struct Rejection<'a> {
     pub items_total: usize,
 }
 
+/// A step scheduled this close to now wakes the schedule fetcher at once instead of waiting for its idle sleep.
+pub const WAKE_WITHIN: Duration = Duration::from_millis(250);
+
 /// A planned split of a job into chunks: `(start, len)` item ranges covering the job in order.
 pub type ChunkPlan = Vec<(usize, usize)>;
 
@@ -269,6 +272,8 @@ pub struct Store {
     keys: Keys,
     settings: StoreSettings,
     scripts: std::sync::Arc<Scripts>,
+    /// Wakes this process's schedule fetcher when a step becomes due soon (see [`Store::soon_due`]).
+    soon_due: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for Store {
@@ -324,7 +329,27 @@ pub struct DeadLetter {
 impl Store {
     /// A store over `conn` for the namespace of `keys`.
     pub fn new(conn: Conn, keys: Keys, settings: StoreSettings) -> Self {
-        Self { conn, keys, settings, scripts: std::sync::Arc::new(Scripts::load()) }
+        Self {
+            conn,
+            keys,
+            settings,
+            scripts: std::sync::Arc::new(Scripts::load()),
+            soon_due: std::sync::Arc::new(tokio::sync::Notify::new()),
+        }
+    }
+
+    /// Resolves when a step this process scheduled is due within [`WAKE_WITHIN`]: the schedule fetcher sleeps on
+    /// it besides its timer, so a step scheduled for (almost) now does not wait out the fetcher's idle sleep. A
+    /// notification sent while nobody waits is kept for the next wait, so none is lost.
+    pub async fn soon_due(&self) {
+        self.soon_due.notified().await;
+    }
+
+    /// Wakes the fetcher if `due` is close.
+    fn scheduled(&self, due: UnixMillis) {
+        if due.saturating_sub(crate::now_ms()) < WAKE_WITHIN.as_millis() as u64 {
+            self.soon_due.notify_one();
+        }
     }
 
     /// The namespace's keys.
@@ -385,6 +410,9 @@ impl Store {
             invocation.arg(format!("{start}:{len}")).arg(RequestsArg(&job.requests[*start..start + len]));
         }
         let (verdict, state): (String, String) = invocation.invoke_async(&mut self.conn.clone()).await?;
+        if verdict == "accepted" && plan.len() > 1 {
+            self.scheduled(now); // the chunks after the first are due at once
+        }
         Ok(match verdict.as_str() {
             "accepted" => Accepted::New,
             _ => Accepted::Duplicate { state },
@@ -576,6 +604,9 @@ impl Store {
             invocation.arg(*name).arg(value);
         }
         let updated: i64 = invocation.invoke_async(&mut self.conn.clone()).await?;
+        if let (Some(due), 1) = (due, updated) {
+            self.scheduled(due);
+        }
         Ok(updated == 1)
     }
 
@@ -759,6 +790,9 @@ impl Store {
             invocation.arg(items).arg(indices).arg(RequestsArg(&chunk.requests));
         }
         let outcome: i64 = invocation.invoke_async(&mut self.conn.clone()).await?;
+        if outcome == 1 {
+            self.scheduled(due);
+        }
         Ok(match outcome {
             1 => AddOutcome::Added,
             0 => AddOutcome::AlreadyDone,

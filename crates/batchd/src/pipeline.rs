@@ -185,7 +185,7 @@ impl Pipeline {
         match self.store.accept(&job, &intake).await? {
             Accepted::New => {
                 metrics::job_accepted();
-                tracing::info!(model = %job.model, n_items = job.requests.len(), n_chunks = plan.len(), "job accepted");
+                tracing::debug!(model = %job.model, n_items = job.requests.len(), n_chunks = plan.len(), "job accepted");
                 // Submit the first chunk with the items in hand instead of reading them back; the others go.
                 job.requests.truncate(plan[0].1);
                 let first = std::mem::take(&mut job.requests);
@@ -337,7 +337,7 @@ impl Pipeline {
             Ok(submitted) => {
                 span.record("request_id", tracing::field::display(&submitted.request_id));
                 let recorded = self.record_submitted(chunk, &submitted.request_id).await?;
-                tracing::info!(
+                tracing::debug!(
                     parent: &span,
                     request_id = %submitted.request_id,
                     n_items = placement.len(),
@@ -498,7 +498,7 @@ impl Pipeline {
             Ok(PollStatus::Queued) => self.still_pending(chunk, view, "queued").await,
             Ok(PollStatus::Running) => self.still_pending(chunk, view, "running").await,
             Ok(PollStatus::Done(output)) => {
-                tracing::info!(request_id = %request_id, n_polls = view.n_polls + 1, n_failed = output.n_failed(), "batch finished");
+                tracing::debug!(request_id = %request_id, n_polls = view.n_polls + 1, n_failed = output.n_failed(), "batch finished");
                 if view.n_chunks <= 1 && output.n_failed() == 0 {
                     // The common case: one batch, nothing to retry; publish without storing the output first.
                     return self.finish(&chunk.job_id, Some(output)).await;
