@@ -102,8 +102,35 @@ pub struct ChunkView {
     pub n_chunks: u32,
     /// Number of items of the job.
     pub n_items: usize,
+    /// Results stream the job publishes to.
+    pub reply_to: String,
+    /// The job's metadata JSON, if any.
+    pub metadata: Option<String>,
     /// The cancellation reason, when a cancellation was requested.
     pub cancel_requested: Option<String>,
+}
+
+impl ChunkView {
+    /// What publishing a one-chunk job needs, from this view alone (no second read of the ledger).
+    pub fn single_chunk_context(&self, index: u32) -> PublishContext {
+        PublishContext {
+            model: self.model.clone(),
+            reply_to: self.reply_to.clone(),
+            metadata: self.metadata.clone(),
+            accepted_at: self.accepted_at,
+            n_items: self.n_items,
+            retry_failed_items: false,
+            retried: false,
+            chunks: vec![ChunkRecord {
+                index,
+                request_id: self.request_id.clone(),
+                state: Some(ChunkState::Done),
+                output: None,
+                last_error: None,
+                placement: Placement::Range { start: self.items_start, len: self.items_len },
+            }],
+        }
+    }
 }
 
 /// A job's fields needed to publish its result.
@@ -625,6 +652,8 @@ impl Store {
             field::ACCEPTED_AT.to_owned(),
             field::N_CHUNKS.to_owned(),
             field::N_ITEMS.to_owned(),
+            field::REPLY_TO.to_owned(),
+            field::METADATA.to_owned(),
         ];
         let (values, cancel_requested): (Vec<Option<String>>, Option<String>) = redis::pipe()
             .hmget(self.keys.job(&chunk.job_id), &names[..])
@@ -658,6 +687,8 @@ impl Store {
             accepted_at: number(9),
             n_chunks: number(10) as u32,
             n_items: number(11) as usize,
+            reply_to: values[12].clone().unwrap_or_else(|| self.keys.results()),
+            metadata: values[13].clone(),
             cancel_requested,
         }))
     }

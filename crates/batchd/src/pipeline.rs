@@ -266,7 +266,7 @@ impl Pipeline {
                 Err(_) => Err(StoreError::Corrupt { job_id: chunk.job_id.to_string(), detail: "model".into() }),
             },
             ChunkState::Polling => self.poll(chunk, &view).await,
-            ChunkState::Done | ChunkState::Failed => self.finish(&chunk.job_id, None).await,
+            ChunkState::Done | ChunkState::Failed => self.finish(&chunk.job_id).await,
         }
     }
 
@@ -500,12 +500,14 @@ impl Pipeline {
             Ok(PollStatus::Done(output)) => {
                 tracing::debug!(request_id = %request_id, n_polls = view.n_polls + 1, n_failed = output.n_failed(), "batch finished");
                 if view.n_chunks <= 1 && output.n_failed() == 0 {
-                    // The common case: one batch, nothing to retry; publish without storing the output first.
-                    return self.finish(&chunk.job_id, Some(output)).await;
+                    // The common case: one batch, nothing to retry: publish straight from what the poll read,
+                    // without storing the output or reading the ledger again.
+                    let context = view.single_chunk_context(chunk.index);
+                    return self.publish(&chunk.job_id, &context, JobState::Completed, Some(output), None).await;
                 }
                 let payload = serde_json::to_string(&output).expect("output serialises");
                 match self.store.chunk_done(chunk, ChunkState::Done, &payload, now_ms()).await? {
-                    Some(0) => self.finish(&chunk.job_id, None).await,
+                    Some(0) => self.finish(&chunk.job_id).await,
                     _ => Ok(()),
                 }
             }
@@ -577,20 +579,16 @@ impl Pipeline {
     async fn chunk_failed(&self, chunk: &ChunkRef, error: JobError) -> Result<(), StoreError> {
         tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error.message, "batch failed");
         match self.store.chunk_done(chunk, ChunkState::Failed, &error.to_json(), now_ms()).await? {
-            Some(0) => self.finish(&chunk.job_id, None).await,
+            Some(0) => self.finish(&chunk.job_id).await,
             _ => Ok(()),
         }
     }
 
-    /// Every chunk has finished: resubmit failed items once if asked to, otherwise publish. `single` is the
-    /// output of a one-batch job with nothing to retry, passed directly instead of through the ledger.
-    async fn finish(&self, job_id: &JobId, single: Option<JobOutput>) -> Result<(), StoreError> {
+    /// Every chunk has finished: resubmit failed items once if asked to, otherwise publish.
+    async fn finish(&self, job_id: &JobId) -> Result<(), StoreError> {
         let Some(context) = self.store.publish_context(job_id).await? else {
             return Ok(());
         };
-        if let Some(output) = single {
-            return self.publish(job_id, &context, JobState::Completed, Some(output), None).await;
-        }
         if context.chunks.iter().any(|chunk| !matches!(chunk.state, Some(ChunkState::Done | ChunkState::Failed))) {
             return Ok(()); // not every chunk has finished yet
         }
