@@ -43,7 +43,10 @@ async fn twenty_thousand_waiting_jobs_and_twenty_thousand_due_polls_drain() {
         if scheduled == N && submits == N && world.ingress_pending().await == 0 {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(240), "intake stalled: {submits} submits, {scheduled} scheduled");
+        assert!(
+            started.elapsed() < Duration::from_secs(240),
+            "intake stalled: {submits} submits, {scheduled} scheduled"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     daemon.stop().await.unwrap();

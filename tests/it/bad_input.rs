@@ -153,7 +153,8 @@ async fn a_50_mb_batch_is_split_under_the_api_limit_and_completes() {
     let world = World::with_emulator(batchd_tests::small_embeddings()).await;
     let daemon = batchd_tests::Daemon::start(batchd_tests::patient(world.settings.clone()), &world.emulator);
     let text = "x".repeat(1000);
-    let requests: Vec<serde_json::Value> = (0..50_000).map(|i| json!({"text": text, "external_reference": i})).collect();
+    let requests: Vec<serde_json::Value> =
+        (0..50_000).map(|i| json!({"text": text, "external_reference": i})).collect();
     let job = json!({"id": "huge", "model": "@cf/baai/bge-small-en-v1.5", "requests": requests});
     assert!(job.to_string().len() > 50_000_000);
     world.enqueue(&job).await;

@@ -204,7 +204,8 @@ async fn failed_items_are_resubmitted_once_and_merged() {
     assert_eq!(result.items_failed, 0);
     let output = result.result.expect("result");
     assert!(output.responses.iter().all(|r| r.success));
-    let refs: Vec<String> = output.responses.iter().map(|r| r.external_reference.as_ref().unwrap().get().to_owned()).collect();
+    let refs: Vec<String> =
+        output.responses.iter().map(|r| r.external_reference.as_ref().unwrap().get().to_owned()).collect();
     assert_eq!(refs, ["\"q0\"", "\"q1\"", "\"q2\"", "\"q3\"", "\"q4\""], "retried items are back at their own index");
     let submitted: Vec<Option<usize>> = world.emulator.submits().iter().map(|call| call.n_items).collect();
     assert_eq!(submitted, [Some(5), Some(2)], "only the two failed items were resubmitted");

@@ -45,7 +45,10 @@ async fn submit_wait_prints_progress_and_the_result_and_status_shows_the_timelin
         result["result"]["responses"].as_array().unwrap().iter().map(|r| r["index"].as_u64().unwrap()).collect();
     assert_eq!(indices, [0, 1, 2]);
     // Progress, one line per change when stderr is not a terminal.
-    assert!(stderr.contains("cli-1: running (chunk 0: queued)") || stderr.contains("cli-1: running (chunk 0: running)"), "{stderr}");
+    assert!(
+        stderr.contains("cli-1: running (chunk 0: queued)") || stderr.contains("cli-1: running (chunk 0: running)"),
+        "{stderr}"
+    );
     assert!(stderr.lines().last().unwrap_or_default().contains("cli-1: completed"), "{stderr}");
 
     let mut status = batchd(&world);
@@ -90,7 +93,10 @@ async fn bad_input_to_the_cli_gives_one_line_and_a_nonzero_exit() {
     command.arg("submit").arg(&file);
     let output = run(command).await;
     assert_eq!(output.status.code(), Some(1));
-    assert_eq!(text(&output.stderr).trim_end(), format!("batchd: {}: invalid `requests`: must not be empty", file.display()));
+    assert_eq!(
+        text(&output.stderr).trim_end(),
+        format!("batchd: {}: invalid `requests`: must not be empty", file.display())
+    );
     let length: usize = redis::AsyncCommands::xlen(&mut world.conn.clone(), world.keys.submit()).await.unwrap();
     assert_eq!(length, 0, "an invalid job is not enqueued");
 
@@ -98,7 +104,11 @@ async fn bad_input_to_the_cli_gives_one_line_and_a_nonzero_exit() {
     command.env("REDIS_URL", "redis://127.0.0.1:1").args(["status", "x"]);
     let output = run(command).await;
     assert_eq!(output.status.code(), Some(1));
-    assert!(text(&output.stderr).starts_with("batchd: cannot reach Redis at redis://127.0.0.1:1"), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).starts_with("batchd: cannot reach Redis at redis://127.0.0.1:1"),
+        "{}",
+        text(&output.stderr)
+    );
 }
 
 #[tokio::test]
@@ -154,7 +164,8 @@ async fn sigterm_drains_and_exits_zero() {
 async fn config_check_prints_the_effective_settings_or_names_the_bad_key() {
     let world = World::new().await;
     let good = world.redis.dir.join("good.toml");
-    std::fs::write(&good, "[poll]\nmultiplier = 1.25\nmax_interval_ms = 45000\n[jobs]\nretry_failed_items = true\n").unwrap();
+    std::fs::write(&good, "[poll]\nmultiplier = 1.25\nmax_interval_ms = 45000\n[jobs]\nretry_failed_items = true\n")
+        .unwrap();
     let mut command = batchd(&world);
     command.env("CLOUDFLARE_API_TOKEN", "check-token-value").arg("--config").arg(&good).args(["config", "check"]);
     let output = run(command).await;

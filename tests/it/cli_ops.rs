@@ -63,8 +63,19 @@ async fn jsonl_submit_waits_and_writes_responses_in_request_order() {
     let (code, stdout, stderr) = cli(
         &world,
         &[
-            "submit", &items, "--model", "@cf/baai/bge-m3", "--id", "jl-1", "--metadata", r#"{"batch":"nightly"}"#,
-            "--wait", "--timeout", "60", "--out", out.to_str().unwrap(),
+            "submit",
+            &items,
+            "--model",
+            "@cf/baai/bge-m3",
+            "--id",
+            "jl-1",
+            "--metadata",
+            r#"{"batch":"nightly"}"#,
+            "--wait",
+            "--timeout",
+            "60",
+            "--out",
+            out.to_str().unwrap(),
         ],
     )
     .await;
@@ -103,11 +114,11 @@ async fn submit_wait_shows_a_progress_bar_on_a_terminal() {
     // `script` gives the command a pseudo-terminal, as an operator's shell would.
     let batchd_path = binary("batchd").unwrap();
     let mut script = Command::new("script");
-    script
-        .env_clear()
-        .envs(world_env(&world))
-        .env("TERM", "xterm")
-        .args(["-qfec", &format!("{} submit --wait --timeout 60 {job}", batchd_path.display()), "/dev/null"]);
+    script.env_clear().envs(world_env(&world)).env("TERM", "xterm").args([
+        "-qfec",
+        &format!("{} submit --wait --timeout 60 {job}", batchd_path.display()),
+        "/dev/null",
+    ]);
     let output = run(script).await;
     let screen = text(&output.stdout);
     assert!(output.status.success(), "{screen}");
@@ -146,7 +157,8 @@ async fn tail_follows_results_from_now_or_from_the_start() {
     world.enqueue(&json!({"id": "t-3", "model": "@cf/nobody/nothing", "requests": [{"text": "x"}]})).await;
     let output = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
     assert_eq!(output.status.code(), Some(0));
-    let entries: Vec<Value> = text(&output.stdout).lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect();
+    let entries: Vec<Value> =
+        text(&output.stdout).lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect();
     let mut ids: Vec<&str> = entries.iter().map(|e| e["job_id"].as_str().unwrap()).collect();
     ids.sort();
     assert_eq!(ids, ["t-2", "t-3"], "from now: t-1 was published before tail started");
@@ -204,7 +216,8 @@ async fn jobs_lists_ledgers_by_state_and_cancel_ends_a_running_job() {
     assert_eq!((listed["matching"].as_u64(), listed["scanned"].as_u64()), (Some(2), Some(4)));
     assert_eq!(listed["jobs"][0]["n_items"], 1);
 
-    let (_, stdout, _) = cli(&world, &["jobs", "--state", "failed", "--state", "running", "--limit", "1", "--json"]).await;
+    let (_, stdout, _) =
+        cli(&world, &["jobs", "--state", "failed", "--state", "running", "--limit", "1", "--json"]).await;
     let listed: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(listed["matching"], 2);
     assert_eq!(listed["jobs"].as_array().map(Vec::len), Some(1), "--limit");
@@ -271,7 +284,10 @@ async fn stats_shows_depths_in_flight_work_oldest_waiting_and_throughput() {
     assert_eq!(code, 0);
     assert!(stdout.contains("  submit stream    2 entries: 2 waiting, 0 being taken in; oldest waiting "), "{stdout}");
     assert!(stdout.contains("  in flight        0 chunks"), "{stdout}");
-    assert!(stdout.contains("  results          4 entries; last 1m 4 (4.0/min), 5m 4 (0.8/min), 15m 4 (0.3/min)"), "{stdout}");
+    assert!(
+        stdout.contains("  results          4 entries; last 1m 4 (4.0/min), 5m 4 (0.8/min), 15m 4 (0.3/min)"),
+        "{stdout}"
+    );
     assert!(stdout.contains("last 15m: 3 completed, 1 failed"), "{stdout}");
     assert!(stdout.contains("  result readers   group billing: 0 pending, lag 4"), "{stdout}");
     assert!(stdout.contains("  dead letters     1 entries"), "{stdout}");
@@ -296,8 +312,13 @@ async fn dead_letters_are_listed_shown_retried_after_validation_and_purged() {
     let not_json = world.enqueue_raw(&[("job", "not json".into())]).await;
     world.wait_for_results(3, WAIT).await;
     daemon.stop().await.unwrap();
-    let dead: Vec<(String, std::collections::HashMap<String, String>)> =
-        redis::cmd("XRANGE").arg(world.keys.dead()).arg("-").arg("+").query_async(&mut world.conn.clone()).await.unwrap();
+    let dead: Vec<(String, std::collections::HashMap<String, String>)> = redis::cmd("XRANGE")
+        .arg(world.keys.dead())
+        .arg("-")
+        .arg("+")
+        .query_async(&mut world.conn.clone())
+        .await
+        .unwrap();
     let dead_id = |source: &str| dead.iter().find(|(_, f)| f["source_id"] == source).map(|(id, _)| id.clone()).unwrap();
     let (big_dead, no_job_dead, not_json_dead) = (dead_id(&big), dead_id(&no_job), dead_id(&not_json));
 
@@ -326,12 +347,21 @@ async fn dead_letters_are_listed_shown_retried_after_validation_and_purged() {
 
     // Entries that are still not jobs are refused, one line each, and kept.
     let (code, _, stderr) = cli(&world, &["dead", "retry", &no_job_dead]).await;
-    assert_eq!((code, stderr.trim_end()), (1, format!("batchd: dead-letter entry {no_job_dead} has no `job` field to retry (fields: payload); kept").as_str()));
+    assert_eq!(
+        (code, stderr.trim_end()),
+        (
+            1,
+            format!("batchd: dead-letter entry {no_job_dead} has no `job` field to retry (fields: payload); kept")
+                .as_str()
+        )
+    );
     let (code, _, stderr) = cli(&world, &["dead", "retry", &not_json_dead]).await;
     assert_eq!(code, 1);
     assert_eq!(
         stderr.trim_end(),
-        format!("batchd: dead-letter entry {not_json_dead} is still not a valid job: `job` is not valid JSON: expected ident at line 1 column 2; kept")
+        format!(
+            "batchd: dead-letter entry {not_json_dead} is still not a valid job: `job` is not valid JSON: expected ident at line 1 column 2; kept"
+        )
     );
     // The big job is valid under the CLI's (default) limits: it goes back to the submit stream, byte for byte.
     let (code, stdout, stderr) = cli(&world, &["dead", "retry", &big_dead]).await;
@@ -346,12 +376,18 @@ async fn dead_letters_are_listed_shown_retried_after_validation_and_purged() {
     daemon.stop().await.unwrap();
 
     let (code, stdout, _) = cli(&world, &["dead", "purge", &no_job_dead]).await;
-    assert_eq!((code, stdout.trim_end()), (0, format!("purged 1 dead-letter entries (namespace {})", world.settings.redis.namespace).as_str()));
+    assert_eq!(
+        (code, stdout.trim_end()),
+        (0, format!("purged 1 dead-letter entries (namespace {})", world.settings.redis.namespace).as_str())
+    );
     let (code, _, stderr) = cli(&world, &["dead", "purge", &no_job_dead, &not_json_dead]).await;
     assert_eq!(code, 5, "all or nothing: {stderr}");
     assert_eq!(world.stream(&world.keys.dead()).await.len(), 1, "nothing purged when one id is unknown");
     let (code, stdout, _) = cli(&world, &["dead", "purge", "--all"]).await;
-    assert_eq!((code, stdout.trim_end()), (0, format!("purged 1 dead-letter entries (namespace {})", world.settings.redis.namespace).as_str()));
+    assert_eq!(
+        (code, stdout.trim_end()),
+        (0, format!("purged 1 dead-letter entries (namespace {})", world.settings.redis.namespace).as_str())
+    );
     assert!(world.stream(&world.keys.dead()).await.is_empty());
 }
 
@@ -366,19 +402,35 @@ async fn bad_input_to_every_command_is_one_line_and_a_nonzero_exit() {
     let good = write(dir, "good.json", &bge_m3_job("g-1", 1).to_string());
     let cases: Vec<(Vec<&str>, i32, String)> = vec![
         (vec!["submit", "/nonexistent/job.json"], 1, "batchd: cannot read /nonexistent/job.json: ".into()),
-        (vec!["submit", "/nonexistent/items.jsonl", "--model", "@cf/baai/bge-m3"], 1, "batchd: cannot read /nonexistent/items.jsonl".into()),
+        (
+            vec!["submit", "/nonexistent/items.jsonl", "--model", "@cf/baai/bge-m3"],
+            1,
+            "batchd: cannot read /nonexistent/items.jsonl".into(),
+        ),
         (vec!["submit", &bad_line, "--model", "@cf/baai/bge-m3"], 1, format!("batchd: {bad_line}:3: not valid JSON: ")),
-        (vec!["submit", &not_object, "--model", "@cf/baai/bge-m3"], 1, format!("batchd: {not_object}:2: a request item must be a JSON object, got an array")),
+        (
+            vec!["submit", &not_object, "--model", "@cf/baai/bge-m3"],
+            1,
+            format!("batchd: {not_object}:2: a request item must be a JSON object, got an array"),
+        ),
         (vec!["submit", &empty, "--model", "@cf/baai/bge-m3"], 1, format!("batchd: {empty}: no request items")),
         (vec!["submit", &jsonl_as_job], 1, format!("batchd: {jsonl_as_job}: `job` is not valid JSON: ")),
         (vec!["submit", &good, "--model", "@cf/../x"], 1, format!("batchd: {good}: invalid `model`: ")),
-        (vec!["submit", &good, "--out", "x.jsonl"], 2, "batchd: the following required arguments were not provided: --wait".into()),
+        (
+            vec!["submit", &good, "--out", "x.jsonl"],
+            2,
+            "batchd: the following required arguments were not provided: --wait".into(),
+        ),
         (vec!["submit", &good, "--id", "a b"], 1, "batchd: --id: contains ' '".into()),
         (vec!["status", "no-such-job"], 5, "batchd: no job no-such-job in namespace".into()),
         (vec!["cancel", "bad id"], 1, "batchd: job id \"bad id\" contains ' '".into()),
         (vec!["tail", "--stream", "a b"], 1, "batchd: --stream \"a b\": a results stream suffix is".into()),
         (vec!["tail", "--count", "many"], 2, "batchd: invalid value 'many' for '--count <N>'".into()),
-        (vec!["jobs", "--state", "bogus"], 2, "batchd: invalid value 'bogus' for '--state <STATE>': expected one of accepted,".into()),
+        (
+            vec!["jobs", "--state", "bogus"],
+            2,
+            "batchd: invalid value 'bogus' for '--state <STATE>': expected one of accepted,".into(),
+        ),
         (vec!["stats", "--scan-limit", "-1"], 2, "batchd: unexpected argument '-1' found".into()),
         (vec!["dead", "show", "1-0"], 5, format!("batchd: no dead-letter entry 1-0 in {}", world.keys.dead())),
         (vec!["dead", "show", "abc"], 1, "batchd: \"abc\" is not a stream entry id".into()),
@@ -464,7 +516,15 @@ async fn docs_cli_md_matches_every_commands_help() {
     let update = std::env::var_os("BATCHD_UPDATE_DOCS").is_some();
     let mut blocks: std::collections::HashMap<String, String> = Default::default();
     for command in command_paths(&world).await {
-        let prompt = format!("$ {}", ["batchd"].into_iter().chain(command.iter().map(String::as_str)).chain(["--help"]).collect::<Vec<_>>().join(" "));
+        let prompt = format!(
+            "$ {}",
+            ["batchd"]
+                .into_iter()
+                .chain(command.iter().map(String::as_str))
+                .chain(["--help"])
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
         blocks.insert(prompt, help_text(&world, &command).await);
     }
     // Rebuild the document: each known block gets the binary's text; compare with what is there.
@@ -488,7 +548,8 @@ async fn docs_cli_md_matches_every_commands_help() {
             }
             documented.push(body);
         }
-        let actual = blocks.get(&prompt).unwrap_or_else(|| panic!("docs/cli.md documents `{prompt}`, which is not a command"));
+        let actual =
+            blocks.get(&prompt).unwrap_or_else(|| panic!("docs/cli.md documents `{prompt}`, which is not a command"));
         if documented.join("\n") != *actual {
             stale.push(prompt.clone());
         }

@@ -44,7 +44,11 @@ fn node() -> PathBuf {
         "the Node example needs node 20 or newer on PATH (apt-get install nodejs npm), then `make examples-deps`"
     );
     let ioredis = root().join("examples/node/node_modules/ioredis/package.json");
-    assert!(ioredis.exists(), "the Node example needs its pinned packages: run `make examples-deps` ({} is missing)", ioredis.display());
+    assert!(
+        ioredis.exists(),
+        "the Node example needs its pinned packages: run `make examples-deps` ({} is missing)",
+        ioredis.display()
+    );
     PathBuf::from("node")
 }
 
@@ -56,7 +60,8 @@ async fn run_example(world: &World, mut command: Command) -> Value {
         .env("REDIS_URL", world.settings.redis.url.expose())
         .env("BATCHD_NAMESPACE", &world.settings.redis.namespace)
         .current_dir(root());
-    let output = tokio::time::timeout(Duration::from_secs(90), run(command)).await.expect("the example ends within 90 s");
+    let output =
+        tokio::time::timeout(Duration::from_secs(90), run(command)).await.expect("the example ends within 90 s");
     let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
     assert!(output.status.success(), "exit {:?}\nstdout: {stdout}\nstderr: {stderr}", output.status.code());
     assert_eq!(stdout.lines().count(), 1, "one JSON line: {stdout}");
@@ -127,10 +132,8 @@ fn rust_example() -> PathBuf {
     let path = profile_dir.join("examples/enqueue_and_read");
     if !path.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "--quiet", "--workspace", "--examples"])
-            .status()
-            .expect("run cargo");
+        let status =
+            Command::new(cargo).args(["build", "--quiet", "--workspace", "--examples"]).status().expect("run cargo");
         assert!(status.success() && path.exists(), "cannot build the batchd-producer example");
     }
     path
@@ -156,7 +159,10 @@ async fn the_rust_producer_example_enqueues_and_reads_its_result() {
 fn is_entry_id(token: &str) -> bool {
     let token = token.trim_matches('"');
     token.split_once('-').is_some_and(|(ms, seq)| {
-        ms.len() >= 10 && ms.bytes().all(|b| b.is_ascii_digit()) && !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit())
+        ms.len() >= 10
+            && ms.bytes().all(|b| b.is_ascii_digit())
+            && !seq.is_empty()
+            && seq.bytes().all(|b| b.is_ascii_digit())
     })
 }
 
@@ -219,7 +225,9 @@ fn walkthrough(doc: &str) -> Vec<Step> {
         }
         if line.starts_with("redis-cli ") {
             steps.push(Step { command: line.to_owned(), output: Vec::new() });
-        } else if let (Some(step), Some(output)) = (steps.last_mut(), line.strip_prefix("# ").or(line.strip_prefix("#").filter(|l| l.is_empty()))) {
+        } else if let (Some(step), Some(output)) =
+            (steps.last_mut(), line.strip_prefix("# ").or(line.strip_prefix("#").filter(|l| l.is_empty())))
+        {
             step.output.push(output.to_owned());
         }
     }
@@ -265,7 +273,12 @@ async fn the_redis_cli_walkthrough_of_the_producer_guide_replays() {
             );
             index += 1;
         }
-        assert_eq!(index, actual_lines.len(), "{}: the doc shows all of the output (or ends with `...`):\n{actual}", step.command);
+        assert_eq!(
+            index,
+            actual_lines.len(),
+            "{}: the doc shows all of the output (or ends with `...`):\n{actual}",
+            step.command
+        );
     }
     daemon.stop().await.unwrap();
 }

@@ -116,11 +116,8 @@ async fn transient_errors_past_the_attempt_limit_fail_with_the_last_error() {
 
 #[tokio::test]
 async fn a_job_past_its_deadline_ends_expired() {
-    let world = World::with_emulator(EmulatorConfig {
-        queued_for: Duration::from_secs(30),
-        ..EmulatorConfig::default()
-    })
-    .await;
+    let world =
+        World::with_emulator(EmulatorConfig { queued_for: Duration::from_secs(30), ..EmulatorConfig::default() }).await;
     let daemon = world.daemon();
     let mut job = bge_m3_job("slow", 1);
     job["deadline_secs"] = serde_json::json!(1);

@@ -85,9 +85,11 @@ async fn bge_m3_text_generation_and_embeddings_come_back_in_request_order() {
 async fn a_job_without_an_id_is_known_by_its_entry_id() {
     let world = World::new().await;
     let daemon = world.daemon();
-    let entry_id = world.enqueue(&json!({"model": "@cf/meta/m2m100-1.2b", "requests": [
-        {"text": "hello", "source_lang": "en", "target_lang": "es"}
-    ]})).await;
+    let entry_id = world
+        .enqueue(&json!({"model": "@cf/meta/m2m100-1.2b", "requests": [
+            {"text": "hello", "source_lang": "en", "target_lang": "es"}
+        ]}))
+        .await;
     let result = world.wait_for_result(&entry_id, WAIT).await;
     assert_eq!(result.status, ResultStatus::Completed);
     let item: serde_json::Value =
@@ -131,11 +133,9 @@ async fn the_results_index_completion_shape_and_missing_items_are_normalised() {
 
 #[tokio::test]
 async fn the_same_job_id_twice_is_one_remote_batch_and_one_result() {
-    let world = World::with_emulator(EmulatorConfig {
-        queued_for: Duration::from_millis(300),
-        ..EmulatorConfig::default()
-    })
-    .await;
+    let world =
+        World::with_emulator(EmulatorConfig { queued_for: Duration::from_millis(300), ..EmulatorConfig::default() })
+            .await;
     let daemon = world.daemon();
     world.enqueue(&bge_m3_job("twice", 2)).await;
     world.enqueue(&bge_m3_job("twice", 2)).await;

@@ -2,10 +2,10 @@
 //!
 //! One binary, one module per area. Every test gets its own namespace and (usually) its own Redis.
 
-mod bad_input;
 mod backlog;
-mod chaos;
+mod bad_input;
 mod big;
+mod chaos;
 mod cli;
 mod cli_ops;
 mod examples;

@@ -103,7 +103,10 @@ fn parse_prometheus(text: &str) -> BTreeMap<String, f64> {
         assert!(fields.next().is_none(), "trailing text in: {line}");
         let family = ["_bucket", "_sum", "_count"]
             .iter()
-            .find_map(|suffix| name.strip_suffix(suffix).filter(|base| types.get(*base).is_some_and(|t| t == "histogram" || t == "summary")))
+            .find_map(|suffix| {
+                name.strip_suffix(suffix)
+                    .filter(|base| types.get(*base).is_some_and(|t| t == "histogram" || t == "summary"))
+            })
             .unwrap_or(name);
         assert!(types.contains_key(family), "sample without TYPE: {line}");
         let key = if pairs.is_empty() { name.to_owned() } else { format!("{name}{{{}}}", pairs.join(",")) };
@@ -166,7 +169,9 @@ async fn metrics_parse_and_move_as_jobs_run() {
     let before = parse_prometheus(&text);
     assert_eq!(sample(&before, "batchd_redis_up"), 1.0);
     let ns = world.settings.redis.namespace.clone();
-    let depth = |stream: &str, state: &str| format!("batchd_queue_depth{{namespace=\"{ns}\",state=\"{state}\",stream=\"{stream}\"}}");
+    let depth = |stream: &str, state: &str| {
+        format!("batchd_queue_depth{{namespace=\"{ns}\",state=\"{state}\",stream=\"{stream}\"}}")
+    };
     for series in [
         depth("submit", "pending"),
         depth("submit", "in_flight"),
@@ -263,7 +268,10 @@ async fn the_sampler_reads_exact_queue_depths_from_redis() {
             earliest_due_ms: Some(now_ms - 4_000),
         }
     );
-    assert_eq!(batchd::admin::entry_age(sample.oldest_entry_id.as_deref().expect("oldest id"), now_ms), Duration::from_secs(90));
+    assert_eq!(
+        batchd::admin::entry_age(sample.oldest_entry_id.as_deref().expect("oldest id"), now_ms),
+        Duration::from_secs(90)
+    );
 
     let other = batchd_core::Keys::new("untouched").expect("namespace");
     let empty = QueueSample::read(&mut manager.clone(), &other, now_ms).await.expect("no keys, no group: zeros");
@@ -283,11 +291,19 @@ async fn the_keda_lag_signal_stays_valid_although_batchd_deletes_taken_entries()
         world.enqueue(&bge_m3_job(&format!("waiting-{i}"), 1)).await;
     }
     // KEDA's redis-streams scaler with lagCount reads the group's `lag` from XINFO GROUPS.
-    let groups: Vec<HashMap<String, redis::Value>> =
-        redis::cmd("XINFO").arg("GROUPS").arg(world.keys.submit()).query_async(&mut world.conn.clone()).await.expect("xinfo");
+    let groups: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(world.keys.submit())
+        .query_async(&mut world.conn.clone())
+        .await
+        .expect("xinfo");
     let group = groups
         .iter()
-        .find(|group| group.get("name").is_some_and(|name| redis::from_redis_value::<String>(name.clone()).ok().as_deref() == Some("batchd")))
+        .find(|group| {
+            group
+                .get("name")
+                .is_some_and(|name| redis::from_redis_value::<String>(name.clone()).ok().as_deref() == Some("batchd"))
+        })
         .expect("group batchd");
     let lag: Option<u64> = redis::from_redis_value(group.get("lag").expect("lag field").clone()).expect("lag type");
     assert_eq!(lag, Some(4), "taken entries are deleted, yet the lag is known and counts the waiting entries");
@@ -325,7 +341,8 @@ async fn receive_until(socket: &UnixDatagram, line: &str, n: usize, from: usize,
     let started = Instant::now();
     let mut buffer = vec![0u8; 4096];
     while seen[from..].iter().filter(|message| message.lines().any(|l| l == line)).count() < n {
-        let left = WAIT.checked_sub(started.elapsed()).unwrap_or_else(|| panic!("no {line} within {WAIT:?}; got {seen:?}"));
+        let left =
+            WAIT.checked_sub(started.elapsed()).unwrap_or_else(|| panic!("no {line} within {WAIT:?}; got {seen:?}"));
         let received = tokio::time::timeout(left, socket.recv(&mut buffer)).await;
         let size = received.unwrap_or_else(|_| panic!("no {line} within {WAIT:?}; got {seen:?}")).expect("recv");
         seen.push(String::from_utf8_lossy(&buffer[..size]).into_owned());
@@ -441,19 +458,28 @@ fn deployment_configs_load_and_supervisors_outwait_the_drain() {
         assert_eq!(settings.log.format, LogFormat::Json, "{path}");
         assert_eq!(settings.cloudflare.api_token_file, "/var/run/secrets/batchd/cloudflare-api-token", "{path}");
         let deployment = read("deploy/kubernetes/base/deployment.yaml");
-        assert!(deployment.contains("mountPath: /var/run/secrets/batchd"), "the token file is where the Secret is mounted");
+        assert!(
+            deployment.contains("mountPath: /var/run/secrets/batchd"),
+            "the token file is where the Secret is mounted"
+        );
         assert!(deployment.contains("path: /livez") && deployment.contains("path: /readyz"));
         let termination = number_after(&deployment, "terminationGracePeriodSeconds:");
         assert!(termination >= settings.shutdown.grace_secs + 10, "{path}: pods get longer than the drain");
         let keda = read("deploy/kubernetes/base/scaledobject.yaml");
-        assert!(keda.contains(&format!("stream: \"{{{}}}:submit\"", settings.redis.namespace)), "KEDA watches the submit stream");
+        assert!(
+            keda.contains(&format!("stream: \"{{{}}}:submit\"", settings.redis.namespace)),
+            "KEDA watches the submit stream"
+        );
         assert!(keda.contains("consumerGroup: batchd"));
         let address = keda.split("address: ").nth(1).and_then(|rest| rest.lines().next()).expect("KEDA address");
         assert!(settings.redis.url.expose().ends_with(&format!("//{address}")), "{path}: KEDA reads the same Redis");
     }
     let settings = load_config("deploy/systemd/batchd.toml");
     let unit = read("deploy/systemd/batchd.service");
-    assert!(number_after(&unit, "\nTimeoutStopSec=") >= settings.shutdown.grace_secs + 10, "systemd outwaits the drain");
+    assert!(
+        number_after(&unit, "\nTimeoutStopSec=") >= settings.shutdown.grace_secs + 10,
+        "systemd outwaits the drain"
+    );
     let watchdog = number_after(&unit, "\nWatchdogSec=");
     assert!(watchdog * 1000 >= settings.admin.sample_interval_ms * 2 && watchdog >= 10);
     assert!(unit.contains("RestartPreventExitStatus=78"));
@@ -501,9 +527,15 @@ fn the_grafana_dashboard_parses_and_queries_only_exported_metrics() {
         }
     }
     for panel in panels.iter().filter(|panel| panel["type"] != "row") {
-        assert!(panel["targets"].as_array().is_some_and(|targets| !targets.is_empty()), "panel {} has a query", panel["title"]);
+        assert!(
+            panel["targets"].as_array().is_some_and(|targets| !targets.is_empty()),
+            "panel {} has a query",
+            panel["title"]
+        );
     }
-    for essential in ["batchd_jobs_finished_total", "batchd_oldest_waiting_job_age_seconds", "batchd_api_requests_total"] {
+    for essential in
+        ["batchd_jobs_finished_total", "batchd_oldest_waiting_job_age_seconds", "batchd_api_requests_total"]
+    {
         assert!(used.iter().any(|name| name == essential), "{essential} is on the dashboard");
     }
 }

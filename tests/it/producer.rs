@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use batchd_core::JobId;
 use batchd_emulator::EmulatorConfig;
-use batchd_producer::{CancelOutcome, Delivery, JobState, NewJob, Producer, ProducerError, ReaderOptions, ResultReader, ResultStatus};
+use batchd_producer::{
+    CancelOutcome, Delivery, JobState, NewJob, Producer, ProducerError, ReaderOptions, ResultReader, ResultStatus,
+};
 use batchd_tests::World;
 use redis::AsyncCommands;
 use serde_json::json;
@@ -198,7 +200,11 @@ async fn a_thousand_results_survive_a_reader_killed_and_restarted_halfway() {
         if acked_jobs.len() == N {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(180), "phase 3 stalled: {} of {N} acknowledged", acked_jobs.len());
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "phase 3 stalled: {} of {N} acknowledged",
+            acked_jobs.len()
+        );
         let batch = reader.next_batch().await.unwrap();
         handle(&mut reader, &batch, &log, true).await;
     }
@@ -227,9 +233,14 @@ async fn a_thousand_results_survive_a_reader_killed_and_restarted_halfway() {
     }
     assert!(n_redelivered >= unacked.len() + stranded.len(), "both unacknowledged batches came again");
     let claimed: HashSet<&String> = stranded.iter().collect();
-    let w2_got_them = log.lock().unwrap().iter().filter(|event| {
-        matches!(event, Event::Delivered { entry_id, redelivered: true, .. } if claimed.contains(entry_id))
-    }).count();
+    let w2_got_them = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(
+            |event| matches!(event, Event::Delivered { entry_id, redelivered: true, .. } if claimed.contains(entry_id)),
+        )
+        .count();
     assert_eq!(w2_got_them, stranded.len(), "w2 claimed what the killed w1 held");
     let published_while_reading = world.results().await.len();
     eprintln!(
@@ -241,8 +252,12 @@ async fn a_thousand_results_survive_a_reader_killed_and_restarted_halfway() {
         published_at_kill
     );
     assert!(published_at_kill < published_while_reading, "results were still being published during the restarts");
-    let pending: redis::Value =
-        redis::cmd("XPENDING").arg(world.keys.results()).arg("billing").query_async(&mut world.conn.clone()).await.unwrap();
+    let pending: redis::Value = redis::cmd("XPENDING")
+        .arg(world.keys.results())
+        .arg("billing")
+        .query_async(&mut world.conn.clone())
+        .await
+        .unwrap();
     let redis::Value::Array(summary) = pending else { panic!("XPENDING summary: {pending:?}") };
     assert_eq!(summary.first(), Some(&redis::Value::Int(0)), "nothing left pending");
 }
@@ -273,13 +288,15 @@ async fn a_reader_acknowledges_entries_trimmed_while_pending_and_counts_them() {
     let mut conn = world.conn.clone();
     let mut reader = producer.results_reader(options("w1")).await.unwrap();
     for i in 0..3 {
-        let _: String = conn.xadd(world.keys.results(), "*", &[("v", "1"), ("job_id", &format!("t-{i}"))]).await.unwrap();
+        let _: String =
+            conn.xadd(world.keys.results(), "*", &[("v", "1"), ("job_id", &format!("t-{i}"))]).await.unwrap();
     }
     let batch = reader.next_batch().await.unwrap();
     assert_eq!(batch.len(), 3);
     assert!(batch.iter().all(|d| !d.redelivered));
     // The stream rolls past two of them before they are acknowledged; the reader restarts.
-    let _: i64 = redis::cmd("XTRIM").arg(world.keys.results()).arg("MAXLEN").arg(1).query_async(&mut conn).await.unwrap();
+    let _: i64 =
+        redis::cmd("XTRIM").arg(world.keys.results()).arg("MAXLEN").arg(1).query_async(&mut conn).await.unwrap();
     drop(reader);
     let mut reader = producer.results_reader(options("w1")).await.unwrap();
     let batch = reader.next_batch().await.unwrap();

@@ -51,7 +51,11 @@ async fn assert_exactly_once(world: &World, ids: &[String]) {
 }
 
 fn slow_batches() -> EmulatorConfig {
-    EmulatorConfig { queued_for: Duration::from_millis(1500), running_for: Duration::from_millis(500), ..Default::default() }
+    EmulatorConfig {
+        queued_for: Duration::from_millis(1500),
+        running_for: Duration::from_millis(500),
+        ..Default::default()
+    }
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use batchd_core::{JobId, Keys, ResultStatus};
 use batchd_emulator::{Emulator, EmulatorConfig, EmulatorHandle};
-use batchd_tests::{bge_m3_job, free_port, test_settings, Daemon};
+use batchd_tests::{Daemon, bge_m3_job, free_port, test_settings};
 use redis::AsyncCommands;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -39,7 +39,7 @@ impl Drop for Process {
 
 fn temp_dir(label: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("batchd-it-{label}-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(&dir).expect("test setup");
     dir
 }
 
@@ -67,14 +67,14 @@ async fn ping(client: &redis::Client) -> bool {
 }
 
 async fn emulator() -> EmulatorHandle {
-    Emulator::start(EmulatorConfig::default(), "127.0.0.1:0".parse().unwrap()).await.unwrap()
+    Emulator::start(EmulatorConfig::default(), "127.0.0.1:0".parse().expect("test setup")).await.expect("test setup")
 }
 
 /// Enqueues `ids` and waits for their results through `conn`, checking each completed exactly once.
 async fn run_jobs<C: redis::aio::ConnectionLike + Clone + Send + Sync>(conn: &C, keys: &Keys, ids: &[String]) {
     let mut conn = conn.clone();
     for id in ids {
-        let _: String = conn.xadd(keys.submit(), "*", &[("job", bge_m3_job(id, 2).to_string())]).await.unwrap();
+        let _: String = conn.xadd(keys.submit(), "*", &[("job", bge_m3_job(id, 2).to_string())]).await.expect("test setup");
     }
     let started = Instant::now();
     loop {
@@ -95,15 +95,53 @@ async fn run_jobs<C: redis::aio::ConnectionLike + Clone + Send + Sync>(conn: &C,
 
 fn make_certificates(dir: &Path) {
     let run = |args: &[&str]| {
-        let status = Command::new("openssl").args(args).current_dir(dir).stderr(Stdio::null()).status().unwrap();
+        let status = Command::new("openssl").args(args).current_dir(dir).stderr(Stdio::null()).status().expect("test setup");
         assert!(status.success(), "openssl {args:?}");
     };
-    run(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=batchd-test-ca"]);
-    run(&["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]);
-    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").unwrap();
     run(&[
-        "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out",
-        "server.crt", "-days", "1", "-extfile", "ext.cnf",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=batchd-test-ca",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(dir.join("ext.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").expect("test setup");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "1",
+        "-extfile",
+        "ext.cnf",
     ]);
 }
 
@@ -113,35 +151,69 @@ async fn tls_with_an_acl_user_and_a_private_ca() {
     make_certificates(&dir);
     let port = free_port();
     let d = |name: &str| dir.join(name).to_string_lossy().into_owned();
-    let _redis = Process::spawn(&[
-        args(&["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]),
-        vec!["--dir".into(), d(""), "--tls-cert-file".into(), d("server.crt"), "--tls-key-file".into(), d("server.key")],
-        vec!["--tls-ca-cert-file".into(), d("ca.crt")],
-        args(&["--tls-auth-clients", "no", "--user", "default", "off", "--user", "batchd", "on", ">s3cret", "~*", "&*", "+@all"]),
-    ]
-    .concat());
+    let _redis = Process::spawn(
+        &[
+            args(&[
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ]),
+            vec![
+                "--dir".into(),
+                d(""),
+                "--tls-cert-file".into(),
+                d("server.crt"),
+                "--tls-key-file".into(),
+                d("server.key"),
+            ],
+            vec!["--tls-ca-cert-file".into(), d("ca.crt")],
+            args(&[
+                "--tls-auth-clients",
+                "no",
+                "--user",
+                "default",
+                "off",
+                "--user",
+                "batchd",
+                "on",
+                ">s3cret",
+                "~*",
+                "&*",
+                "+@all",
+            ]),
+        ]
+        .concat(),
+    );
     let url = format!("rediss://batchd:s3cret@127.0.0.1:{port}");
-    let certificates = redis::TlsCertificates { client_tls: None, root_cert: Some(std::fs::read(dir.join("ca.crt")).unwrap()) };
-    let client = redis::Client::build_with_tls(url.as_str(), certificates).unwrap();
+    let certificates =
+        redis::TlsCertificates { client_tls: None, root_cert: Some(std::fs::read(dir.join("ca.crt")).expect("test setup")) };
+    let client = redis::Client::build_with_tls(url.as_str(), certificates).expect("test setup");
     wait_until("the TLS server", || ping(&client)).await;
 
     // Without the CA the server is not trusted; with a wrong password the ACL refuses.
-    let untrusted = redis::Client::open(url.as_str()).unwrap();
+    let untrusted = redis::Client::open(url.as_str()).expect("test setup");
     assert!(!ping(&untrusted).await, "a server signed by an unknown CA must not be trusted");
 
     let emulator = emulator().await;
     let mut settings = test_settings(&url, &emulator, "tls");
     settings.redis.tls_ca_file = d("ca.crt");
     let daemon = Daemon::start(settings.clone(), &emulator);
-    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    let conn = client.get_multiplexed_async_connection().await.expect("test setup");
     let ids: Vec<String> = (0..3).map(|i| format!("tls-{i}")).collect();
     run_jobs(&conn, &settings.keys(), &ids).await;
-    daemon.stop().await.unwrap();
+    daemon.stop().await.expect("test setup");
 
     let mut wrong = settings.clone();
     wrong.redis.url = batchd::settings::Secret::new(format!("rediss://batchd:wrong@127.0.0.1:{port}"));
-    let endpoint = wrong.redis_endpoint().unwrap();
-    let mut conn = endpoint.shared().unwrap();
+    let endpoint = wrong.redis_endpoint().expect("test setup");
+    let mut conn = endpoint.shared().expect("test setup");
     let refused: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut conn).await;
     let error = refused.expect_err("wrong password refused").to_string();
     assert!(error.contains("WRONGPASS") || error.to_lowercase().contains("auth"), "{error}");
@@ -154,16 +226,27 @@ async fn redis_cluster_runs_the_pipeline_and_namespaces_land_on_different_slots(
     let _nodes: Vec<Process> = ports
         .iter()
         .map(|port| {
-            Process::spawn(&[
-                args(&["--port", &port.to_string(), "--bind", "127.0.0.1", "--cluster-enabled", "yes", "--save", ""]),
-                vec!["--cluster-config-file".into(), format!("nodes-{port}.conf")],
-                vec!["--dir".into(), dir.to_string_lossy().into_owned(), "--appendonly".into(), "no".into()],
-            ]
-            .concat())
+            Process::spawn(
+                &[
+                    args(&[
+                        "--port",
+                        &port.to_string(),
+                        "--bind",
+                        "127.0.0.1",
+                        "--cluster-enabled",
+                        "yes",
+                        "--save",
+                        "",
+                    ]),
+                    vec!["--cluster-config-file".into(), format!("nodes-{port}.conf")],
+                    vec!["--dir".into(), dir.to_string_lossy().into_owned(), "--appendonly".into(), "no".into()],
+                ]
+                .concat(),
+            )
         })
         .collect();
     for port in &ports {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("test setup");
         wait_until("a cluster node", || ping(&client)).await;
     }
     let mut create = Command::new("redis-cli");
@@ -171,19 +254,20 @@ async fn redis_cluster_runs_the_pipeline_and_namespaces_land_on_different_slots(
     for port in &ports {
         create.arg(format!("127.0.0.1:{port}"));
     }
-    let status = create.args(["--cluster-replicas", "0", "--cluster-yes"]).stdout(Stdio::null()).status().unwrap();
+    let status = create.args(["--cluster-replicas", "0", "--cluster-yes"]).stdout(Stdio::null()).status().expect("test setup");
     assert!(status.success(), "redis-cli --cluster create");
     let seeds: Vec<String> = ports.iter().map(|port| format!("redis://127.0.0.1:{port}")).collect();
-    let cluster = redis::cluster::ClusterClient::new(seeds.clone()).unwrap();
+    let cluster = redis::cluster::ClusterClient::new(seeds.clone()).expect("test setup");
     wait_until("cluster_state:ok", || async {
-        let Ok(mut conn) = redis::Client::open(seeds[0].as_str()).unwrap().get_multiplexed_async_connection().await else {
+        let Ok(mut conn) = redis::Client::open(seeds[0].as_str()).expect("test setup").get_multiplexed_async_connection().await
+        else {
             return false;
         };
         let info: String = redis::cmd("CLUSTER").arg("INFO").query_async(&mut conn).await.unwrap_or_default();
         info.contains("cluster_state:ok")
     })
     .await;
-    let conn = cluster.get_async_connection().await.unwrap();
+    let conn = cluster.get_async_connection().await.expect("test setup");
 
     // One daemon serving two namespaces, each its own hash tag and so its own slot.
     let emulator = emulator().await;
@@ -194,15 +278,21 @@ async fn redis_cluster_runs_the_pipeline_and_namespaces_land_on_different_slots(
     let daemon = Daemon::start(settings.clone(), &emulator);
     let mut slots = Vec::new();
     for keys in settings.all_keys() {
-        let slot: u16 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(keys.submit()).query_async(&mut conn.clone()).await.unwrap();
-        let same: u16 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(keys.job(&JobId::parse("x").unwrap())).query_async(&mut conn.clone()).await.unwrap();
+        let slot: u16 =
+            redis::cmd("CLUSTER").arg("KEYSLOT").arg(keys.submit()).query_async(&mut conn.clone()).await.expect("test setup");
+        let same: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(keys.job(&JobId::parse("x").expect("test setup")))
+            .query_async(&mut conn.clone())
+            .await
+            .expect("test setup");
         assert_eq!(slot, same, "all keys of a namespace share one slot");
         slots.push(slot);
         let ids: Vec<String> = (0..4).map(|i| format!("{}-{i}", keys.namespace())).collect();
         run_jobs(&conn, &keys, &ids).await;
     }
     assert_ne!(slots[0], slots[1], "the namespaces spread over the cluster");
-    daemon.stop().await.unwrap();
+    daemon.stop().await.expect("test setup");
 }
 
 #[tokio::test]
@@ -216,7 +306,8 @@ async fn sentinel_failover_is_followed() {
             .collect::<Vec<String>>()
     };
     let _master = Process::spawn(&common(master_port));
-    let _replica = Process::spawn(&[common(replica_port), args(&["--replicaof", "127.0.0.1", &master_port.to_string()])].concat());
+    let _replica =
+        Process::spawn(&[common(replica_port), args(&["--replicaof", "127.0.0.1", &master_port.to_string()])].concat());
     let conf = dir.join("sentinel.conf");
     std::fs::write(
         &conf,
@@ -226,11 +317,11 @@ async fn sentinel_failover_is_followed() {
             dir.display()
         ),
     )
-    .unwrap();
+    .expect("test setup");
     let _sentinel = Process::spawn(&[conf.to_string_lossy().into_owned(), "--sentinel".into()]);
-    let sentinel_client = redis::Client::open(format!("redis://127.0.0.1:{sentinel_port}")).unwrap();
+    let sentinel_client = redis::Client::open(format!("redis://127.0.0.1:{sentinel_port}")).expect("test setup");
     wait_until("the sentinel", || ping(&sentinel_client)).await;
-    let replica = redis::Client::open(format!("redis://127.0.0.1:{replica_port}")).unwrap();
+    let replica = redis::Client::open(format!("redis://127.0.0.1:{replica_port}")).expect("test setup");
     wait_until("replication", || async {
         let Ok(mut conn) = replica.get_multiplexed_async_connection().await else { return false };
         let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await.unwrap_or_default();
@@ -244,14 +335,14 @@ async fn sentinel_failover_is_followed() {
     settings.redis.nodes = vec![format!("redis://127.0.0.1:{sentinel_port}")];
     let keys = settings.keys();
     let daemon = Daemon::start(settings.clone(), &emulator);
-    let master = redis::Client::open(format!("redis://127.0.0.1:{master_port}")).unwrap();
+    let master = redis::Client::open(format!("redis://127.0.0.1:{master_port}")).expect("test setup");
     let before: Vec<String> = (0..3).map(|i| format!("before-{i}")).collect();
-    run_jobs(&master.get_multiplexed_async_connection().await.unwrap(), &keys, &before).await;
+    run_jobs(&master.get_multiplexed_async_connection().await.expect("test setup"), &keys, &before).await;
 
     // Fail over: the replica becomes the master; the old master becomes a replica.
     // The sentinel learns about the replica from the master's INFO (every few seconds); until then it answers
     // NOGOODSLAVE, so ask until it accepts.
-    let mut sentinel = sentinel_client.get_multiplexed_async_connection().await.unwrap();
+    let sentinel = sentinel_client.get_multiplexed_async_connection().await.expect("test setup");
     wait_until("the sentinel to accept a failover", || {
         let mut sentinel = sentinel.clone();
         async move {
@@ -268,7 +359,7 @@ async fn sentinel_failover_is_followed() {
     })
     .await;
     let after: Vec<String> = (0..3).map(|i| format!("after-{i}")).collect();
-    run_jobs(&replica.get_multiplexed_async_connection().await.unwrap(), &keys, &after).await;
+    run_jobs(&replica.get_multiplexed_async_connection().await.expect("test setup"), &keys, &after).await;
     assert!(daemon.is_running());
-    daemon.stop().await.unwrap();
+    daemon.stop().await.expect("test setup");
 }

@@ -17,8 +17,8 @@ mod proptests;
 pub use client::BatchClient;
 pub use error::{ApiError, ErrorKind};
 pub use reply::{PollStatus, Submitted};
-pub use wire::submit_body_bytes;
 pub use settings::{
     ApiToken, ClientBuildError, ClientSettings, DEFAULT_BASE_URL, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
     MAX_ACCOUNT_ID_LEN,
 };
+pub use wire::submit_body_bytes;

@@ -80,10 +80,18 @@ pub(crate) fn read_poll(http_status: u16, body: &[u8], n_items: usize) -> Result
     };
     let usage = read_usage(result.usage.as_deref());
     if let Some(items) = result.responses {
-        return Ok(PollStatus::Done(JobOutput { responses: restore_order(items, IndexKey::Id, n_items), usage, failed_batches: Vec::new() }));
+        return Ok(PollStatus::Done(JobOutput {
+            responses: restore_order(items, IndexKey::Id, n_items),
+            usage,
+            failed_batches: Vec::new(),
+        }));
     }
     if let Some(items) = result.results {
-        return Ok(PollStatus::Done(JobOutput { responses: restore_order(items, IndexKey::Index, n_items), usage, failed_batches: Vec::new() }));
+        return Ok(PollStatus::Done(JobOutput {
+            responses: restore_order(items, IndexKey::Index, n_items),
+            usage,
+            failed_batches: Vec::new(),
+        }));
     }
     match result.status.as_deref().map(str::to_ascii_lowercase).as_deref() {
         Some("queued") => Ok(PollStatus::Queued),

@@ -127,7 +127,8 @@ pub(crate) fn as_index(value: &Value) -> Option<usize> {
 /// the items byte for byte, and one comma between neighbours.
 pub fn submit_body_bytes(item_sizes: impl IntoIterator<Item = usize>) -> usize {
     const ENVELOPE: usize = r#"{"requests":[]}"#.len();
-    let (total, count) = item_sizes.into_iter().fold((0usize, 0usize), |(total, count), size| (total + size, count + 1));
+    let (total, count) =
+        item_sizes.into_iter().fold((0usize, 0usize), |(total, count), size| (total + size, count + 1));
     ENVELOPE + total + count.saturating_sub(1)
 }
 

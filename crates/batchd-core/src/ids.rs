@@ -39,9 +39,7 @@ impl JobId {
         }
         // Characters first: past this check a character is a byte, so the length below is exact in both units.
         if let Some(bad) = raw.chars().find(|c| !is_job_id_char(*c)) {
-            return Err(InvalidId::new(format!(
-                "contains {bad:?}; allowed characters are A-Z a-z 0-9 . _ : -"
-            )));
+            return Err(InvalidId::new(format!("contains {bad:?}; allowed characters are A-Z a-z 0-9 . _ : -")));
         }
         if raw.len() > MAX_JOB_ID_LEN {
             return Err(InvalidId::new(format!("is {} characters long, the maximum is {MAX_JOB_ID_LEN}", raw.len())));
@@ -149,10 +147,7 @@ impl RequestId {
     /// Parses a request id returned by the API.
     pub fn parse(raw: &str) -> Result<Self, InvalidId> {
         if raw.is_empty() || raw.len() > MAX_REQUEST_ID_LEN {
-            return Err(InvalidId::new(format!(
-                "request id must be 1-{MAX_REQUEST_ID_LEN} bytes, got {}",
-                raw.len()
-            )));
+            return Err(InvalidId::new(format!("request id must be 1-{MAX_REQUEST_ID_LEN} bytes, got {}", raw.len())));
         }
         if raw.chars().any(|c| c.is_control() || c.is_whitespace()) {
             return Err(InvalidId::new("request id contains whitespace or control characters"));
@@ -200,9 +195,8 @@ impl ChunkRef {
         let (job, index) = raw
             .rsplit_once('#')
             .ok_or_else(|| InvalidId::new(format!("{raw:?} is not a chunk reference (<job_id>#<index>)")))?;
-        let index = index
-            .parse()
-            .map_err(|_| InvalidId::new(format!("{raw:?} has a chunk index that is not a number")))?;
+        let index =
+            index.parse().map_err(|_| InvalidId::new(format!("{raw:?} has a chunk index that is not a number")))?;
         Ok(Self { job_id: JobId::parse(job)?, index })
     }
 }

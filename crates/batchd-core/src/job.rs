@@ -18,7 +18,8 @@ use crate::keys::Keys;
 pub const JOB_FIELD: &str = "job";
 
 /// The fields a v1 job may have; anything else is refused, so a typo cannot be silently ignored.
-const KNOWN_FIELDS: [&str; 7] = ["id", "model", "requests", "reply_to", "metadata", "deadline_secs", "retry_failed_items"];
+const KNOWN_FIELDS: [&str; 7] =
+    ["id", "model", "requests", "reply_to", "metadata", "deadline_secs", "retry_failed_items"];
 
 /// Size bounds enforced before any work is done on an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,12 +117,7 @@ impl Job {
     }
 
     /// Decodes and validates a job's JSON text; `default_id` is used when the job has no `id`.
-    pub fn decode_json(
-        text: &str,
-        default_id: &str,
-        limits: &JobLimits,
-        keys: &Keys,
-    ) -> Result<Job, DecodeError> {
+    pub fn decode_json(text: &str, default_id: &str, limits: &JobLimits, keys: &Keys) -> Result<Job, DecodeError> {
         // Borrowed views into `text` all the way down: a job can be tens of MB, and only the request items are
         // copied (once, into the job).
         let value: &RawValue = serde_json::from_str(text)
@@ -135,9 +131,8 @@ impl Job {
         let object: BTreeMap<String, &RawValue> = serde_json::from_str(value.get())
             .map_err(|e| DecodeError::undecodable(format!("`{JOB_FIELD}` is not a valid JSON object: {e}")))?;
 
-        let fallback_id = JobId::parse(default_id).map_err(|e| {
-            DecodeError::undecodable(format!("entry id {default_id:?} cannot be a job id: {e}"))
-        })?;
+        let fallback_id = JobId::parse(default_id)
+            .map_err(|e| DecodeError::undecodable(format!("entry id {default_id:?} cannot be a job id: {e}")))?;
         let (id, id_error) = match object.get("id").map(|raw| raw.get()) {
             None | Some("null") => (fallback_id, None),
             Some(raw) => match serde_json::from_str::<String>(raw) {
@@ -148,11 +143,7 @@ impl Job {
                 Err(_) => (fallback_id, Some(format!("must be a string, got {}", json_kind(raw)))),
             },
         };
-        let invalid = |field: &'static str, reason: String| DecodeError::Invalid {
-            job_id: id.clone(),
-            field,
-            reason,
-        };
+        let invalid = |field: &'static str, reason: String| DecodeError::Invalid { job_id: id.clone(), field, reason };
         if let Some(reason) = id_error {
             return Err(invalid("id", reason));
         }
@@ -170,9 +161,8 @@ impl Job {
 
         let requests: Vec<Box<RawValue>> = match object.get("requests") {
             None => return Err(invalid("requests", "is missing".to_owned())),
-            Some(raw) => serde_json::from_str(raw.get()).map_err(|_| {
-                invalid("requests", format!("must be an array, got {}", json_kind(raw.get())))
-            })?,
+            Some(raw) => serde_json::from_str(raw.get())
+                .map_err(|_| invalid("requests", format!("must be an array, got {}", json_kind(raw.get()))))?,
         };
         if requests.is_empty() {
             return Err(invalid("requests", "must not be empty".to_owned()));
@@ -180,16 +170,10 @@ impl Job {
         if requests.len() > limits.max_items {
             return Err(invalid(
                 "requests",
-                format!(
-                    "has {} items, the limit (limits.max_items) is {}",
-                    requests.len(),
-                    limits.max_items
-                ),
+                format!("has {} items, the limit (limits.max_items) is {}", requests.len(), limits.max_items),
             ));
         }
-        if let Some((index, item)) =
-            requests.iter().enumerate().find(|(_, item)| !item.get().starts_with('{'))
-        {
+        if let Some((index, item)) = requests.iter().enumerate().find(|(_, item)| !item.get().starts_with('{')) {
             return Err(invalid(
                 "requests",
                 format!("item {index} must be a JSON object, got {}", json_kind(item.get())),
@@ -218,10 +202,7 @@ impl Job {
             None => None,
             Some(raw) if raw.get().starts_with('{') => Some(raw.to_owned()),
             Some(raw) => {
-                return Err(invalid(
-                    "metadata",
-                    format!("must be a JSON object, got {}", json_kind(raw.get())),
-                ));
+                return Err(invalid("metadata", format!("must be a JSON object, got {}", json_kind(raw.get()))));
             }
         };
 
@@ -269,8 +250,7 @@ fn optional<'a>(object: &BTreeMap<String, &'a RawValue>, name: &str) -> Option<&
 }
 
 fn string_field(raw: &RawValue) -> Result<String, String> {
-    serde_json::from_str::<String>(raw.get())
-        .map_err(|_| format!("must be a string, got {}", json_kind(raw.get())))
+    serde_json::from_str::<String>(raw.get()).map_err(|_| format!("must be a string, got {}", json_kind(raw.get())))
 }
 
 /// A wrong value for an error message: a number as written (shortened), anything else by its kind, so a
@@ -332,16 +312,10 @@ mod tests {
 
     #[test]
     fn each_bad_input_has_a_message_naming_the_problem() {
-        assert_eq!(
-            error("not json"),
-            "`job` is not valid JSON: expected ident at line 1 column 2"
-        );
+        assert_eq!(error("not json"), "`job` is not valid JSON: expected ident at line 1 column 2");
         assert_eq!(error("[1,2]"), "`job` must be a JSON object, got an array");
         assert_eq!(error(r#"{"requests":[{}]}"#), "invalid `model`: is missing");
-        assert_eq!(
-            error(r#"{"model":"@cf/baai/bge-m3","requests":[]}"#),
-            "invalid `requests`: must not be empty"
-        );
+        assert_eq!(error(r#"{"model":"@cf/baai/bge-m3","requests":[]}"#), "invalid `requests`: must not be empty");
         assert_eq!(
             error(r#"{"id":"a b","model":"@cf/baai/bge-m3","requests":[{}]}"#),
             "invalid `id`: contains ' '; allowed characters are A-Z a-z 0-9 . _ : -"

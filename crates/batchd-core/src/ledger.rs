@@ -181,10 +181,19 @@ mod tests {
 
     #[test]
     fn states_round_trip_through_their_names() {
-        for state in [JobState::Accepted, JobState::Running, JobState::Completed, JobState::Failed, JobState::Expired, JobState::Cancelled] {
+        for state in [
+            JobState::Accepted,
+            JobState::Running,
+            JobState::Completed,
+            JobState::Failed,
+            JobState::Expired,
+            JobState::Cancelled,
+        ] {
             assert_eq!(state.as_str().parse::<JobState>().unwrap(), state);
         }
-        for state in [ChunkState::Pending, ChunkState::Submitting, ChunkState::Polling, ChunkState::Done, ChunkState::Failed] {
+        for state in
+            [ChunkState::Pending, ChunkState::Submitting, ChunkState::Polling, ChunkState::Done, ChunkState::Failed]
+        {
             assert_eq!(state.as_str().parse::<ChunkState>().unwrap(), state);
         }
         assert!("bogus".parse::<JobState>().is_err());

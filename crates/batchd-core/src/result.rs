@@ -217,9 +217,7 @@ impl ResultEntry {
 
     /// Reads an entry back from its stream fields.
     pub fn from_fields(fields: &HashMap<String, String>) -> Result<Self, MalformedResult> {
-        let get = |name: &str| {
-            fields.get(name).ok_or_else(|| MalformedResult(format!("field `{name}` is missing")))
-        };
+        let get = |name: &str| fields.get(name).ok_or_else(|| MalformedResult(format!("field `{name}` is missing")));
         let number = |name: &str| -> Result<u64, MalformedResult> {
             get(name)?.parse().map_err(|_| MalformedResult(format!("field `{name}` is not a number")))
         };
@@ -245,8 +243,7 @@ impl ResultEntry {
             metadata: json_field("metadata")?
                 .map(|text| serde_json::from_str(text).map_err(|e| parse("metadata", &e.to_string())))
                 .transpose()?,
-            request_ids: serde_json::from_str(get("request_ids")?)
-                .map_err(|e| parse("request_ids", &e.to_string()))?,
+            request_ids: serde_json::from_str(get("request_ids")?).map_err(|e| parse("request_ids", &e.to_string()))?,
             accepted_at: number("accepted_at")?,
             finished_at: number("finished_at")?,
             items_total: number("items_total")? as usize,

@@ -199,12 +199,8 @@ impl ResultReader {
         if ids.is_empty() {
             return Ok(());
         }
-        let _: i64 = redis::cmd("XACK")
-            .arg(&self.stream)
-            .arg(&self.options.group)
-            .arg(ids)
-            .query_async(&mut self.conn)
-            .await?;
+        let _: i64 =
+            redis::cmd("XACK").arg(&self.stream).arg(&self.options.group).arg(ids).query_async(&mut self.conn).await?;
         Ok(())
     }
 

@@ -259,7 +259,10 @@ pub struct Healing {
 
 impl fmt::Debug for Healing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Healing").field("endpoint", &self.endpoint).field("response_timeout", &self.response_timeout).finish()
+        f.debug_struct("Healing")
+            .field("endpoint", &self.endpoint)
+            .field("response_timeout", &self.response_timeout)
+            .finish()
     }
 }
 

@@ -15,8 +15,8 @@ use apalis_core::backend::{Backend, BackendConfig};
 use apalis_core::task::Task;
 use apalis_core::task::builder::TaskBuilder;
 use apalis_core::worker::context::WorkerContext;
-use futures::future::BoxFuture;
 use futures::FutureExt;
+use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -51,12 +51,7 @@ impl<T> fmt::Debug for FetchBackend<T> {
 impl<T: Send + 'static> FetchBackend<T> {
     /// Starts `fetch` as a task feeding a channel of `capacity` items; `stop` ends it (also cancelled when the
     /// backend closes). `fetch` must stop promptly once `stop` is cancelled, sending only into permits it holds.
-    pub fn spawn<F, Fut>(
-        capacity: usize,
-        stop: CancellationToken,
-        hand_back: Arc<dyn HandBack<T>>,
-        fetch: F,
-    ) -> Self
+    pub fn spawn<F, Fut>(capacity: usize, stop: CancellationToken, hand_back: Arc<dyn HandBack<T>>, fetch: F) -> Self
     where
         F: FnOnce(mpsc::Sender<T>, CancellationToken) -> Fut,
         Fut: std::future::Future<Output = ()> + Send + 'static,

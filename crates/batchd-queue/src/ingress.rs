@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 
 use batchd_core::Keys;
 use batchd_core::keys::CONSUMER_GROUP;
-use futures::future::BoxFuture;
 use futures::FutureExt;
+use futures::future::BoxFuture;
 use redis::streams::{StreamAutoClaimOptions, StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::fetch::{pause, reserve, FetchBackend, HandBack};
+use crate::fetch::{FetchBackend, HandBack, pause, reserve};
 use crate::{Conn, Endpoint, RetryDelay};
 
 /// A read of more than this many bytes replaces the reader's connection afterwards (see `fetch_loop`).

@@ -4,13 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use futures::FutureExt;
+use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::fetch::{pause, reserve, FetchBackend, HandBack};
-use crate::{now_ms, RetryDelay, Store};
+use crate::fetch::{FetchBackend, HandBack, pause, reserve};
+use crate::{RetryDelay, Store, now_ms};
 
 /// Settings of the schedule fetcher.
 #[derive(Debug, Clone)]

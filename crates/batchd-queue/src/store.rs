@@ -224,10 +224,9 @@ impl Placement {
     fn encode(&self) -> (String, String) {
         match self {
             Self::Range { start, len } => (format!("{start}:{len}"), String::new()),
-            Self::Indices(indices) => (
-                format!("0:{}", indices.len()),
-                serde_json::to_string(indices).expect("indices serialise"),
-            ),
+            Self::Indices(indices) => {
+                (format!("0:{}", indices.len()), serde_json::to_string(indices).expect("indices serialise"))
+            }
         }
     }
 }
@@ -502,13 +501,7 @@ impl Store {
             }
             Some(dead) => {
                 invocation.arg(3 + dead.fields.len());
-                invocation
-                    .arg("source_id")
-                    .arg(entry_id)
-                    .arg("error")
-                    .arg(&dead.reason)
-                    .arg("dead_at")
-                    .arg(now);
+                invocation.arg("source_id").arg(entry_id).arg("error").arg(&dead.reason).arg("dead_at").arg(now);
                 for (name, value) in &dead.fields {
                     invocation.arg(format!("field:{name}")).arg(value.as_slice());
                 }
@@ -535,8 +528,7 @@ impl Store {
 
     /// The score of the earliest schedule member, if any (to sleep until it is due).
     pub async fn next_due(&self) -> Result<Option<UnixMillis>, StoreError> {
-        let first: Vec<(String, f64)> =
-            self.conn.clone().zrange_withscores(self.keys.schedule(), 0, 0).await?;
+        let first: Vec<(String, f64)> = self.conn.clone().zrange_withscores(self.keys.schedule(), 0, 0).await?;
         Ok(first.first().map(|(_, score)| *score as UnixMillis))
     }
 
@@ -663,20 +655,13 @@ impl Store {
         let Some(state) = values[0].as_deref() else {
             return Ok(None);
         };
-        let corrupt = |what: &str| StoreError::Corrupt {
-            job_id: chunk.job_id.to_string(),
-            detail: what.to_owned(),
-        };
+        let corrupt = |what: &str| StoreError::Corrupt { job_id: chunk.job_id.to_string(), detail: what.to_owned() };
         let number = |index: usize| -> u64 { values[index].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0) };
         let (items_start, items_len) = parse_items(values[4].as_deref()).ok_or_else(|| corrupt("chunk items"))?;
         Ok(Some(ChunkView {
             job_state: state.parse().map_err(|_| corrupt("job state"))?,
             model: values[1].clone().unwrap_or_default(),
-            chunk_state: values[2]
-                .as_deref()
-                .unwrap_or("")
-                .parse()
-                .map_err(|_| corrupt("chunk state"))?,
+            chunk_state: values[2].as_deref().unwrap_or("").parse().map_err(|_| corrupt("chunk state"))?,
             request_id: values[3].clone(),
             items_start,
             items_len,
@@ -786,12 +771,12 @@ impl Store {
     }
 
     /// The stored request items of one chunk.
-    pub async fn chunk_requests(
-        &self,
-        chunk: &ChunkRef,
-    ) -> Result<Vec<Box<serde_json::value::RawValue>>, StoreError> {
-        let text: Option<String> =
-            self.conn.clone().hget(self.keys.job(&chunk.job_id), field::chunk(chunk.index, field::CHUNK_REQUESTS)).await?;
+    pub async fn chunk_requests(&self, chunk: &ChunkRef) -> Result<Vec<Box<serde_json::value::RawValue>>, StoreError> {
+        let text: Option<String> = self
+            .conn
+            .clone()
+            .hget(self.keys.job(&chunk.job_id), field::chunk(chunk.index, field::CHUNK_REQUESTS))
+            .await?;
         text.as_deref().and_then(|text| serde_json::from_str(text).ok()).ok_or_else(|| StoreError::Corrupt {
             job_id: chunk.job_id.to_string(),
             detail: format!("chunk {} has no stored requests", chunk.index),
@@ -833,7 +818,12 @@ impl Store {
 
     /// Asks the shared limiter of `bucket` for one slot; `None` means go now (the slot is booked), otherwise how
     /// long to wait before asking again. `interval` is the window divided by the limit.
-    pub async fn rate_limit(&self, bucket: &str, interval: Duration, burst: u32) -> Result<Option<Duration>, StoreError> {
+    pub async fn rate_limit(
+        &self,
+        bucket: &str,
+        interval: Duration,
+        burst: u32,
+    ) -> Result<Option<Duration>, StoreError> {
         let wait_ms: u64 = self
             .scripts
             .rate_limit

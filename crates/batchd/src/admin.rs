@@ -19,8 +19,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use batchd_core::Keys;
 use batchd_core::keys::CONSUMER_GROUP;
-use metrics_exporter_prometheus::PrometheusHandle;
 use batchd_queue::Conn;
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 

@@ -14,10 +14,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow};
-use batchd_core::ledger::field;
 use batchd_core::JobId;
-use redis::AsyncCommands;
+use batchd_core::ledger::field;
 use batchd_queue::Conn;
+use redis::AsyncCommands;
 
 use crate::settings::Settings;
 
@@ -62,10 +62,10 @@ impl Exit {
 /// Opens a connection for one command to whichever Redis is configured (standalone, TLS, Cluster, Sentinel);
 /// fails fast (5 s) with a message naming the URL (without its password).
 pub(crate) async fn connect(settings: &Settings) -> anyhow::Result<Conn> {
-    let mut conn = settings
-        .redis_endpoint()?
-        .dedicated(Duration::from_secs(settings.redis.response_timeout_secs.max(5)));
-    let reached = tokio::time::timeout(Duration::from_secs(5), redis::cmd("PING").query_async::<String>(&mut conn)).await;
+    let mut conn =
+        settings.redis_endpoint()?.dedicated(Duration::from_secs(settings.redis.response_timeout_secs.max(5)));
+    let reached =
+        tokio::time::timeout(Duration::from_secs(5), redis::cmd("PING").query_async::<String>(&mut conn)).await;
     let url = crate::settings::redact_url(settings.redis.url.expose());
     match reached {
         Ok(Ok(_)) => Ok(conn),
@@ -136,7 +136,9 @@ pub async fn status(settings: &Settings, id: &str, json: bool) -> anyhow::Result
 /// The human-readable timeline of a job.
 fn status_text(job_id: &JobId, namespace: &str, ledger: &HashMap<String, String>) -> String {
     let get = |name: &str| ledger.get(name).map(String::as_str).unwrap_or("-");
-    let time = |name: &str| ledger.get(name).and_then(|ms| ms.parse::<u64>().ok()).map(format_utc).unwrap_or_else(|| "-".into());
+    let time = |name: &str| {
+        ledger.get(name).and_then(|ms| ms.parse::<u64>().ok()).map(format_utc).unwrap_or_else(|| "-".into())
+    };
     let mut out = format!("job {job_id} (namespace {namespace})\n");
     let mut line = |label: &str, value: String| out.push_str(&format!("  {label:<12} {value}\n"));
     line("state", get(field::STATE).to_owned());
@@ -169,11 +171,9 @@ fn status_text(job_id: &JobId, namespace: &str, ledger: &HashMap<String, String>
             line("", format!("last error {error}"));
         }
     }
-    for (name, label) in [
-        (field::DUPLICATES, "duplicates"),
-        (field::POSSIBLE_DUPLICATE_SUBMITS, "resubmits"),
-        (field::ERROR, "error"),
-    ] {
+    for (name, label) in
+        [(field::DUPLICATES, "duplicates"), (field::POSSIBLE_DUPLICATE_SUBMITS, "resubmits"), (field::ERROR, "error")]
+    {
         if let Some(value) = ledger.get(name) {
             line(label, value.clone());
         }

@@ -21,7 +21,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Health};
-use crate::pipeline::{handle_due, handle_entry, Pipeline, SplitSettings};
+use crate::pipeline::{Pipeline, SplitSettings, handle_due, handle_entry};
 use crate::settings::{Secret, Settings};
 
 /// How long the admin server, the sampler and the watchdog get to stop once the workers are done.
@@ -41,7 +41,8 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
     let endpoint = settings.redis_endpoint()?;
     let sampler_conn = endpoint.dedicated(Duration::from_secs(5));
     let conn = endpoint.shared().context("redis")?;
-    let mut client_settings = ClientSettings::new(settings.cloudflare.account_id.clone(), ApiToken::new(token.expose().to_owned()));
+    let mut client_settings =
+        ClientSettings::new(settings.cloudflare.account_id.clone(), ApiToken::new(token.expose().to_owned()));
     client_settings.base_url = settings.cloudflare.base_url.clone();
     client_settings.request_timeout = Duration::from_secs(settings.cloudflare.request_timeout_secs);
     client_settings.connect_timeout = Duration::from_secs(settings.cloudflare.connect_timeout_secs);
@@ -127,7 +128,10 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
     }
     health.draining();
     admin::notify_stopping();
-    tracing::info!(grace_secs = settings.shutdown.grace_secs, "shutting down: no new work taken, finishing work in flight");
+    tracing::info!(
+        grace_secs = settings.shutdown.grace_secs,
+        "shutting down: no new work taken, finishing work in flight"
+    );
     drain(&mut workers, Duration::from_secs(settings.shutdown.grace_secs)).await;
     stop_background(background_stop, background).await;
     tracing::info!("batchd stopped");

@@ -17,7 +17,14 @@ use tokio_util::sync::CancellationToken;
 #[command(name = "batchd", version, after_help = EXIT_CODES_HELP, max_term_width = 100)]
 struct Cli {
     /// Configuration file (TOML) layered over the built-in defaults; see config/default.toml for every key.
-    #[arg(long, short = 'c', global = true, env = "BATCHD_CONFIG", value_name = "FILE", help_heading = "Global options")]
+    #[arg(
+        long,
+        short = 'c',
+        global = true,
+        env = "BATCHD_CONFIG",
+        value_name = "FILE",
+        help_heading = "Global options"
+    )]
     config: Option<PathBuf>,
     /// Key namespace (overrides redis.namespace).
     #[arg(long, global = true, value_name = "NAME", help_heading = "Global options")]
@@ -31,11 +38,13 @@ enum Command {
     /// Run the daemon until SIGTERM or SIGINT, then drain within shutdown.grace_secs and exit 0.
     Run,
     /// Enqueue a job (a job JSON file, or JSONL request items with --model) and print its id.
-    #[command(after_help = "A job file holds one v1 job: {\"id\":\"inv-42\",\"model\":\"@cf/baai/bge-m3\",\"requests\":[...]}.
+    #[command(
+        after_help = "A job file holds one v1 job: {\"id\":\"inv-42\",\"model\":\"@cf/baai/bge-m3\",\"requests\":[...]}.
 With --model, FILE holds one request item per line ({\"text\":\"...\"}) and one job is built from them.
 Either way the job is checked with the daemon's own rules before it is enqueued (a bad JSONL line is
 named by its line number). Exit codes: 0 enqueued (with --wait: completed), 1 error, 3 the job ended
-failed, expired or cancelled, 4 --timeout passed first.")]
+failed, expired or cancelled, 4 --timeout passed first."
+    )]
     Submit(SubmitArgs),
     /// Show one job's ledger: state, chunks, request ids, attempts, timestamps, errors.
     Status {
@@ -46,8 +55,10 @@ failed, expired or cancelled, 4 --timeout passed first.")]
         json: bool,
     },
     /// Cancel a job: the daemon publishes a `cancelled` result with the batches that had finished.
-    #[command(after_help = "The Batch API has no cancel: batches already submitted keep running remotely; their results are
-discarded. A job not taken in yet is never submitted; a finished job is not changed.")]
+    #[command(
+        after_help = "The Batch API has no cancel: batches already submitted keep running remotely; their results are
+discarded. A job not taken in yet is never submitted; a finished job is not changed."
+    )]
     Cancel {
         /// The job id.
         id: String,
@@ -58,8 +69,10 @@ discarded. A job not taken in yet is never submitted; a finished job is not chan
     /// Follow the results stream: one line (or JSON object) per result entry, from now or from the start.
     Tail(TailArgs),
     /// List jobs by state from their ledgers, the most recently accepted first.
-    #[command(after_help = "Walks every ledger of the namespace with SCAN (O(number of ledgers), memory O(--limit)): an
-operator's tool, not something to poll. Ledgers expire retention.ledger_ttl_secs after their job finished.")]
+    #[command(
+        after_help = "Walks every ledger of the namespace with SCAN (O(number of ledgers), memory O(--limit)): an
+operator's tool, not something to poll. Ledgers expire retention.ledger_ttl_secs after their job finished."
+    )]
     Jobs(JobsArgs),
     /// Show queue depths, work in flight, the oldest waiting job and throughput over the last minutes.
     Stats(StatsArgs),
@@ -161,7 +174,10 @@ async fn wait_for_signal() {
 /// Help and version go to stdout as clap renders them; a usage error becomes one line on stderr, exit code 2.
 fn usage_error(error: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
-    if matches!(error.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+    if matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
         let _ = error.print();
         return ExitCode::from(if error.use_stderr() { 2 } else { 0 });
     }

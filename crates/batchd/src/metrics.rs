@@ -8,7 +8,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Every metric batchd exports (histograms also as `_bucket`, `_sum` and `_count` series).
@@ -93,7 +93,10 @@ pub fn describe() {
         "batchd_jobs_rejected_total",
         "Ingress entries refused before any work, by reason (invalid_job, invalid_entry)."
     );
-    describe_counter!("batchd_jobs_duplicate_total", "Ingress entries repeating a known job id (acknowledged, not run).");
+    describe_counter!(
+        "batchd_jobs_duplicate_total",
+        "Ingress entries repeating a known job id (acknowledged, not run)."
+    );
     describe_counter!("batchd_jobs_finished_total", "Jobs finished, by outcome (completed, failed, expired).");
     describe_counter!(
         "batchd_api_requests_total",
@@ -106,7 +109,10 @@ pub fn describe() {
         "Time from accepting a job to publishing its result, by outcome."
     );
     describe_counter!("batchd_retries_total", "Steps rescheduled after a transient error, by step (submit, poll).");
-    describe_counter!("batchd_throttled_waits_total", "Steps delayed by rate limiting (HTTP 429 or the shared limiter).");
+    describe_counter!(
+        "batchd_throttled_waits_total",
+        "Steps delayed by rate limiting (HTTP 429 or the shared limiter)."
+    );
     describe_counter!(
         "batchd_possible_duplicate_submits_total",
         "Submits repeated after an interrupted submit (a remote batch may exist twice)."

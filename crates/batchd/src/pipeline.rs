@@ -20,15 +20,15 @@ use batchd_core::{
 };
 use batchd_queue::ingress::IngressEntry;
 use batchd_queue::{
-    now_ms, Accepted, AddOutcome, ChunkView, DeadLetter, Intake, NewChunk, Placement, PublishContext, Rejection, Store,
-    StoreError, SubmitTicket,
+    Accepted, AddOutcome, ChunkView, DeadLetter, Intake, NewChunk, Placement, PublishContext, Rejection, Store,
+    StoreError, SubmitTicket, now_ms,
 };
 use futures::FutureExt;
 use serde_json::value::RawValue;
 use tracing::Instrument;
 
 use crate::metrics::{self, ApiCall};
-use crate::policy::{assemble, next_poll_delay, plan_chunks, rate_bucket, retry_delay, ChunkOutcome};
+use crate::policy::{ChunkOutcome, assemble, next_poll_delay, plan_chunks, rate_bucket, retry_delay};
 use crate::settings::{PollSettings, RateLimitSettings, RetrySettings};
 
 /// How jobs are split into batches.
@@ -171,7 +171,11 @@ impl Pipeline {
                 let published = self.store.reject(&rejection, now).await?;
                 if published {
                     metrics::job_rejected(code::ITEM_TOO_LARGE);
-                    tracing::warn!(item = too_large.index, bytes = too_large.bytes, "job refused: an item is too large");
+                    tracing::warn!(
+                        item = too_large.index,
+                        bytes = too_large.bytes,
+                        "job refused: an item is too large"
+                    );
                 }
                 return Ok(());
             }
@@ -210,10 +214,8 @@ impl Pipeline {
     async fn reject(&self, entry: &IngressEntry, error: DecodeError, now: UnixMillis) -> Result<(), StoreError> {
         let (job_id, job_error, dead) = match &error {
             DecodeError::Undecodable { reason } => {
-                let job_id = JobId::parse(&entry.id).map_err(|e| StoreError::Corrupt {
-                    job_id: entry.id.clone(),
-                    detail: e.to_string(),
-                })?;
+                let job_id = JobId::parse(&entry.id)
+                    .map_err(|e| StoreError::Corrupt { job_id: entry.id.clone(), detail: e.to_string() })?;
                 let dead = DeadLetter { fields: entry.fields.clone(), reason: reason.clone() };
                 (job_id, JobError::new(code::INVALID_ENTRY, reason.clone()), Some(dead))
             }
@@ -272,7 +274,12 @@ impl Pipeline {
 
     /// Waits for the shared rate limiter if `model`'s bucket is full: returns how long, after rescheduling the
     /// chunk (a throttled job neither fails nor uses up attempts).
-    async fn throttle(&self, chunk: &ChunkRef, model: &ModelName, call: ApiCall) -> Result<Option<Duration>, StoreError> {
+    async fn throttle(
+        &self,
+        chunk: &ChunkRef,
+        model: &ModelName,
+        call: ApiCall,
+    ) -> Result<Option<Duration>, StoreError> {
         if call == ApiCall::Poll && !self.rate_limits.limit_polls {
             return Ok(None);
         }
@@ -331,7 +338,9 @@ impl Pipeline {
         let submitted = self.client.submit(model, &requests).instrument(span.clone()).await;
         match &submitted {
             Ok(_) => metrics::api_request(ApiCall::Submit, "ok", Some(200), started.elapsed()),
-            Err(error) => metrics::api_request(ApiCall::Submit, error.kind.as_str(), error.http_status, started.elapsed()),
+            Err(error) => {
+                metrics::api_request(ApiCall::Submit, error.kind.as_str(), error.http_status, started.elapsed())
+            }
         }
         match submitted {
             Ok(submitted) => {
@@ -412,7 +421,9 @@ impl Pipeline {
         let now = now_ms();
         match error.kind {
             ErrorKind::TooLarge if placement.len() > 1 => return self.split(chunk, placement, requests, &error).await,
-            ErrorKind::TooLarge | ErrorKind::BatchFailed => return self.chunk_failed(chunk, error.to_job_error()).await,
+            ErrorKind::TooLarge | ErrorKind::BatchFailed => {
+                return self.chunk_failed(chunk, error.to_job_error()).await;
+            }
             ErrorKind::Transient | ErrorKind::QuotaExhausted => {}
             ErrorKind::Permanent | ErrorKind::NotFound => {
                 tracing::warn!(model = %model, error = %error, "the Batch API refused the batch");
@@ -463,20 +474,17 @@ impl Pipeline {
             }
         };
         tracing::warn!(error = %error, first = first.len(), second = second.len(), "the API found the batch too large; splitting it");
-        let chunks = [
-            NewChunk { placement: first, requests },
-            NewChunk { placement: second, requests: second_requests },
-        ];
+        let chunks =
+            [NewChunk { placement: first, requests }, NewChunk { placement: second, requests: second_requests }];
         self.store.add_chunks(&chunk.job_id, now_ms(), Some(chunk.index), None, &chunks).await?;
         Ok(())
     }
 
     /// Polls one chunk's remote batch.
     async fn poll(&self, chunk: &ChunkRef, view: &ChunkView) -> Result<(), StoreError> {
-        let (Some(request_id), Ok(model)) = (
-            view.request_id.as_deref().and_then(|id| RequestId::parse(id).ok()),
-            ModelName::parse(&view.model),
-        ) else {
+        let (Some(request_id), Ok(model)) =
+            (view.request_id.as_deref().and_then(|id| RequestId::parse(id).ok()), ModelName::parse(&view.model))
+        else {
             return Err(StoreError::Corrupt {
                 job_id: chunk.job_id.to_string(),
                 detail: format!("chunk {} is polling without a request id", chunk.index),

@@ -21,7 +21,12 @@ pub fn next_poll_delay(n_polls: u64, settings: &PollSettings, unit_random: f64) 
 
 /// Backoff before retry number `attempt` (1-based) of a failed step: exponential with full jitter
 /// (uniform in `[0, min(max, initial × 2^(attempt-1))]`), and never shorter than the API's `Retry-After`.
-pub fn retry_delay(attempt: u64, settings: &RetrySettings, retry_after: Option<Duration>, unit_random: f64) -> Duration {
+pub fn retry_delay(
+    attempt: u64,
+    settings: &RetrySettings,
+    retry_after: Option<Duration>,
+    unit_random: f64,
+) -> Duration {
     let exponent = attempt.saturating_sub(1).min(32) as u32;
     let ceiling = (settings.initial_backoff_ms as f64 * 2f64.powi(exponent as i32)).min(settings.max_backoff_ms as f64);
     let jittered = Duration::from_millis((ceiling * unit_random) as u64);
@@ -124,9 +129,7 @@ pub fn assemble(n_items: usize, chunks: Vec<(u32, Placement, ChunkOutcome)>, una
     let responses = slots
         .into_iter()
         .enumerate()
-        .map(|(index, slot)| {
-            slot.unwrap_or_else(|| ItemResponse::failure(index, error_item(unanswered)))
-        })
+        .map(|(index, slot)| slot.unwrap_or_else(|| ItemResponse::failure(index, error_item(unanswered))))
         .collect();
     JobOutput { responses, usage: serde_json::Value::Object(usage), failed_batches }
 }
@@ -291,11 +294,18 @@ mod tests {
         let merged = assemble(
             5,
             vec![
-                (0, Placement::Range { start: 0, len: 3 }, ChunkOutcome::Done(output(&[(0, true), (1, false), (2, false)], 1))),
+                (
+                    0,
+                    Placement::Range { start: 0, len: 3 },
+                    ChunkOutcome::Done(output(&[(0, true), (1, false), (2, false)], 1)),
+                ),
                 (
                     1,
                     Placement::Range { start: 3, len: 2 },
-                    ChunkOutcome::Failed { error: JobError::new("batch_failed", "Model execution failed"), request_id: Some("r1".into()) },
+                    ChunkOutcome::Failed {
+                        error: JobError::new("batch_failed", "Model execution failed"),
+                        request_id: Some("r1".into()),
+                    },
                 ),
                 (2, Placement::Indices(vec![2, 1]), ChunkOutcome::Done(output(&[(0, true), (1, true)], 1))),
             ],
@@ -311,7 +321,8 @@ mod tests {
     #[test]
     fn unfinished_chunks_leave_their_items_unanswered() {
         let unanswered = JobError::new("cancelled", "the job was cancelled before this item was answered");
-        let merged = assemble(3, vec![(0, Placement::Range { start: 0, len: 3 }, ChunkOutcome::Unfinished)], &unanswered);
+        let merged =
+            assemble(3, vec![(0, Placement::Range { start: 0, len: 3 }, ChunkOutcome::Unfinished)], &unanswered);
         assert_eq!(merged.n_failed(), 3);
         assert!(merged.responses[0].error.as_ref().unwrap().get().contains("cancelled"));
     }
@@ -329,8 +340,14 @@ mod tests {
             models: vec![crate::settings::ModelLimit { model: "@cf/baai/bge-large-en-v1.5".into(), limit: 1500 }],
         };
         assert_eq!(rate_bucket("a", "@cf/baai/bge-m3", &limits), Some(("a:embeddings".into(), 3000)));
-        assert_eq!(rate_bucket("a", "@cf/meta/llama-3.3-70b-instruct-fp8-fast", &limits), Some(("a:text_generation".into(), 300)));
-        assert_eq!(rate_bucket("a", "@cf/baai/bge-large-en-v1.5", &limits), Some(("a:@cf/baai/bge-large-en-v1.5".into(), 1500)));
+        assert_eq!(
+            rate_bucket("a", "@cf/meta/llama-3.3-70b-instruct-fp8-fast", &limits),
+            Some(("a:text_generation".into(), 300))
+        );
+        assert_eq!(
+            rate_bucket("a", "@cf/baai/bge-large-en-v1.5", &limits),
+            Some(("a:@cf/baai/bge-large-en-v1.5".into(), 1500))
+        );
         assert_eq!(rate_bucket("a", "@cf/meta/m2m100-1.2b", &limits), None, "0 disables");
         assert_eq!(task_type("@cf/openai/whisper-large-v3-turbo"), "speech_recognition");
     }

@@ -329,8 +329,8 @@ impl Settings {
 
     /// Loads the layers with `env` standing for the process environment (for tests).
     pub fn load_from(file: Option<&Path>, env: &HashMap<String, String>) -> Result<Self, ConfigError> {
-        let mut builder = config::Config::builder()
-            .add_source(config::File::from_str(DEFAULTS, config::FileFormat::Toml));
+        let mut builder =
+            config::Config::builder().add_source(config::File::from_str(DEFAULTS, config::FileFormat::Toml));
         if let Some(file) = file {
             if !file.exists() {
                 return Err(ConfigError(format!("config file {} does not exist", file.display())));
@@ -357,10 +357,8 @@ impl Settings {
                     .map_err(|e| ConfigError(format!("{conventional}: {e}")))?;
             }
         }
-        let mut settings: Settings = builder
-            .build()
-            .and_then(|config| config.try_deserialize())
-            .map_err(|e| ConfigError(e.to_string()))?;
+        let mut settings: Settings =
+            builder.build().and_then(|config| config.try_deserialize()).map_err(|e| ConfigError(e.to_string()))?;
         settings.use_systemd_credential(env);
         settings.check()?;
         Ok(settings)
@@ -387,7 +385,8 @@ impl Settings {
         batchd_core::Keys::new(&self.redis.namespace).map_err(|e| ConfigError(format!("redis.namespace: {e}")))?;
         for extra in &self.redis.extra_namespaces {
             batchd_core::Keys::new(extra).map_err(|e| ConfigError(format!("redis.extra_namespaces: {e}")))?;
-            if *extra == self.redis.namespace || self.redis.extra_namespaces.iter().filter(|n| *n == extra).count() > 1 {
+            if *extra == self.redis.namespace || self.redis.extra_namespaces.iter().filter(|n| *n == extra).count() > 1
+            {
                 return Err(ConfigError(format!("redis.extra_namespaces: {extra:?} is listed twice")));
             }
         }
@@ -427,7 +426,9 @@ impl Settings {
         if self.rate_limits.burst == 0 {
             return fail("rate_limits.burst", "must be at least 1");
         }
-        if let Some(bad) = self.rate_limits.models.iter().find(|limit| batchd_core::ModelName::parse(&limit.model).is_err()) {
+        if let Some(bad) =
+            self.rate_limits.models.iter().find(|limit| batchd_core::ModelName::parse(&limit.model).is_err())
+        {
             return Err(ConfigError(format!("rate_limits.models: {:?} is not a model name", bad.model)));
         }
         if self.retention.results_maxlen == 0 {
@@ -530,7 +531,6 @@ impl Settings {
         };
         batchd_queue::Endpoint::new(&settings).map_err(|e| ConfigError(format!("redis: {e}")))
     }
-
 }
 
 /// A Redis URL with its password (if any) replaced, for display.
@@ -613,11 +613,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("token");
         std::fs::write(&file, "file-token\n").unwrap();
-        let settings = Settings::load_from(
-            None,
-            &env(&[("BATCHD__CLOUDFLARE__API_TOKEN_FILE", file.to_str().unwrap())]),
-        )
-        .unwrap();
+        let settings =
+            Settings::load_from(None, &env(&[("BATCHD__CLOUDFLARE__API_TOKEN_FILE", file.to_str().unwrap())])).unwrap();
         assert_eq!(settings.api_token().unwrap().expose(), "file-token");
         let missing = Settings::load_from(None, &env(&[])).unwrap().api_token().unwrap_err();
         std::fs::remove_dir_all(&dir).ok();

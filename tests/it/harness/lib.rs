@@ -21,7 +21,10 @@ use tokio_util::sync::CancellationToken;
 
 /// A free TCP port on loopback (bound and released; good enough for tests).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|listener| listener.local_addr()).map(|addr| addr.port()).expect("free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("free port")
 }
 
 /// A private redis-server process, killed on drop.
@@ -74,10 +77,10 @@ impl RedisServer {
         let client = redis::Client::open(self.url()).expect("url");
         let started = Instant::now();
         loop {
-            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
-                if redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok() {
-                    return;
-                }
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await
+                && redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok()
+            {
+                return;
             }
             assert!(started.elapsed() < Duration::from_secs(10), "redis-server did not start");
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -235,10 +238,7 @@ impl World {
             if length >= n {
                 return self.results().await;
             }
-            assert!(
-                started.elapsed() < timeout,
-                "timed out after {timeout:?} waiting for {n} results; have {length}"
-            );
+            assert!(started.elapsed() < timeout, "timed out after {timeout:?} waiting for {n} results; have {length}");
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
@@ -270,7 +270,9 @@ impl World {
         let reply: redis::RedisResult<redis::Value> =
             redis::cmd("XPENDING").arg(self.keys.submit()).arg("batchd").query_async(&mut self.conn.clone()).await;
         match reply {
-            Ok(redis::Value::Array(items)) => items.first().and_then(|v| redis::from_redis_value::<usize>(v.clone()).ok()).unwrap_or(0),
+            Ok(redis::Value::Array(items)) => {
+                items.first().and_then(|v| redis::from_redis_value::<usize>(v.clone()).ok()).unwrap_or(0)
+            }
             _ => 0,
         }
     }
@@ -303,11 +305,7 @@ impl World {
 /// A connection for the test's own commands, patient enough for reading 20,000-entry streams.
 pub async fn test_connection(url: &str) -> MultiplexedConnection {
     let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)));
-    redis::Client::open(url)
-        .expect("url")
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .expect("connect")
+    redis::Client::open(url).expect("url").get_multiplexed_async_connection_with_config(&config).await.expect("connect")
 }
 
 /// Settings for tests: fast polls and retries, short leases so recovery tests finish quickly.
@@ -443,7 +441,9 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, Stri
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response)).await.context("read timed out")??;
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
+        .await
+        .context("read timed out")??;
     let response = String::from_utf8(response).context("response is not UTF-8")?;
     let (head, body) = response.split_once("\r\n\r\n").context("no end of headers")?;
     let status = head.split(' ').nth(1).context("no status")?.parse::<u16>()?;

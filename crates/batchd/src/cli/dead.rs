@@ -144,7 +144,10 @@ async fn read_one(conn: &mut Conn, keys: &Keys, entry_id: &str) -> anyhow::Resul
 
 fn is_entry_id(id: &str) -> bool {
     let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
-    !ms.is_empty() && ms.bytes().all(|b| b.is_ascii_digit()) && !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit())
+    !ms.is_empty()
+        && ms.bytes().all(|b| b.is_ascii_digit())
+        && !seq.is_empty()
+        && seq.bytes().all(|b| b.is_ascii_digit())
 }
 
 async fn list(conn: &mut Conn, keys: &Keys, limit: usize, json: bool) -> anyhow::Result<()> {
@@ -158,7 +161,13 @@ async fn list(conn: &mut Conn, keys: &Keys, limit: usize, json: bool) -> anyhow:
     let source_width = entries.iter().map(|e| e.text("source_id").len()).max().unwrap_or(0).max(9);
     println!("{:<width$}  {:<24}  {:<source_width$}  ERROR", "ENTRY ID", "DEAD AT", "SOURCE ID");
     for entry in entries {
-        println!("{:<width$}  {:<24}  {:<source_width$}  {}", entry.id, entry.dead_at(), entry.text("source_id"), entry.text("error"));
+        println!(
+            "{:<width$}  {:<24}  {:<source_width$}  {}",
+            entry.id,
+            entry.dead_at(),
+            entry.text("source_id"),
+            entry.text("error")
+        );
     }
     println!("{} of {total} dead-letter entries shown (namespace {})", entries.len(), keys.namespace());
     Ok(())
@@ -208,8 +217,12 @@ async fn retry(conn: &mut Conn, keys: &Keys, settings: &Settings, entry_id: &str
     let job_id = if has_id { validated.id.to_string() } else { new_entry_id.clone() };
     println!("requeued dead-letter entry {entry_id} as submit entry {new_entry_id} (job {job_id})");
     if has_id {
-        let state: Option<String> =
-            redis::cmd("HGET").arg(keys.job(&validated.id)).arg("state").query_async(conn).await.context("read ledger")?;
+        let state: Option<String> = redis::cmd("HGET")
+            .arg(keys.job(&validated.id))
+            .arg("state")
+            .query_async(conn)
+            .await
+            .context("read ledger")?;
         if let Some(state) = state {
             eprintln!(
                 "batchd: note: job {job_id} already has a ledger ({state}); the daemon counts this entry as a duplicate \

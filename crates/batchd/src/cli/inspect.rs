@@ -43,9 +43,8 @@ pub struct JobsArgs {
 }
 
 fn parse_state(text: &str) -> Result<JobState, String> {
-    text.parse::<JobState>().map_err(|_| {
-        "expected one of accepted, running, completed, failed, expired, cancelled".to_owned()
-    })
+    text.parse::<JobState>()
+        .map_err(|_| "expected one of accepted, running, completed, failed, expired, cancelled".to_owned())
 }
 
 /// One ledger, as `batchd jobs` lists it.
@@ -221,10 +220,8 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
         .await
         .context("read queue depths")?;
     let in_flight = pending_count(&mut conn, &keys.submit(), CONSUMER_GROUP).await?;
-    let oldest_waiting_ms = first_entry
-        .first()
-        .and_then(|(id, _)| batchd_producer::entry_millis(id))
-        .map(|ms| now.saturating_sub(ms));
+    let oldest_waiting_ms =
+        first_entry.first().and_then(|(id, _)| batchd_producer::entry_millis(id)).map(|ms| now.saturating_sub(ms));
     let schedule_lag_ms = first_step.first().map(|(_, due)| now.saturating_sub(due.max(0.0) as u64));
     let throughput = throughput(&mut conn, &keys.results(), now, args.scan_limit).await?;
     let readers = result_groups(&mut conn, &keys.results()).await?;
@@ -254,7 +251,11 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
     ));
     out.push_str(&format!(
         "  in flight        {scheduled} chunks (remote batches submitted or waiting to be), {due} due now{}\n",
-        if due > 0 { ms(&report["schedule"]["lag_ms"]).map(|lag| format!(", lag {lag}")).unwrap_or_default() } else { String::new() }
+        if due > 0 {
+            ms(&report["schedule"]["lag_ms"]).map(|lag| format!(", lag {lag}")).unwrap_or_default()
+        } else {
+            String::new()
+        }
     ));
     let windows: Vec<String> = WINDOWS
         .iter()
@@ -296,12 +297,7 @@ async fn pending_count(conn: &mut Conn, stream: &str, group: &str) -> anyhow::Re
 
 /// Result entries published in the last 1, 5 and 15 minutes, counted from their ids (newest first, at most
 /// `scan_limit` entries read), and the last 15 minutes by status.
-async fn throughput(
-    conn: &mut Conn,
-    stream: &str,
-    now: u64,
-    scan_limit: usize,
-) -> anyhow::Result<serde_json::Value> {
+async fn throughput(conn: &mut Conn, stream: &str, now: u64, scan_limit: usize) -> anyhow::Result<serde_json::Value> {
     let oldest = now.saturating_sub(WINDOWS[WINDOWS.len() - 1] * 60_000);
     let mut counts = [0u64; WINDOWS.len()];
     let mut by_status: std::collections::BTreeMap<String, u64> = Default::default();

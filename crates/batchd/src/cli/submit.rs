@@ -14,9 +14,9 @@ use batchd_core::job::JOB_FIELD;
 use batchd_core::ledger::field;
 use batchd_core::{Job, JobId, JobOutput, JobState, Keys, ResultEntry};
 use batchd_producer::JobStatus;
+use batchd_queue::Conn;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use redis::AsyncCommands;
-use batchd_queue::Conn;
 use serde_json::value::RawValue;
 
 use super::{EXIT_JOB_FAILED, EXIT_WAIT_TIMEOUT, Exit, connect, result_json};
@@ -74,7 +74,11 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
         }
     };
     if text.len() > limits.max_entry_bytes {
-        bail!("{name}: the job is {} bytes, the limit (jobs.max_entry_bytes) is {}", text.len(), limits.max_entry_bytes);
+        bail!(
+            "{name}: the job is {} bytes, the limit (jobs.max_entry_bytes) is {}",
+            text.len(),
+            limits.max_entry_bytes
+        );
     }
     let mut job = Job::decode_json(&text, "0-0", &limits, &keys).map_err(|e| {
         let hint = if args.model.is_none() && looks_like_jsonl(&name, &text) {
@@ -93,8 +97,7 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
     };
 
     let mut conn = connect(settings).await?;
-    let entry_id: String =
-        conn.xadd(keys.submit(), "*", &[(JOB_FIELD, text.as_str())]).await.context("enqueue job")?;
+    let entry_id: String = conn.xadd(keys.submit(), "*", &[(JOB_FIELD, text.as_str())]).await.context("enqueue job")?;
     let job_id = if explicit_id { job.id.clone() } else { JobId::parse(&entry_id).context("entry id")? };
     if args.json {
         println!("{}", serde_json::json!({"job_id": job_id.as_str(), "entry_id": entry_id}));
@@ -117,7 +120,9 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
                 }
                 shown["out"] = serde_json::json!({"file": out.display().to_string(), "lines": n});
             }
-            None => eprintln!("batchd: job {job_id} has no responses (it ended {state}); {} not written", out.display()),
+            None => {
+                eprintln!("batchd: job {job_id} has no responses (it ended {state}); {} not written", out.display())
+            }
         }
     }
     super::print_json(&shown)?;
@@ -260,7 +265,12 @@ impl Progress {
                         bar.set_prefix(job_id.to_string());
                         bar.set_style(bar_style());
                     }
-                    bar.set_message(format!("{}, chunks {}/{}", status.state, status.chunks_done(), status.chunks.len()));
+                    bar.set_message(format!(
+                        "{}, chunks {}/{}",
+                        status.state,
+                        status.chunks_done(),
+                        status.chunks.len()
+                    ));
                 }
             },
         }
@@ -284,12 +294,7 @@ fn bar_style() -> ProgressStyle {
 }
 
 /// Follows a job's ledger until it is terminal, showing progress on stderr.
-async fn follow(
-    conn: &mut Conn,
-    keys: &Keys,
-    job_id: &JobId,
-    timeout: Duration,
-) -> anyhow::Result<JobState> {
+async fn follow(conn: &mut Conn, keys: &Keys, job_id: &JobId, timeout: Duration) -> anyhow::Result<JobState> {
     let started = Instant::now();
     let mut progress = Progress::new(job_id);
     loop {
@@ -304,7 +309,10 @@ async fn follow(
             progress.finish();
             return Err(Exit {
                 code: EXIT_WAIT_TIMEOUT,
-                message: format!("gave up waiting for job {job_id} after {}s; it goes on in the daemon", timeout.as_secs()),
+                message: format!(
+                    "gave up waiting for job {job_id} after {}s; it goes on in the daemon",
+                    timeout.as_secs()
+                ),
             }
             .into());
         }
@@ -346,10 +354,7 @@ fn progress_line(job_id: &JobId, ledger: &HashMap<String, String>) -> String {
 }
 
 /// Reads the job's published result entry (its fields).
-async fn read_result(
-    conn: &mut Conn,
-    ledger: &HashMap<String, String>,
-) -> anyhow::Result<HashMap<String, String>> {
+async fn read_result(conn: &mut Conn, ledger: &HashMap<String, String>) -> anyhow::Result<HashMap<String, String>> {
     let (Some(stream), Some(entry_id)) = (ledger.get(field::REPLY_TO), ledger.get("result_entry")) else {
         bail!("the job finished but its ledger does not say where its result entry is");
     };
@@ -387,7 +392,8 @@ mod tests {
     #[test]
     fn progress_names_each_chunks_remote_status() {
         let id = JobId::parse("inv-42").unwrap();
-        let running = ledger(&[("state", "running"), ("n_chunks", "1"), ("c0:state", "polling"), ("c0:remote_status", "queued")]);
+        let running =
+            ledger(&[("state", "running"), ("n_chunks", "1"), ("c0:state", "polling"), ("c0:remote_status", "queued")]);
         assert_eq!(progress_line(&id, &running), "inv-42: running (chunk 0: queued)");
         assert_eq!(progress_line(&id, &HashMap::new()), "inv-42: waiting for the daemon to take the job in");
         let mut many = ledger(&[("state", "running"), ("n_chunks", "10")]);
@@ -399,7 +405,13 @@ mod tests {
 
     #[test]
     fn jsonl_items_are_kept_byte_for_byte_and_bad_lines_are_named() {
-        let job = jsonl_job("{\"text\": \"a\"}\n\n{\"text\":\"b\" }\n", "items.jsonl", "@cf/baai/bge-m3", &args("@cf/baai/bge-m3")).unwrap();
+        let job = jsonl_job(
+            "{\"text\": \"a\"}\n\n{\"text\":\"b\" }\n",
+            "items.jsonl",
+            "@cf/baai/bge-m3",
+            &args("@cf/baai/bge-m3"),
+        )
+        .unwrap();
         assert_eq!(
             job,
             r#"{"id":"j-1","model":"@cf/baai/bge-m3","requests":[{"text": "a"},{"text":"b" }],"metadata":{"tenant":"acme"}}"#

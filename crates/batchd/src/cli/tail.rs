@@ -76,7 +76,8 @@ pub async fn tail(settings: &Settings, args: &TailArgs) -> anyhow::Result<()> {
             };
         }
         let want = args.count.map_or(BATCH as u64, |count| (count - seen).min(BATCH as u64));
-        let block = timeout.map_or(BLOCK, |timeout| timeout.saturating_sub(started.elapsed()).clamp(Duration::from_millis(1), BLOCK));
+        let block = timeout
+            .map_or(BLOCK, |timeout| timeout.saturating_sub(started.elapsed()).clamp(Duration::from_millis(1), BLOCK));
         let reply: ReadReply = redis::cmd("XREAD")
             .arg("COUNT")
             .arg(want)
