@@ -74,7 +74,8 @@ async fn emulator() -> EmulatorHandle {
 async fn run_jobs<C: redis::aio::ConnectionLike + Clone + Send + Sync>(conn: &C, keys: &Keys, ids: &[String]) {
     let mut conn = conn.clone();
     for id in ids {
-        let _: String = conn.xadd(keys.submit(), "*", &[("job", bge_m3_job(id, 2).to_string())]).await.expect("test setup");
+        let _: String =
+            conn.xadd(keys.submit(), "*", &[("job", bge_m3_job(id, 2).to_string())]).await.expect("test setup");
     }
     let started = Instant::now();
     loop {
@@ -95,7 +96,8 @@ async fn run_jobs<C: redis::aio::ConnectionLike + Clone + Send + Sync>(conn: &C,
 
 fn make_certificates(dir: &Path) {
     let run = |args: &[&str]| {
-        let status = Command::new("openssl").args(args).current_dir(dir).stderr(Stdio::null()).status().expect("test setup");
+        let status =
+            Command::new("openssl").args(args).current_dir(dir).stderr(Stdio::null()).status().expect("test setup");
         assert!(status.success(), "openssl {args:?}");
     };
     run(&[
@@ -192,8 +194,10 @@ async fn tls_with_an_acl_user_and_a_private_ca() {
         .concat(),
     );
     let url = format!("rediss://batchd:s3cret@127.0.0.1:{port}");
-    let certificates =
-        redis::TlsCertificates { client_tls: None, root_cert: Some(std::fs::read(dir.join("ca.crt")).expect("test setup")) };
+    let certificates = redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(std::fs::read(dir.join("ca.crt")).expect("test setup")),
+    };
     let client = redis::Client::build_with_tls(url.as_str(), certificates).expect("test setup");
     wait_until("the TLS server", || ping(&client)).await;
 
@@ -254,12 +258,14 @@ async fn redis_cluster_runs_the_pipeline_and_namespaces_land_on_different_slots(
     for port in &ports {
         create.arg(format!("127.0.0.1:{port}"));
     }
-    let status = create.args(["--cluster-replicas", "0", "--cluster-yes"]).stdout(Stdio::null()).status().expect("test setup");
+    let status =
+        create.args(["--cluster-replicas", "0", "--cluster-yes"]).stdout(Stdio::null()).status().expect("test setup");
     assert!(status.success(), "redis-cli --cluster create");
     let seeds: Vec<String> = ports.iter().map(|port| format!("redis://127.0.0.1:{port}")).collect();
     let cluster = redis::cluster::ClusterClient::new(seeds.clone()).expect("test setup");
     wait_until("cluster_state:ok", || async {
-        let Ok(mut conn) = redis::Client::open(seeds[0].as_str()).expect("test setup").get_multiplexed_async_connection().await
+        let Ok(mut conn) =
+            redis::Client::open(seeds[0].as_str()).expect("test setup").get_multiplexed_async_connection().await
         else {
             return false;
         };
@@ -278,8 +284,12 @@ async fn redis_cluster_runs_the_pipeline_and_namespaces_land_on_different_slots(
     let daemon = Daemon::start(settings.clone(), &emulator);
     let mut slots = Vec::new();
     for keys in settings.all_keys() {
-        let slot: u16 =
-            redis::cmd("CLUSTER").arg("KEYSLOT").arg(keys.submit()).query_async(&mut conn.clone()).await.expect("test setup");
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(keys.submit())
+            .query_async(&mut conn.clone())
+            .await
+            .expect("test setup");
         let same: u16 = redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg(keys.job(&JobId::parse("x").expect("test setup")))
