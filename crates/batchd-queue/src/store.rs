@@ -92,8 +92,6 @@ pub struct ChunkView {
     pub n_polls: u64,
     /// Consecutive failed polls.
     pub poll_failures: u64,
-    /// Submit attempts so far.
-    pub attempts: u64,
     /// The job's deadline, Unix ms.
     pub deadline_at: UnixMillis,
     /// When the job was accepted, Unix ms.
@@ -639,7 +637,6 @@ impl Store {
             field::chunk(chunk.index, field::CHUNK_ITEMS),
             field::chunk(chunk.index, field::CHUNK_N_POLLS),
             field::chunk(chunk.index, field::CHUNK_POLL_FAILURES),
-            field::chunk(chunk.index, field::CHUNK_ATTEMPTS),
             field::DEADLINE_AT.to_owned(),
             field::ACCEPTED_AT.to_owned(),
             field::N_CHUNKS.to_owned(),
@@ -667,13 +664,12 @@ impl Store {
             items_len,
             n_polls: number(5),
             poll_failures: number(6),
-            attempts: number(7),
-            deadline_at: number(8),
-            accepted_at: number(9),
-            n_chunks: number(10) as u32,
-            n_items: number(11) as usize,
-            reply_to: values[12].clone().unwrap_or_else(|| self.keys.results()),
-            metadata: values[13].clone(),
+            deadline_at: number(7),
+            accepted_at: number(8),
+            n_chunks: number(9) as u32,
+            n_items: number(10) as usize,
+            reply_to: values[11].clone().unwrap_or_else(|| self.keys.results()),
+            metadata: values[12].clone(),
             cancel_requested,
         }))
     }
