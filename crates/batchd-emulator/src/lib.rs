@@ -255,11 +255,11 @@ impl EmulatorHandle {
                 task.abort();
             }
         }
-        if let Some(mut task) = self.task.take() {
-            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await.is_err() {
-                tracing::warn!("emulator connections still open after the grace period; dropping them");
-                task.abort();
-            }
+        if let Some(mut task) = self.task.take()
+            && tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await.is_err()
+        {
+            tracing::warn!("emulator connections still open after the grace period; dropping them");
+            task.abort();
         }
         tracing::info!(addr = %self.addr, "emulator stopped");
     }
