@@ -18,8 +18,10 @@ echo "bench: building the apalis-redis 1.0.0 peer (its own lockfile, outside the
 $CARGO build --release --quiet --locked --manifest-path bench/peers/apalis-redis/Cargo.toml --target-dir target/bench-peers
 
 if [ ! -d bench/peers/node_modules/bullmq ] || [ bench/peers/package-lock.json -nt bench/peers/node_modules ]; then
-  echo "bench: installing the BullMQ peer (npm ci, versions pinned in bench/peers/package-lock.json) ..." >&2
-  (cd bench/peers && npm ci --no-audit --no-fund --loglevel=error)
+  echo "bench: installing the BullMQ peer (versions pinned in bench/peers/package-lock.json) ..." >&2
+  # Not `npm ci`: npm 11 refuses this lock file for the optional native packages of other platforms (msgpackr's),
+  # which it leaves out of the lock itself. `npm install --no-save` installs the locked versions and writes nothing.
+  (cd bench/peers && npm install --no-save --no-audit --no-fund --loglevel=error)
 fi
 
 echo "bench: load average now: $(cut -d' ' -f1-3 /proc/loadavg) (figures are only comparable on a quiet machine)" >&2
