@@ -120,6 +120,7 @@ async fn handle(entry: IngressEntry, ctx: Data<Arc<DrainContext>>) -> Result<(),
                 deadline_at: now + 86_400_000,
                 first_due: now + 120_000,
                 retry_failed_items: false,
+                submit_first: false,
             };
             ctx.store.accept(&job, &intake).await?;
         }

@@ -15,4 +15,5 @@ mod ops;
 mod producer;
 mod recovery;
 mod secrets;
+mod store;
 mod topologies;

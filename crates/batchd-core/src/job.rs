@@ -57,6 +57,10 @@ pub struct Job {
     /// Resubmit the items that came back `success:false`, once, when not the configured default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_failed_items: Option<bool>,
+    /// Where each request item sits in the decoded text: byte offsets `(start, end)` into the entry's `job`
+    /// field, so storage can copy a run of items from the entry inside Redis instead of sending them back.
+    #[serde(skip)]
+    pub item_spans: Vec<(usize, usize)>,
 }
 
 /// Why an ingress entry was not accepted as a job.
@@ -159,11 +163,20 @@ impl Job {
             }
         };
 
-        let requests: Vec<Box<RawValue>> = match object.get("requests") {
+        let items: Vec<&RawValue> = match object.get("requests") {
             None => return Err(invalid("requests", "is missing".to_owned())),
             Some(raw) => serde_json::from_str(raw.get())
                 .map_err(|_| invalid("requests", format!("must be an array, got {}", json_kind(raw.get()))))?,
         };
+        // Every view borrows from `text`, so an item's offset is its distance from the start of `text`.
+        let item_spans: Vec<(usize, usize)> = items
+            .iter()
+            .map(|item| {
+                let start = item.get().as_ptr() as usize - text.as_ptr() as usize;
+                (start, start + item.get().len())
+            })
+            .collect();
+        let requests: Vec<Box<RawValue>> = items.into_iter().map(RawValue::to_owned).collect();
         if requests.is_empty() {
             return Err(invalid("requests", "must not be empty".to_owned()));
         }
@@ -227,7 +240,7 @@ impl Job {
             })?),
         };
 
-        Ok(Job { id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items })
+        Ok(Job { id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, item_spans })
     }
 
     /// The job as v1 JSON (what the ledger stores and the CLI enqueues).
@@ -294,6 +307,21 @@ mod tests {
 
     fn error(job: &str) -> String {
         decode(job).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn item_spans_point_at_each_item_in_the_field_text() {
+        let text =
+            "{\"requests\" : [ {\"text\":\"a\\\"b\"} ,\n\t{\"text\":\"\\u00e9 é\"}],\"model\":\"@cf/baai/bge-m3\"}";
+        let job = decode(text).unwrap();
+        assert_eq!(job.item_spans.len(), 2);
+        for (item, (start, end)) in job.requests.iter().zip(&job.item_spans) {
+            assert_eq!(&text[*start..*end], item.get());
+        }
+        // A run of items, separators included, is a valid JSON array body.
+        let run = format!("[{}]", &text[job.item_spans[0].0..job.item_spans[1].1]);
+        let items: Vec<Box<RawValue>> = serde_json::from_str(&run).unwrap();
+        assert_eq!(items.len(), 2);
     }
 
     #[test]

@@ -37,8 +37,12 @@ impl Default for StoreSettings {
 /// What [`Store::accept`] did with an entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Accepted {
-    /// A new job: its ledger exists and its chunks are scheduled; the entry is acknowledged.
+    /// A new job: its ledger exists and its chunks are scheduled; the entry is acknowledged. With
+    /// [`Intake::submit_first`], the first chunk is marked `submitting` (attempt 1) and the caller posts it now.
     New,
+    /// A new job whose cancellation was requested before it arrived: accepted, but its first chunk is left
+    /// `pending` and due at once, so the schedule concludes the job; the caller submits nothing.
+    CancelRequested,
     /// The job id already had a ledger (in the given state); the entry was acknowledged and counted, nothing else.
     Duplicate {
         /// State of the existing job.
@@ -264,6 +268,9 @@ pub struct Intake<'a> {
     pub first_due: UnixMillis,
     /// Whether failed items are resubmitted once.
     pub retry_failed_items: bool,
+    /// Mark the first chunk `submitting` with attempt 1, for a caller that posts it right away (saves the
+    /// separate [`Store::begin_submit`] step); otherwise it is `pending`, due at `first_due`.
+    pub submit_first: bool,
 }
 
 /// An ingress entry finished as a failed job without running (see [`Store::reject`]).
@@ -319,9 +326,21 @@ struct Scripts {
     cancel: Script,
 }
 
-/// Builds a script with the shared prelude (`is_terminal`) in front.
+/// Builds a script with the shared prelude (`is_terminal`, `call_sliced`) in front.
 fn script(body: &str) -> Script {
     Script::new(&format!("{}\n{body}", include_str!("lua/prelude.lua")))
+}
+
+/// `EVALSHA <script> <n keys> <keys>`, for the caller to add the arguments to. Built as one [`redis::Cmd`]
+/// (not redis-rs's `ScriptInvocation`, which holds the arguments and then copies them all into a command):
+/// a job's items can be tens of MB, and each copy of them counts.
+fn evalsha(script: &Script, keys: &[String]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys.len());
+    for key in keys {
+        cmd.arg(key);
+    }
+    cmd
 }
 
 impl Scripts {
@@ -376,6 +395,19 @@ impl Store {
         }
     }
 
+    /// Runs an [`evalsha`] command of `script`, loading the script first when this Redis does not have it
+    /// (a restarted or failed-over server), then running the same command again.
+    async fn run<T: redis::FromRedisValue>(&self, script: &Script, cmd: &redis::Cmd) -> Result<T, StoreError> {
+        let mut conn = self.conn.clone();
+        match cmd.query_async(&mut conn).await {
+            Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                let _: String = script.load_async(&mut conn).await?;
+                Ok(cmd.query_async(&mut conn).await?)
+            }
+            other => Ok(other?),
+        }
+    }
+
     /// The namespace's keys.
     pub fn keys(&self) -> &Keys {
         &self.keys
@@ -395,20 +427,49 @@ impl Store {
     /// The first chunk is scheduled at `first_due` (the accepting replica submits it right away and holds it
     /// by that lease); the others are due at once.
     pub async fn accept(&self, job: &Job, intake: &Intake<'_>) -> Result<Accepted, StoreError> {
-        let Intake { entry_id, plan, now, deadline_at, first_due, retry_failed_items } = *intake;
+        // The chunks' items are copied inside Redis from the entry (which is still in the stream) when their
+        // byte spans are known: a big job then never travels back. If the entry is gone, they are sent along.
+        let mut reply = self.accept_with(job, intake, !job.item_spans.is_empty()).await?;
+        if reply.0 == "missing" {
+            reply = self.accept_with(job, intake, false).await?;
+        }
+        let (verdict, state) = reply;
+        if matches!(verdict.as_str(), "accepted" | "cancelled") && (intake.plan.len() > 1 || verdict == "cancelled") {
+            self.scheduled(intake.now); // chunks due at once
+        }
+        Ok(match verdict.as_str() {
+            "accepted" => Accepted::New,
+            "cancelled" => Accepted::CancelRequested,
+            "duplicate" => Accepted::Duplicate { state },
+            other => {
+                return Err(StoreError::Corrupt {
+                    job_id: job.id.to_string(),
+                    detail: format!("accept answered {other:?}: the ingress entry vanished while it was taken in"),
+                });
+            }
+        })
+    }
+
+    async fn accept_with(
+        &self,
+        job: &Job,
+        intake: &Intake<'_>,
+        from_entry: bool,
+    ) -> Result<(String, String), StoreError> {
+        let Intake { entry_id, plan, now, deadline_at, first_due, retry_failed_items, submit_first } = *intake;
         let reply_to = job.reply_to.clone().unwrap_or_else(|| self.keys.results());
-        let mut invocation = self.scripts.accept.prepare_invoke();
-        invocation
-            .key(self.keys.job(&job.id))
-            .key(self.keys.submit())
-            .key(self.keys.schedule())
-            .arg(batchd_core::keys::CONSUMER_GROUP)
+        let mut cmd = evalsha(
+            &self.scripts.accept,
+            &[self.keys.job(&job.id), self.keys.submit(), self.keys.schedule(), self.keys.cancel(&job.id)],
+        );
+        cmd.arg(batchd_core::keys::CONSUMER_GROUP)
             .arg(entry_id)
-            .arg(now)
             .arg(job.id.as_str())
             .arg(plan.len())
             .arg(first_due)
-            .arg(now);
+            .arg(now)
+            .arg(if submit_first { "submitting" } else { "pending" })
+            .arg(if from_entry { "entry" } else { "inline" });
         let mut ledger: Vec<(&str, String)> = vec![
             (field::STATE, JobState::Accepted.as_str().to_owned()),
             (field::MODEL, job.model.to_string()),
@@ -427,20 +488,17 @@ impl Store {
             ledger.push((field::RETRY_FAILED_ITEMS, "1".to_owned()));
         }
         for (name, value) in &ledger {
-            invocation.arg(*name).arg(value);
+            cmd.arg(*name).arg(value);
         }
-        invocation.arg("--chunks");
-        for (start, len) in plan {
-            invocation.arg(format!("{start}:{len}")).arg(RequestsArg(&job.requests[*start..start + len]));
+        cmd.arg("--chunks");
+        for &(start, len) in plan {
+            cmd.arg(format!("{start}:{len}"));
+            match (from_entry, job.item_spans.get(start), job.item_spans.get(start + len - 1)) {
+                (true, Some((from, _)), Some((_, to))) => cmd.arg(format!("{from}:{to}")),
+                _ => cmd.arg(RequestsArg(&job.requests[start..start + len])),
+            };
         }
-        let (verdict, state): (String, String) = invocation.invoke_async(&mut self.conn.clone()).await?;
-        if verdict == "accepted" && plan.len() > 1 {
-            self.scheduled(now); // the chunks after the first are due at once
-        }
-        Ok(match verdict.as_str() {
-            "accepted" => Accepted::New,
-            _ => Accepted::Duplicate { state },
-        })
+        self.run(&self.scripts.accept, &cmd).await
     }
 
     /// Finishes ingress entry `entry_id` as a failed job `job_id` without running it: one `failed` result entry
@@ -474,53 +532,45 @@ impl Store {
             (field::REPLY_TO, self.keys.results()),
             (field::ERROR, error.to_json()),
         ];
-        let mut invocation = self.scripts.reject.prepare_invoke();
-        invocation
-            .key(self.keys.job(job_id))
-            .key(self.keys.submit())
-            .key(self.keys.results())
-            .key(self.keys.dead())
-            .arg(batchd_core::keys::CONSUMER_GROUP)
+        let mut cmd = evalsha(
+            &self.scripts.reject,
+            &[self.keys.job(job_id), self.keys.submit(), self.keys.results(), self.keys.dead()],
+        );
+        cmd.arg(batchd_core::keys::CONSUMER_GROUP)
             .arg(entry_id)
             .arg(self.settings.results_maxlen)
             .arg(self.settings.dead_maxlen)
             .arg(self.settings.ledger_ttl.as_secs().max(1))
             .arg(result_fields.len());
         for (name, value) in &result_fields {
-            invocation.arg(*name).arg(value);
+            cmd.arg(*name).arg(value);
         }
-        invocation.arg(ledger.len());
+        cmd.arg(ledger.len());
         for (name, value) in &ledger {
-            invocation.arg(*name).arg(value);
+            cmd.arg(*name).arg(value);
         }
         match dead {
             None => {
-                invocation.arg(0);
+                cmd.arg(0);
             }
             Some(dead) => {
-                invocation.arg(3 + dead.fields.len());
-                invocation.arg("source_id").arg(entry_id).arg("error").arg(&dead.reason).arg("dead_at").arg(now);
+                cmd.arg(3 + dead.fields.len());
+                cmd.arg("source_id").arg(entry_id).arg("error").arg(&dead.reason).arg("dead_at").arg(now);
                 for (name, value) in &dead.fields {
-                    invocation.arg(format!("field:{name}")).arg(value.as_slice());
+                    cmd.arg(format!("field:{name}")).arg(value.as_slice());
                 }
             }
         }
-        let verdict: String = invocation.invoke_async(&mut self.conn.clone()).await?;
+        let verdict: String = self.run(&self.scripts.reject, &cmd).await?;
         Ok(verdict == "rejected")
     }
 
     /// Claims up to `limit` due schedule members (re-scored to now + lease).
     pub async fn claim_due(&self, now: UnixMillis, limit: usize) -> Result<Vec<String>, StoreError> {
         let lease_until = now + self.settings.lease.as_millis() as u64;
-        let members: Vec<String> = self
-            .scripts
-            .claim
-            .key(self.keys.schedule())
-            .arg(now)
-            .arg(lease_until)
-            .arg(limit)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
+        let mut cmd = evalsha(&self.scripts.claim, &[self.keys.schedule()]);
+        cmd.arg(now).arg(lease_until).arg(limit);
+        let members: Vec<String> = self.run(&self.scripts.claim, &cmd).await?;
         Ok(members)
     }
 
@@ -562,17 +612,16 @@ impl Store {
             String,
             String,
             String,
-        ) = self
-            .scripts
-            .begin_submit
-            .key(self.keys.job(&chunk.job_id))
-            .key(self.keys.cancel(&chunk.job_id))
-            .arg(chunk.index)
-            .arg(now)
-            .arg(if count_attempt { "1" } else { "0" })
-            .arg(if with_requests { "1" } else { "0" })
-            .invoke_async(&mut self.conn.clone())
-            .await?;
+        ) = {
+            let mut cmd =
+                evalsha(&self.scripts.begin_submit, &[self.keys.job(&chunk.job_id), self.keys.cancel(&chunk.job_id)]);
+            cmd.arg(chunk.index).arg(now).arg(if count_attempt { "1" } else { "0" }).arg(if with_requests {
+                "1"
+            } else {
+                "0"
+            });
+            self.run(&self.scripts.begin_submit, &cmd).await?
+        };
         Ok(match verdict.as_str() {
             "submit" | "resubmit" => {
                 let corrupt = |what: &str| StoreError::Corrupt {
@@ -607,20 +656,17 @@ impl Store {
         chunk_fields: &[(&str, String)],
         job_fields: &[(&str, String)],
     ) -> Result<bool, StoreError> {
-        let mut invocation = self.scripts.update_chunk.prepare_invoke();
-        invocation
-            .key(self.keys.job(&chunk.job_id))
-            .key(self.keys.schedule())
-            .arg(chunk.to_string())
+        let mut cmd = evalsha(&self.scripts.update_chunk, &[self.keys.job(&chunk.job_id), self.keys.schedule()]);
+        cmd.arg(chunk.to_string())
             .arg(due.map(|due| due.to_string()).unwrap_or_default())
             .arg(increment.map(|name| field::chunk(chunk.index, name)).unwrap_or_default());
         for (name, value) in chunk_fields {
-            invocation.arg(field::chunk(chunk.index, name)).arg(value);
+            cmd.arg(field::chunk(chunk.index, name)).arg(value);
         }
         for (name, value) in job_fields {
-            invocation.arg(*name).arg(value);
+            cmd.arg(*name).arg(value);
         }
-        let updated: i64 = invocation.invoke_async(&mut self.conn.clone()).await?;
+        let updated: i64 = self.run(&self.scripts.update_chunk, &cmd).await?;
         if let (Some(due), 1) = (due, updated) {
             self.scheduled(due);
         }
@@ -683,19 +729,14 @@ impl Store {
         payload: &str,
         now: UnixMillis,
     ) -> Result<Option<u32>, StoreError> {
-        let open: i64 = self
-            .scripts
-            .chunk_done
-            .key(self.keys.job(&chunk.job_id))
-            .key(self.keys.schedule())
-            .arg(chunk.to_string())
+        let mut cmd = evalsha(&self.scripts.chunk_done, &[self.keys.job(&chunk.job_id), self.keys.schedule()]);
+        cmd.arg(chunk.to_string())
             .arg(chunk.index)
             .arg(state.as_str())
             .arg(payload)
             .arg(now)
-            .arg(now + self.settings.lease.as_millis() as u64)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
+            .arg(now + self.settings.lease.as_millis() as u64);
+        let open: i64 = self.run(&self.scripts.chunk_done, &cmd).await?;
         Ok(u32::try_from(open).ok())
     }
 
@@ -789,19 +830,16 @@ impl Store {
         once_flag: Option<&str>,
         chunks: &[NewChunk],
     ) -> Result<AddOutcome, StoreError> {
-        let mut invocation = self.scripts.add_chunks.prepare_invoke();
-        invocation
-            .key(self.keys.job(job_id))
-            .key(self.keys.schedule())
-            .arg(job_id.as_str())
+        let mut cmd = evalsha(&self.scripts.add_chunks, &[self.keys.job(job_id), self.keys.schedule()]);
+        cmd.arg(job_id.as_str())
             .arg(due)
             .arg(replaced.map(|index| index.to_string()).unwrap_or_default())
             .arg(once_flag.unwrap_or(""));
         for chunk in chunks {
             let (items, indices) = chunk.placement.encode();
-            invocation.arg(items).arg(indices).arg(RequestsArg(&chunk.requests));
+            cmd.arg(items).arg(indices).arg(RequestsArg(&chunk.requests));
         }
-        let outcome: i64 = invocation.invoke_async(&mut self.conn.clone()).await?;
+        let outcome: i64 = self.run(&self.scripts.add_chunks, &cmd).await?;
         if outcome == 1 {
             self.scheduled(due);
         }
@@ -820,31 +858,23 @@ impl Store {
         interval: Duration,
         burst: u32,
     ) -> Result<Option<Duration>, StoreError> {
-        let wait_ms: u64 = self
-            .scripts
-            .rate_limit
-            .key(self.keys.rate_limit(bucket))
-            .arg(interval.as_secs_f64() * 1000.0)
-            .arg(burst.max(1))
-            .invoke_async(&mut self.conn.clone())
-            .await?;
+        let mut cmd = evalsha(&self.scripts.rate_limit, &[self.keys.rate_limit(bucket)]);
+        cmd.arg(interval.as_secs_f64() * 1000.0).arg(burst.max(1));
+        let wait_ms: u64 = self.run(&self.scripts.rate_limit, &cmd).await?;
         Ok((wait_ms > 0).then(|| Duration::from_millis(wait_ms)))
     }
 
     /// Requests cancellation of a job (see `cancel.lua`); returns its state (empty when no ledger exists yet:
     /// the request then waits for the job to arrive, for `ledger_ttl`).
     pub async fn cancel(&self, job_id: &JobId, reason: &str) -> Result<String, StoreError> {
-        let state: String = self
-            .scripts
-            .cancel
-            .key(self.keys.job(job_id))
-            .key(self.keys.cancel(job_id))
-            .key(self.keys.schedule())
-            .arg(job_id.as_str())
-            .arg(self.settings.ledger_ttl.as_secs().max(1))
-            .arg(if reason.is_empty() { "cancelled" } else { reason })
-            .invoke_async(&mut self.conn.clone())
-            .await?;
+        let mut cmd =
+            evalsha(&self.scripts.cancel, &[self.keys.job(job_id), self.keys.cancel(job_id), self.keys.schedule()]);
+        cmd.arg(job_id.as_str()).arg(self.settings.ledger_ttl.as_secs().max(1)).arg(if reason.is_empty() {
+            "cancelled"
+        } else {
+            reason
+        });
+        let state: String = self.run(&self.scripts.cancel, &cmd).await?;
         Ok(state)
     }
 
@@ -870,13 +900,11 @@ impl Store {
             });
         }
         let fields = entry.to_fields();
-        let mut invocation = self.scripts.publish.prepare_invoke();
-        invocation
-            .key(self.keys.job(job_id))
-            .key(reply_to)
-            .key(self.keys.schedule())
-            .key(self.keys.cancel(job_id))
-            .arg(state.as_str())
+        let mut cmd = evalsha(
+            &self.scripts.publish,
+            &[self.keys.job(job_id), reply_to.to_owned(), self.keys.schedule(), self.keys.cancel(job_id)],
+        );
+        cmd.arg(state.as_str())
             .arg(now)
             .arg(self.settings.results_maxlen)
             .arg(self.settings.ledger_ttl.as_secs().max(1))
@@ -884,9 +912,9 @@ impl Store {
             .arg(entry.error.as_ref().map(JobError::to_json).unwrap_or_default())
             .arg(fields.len());
         for (name, value) in &fields {
-            invocation.arg(*name).arg(value);
+            cmd.arg(*name).arg(value);
         }
-        let published: i64 = invocation.invoke_async(&mut self.conn.clone()).await?;
+        let published: i64 = self.run(&self.scripts.publish, &cmd).await?;
         Ok(published == 1)
     }
 

@@ -183,21 +183,46 @@ impl Pipeline {
         let deadline = job.deadline_secs.map(Duration::from_secs).unwrap_or(self.default_deadline);
         // Saturating: a producer may ask for a deadline centuries away.
         let deadline_at = now.saturating_add(u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX));
-        let first_due = now + self.lease.as_millis() as u64;
+        // Ask the shared limiter before the job exists: a throttled first batch is accepted `pending`, due when
+        // its slot comes; otherwise it is accepted already `submitting` and posted at once, under its lease.
+        let wait = self.rate_wait(&job.model, ApiCall::Submit).await?;
+        let first_due = match wait {
+            Some(wait) => now + wait.as_millis() as u64,
+            None => now + self.lease.as_millis() as u64,
+        };
         let retry_failed_items = job.retry_failed_items.unwrap_or(self.split.retry_failed_items);
-        let intake = Intake { entry_id: &entry_id, plan: &plan, now, deadline_at, first_due, retry_failed_items };
+        let intake = Intake {
+            entry_id: &entry_id,
+            plan: &plan,
+            now,
+            deadline_at,
+            first_due,
+            retry_failed_items,
+            submit_first: wait.is_none(),
+        };
         match self.store.accept(&job, &intake).await? {
             Accepted::New => {
                 metrics::job_accepted();
                 tracing::debug!(model = %job.model, n_items = job.requests.len(), n_chunks = plan.len(), "job accepted");
-                // Submit the first chunk with the items in hand instead of reading them back; the others go.
+                if wait.is_some() {
+                    return Ok(());
+                }
+                // Post the first chunk with the items in hand instead of reading them back; the others go.
                 job.requests.truncate(plan[0].1);
                 let first = std::mem::take(&mut job.requests);
-                if let Err(error) = self.submit(&ChunkRef::new(job.id.clone(), 0), &job.model, Some(first)).await {
+                drop(job.item_spans);
+                let chunk = ChunkRef::new(job.id.clone(), 0);
+                let placement = Placement::Range { start: 0, len: plan[0].1 };
+                if let Err(error) = self.post(&chunk, &job.model, 1, false, first, placement).await {
                     // The entry is taken in (acknowledged); what is retried is the chunk, from the schedule.
                     metrics::redis_error("submit");
                     tracing::error!(error = %error, "submitting the first batch failed; it is retried after its lease");
                 }
+                Ok(())
+            }
+            Accepted::CancelRequested => {
+                metrics::job_accepted();
+                tracing::debug!("job accepted with its cancellation already requested; it is concluded next");
                 Ok(())
             }
             Accepted::Duplicate { state } => {
@@ -264,12 +289,31 @@ impl Pipeline {
         }
         match view.chunk_state {
             ChunkState::Pending | ChunkState::Submitting => match ModelName::parse(&view.model) {
-                Ok(model) => self.submit(chunk, &model, None).await,
+                Ok(model) => self.submit(chunk, &model).await,
                 Err(_) => Err(StoreError::Corrupt { job_id: chunk.job_id.to_string(), detail: "model".into() }),
             },
             ChunkState::Polling => self.poll(chunk, &view).await,
             ChunkState::Done | ChunkState::Failed => self.finish(&chunk.job_id).await,
         }
+    }
+
+    /// Asks the shared rate limiter for a slot of `model`'s bucket: `None` means go now (the slot is booked),
+    /// otherwise how long to wait.
+    async fn rate_wait(&self, model: &ModelName, call: ApiCall) -> Result<Option<Duration>, StoreError> {
+        if call == ApiCall::Poll && !self.rate_limits.limit_polls {
+            return Ok(None);
+        }
+        let Some((bucket, limit)) = rate_bucket(&self.account_id, model.as_str(), &self.rate_limits) else {
+            return Ok(None);
+        };
+        let bucket = if call == ApiCall::Poll { format!("poll:{bucket}") } else { bucket };
+        let interval = Duration::from_secs(self.rate_limits.window_secs).div_f64(f64::from(limit));
+        let wait = self.store.rate_limit(&bucket, interval, self.rate_limits.burst).await?;
+        if let Some(wait) = wait {
+            metrics::throttled_wait(call);
+            tracing::debug!(bucket = %bucket, wait = ?wait, "rate limited; waiting");
+        }
+        Ok(wait)
     }
 
     /// Waits for the shared rate limiter if `model`'s bucket is full: returns how long, after rescheduling the
@@ -280,50 +324,46 @@ impl Pipeline {
         model: &ModelName,
         call: ApiCall,
     ) -> Result<Option<Duration>, StoreError> {
-        if call == ApiCall::Poll && !self.rate_limits.limit_polls {
-            return Ok(None);
-        }
-        let Some((bucket, limit)) = rate_bucket(&self.account_id, model.as_str(), &self.rate_limits) else {
+        let Some(wait) = self.rate_wait(model, call).await? else {
             return Ok(None);
         };
-        let bucket = if call == ApiCall::Poll { format!("poll:{bucket}") } else { bucket };
-        let interval = Duration::from_secs(self.rate_limits.window_secs).div_f64(f64::from(limit));
-        let Some(wait) = self.store.rate_limit(&bucket, interval, self.rate_limits.burst).await? else {
-            return Ok(None);
-        };
-        metrics::throttled_wait(call);
-        tracing::debug!(bucket = %bucket, wait = ?wait, "rate limited; waiting");
         self.store.update_chunk(chunk, Some(now_ms() + wait.as_millis() as u64), None, &[], &[]).await?;
         Ok(Some(wait))
     }
 
-    /// Submits one chunk: mark `submitting`, POST, then record the request id and schedule the first poll.
-    /// `in_hand` are the chunk's items when the caller still holds them (right after accepting the job).
-    async fn submit(
-        &self,
-        chunk: &ChunkRef,
-        model: &ModelName,
-        in_hand: Option<Vec<Box<RawValue>>>,
-    ) -> Result<(), StoreError> {
+    /// Submits one chunk from the schedule: mark `submitting` (reading its items back), then [`Pipeline::post`].
+    async fn submit(&self, chunk: &ChunkRef, model: &ModelName) -> Result<(), StoreError> {
         if self.throttle(chunk, model, ApiCall::Submit).await?.is_some() {
             return Ok(());
         }
-        let now = now_ms();
-        let ticket = self.store.begin_submit(chunk, now, true, in_hand.is_none()).await?;
-        let (attempt, resubmit, requests, placement) = match ticket {
+        let ticket = self.store.begin_submit(chunk, now_ms(), true, true).await?;
+        match ticket {
             SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => {
-                (attempt, resubmit, in_hand.unwrap_or(requests), placement)
+                self.post(chunk, model, attempt, resubmit, requests, placement).await
             }
             SubmitTicket::Cancelled => {
                 let reason = self.store.cancel_requested(&chunk.job_id).await?.unwrap_or_default();
-                return self.cancel(&chunk.job_id, &reason).await;
+                self.cancel(&chunk.job_id, &reason).await
             }
             SubmitTicket::Skip { chunk_state } => {
                 tracing::debug!(chunk_state = %chunk_state, "chunk already submitted");
-                return Ok(());
+                Ok(())
             }
-            SubmitTicket::Gone => return Ok(()),
-        };
+            SubmitTicket::Gone => Ok(()),
+        }
+    }
+
+    /// POSTs a chunk already marked `submitting` (attempt `attempt`), then records the request id and schedules
+    /// the first poll, or decides what the failure means.
+    async fn post(
+        &self,
+        chunk: &ChunkRef,
+        model: &ModelName,
+        attempt: u64,
+        resubmit: bool,
+        requests: Vec<Box<RawValue>>,
+        placement: Placement,
+    ) -> Result<(), StoreError> {
         if resubmit {
             metrics::possible_duplicate_submit();
             tracing::warn!(

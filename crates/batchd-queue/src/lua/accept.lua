@@ -1,12 +1,23 @@
 -- Accepts one ingress entry as a new job, in one atomic step: create the ledger (each chunk with its own request
 -- items), schedule every chunk, and acknowledge + delete the entry. A job id that already has a ledger is a
 -- duplicate: the entry is acknowledged and deleted, the ledger counts it, and nothing else happens.
--- KEYS: 1 ledger, 2 submit stream, 3 schedule
--- ARGV: 1 group, 2 entry id, 3 now ms, 4 job id, 5 n_chunks, 6 first-chunk due ms, 7 other-chunks due ms,
---       8.. ledger field/value pairs, then the marker "--chunks", then per chunk: items "start:len", requests JSON
+-- The chunks' items are copied here from the entry itself when the caller gives their byte spans ("entry"), so
+-- a big job does not travel back to Redis; "inline" carries them in the arguments instead.
+-- The first chunk can be marked `submitting` (attempt 1) for a caller that posts it right away, unless the job's
+-- cancellation was requested before it arrived: then it stays `pending` and is due at once, for the schedule to
+-- conclude it.
+-- KEYS: 1 ledger, 2 submit stream, 3 schedule, 4 cancel flag
+-- ARGV: 1 group, 2 entry id, 3 job id, 4 n_chunks, 5 first-chunk due ms, 6 other-chunks due ms,
+--       7 first chunk's state (submitting | pending), 8 items source (entry | inline),
+--       9.. ledger field/value pairs, the marker
+--       "--chunks", then per chunk: items "start:len" and either the byte span "from:to" of its items in the
+--       `job` field (entry) or its requests JSON (inline)
+-- Returns {verdict, state}; verdict: accepted | cancelled | duplicate | missing (the entry is gone or not what
+-- the caller read, with "entry": nothing was done, the caller retries "inline")
 local ledger, stream, schedule = KEYS[1], KEYS[2], KEYS[3]
-local group, entry_id, job_id = ARGV[1], ARGV[2], ARGV[4]
-local n_chunks, first_due, other_due = tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local group, entry_id, job_id = ARGV[1], ARGV[2], ARGV[3]
+local n_chunks, first_due, other_due = tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local first_state, source = ARGV[7], ARGV[8]
 
 if redis.call('EXISTS', ledger) == 1 then
   redis.call('XACK', stream, group, entry_id)
@@ -15,23 +26,59 @@ if redis.call('EXISTS', ledger) == 1 then
   return {'duplicate', redis.call('HGET', ledger, 'state') or ''}
 end
 
-local i = 8
+local body
+if source == 'entry' then
+  local entry = redis.call('XRANGE', stream, entry_id, entry_id)[1]
+  if entry then
+    local values = entry[2]
+    for k = 1, #values, 2 do
+      if values[k] == 'job' then
+        body = values[k + 1]
+        break
+      end
+    end
+  end
+  if not body then return {'missing', ''} end
+end
+
+local verdict = 'accepted'
+if first_state == 'submitting' and redis.call('EXISTS', KEYS[4]) == 1 then
+  verdict, first_state, first_due = 'cancelled', 'pending', other_due
+end
+
+local i = 9
 local fields = {}
 while ARGV[i] ~= '--chunks' do
   fields[#fields + 1] = ARGV[i]
   fields[#fields + 1] = ARGV[i + 1]
   i = i + 2
 end
-redis.call('HSET', ledger, unpack(fields))
+local members = {}
 for chunk = 0, n_chunks - 1 do
   local prefix = 'c' .. chunk .. ':'
-  redis.call('HSET', ledger, prefix .. 'state', 'pending', prefix .. 'items', ARGV[i + 1 + 2 * chunk],
-    prefix .. 'requests', ARGV[i + 2 + 2 * chunk], prefix .. 'attempts', 0, prefix .. 'n_polls', 0,
-    prefix .. 'poll_failures', 0)
-  local due = other_due
-  if chunk == 0 then due = first_due end
-  redis.call('ZADD', schedule, due, job_id .. '#' .. chunk)
+  local items, source_arg = ARGV[i + 1 + 2 * chunk], ARGV[i + 2 + 2 * chunk]
+  local requests = source_arg
+  if body then
+    local from, to = string.match(source_arg, '^(%d+):(%d+)$')
+    local run = string.sub(body, tonumber(from or 0) + 1, tonumber(to or 0))
+    -- A run of items starts with the first one's '{' and ends with the last one's '}'; anything else means
+    -- the entry is not the text the caller decoded.
+    if string.sub(run, 1, 1) ~= '{' or string.sub(run, -1) ~= '}' then return {'missing', ''} end
+    requests = '[' .. run .. ']'
+  end
+  local state, attempts, due = 'pending', 0, other_due
+  if chunk == 0 then
+    state, due = first_state, first_due
+    if state == 'submitting' then attempts = 1 end
+  end
+  local chunk_fields = {prefix .. 'state', state, prefix .. 'items', items, prefix .. 'requests', requests,
+    prefix .. 'attempts', attempts, prefix .. 'n_polls', 0, prefix .. 'poll_failures', 0}
+  for _, value in ipairs(chunk_fields) do fields[#fields + 1] = value end
+  members[#members + 1] = due
+  members[#members + 1] = job_id .. '#' .. chunk
 end
+call_sliced('HSET', ledger, {}, fields)
+call_sliced('ZADD', schedule, {}, members)
 redis.call('XACK', stream, group, entry_id)
 redis.call('XDEL', stream, entry_id)
-return {'accepted', ''}
+return {verdict, ''}

@@ -8,28 +8,26 @@
 -- verdict: gone | cancelled | skip | submit | resubmit
 local ledger, chunk = KEYS[1], ARGV[1]
 local prefix = 'c' .. chunk .. ':'
-local state = redis.call('HGET', ledger, 'state')
+local names = {'state', prefix .. 'state', prefix .. 'attempts', prefix .. 'items', prefix .. 'indices', 'model'}
+if ARGV[4] == '1' then names[#names + 1] = prefix .. 'requests' end
+local values = redis.call('HMGET', ledger, unpack(names))
+local state, chunk_state = values[1], values[2]
 if not state or is_terminal(state) then
   return {'gone', 0, state or '', '', '', '', ''}
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return {'cancelled', 0, state, '', '', '', ''}
 end
-local chunk_state = redis.call('HGET', ledger, prefix .. 'state')
 if chunk_state ~= 'pending' and chunk_state ~= 'submitting' then
   return {'skip', 0, chunk_state or '', '', '', '', ''}
 end
 local verdict = 'submit'
+local attempts = tonumber(values[3] or '0')
+if ARGV[3] == '1' then attempts = attempts + 1 end
+local fields = {prefix .. 'state', 'submitting', prefix .. 'attempts', attempts, 'updated_at', ARGV[2]}
 if chunk_state == 'submitting' then
   verdict = 'resubmit'
   redis.call('HINCRBY', ledger, 'possible_duplicate_submits', 1)
 end
-local attempts = tonumber(redis.call('HGET', ledger, prefix .. 'attempts') or '0')
-if ARGV[3] == '1' then
-  attempts = redis.call('HINCRBY', ledger, prefix .. 'attempts', 1)
-end
-redis.call('HSET', ledger, prefix .. 'state', 'submitting', 'updated_at', ARGV[2])
-local values = redis.call('HMGET', ledger, prefix .. 'items', prefix .. 'indices', 'model')
-local requests = ''
-if ARGV[4] == '1' then requests = redis.call('HGET', ledger, prefix .. 'requests') or '' end
-return {verdict, attempts, chunk_state, values[1] or '', values[2] or '', requests, values[3] or ''}
+redis.call('HSET', ledger, unpack(fields))
+return {verdict, attempts, chunk_state, values[4] or '', values[5] or '', values[7] or '', values[6] or ''}

@@ -5,8 +5,8 @@
 -- KEYS: 1 ledger, 2 schedule
 -- ARGV: 1 member, 2 chunk index, 3 chunk state (done|failed), 4 output or error JSON, 5 now ms, 6 lease-until ms
 local ledger, schedule, member, chunk = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
-local state = redis.call('HGET', ledger, 'state')
-if not state or is_terminal(state) then
+local head = redis.call('HMGET', ledger, 'state', 'n_chunks')
+if not head[1] or is_terminal(head[1]) then
   redis.call('ZREM', schedule, member)
   return -1
 end
@@ -14,11 +14,14 @@ local prefix = 'c' .. chunk .. ':'
 local field = 'output'
 if ARGV[3] == 'failed' then field = 'last_error' end
 redis.call('HSET', ledger, prefix .. 'state', ARGV[3], prefix .. field, ARGV[4], 'updated_at', ARGV[5])
-local n = tonumber(redis.call('HGET', ledger, 'n_chunks'))
+local names = {}
+for c = 0, tonumber(head[2]) - 1 do names[#names + 1] = 'c' .. c .. ':state' end
 local open = 0
-for c = 0, n - 1 do
-  local s = redis.call('HGET', ledger, 'c' .. c .. ':state')
-  if s ~= 'done' and s ~= 'failed' then open = open + 1 end
+for first = 1, #names, 1000 do
+  local states = redis.call('HMGET', ledger, unpack(names, first, math.min(first + 999, #names)))
+  for _, s in ipairs(states) do
+    if s ~= 'done' and s ~= 'failed' then open = open + 1 end
+  end
 end
 if open == 0 then
   redis.call('ZADD', schedule, ARGV[6], member)

@@ -4,21 +4,33 @@
 -- ARGV: 1 final state, 2 now ms, 3 results maxlen, 4 ledger ttl secs, 5 job id, 6 error json (or ""),
 --       7 n result pairs, then result field/value pairs
 local ledger, results, schedule = KEYS[1], KEYS[2], KEYS[3]
-local state = redis.call('HGET', ledger, 'state')
+local head = redis.call('HMGET', ledger, 'state', 'n_chunks')
+local state = head[1]
 if not state or is_terminal(state) then return 0 end
 local n = tonumber(ARGV[7])
-local fields = {}
-for k = 1, n * 2 do fields[k] = ARGV[7 + k] end
-local entry = redis.call('XADD', results, 'MAXLEN', '~', ARGV[3], '*', unpack(fields))
-redis.call('HSET', ledger, 'state', ARGV[1], 'finished_at', ARGV[2], 'updated_at', ARGV[2], 'result_entry', entry)
-if ARGV[6] ~= '' then redis.call('HSET', ledger, 'error', ARGV[6]) end
-local n_chunks = tonumber(redis.call('HGET', ledger, 'n_chunks') or '0')
-for c = 0, n_chunks - 1 do
-  local prefix = 'c' .. c .. ':'
-  redis.call('HDEL', ledger, prefix .. 'output', prefix .. 'requests')
-  redis.call('ZREM', schedule, ARGV[5] .. '#' .. c)
-  if ARGV[1] == 'completed' then redis.call('HSET', ledger, prefix .. 'state', 'done') end
+local entry_fields = {}
+for k = 1, n * 2 do entry_fields[k] = ARGV[7 + k] end
+local entry = redis.call('XADD', results, 'MAXLEN', '~', ARGV[3], '*', unpack(entry_fields))
+local fields = {'state', ARGV[1], 'finished_at', ARGV[2], 'updated_at', ARGV[2], 'result_entry', entry}
+if ARGV[6] ~= '' then
+  fields[#fields + 1] = 'error'
+  fields[#fields + 1] = ARGV[6]
 end
+local dropped, members = {}, {}
+for c = 0, tonumber(head[2] or '0') - 1 do
+  local prefix = 'c' .. c .. ':'
+  dropped[#dropped + 1] = prefix .. 'output'
+  dropped[#dropped + 1] = prefix .. 'requests'
+  members[#members + 1] = ARGV[5] .. '#' .. c
+  if ARGV[1] == 'completed' then
+    fields[#fields + 1] = prefix .. 'state'
+    fields[#fields + 1] = 'done'
+  end
+end
+call_sliced('HSET', ledger, {}, fields)
+call_sliced('HDEL', ledger, {}, dropped)
+call_sliced('ZREM', schedule, {}, members)
 redis.call('EXPIRE', ledger, ARGV[4])
-redis.call('DEL', KEYS[4])
+-- A cancellation flag outlives its job only when it arrived after the job's last step; it expires on its own.
+if ARGV[1] == 'cancelled' then redis.call('DEL', KEYS[4]) end
 return 1
