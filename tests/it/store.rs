@@ -14,7 +14,8 @@ use batchd_tests::World;
 
 fn store(world: &World) -> Store {
     Store::new(
-        batchd_queue::connect(redis::Client::open(world.redis.url()).unwrap(), Duration::from_secs(5)).unwrap(),
+        batchd_queue::connect(redis::Client::open(world.redis.url()).expect("client"), Duration::from_secs(5))
+            .expect("connect"),
         world.keys.clone(),
         world.settings.store_settings(),
     )
@@ -36,8 +37,8 @@ async fn entry(world: &World) -> (String, Job) {
         .arg("MKSTREAM")
         .query_async(&mut conn)
         .await
-        .unwrap();
-    let entry_id: String = conn.xadd(world.keys.submit(), "*", &[("job", JOB)]).await.unwrap();
+        .expect("redis");
+    let entry_id: String = conn.xadd(world.keys.submit(), "*", &[("job", JOB)]).await.expect("xadd");
     let _: redis::Value = redis::cmd("XREADGROUP")
         .arg("GROUP")
         .arg(CONSUMER_GROUP)
@@ -47,9 +48,9 @@ async fn entry(world: &World) -> (String, Job) {
         .arg(">")
         .query_async(&mut conn)
         .await
-        .unwrap();
+        .expect("redis");
     let fields = vec![("job".to_owned(), JOB.as_bytes().to_vec())];
-    let job = Job::decode(&fields, &entry_id, &JobLimits::default(), &world.keys).unwrap();
+    let job = Job::decode(&fields, &entry_id, &JobLimits::default(), &world.keys).expect("decode");
     (entry_id, job)
 }
 
