@@ -778,19 +778,23 @@ impl Store {
             let names: Vec<String> =
                 (first..last).flat_map(|index| PER_CHUNK.iter().map(move |name| field::chunk(index, name))).collect();
             let values: Vec<Option<String>> = self.conn.clone().hmget(&key, &names[..]).await?;
-            for (offset, chunk) in values.chunks(PER_CHUNK.len()).enumerate() {
-                let index = first + offset as u32;
-                let placement = Placement::parse(chunk[4].as_deref().unwrap_or(""), chunk[5].as_deref().unwrap_or(""))
+            // Moved out of the reply, not cloned: outputs can be tens of MB.
+            let mut values = values.into_iter();
+            for index in first..last {
+                let mut next = || values.next().flatten();
+                let (request_id, state, output, last_error, items, indices) =
+                    (next(), next(), next(), next(), next(), next());
+                let placement = Placement::parse(items.as_deref().unwrap_or(""), indices.as_deref().unwrap_or(""))
                     .ok_or_else(|| StoreError::Corrupt {
                         job_id: job_id.to_string(),
                         detail: format!("chunk {index} has no valid items"),
                     })?;
                 chunks.push(ChunkRecord {
                     index,
-                    request_id: chunk[0].clone(),
-                    state: chunk[1].as_deref().and_then(|s| s.parse().ok()),
-                    output: chunk[2].clone(),
-                    last_error: chunk[3].clone(),
+                    request_id,
+                    state: state.as_deref().and_then(|s| s.parse().ok()),
+                    output,
+                    last_error,
                     placement,
                 });
             }
@@ -888,7 +892,7 @@ impl Store {
     pub async fn publish(
         &self,
         job_id: &JobId,
-        entry: &ResultEntry,
+        entry: ResultEntry,
         state: JobState,
         reply_to: &str,
         now: UnixMillis,
@@ -899,7 +903,11 @@ impl Store {
                 detail: format!("reply_to {reply_to:?} is outside the namespace"),
             });
         }
+        // The entry is serialised once and dropped, and the fields are dropped once copied into the command: a
+        // merged result can be tens of MB, and each copy held at the same time counts.
         let fields = entry.to_fields();
+        let error = entry.error.as_ref().map(JobError::to_json).unwrap_or_default();
+        drop(entry);
         let mut cmd = evalsha(
             &self.scripts.publish,
             &[self.keys.job(job_id), reply_to.to_owned(), self.keys.schedule(), self.keys.cancel(job_id)],
@@ -909,11 +917,12 @@ impl Store {
             .arg(self.settings.results_maxlen)
             .arg(self.settings.ledger_ttl.as_secs().max(1))
             .arg(job_id.as_str())
-            .arg(entry.error.as_ref().map(JobError::to_json).unwrap_or_default())
+            .arg(error)
             .arg(fields.len());
         for (name, value) in &fields {
             cmd.arg(*name).arg(value);
         }
+        drop(fields);
         let published: i64 = self.run(&self.scripts.publish, &cmd).await?;
         Ok(published == 1)
     }

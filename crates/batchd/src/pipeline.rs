@@ -643,7 +643,7 @@ impl Pipeline {
         if context.retry_failed_items && !context.retried && self.retry_failed_items(job_id, &context).await? {
             return Ok(());
         }
-        self.conclude_with(job_id, &context, Ending::Finished).await
+        self.conclude_with(job_id, context, Ending::Finished).await
     }
 
     /// Adds one more round of chunks carrying the items that came back `success:false`; returns whether it did.
@@ -723,14 +723,21 @@ impl Pipeline {
         let Some(context) = self.store.publish_context(job_id).await? else {
             return Ok(());
         };
-        self.conclude_with(job_id, &context, ending).await
+        self.conclude_with(job_id, context, ending).await
     }
 
-    async fn conclude_with(&self, job_id: &JobId, context: &PublishContext, ending: Ending) -> Result<(), StoreError> {
+    async fn conclude_with(
+        &self,
+        job_id: &JobId,
+        mut context: PublishContext,
+        ending: Ending,
+    ) -> Result<(), StoreError> {
         let mut chunks = Vec::with_capacity(context.chunks.len());
-        for chunk in &context.chunks {
+        for chunk in &mut context.chunks {
+            // Each stored output is dropped as soon as it is parsed.
+            let output = chunk.output.take();
             let outcome = match chunk.state {
-                Some(ChunkState::Done) => match chunk.output.as_deref().map(serde_json::from_str::<JobOutput>) {
+                Some(ChunkState::Done) => match output.as_deref().map(serde_json::from_str::<JobOutput>) {
                     Some(Ok(output)) => ChunkOutcome::Done(output),
                     _ => {
                         return Err(StoreError::Corrupt {
@@ -776,7 +783,7 @@ impl Pipeline {
             other => other,
         };
         let include_result = state == JobState::Completed || any_done;
-        self.publish(job_id, context, state, include_result.then_some(output), error).await
+        self.publish(job_id, &context, state, include_result.then_some(output), error).await
     }
 
     /// Publishes the result entry (exactly once per job, guarded by the ledger state). `output` is left out when
@@ -809,13 +816,14 @@ impl Pipeline {
             accepted_at: context.accepted_at,
             finished_at: now,
         };
-        if self.store.publish(job_id, &entry, state, &context.reply_to, now).await? {
+        let items_failed = entry.items_failed;
+        if self.store.publish(job_id, entry, state, &context.reply_to, now).await? {
             let turnaround = Duration::from_millis(now.saturating_sub(context.accepted_at));
             metrics::job_finished(status.as_str(), turnaround);
             tracing::info!(
                 job_id = %job_id,
                 status = %status,
-                items_failed = entry.items_failed,
+                items_failed,
                 turnaround_ms = turnaround.as_millis() as u64,
                 "result published"
             );
