@@ -13,7 +13,6 @@ use batchd_core::Keys;
 use batchd_core::keys::CONSUMER_GROUP;
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use redis::streams::{StreamAutoClaimOptions, StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply};
 use redis::{AsyncCommands, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -81,7 +80,7 @@ async fn fetch_loop(
     tracing::info!(consumer = %settings.consumer, stream = %stream, "ingress fetcher started");
     while !stop.is_cancelled() {
         let Some((n, permits)) = reserve(&tx, settings.batch, &stop).await else { break };
-        let result: redis::RedisResult<Vec<StreamId>> = async {
+        let result: redis::RedisResult<Vec<IngressEntry>> = async {
             let connection = &mut conn;
             if !group_ready {
                 ensure_group(connection, &stream).await?;
@@ -90,28 +89,51 @@ async fn fetch_loop(
             }
             if last_reclaim.is_none_or(|at| at.elapsed() >= settings.reclaim_interval) {
                 last_reclaim = Some(Instant::now());
-                let options = StreamAutoClaimOptions::default().count(n);
-                let reply: StreamAutoClaimReply = connection
-                    .xautoclaim_options(
-                        &stream,
-                        CONSUMER_GROUP,
-                        &settings.consumer,
-                        settings.reclaim_idle.as_millis() as u64,
-                        "0-0",
-                        options,
-                    )
+                // XAUTOCLAIM <stream> <group> <consumer> <min-idle> 0-0 COUNT n: [next id, [entries], [deleted]].
+                let reply: Value = redis::cmd("XAUTOCLAIM")
+                    .arg(&stream)
+                    .arg(CONSUMER_GROUP)
+                    .arg(&settings.consumer)
+                    .arg(settings.reclaim_idle.as_millis() as u64)
+                    .arg("0-0")
+                    .arg("COUNT")
+                    .arg(n)
+                    .query_async(connection)
                     .await?;
-                if !reply.claimed.is_empty() {
-                    tracing::warn!(n = reply.claimed.len(), "reclaimed ingress entries abandoned by another replica");
-                    return Ok(reply.claimed);
+                let claimed = match reply {
+                    Value::Array(mut parts) if parts.len() >= 2 => entries(parts.swap_remove(1)),
+                    _ => Vec::new(),
+                };
+                if !claimed.is_empty() {
+                    tracing::warn!(n = claimed.len(), "reclaimed ingress entries abandoned by another replica");
+                    return Ok(claimed);
                 }
             }
-            let options = StreamReadOptions::default()
-                .group(CONSUMER_GROUP, &settings.consumer)
-                .count(n)
-                .block(settings.block.as_millis() as usize);
-            let reply: Option<StreamReadReply> = connection.xread_options(&[&stream], &[">"], &options).await?;
-            Ok(reply.map(|reply| reply.keys.into_iter().flat_map(|key| key.ids).collect()).unwrap_or_default())
+            let reply: Value = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(CONSUMER_GROUP)
+                .arg(&settings.consumer)
+                .arg("COUNT")
+                .arg(n)
+                .arg("BLOCK")
+                .arg(settings.block.as_millis() as u64)
+                .arg("STREAMS")
+                .arg(&stream)
+                .arg(">")
+                .query_async(connection)
+                .await?;
+            // One stream asked for: [[stream, [entries]]] (RESP2) or {stream: [entries]} (RESP3); nil on timeout.
+            Ok(match reply {
+                Value::Array(streams) => streams
+                    .into_iter()
+                    .flat_map(|stream| match stream {
+                        Value::Array(mut pair) if pair.len() == 2 => entries(pair.swap_remove(1)),
+                        _ => Vec::new(),
+                    })
+                    .collect(),
+                Value::Map(streams) => streams.into_iter().flat_map(|(_, value)| entries(value)).collect(),
+                _ => Vec::new(),
+            })
         }
         .await;
         match result {
@@ -119,9 +141,8 @@ async fn fetch_loop(
                 delay.succeeded();
                 let mut bytes = 0;
                 for (permit, entry) in permits.zip(entries) {
-                    let fields = entry_fields(entry.map);
-                    bytes += fields.iter().map(|(name, value)| name.len() + value.len()).sum::<usize>();
-                    permit.send(IngressEntry { id: entry.id, fields });
+                    bytes += entry.fields.iter().map(|(name, value)| name.len() + value.len()).sum::<usize>();
+                    permit.send(entry);
                 }
                 if bytes > BIG_READ {
                     // The connection's read buffer grew to hold this reply and never shrinks: start afresh rather
@@ -173,20 +194,46 @@ async fn remove_idle_consumers(conn: &mut Conn, stream: &str, reclaim_idle: Dura
     }
 }
 
-fn entry_fields(map: HashMap<String, Value>) -> Vec<(String, Vec<u8>)> {
-    let mut fields: Vec<(String, Vec<u8>)> = map
+/// The entries of a stream reply (`[[id, [field, value, ...]], ...]`), their values moved out of the reply rather
+/// than copied (redis-rs's `StreamId` conversion clones every value, and a job can be tens of MB). Entries deleted
+/// while pending come back as nil from `XAUTOCLAIM` on Redis 6.2 and are skipped. Fields are sorted by name, the
+/// order of a field repeated in the entry kept.
+fn entries(reply: Value) -> Vec<IngressEntry> {
+    let Value::Array(items) = reply else { return Vec::new() };
+    items
         .into_iter()
-        .map(|(name, value)| {
-            let bytes = match value {
-                Value::BulkString(bytes) => bytes,
-                Value::SimpleString(text) => text.into_bytes(),
-                other => format!("{other:?}").into_bytes(),
+        .filter_map(|item| {
+            let Value::Array(mut pair) = item else { return None };
+            if pair.len() != 2 {
+                return None;
+            }
+            let values = pair.pop()?;
+            let id = text(pair.pop()?);
+            let mut fields: Vec<(String, Vec<u8>)> = match values {
+                Value::Array(values) => {
+                    let mut values = values.into_iter();
+                    std::iter::from_fn(|| Some((text(values.next()?), bytes(values.next()?)))).collect()
+                }
+                Value::Map(pairs) => pairs.into_iter().map(|(name, value)| (text(name), bytes(value))).collect(),
+                _ => Vec::new(),
             };
-            (name, bytes)
+            fields.sort_by(|a, b| a.0.cmp(&b.0));
+            Some(IngressEntry { id, fields })
         })
-        .collect();
-    fields.sort_by(|a, b| a.0.cmp(&b.0));
-    fields
+        .collect()
+}
+
+fn bytes(value: Value) -> Vec<u8> {
+    match value {
+        Value::BulkString(bytes) => bytes,
+        Value::SimpleString(text) => text.into_bytes(),
+        Value::VerbatimString { text, .. } => text.into_bytes(),
+        other => format!("{other:?}").into_bytes(),
+    }
+}
+
+fn text(value: Value) -> String {
+    String::from_utf8_lossy(&bytes(value)).into_owned()
 }
 
 /// Hands unstarted entries back by marking them idle past `reclaim_idle`, so any replica's next reclaim takes them.
@@ -224,5 +271,39 @@ impl HandBack<IngressEntry> for IngressHandBack {
             }
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn entries_are_moved_out_of_a_reply_with_their_fields_sorted_and_repeats_kept_in_order() {
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                bulk("1-0"),
+                Value::Array(vec![bulk("zeta"), bulk("z"), bulk("job"), bulk("first"), bulk("job"), bulk("second")]),
+            ]),
+            Value::Nil, // deleted while pending (XAUTOCLAIM on Redis 6.2)
+            Value::Array(vec![bulk("2-0"), Value::Array(vec![bulk("job"), Value::SimpleString("{}".to_owned())])]),
+        ]);
+        let entries = entries(reply);
+        let ids: Vec<&str> = entries.iter().map(|entry| entry.id.as_str()).collect();
+        assert_eq!(ids, ["1-0", "2-0"]);
+        let fields: Vec<(&str, &[u8])> =
+            entries[0].fields.iter().map(|(name, value)| (name.as_str(), value.as_slice())).collect();
+        assert_eq!(fields, [("job", &b"first"[..]), ("job", b"second"), ("zeta", b"z")]);
+        assert_eq!(entries[1].fields, [("job".to_owned(), b"{}".to_vec())]);
+    }
+
+    #[test]
+    fn a_reply_that_is_not_a_list_of_entries_has_none() {
+        assert!(entries(Value::Nil).is_empty());
+        assert!(entries(Value::Array(vec![Value::Array(vec![bulk("only-an-id")])])).is_empty());
     }
 }
