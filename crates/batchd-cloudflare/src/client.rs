@@ -73,8 +73,14 @@ impl BatchClient {
     /// Submits a batch: `POST {base}/accounts/{account}/ai/run/{model}?queueRequest=true` with body
     /// `{"requests":[...]}`, each request item sent byte for byte. Accepts any 2xx carrying a request id.
     #[tracing::instrument(skip_all, fields(model = %model, n_items = requests.len(), request_id = tracing::field::Empty))]
-    pub async fn submit(&self, model: &ModelName, requests: &[Box<RawValue>]) -> Result<Submitted, ApiError> {
-        let body = serde_json::to_vec(&wire::SubmitBody { requests }).expect("raw JSON items always serialise");
+    pub async fn submit<R>(&self, model: &ModelName, requests: &[R]) -> Result<Submitted, ApiError>
+    where
+        R: std::borrow::Borrow<RawValue> + serde::Serialize,
+    {
+        // Sized exactly up front: the body can be nearly 10 MB, and a doubling Vec would reserve up to twice that.
+        let mut body =
+            Vec::with_capacity(wire::submit_body_bytes(requests.iter().map(|item| item.borrow().get().len())));
+        serde_json::to_writer(&mut body, &wire::SubmitBody { requests }).expect("raw JSON items always serialise");
         let body_bytes = body.len();
         let result = match self.post(Operation::Submit, model, body).await {
             Ok(reply) if reply.is_success() => {

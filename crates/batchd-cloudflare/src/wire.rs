@@ -9,9 +9,9 @@ use serde_json::value::RawValue;
 
 /// Submit body: `{"requests":[...]}`, each item sent exactly as the caller gave it.
 #[derive(Debug, Serialize)]
-pub(crate) struct SubmitBody<'a> {
-    /// The request items.
-    pub requests: &'a [Box<RawValue>],
+pub(crate) struct SubmitBody<'a, R> {
+    /// The request items (raw JSON, owned or borrowed).
+    pub requests: &'a [R],
 }
 
 /// Poll body: `{"request_id":"..."}`.

@@ -36,15 +36,16 @@ impl Default for JobLimits {
     }
 }
 
-/// A validated batch-submit job.
+/// A validated batch-submit job. Its request items are owned (`Box<RawValue>`, the default) or borrowed from the
+/// entry they were decoded from (`&RawValue`, see [`Job::decode_borrowed`]).
 #[derive(Debug, Clone, Serialize)]
-pub struct Job {
+pub struct Job<R = Box<RawValue>> {
     /// The job's identity (the producer's `id`, or the ingress entry id when absent).
     pub id: JobId,
     /// The Workers AI model every item is sent to.
     pub model: ModelName,
     /// The request items, byte for byte as the producer wrote them (each a JSON object).
-    pub requests: Vec<Box<RawValue>>,
+    pub requests: Vec<R>,
     /// The results stream to publish to, when not the namespace's default one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reply_to: Option<String>,
@@ -100,6 +101,29 @@ impl Job {
         limits: &JobLimits,
         keys: &Keys,
     ) -> Result<Job, DecodeError> {
+        Job::decode_borrowed(fields, entry_id, limits, keys).map(Job::into_owned)
+    }
+
+    /// Decodes and validates a job's JSON text; `default_id` is used when the job has no `id`.
+    pub fn decode_json(text: &str, default_id: &str, limits: &JobLimits, keys: &Keys) -> Result<Job, DecodeError> {
+        Job::decode_text(text, default_id, limits, keys).map(Job::into_owned)
+    }
+
+    /// The job as v1 JSON (what the ledger stores and the CLI enqueues).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a job always serialises")
+    }
+}
+
+impl<'a> Job<&'a RawValue> {
+    /// [`Job::decode`] without copying the request items: they stay views into `fields`. A job can be tens of MB,
+    /// and the daemon needs its items only to post them once.
+    pub fn decode_borrowed(
+        fields: &'a [(String, Vec<u8>)],
+        entry_id: &str,
+        limits: &JobLimits,
+        keys: &Keys,
+    ) -> Result<Self, DecodeError> {
         let Some((_, raw)) = fields.iter().find(|(name, _)| name == JOB_FIELD) else {
             // Escaped: a field name is producer data and must not break the message's one line.
             let names: Vec<String> = fields.iter().map(|(name, _)| name.escape_debug().to_string()).collect();
@@ -117,11 +141,17 @@ impl Job {
         }
         let text = std::str::from_utf8(raw)
             .map_err(|e| DecodeError::undecodable(format!("`{JOB_FIELD}` is not UTF-8: {e}")))?;
-        Self::decode_json(text, entry_id, limits, keys)
+        Self::decode_text(text, entry_id, limits, keys)
     }
 
-    /// Decodes and validates a job's JSON text; `default_id` is used when the job has no `id`.
-    pub fn decode_json(text: &str, default_id: &str, limits: &JobLimits, keys: &Keys) -> Result<Job, DecodeError> {
+    /// A copy of the job that owns its items.
+    pub fn into_owned(self) -> Job {
+        let Job { id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, item_spans } = self;
+        let requests = requests.into_iter().map(RawValue::to_owned).collect();
+        Job { id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, item_spans }
+    }
+
+    fn decode_text(text: &'a str, default_id: &str, limits: &JobLimits, keys: &Keys) -> Result<Self, DecodeError> {
         // Borrowed views into `text` all the way down: a job can be tens of MB, and only the request items are
         // copied (once, into the job).
         let value: &RawValue = serde_json::from_str(text)
@@ -176,7 +206,7 @@ impl Job {
                 (start, start + item.get().len())
             })
             .collect();
-        let requests: Vec<Box<RawValue>> = items.into_iter().map(RawValue::to_owned).collect();
+        let requests = items;
         if requests.is_empty() {
             return Err(invalid("requests", "must not be empty".to_owned()));
         }
@@ -241,11 +271,6 @@ impl Job {
         };
 
         Ok(Job { id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, item_spans })
-    }
-
-    /// The job as v1 JSON (what the ledger stores and the CLI enqueues).
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).expect("a job always serialises")
     }
 }
 

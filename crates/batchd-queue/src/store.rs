@@ -1,12 +1,14 @@
 //! The job ledger, the schedule and result publishing: every state transition is one Lua script, so a crash
 //! between two steps leaves Redis in a state a restarted replica can resume from.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::time::Duration;
 
 use batchd_core::ledger::field;
 use batchd_core::{ChunkRef, ChunkState, Job, JobError, JobId, JobState, Keys, ResultEntry, UnixMillis};
 use redis::{AsyncCommands, Script};
+use serde_json::value::RawValue;
 
 use crate::{Conn, StoreError};
 
@@ -426,7 +428,7 @@ impl Store {
     /// Accepts `job` from ingress entry `entry_id`: ledger created, chunks scheduled, entry acknowledged.
     /// The first chunk is scheduled at `first_due` (the accepting replica submits it right away and holds it
     /// by that lease); the others are due at once.
-    pub async fn accept(&self, job: &Job, intake: &Intake<'_>) -> Result<Accepted, StoreError> {
+    pub async fn accept<R: Borrow<RawValue>>(&self, job: &Job<R>, intake: &Intake<'_>) -> Result<Accepted, StoreError> {
         // The chunks' items are copied inside Redis from the entry (which is still in the stream) when their
         // byte spans are known: a big job then never travels back. If the entry is gone, they are sent along.
         let mut reply = self.accept_with(job, intake, !job.item_spans.is_empty()).await?;
@@ -450,9 +452,9 @@ impl Store {
         })
     }
 
-    async fn accept_with(
+    async fn accept_with<R: Borrow<RawValue>>(
         &self,
-        job: &Job,
+        job: &Job<R>,
         intake: &Intake<'_>,
         from_entry: bool,
     ) -> Result<(String, String), StoreError> {
@@ -936,9 +938,9 @@ impl Store {
 
 /// A JSON array of raw items, byte for byte, written straight into the command being built: a chunk can be
 /// nearly 10 MB, and an intermediate string would be one more copy of it in memory.
-struct RequestsArg<'a>(&'a [Box<serde_json::value::RawValue>]);
+struct RequestsArg<'a, R>(&'a [R]);
 
-impl redis::ToRedisArgs for RequestsArg<'_> {
+impl<R: Borrow<RawValue>> redis::ToRedisArgs for RequestsArg<'_, R> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
         use std::io::Write as _;
         let mut writer = out.writer_for_next_arg();
@@ -948,7 +950,7 @@ impl redis::ToRedisArgs for RequestsArg<'_> {
             if position > 0 {
                 write(b",");
             }
-            write(item.get().as_bytes());
+            write(item.borrow().get().as_bytes());
         }
         write(b"]");
     }

@@ -80,6 +80,11 @@ enum Ending {
     Cancelled(JobError),
 }
 
+/// A request item as the pipeline posts it: owned (read back from the ledger) or borrowed (from the entry).
+trait Item: std::borrow::Borrow<RawValue> + serde::Serialize + Sync {}
+
+impl<T: std::borrow::Borrow<RawValue> + serde::Serialize + Sync> Item for T {}
+
 fn unit_random() -> f64 {
     rand::random::<f64>()
 }
@@ -140,13 +145,12 @@ impl Pipeline {
     #[tracing::instrument(skip_all, fields(entry_id = %entry.id, job_id = tracing::field::Empty))]
     pub async fn take_in(&self, entry: IngressEntry) -> Result<(), StoreError> {
         let now = now_ms();
-        let mut job = match Job::decode(&entry.fields, &entry.id, &self.limits, self.store.keys()) {
+        // The items stay views into the entry's `job` field: a big job is held once, not twice.
+        let job = match Job::decode_borrowed(&entry.fields, &entry.id, &self.limits, self.store.keys()) {
             Ok(job) => job,
             Err(error) => return self.reject(&entry, error, now).await,
         };
-        // The job holds its own copy of the items now; the raw entry (tens of MB for a big job) can go.
-        let IngressEntry { id: entry_id, fields } = entry;
-        drop(fields);
+        let entry_id = entry.id.as_str();
         tracing::Span::current().record("job_id", tracing::field::display(&job.id));
         let sizes: Vec<usize> = job.requests.iter().map(|item| item.get().len()).collect();
         let plan = match plan_chunks(&sizes, self.split.max_payload_bytes, self.split.max_batch_items) {
@@ -161,7 +165,7 @@ impl Pipeline {
                     ),
                 );
                 let rejection = Rejection {
-                    entry_id: &entry_id,
+                    entry_id,
                     job_id: &job.id,
                     model: job.model.as_str(),
                     error: &error,
@@ -192,7 +196,7 @@ impl Pipeline {
         };
         let retry_failed_items = job.retry_failed_items.unwrap_or(self.split.retry_failed_items);
         let intake = Intake {
-            entry_id: &entry_id,
+            entry_id,
             plan: &plan,
             now,
             deadline_at,
@@ -207,10 +211,8 @@ impl Pipeline {
                 if wait.is_some() {
                     return Ok(());
                 }
-                // Post the first chunk with the items in hand instead of reading them back; the others go.
-                job.requests.truncate(plan[0].1);
-                let first = std::mem::take(&mut job.requests);
-                drop(job.item_spans);
+                // Post the first chunk with the items in hand instead of reading them back.
+                let first = &job.requests[..plan[0].1];
                 let chunk = ChunkRef::new(job.id.clone(), 0);
                 let placement = Placement::Range { start: 0, len: plan[0].1 };
                 if let Err(error) = self.post(&chunk, &job.model, 1, false, first, placement).await {
@@ -339,7 +341,7 @@ impl Pipeline {
         let ticket = self.store.begin_submit(chunk, now_ms(), true, true).await?;
         match ticket {
             SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => {
-                self.post(chunk, model, attempt, resubmit, requests, placement).await
+                self.post(chunk, model, attempt, resubmit, &requests, placement).await
             }
             SubmitTicket::Cancelled => {
                 let reason = self.store.cancel_requested(&chunk.job_id).await?.unwrap_or_default();
@@ -355,13 +357,13 @@ impl Pipeline {
 
     /// POSTs a chunk already marked `submitting` (attempt `attempt`), then records the request id and schedules
     /// the first poll, or decides what the failure means.
-    async fn post(
+    async fn post<R: Item>(
         &self,
         chunk: &ChunkRef,
         model: &ModelName,
         attempt: u64,
         resubmit: bool,
-        requests: Vec<Box<RawValue>>,
+        requests: &[R],
         placement: Placement,
     ) -> Result<(), StoreError> {
         if resubmit {
@@ -375,7 +377,7 @@ impl Pipeline {
         }
         let span = tracing::info_span!("submit", model = %model, attempt, request_id = tracing::field::Empty);
         let started = Instant::now();
-        let submitted = self.client.submit(model, &requests).instrument(span.clone()).await;
+        let submitted = self.client.submit(model, requests).instrument(span.clone()).await;
         match &submitted {
             Ok(_) => metrics::api_request(ApiCall::Submit, "ok", Some(200), started.elapsed()),
             Err(error) => {
@@ -449,18 +451,21 @@ impl Pipeline {
         }
     }
 
-    async fn submit_failed(
+    async fn submit_failed<R: Item>(
         &self,
         chunk: &ChunkRef,
         model: &ModelName,
         attempt: u64,
         placement: Placement,
-        requests: Vec<Box<RawValue>>,
+        requests: &[R],
         error: ApiError,
     ) -> Result<(), StoreError> {
         let now = now_ms();
         match error.kind {
-            ErrorKind::TooLarge if placement.len() > 1 => return self.split(chunk, placement, requests, &error).await,
+            ErrorKind::TooLarge if placement.len() > 1 => {
+                let owned = requests.iter().map(|item| item.borrow().to_owned()).collect();
+                return self.split(chunk, placement, owned, &error).await;
+            }
             ErrorKind::TooLarge | ErrorKind::BatchFailed => {
                 return self.chunk_failed(chunk, error.to_job_error()).await;
             }
