@@ -133,9 +133,27 @@ pub struct Burst {
     pub cpu_us_per_job: [f64; 3],
 }
 
-/// N jobs at once through a fresh daemon.
-pub async fn burst(redis: &RedisServer, n: usize, logs: &Path, tag: &str) -> anyhow::Result<Burst> {
-    let stack = start_stack(redis, 0, 0, &zero_delay_env(), logs, tag).await?;
+/// Settings of the *tuned* lifecycle daemon, for a machine whose two cores it shares with Redis and the emulator:
+/// one runtime thread (no cross-thread wake-ups), and enough jobs in flight to keep it busy.
+pub fn tuned_env() -> Vec<(&'static str, String)> {
+    vec![
+        ("BATCHD__WORKERS__RUNTIME_THREADS", "1".to_owned()),
+        ("BATCHD__WORKERS__SUBMIT_CONCURRENCY", "64".to_owned()),
+        ("BATCHD__WORKERS__POLL_CONCURRENCY", "128".to_owned()),
+    ]
+}
+
+/// N jobs at once through a fresh daemon, with `extra_env` on top of the zero-delay settings.
+pub async fn burst(
+    redis: &RedisServer,
+    n: usize,
+    extra_env: &[(&str, String)],
+    logs: &Path,
+    tag: &str,
+) -> anyhow::Result<Burst> {
+    let mut env = zero_delay_env();
+    env.extend(extra_env.iter().cloned());
+    let stack = start_stack(redis, 0, 0, &env, logs, tag).await?;
     let mut conn = redis.connect().await?;
     let pids = [stack.daemon.pid(), stack.emulator.pid(), redis.pid()];
     let cpu0 = pids.map(cpu_secs);

@@ -350,13 +350,14 @@ async fn scenario_lifecycle(
     let m = mode.label();
     let n = options.n;
     let burst_label = format!("batchd, {} jobs at once", fmt(n as f64));
+    let tuned_label = format!("batchd tuned (1 runtime thread, concurrency 64/128), {} jobs at once", fmt(n as f64));
     let paced_n = (n / 4).max(500);
     let paced_rate = 500;
     let paced_label = format!("batchd, {} jobs at {paced_rate}/s", fmt(paced_n as f64));
     for run in 0..options.runs {
         progress(&format!("[{m}] scenario 2, run {}: {n} jobs", run + 1));
         let redis = RedisServer::start(mode, work).await?;
-        let mut burst = lifecycle::burst(&redis, n, logs, &format!("lifecycle-{m}-{run}")).await?;
+        let mut burst = lifecycle::burst(&redis, n, &[], logs, &format!("lifecycle-{m}-{run}")).await?;
         report.add(s, &burst_label, "throughput", "jobs/s", m, burst.jobs_per_sec);
         report.add(s, &burst_label, "XADD → result p50", "ms", m, percentile(&mut burst.latencies_ms, 50.0));
         report.add(s, &burst_label, "XADD → result p99", "ms", m, percentile(&mut burst.latencies_ms, 99.0));
@@ -373,6 +374,25 @@ async fn scenario_lifecycle(
             report.add(s, &burst_label, &format!("CPU per job, {process}"), "µs", m, cpu);
         }
         report.detail(&format!("2 full lifecycle / {m} / commands per job (commandstats)"), scaled(&burst.commands, n));
+        drop(redis);
+        let redis = RedisServer::start(mode, work).await?;
+        let tuned_env = lifecycle::tuned_env();
+        let mut tuned = lifecycle::burst(&redis, n, &tuned_env, logs, &format!("tuned-{m}-{run}")).await?;
+        report.add(s, &tuned_label, "throughput", "jobs/s", m, tuned.jobs_per_sec);
+        report.add(s, &tuned_label, "XADD → result p50", "ms", m, percentile(&mut tuned.latencies_ms, 50.0));
+        report.add(s, &tuned_label, "XADD → result p99", "ms", m, percentile(&mut tuned.latencies_ms, 99.0));
+        report.add(
+            s,
+            &tuned_label,
+            "Redis commands per job (in scripts included)",
+            "cmds",
+            m,
+            per_job(&tuned.commands, n),
+        );
+        report.add(s, &tuned_label, "jobs not completed", "jobs", m, tuned.not_completed as f64);
+        for (process, cpu) in ["daemon", "emulator", "redis-server"].iter().zip(tuned.cpu_us_per_job) {
+            report.add(s, &tuned_label, &format!("CPU per job, {process}"), "µs", m, cpu);
+        }
         drop(redis);
         let redis = RedisServer::start(mode, work).await?;
         let mut paced = lifecycle::paced(&redis, paced_n, paced_rate, logs, &format!("paced-{m}-{run}")).await?;

@@ -72,7 +72,7 @@ impl BatchClient {
 
     /// Submits a batch: `POST {base}/accounts/{account}/ai/run/{model}?queueRequest=true` with body
     /// `{"requests":[...]}`, each request item sent byte for byte. Accepts any 2xx carrying a request id.
-    #[tracing::instrument(skip_all, fields(model = %model, n_items = requests.len(), request_id = tracing::field::Empty))]
+    #[tracing::instrument(level = "debug", skip_all, fields(model = %model, n_items = requests.len(), request_id = tracing::field::Empty))]
     pub async fn submit<R>(&self, model: &ModelName, requests: &[R]) -> Result<Submitted, ApiError>
     where
         R: std::borrow::Borrow<RawValue> + serde::Serialize,
@@ -112,7 +112,7 @@ impl BatchClient {
 
     /// Asks for a batch's status: `POST` to the same model URL with body `{"request_id":"..."}`. `n_items` is the
     /// number of items submitted, to restore their order and detect missing ones.
-    #[tracing::instrument(skip_all, fields(model = %model, request_id = %request_id))]
+    #[tracing::instrument(level = "debug", skip_all, fields(model = %model, request_id = %request_id))]
     pub async fn poll(
         &self,
         model: &ModelName,

@@ -133,7 +133,11 @@ fn main() -> ExitCode {
         }
         settings.redis.namespace = namespace;
     }
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match settings.workers.runtime_threads {
+        0 => tokio::runtime::Runtime::new(),
+        threads => tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build(),
+    };
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(error) => return fail(1, &format!("cannot start the async runtime: {error}")),
     };

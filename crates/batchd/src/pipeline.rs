@@ -142,7 +142,9 @@ async fn drop_member(store: &Store, member: &str) {
 impl Pipeline {
     /// Decodes an ingress entry, plans its batches and accepts it as a job (or rejects it with a result that
     /// says why), then submits its first batch straight away.
-    #[tracing::instrument(skip_all, fields(entry_id = %entry.id, job_id = tracing::field::Empty))]
+    // Spans are debug-level: at info they cost ~12% of the daemon's CPU per job (docs/benchmarks.md), so every
+    // warn and error event names its job (and chunk) itself.
+    #[tracing::instrument(level = "debug", skip_all, fields(entry_id = %entry.id, job_id = tracing::field::Empty))]
     pub async fn take_in(&self, entry: IngressEntry) -> Result<(), StoreError> {
         let now = now_ms();
         // The items stay views into the entry's `job` field: a big job is held once, not twice.
@@ -176,6 +178,7 @@ impl Pipeline {
                 if published {
                     metrics::job_rejected(code::ITEM_TOO_LARGE);
                     tracing::warn!(
+                        job_id = %job.id,
                         item = too_large.index,
                         bytes = too_large.bytes,
                         "job refused: an item is too large"
@@ -218,7 +221,11 @@ impl Pipeline {
                 if let Err(error) = self.post(&chunk, &job.model, 1, false, first, placement).await {
                     // The entry is taken in (acknowledged); what is retried is the chunk, from the schedule.
                     metrics::redis_error("submit");
-                    tracing::error!(error = %error, "submitting the first batch failed; it is retried after its lease");
+                    tracing::error!(
+                        job_id = %job.id,
+                        error = %error,
+                        "submitting the first batch failed; it is retried after its lease"
+                    );
                 }
                 Ok(())
             }
@@ -230,6 +237,7 @@ impl Pipeline {
             Accepted::Duplicate { state } => {
                 metrics::job_duplicate();
                 tracing::warn!(
+                    job_id = %job.id,
                     state = %state,
                     "job id seen before: entry acknowledged and not run again (the existing job keeps its one result)"
                 );
@@ -271,7 +279,7 @@ impl Pipeline {
     }
 
     /// Does whatever the chunk's ledger says is next: submit, poll, or finish the job.
-    #[tracing::instrument(skip_all, fields(job_id = %chunk.job_id, chunk = chunk.index))]
+    #[tracing::instrument(level = "debug", skip_all, fields(job_id = %chunk.job_id, chunk = chunk.index))]
     pub async fn step(&self, chunk: &ChunkRef) -> Result<(), StoreError> {
         let Some(view) = self.store.load_chunk(chunk).await? else {
             tracing::debug!("ledger gone; dropping schedule member");
@@ -375,7 +383,7 @@ impl Pipeline {
                 "resubmitting a chunk whose previous submit was interrupted; the remote batch may be duplicated"
             );
         }
-        let span = tracing::info_span!("submit", model = %model, attempt, request_id = tracing::field::Empty);
+        let span = tracing::debug_span!("submit", model = %model, attempt, request_id = tracing::field::Empty);
         let started = Instant::now();
         let submitted = self.client.submit(model, requests).instrument(span.clone()).await;
         match &submitted {
@@ -431,6 +439,8 @@ impl Pipeline {
                 Err(error) if started.elapsed() + wait < self.lease => {
                     metrics::redis_error("record_submitted");
                     tracing::warn!(
+                        job_id = %chunk.job_id,
+                        chunk = chunk.index,
                         request_id = %request_id,
                         error = %error,
                         retry_in = ?wait,
@@ -441,6 +451,8 @@ impl Pipeline {
                 }
                 Err(error) => {
                     tracing::error!(
+                        job_id = %chunk.job_id,
+                        chunk = chunk.index,
                         request_id = %request_id,
                         error = %error,
                         "gave up recording the request id of a submitted batch; the chunk will be submitted again"
@@ -471,7 +483,7 @@ impl Pipeline {
             }
             ErrorKind::Transient | ErrorKind::QuotaExhausted => {}
             ErrorKind::Permanent | ErrorKind::NotFound => {
-                tracing::warn!(model = %model, error = %error, "the Batch API refused the batch");
+                tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, model = %model, error = %error, "the Batch API refused the batch");
                 return self.conclude(&chunk.job_id, Ending::Failed(error.to_job_error())).await;
             }
         }
@@ -494,7 +506,15 @@ impl Pipeline {
         } else {
             metrics::retry(ApiCall::Submit);
         }
-        tracing::warn!(model = %model, attempt, error = %error, retry_in = ?wait, "submit failed; retrying");
+        tracing::warn!(
+            job_id = %chunk.job_id,
+            chunk = chunk.index,
+            model = %model,
+            attempt,
+            error = %error,
+            retry_in = ?wait,
+            "submit failed; retrying"
+        );
         self.store.update_chunk(chunk, Some(now + wait.as_millis() as u64), None, &fields, &[]).await?;
         Ok(())
     }
@@ -518,7 +538,14 @@ impl Pipeline {
                 (Placement::Indices(indices), Placement::Indices(rest))
             }
         };
-        tracing::warn!(error = %error, first = first.len(), second = second.len(), "the API found the batch too large; splitting it");
+        tracing::warn!(
+            job_id = %chunk.job_id,
+            chunk = chunk.index,
+            error = %error,
+            first = first.len(),
+            second = second.len(),
+            "the API found the batch too large; splitting it"
+        );
         let chunks =
             [NewChunk { placement: first, requests }, NewChunk { placement: second, requests: second_requests }];
         self.store.add_chunks(&chunk.job_id, now_ms(), Some(chunk.index), None, &chunks).await?;
@@ -538,7 +565,7 @@ impl Pipeline {
         if self.throttle(chunk, &model, ApiCall::Poll).await?.is_some() {
             return Ok(());
         }
-        let span = tracing::info_span!("poll", request_id = %request_id, model = %model, n_polls = view.n_polls);
+        let span = tracing::debug_span!("poll", request_id = %request_id, model = %model, n_polls = view.n_polls);
         let started = Instant::now();
         let polled = self.client.poll(&model, &request_id, view.items_len).instrument(span).await;
         let elapsed = started.elapsed();
@@ -601,7 +628,14 @@ impl Pipeline {
                 } else {
                     metrics::retry(ApiCall::Poll);
                 }
-                tracing::warn!(error = %error, failures, retry_in = ?wait, "poll failed; retrying");
+                tracing::warn!(
+                    job_id = %chunk.job_id,
+                    chunk = chunk.index,
+                    error = %error,
+                    failures,
+                    retry_in = ?wait,
+                    "poll failed; retrying"
+                );
                 let due = (now + wait.as_millis() as u64).min(view.deadline_at);
                 self.store
                     .update_chunk(
@@ -618,11 +652,11 @@ impl Pipeline {
                 Ok(())
             }
             ErrorKind::BatchFailed | ErrorKind::NotFound | ErrorKind::TooLarge => {
-                tracing::warn!(error = %error, "the remote batch failed");
+                tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "the remote batch failed");
                 self.chunk_failed(chunk, error.to_job_error()).await
             }
             ErrorKind::Permanent => {
-                tracing::warn!(error = %error, "polling was refused permanently");
+                tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "polling was refused permanently");
                 self.conclude(&chunk.job_id, Ending::Failed(error.to_job_error())).await
             }
         }

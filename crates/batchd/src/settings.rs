@@ -125,6 +125,8 @@ pub struct WorkerSettings {
     pub submit_concurrency: usize,
     /// Scheduled steps handled at once.
     pub poll_concurrency: usize,
+    /// Threads of the async runtime; 0 means one per CPU the process may use.
+    pub runtime_threads: usize,
 }
 
 /// `[ingress]`
@@ -395,6 +397,9 @@ impl Settings {
         }
         if self.workers.poll_concurrency == 0 {
             return fail("workers.poll_concurrency", "must be at least 1");
+        }
+        if self.workers.runtime_threads > 1024 {
+            return fail("workers.runtime_threads", "must be at most 1024 (0 means one per CPU)");
         }
         if self.ingress.batch == 0 || self.schedule.batch == 0 {
             return fail("ingress.batch / schedule.batch", "must be at least 1");
