@@ -137,6 +137,8 @@ async fn sigterm_drains_and_exits_zero() {
     command
         .env("CLOUDFLARE_API_TOKEN", world.emulator.token())
         .env("BATCHD__LOG__FORMAT", "json")
+        // The smallest runtime a deployment may choose: one thread runs the whole daemon and its shutdown.
+        .env("BATCHD__WORKERS__RUNTIME_THREADS", "1")
         .arg("run")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

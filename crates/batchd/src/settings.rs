@@ -608,6 +608,10 @@ mod tests {
         assert!(err.to_string().contains("typo"), "{err}");
         let err = Settings::load_from(None, &env(&[("BATCHD__REDIS__NAMESPACE", "a b")])).unwrap_err();
         assert!(err.to_string().contains("redis.namespace"), "{err}");
+        let err = Settings::load_from(None, &env(&[("BATCHD__WORKERS__RUNTIME_THREADS", "5000")])).unwrap_err();
+        assert!(err.to_string().contains("workers.runtime_threads"), "{err}");
+        let one = Settings::load_from(None, &env(&[("BATCHD__WORKERS__RUNTIME_THREADS", "1")])).unwrap();
+        assert_eq!(one.workers.runtime_threads, 1);
         let err = Settings::load_from(Some(Path::new("/nonexistent/batchd.toml")), &env(&[])).unwrap_err();
         assert_eq!(err.to_string(), "configuration: config file /nonexistent/batchd.toml does not exist");
     }
