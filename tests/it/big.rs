@@ -46,6 +46,29 @@ async fn fifty_thousand_items_with_an_item_cap_come_back_as_one_result_in_order(
 }
 
 #[tokio::test]
+async fn a_job_of_more_chunks_than_one_lua_call_can_carry_completes_and_closes_its_ledger() {
+    // 1,500 one-item chunks: accepting the job writes 18,000 ledger values and publishing it deletes 3,000 and
+    // unschedules 1,500, far past the few thousand values Lua's unpack takes in one call.
+    let mut world = World::with_emulator(small_embeddings()).await;
+    world.settings.jobs.max_batch_items = 1;
+    let daemon = Daemon::start(patient(world.settings.clone()), &world.emulator);
+    world.enqueue(&embeddings_job("many-chunks", 1_500, "item ")).await;
+    let result = world.wait_for_result("many-chunks", WAIT).await;
+    assert_eq!(result.status, ResultStatus::Completed, "{:?}", result.error);
+    assert_eq!((result.items_total, result.items_failed), (1_500, 0));
+    assert_eq!(result.request_ids.len(), 1_500);
+    let output = result.result.expect("result");
+    let indices: Vec<usize> = output.responses.iter().map(|response| response.index).collect();
+    assert_eq!(indices, (0..1_500).collect::<Vec<_>>());
+    let ledger = world.ledger("many-chunks").await;
+    assert_eq!(ledger["n_chunks"], "1500");
+    assert!(ledger.keys().all(|name| !name.ends_with(":requests") && !name.ends_with(":output")), "all dropped");
+    assert_eq!(ledger["c1499:state"], "done");
+    assert_eq!(world.scheduled().await, 0, "every chunk is off the schedule");
+    daemon.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_40_mb_job_is_sent_in_batches_under_10_mb() {
     let world = World::with_emulator(small_embeddings()).await;
     let daemon = Daemon::start(patient(world.settings.clone()), &world.emulator);
