@@ -436,8 +436,13 @@ impl Store {
             reply = self.accept_with(job, intake, false).await?;
         }
         let (verdict, state) = reply;
-        if matches!(verdict.as_str(), "accepted" | "cancelled") && (intake.plan.len() > 1 || verdict == "cancelled") {
-            self.scheduled(intake.now); // chunks due at once
+        if matches!(verdict.as_str(), "accepted" | "cancelled") {
+            if intake.plan.len() > 1 || verdict == "cancelled" {
+                self.scheduled(intake.now); // chunks due at once
+            }
+            if !intake.submit_first {
+                self.scheduled(intake.first_due); // a first chunk the caller does not post (throttled)
+            }
         }
         Ok(match verdict.as_str() {
             "accepted" => Accepted::New,
