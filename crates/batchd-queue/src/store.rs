@@ -63,7 +63,7 @@ pub enum SubmitTicket {
         resubmit: bool,
         /// The job's model.
         model: String,
-        /// The chunk's request items, byte for byte (empty when not asked for).
+        /// The chunk's request items, byte for byte.
         requests: Vec<Box<serde_json::value::RawValue>>,
         /// Where the chunk's items sit in the job.
         placement: Placement,
@@ -333,16 +333,38 @@ fn script(body: &str) -> Script {
     Script::new(&format!("{}\n{body}", include_str!("lua/prelude.lua")))
 }
 
-/// `EVALSHA <script> <n keys> <keys>`, for the caller to add the arguments to. Built as one [`redis::Cmd`]
-/// (not redis-rs's `ScriptInvocation`, which holds the arguments and then copies them all into a command):
-/// a job's items can be tens of MB, and each copy of them counts.
-fn evalsha(script: &Script, keys: &[String]) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(keys.len());
-    for key in keys {
-        cmd.arg(key);
+/// One script call: `EVALSHA <script> <n keys> <keys>`, the caller adding the arguments through the command it
+/// derefs to. Built as one [`redis::Cmd`] (not redis-rs's `ScriptInvocation`, which holds the arguments and then
+/// copies them all into a command): a job's items can be tens of MB, and each copy of them counts. It keeps its
+/// script, so [`Store::run`] can load it into a Redis that lost it.
+struct ScriptCall<'s> {
+    script: &'s Script,
+    cmd: redis::Cmd,
+}
+
+impl<'s> ScriptCall<'s> {
+    fn new(script: &'s Script, keys: &[String]) -> Self {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys.len());
+        for key in keys {
+            cmd.arg(key);
+        }
+        Self { script, cmd }
     }
-    cmd
+}
+
+impl std::ops::Deref for ScriptCall<'_> {
+    type Target = redis::Cmd;
+
+    fn deref(&self) -> &redis::Cmd {
+        &self.cmd
+    }
+}
+
+impl std::ops::DerefMut for ScriptCall<'_> {
+    fn deref_mut(&mut self) -> &mut redis::Cmd {
+        &mut self.cmd
+    }
 }
 
 impl Scripts {
@@ -397,14 +419,14 @@ impl Store {
         }
     }
 
-    /// Runs an [`evalsha`] command of `script`, loading the script first when this Redis does not have it
-    /// (a restarted or failed-over server), then running the same command again.
-    async fn run<T: redis::FromRedisValue>(&self, script: &Script, cmd: &redis::Cmd) -> Result<T, StoreError> {
+    /// Runs a script call, loading its script first when this Redis does not have it (a restarted or
+    /// failed-over server), then sending the same command again.
+    async fn run<T: redis::FromRedisValue>(&self, call: &ScriptCall<'_>) -> Result<T, StoreError> {
         let mut conn = self.conn.clone();
-        match cmd.query_async(&mut conn).await {
+        match call.cmd.query_async(&mut conn).await {
             Err(error) if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                let _: String = script.load_async(&mut conn).await?;
-                Ok(cmd.query_async(&mut conn).await?)
+                let _: String = call.script.load_async(&mut conn).await?;
+                Ok(call.cmd.query_async(&mut conn).await?)
             }
             other => Ok(other?),
         }
@@ -465,7 +487,7 @@ impl Store {
     ) -> Result<(String, String), StoreError> {
         let Intake { entry_id, plan, now, deadline_at, first_due, retry_failed_items, submit_first } = *intake;
         let reply_to = job.reply_to.clone().unwrap_or_else(|| self.keys.results());
-        let mut cmd = evalsha(
+        let mut cmd = ScriptCall::new(
             &self.scripts.accept,
             &[self.keys.job(&job.id), self.keys.submit(), self.keys.schedule(), self.keys.cancel(&job.id)],
         );
@@ -505,7 +527,7 @@ impl Store {
                 _ => cmd.arg(RequestsArg(&job.requests[start..start + len])),
             };
         }
-        self.run(&self.scripts.accept, &cmd).await
+        self.run(&cmd).await
     }
 
     /// Finishes ingress entry `entry_id` as a failed job `job_id` without running it: one `failed` result entry
@@ -539,7 +561,7 @@ impl Store {
             (field::REPLY_TO, self.keys.results()),
             (field::ERROR, error.to_json()),
         ];
-        let mut cmd = evalsha(
+        let mut cmd = ScriptCall::new(
             &self.scripts.reject,
             &[self.keys.job(job_id), self.keys.submit(), self.keys.results(), self.keys.dead()],
         );
@@ -568,16 +590,16 @@ impl Store {
                 }
             }
         }
-        let verdict: String = self.run(&self.scripts.reject, &cmd).await?;
+        let verdict: String = self.run(&cmd).await?;
         Ok(verdict == "rejected")
     }
 
     /// Claims up to `limit` due schedule members (re-scored to now + lease).
     pub async fn claim_due(&self, now: UnixMillis, limit: usize) -> Result<Vec<String>, StoreError> {
         let lease_until = now + self.settings.lease.as_millis() as u64;
-        let mut cmd = evalsha(&self.scripts.claim, &[self.keys.schedule()]);
+        let mut cmd = ScriptCall::new(&self.scripts.claim, &[self.keys.schedule()]);
         cmd.arg(now).arg(lease_until).arg(limit);
-        let members: Vec<String> = self.run(&self.scripts.claim, &cmd).await?;
+        let members: Vec<String> = self.run(&cmd).await?;
         Ok(members)
     }
 
@@ -601,16 +623,13 @@ impl Store {
         Ok(())
     }
 
-    /// Marks a chunk `submitting` (see `begin_submit.lua`). `count_attempt` is false for a retry after a
-    /// rate-limit answer, which does not use up an attempt; `with_requests` is false when the caller still holds
-    /// the chunk's items (right after accepting the job), so they are not read back.
-    pub async fn begin_submit(
-        &self,
-        chunk: &ChunkRef,
-        now: UnixMillis,
-        count_attempt: bool,
-        with_requests: bool,
-    ) -> Result<SubmitTicket, StoreError> {
+    /// Marks a chunk `submitting` and counts the attempt (see `begin_submit.lua`), returning what to post.
+    pub async fn begin_submit(&self, chunk: &ChunkRef, now: UnixMillis) -> Result<SubmitTicket, StoreError> {
+        let mut cmd = ScriptCall::new(
+            &self.scripts.begin_submit,
+            &[self.keys.job(&chunk.job_id), self.keys.cancel(&chunk.job_id)],
+        );
+        cmd.arg(chunk.index).arg(now);
         let (verdict, attempt, previous, items, indices, requests, model): (
             String,
             u64,
@@ -619,16 +638,7 @@ impl Store {
             String,
             String,
             String,
-        ) = {
-            let mut cmd =
-                evalsha(&self.scripts.begin_submit, &[self.keys.job(&chunk.job_id), self.keys.cancel(&chunk.job_id)]);
-            cmd.arg(chunk.index).arg(now).arg(if count_attempt { "1" } else { "0" }).arg(if with_requests {
-                "1"
-            } else {
-                "0"
-            });
-            self.run(&self.scripts.begin_submit, &cmd).await?
-        };
+        ) = self.run(&cmd).await?;
         Ok(match verdict.as_str() {
             "submit" | "resubmit" => {
                 let corrupt = |what: &str| StoreError::Corrupt {
@@ -636,12 +646,8 @@ impl Store {
                     detail: format!("chunk {}: {what}", chunk.index),
                 };
                 let placement = Placement::parse(&items, &indices).ok_or_else(|| corrupt("items"))?;
-                let requests: Vec<Box<serde_json::value::RawValue>> = if with_requests {
-                    serde_json::from_str(&requests).map_err(|_| corrupt("requests"))?
-                } else {
-                    Vec::new()
-                };
-                if with_requests && requests.len() != placement.len() {
+                let requests: Vec<Box<RawValue>> = serde_json::from_str(&requests).map_err(|_| corrupt("requests"))?;
+                if requests.len() != placement.len() {
                     return Err(corrupt("requests do not match items"));
                 }
                 SubmitTicket::Go { attempt, resubmit: verdict == "resubmit", model, requests, placement }
@@ -663,7 +669,8 @@ impl Store {
         chunk_fields: &[(&str, String)],
         job_fields: &[(&str, String)],
     ) -> Result<bool, StoreError> {
-        let mut cmd = evalsha(&self.scripts.update_chunk, &[self.keys.job(&chunk.job_id), self.keys.schedule()]);
+        let mut cmd =
+            ScriptCall::new(&self.scripts.update_chunk, &[self.keys.job(&chunk.job_id), self.keys.schedule()]);
         cmd.arg(chunk.to_string())
             .arg(due.map(|due| due.to_string()).unwrap_or_default())
             .arg(increment.map(|name| field::chunk(chunk.index, name)).unwrap_or_default());
@@ -673,7 +680,7 @@ impl Store {
         for (name, value) in job_fields {
             cmd.arg(*name).arg(value);
         }
-        let updated: i64 = self.run(&self.scripts.update_chunk, &cmd).await?;
+        let updated: i64 = self.run(&cmd).await?;
         if let (Some(due), 1) = (due, updated) {
             self.scheduled(due);
         }
@@ -736,14 +743,14 @@ impl Store {
         payload: &str,
         now: UnixMillis,
     ) -> Result<Option<u32>, StoreError> {
-        let mut cmd = evalsha(&self.scripts.chunk_done, &[self.keys.job(&chunk.job_id), self.keys.schedule()]);
+        let mut cmd = ScriptCall::new(&self.scripts.chunk_done, &[self.keys.job(&chunk.job_id), self.keys.schedule()]);
         cmd.arg(chunk.to_string())
             .arg(chunk.index)
             .arg(state.as_str())
             .arg(payload)
             .arg(now)
             .arg(now + self.settings.lease.as_millis() as u64);
-        let open: i64 = self.run(&self.scripts.chunk_done, &cmd).await?;
+        let open: i64 = self.run(&cmd).await?;
         Ok(u32::try_from(open).ok())
     }
 
@@ -841,7 +848,7 @@ impl Store {
         once_flag: Option<&str>,
         chunks: &[NewChunk],
     ) -> Result<AddOutcome, StoreError> {
-        let mut cmd = evalsha(&self.scripts.add_chunks, &[self.keys.job(job_id), self.keys.schedule()]);
+        let mut cmd = ScriptCall::new(&self.scripts.add_chunks, &[self.keys.job(job_id), self.keys.schedule()]);
         cmd.arg(job_id.as_str())
             .arg(due)
             .arg(replaced.map(|index| index.to_string()).unwrap_or_default())
@@ -850,7 +857,7 @@ impl Store {
             let (items, indices) = chunk.placement.encode();
             cmd.arg(items).arg(indices).arg(RequestsArg(&chunk.requests));
         }
-        let outcome: i64 = self.run(&self.scripts.add_chunks, &cmd).await?;
+        let outcome: i64 = self.run(&cmd).await?;
         if outcome == 1 {
             self.scheduled(due);
         }
@@ -869,23 +876,25 @@ impl Store {
         interval: Duration,
         burst: u32,
     ) -> Result<Option<Duration>, StoreError> {
-        let mut cmd = evalsha(&self.scripts.rate_limit, &[self.keys.rate_limit(bucket)]);
+        let mut cmd = ScriptCall::new(&self.scripts.rate_limit, &[self.keys.rate_limit(bucket)]);
         cmd.arg(interval.as_secs_f64() * 1000.0).arg(burst.max(1));
-        let wait_ms: u64 = self.run(&self.scripts.rate_limit, &cmd).await?;
+        let wait_ms: u64 = self.run(&cmd).await?;
         Ok((wait_ms > 0).then(|| Duration::from_millis(wait_ms)))
     }
 
     /// Requests cancellation of a job (see `cancel.lua`); returns its state (empty when no ledger exists yet:
     /// the request then waits for the job to arrive, for `ledger_ttl`).
     pub async fn cancel(&self, job_id: &JobId, reason: &str) -> Result<String, StoreError> {
-        let mut cmd =
-            evalsha(&self.scripts.cancel, &[self.keys.job(job_id), self.keys.cancel(job_id), self.keys.schedule()]);
+        let mut cmd = ScriptCall::new(
+            &self.scripts.cancel,
+            &[self.keys.job(job_id), self.keys.cancel(job_id), self.keys.schedule()],
+        );
         cmd.arg(job_id.as_str()).arg(self.settings.ledger_ttl.as_secs().max(1)).arg(if reason.is_empty() {
             "cancelled"
         } else {
             reason
         });
-        let state: String = self.run(&self.scripts.cancel, &cmd).await?;
+        let state: String = self.run(&cmd).await?;
         Ok(state)
     }
 
@@ -915,7 +924,7 @@ impl Store {
         let fields = entry.to_fields();
         let error = entry.error.as_ref().map(JobError::to_json).unwrap_or_default();
         drop(entry);
-        let mut cmd = evalsha(
+        let mut cmd = ScriptCall::new(
             &self.scripts.publish,
             &[self.keys.job(job_id), reply_to.to_owned(), self.keys.schedule(), self.keys.cancel(job_id)],
         );
@@ -930,7 +939,7 @@ impl Store {
             cmd.arg(*name).arg(value);
         }
         drop(fields);
-        let published: i64 = self.run(&self.scripts.publish, &cmd).await?;
+        let published: i64 = self.run(&cmd).await?;
         Ok(published == 1)
     }
 

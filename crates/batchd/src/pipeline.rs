@@ -346,7 +346,7 @@ impl Pipeline {
         if self.throttle(chunk, model, ApiCall::Submit).await?.is_some() {
             return Ok(());
         }
-        let ticket = self.store.begin_submit(chunk, now_ms(), true, true).await?;
+        let ticket = self.store.begin_submit(chunk, now_ms()).await?;
         match ticket {
             SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => {
                 self.post(chunk, model, attempt, resubmit, &requests, placement).await

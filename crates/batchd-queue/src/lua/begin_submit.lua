@@ -2,15 +2,13 @@
 -- was being submitted by a replica that died inside the submit window (or whose POST had an unknown outcome):
 -- the remote batch may exist already, so the resubmission is counted as a possible duplicate.
 -- A job whose cancellation was requested is not submitted.
--- KEYS: 1 ledger, 2 cancel flag   ARGV: 1 chunk index, 2 now ms, 3 count this attempt (1/0),
---       4 return the chunk's request items (1/0; 0 when the caller still holds them)
+-- KEYS: 1 ledger, 2 cancel flag   ARGV: 1 chunk index, 2 now ms
 -- Returns {verdict, attempts, previous state, items "start:len", indices JSON or "", requests JSON, model};
 -- verdict: gone | cancelled | skip | submit | resubmit
 local ledger, chunk = KEYS[1], ARGV[1]
 local prefix = 'c' .. chunk .. ':'
-local names = {'state', prefix .. 'state', prefix .. 'attempts', prefix .. 'items', prefix .. 'indices', 'model'}
-if ARGV[4] == '1' then names[#names + 1] = prefix .. 'requests' end
-local values = redis.call('HMGET', ledger, unpack(names))
+local values = redis.call('HMGET', ledger, 'state', prefix .. 'state', prefix .. 'attempts', prefix .. 'items',
+  prefix .. 'indices', 'model', prefix .. 'requests')
 local state, chunk_state = values[1], values[2]
 if not state or is_terminal(state) then
   return {'gone', 0, state or '', '', '', '', ''}
@@ -22,8 +20,7 @@ if chunk_state ~= 'pending' and chunk_state ~= 'submitting' then
   return {'skip', 0, chunk_state or '', '', '', '', ''}
 end
 local verdict = 'submit'
-local attempts = tonumber(values[3] or '0')
-if ARGV[3] == '1' then attempts = attempts + 1 end
+local attempts = tonumber(values[3] or '0') + 1
 local fields = {prefix .. 'state', 'submitting', prefix .. 'attempts', attempts, 'updated_at', ARGV[2]}
 if chunk_state == 'submitting' then
   verdict = 'resubmit'
