@@ -51,9 +51,7 @@ pub async fn run(
     logs: &Path,
     tag: &str,
 ) -> anyhow::Result<Big> {
-    let mut env = zero_delay_env();
-    env.extend(extra_env.iter().cloned());
-    let stack = start_stack(redis, 0, 0, &env, logs, tag).await?;
+    let stack = start_stack(redis, 0, 0, &zero_delay_env(extra_env), logs, tag).await?;
     let pid = stack.daemon.pid();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_before_mib = status_mib(pid, "VmRSS");

@@ -25,14 +25,17 @@ use crate::procs::{Emulator, Proc, cpu_secs, daemon_env, start_daemon, start_emu
 use crate::queue_layer::enqueue;
 use crate::redis_server::{RedisServer, commandstats, delta};
 
-/// Settings of the lifecycle daemon: first poll 1 ms after the submit, every later one 1 ms too, no jitter.
-pub fn zero_delay_env() -> Vec<(&'static str, String)> {
-    vec![
+/// Settings of the lifecycle daemon: first poll 1 ms after the submit, every later one 1 ms too, no jitter;
+/// then `extra` (later entries win).
+pub fn zero_delay_env<'a>(extra: &[(&'a str, String)]) -> Vec<(&'a str, String)> {
+    let mut env = vec![
         ("BATCHD__POLL__INITIAL_INTERVAL_MS", "1".to_owned()),
         ("BATCHD__POLL__MAX_INTERVAL_MS", "1".to_owned()),
         ("BATCHD__POLL__MULTIPLIER", "1.0".to_owned()),
         ("BATCHD__POLL__JITTER", "0.0".to_owned()),
-    ]
+    ];
+    env.extend(extra.iter().cloned());
+    env
 }
 
 /// A daemon and an emulator started for one run.
@@ -151,9 +154,7 @@ pub async fn burst(
     logs: &Path,
     tag: &str,
 ) -> anyhow::Result<Burst> {
-    let mut env = zero_delay_env();
-    env.extend(extra_env.iter().cloned());
-    let stack = start_stack(redis, 0, 0, &env, logs, tag).await?;
+    let stack = start_stack(redis, 0, 0, &zero_delay_env(extra_env), logs, tag).await?;
     let mut conn = redis.connect().await?;
     let pids = [stack.daemon.pid(), stack.emulator.pid(), redis.pid()];
     let cpu0 = pids.map(cpu_secs);
@@ -190,7 +191,7 @@ pub async fn burst(
 
 /// `n` jobs at `rate` jobs/s (in ticks of 10 ms) through a fresh daemon: XADD → result entry per job, ms.
 pub async fn paced(redis: &RedisServer, n: usize, rate: usize, logs: &Path, tag: &str) -> anyhow::Result<Vec<f64>> {
-    let stack = start_stack(redis, 0, 0, &zero_delay_env(), logs, tag).await?;
+    let stack = start_stack(redis, 0, 0, &zero_delay_env(&[]), logs, tag).await?;
     let mut conn = redis.connect().await?;
     let per_tick = (rate / 100).max(1);
     let mut ticker = tokio::time::interval(Duration::from_millis(10));
@@ -230,7 +231,7 @@ pub struct Monitored {
 /// `n` jobs through a fresh daemon while a `MONITOR` connection records every command; the harness's own
 /// connections are left out by address.
 pub async fn monitored(redis: &RedisServer, n: usize, logs: &Path, tag: &str) -> anyhow::Result<Monitored> {
-    let stack = start_stack(redis, 0, 0, &zero_delay_env(), logs, tag).await?;
+    let stack = start_stack(redis, 0, 0, &zero_delay_env(&[]), logs, tag).await?;
     let mut conn = redis.connect().await?;
     let own: String = redis::cmd("CLIENT").arg("INFO").query_async(&mut conn).await?;
     let own_addr =

@@ -339,6 +339,19 @@ async fn scenario_queue(
     Ok(())
 }
 
+/// The rows of one scenario-2 burst of `n` jobs, under `label`.
+fn add_burst(report: &mut Report, label: &str, m: &str, burst: &mut lifecycle::Burst, n: usize) {
+    let s = "2 full lifecycle";
+    report.add(s, label, "throughput", "jobs/s", m, burst.jobs_per_sec);
+    report.add(s, label, "XADD → result p50", "ms", m, percentile(&mut burst.latencies_ms, 50.0));
+    report.add(s, label, "XADD → result p99", "ms", m, percentile(&mut burst.latencies_ms, 99.0));
+    report.add(s, label, "Redis commands per job (in scripts included)", "cmds", m, per_job(&burst.commands, n));
+    report.add(s, label, "jobs not completed", "jobs", m, burst.not_completed as f64);
+    for (process, cpu) in ["daemon", "emulator", "redis-server"].iter().zip(burst.cpu_us_per_job) {
+        report.add(s, label, &format!("CPU per job, {process}"), "µs", m, cpu);
+    }
+}
+
 async fn scenario_lifecycle(
     options: &Options,
     mode: Persistence,
@@ -358,41 +371,13 @@ async fn scenario_lifecycle(
         progress(&format!("[{m}] scenario 2, run {}: {n} jobs", run + 1));
         let redis = RedisServer::start(mode, work).await?;
         let mut burst = lifecycle::burst(&redis, n, &[], logs, &format!("lifecycle-{m}-{run}")).await?;
-        report.add(s, &burst_label, "throughput", "jobs/s", m, burst.jobs_per_sec);
-        report.add(s, &burst_label, "XADD → result p50", "ms", m, percentile(&mut burst.latencies_ms, 50.0));
-        report.add(s, &burst_label, "XADD → result p99", "ms", m, percentile(&mut burst.latencies_ms, 99.0));
-        report.add(
-            s,
-            &burst_label,
-            "Redis commands per job (in scripts included)",
-            "cmds",
-            m,
-            per_job(&burst.commands, n),
-        );
-        report.add(s, &burst_label, "jobs not completed", "jobs", m, burst.not_completed as f64);
-        for (process, cpu) in ["daemon", "emulator", "redis-server"].iter().zip(burst.cpu_us_per_job) {
-            report.add(s, &burst_label, &format!("CPU per job, {process}"), "µs", m, cpu);
-        }
+        add_burst(report, &burst_label, m, &mut burst, n);
         report.detail(&format!("2 full lifecycle / {m} / commands per job (commandstats)"), scaled(&burst.commands, n));
         drop(redis);
         let redis = RedisServer::start(mode, work).await?;
         let tuned_env = lifecycle::tuned_env();
         let mut tuned = lifecycle::burst(&redis, n, &tuned_env, logs, &format!("tuned-{m}-{run}")).await?;
-        report.add(s, &tuned_label, "throughput", "jobs/s", m, tuned.jobs_per_sec);
-        report.add(s, &tuned_label, "XADD → result p50", "ms", m, percentile(&mut tuned.latencies_ms, 50.0));
-        report.add(s, &tuned_label, "XADD → result p99", "ms", m, percentile(&mut tuned.latencies_ms, 99.0));
-        report.add(
-            s,
-            &tuned_label,
-            "Redis commands per job (in scripts included)",
-            "cmds",
-            m,
-            per_job(&tuned.commands, n),
-        );
-        report.add(s, &tuned_label, "jobs not completed", "jobs", m, tuned.not_completed as f64);
-        for (process, cpu) in ["daemon", "emulator", "redis-server"].iter().zip(tuned.cpu_us_per_job) {
-            report.add(s, &tuned_label, &format!("CPU per job, {process}"), "µs", m, cpu);
-        }
+        add_burst(report, &tuned_label, m, &mut tuned, n);
         drop(redis);
         let redis = RedisServer::start(mode, work).await?;
         let mut paced = lifecycle::paced(&redis, paced_n, paced_rate, logs, &format!("paced-{m}-{run}")).await?;
