@@ -2,6 +2,7 @@
 //!
 //! One binary, one module per area. Every test gets its own namespace and (usually) its own Redis.
 
+mod api_variants;
 mod backlog;
 mod bad_input;
 mod big;

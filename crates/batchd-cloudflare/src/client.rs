@@ -35,6 +35,8 @@ pub struct BatchClient {
     authorization: HeaderValue,
     /// The whole-request limit, quoted in timeout errors.
     request_timeout: Duration,
+    /// Largest reply body read.
+    max_reply_bytes: usize,
 }
 
 impl fmt::Debug for BatchClient {
@@ -67,7 +69,14 @@ impl BatchClient {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(ClientBuildError::Http)?;
-        Ok(Self { http, run_url, token: settings.token, authorization, request_timeout: settings.request_timeout })
+        Ok(Self {
+            http,
+            run_url,
+            token: settings.token,
+            authorization,
+            request_timeout: settings.request_timeout,
+            max_reply_bytes: settings.max_reply_bytes,
+        })
     }
 
     /// Submits a batch: `POST {base}/accounts/{account}/ai/run/{model}?queueRequest=true` with body
@@ -131,8 +140,7 @@ impl BatchClient {
         match self.scrub(result) {
             Ok(status) => {
                 let status_name = match &status {
-                    PollStatus::Queued => "queued",
-                    PollStatus::Running => "running",
+                    PollStatus::Pending(pending) => pending.as_str(),
                     PollStatus::Done(_) => "done",
                 };
                 tracing::debug!(status = status_name, "batch polled");
@@ -151,12 +159,13 @@ impl BatchClient {
         }
     }
 
-    /// Sends one JSON `POST` to the model's URL and reads the whole reply.
+    /// Sends one JSON `POST` to the model's URL and reads the whole reply, up to `max_reply_bytes`: a reply that
+    /// declares or sends more is refused before it is held.
     async fn post(&self, operation: Operation, model: &ModelName, body: Vec<u8>) -> Result<Reply, ApiError> {
         let started = Instant::now();
         let transport_error =
             |error: reqwest::Error, status| ApiError::from_transport(operation, &error, status, self.request_timeout);
-        let response = self
+        let mut response = self
             .http
             .post(model_url(&self.run_url, model))
             .header(AUTHORIZATION, self.authorization.clone())
@@ -171,14 +180,31 @@ impl BatchClient {
             .get(RETRY_AFTER)
             .and_then(|value| value.to_str().ok())
             .and_then(|value| parse_retry_after(value, SystemTime::now()));
-        let body = response.bytes().await.map_err(|error| transport_error(error, Some(http_status)))?;
+        let limit = self.max_reply_bytes;
+        let declared = response.content_length();
+        if let Some(declared) = declared.filter(|declared| *declared > limit as u64) {
+            return Err(ApiError::reply_too_large(operation, http_status, declared, limit));
+        }
+        // Sized from the declared length when there is one (checked above), so a big result is not re-grown.
+        let mut body = Vec::with_capacity(declared.map_or(0, |declared| declared as usize));
+        while let Some(chunk) = response.chunk().await.map_err(|error| transport_error(error, Some(http_status)))? {
+            if body.len() + chunk.len() > limit {
+                return Err(ApiError::reply_too_large(
+                    operation,
+                    http_status,
+                    (body.len() + chunk.len()) as u64,
+                    limit,
+                ));
+            }
+            body.extend_from_slice(&chunk);
+        }
         tracing::debug!(
             http_status,
             reply_bytes = body.len(),
             elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             "batch api replied"
         );
-        Ok(Reply { http_status, retry_after, body: body.into() })
+        Ok(Reply { http_status, retry_after, body })
     }
 
     /// Removes the token from an error's message, in case a server echoed it back.

@@ -26,6 +26,15 @@ pub enum ErrorKind {
     NotFound,
     /// The remote batch as a whole failed (code 5001, "Model execution failed"); permanent for that batch.
     BatchFailed,
+    /// A submit was refused because of its input (a 4xx with code 5004 or 5006, or a schema message such as
+    /// `oneOf at '/requests/3' not met`): one bad item refuses the whole batch, so the batch can be split to
+    /// isolate it. [`ApiError::refused_item`] names the item when the message does.
+    InvalidInput,
+    /// The model cannot run batch requests (code 8007, "does not support request queuing"): no retry or split
+    /// can help, the job fails.
+    NotBatchable,
+    /// The reply was larger than `max_reply_bytes`; it was not read. Permanent for that batch.
+    ReplyTooLarge,
     /// The API refused the request and will refuse it again: bad token (10000), unknown model, invalid input,
     /// account blocked or not entitled, bad route (404/7003 on submit), any other 4xx.
     Permanent,
@@ -40,6 +49,9 @@ impl ErrorKind {
             Self::TooLarge => "too_large",
             Self::NotFound => "not_found",
             Self::BatchFailed => "batch_failed",
+            Self::InvalidInput => "invalid_input",
+            Self::NotBatchable => "not_batchable",
+            Self::ReplyTooLarge => "reply_too_large",
             Self::Permanent => "permanent",
         }
     }
@@ -84,6 +96,14 @@ mod api_code {
     pub const OUT_OF_CAPACITY: i64 = 3040;
     /// Model execution failed: the whole batch failed.
     pub const MODEL_EXECUTION_FAILED: i64 = 5001;
+    /// Incomplete request (`requests` missing or empty): the batch as a whole is wrong, not one item.
+    pub const INCOMPLETE_REQUEST: i64 = 3003;
+    /// Invalid data: an item does not fit the model's schema.
+    pub const INVALID_DATA: i64 = 5004;
+    /// Bad input (`AiError: Bad input: Error: oneOf at '/requests/N' not met`, seen live).
+    pub const BAD_INPUT: i64 = 5006;
+    /// The model does not support request queuing (batch requests).
+    pub const NOT_BATCHABLE: i64 = 8007;
 }
 
 /// Which request failed; a 404 means different things for each.
@@ -96,22 +116,38 @@ pub(crate) enum Operation {
 }
 
 /// Longest body excerpt quoted in an error message, in characters.
-const SNIPPET_CHARS: usize = 200;
+const SNIPPET_CHARS: usize = 512;
 
-/// Classifies a reply by its HTTP status and the API's error code (the reference's error table).
+/// Longest API error message kept, in characters: generous, so a schema error listing every mismatch survives
+/// into the result and the ledger, and still bounded, so a hostile reply cannot fill them.
+const MESSAGE_CHARS: usize = 4096;
+
+/// Classifies a reply by its HTTP status, the API's error code and message (the reference's error table).
 ///
-/// The code wins over the status where it is specific (5001, 3006, 3036, 3040, 3007, 3008); otherwise 408 and 429
-/// are transient, 413 is too large, 404 on a poll means the results are gone, 5xx is transient and everything else
-/// (401, 403, 400, 404 on submit, unexpected 3xx, a 2xx with `success:false`) is permanent.
-pub(crate) fn classify(operation: Operation, http_status: u16, api_code: Option<i64>) -> ErrorKind {
+/// The code wins over the status where it is specific (5001, 3006, 3036, 3040, 3007, 3008, 8007); a submit refused
+/// with a 4xx because of its input (5004, 5006, or a schema message `oneOf ... not met`; 3003 is the batch as a
+/// whole) is invalid input, to be split; otherwise 408 and 429 are transient, 413 is too large, 404 on a poll
+/// means the results are gone, 5xx is transient and everything else (401, 403, 400, 404 on submit, unexpected
+/// 3xx, a 2xx with `success:false`) is permanent.
+pub(crate) fn classify(operation: Operation, http_status: u16, api_code: Option<i64>, message: &str) -> ErrorKind {
+    let lower = message.to_ascii_lowercase();
+    let not_batchable = api_code == Some(api_code::NOT_BATCHABLE) || lower.contains("does not support request queu");
+    let names_input = matches!(api_code, Some(api_code::INVALID_DATA | api_code::BAD_INPUT))
+        || (lower.contains("oneof") && lower.contains("not met"));
     match (http_status, api_code) {
         (_, Some(api_code::MODEL_EXECUTION_FAILED)) => ErrorKind::BatchFailed,
         (413, _) | (_, Some(api_code::TOO_LARGE)) => ErrorKind::TooLarge,
+        _ if not_batchable && operation == Operation::Submit => ErrorKind::NotBatchable,
         (_, Some(api_code::DAILY_ALLOCATION)) => ErrorKind::QuotaExhausted,
         (408 | 429, _) | (_, Some(api_code::OUT_OF_CAPACITY | api_code::TIMEOUT | api_code::ABORTED)) => {
             ErrorKind::Transient
         }
         (404, _) if operation == Operation::Poll => ErrorKind::NotFound,
+        (400..=499, code)
+            if operation == Operation::Submit && names_input && code != Some(api_code::INCOMPLETE_REQUEST) =>
+        {
+            ErrorKind::InvalidInput
+        }
         (500..=599, _) => ErrorKind::Transient,
         _ => ErrorKind::Permanent,
     }
@@ -134,6 +170,33 @@ impl ApiError {
         matches!(self.kind, ErrorKind::Transient | ErrorKind::QuotaExhausted)
     }
 
+    /// The index of the request item an [`ErrorKind::InvalidInput`] refusal names (`/requests/N` in a schema
+    /// message such as `oneOf at '/requests/3' not met`), when it names one.
+    pub fn refused_item(&self) -> Option<usize> {
+        let at = self.message.find("/requests/")? + "/requests/".len();
+        let digits: String = self.message[at..].chars().take_while(char::is_ascii_digit).take(12).collect();
+        digits.parse().ok()
+    }
+
+    /// The error for a reply larger than the client accepts (`cloudflare.max_reply_bytes`); `bytes` is what the
+    /// reply declared or what had arrived when reading stopped.
+    pub(crate) fn reply_too_large(operation: Operation, http_status: u16, bytes: u64, limit: usize) -> Self {
+        let message = format!(
+            "the reply is {bytes} bytes or more, over the limit of {limit} bytes (cloudflare.max_reply_bytes); \
+             raise the limit to read it"
+        );
+        Self {
+            // A submit's reply is tiny when it is what the API documents: one this large is a broken reply that
+            // may still have queued the batch.
+            kind: if operation == Operation::Submit { ErrorKind::Transient } else { ErrorKind::ReplyTooLarge },
+            http_status: Some(http_status),
+            api_code: None,
+            message,
+            retry_after: None,
+            maybe_delivered: operation == Operation::Submit,
+        }
+    }
+
     /// Whether this failed submit may have reached the API anyway, so a retry may duplicate the batch.
     pub fn is_ambiguous_submit(&self) -> bool {
         self.maybe_delivered
@@ -146,6 +209,13 @@ impl ApiError {
             ErrorKind::Permanent => (code::API_ERROR, "the Batch API refused the batch"),
             ErrorKind::TooLarge => (code::API_ERROR, "the Batch API refused the batch as too large"),
             ErrorKind::BatchFailed => (code::BATCH_FAILED, "the remote batch failed"),
+            ErrorKind::InvalidInput => (code::API_ERROR, "the Batch API refused the batch's input"),
+            ErrorKind::NotBatchable => (
+                code::MODEL_NOT_BATCHABLE,
+                "the model does not support batch requests (asynchronous queueing), so nothing was run; use a model \
+                 with the Batch capability",
+            ),
+            ErrorKind::ReplyTooLarge => (code::REPLY_TOO_LARGE, "the batch's reply was not read"),
             ErrorKind::NotFound => (code::RESULTS_GONE, "the Batch API no longer has the batch's results"),
             ErrorKind::QuotaExhausted => {
                 (code::RETRIES_EXHAUSTED, "the Batch API quota stayed exhausted until batchd gave up")
@@ -179,13 +249,12 @@ impl ApiError {
     ) -> Self {
         let (api_code, message, kind) = match serde_json::from_slice::<wire::ErrorEnvelope>(body) {
             Ok(envelope) => {
-                let first = envelope.errors.unwrap_or_default().into_iter().next();
-                let api_code = first.as_ref().and_then(wire::ErrorItem::code);
-                let message = first
-                    .and_then(|error| error.message)
+                let (api_code, message) = wire::first_error(envelope.errors.as_ref());
+                let message = message
                     .filter(|message| !message.trim().is_empty())
                     .unwrap_or_else(|| format!("HTTP {http_status} without an error message: {}", body_snippet(body)));
-                (api_code, message, classify(operation, http_status, api_code))
+                let kind = classify(operation, http_status, api_code, &message);
+                (api_code, message, kind)
             }
             Err(_) => {
                 let message = format!("HTTP {http_status} with a non-JSON body: {}", body_snippet(body));
@@ -193,7 +262,7 @@ impl ApiError {
                 let kind = if (200..300).contains(&http_status) {
                     ErrorKind::Transient
                 } else {
-                    classify(operation, http_status, None)
+                    classify(operation, http_status, None, "")
                 };
                 (None, message, kind)
             }
@@ -202,7 +271,7 @@ impl ApiError {
             kind,
             http_status: Some(http_status),
             api_code,
-            message: one_line(&message, SNIPPET_CHARS * 2),
+            message: one_line(&message, MESSAGE_CHARS),
             retry_after,
             maybe_delivered: operation == Operation::Submit && submit_maybe_delivered(http_status, api_code),
         }
@@ -258,6 +327,9 @@ impl fmt::Display for ApiError {
             ErrorKind::TooLarge => "batch too large",
             ErrorKind::NotFound => "batch not found",
             ErrorKind::BatchFailed => "batch failed",
+            ErrorKind::InvalidInput => "batch api refused the batch's input",
+            ErrorKind::NotBatchable => "model does not support batch requests",
+            ErrorKind::ReplyTooLarge => "batch api reply too large",
             ErrorKind::Permanent => "batch api refused the request",
         };
         write!(f, "{what}{}: {}", self.details(), self.message)
@@ -382,7 +454,10 @@ mod tests {
             (400, Some(5007), ErrorKind::Permanent, ErrorKind::Permanent),
             (400, Some(3042), ErrorKind::Permanent, ErrorKind::Permanent),
             (400, Some(3003), ErrorKind::Permanent, ErrorKind::Permanent),
-            (400, Some(5004), ErrorKind::Permanent, ErrorKind::Permanent),
+            (400, Some(5004), ErrorKind::InvalidInput, ErrorKind::Permanent),
+            (400, Some(5006), ErrorKind::InvalidInput, ErrorKind::Permanent),
+            (422, Some(5006), ErrorKind::InvalidInput, ErrorKind::Permanent),
+            (400, Some(8007), ErrorKind::NotBatchable, ErrorKind::Permanent),
             (403, Some(3023), ErrorKind::Permanent, ErrorKind::Permanent),
             (403, Some(5016), ErrorKind::Permanent, ErrorKind::Permanent),
             (403, Some(5018), ErrorKind::Permanent, ErrorKind::Permanent),
@@ -409,9 +484,58 @@ mod tests {
             (200, Some(1234), ErrorKind::Permanent, ErrorKind::Permanent),
         ];
         for &(status, api_code, on_submit, on_poll) in rows {
-            assert_eq!(classify(Submit, status, api_code), on_submit, "submit {status} {api_code:?}");
-            assert_eq!(classify(Poll, status, api_code), on_poll, "poll {status} {api_code:?}");
+            assert_eq!(classify(Submit, status, api_code, ""), on_submit, "submit {status} {api_code:?}");
+            assert_eq!(classify(Poll, status, api_code, ""), on_poll, "poll {status} {api_code:?}");
         }
+    }
+
+    #[test]
+    fn messages_classify_where_codes_are_missing_or_unknown() {
+        let schema = "AiError: Bad input: Error: oneOf at '/requests/12' not met, 0 matches: required properties";
+        assert_eq!(classify(Submit, 400, None, schema), ErrorKind::InvalidInput);
+        assert_eq!(classify(Submit, 400, Some(1234), schema), ErrorKind::InvalidInput);
+        assert_eq!(classify(Submit, 400, Some(3003), schema), ErrorKind::Permanent, "3003 is the whole batch");
+        assert_eq!(classify(Submit, 500, None, schema), ErrorKind::Transient, "only 4xx names the input");
+        assert_eq!(classify(Poll, 400, None, schema), ErrorKind::Permanent);
+        let queuing = "@cf/x/y does not support request queuing";
+        assert_eq!(classify(Submit, 400, None, queuing), ErrorKind::NotBatchable);
+        assert_eq!(
+            classify(Submit, 403, Some(9999), "Model Does Not Support Request Queueing"),
+            ErrorKind::NotBatchable
+        );
+        let error = ApiError::from_reply(
+            Submit,
+            400,
+            None,
+            br#"{"result":{},"success":false,"errors":{"message":"AiError: Bad input: Error: oneOf at '/requests/7' not met","code":5006},"messages":[]}"#,
+        );
+        assert_eq!(
+            (error.kind, error.api_code),
+            (ErrorKind::InvalidInput, Some(5006)),
+            "errors as one object (seen live)"
+        );
+        assert_eq!(error.refused_item(), Some(7));
+        assert!(!error.is_ambiguous_submit());
+        let whole = ApiError { message: "oneOf at '/' not met".into(), ..error.clone() };
+        assert_eq!(whole.refused_item(), None);
+        let job_error =
+            ApiError::from_reply(Submit, 400, None, br#"{"errors":[{"code":"8007","message":"no queue"}]}"#)
+                .to_job_error();
+        assert_eq!(job_error.code, "model_not_batchable");
+        assert_eq!((job_error.api_code, job_error.http_status), (Some(8007), Some(400)));
+        assert!(job_error.message.contains("does not support batch requests"), "{}", job_error.message);
+    }
+
+    #[test]
+    fn long_api_messages_are_kept_up_to_a_generous_bound() {
+        let long = "x".repeat(3000);
+        let body = format!(r#"{{"errors":[{{"code":5006,"message":"{long}"}}]}}"#);
+        let error = ApiError::from_reply(Submit, 400, None, body.as_bytes());
+        assert_eq!(error.message.len(), 3000, "a 3,000-character schema error is kept whole");
+        let huge = format!(r#"{{"errors":[{{"code":5006,"message":"{}"}}]}}"#, "y".repeat(100_000));
+        let error = ApiError::from_reply(Submit, 400, None, huge.as_bytes());
+        assert_eq!(error.message.chars().count(), MESSAGE_CHARS + 1, "cut, with a marker");
+        assert!(error.message.ends_with('…'));
     }
 
     #[test]
@@ -478,7 +602,7 @@ mod tests {
     }
 
     #[test]
-    fn html_error_pages_are_transient_with_a_short_one_line_snippet() {
+    fn html_error_pages_are_transient_with_a_bounded_one_line_snippet() {
         let page = format!(
             "<!DOCTYPE html>\n<html>\n<head>\n<title>api.cloudflare.com | 502:\n Bad gateway</title></head><body>{}</body></html>",
             "x".repeat(5000)
@@ -495,7 +619,7 @@ mod tests {
         assert!(!error.message.contains('\n'));
         let snippet = error.message.trim_start_matches("HTTP 503 with a non-JSON body: ");
         assert!(snippet.starts_with("line one line two yyy"));
-        assert_eq!(snippet.chars().count(), 201, "200 characters and the ellipsis");
+        assert_eq!(snippet.chars().count(), SNIPPET_CHARS + 1, "cut, with the ellipsis");
     }
 
     #[test]

@@ -16,9 +16,9 @@ mod proptests;
 
 pub use client::BatchClient;
 pub use error::{ApiError, ErrorKind};
-pub use reply::{PollStatus, Submitted};
+pub use reply::{PendingStatus, PollStatus, Submitted};
 pub use settings::{
-    ApiToken, ClientBuildError, ClientSettings, DEFAULT_BASE_URL, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT,
-    MAX_ACCOUNT_ID_LEN,
+    ApiToken, ClientBuildError, ClientSettings, DEFAULT_BASE_URL, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_REPLY_BYTES,
+    DEFAULT_REQUEST_TIMEOUT, MAX_ACCOUNT_ID_LEN,
 };
 pub use wire::submit_body_bytes;

@@ -12,7 +12,7 @@ use proptest::sample::select;
 use proptest::test_runner::{Config, TestCaseError};
 
 use crate::error::ApiError;
-use crate::reply::{PollStatus, read_poll, read_submit};
+use crate::reply::{FINISHED, PollStatus, UNFINISHED, read_poll, read_submit, status_text};
 
 /// The proptest configuration: `cases` unless `PROPTEST_CASES` says otherwise; no regression files in the tree.
 fn config(cases: u32) -> Config {
@@ -83,7 +83,8 @@ impl Json {
 
 fn text() -> BoxedStrategy<String> {
     prop_oneof![
-        3 => select(&["", "queued", "running", "Running", "DONE", "failed", "error", "x\ny", "\u{1b}[31m", "é",
+        3 => select(&["", "queued", "running", "Running", "DONE", "failed", "error", "processing", " Completed ",
+                      "x\ny", "\u{1b}[31m", "é",
                       "3f1c0a52-6a0e-4d0b-9a9f-1f5e0c1d2b3a", " 1 ", "+2", "-1", "1e2", "\u{0}"][..])
             .prop_map(str::to_owned),
         1 => any::<String>(),
@@ -177,12 +178,57 @@ fn index() -> BoxedStrategy<Index> {
     .boxed()
 }
 
+/// An item's `success` as the API might write it: a boolean, or a string or number standing for one (or not).
+#[derive(Debug, Clone)]
+enum Flag {
+    Bool(bool),
+    Text(&'static str),
+    Number(&'static str),
+}
+
+impl Flag {
+    /// What the flag says, by the lenient rules: `true`/`false`, `"true"`/`"false"`/`"1"`/`"0"`/`"yes"`/`"no"` in
+    /// any case and padding, `1`/`0`; anything else says nothing (success is then inferred).
+    fn value(&self) -> Option<bool> {
+        match self {
+            Flag::Bool(flag) => Some(*flag),
+            Flag::Text(text) => match text.trim().to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" => Some(true),
+                "false" | "0" | "no" => Some(false),
+                _ => None,
+            },
+            Flag::Number(number) => match *number {
+                "1" | "1.0" | "1e0" => Some(true),
+                "0" | "0.0" | "-0" => Some(false),
+                _ => None,
+            },
+        }
+    }
+
+    fn json(&self) -> Json {
+        match self {
+            Flag::Bool(flag) => Json::Bool(*flag),
+            Flag::Text(text) => Json::String((*text).to_owned()),
+            Flag::Number(number) => Json::Number((*number).to_owned()),
+        }
+    }
+}
+
+fn flag() -> BoxedStrategy<Flag> {
+    prop_oneof![
+        6 => any::<bool>().prop_map(Flag::Bool),
+        1 => select(&["true", "false", " TRUE ", "False", "1", "0", "yes", "no", "maybe", ""][..]).prop_map(Flag::Text),
+        1 => select(&["1", "0", "1.0", "0.0", "-0", "2", "1e0", "-1"][..]).prop_map(Flag::Number),
+    ]
+    .boxed()
+}
+
 /// One response item; every field may be absent, and `null` stands for absent.
 #[derive(Debug, Clone)]
 struct Item {
     id: Option<Index>,
     index: Option<Index>,
-    success: Option<bool>,
+    success: Option<Flag>,
     result: Option<Json>,
     error: Option<Json>,
     external_reference: Option<Json>,
@@ -193,7 +239,7 @@ impl Item {
         Json::object(vec![
             ("id", self.id.as_ref().map(Index::json)),
             ("index", self.index.as_ref().map(Index::json)),
-            ("success", self.success.map(Json::Bool)),
+            ("success", self.success.as_ref().map(Flag::json)),
             ("result", self.result.clone()),
             ("error", self.error.clone()),
             ("external_reference", self.external_reference.clone()),
@@ -217,7 +263,7 @@ fn item() -> BoxedStrategy<Item> {
     (
         prop::option::weighted(0.85, index()),
         prop::option::weighted(0.2, index()),
-        prop::option::weighted(0.7, any::<bool>()),
+        prop::option::weighted(0.7, flag()),
         payload(),
         payload(),
         payload(),
@@ -332,7 +378,7 @@ fn check_done(status: &Result<PollStatus, ApiError>, n_items: usize) -> Result<(
             prop_assert!(!output.usage.is_null());
             prop_assert!(output.failed_batches.is_empty());
         }
-        Ok(PollStatus::Queued | PollStatus::Running) => {}
+        Ok(PollStatus::Pending(_)) => {}
         Err(error) => check_error(error)?,
     }
     Ok(())
@@ -352,6 +398,16 @@ proptest! {
         let body = finished.body();
         let status = read_poll(200, body.as_bytes(), finished.n_items);
         check_done(&status, finished.n_items)?;
+        // Pending is anything that is not an answer: an empty list next to a status that is not a finished one,
+        // or any list next to a status that says the batch is still working.
+        let word = finished.status.as_ref().map(|status| status_text(&serde_json::Value::String(status.clone())));
+        let word_in = |words: &[&str]| word.as_deref().is_some_and(|word| words.contains(&word));
+        let answered =
+            if finished.items.is_empty() { word.is_none() || word_in(&FINISHED) } else { !word_in(&UNFINISHED) };
+        if !answered {
+            prop_assert!(matches!(status, Ok(PollStatus::Pending(_))), "expected Pending, got {status:?} for {body}");
+            return Ok(());
+        }
         let output = match status {
             Ok(PollStatus::Done(output)) => output,
             other => return Err(TestCaseError::fail(format!("expected Done, got {other:?} for {body}"))),
@@ -365,7 +421,11 @@ proptest! {
         for (response, expected) in output.responses.iter().zip(&expected) {
             match expected {
                 Some(item) => {
-                    let success = item.success.unwrap_or(item.result.is_some() && item.error.is_none());
+                    let success = item
+                        .success
+                        .as_ref()
+                        .and_then(Flag::value)
+                        .unwrap_or(item.result.is_some() && item.error.is_none());
                     prop_assert_eq!(response.success, success, "index {}", response.index);
                     prop_assert_eq!(raw_text(&response.result), item.result.as_ref().map(|v| v.to_text(finished.pretty)));
                     prop_assert_eq!(raw_text(&response.error), item.error.as_ref().map(|v| v.to_text(finished.pretty)));
@@ -467,5 +527,5 @@ fn a_usage_that_cannot_be_read_does_not_lose_the_responses() {
 #[test]
 fn control_characters_of_a_reply_are_not_quoted() {
     let error = read_poll(200, b"\x1b[2J\0<html>\x07", 1).expect_err("should fail");
-    assert_eq!(error.message, "the poll reply is not the expected JSON: [2J <html>");
+    assert_eq!(error.message, "the poll reply is not a JSON object: [2J <html>");
 }

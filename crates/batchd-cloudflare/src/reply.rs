@@ -26,29 +26,85 @@ pub struct Submitted {
 /// Where a submitted batch stands.
 #[derive(Debug, Clone)]
 pub enum PollStatus {
-    /// Accepted, not started.
-    Queued,
-    /// Being processed.
-    Running,
+    /// Not finished yet: any successful reply that carries no answer, whatever its status says.
+    Pending(PendingStatus),
     /// Finished: one response per request item, in request order (failed and missing items have `success:false`).
     Done(JobOutput),
 }
 
+/// The status a pending batch reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PendingStatus {
+    /// `queued`: accepted, not started (documented).
+    Queued,
+    /// `running`: being processed (documented).
+    Running,
+    /// A status the docs do not list (`processing`, a number, none at all), as one line of at most 64 characters.
+    Other(String),
+}
+
+impl PendingStatus {
+    /// The status as the API gave it (`queued`, `running`, or the undocumented text).
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Other(status) => status,
+        }
+    }
+
+    /// Whether the docs list this status.
+    pub fn is_documented(&self) -> bool {
+        !matches!(self, Self::Other(_))
+    }
+}
+
+/// Longest status text kept from a reply, in characters.
+const STATUS_CHARS: usize = 64;
+
+/// Statuses that say the batch is still working even when a list of responses came with them (the documented
+/// pending values and the usual words of other batch APIs): such a list is partial, not an answer.
+pub(crate) const UNFINISHED: [&str; 12] = [
+    "queued",
+    "running",
+    "pending",
+    "processing",
+    "in_progress",
+    "in-progress",
+    "started",
+    "submitted",
+    "waiting",
+    "scheduled",
+    "validating",
+    "finalizing",
+];
+
+/// Statuses that say the batch is finished, so an empty list of responses is its (empty) answer.
+pub(crate) const FINISHED: [&str; 7] = ["completed", "complete", "done", "succeeded", "success", "finished", "ended"];
+
+/// Statuses that say the batch failed as a whole, when no responses came with them.
+const FAILED: [&str; 7] = ["failed", "failure", "error", "errored", "cancelled", "canceled", "expired"];
+
 /// Reads a 2xx submit reply into the batch's request id.
 ///
-/// A reply that says `success:true` but carries no usable `request_id` is a permanent error: the batch may well be
-/// queued (and billed), but it cannot be polled, and resubmitting it would run it again every time the API answers
-/// the same way. It is flagged as possibly delivered, so the caller counts the duplicate risk.
+/// Lenient: the id may be a string or a number, and the envelope may be missing (the Workers binding's bare
+/// `{"status":"queued","request_id":...}`). A reply that says `success:true` but carries no usable `request_id`
+/// is a permanent error: the batch may well be queued (and billed), but it cannot be polled, and resubmitting it
+/// would run it again every time the API answers the same way. It is flagged as possibly delivered, so the caller
+/// counts the duplicate risk.
 pub(crate) fn read_submit(http_status: u16, body: &[u8], body_bytes: usize) -> Result<Submitted, ApiError> {
-    let envelope: wire::Envelope<wire::SubmitResult> = serde_json::from_slice(body).map_err(|_| {
-        ApiError::unreadable_reply(Operation::Submit, http_status, "the submit reply is not the expected JSON", body)
-    })?;
-    let refused = envelope.success == Some(false)
-        || (envelope.result.is_none() && envelope.errors.as_ref().is_some_and(|errors| !errors.is_empty()));
-    if refused {
+    let unreadable =
+        || ApiError::unreadable_reply(Operation::Submit, http_status, "the submit reply is not a JSON object", body);
+    let envelope: wire::Envelope<wire::SubmitResult> = serde_json::from_slice(body).map_err(|_| unreadable())?;
+    if envelope.is_refusal() {
         return Err(ApiError::from_reply(Operation::Submit, http_status, None, body));
     }
-    let raw_id = envelope.result.and_then(|result| result.request_id);
+    let result = if envelope.is_bare() {
+        serde_json::from_slice::<wire::SubmitResult>(body).ok()
+    } else {
+        envelope.result.and_then(wire::Shape::into_option)
+    };
+    let raw_id = result.and_then(|result| wire::text(result.request_id.as_ref()));
     match raw_id.as_deref().map(RequestId::parse) {
         Some(Ok(request_id)) => Ok(Submitted { request_id, body_bytes }),
         Some(Err(invalid)) => Err(missing_request_id(http_status, &format!("an unusable request id ({invalid})"))),
@@ -68,49 +124,73 @@ fn missing_request_id(http_status: u16, what: &str) -> ApiError {
 }
 
 /// Reads a 2xx poll reply for a batch of `n_items` request items.
+///
+/// Pending is anything that is not an answer: a reply without a list of responses is pending whatever its
+/// `status` says (only the job's deadline bounds how long), unless the status says the batch failed. A list is the
+/// answer, except an empty list next to a status that is not a finished one, or any list next to a status that
+/// says the batch is still working (a partial list). Only a reply with neither a status, a request id nor a list
+/// is unreadable.
 pub(crate) fn read_poll(http_status: u16, body: &[u8], n_items: usize) -> Result<PollStatus, ApiError> {
-    let envelope: wire::Envelope<wire::PollResult> = serde_json::from_slice(body).map_err(|_| {
-        ApiError::unreadable_reply(Operation::Poll, http_status, "the poll reply is not the expected JSON", body)
-    })?;
-    if envelope.success == Some(false) {
+    let unreadable = |what: &str| ApiError::unreadable_reply(Operation::Poll, http_status, what, body);
+    let envelope: wire::Envelope<wire::PollResult> =
+        serde_json::from_slice(body).map_err(|_| unreadable("the poll reply is not a JSON object"))?;
+    if envelope.is_refusal() {
         return Err(ApiError::from_reply(Operation::Poll, http_status, None, body));
     }
-    let Some(result) = envelope.result else {
-        return Err(ApiError::unreadable_reply(Operation::Poll, http_status, "the poll reply has no result", body));
+    let result = if envelope.is_bare() {
+        serde_json::from_slice::<wire::PollResult>(body).ok()
+    } else {
+        envelope.result.and_then(wire::Shape::into_option)
     };
-    let usage = read_usage(result.usage.as_deref());
-    if let Some(items) = result.responses {
-        return Ok(PollStatus::Done(JobOutput {
-            responses: restore_order(items, IndexKey::Id, n_items),
-            usage,
-            failed_batches: Vec::new(),
-        }));
-    }
-    if let Some(items) = result.results {
-        return Ok(PollStatus::Done(JobOutput {
-            responses: restore_order(items, IndexKey::Index, n_items),
-            usage,
-            failed_batches: Vec::new(),
-        }));
-    }
-    match result.status.as_deref().map(str::to_ascii_lowercase).as_deref() {
-        Some("queued") => Ok(PollStatus::Queued),
-        Some("running") => Ok(PollStatus::Running),
-        Some(status @ ("failed" | "error")) => Err(ApiError {
+    let Some(result) = result else {
+        return Err(unreadable("the poll reply has no result object"));
+    };
+    let status = result.status.as_ref().map(status_text);
+    let status_is = |words: &[&str]| status.as_deref().is_some_and(|status| words.contains(&status));
+    let (items, key) = match (result.responses, result.results) {
+        (Some(wire::List::Items(items)), _) => (Some(items), IndexKey::Id),
+        (_, Some(wire::List::Items(items))) => (Some(items), IndexKey::Index),
+        _ => (None, IndexKey::Id),
+    };
+    if let Some(items) = items {
+        let answered =
+            if items.is_empty() { status.is_none() || status_is(&FINISHED) } else { !status_is(&UNFINISHED) };
+        if answered {
+            let usage = read_usage(result.usage.as_deref());
+            let responses = restore_order(items, key, n_items);
+            return Ok(PollStatus::Done(JobOutput { responses, usage, failed_batches: Vec::new() }));
+        }
+    } else if status_is(&FAILED) {
+        return Err(ApiError {
             kind: ErrorKind::BatchFailed,
             http_status: Some(http_status),
             api_code: None,
-            message: format!("the Batch API reports the batch as {status:?} without responses"),
+            message: format!(
+                "the Batch API reports the batch as {:?} without responses",
+                status.as_deref().unwrap_or_default()
+            ),
             retry_after: None,
             maybe_delivered: false,
-        }),
-        _ => Err(ApiError::unreadable_reply(
-            Operation::Poll,
-            http_status,
-            "the poll reply has neither a known status nor responses",
-            body,
-        )),
+        });
     }
+    match status.as_deref() {
+        Some("queued") => Ok(PollStatus::Pending(PendingStatus::Queued)),
+        Some("running") => Ok(PollStatus::Pending(PendingStatus::Running)),
+        Some(other) => Ok(PollStatus::Pending(PendingStatus::Other(other.to_owned()))),
+        None if result.request_id.is_some() => Ok(PollStatus::Pending(PendingStatus::Other("(none)".to_owned()))),
+        None => Err(unreadable("the poll reply has neither a status, a request id nor responses")),
+    }
+}
+
+/// A status as one lowercase line of at most [`STATUS_CHARS`] characters: a string as it is, any other JSON value
+/// as its JSON text.
+pub(crate) fn status_text(status: &serde_json::Value) -> String {
+    let text = match status {
+        serde_json::Value::String(text) => text.trim().to_ascii_lowercase(),
+        other => other.to_string(),
+    };
+    let line: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).take(STATUS_CHARS).collect();
+    if text.chars().count() > STATUS_CHARS { format!("{line}…") } else { line }
 }
 
 /// The batch's token usage, `{}` when absent. Usage is informational: one that cannot be read as a JSON value
@@ -138,13 +218,17 @@ enum IndexKey {
 
 /// Puts response items back in request order: exactly one response per request index `0..n_items`.
 ///
-/// The item's own key is read first, the other one as a fallback. Items without a usable index, with an index out
-/// of range, or repeating an index already seen are dropped (the first one wins) with a warning; request indices
-/// nobody answered get a failed item with error code `missing`.
-fn restore_order(items: Vec<wire::Item>, key: IndexKey, n_items: usize) -> Vec<ItemResponse> {
+/// The item's own key is read first, the other one as a fallback. Items that are not objects, without a usable
+/// index, with an index out of range, or repeating an index already seen are dropped (the first one wins) with a
+/// warning; request indices nobody answered get a failed item with error code `missing`.
+fn restore_order(items: Vec<wire::Shape<wire::Item>>, key: IndexKey, n_items: usize) -> Vec<ItemResponse> {
     let n_received = items.len();
     let mut slots: Vec<Option<ItemResponse>> = (0..n_items).map(|_| None).collect();
     for (position, item) in items.into_iter().enumerate() {
+        let wire::Shape::Object(item) = item else {
+            tracing::warn!(position, "dropping a response item that is not a JSON object");
+            continue;
+        };
         let (primary, fallback) = match key {
             IndexKey::Id => (&item.id, &item.index),
             IndexKey::Index => (&item.index, &item.id),
@@ -161,7 +245,7 @@ fn restore_order(items: Vec<wire::Item>, key: IndexKey, n_items: usize) -> Vec<I
             tracing::warn!(position, index, "dropping a response item that repeats an index");
             continue;
         }
-        let success = item.success.unwrap_or(item.result.is_some() && item.error.is_none());
+        let success = wire::flag(item.success.as_ref()).unwrap_or(item.result.is_some() && item.error.is_none());
         *slot = Some(ItemResponse {
             index,
             success,
@@ -267,28 +351,87 @@ mod tests {
         assert_eq!(raw(&output.responses[1].error), Some(r#"{"m":"x"}"#));
     }
 
+    fn pending(body: &str) -> PendingStatus {
+        match read_poll(200, body.as_bytes(), 2) {
+            Ok(PollStatus::Pending(status)) => status,
+            other => panic!("expected Pending, got {other:?} for {body}"),
+        }
+    }
+
     #[test]
     fn pending_statuses_are_recognised() {
-        let read = |body: &str| read_poll(200, body.as_bytes(), 1);
-        assert!(matches!(
-            read(r#"{"result":{"status":"queued","request_id":"r"},"success":true}"#),
-            Ok(PollStatus::Queued)
-        ));
-        assert!(matches!(
-            read(r#"{"result":{"status":"running"},"success":true,"errors":[]}"#),
-            Ok(PollStatus::Running)
-        ));
-        assert!(matches!(read(r#"{"result":{"status":"Running"}}"#), Ok(PollStatus::Running)));
-        let failed = read(r#"{"result":{"status":"failed"},"success":true}"#).expect_err("should fail");
+        assert_eq!(pending(r#"{"result":{"status":"queued","request_id":"r"},"success":true}"#), PendingStatus::Queued);
+        assert_eq!(pending(r#"{"result":{"status":"running"},"success":true,"errors":[]}"#), PendingStatus::Running);
+        assert_eq!(pending(r#"{"result":{"status":"Running"}}"#), PendingStatus::Running);
+        let failed = read_poll(200, br#"{"result":{"status":"failed"},"success":true}"#, 1).expect_err("should fail");
         assert_eq!(failed.kind, ErrorKind::BatchFailed);
-        for odd in [r#"{"result":{"status":"done"}}"#, r#"{"result":null,"success":true}"#, "[]", "<html>"] {
-            let error = read(odd).expect_err("should fail");
+        for odd in [r#"{"result":null,"success":true}"#, r#"{"result":{},"success":true}"#, "[]", "<html>", "7"] {
+            let error = read_poll(200, odd.as_bytes(), 1).expect_err("should fail");
             assert_eq!(error.kind, ErrorKind::Transient, "{odd}");
             assert!(!error.is_ambiguous_submit());
         }
-        let refused =
-            read(r#"{"result":null,"success":false,"errors":[{"code":5001,"message":"Model execution failed"}]}"#);
+        let refused = read_poll(
+            200,
+            br#"{"result":null,"success":false,"errors":[{"code":5001,"message":"Model execution failed"}]}"#,
+            1,
+        );
         assert_eq!(refused.expect_err("should fail").kind, ErrorKind::BatchFailed);
+    }
+
+    #[test]
+    fn anything_that_is_not_an_answer_is_pending() {
+        // Undocumented statuses, of any JSON type, with or without a request id.
+        assert_eq!(
+            pending(r#"{"result":{"status":"processing"},"success":true}"#),
+            PendingStatus::Other("processing".into())
+        );
+        assert_eq!(pending(r#"{"result":{"status":"done"},"success":true}"#), PendingStatus::Other("done".into()));
+        assert_eq!(pending(r#"{"result":{"status":3}}"#), PendingStatus::Other("3".into()));
+        assert_eq!(pending(r#"{"result":{"status":{"s":"x"}}}"#), PendingStatus::Other(r#"{"s":"x"}"#.into()));
+        assert_eq!(pending(r#"{"result":{"request_id":"r"},"success":"true"}"#), PendingStatus::Other("(none)".into()));
+        let long = pending(&format!(r#"{{"result":{{"status":"{}\u001b"}}}}"#, "p".repeat(500)));
+        assert_eq!(long.as_str().chars().count(), 65, "cut to 64 characters and marked");
+        assert!(!long.is_documented());
+        // An empty list next to a status that is not a finished one is pending, not every item `missing`.
+        assert_eq!(pending(r#"{"result":{"status":"running","responses":[]},"success":true}"#), PendingStatus::Running);
+        assert_eq!(
+            pending(r#"{"result":{"status":"processing","results":[]}}"#),
+            PendingStatus::Other("processing".into())
+        );
+        // A list next to a status that says the batch is still working is partial.
+        assert_eq!(
+            pending(r#"{"result":{"status":"queued","responses":[{"id":0,"result":{}}]}}"#),
+            PendingStatus::Queued
+        );
+        // A list that is not a list is no answer.
+        assert_eq!(pending(r#"{"result":{"status":"queued","responses":{"0":{}}}}"#), PendingStatus::Queued);
+        // An empty list with no status, or a finished one, is the (empty) answer.
+        assert_eq!(done(r#"{"result":{"status":"completed","responses":[]}}"#, 2).n_failed(), 2);
+        // The bare shape of the Workers binding, without the envelope.
+        assert_eq!(pending(r#"{"status":"running","request_id":"r"}"#), PendingStatus::Running);
+        assert_eq!(done(r#"{"responses":[{"id":0,"result":1},{"id":1,"result":2}]}"#, 2).n_failed(), 0);
+    }
+
+    #[test]
+    fn fields_of_unexpected_types_are_read_field_by_field() {
+        let body = r#"{"result":{"status":"completed","responses":[
+            {"id":"1","result":"{\"response\":\"b\"}","success":"true"},
+            {"index":0,"result":[1,2],"success":1},
+            "not an item",
+            {"id":2,"result":null,"success":"FALSE","error":"bad"},
+            {"id":3,"result":7,"success":{"odd":true}}
+        ]},"success":"true","errors":{}}"#;
+        let output = done(body, 4);
+        assert_eq!(raw(&output.responses[0].result), Some("[1,2]"), "index is the fallback of id");
+        assert!(output.responses[0].success, "1 is true");
+        assert_eq!(raw(&output.responses[1].result), Some(r#""{\"response\":\"b\"}""#), "a string result is kept");
+        assert!(output.responses[1].success);
+        assert!(!output.responses[2].success, "\"FALSE\" is false");
+        assert_eq!(raw(&output.responses[2].error), Some(r#""bad""#));
+        assert!(output.responses[3].success, "an unreadable flag is inferred from a result without error");
+        assert_eq!(raw(&output.responses[3].result), Some("7"));
+        let refused = read_poll(200, br#"{"result":{"status":"running"},"success":"false","errors":"nope"}"#, 1);
+        assert_eq!(refused.expect_err("should fail").message, "nope");
     }
 
     #[test]
@@ -306,6 +449,18 @@ mod tests {
             assert_eq!(error.kind, ErrorKind::Permanent);
             assert!(error.is_ambiguous_submit());
             assert!(error.message.contains(text), "{}", error.message);
+        }
+        for (body, id) in [
+            (r#"{"result":{"request_id":12345},"success":"true"}"#, "12345"),
+            (r#"{"result":{"request_id":"r-1"},"success":1,"errors":{}}"#, "r-1"),
+            (r#"{"status":"queued","request_id":"bare-1","model":"@cf/baai/bge-m3"}"#, "bare-1"),
+        ] {
+            let submitted = read_submit(200, body.as_bytes(), 1).unwrap_or_else(|e| panic!("{body}: {e}"));
+            assert_eq!(submitted.request_id.as_str(), id);
+        }
+        for body in [r#"{"result":"queued","success":true}"#, r#"{"result":{"request_id":[1]},"success":true}"#] {
+            let error = read_submit(200, body.as_bytes(), 1).expect_err("should fail");
+            assert!(error.message.contains("no request id"), "{body}: {}", error.message);
         }
         let unreadable = read_submit(200, b"<html>ok</html>", 1).expect_err("should fail");
         assert_eq!(unreadable.kind, ErrorKind::Transient);

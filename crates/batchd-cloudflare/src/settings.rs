@@ -14,6 +14,9 @@ pub const DEFAULT_BASE_URL: &str = "https://api.cloudflare.com/client/v4";
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default limit on establishing a connection (TCP and TLS).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default limit on one reply's body: far above any result the API is known to return for a 10 MB batch (a
+/// result is typically a few times its batch), and bounded so a broken or hostile reply cannot take the memory.
+pub const DEFAULT_MAX_REPLY_BYTES: usize = 256 * 1024 * 1024;
 /// Longest accepted account id, in bytes.
 pub const MAX_ACCOUNT_ID_LEN: usize = 64;
 
@@ -64,6 +67,8 @@ pub struct ClientSettings {
     pub request_timeout: Duration,
     /// Limit on establishing a connection (TCP and TLS).
     pub connect_timeout: Duration,
+    /// Largest reply body read, in bytes; a larger reply is an error that names its size, never an allocation.
+    pub max_reply_bytes: usize,
 }
 
 impl ClientSettings {
@@ -75,6 +80,7 @@ impl ClientSettings {
             token,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
         }
     }
 }

@@ -94,6 +94,10 @@ pub mod code {
     pub const ITEM_TOO_LARGE: &str = "item_too_large";
     /// The job was cancelled on request.
     pub const CANCELLED: &str = "cancelled";
+    /// The model cannot run batch requests (API code 8007, "does not support request queuing"); nothing was run.
+    pub const MODEL_NOT_BATCHABLE: &str = "model_not_batchable";
+    /// A poll reply was larger than `cloudflare.max_reply_bytes`; the batch's results were not read.
+    pub const REPLY_TOO_LARGE: &str = "reply_too_large";
 }
 
 /// A chunk (one remote batch) of a job that did not finish; listed in the result so the producer knows which

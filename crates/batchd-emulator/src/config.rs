@@ -39,6 +39,13 @@ pub struct EmulatorConfig {
     /// this range, like the latency of the live API. The work is done first: a submit's batch exists before its
     /// reply leaves, so a client that dies meanwhile leaves a batch it never learned about. `None`: no delay.
     pub random_latency: Option<DurationRange>,
+    /// Whether a submit with any item that does not fit its model's schema is refused as a whole, as the live
+    /// API does: HTTP 400, code 5006, naming the first bad item's index; no batch is created. When `false`,
+    /// such an item fails alone in the completion (`success: false`, code 5004).
+    pub strict_items: bool,
+    /// Models that do not support request queuing: a submit with `?queueRequest=true` to one of them is
+    /// refused with HTTP 400, code 8007, and creates no batch.
+    pub unbatchable_models: Vec<String>,
     /// Seed of the generator behind [`EmulatorConfig::random_durations`], [`EmulatorConfig::random_faults`] and
     /// [`EmulatorConfig::random_latency`]:
     /// the same seed gives the same sequence of draws (which call gets which draw still depends on arrival order).
@@ -62,6 +69,8 @@ impl Default for EmulatorConfig {
             random_durations: None,
             random_faults: None,
             random_latency: None,
+            strict_items: false,
+            unbatchable_models: Vec::new(),
             seed: 0,
         }
     }

@@ -83,6 +83,17 @@ pub enum FaultKind {
         /// Indices into the submitted `requests` array; out-of-range indices are ignored.
         indices: Vec<usize>,
     },
+    /// Batch-level: while the next batch is not done, its polls report this `status` instead of
+    /// `queued`/`running` (an undocumented pending status, such as `processing`); once done it completes normally.
+    PendingStatus {
+        /// The status string pending polls report.
+        status: String,
+    },
+    /// Batch-level: while the next batch is not done, its polls also carry an empty list, `"responses": []`.
+    EmptyPendingList,
+    /// Batch-level: the next batch's replies use unexpected JSON types that mean the same thing (`success` as
+    /// `"true"` or `1`, item ids as numeric strings, item results as JSON text); see the README.
+    OddTypes,
 }
 
 impl FaultKind {
@@ -97,6 +108,9 @@ impl FaultKind {
             FaultKind::FailBatch => "fail_batch",
             FaultKind::ResultsShape => "results_shape",
             FaultKind::DropItems { .. } => "drop_items",
+            FaultKind::PendingStatus { .. } => "pending_status",
+            FaultKind::EmptyPendingList => "empty_pending_list",
+            FaultKind::OddTypes => "odd_types",
         }
     }
 
@@ -104,7 +118,13 @@ impl FaultKind {
     pub fn is_batch_level(&self) -> bool {
         matches!(
             self,
-            FaultKind::FailItems { .. } | FaultKind::FailBatch | FaultKind::ResultsShape | FaultKind::DropItems { .. }
+            FaultKind::FailItems { .. }
+                | FaultKind::FailBatch
+                | FaultKind::ResultsShape
+                | FaultKind::DropItems { .. }
+                | FaultKind::PendingStatus { .. }
+                | FaultKind::EmptyPendingList
+                | FaultKind::OddTypes
         )
     }
 }
@@ -154,6 +174,21 @@ impl Fault {
     /// Leave these items out of the next batch's completion.
     pub fn drop_items(indices: impl IntoIterator<Item = usize>) -> Self {
         Self::new(FaultKind::DropItems { indices: indices.into_iter().collect() })
+    }
+
+    /// Report `status` (say `processing`) in the pending polls of the next batch instead of `queued`/`running`.
+    pub fn pending_status(status: impl Into<String>) -> Self {
+        Self::new(FaultKind::PendingStatus { status: status.into() })
+    }
+
+    /// Add `"responses": []` to the pending polls of the next batch.
+    pub fn empty_pending_list() -> Self {
+        Self::new(FaultKind::EmptyPendingList)
+    }
+
+    /// Answer the next batch's submit and polls with unexpected JSON types that mean the same thing.
+    pub fn odd_types() -> Self {
+        Self::new(FaultKind::OddTypes)
     }
 
     /// Set the envelope error code of a `status` fault (no effect on other kinds).
@@ -227,5 +262,22 @@ mod tests {
         assert_eq!(parsed, Fault::fail_items([1, 3]));
         let parsed: Fault = serde_json::from_str(r#"{"kind":"reset"}"#).expect("parse fault");
         assert_eq!(parsed, Fault::reset());
+    }
+
+    #[test]
+    fn reply_variant_faults_have_their_json_forms() {
+        let cases = [
+            (r#"{"kind":"pending_status","status":"processing"}"#, Fault::pending_status("processing")),
+            (r#"{"kind":"empty_pending_list"}"#, Fault::empty_pending_list()),
+            (r#"{"kind":"odd_types","times":2}"#, Fault::odd_types().times(2)),
+        ];
+        for (json, fault) in cases {
+            let parsed: Fault = serde_json::from_str(json).expect("parse fault");
+            assert_eq!(parsed, fault, "{json}");
+            assert!(parsed.kind.is_batch_level(), "{json}");
+        }
+        let written = serde_json::to_value(Fault::pending_status("processing")).expect("serialize");
+        assert_eq!(written["kind"], "pending_status");
+        assert_eq!(written["status"], "processing");
     }
 }

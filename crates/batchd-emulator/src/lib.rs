@@ -2,7 +2,8 @@
 //!
 //! [`Emulator::start`] serves the run endpoint (`/client/v4/accounts/{account_id}/ai/run/{model}`)
 //! and a control API under `/_emulator/`; the returned [`EmulatorHandle`] injects faults, changes
-//! the timing and the limits (body and item caps, rate limit, retention) and reads the call log in-process. The control API has no authentication: the
+//! the timing, the limits (body and item caps, rate limit, retention) and the submit checks (strict items,
+//! unbatchable models), and reads the call log in-process. The control API has no authentication: the
 //! emulator is for local use only and must never listen on a public interface.
 
 mod calls;
@@ -182,6 +183,22 @@ impl EmulatorHandle {
     /// 7000, and the batch is forgotten. Applies to existing batches too.
     pub fn set_retention(&self, retention: Option<Duration>) {
         self.state.update_limits(|limits| limits.retention = retention);
+    }
+
+    /// Turns the whole-submit schema check on or off (see [`EmulatorConfig::strict_items`]) for submits from
+    /// now on.
+    pub fn set_strict_items(&self, strict_items: bool) {
+        self.state.set_strict_items(strict_items);
+    }
+
+    /// Replaces the models whose queued submits are refused with 8007 (see
+    /// [`EmulatorConfig::unbatchable_models`]); an empty list refuses none.
+    pub fn set_unbatchable_models<I, S>(&self, models: I)
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.state.set_unbatchable_models(models.into_iter().map(Into::into).collect());
     }
 
     /// Changes how long batches stay queued and running; applies to existing batches too.

@@ -67,6 +67,13 @@ struct Args {
     /// Longest random reply delay in milliseconds.
     #[arg(long, requires = "latency_min_ms")]
     latency_max_ms: Option<u64>,
+    /// Refuse a whole submit (HTTP 400, code 5006) when any of its items does not fit its model's schema, as
+    /// the live API does; by default such an item fails alone.
+    #[arg(long)]
+    strict_items: bool,
+    /// A model that does not support request queuing: its queued submits get HTTP 400, code 8007 (repeatable).
+    #[arg(long = "unbatchable-model", value_name = "MODEL")]
+    unbatchable_models: Vec<String>,
     /// Seed of the random durations, faults and latency.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -105,6 +112,8 @@ async fn main() -> anyhow::Result<()> {
             .latency_min_ms
             .zip(args.latency_max_ms)
             .map(|(min, max)| DurationRange::new(Duration::from_millis(min), Duration::from_millis(max))),
+        strict_items: args.strict_items,
+        unbatchable_models: args.unbatchable_models,
         seed: args.seed,
     };
     let shutdown = shutdown_signal().context("install signal handlers")?;

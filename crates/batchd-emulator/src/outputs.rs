@@ -29,8 +29,8 @@ pub(crate) struct ItemOutput {
     pub completion_tokens: u64,
 }
 
-/// Runs the fake model of `family` on one item; `Err` carries the message of a schema error (code 5004).
-pub(crate) fn run_item(model: &str, family: Family, item: &Map<String, Value>) -> Result<ItemOutput, String> {
+/// Runs the fake model of `family` on one item; `Err` says why the item does not fit the model's schema.
+pub(crate) fn run_item(model: &str, family: Family, item: &Map<String, Value>) -> Result<ItemOutput, SchemaError> {
     match family {
         Family::TextGeneration => text_generation(model, item),
         Family::Embeddings { dim } => embeddings(item, dim),
@@ -100,8 +100,29 @@ impl Serialize for Vectors<'_> {
     }
 }
 
-fn schema_error(detail: &str) -> String {
-    format!("Invalid data: oneOf at '/' not met ({detail})")
+/// Why an item does not fit its model's schema. One detail feeds both messages: the item's own error in a
+/// completion, and the refusal of the whole submit in strict mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SchemaError {
+    /// What is wrong with the item, e.g. `expected prompt or messages`.
+    pub detail: String,
+}
+
+impl SchemaError {
+    /// Message of the item's `error` in a completion (code 5004).
+    pub fn item_message(&self) -> String {
+        format!("Invalid data: oneOf at '/' not met ({})", self.detail)
+    }
+
+    /// Message of a strict-mode refusal of a whole submit whose first bad item is `index` (code 5006), worded
+    /// like the live API's.
+    pub fn submit_message(&self, index: usize) -> String {
+        format!("AiError: Bad input: Error: oneOf at '/requests/{index}' not met, 0 matches: {}", self.detail)
+    }
+}
+
+fn schema_error(detail: &str) -> SchemaError {
+    SchemaError { detail: detail.to_owned() }
 }
 
 /// Words separated by ASCII whitespace: the token count of the usage block.
@@ -121,7 +142,7 @@ fn count_words(text: &str) -> u64 {
     words
 }
 
-fn text_generation(model: &str, item: &Map<String, Value>) -> Result<ItemOutput, String> {
+fn text_generation(model: &str, item: &Map<String, Value>) -> Result<ItemOutput, SchemaError> {
     // gpt-oss models take the Responses-style `input` only; a `messages` item is refused live.
     let takes_input_only = model.contains("gpt-oss");
     let prompt = if takes_input_only {
@@ -176,7 +197,7 @@ fn text_of_input(input: &Value) -> Option<String> {
 }
 
 /// The `text` field of an embeddings item: one string or a non-empty list of strings.
-fn texts_of(item: &Map<String, Value>) -> Result<Vec<&str>, String> {
+fn texts_of(item: &Map<String, Value>) -> Result<Vec<&str>, SchemaError> {
     match item.get("text") {
         Some(Value::String(text)) => Ok(vec![text.as_str()]),
         Some(Value::Array(texts)) if !texts.is_empty() => texts
@@ -188,7 +209,7 @@ fn texts_of(item: &Map<String, Value>) -> Result<Vec<&str>, String> {
     }
 }
 
-fn embeddings(item: &Map<String, Value>, dim: usize) -> Result<ItemOutput, String> {
+fn embeddings(item: &Map<String, Value>, dim: usize) -> Result<ItemOutput, SchemaError> {
     let texts = texts_of(item)?;
     Ok(ItemOutput {
         prompt_tokens: texts.iter().map(|&text| count_words(text)).sum(),
@@ -211,7 +232,7 @@ fn embedding_of_seed(seed: u64, dim: usize) -> Vec<f32> {
     raw.iter().map(|x| (x / norm) as f32).collect()
 }
 
-fn rerank(item: &Map<String, Value>) -> Result<ItemOutput, String> {
+fn rerank(item: &Map<String, Value>) -> Result<ItemOutput, SchemaError> {
     let query = item.get("query").and_then(Value::as_str).ok_or_else(|| schema_error("query must be a string"))?;
     let contexts = item
         .get("contexts")
@@ -238,7 +259,7 @@ pub(crate) fn score(query: &str, context: &str) -> f64 {
     (hash_of(&[query, context]) % 10_000) as f64 / 10_000.0
 }
 
-fn translation(item: &Map<String, Value>) -> Result<ItemOutput, String> {
+fn translation(item: &Map<String, Value>) -> Result<ItemOutput, SchemaError> {
     let text = item.get("text").and_then(Value::as_str).ok_or_else(|| schema_error("text must be a string"))?;
     let target_lang =
         item.get("target_lang").and_then(Value::as_str).ok_or_else(|| schema_error("target_lang must be a string"))?;
@@ -253,7 +274,7 @@ fn translation(item: &Map<String, Value>) -> Result<ItemOutput, String> {
     })
 }
 
-fn speech(item: &Map<String, Value>) -> Result<ItemOutput, String> {
+fn speech(item: &Map<String, Value>) -> Result<ItemOutput, SchemaError> {
     let n_bytes = match item.get("audio") {
         Some(Value::String(encoded)) => encoded.len(),
         Some(Value::Array(bytes)) => bytes.len(),
@@ -359,5 +380,15 @@ mod tests {
         .expect("fits");
         assert_eq!(out.result.to_value(), json!({"translated_text": "[es] hello"}));
         assert!(run_item("m", Family::Translation, &item(json!({"text": "hello"}))).is_err());
+    }
+
+    #[test]
+    fn a_schema_error_words_the_item_error_and_the_strict_refusal_from_one_detail() {
+        let error = run_item("@cf/x", Family::TextGeneration, &item(json!({"max_tokens": 3}))).expect_err("unfit");
+        assert_eq!(error.item_message(), "Invalid data: oneOf at '/' not met (expected prompt or messages)");
+        assert_eq!(
+            error.submit_message(7),
+            "AiError: Bad input: Error: oneOf at '/requests/7' not met, 0 matches: expected prompt or messages"
+        );
     }
 }

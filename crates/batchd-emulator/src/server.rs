@@ -23,7 +23,7 @@ use crate::{
     fault::{Fault, FaultKind, default_error_for_status},
     limits::{Limits, retry_after_secs},
     listener::Connection,
-    state::{Completion, Phase, PollOutcome, State, Timing},
+    state::{BoolForm, Completion, Phase, PollOutcome, State, Timing, run_items},
 };
 
 type Shared = Arc<State>;
@@ -90,6 +90,17 @@ fn error_response(status: StatusCode, code: i64, message: &str) -> Response {
     (status, Json(body)).into_response()
 }
 
+/// A successful reply: its HTTP status, its `result`, and how its envelope writes `success: true`.
+#[derive(Debug)]
+struct Answer {
+    /// HTTP status.
+    status: StatusCode,
+    /// The envelope's `result`.
+    result: Success,
+    /// `true` as documented, or `"true"`/`1` for an `odd_types` batch.
+    success: BoolForm,
+}
+
 /// What a successful call returns as `result`.
 #[derive(Debug)]
 enum Success {
@@ -104,21 +115,22 @@ enum Success {
 struct Envelope<'a, T: Serialize> {
     /// The call's result.
     result: &'a T,
-    /// Always `true`.
-    success: bool,
+    /// `true`, in the form the reply calls for.
+    success: Value,
     /// Always empty.
     errors: [(); 0],
     /// Always empty.
     messages: [(); 0],
 }
 
-fn success_response(status: StatusCode, result: Success) -> Response {
-    let rendered = match &result {
-        Success::Value(value) => serde_json::to_vec(&envelope(value)),
-        Success::Completion(completion) => serde_json::to_vec(&envelope(completion.as_ref())),
+fn success_response(answer: Answer) -> Response {
+    let success = answer.success.write(true);
+    let rendered = match &answer.result {
+        Success::Value(value) => serde_json::to_vec(&envelope(value, success)),
+        Success::Completion(completion) => serde_json::to_vec(&envelope(completion.as_ref(), success)),
     };
     match rendered {
-        Ok(body) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Ok(body) => (answer.status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(error) => {
             tracing::error!(%error, "serialize a reply");
             error_response(StatusCode::INTERNAL_SERVER_ERROR, 5001, "Internal error")
@@ -126,8 +138,8 @@ fn success_response(status: StatusCode, result: Success) -> Response {
     }
 }
 
-fn envelope<T: Serialize>(result: &T) -> Envelope<'_, T> {
-    Envelope { result, success: true, errors: [], messages: [] }
+fn envelope<T: Serialize>(result: &T, success: Value) -> Envelope<'_, T> {
+    Envelope { result, success, errors: [], messages: [] }
 }
 
 /// What the URL says: account and model, both percent-decoded.
@@ -286,7 +298,7 @@ async fn api(
     // The call is logged now: if the client goes away while the reply is late (below), the server drops this
     // future, and the batch a submit created must still be on record.
     match &outcome {
-        Ok((status, _)) => call.finish(&state, status.as_u16(), None),
+        Ok(answer) => call.finish(&state, answer.status.as_u16(), None),
         Err(error) => call.finish(&state, error.status.as_u16(), Some(error.code)),
     }
     // The work is done; only the reply is late (a submit's batch already exists).
@@ -295,15 +307,15 @@ async fn api(
         tokio::time::sleep(latency).await;
     }
     match outcome {
-        Ok((status, result)) => match result {
+        Ok(answer) => match answer.result {
             // Serializing a large completion takes tens of milliseconds: keep it off the async workers.
             Success::Completion(_) => {
-                tokio::task::spawn_blocking(move || success_response(status, result)).await.unwrap_or_else(|error| {
+                tokio::task::spawn_blocking(move || success_response(answer)).await.unwrap_or_else(|error| {
                     tracing::error!(%error, "serialize a completion");
                     error_response(StatusCode::INTERNAL_SERVER_ERROR, 5001, "Internal error")
                 })
             }
-            Success::Value(_) => success_response(status, result),
+            Success::Value(_) => success_response(answer),
         },
         Err(error) => error.into_response(),
     }
@@ -311,6 +323,9 @@ async fn api(
 
 /// Message of a 429 from the rate limit, as Cloudflare words its capacity errors.
 const RATE_LIMITED_MESSAGE: &str = "Capacity temporarily exceeded, please try again.";
+
+/// Envelope code of a strict-mode refusal of a submit with an item that does not fit its model's schema.
+const STRICT_ITEMS_CODE: i64 = 5006;
 
 /// Validates a run call and answers it as a submit or a poll.
 #[allow(clippy::too_many_arguments)]
@@ -323,7 +338,7 @@ fn handle_run(
     run_path: Option<RunPath>,
     parsed: Option<Value>,
     call: &mut Call,
-) -> Result<(StatusCode, Success), ApiError> {
+) -> Result<Answer, ApiError> {
     let is_poll = call.record.kind == CallKind::Poll;
     call.record.kind = CallKind::Rejected;
     let config = &state.config;
@@ -355,6 +370,13 @@ fn handle_run(
     let family = config.family_of(&run_path.model).ok_or_else(|| {
         ApiError::new(StatusCode::BAD_REQUEST, 5007, format!("No such model {} or task", run_path.model))
     })?;
+    if !is_poll && has_queue_request(uri) && state.is_unbatchable(&run_path.model) {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            8007,
+            format!("{} does not support request queuing", run_path.model),
+        ));
+    }
     if let Err(wait) = state.admit(&run_path.account_id, &run_path.model, is_poll) {
         call.record.kind = if is_poll { CallKind::Poll } else { CallKind::Submit };
         call.add_fault("rate_limit");
@@ -408,27 +430,50 @@ fn handle_run(
         ));
     }
 
+    // The items run once, here: a strict submit is judged on these outputs, an accepted one keeps them.
+    let runs = run_items(&run_path.model, family, items);
+    if state.strict_items()
+        && let Some((index, error)) =
+            runs.iter().enumerate().find_map(|(index, run)| run.outcome.as_ref().err().map(|error| (index, error)))
+    {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, STRICT_ITEMS_CODE, error.submit_message(index)));
+    }
+
     let request_id = uuid::Uuid::new_v4().to_string();
     let plan = state.take_batch_plan();
     for name in &plan.fault_names {
         call.add_fault(name);
     }
-    state.add_batch(&request_id, &run_path.model, family, items, &plan);
+    let success = BoolForm::of_submit_and_completion(plan.replies.odd_types);
+    state.add_batch(&request_id, runs, &plan);
     call.record.kind = CallKind::Submit;
     call.record.request_id = Some(request_id.clone());
     let status = StatusCode::from_u16(config.submit_status).unwrap_or(StatusCode::OK);
-    Ok((status, Success::Value(json!({ "status": "queued", "request_id": request_id, "model": run_path.model }))))
+    let result = json!({ "status": "queued", "request_id": request_id, "model": run_path.model });
+    Ok(Answer { status, result: Success::Value(result), success })
 }
 
-fn poll(state: &State, request_id: &str) -> Result<(StatusCode, Success), ApiError> {
+fn poll(state: &State, request_id: &str) -> Result<Answer, ApiError> {
     match state.poll(request_id) {
         PollOutcome::NotFound => Err(ApiError::new(StatusCode::NOT_FOUND, 7000, "Request not found")),
         PollOutcome::Failed => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, 5001, "Model execution failed")),
-        PollOutcome::Pending(phase) => {
-            let status = if phase == Phase::Queued { "queued" } else { "running" };
-            Ok((StatusCode::OK, Success::Value(json!({ "status": status, "request_id": request_id }))))
+        PollOutcome::Pending(phase, replies) => {
+            let status = match (&replies.pending_status, phase) {
+                (Some(status), _) => status.as_str(),
+                (None, Phase::Queued) => "queued",
+                (None, _) => "running",
+            };
+            let mut result = json!({ "status": status, "request_id": request_id });
+            if replies.empty_pending_list {
+                result["responses"] = json!([]);
+            }
+            let success = BoolForm::of_pending_poll(replies.odd_types);
+            Ok(Answer { status: StatusCode::OK, result: Success::Value(result), success })
         }
-        PollOutcome::Done(completion) => Ok((StatusCode::OK, Success::Completion(completion))),
+        PollOutcome::Done(completion) => {
+            let success = BoolForm::of_submit_and_completion(completion.odd_types());
+            Ok(Answer { status: StatusCode::OK, result: Success::Completion(completion), success })
+        }
     }
 }
 
@@ -473,7 +518,7 @@ struct RateLimitBody {
 }
 
 /// `POST /_emulator/config`: every field optional, absent means unchanged; `null` removes a cap or limit.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ConfigChange {
     /// See [`Timing::queued_for`].
@@ -502,6 +547,10 @@ struct ConfigChange {
     /// Random reply latency: `{"min_ms":..,"max_ms":..}`, `null`: off.
     #[serde(default, deserialize_with = "present")]
     random_latency: Option<Option<DurationRange>>,
+    /// Whether submits with an unfit item are refused as a whole (5006).
+    strict_items: Option<bool>,
+    /// Models whose queued submits are refused (8007); replaces the list, `[]` refuses none.
+    unbatchable_models: Option<Vec<String>>,
 }
 
 /// Reads a field that is present (possibly `null`) as `Some`; an absent one stays `None` through `default`.
@@ -510,7 +559,7 @@ fn present<'de, T: Deserialize<'de>, D: Deserializer<'de>>(deserializer: D) -> R
 }
 
 /// The settings `GET`/`POST /_emulator/config` answer with.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 struct ConfigView {
     /// See [`Timing::queued_for`].
     queued_for_ms: u64,
@@ -532,6 +581,10 @@ struct ConfigView {
     random_faults: Option<RandomFaults>,
     /// Random reply latency, when on.
     random_latency: Option<DurationRange>,
+    /// Whether submits with an unfit item are refused as a whole (5006).
+    strict_items: bool,
+    /// Models whose queued submits are refused (8007).
+    unbatchable_models: Vec<String>,
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -553,6 +606,8 @@ fn config_view(state: &State) -> ConfigView {
             .map(|limit| RateLimitBody { requests: limit.requests, per_ms: millis(limit.per) }),
         limit_polls: limits.limit_polls,
         retention_ms: limits.retention.map(millis),
+        strict_items: state.strict_items(),
+        unbatchable_models: state.unbatchable_models(),
     }
 }
 
@@ -595,6 +650,12 @@ async fn set_config(AxumState(state): AxumState<Shared>, Json(change): Json<Conf
     }
     if let Some(faults) = change.random_faults {
         state.set_random_faults(faults.map(|faults| RandomFaults::new(faults.rate).on(faults.calls)));
+    }
+    if let Some(strict_items) = change.strict_items {
+        state.set_strict_items(strict_items);
+    }
+    if let Some(models) = change.unbatchable_models {
+        state.set_unbatchable_models(models);
     }
     tracing::info!(?timing, ?limits, "emulator settings changed");
     Json(config_view(&state))

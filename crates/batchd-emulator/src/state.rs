@@ -10,7 +10,7 @@ use std::{
 };
 
 use rand::{RngExt, SeedableRng, rngs::StdRng, seq::SliceRandom};
-use serde::{Serialize, Serializer, ser::SerializeMap};
+use serde::{Serialize, Serializer, ser::Error as _, ser::SerializeMap};
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
@@ -19,13 +19,15 @@ use crate::{
     config::{DurationRange, EmulatorConfig, Family, RandomFaults, RateLimit},
     fault::{Calls, Fault, FaultKind},
     limits::{Limits, RateLimiter},
-    outputs::{ItemResult, hash_of, run_item},
+    outputs::{ItemOutput, ItemResult, SchemaError, hash_of, run_item},
 };
 
 /// Envelope error of an item in a `fail_items` batch.
 const FAILED_ITEM_CODE: i64 = 5001;
 /// Message of an item in a `fail_items` batch.
 const FAILED_ITEM_MESSAGE: &str = "Model execution failed";
+/// Envelope error of an item that does not fit its model's schema.
+const SCHEMA_ITEM_CODE: i64 = 5004;
 
 /// State shared by the HTTP handlers and the in-process handle.
 #[derive(Debug)]
@@ -65,6 +67,10 @@ struct Inner {
     random_faults: Option<RandomFaults>,
     /// Random reply latency, if on.
     random_latency: Option<DurationRange>,
+    /// Whether a submit with any item that does not fit its model's schema is refused as a whole (5006).
+    strict_items: bool,
+    /// Models whose queued submits are refused with 8007.
+    unbatchable_models: Vec<String>,
     /// The seeded generator behind both.
     rng: StdRng,
 }
@@ -157,6 +163,8 @@ pub(crate) struct Batch {
     /// Its own time from submit to done, when drawn from [`EmulatorConfig::random_durations`]; `None`: the
     /// current global timing applies.
     duration: Option<Duration>,
+    /// How its pending polls deviate from the documented reply (batch-level faults).
+    replies: ReplyVariant,
     /// The `result` object polls return once it is done (computed at submit time, serialized per poll).
     completion: Arc<Completion>,
 }
@@ -180,12 +188,56 @@ impl Batch {
 pub(crate) enum PollOutcome {
     /// No batch has this id (never had, or retention forgot it).
     NotFound,
-    /// Still queued or running.
-    Pending(Phase),
+    /// Still queued or running, and how the batch's pending replies deviate from the documented one.
+    Pending(Phase, ReplyVariant),
     /// Done and failed as a whole.
     Failed,
     /// Done: the `result` object to return.
     Done(Arc<Completion>),
+}
+
+/// How a batch's replies deviate from the documented ones, set by batch-level faults.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ReplyVariant {
+    /// `pending_status`: the status pending polls report instead of `queued`/`running`.
+    pub pending_status: Option<String>,
+    /// `empty_pending_list`: pending polls also carry `"responses": []`.
+    pub empty_pending_list: bool,
+    /// `odd_types`: the submit reply, pending polls and the completion use unexpected JSON types.
+    pub odd_types: bool,
+}
+
+/// How a reply writes a boolean: the documented JSON boolean, or, for an `odd_types` batch, a string or a number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BoolForm {
+    /// `true` / `false`.
+    Bool,
+    /// `"true"` / `"false"`.
+    Text,
+    /// `1` / `0`.
+    Number,
+}
+
+impl BoolForm {
+    /// The form of `success` in a batch's submit reply and completion (the envelope's and each item's):
+    /// `"true"`/`"false"` for an `odd_types` batch.
+    pub fn of_submit_and_completion(odd_types: bool) -> Self {
+        if odd_types { BoolForm::Text } else { BoolForm::Bool }
+    }
+
+    /// The form of `success` in the envelope of a batch's pending polls: `1` for an `odd_types` batch.
+    pub fn of_pending_poll(odd_types: bool) -> Self {
+        if odd_types { BoolForm::Number } else { BoolForm::Bool }
+    }
+
+    /// `value` in this form.
+    pub fn write(self, value: bool) -> Value {
+        match self {
+            BoolForm::Bool => Value::Bool(value),
+            BoolForm::Text => Value::String(value.to_string()),
+            BoolForm::Number => Value::from(u8::from(value)),
+        }
+    }
 }
 
 /// The `result` object of a done batch, as computed at submit time.
@@ -193,6 +245,9 @@ pub(crate) enum PollOutcome {
 pub(crate) struct Completion {
     /// Whether entries are listed under `results` keyed by `index` (else `responses` keyed by `id`).
     results_shape: bool,
+    /// Whether entries use the `odd_types` forms: ids as numeric strings, `success` as `"true"`/`"false"`,
+    /// results as JSON text.
+    odd_types: bool,
     /// One entry per item not dropped, in response order.
     entries: Vec<Entry>,
     /// Tokens counted over the items that succeeded.
@@ -221,6 +276,13 @@ struct Usage {
     total_tokens: u64,
 }
 
+impl Completion {
+    /// Whether the reply around this completion uses the `odd_types` forms too.
+    pub fn odd_types(&self) -> bool {
+        self.odd_types
+    }
+}
+
 impl Serialize for Completion {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(Some(2))?;
@@ -228,7 +290,11 @@ impl Serialize for Completion {
         let entries: Vec<EntryView<'_>> = self
             .entries
             .iter()
-            .map(|entry| EntryView { entry, id_key: if self.results_shape { "index" } else { "id" } })
+            .map(|entry| EntryView {
+                entry,
+                id_key: if self.results_shape { "index" } else { "id" },
+                odd_types: self.odd_types,
+            })
             .collect();
         map.serialize_entry(key, &entries)?;
         map.serialize_entry("usage", &self.usage)?;
@@ -242,20 +308,32 @@ struct EntryView<'a> {
     entry: &'a Entry,
     /// `id` (documented) or `index` (the `results_shape` fault).
     id_key: &'static str,
+    /// Whether to write the `odd_types` forms.
+    odd_types: bool,
 }
 
 impl Serialize for EntryView<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let entry = self.entry;
+        let success = BoolForm::of_submit_and_completion(self.odd_types);
         let mut map = serializer.serialize_map(Some(4))?;
-        map.serialize_entry(self.id_key, &entry.index)?;
+        if self.odd_types {
+            map.serialize_entry(self.id_key, &entry.index.to_string())?;
+        } else {
+            map.serialize_entry(self.id_key, &entry.index)?;
+        }
         match &entry.outcome {
+            Ok(result) if self.odd_types => {
+                let text = serde_json::to_string(result).map_err(S::Error::custom)?;
+                map.serialize_entry("result", &text)?;
+                map.serialize_entry("success", &success.write(true))?;
+            }
             Ok(result) => {
                 map.serialize_entry("result", result)?;
-                map.serialize_entry("success", &true)?;
+                map.serialize_entry("success", &success.write(true))?;
             }
             Err((code, message)) => {
-                map.serialize_entry("success", &false)?;
+                map.serialize_entry("success", &success.write(false))?;
                 map.serialize_entry("error", &ItemError { code: *code, message })?;
             }
         }
@@ -284,6 +362,8 @@ pub(crate) struct BatchPlan {
     pub results_shape: bool,
     /// Whether the batch fails as a whole.
     pub fail_batch: bool,
+    /// How its replies deviate from the documented ones.
+    pub replies: ReplyVariant,
     /// Names of the faults that made this plan, for the call log.
     pub fault_names: Vec<&'static str>,
 }
@@ -295,6 +375,8 @@ impl State {
         let random_durations = config.random_durations;
         let random_faults = config.random_faults;
         let random_latency = config.random_latency;
+        let strict_items = config.strict_items;
+        let unbatchable_models = config.unbatchable_models.clone();
         let rng = StdRng::seed_from_u64(config.seed);
         Self {
             config,
@@ -312,6 +394,8 @@ impl State {
                 random_durations,
                 random_faults,
                 random_latency,
+                strict_items,
+                unbatchable_models,
                 rng,
             }),
         }
@@ -392,6 +476,29 @@ impl State {
         self.lock().random_latency = latency;
     }
 
+    pub fn strict_items(&self) -> bool {
+        self.lock().strict_items
+    }
+
+    /// Turns the whole-submit schema check on or off for submits from now on.
+    pub fn set_strict_items(&self, strict_items: bool) {
+        self.lock().strict_items = strict_items;
+    }
+
+    pub fn unbatchable_models(&self) -> Vec<String> {
+        self.lock().unbatchable_models.clone()
+    }
+
+    /// Replaces the models whose queued submits are refused with 8007.
+    pub fn set_unbatchable_models(&self, models: Vec<String>) {
+        self.lock().unbatchable_models = models;
+    }
+
+    /// Whether queued submits to `model` are refused with 8007.
+    pub fn is_unbatchable(&self, model: &str) -> bool {
+        self.lock().unbatchable_models.iter().any(|name| name == model)
+    }
+
     /// Draws the delay of one reply (zero without a random latency).
     pub fn draw_latency(&self) -> Duration {
         let mut inner = self.lock();
@@ -456,7 +563,16 @@ impl State {
     pub fn take_batch_plan(&self) -> BatchPlan {
         let mut inner = self.lock();
         let mut plan = BatchPlan::default();
-        for name in ["fail_items", "drop_items", "results_shape", "fail_batch"] {
+        let names = [
+            "fail_items",
+            "drop_items",
+            "results_shape",
+            "fail_batch",
+            "pending_status",
+            "empty_pending_list",
+            "odd_types",
+        ];
+        for name in names {
             let Some(position) = inner.batch_faults.iter().position(|fault| fault.kind.name() == name) else {
                 continue;
             };
@@ -469,30 +585,31 @@ impl State {
                 FaultKind::DropItems { indices } => plan.drop_items = indices,
                 FaultKind::ResultsShape => plan.results_shape = true,
                 FaultKind::FailBatch => plan.fail_batch = true,
+                FaultKind::PendingStatus { status } => plan.replies.pending_status = Some(status),
+                FaultKind::EmptyPendingList => plan.replies.empty_pending_list = true,
+                FaultKind::OddTypes => plan.replies.odd_types = true,
                 _ => {}
             }
         }
         plan
     }
 
-    /// Stores a new batch; the completion is computed now, from the items, which are dropped after.
-    pub fn add_batch(
-        &self,
-        request_id: &str,
-        model: &str,
-        family: Family,
-        items: Vec<Map<String, Value>>,
-        plan: &BatchPlan,
-    ) {
-        let completion = completion(request_id, model, family, items, plan);
+    /// Stores a new batch; its completion is built now from the items' outputs (see [`run_items`]).
+    pub fn add_batch(&self, request_id: &str, runs: Vec<ItemRun>, plan: &BatchPlan) {
+        let completion = completion(request_id, runs, plan);
         let mut inner = self.lock();
         let duration = match inner.random_durations {
             Some(range) if range.max > range.min => Some(inner.rng.random_range(range.min..=range.max)),
             Some(range) => Some(range.min),
             None => None,
         };
-        let batch =
-            Batch { submitted_at: Instant::now(), failed: plan.fail_batch, duration, completion: Arc::new(completion) };
+        let batch = Batch {
+            submitted_at: Instant::now(),
+            failed: plan.fail_batch,
+            duration,
+            replies: plan.replies.clone(),
+            completion: Arc::new(completion),
+        };
         inner.forget_expired();
         inner.n_accepted += 1;
         inner.batches.insert(request_id.to_owned(), batch);
@@ -507,7 +624,7 @@ impl State {
         match phase(batch.submitted_at.elapsed(), batch.timing(inner.timing)) {
             Phase::Done if batch.failed => PollOutcome::Failed,
             Phase::Done => PollOutcome::Done(Arc::clone(&batch.completion)),
-            pending => PollOutcome::Pending(pending),
+            pending => PollOutcome::Pending(pending, batch.replies.clone()),
         }
     }
 
@@ -603,38 +720,55 @@ pub(crate) fn response_order(request_id: &str, indices: &mut [usize]) {
     }
 }
 
+/// One submitted item after its model ran on it: what a completion is built from.
+#[derive(Debug)]
+pub(crate) struct ItemRun {
+    /// `external_reference` from the top level of the item, `null` when absent.
+    external_reference: Value,
+    /// The item's output, or why it does not fit its model's schema.
+    pub outcome: Result<ItemOutput, SchemaError>,
+}
+
+/// Runs the model on every item, in index order; each item's input is dropped as soon as it has run. A strict
+/// submit is checked on these outputs, so no item is run twice.
+pub(crate) fn run_items(model: &str, family: Family, items: Vec<Map<String, Value>>) -> Vec<ItemRun> {
+    items
+        .into_iter()
+        .map(|mut item| {
+            let external_reference = item.remove("external_reference").unwrap_or(Value::Null);
+            ItemRun { external_reference, outcome: run_item(model, family, &item) }
+        })
+        .collect()
+}
+
 /// The completion of a done batch: responses (or results) in shuffled order, and usage.
-pub(crate) fn completion(
-    request_id: &str,
-    model: &str,
-    family: Family,
-    mut items: Vec<Map<String, Value>>,
-    plan: &BatchPlan,
-) -> Completion {
-    let mut order: Vec<usize> = (0..items.len()).filter(|index| !plan.drop_items.contains(index)).collect();
+pub(crate) fn completion(request_id: &str, runs: Vec<ItemRun>, plan: &BatchPlan) -> Completion {
+    let mut order: Vec<usize> = (0..runs.len()).filter(|index| !plan.drop_items.contains(index)).collect();
     response_order(request_id, &mut order);
+    let mut runs: Vec<Option<ItemRun>> = runs.into_iter().map(Some).collect();
     let mut usage = Usage::default();
     let entries: Vec<Entry> = order
         .iter()
-        .map(|&index| {
-            let item = &mut items[index];
-            let external_reference = item.remove("external_reference").unwrap_or(Value::Null);
+        .filter_map(|&index| {
+            let run = runs[index].take()?;
             let outcome = if plan.fail_items.contains(&index) {
                 Err((FAILED_ITEM_CODE, FAILED_ITEM_MESSAGE.to_owned()))
             } else {
-                run_item(model, family, item).map_err(|message| (5004, message))
+                run.outcome.map_err(|error| (SCHEMA_ITEM_CODE, error.item_message()))
             };
             if let Ok(output) = &outcome {
                 usage.prompt_tokens += output.prompt_tokens;
                 usage.completion_tokens += output.completion_tokens;
             }
-            // Free the item's input now: only the output is kept.
-            *item = Map::new();
-            Entry { index, external_reference, outcome: outcome.map(|output| output.result) }
+            Some(Entry {
+                index,
+                external_reference: run.external_reference,
+                outcome: outcome.map(|output| output.result),
+            })
         })
         .collect();
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
-    Completion { results_shape: plan.results_shape, entries, usage }
+    Completion { results_shape: plan.results_shape, odd_types: plan.replies.odd_types, entries, usage }
 }
 
 #[cfg(test)]
@@ -681,6 +815,12 @@ mod tests {
         }
     }
 
+    /// The serialized completion of text-generation `items` under `plan`.
+    fn done(items: &[Map<String, Value>], plan: &BatchPlan) -> Value {
+        let runs = run_items("@cf/m", Family::TextGeneration, items.to_vec());
+        serde_json::to_value(completion("x", runs, plan)).expect("serializes")
+    }
+
     #[test]
     fn completion_applies_the_plan() {
         let items = items(json!([
@@ -690,9 +830,8 @@ mod tests {
             {"max_tokens": 1}
         ]));
         let plan = BatchPlan { fail_items: vec![1], drop_items: vec![2], ..BatchPlan::default() };
-        let done = serde_json::to_value(completion("x", "@cf/m", Family::TextGeneration, items.clone(), &plan))
-            .expect("serializes");
-        let responses = done["responses"].as_array().expect("responses");
+        let done_value = done(&items, &plan);
+        let responses = done_value["responses"].as_array().expect("responses");
         assert_eq!(responses.len(), 3);
         let by_id = |id: u64| responses.iter().find(|r| r["id"] == id).expect("present");
         assert_eq!(by_id(0)["result"]["response"], "echo: a");
@@ -700,13 +839,34 @@ mod tests {
         assert_eq!(by_id(1)["success"], false);
         assert_eq!(by_id(1)["external_reference"], Value::Null);
         assert_eq!(by_id(3)["error"]["code"], 5004);
+        assert_eq!(by_id(3)["error"]["message"], "Invalid data: oneOf at '/' not met (expected prompt or messages)");
         assert!(by_id(3).get("result").is_none());
-        assert_eq!(done["usage"]["prompt_tokens"], 1);
+        assert_eq!(done_value["usage"]["prompt_tokens"], 1);
 
         let plan = BatchPlan { results_shape: true, ..BatchPlan::default() };
-        let done =
-            serde_json::to_value(completion("x", "@cf/m", Family::TextGeneration, items, &plan)).expect("serializes");
-        assert_eq!(done["results"].as_array().expect("results").len(), 4);
-        assert!(done["results"][0].get("index").is_some());
+        let done_value = done(&items, &plan);
+        assert_eq!(done_value["results"].as_array().expect("results").len(), 4);
+        assert!(done_value["results"][0].get("index").is_some());
+    }
+
+    #[test]
+    fn odd_types_write_ids_flags_and_results_as_text() {
+        let items = items(json!([{"prompt": "hi", "external_reference": "r0"}, {"max_tokens": 1}]));
+        let plain = done(&items, &BatchPlan::default());
+        let plan =
+            BatchPlan { replies: ReplyVariant { odd_types: true, ..ReplyVariant::default() }, ..BatchPlan::default() };
+        let odd = done(&items, &plan);
+        let by_id = |id: &str| odd["responses"].as_array().expect("responses").iter().find(|r| r["id"] == id).cloned();
+        let good = by_id("0").expect("item 0");
+        assert_eq!(
+            good,
+            json!({"id": "0", "result": "{\"response\":\"echo: hi\"}", "success": "true", "external_reference": "r0"})
+        );
+        let bad = by_id("1").expect("item 1");
+        assert_eq!(bad["success"], "false");
+        assert_eq!(bad["error"]["code"], 5004);
+        assert_eq!(odd["usage"], plain["usage"]);
+        assert_eq!(BoolForm::Number.write(true), json!(1));
+        assert_eq!(BoolForm::Number.write(false), json!(0));
     }
 }

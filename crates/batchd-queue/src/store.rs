@@ -112,6 +112,8 @@ pub struct ChunkView {
     pub metadata: Option<String>,
     /// The cancellation reason, when a cancellation was requested.
     pub cancel_requested: Option<String>,
+    /// The status the Batch API reported at the chunk's last poll (`queued`, `running`, or an undocumented one).
+    pub remote_status: Option<String>,
 }
 
 impl ChunkView {
@@ -703,6 +705,7 @@ impl Store {
             field::N_ITEMS.to_owned(),
             field::REPLY_TO.to_owned(),
             field::METADATA.to_owned(),
+            field::chunk(chunk.index, field::CHUNK_REMOTE_STATUS),
         ];
         let (values, cancel_requested): (Vec<Option<String>>, Option<String>) = redis::pipe()
             .hmget(self.keys.job(&chunk.job_id), &names[..])
@@ -730,6 +733,7 @@ impl Store {
             n_items: number(10) as usize,
             reply_to: values[11].clone().unwrap_or_else(|| self.keys.results()),
             metadata: values[12].clone(),
+            remote_status: values[13].clone(),
             cancel_requested,
         }))
     }

@@ -46,6 +46,7 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
     client_settings.base_url = settings.cloudflare.base_url.clone();
     client_settings.request_timeout = Duration::from_secs(settings.cloudflare.request_timeout_secs);
     client_settings.connect_timeout = Duration::from_secs(settings.cloudflare.connect_timeout_secs);
+    client_settings.max_reply_bytes = settings.cloudflare.max_reply_bytes;
     let client = BatchClient::new(client_settings).context("cloudflare settings")?;
 
     // Stopped last, after the drain, so probes and scrapes are answered while work in flight finishes.

@@ -30,6 +30,9 @@ pub const NAMES: &[&str] = &[
     "batchd_queue_depth",
     "batchd_oldest_waiting_job_age_seconds",
     "batchd_schedule_lag_seconds",
+    "batchd_poll_unknown_status_total",
+    "batchd_items_refused_total",
+    "batchd_extra_submits_total",
 ];
 
 /// Bucket bounds (seconds) of `batchd_api_request_duration_seconds`: 5 ms to the 60 s request timeout.
@@ -118,6 +121,18 @@ pub fn describe() {
         "Submits repeated after an interrupted submit (a remote batch may exist twice)."
     );
     describe_counter!("batchd_results_published_total", "Result entries published.");
+    describe_counter!(
+        "batchd_poll_unknown_status_total",
+        "Poll replies with a status the API docs do not list (read as pending; the batch's deadline bounds it)."
+    );
+    describe_counter!(
+        "batchd_items_refused_total",
+        "Request items the API refused on their own after bisection (answered success:false with the API's error)."
+    );
+    describe_counter!(
+        "batchd_extra_submits_total",
+        "Submits added by splitting a refused batch, by reason (too_large: HTTP 413; invalid_input: one bad item)."
+    );
     describe_counter!("batchd_redis_errors_total", "Redis operations that failed, by operation.");
     describe_gauge!(
         "batchd_queue_depth",
@@ -144,8 +159,13 @@ pub fn describe() {
         "batchd_jobs_duplicate_total",
         "batchd_possible_duplicate_submits_total",
         "batchd_results_published_total",
+        "batchd_poll_unknown_status_total",
+        "batchd_items_refused_total",
     ] {
         counter!(name).absolute(0);
+    }
+    for reason in ["too_large", "invalid_input"] {
+        counter!("batchd_extra_submits_total", "reason" => reason).absolute(0);
     }
     for outcome in ["completed", "failed", "expired"] {
         counter!("batchd_jobs_finished_total", "outcome" => outcome).absolute(0);
@@ -201,6 +221,21 @@ pub fn throttled_wait(call: ApiCall) {
 /// A submit is being repeated after an interrupted one.
 pub fn possible_duplicate_submit() {
     counter!("batchd_possible_duplicate_submits_total").increment(1);
+}
+
+/// A poll reply carried a status the API docs do not list.
+pub fn unknown_poll_status() {
+    counter!("batchd_poll_unknown_status_total").increment(1);
+}
+
+/// The API refused one request item on its own.
+pub fn item_refused() {
+    counter!("batchd_items_refused_total").increment(1);
+}
+
+/// A refused batch was split into `pieces`, each submitted anew.
+pub fn extra_submits(reason: &'static str, pieces: usize) {
+    counter!("batchd_extra_submits_total", "reason" => reason).increment(pieces as u64);
 }
 
 /// A Redis operation failed.

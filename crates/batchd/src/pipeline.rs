@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use apalis_core::error::BoxDynError;
 use apalis_core::task::data::Data;
-use batchd_cloudflare::{ApiError, BatchClient, ErrorKind, PollStatus};
+use batchd_cloudflare::{ApiError, BatchClient, ErrorKind, PendingStatus, PollStatus};
 use batchd_core::ledger::field;
 use batchd_core::result::code;
 use batchd_core::{
@@ -28,7 +28,9 @@ use serde_json::value::RawValue;
 use tracing::Instrument;
 
 use crate::metrics::{self, ApiCall};
-use crate::policy::{ChunkOutcome, assemble, next_poll_delay, plan_chunks, rate_bucket, retry_delay};
+use crate::policy::{
+    ChunkOutcome, assemble, isolate_cuts, next_poll_delay, plan_chunks, rate_bucket, retry_delay, split_placement,
+};
 use crate::settings::{PollSettings, RateLimitSettings, RetrySettings};
 
 /// How jobs are split into batches.
@@ -218,7 +220,7 @@ impl Pipeline {
                 let first = &job.requests[..plan[0].1];
                 let chunk = ChunkRef::new(job.id.clone(), 0);
                 let placement = Placement::Range { start: 0, len: plan[0].1 };
-                if let Err(error) = self.post(&chunk, &job.model, 1, false, first, placement).await {
+                if let Err(error) = self.post(&chunk, &job.model, 1, false, first, placement, deadline_at).await {
                     // The entry is taken in (acknowledged); what is retried is the chunk, from the schedule.
                     metrics::redis_error("submit");
                     tracing::error!(
@@ -299,7 +301,7 @@ impl Pipeline {
         }
         match view.chunk_state {
             ChunkState::Pending | ChunkState::Submitting => match ModelName::parse(&view.model) {
-                Ok(model) => self.submit(chunk, &model).await,
+                Ok(model) => self.submit(chunk, &model, view.deadline_at).await,
                 Err(_) => Err(StoreError::Corrupt { job_id: chunk.job_id.to_string(), detail: "model".into() }),
             },
             ChunkState::Polling => self.poll(chunk, &view).await,
@@ -342,14 +344,14 @@ impl Pipeline {
     }
 
     /// Submits one chunk from the schedule: mark `submitting` (reading its items back), then [`Pipeline::post`].
-    async fn submit(&self, chunk: &ChunkRef, model: &ModelName) -> Result<(), StoreError> {
+    async fn submit(&self, chunk: &ChunkRef, model: &ModelName, deadline_at: UnixMillis) -> Result<(), StoreError> {
         if self.throttle(chunk, model, ApiCall::Submit).await?.is_some() {
             return Ok(());
         }
         let ticket = self.store.begin_submit(chunk, now_ms()).await?;
         match ticket {
             SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => {
-                self.post(chunk, model, attempt, resubmit, &requests, placement).await
+                self.post(chunk, model, attempt, resubmit, &requests, placement, deadline_at).await
             }
             SubmitTicket::Cancelled => {
                 let reason = self.store.cancel_requested(&chunk.job_id).await?.unwrap_or_default();
@@ -364,7 +366,8 @@ impl Pipeline {
     }
 
     /// POSTs a chunk already marked `submitting` (attempt `attempt`), then records the request id and schedules
-    /// the first poll, or decides what the failure means.
+    /// the first poll, or decides what the failure means. `deadline_at` is the job's: no retry is due after it.
+    #[allow(clippy::too_many_arguments)]
     async fn post<R: Item>(
         &self,
         chunk: &ChunkRef,
@@ -373,6 +376,7 @@ impl Pipeline {
         resubmit: bool,
         requests: &[R],
         placement: Placement,
+        deadline_at: UnixMillis,
     ) -> Result<(), StoreError> {
         if resubmit {
             metrics::possible_duplicate_submit();
@@ -406,7 +410,10 @@ impl Pipeline {
                 );
                 Ok(())
             }
-            Err(error) => self.submit_failed(chunk, model, attempt, placement, requests, error).await,
+            Err(error) => {
+                let failed = FailedSubmit { attempt, placement, deadline_at };
+                self.submit_failed(chunk, model, failed, requests, error).await
+            }
         }
     }
 
@@ -467,22 +474,31 @@ impl Pipeline {
         &self,
         chunk: &ChunkRef,
         model: &ModelName,
-        attempt: u64,
-        placement: Placement,
+        failed: FailedSubmit,
         requests: &[R],
         error: ApiError,
     ) -> Result<(), StoreError> {
+        let FailedSubmit { attempt, placement, deadline_at } = failed;
         let now = now_ms();
         match error.kind {
             ErrorKind::TooLarge if placement.len() > 1 => {
+                let cuts = [placement.len() / 2];
                 let owned = requests.iter().map(|item| item.borrow().to_owned()).collect();
-                return self.split(chunk, placement, owned, &error).await;
+                return self.split(chunk, placement, owned, &cuts, &error).await;
             }
-            ErrorKind::TooLarge | ErrorKind::BatchFailed => {
+            ErrorKind::InvalidInput if placement.len() > 1 => {
+                // One bad item refuses the whole batch: split it to isolate the item (around it when the API
+                // names it, in halves otherwise), so every valid item is still answered.
+                let cuts = isolate_cuts(placement.len(), error.refused_item());
+                let owned = requests.iter().map(|item| item.borrow().to_owned()).collect();
+                return self.split(chunk, placement, owned, &cuts, &error).await;
+            }
+            ErrorKind::InvalidInput => return self.item_refused(chunk, &error).await,
+            ErrorKind::TooLarge | ErrorKind::BatchFailed | ErrorKind::ReplyTooLarge => {
                 return self.chunk_failed(chunk, error.to_job_error()).await;
             }
             ErrorKind::Transient | ErrorKind::QuotaExhausted => {}
-            ErrorKind::Permanent | ErrorKind::NotFound => {
+            ErrorKind::Permanent | ErrorKind::NotFound | ErrorKind::NotBatchable => {
                 tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, model = %model, error = %error, "the Batch API refused the batch");
                 return self.conclude(&chunk.job_id, Ending::Failed(error.to_job_error())).await;
             }
@@ -515,40 +531,57 @@ impl Pipeline {
             retry_in = ?wait,
             "submit failed; retrying"
         );
-        self.store.update_chunk(chunk, Some(now + wait.as_millis() as u64), None, &fields, &[]).await?;
+        // Never due past the deadline (a long Retry-After included): the job expires on time.
+        let due = (now + wait.as_millis() as u64).min(deadline_at);
+        self.store.update_chunk(chunk, Some(due), None, &fields, &[]).await?;
         Ok(())
     }
 
-    /// The API found the chunk too large: replace it with its first half and append the second, both due now.
+    /// The API refused a one-item batch because of its input: the item is answered `success:false` with the API's
+    /// error (code, message, HTTP status), and the chunk is done, so the job goes on and can still complete.
+    async fn item_refused(&self, chunk: &ChunkRef, error: &ApiError) -> Result<(), StoreError> {
+        tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "the Batch API refused one request item");
+        metrics::item_refused();
+        let output = JobOutput {
+            responses: vec![batchd_core::ItemResponse::failure(0, Some(api_error_item(error)))],
+            usage: serde_json::json!({}),
+            failed_batches: Vec::new(),
+        };
+        let payload = serde_json::to_string(&output).expect("output serialises");
+        match self.store.chunk_done(chunk, ChunkState::Done, &payload, now_ms()).await? {
+            Some(0) => self.finish(&chunk.job_id).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Replaces the chunk by its pieces, cut before each of the chunk-local positions `cuts` (ascending, inside
+    /// the chunk), all due now: the first piece takes the chunk's place, the others are appended.
     async fn split(
         &self,
         chunk: &ChunkRef,
         placement: Placement,
         mut requests: Vec<Box<RawValue>>,
+        cuts: &[usize],
         error: &ApiError,
     ) -> Result<(), StoreError> {
-        let half = requests.len() / 2;
-        let second_requests = requests.split_off(half);
-        let (first, second) = match placement {
-            Placement::Range { start, len } => {
-                (Placement::Range { start, len: half }, Placement::Range { start: start + half, len: len - half })
-            }
-            Placement::Indices(mut indices) => {
-                let rest = indices.split_off(half);
-                (Placement::Indices(indices), Placement::Indices(rest))
-            }
-        };
+        let placements = split_placement(placement, cuts);
+        let mut pieces = Vec::with_capacity(placements.len());
+        for placement in placements.into_iter().rev() {
+            let rest = requests.split_off(requests.len() - placement.len());
+            pieces.push(NewChunk { placement, requests: rest });
+        }
+        pieces.reverse();
+        let reason = if error.kind == ErrorKind::TooLarge { "too_large" } else { "invalid_input" };
+        metrics::extra_submits(reason, pieces.len());
         tracing::warn!(
             job_id = %chunk.job_id,
             chunk = chunk.index,
             error = %error,
-            first = first.len(),
-            second = second.len(),
-            "the API found the batch too large; splitting it"
+            pieces = ?pieces.iter().map(|piece| piece.placement.len()).collect::<Vec<_>>(),
+            reason,
+            "the API refused the batch; splitting it"
         );
-        let chunks =
-            [NewChunk { placement: first, requests }, NewChunk { placement: second, requests: second_requests }];
-        self.store.add_chunks(&chunk.job_id, now_ms(), Some(chunk.index), None, &chunks).await?;
+        self.store.add_chunks(&chunk.job_id, now_ms(), Some(chunk.index), None, &pieces).await?;
         Ok(())
     }
 
@@ -575,8 +608,7 @@ impl Pipeline {
             Err(error) => metrics::api_request(ApiCall::Poll, error.kind.as_str(), error.http_status, elapsed),
         }
         match polled {
-            Ok(PollStatus::Queued) => self.still_pending(chunk, view, "queued").await,
-            Ok(PollStatus::Running) => self.still_pending(chunk, view, "running").await,
+            Ok(PollStatus::Pending(status)) => self.still_pending(chunk, view, &status).await,
             Ok(PollStatus::Done(output)) => {
                 tracing::debug!(request_id = %request_id, n_polls = view.n_polls + 1, n_failed = output.n_failed(), "batch finished");
                 if view.n_chunks <= 1 && output.n_failed() == 0 {
@@ -595,7 +627,29 @@ impl Pipeline {
         }
     }
 
-    async fn still_pending(&self, chunk: &ChunkRef, view: &ChunkView, status: &str) -> Result<(), StoreError> {
+    /// Schedules the next poll of a batch that has not answered yet, whatever status it reports: only the job's
+    /// deadline bounds how long it may stay pending. A status the docs do not list is logged once per batch (when
+    /// it first appears) and counted at every poll.
+    async fn still_pending(
+        &self,
+        chunk: &ChunkRef,
+        view: &ChunkView,
+        pending: &PendingStatus,
+    ) -> Result<(), StoreError> {
+        let status = pending.as_str();
+        if !pending.is_documented() {
+            metrics::unknown_poll_status();
+            if view.remote_status.as_deref() != Some(status) {
+                tracing::warn!(
+                    job_id = %chunk.job_id,
+                    chunk = chunk.index,
+                    request_id = view.request_id.as_deref().unwrap_or_default(),
+                    status,
+                    "the Batch API reports a status its docs do not list; the batch is treated as pending until it \
+                     answers or the job's deadline passes"
+                );
+            }
+        }
         let now = now_ms();
         let delay = next_poll_delay(view.n_polls + 1, &self.poll, unit_random());
         // Never sleep past the deadline: the job expires on time.
@@ -651,11 +705,11 @@ impl Pipeline {
                     .await?;
                 Ok(())
             }
-            ErrorKind::BatchFailed | ErrorKind::NotFound | ErrorKind::TooLarge => {
+            ErrorKind::BatchFailed | ErrorKind::NotFound | ErrorKind::TooLarge | ErrorKind::ReplyTooLarge => {
                 tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "the remote batch failed");
                 self.chunk_failed(chunk, error.to_job_error()).await
             }
-            ErrorKind::Permanent => {
+            ErrorKind::Permanent | ErrorKind::InvalidInput | ErrorKind::NotBatchable => {
                 tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "polling was refused permanently");
                 self.conclude(&chunk.job_id, Ending::Failed(error.to_job_error())).await
             }
@@ -869,6 +923,30 @@ impl Pipeline {
         }
         Ok(())
     }
+}
+
+/// What a failed submit's handling needs besides the error.
+#[derive(Debug)]
+struct FailedSubmit {
+    /// The attempt that failed (1-based).
+    attempt: u64,
+    /// Where the chunk's items sit in the job.
+    placement: Placement,
+    /// The job's deadline.
+    deadline_at: UnixMillis,
+}
+
+/// A refused item's error, as its response carries it: the API's code, message and HTTP status.
+fn api_error_item(error: &ApiError) -> Box<RawValue> {
+    let job_error = error.to_job_error();
+    let text = serde_json::json!({
+        "code": job_error.code,
+        "message": job_error.message,
+        "api_code": job_error.api_code,
+        "http_status": job_error.http_status,
+    })
+    .to_string();
+    RawValue::from_string(text).expect("a serialised value is valid JSON")
 }
 
 fn exhausted(error: &ApiError, attempts: u64) -> JobError {

@@ -20,7 +20,8 @@ pub fn next_poll_delay(n_polls: u64, settings: &PollSettings, unit_random: f64) 
 }
 
 /// Backoff before retry number `attempt` (1-based) of a failed step: exponential with full jitter
-/// (uniform in `[0, min(max, initial × 2^(attempt-1))]`), and never shorter than the API's `Retry-After`.
+/// (uniform in `[0, min(max, initial × 2^(attempt-1))]`), and never shorter than the API's `Retry-After`, which is
+/// itself clamped to `max_backoff_ms` (a server asking for hours must not park a step for hours).
 pub fn retry_delay(
     attempt: u64,
     settings: &RetrySettings,
@@ -31,7 +32,7 @@ pub fn retry_delay(
     let ceiling = (settings.initial_backoff_ms as f64 * 2f64.powi(exponent as i32)).min(settings.max_backoff_ms as f64);
     let jittered = Duration::from_millis((ceiling * unit_random) as u64);
     match retry_after {
-        Some(after) => jittered.max(after),
+        Some(after) => jittered.max(after.min(Duration::from_millis(settings.max_backoff_ms))),
         None => jittered,
     }
 }
@@ -76,6 +77,37 @@ pub fn plan_chunks(
         plan.push((start, len));
     }
     Ok(plan)
+}
+
+/// Where to cut a batch of `n_items` that the API refused because of its input: around the item the API named
+/// (so it is submitted alone and the items before and after it go on in one piece each), or in halves when it
+/// named none. Cuts are chunk-local positions, ascending, each inside `1..n_items`.
+///
+/// Bound: with halving, each bad item is on one path of the bisection tree, so `k` bad items among `n` cost at
+/// most `2·k·⌈log2 n⌉` extra submits; when the API names the item, at most 3 per bad item.
+pub fn isolate_cuts(n_items: usize, refused_item: Option<usize>) -> Vec<usize> {
+    match refused_item.filter(|item| *item < n_items) {
+        Some(item) => [item, item + 1].into_iter().filter(|cut| (1..n_items).contains(cut)).collect(),
+        None => vec![n_items / 2],
+    }
+}
+
+/// Cuts a chunk's placement before each chunk-local position of `cuts` (ascending, inside the chunk).
+pub fn split_placement(placement: Placement, cuts: &[usize]) -> Vec<Placement> {
+    let len = placement.len();
+    let mut bounds: Vec<usize> = cuts.iter().copied().filter(|cut| (1..len).contains(cut)).collect();
+    bounds.dedup();
+    let starts = std::iter::once(0).chain(bounds.iter().copied());
+    let ends = bounds.iter().copied().chain(std::iter::once(len));
+    let pieces = starts.zip(ends);
+    match placement {
+        Placement::Range { start, .. } => {
+            pieces.map(|(from, to)| Placement::Range { start: start + from, len: to - from }).collect()
+        }
+        Placement::Indices(indices) => {
+            pieces.map(|(from, to)| Placement::Indices(indices[from..to].to_vec())).collect()
+        }
+    }
 }
 
 /// How one chunk ended, for assembling the job's result.
@@ -147,39 +179,22 @@ fn add_usage(total: &mut serde_json::Map<String, serde_json::Value>, usage: serd
     }
 }
 
-/// The task type of a model, for its default rate limit (the API limits per account and task type).
-pub fn task_type(model: &str) -> &'static str {
-    let name = model.to_ascii_lowercase();
-    if name.contains("bge-") || name.contains("embed") {
-        "embeddings"
-    } else if name.contains("m2m100") || name.contains("translat") {
-        "translation"
-    } else if name.contains("whisper") || name.contains("nova-") || name.contains("speech") {
-        "speech_recognition"
-    } else {
-        "text_generation"
-    }
-}
-
 /// The shared limiter bucket (`<account>:<task type or model>`) and its limit per window for `model`, or `None`
-/// when submits of that model are not limited.
+/// when submits of that model are not limited. A per-model limit has its own bucket; otherwise the model's task
+/// type (from the configured table, with its fallback for unknown models) picks the bucket.
 pub fn rate_bucket(account: &str, model: &str, limits: &RateLimitSettings) -> Option<(String, u32)> {
     if let Some(own) = limits.models.iter().find(|limit| limit.model == model) {
         return (own.limit > 0).then(|| (format!("{account}:{model}"), own.limit));
     }
-    let kind = task_type(model);
-    let limit = match kind {
-        "embeddings" => limits.embeddings,
-        "translation" => limits.translation,
-        "speech_recognition" => limits.speech_recognition,
-        _ => limits.text_generation,
-    };
-    (limit > 0).then(|| (format!("{account}:{kind}"), limit))
+    let task = limits.task_of(model);
+    let limit = limits.limit_of(task);
+    (limit > 0).then(|| (format!("{account}:{}", task.as_str()), limit))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::{ModelTask, TaskType};
 
     fn poll() -> PollSettings {
         PollSettings { initial_interval_ms: 1000, multiplier: 1.5, max_interval_ms: 30_000, jitter: 0.2 }
@@ -212,6 +227,73 @@ mod tests {
         assert_eq!(retry_delay(3, &retry(), None, 0.5), Duration::from_millis(2000));
         assert_eq!(retry_delay(30, &retry(), None, 0.5), Duration::from_millis(30_000));
         assert_eq!(retry_delay(1, &retry(), None, 0.0), Duration::ZERO);
+    }
+
+    #[test]
+    fn refused_batches_are_cut_around_the_named_item_or_in_halves() {
+        assert_eq!(isolate_cuts(10, Some(4)), [4, 5]);
+        assert_eq!(isolate_cuts(10, Some(0)), [1]);
+        assert_eq!(isolate_cuts(10, Some(9)), [9]);
+        assert_eq!(isolate_cuts(2, Some(1)), [1]);
+        assert_eq!(isolate_cuts(10, None), [5]);
+        assert_eq!(isolate_cuts(10, Some(10)), [5], "an index outside the batch names nothing");
+        assert_eq!(isolate_cuts(3, None), [1]);
+    }
+
+    #[test]
+    fn placements_are_cut_into_consecutive_pieces() {
+        let pieces = split_placement(Placement::Range { start: 100, len: 10 }, &[4, 5]);
+        assert_eq!(
+            pieces,
+            [
+                Placement::Range { start: 100, len: 4 },
+                Placement::Range { start: 104, len: 1 },
+                Placement::Range { start: 105, len: 5 }
+            ]
+        );
+        let pieces = split_placement(Placement::Indices(vec![3, 7, 9, 11]), &[2]);
+        assert_eq!(pieces, [Placement::Indices(vec![3, 7]), Placement::Indices(vec![9, 11])]);
+        assert_eq!(
+            split_placement(Placement::Range { start: 0, len: 3 }, &[0, 3]),
+            [Placement::Range { start: 0, len: 3 }]
+        );
+    }
+
+    /// Bisection down to single items answers every valid item, and costs within the stated bound.
+    #[test]
+    fn isolating_bad_items_stays_within_the_bound() {
+        // Simulates the API: a batch is refused when it holds a bad item; the refusal names the first one or not.
+        fn submits(items: &[bool], names: bool) -> usize {
+            let bad = items.iter().position(|good| !good);
+            match bad {
+                None => 1,
+                Some(_) if items.len() == 1 => 1,
+                Some(first) => {
+                    let cuts = isolate_cuts(items.len(), names.then_some(first));
+                    let mut total = 1;
+                    let mut from = 0;
+                    for to in cuts.iter().copied().chain(std::iter::once(items.len())) {
+                        total += submits(&items[from..to], names);
+                        from = to;
+                    }
+                    total
+                }
+            }
+        }
+        for (n, bad) in [(64usize, vec![5usize]), (1000, vec![0, 500, 999]), (37, vec![1, 2, 3, 30])] {
+            let items: Vec<bool> = (0..n).map(|i| !bad.contains(&i)).collect();
+            let k = bad.len();
+            let log2 = (n as f64).log2().ceil() as usize;
+            let extra = submits(&items, false) - 1;
+            assert!(extra <= 2 * k * log2, "n={n} k={k}: {extra} extra submits by halving");
+            let extra = submits(&items, true) - 1;
+            assert!(extra <= 3 * k, "n={n} k={k}: {extra} extra submits around named items");
+        }
+    }
+
+    #[test]
+    fn retry_after_is_clamped_to_the_largest_backoff() {
+        assert_eq!(retry_delay(1, &retry(), Some(Duration::from_secs(86_400)), 0.1), Duration::from_secs(60));
     }
 
     #[test]
@@ -338,6 +420,13 @@ mod tests {
             burst: 1,
             limit_polls: false,
             models: vec![crate::settings::ModelLimit { model: "@cf/baai/bge-large-en-v1.5".into(), limit: 1500 }],
+            task_types: vec![
+                ModelTask { model: "@cf/baai/bge-m3".into(), task: TaskType::Embeddings },
+                ModelTask { model: "@cf/meta/m2m100-1.2b".into(), task: TaskType::Translation },
+                ModelTask { model: "@cf/acme/embedder".into(), task: TaskType::Embeddings },
+            ],
+            extra_task_types: vec![ModelTask { model: "@cf/acme/embedder".into(), task: TaskType::SpeechRecognition }],
+            unknown_model_task: TaskType::TextGeneration,
         };
         assert_eq!(rate_bucket("a", "@cf/baai/bge-m3", &limits), Some(("a:embeddings".into(), 3000)));
         assert_eq!(
@@ -349,6 +438,15 @@ mod tests {
             Some(("a:@cf/baai/bge-large-en-v1.5".into(), 1500))
         );
         assert_eq!(rate_bucket("a", "@cf/meta/m2m100-1.2b", &limits), None, "0 disables");
-        assert_eq!(task_type("@cf/openai/whisper-large-v3-turbo"), "speech_recognition");
+        assert_eq!(
+            rate_bucket("a", "@cf/acme/embedder", &limits),
+            Some(("a:speech_recognition".into(), 720)),
+            "the operator's table wins"
+        );
+        assert_eq!(
+            rate_bucket("a", "@cf/acme/bge-embed-unknown", &limits),
+            Some(("a:text_generation".into(), 300)),
+            "an unknown model takes the fallback, whatever its name suggests"
+        );
     }
 }

@@ -124,6 +124,7 @@ pub fn settings_for(addr: SocketAddr, request_timeout: Duration) -> ClientSettin
         base_url: format!("http://{addr}/client/v4"),
         request_timeout,
         connect_timeout: Duration::from_secs(2),
+        max_reply_bytes: batchd_cloudflare::DEFAULT_MAX_REPLY_BYTES,
         ..ClientSettings::new(ACCOUNT, ApiToken::new(TOKEN.to_owned()))
     }
 }

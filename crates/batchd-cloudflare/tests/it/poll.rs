@@ -1,6 +1,6 @@
 //! Polling a batch: pending states, results in request order, and a batch the API no longer knows.
 
-use batchd_cloudflare::{ErrorKind, PollStatus};
+use batchd_cloudflare::{ErrorKind, PendingStatus, PollStatus};
 use batchd_core::RequestId;
 
 use crate::fake::{self, Canned, FakeApi};
@@ -22,8 +22,14 @@ async fn a_poll_sends_the_request_id_and_reads_pending_then_done() {
     .await;
     let client = api.client();
 
-    assert!(matches!(client.poll(&fake::model(), &request_id(), 2).await, Ok(PollStatus::Queued)));
-    assert!(matches!(client.poll(&fake::model(), &request_id(), 2).await, Ok(PollStatus::Running)));
+    assert!(matches!(
+        client.poll(&fake::model(), &request_id(), 2).await,
+        Ok(PollStatus::Pending(PendingStatus::Queued))
+    ));
+    assert!(matches!(
+        client.poll(&fake::model(), &request_id(), 2).await,
+        Ok(PollStatus::Pending(PendingStatus::Running))
+    ));
     let Ok(PollStatus::Done(output)) = client.poll(&fake::model(), &request_id(), 2).await else {
         panic!("expected the batch to be done");
     };

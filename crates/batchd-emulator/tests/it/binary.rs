@@ -27,6 +27,11 @@ async fn binary_prints_its_url_serves_and_stops_on_sigterm() {
             "2",
             "--rate-limit-per-ms",
             "60000",
+            "--strict-items",
+            "--unbatchable-model",
+            "@cf/baai/bge-m3",
+            "--unbatchable-model",
+            "@cf/openai/whisper-large-v3-turbo",
         ])
         .env("EMULATOR_TOKEN", "secret")
         .env("RUST_LOG", "warn")
@@ -81,6 +86,10 @@ async fn binary_prints_its_url_serves_and_stops_on_sigterm() {
     let control = base_url.replace("/client/v4", "/_emulator/stats");
     let stats: serde_json::Value = reqwest::get(&control).await.expect("stats").json().await.expect("json");
     assert_eq!(stats, json!({ "rate_limited": 1, "batches": 1 }));
+    let control = base_url.replace("/client/v4", "/_emulator/config");
+    let config: serde_json::Value = reqwest::get(&control).await.expect("config").json().await.expect("json");
+    assert_eq!(config["strict_items"], true);
+    assert_eq!(config["unbatchable_models"], json!(["@cf/baai/bge-m3", "@cf/openai/whisper-large-v3-turbo"]));
 
     let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("run kill");
     assert!(status.success());

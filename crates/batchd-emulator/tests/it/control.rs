@@ -86,6 +86,8 @@ async fn config_changes_timing_at_runtime() {
             "random_durations": null,
             "random_faults": null,
             "random_latency": null,
+            "strict_items": false,
+            "unbatchable_models": [],
         })
     );
     let (status, _) = control_post(&emulator, "config", json!({ "queued_for": 0 })).await;

@@ -7,6 +7,7 @@ mod faults;
 mod lifecycle;
 mod limits;
 mod random;
+mod variants;
 
 use std::{net::SocketAddr, time::Duration};
 
