@@ -9,8 +9,8 @@ SHELL := /bin/bash
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-deps: ## Check (and, where possible, install) what the tests and the demo need: redis-server
-	@scripts/ensure-redis.sh
+deps: ## Install (as root, with apt-get) or name what the tests need from the system: redis-server, faketime
+	@scripts/deps.sh
 
 build: ## Build the batchd and batchd-emulator binaries
 	$(CARGO) build --workspace --bins

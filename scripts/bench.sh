@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CARGO=${CARGO:-cargo}
 
-scripts/ensure-redis.sh
+scripts/deps.sh
 for tool in redis-benchmark node npm; do
   command -v "$tool" >/dev/null 2>&1 || { echo "bench: $tool is required (redis-benchmark comes with redis; node 18+ and npm for the BullMQ peer)" >&2; exit 1; }
 done
