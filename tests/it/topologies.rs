@@ -280,7 +280,7 @@ async fn redis_cluster_runs_the_pipeline_and_namespaces_land_on_different_slots(
     let mut settings = test_settings(&seeds[0], &emulator, "alpha");
     settings.redis.extra_namespaces = vec!["omega".to_owned()];
     settings.redis.mode = batchd::settings::RedisMode::Cluster;
-    settings.redis.nodes = seeds[1..].to_vec();
+    settings.redis.nodes = seeds[1..].iter().map(batchd::settings::Secret::new).collect();
     let daemon = Daemon::start(settings.clone(), &emulator);
     let mut slots = Vec::new();
     for keys in settings.all_keys() {
@@ -342,7 +342,7 @@ async fn sentinel_failover_is_followed() {
     let emulator = emulator().await;
     let mut settings = test_settings("redis://127.0.0.1:1", &emulator, "sentinel");
     settings.redis.mode = batchd::settings::RedisMode::Sentinel;
-    settings.redis.nodes = vec![format!("redis://127.0.0.1:{sentinel_port}")];
+    settings.redis.nodes = vec![batchd::settings::Secret::new(format!("redis://127.0.0.1:{sentinel_port}"))];
     let keys = settings.keys();
     let daemon = Daemon::start(settings.clone(), &emulator);
     let master = redis::Client::open(format!("redis://127.0.0.1:{master_port}")).expect("test setup");

@@ -172,6 +172,9 @@ fn main() -> ExitCode {
 
 async fn run_daemon(settings: Settings) -> anyhow::Result<()> {
     batchd::logging::init(&settings.log).map_err(batchd::settings::ConfigError)?;
+    for warning in settings.warnings() {
+        tracing::warn!(warning = %warning, "unsafe setting");
+    }
     let token = settings.api_token()?;
     let shutdown = CancellationToken::new();
     let signals = shutdown.clone();

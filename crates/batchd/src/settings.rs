@@ -74,8 +74,8 @@ pub struct RedisSettings {
     pub response_timeout_secs: u64,
     /// `standalone`, `cluster` or `sentinel`.
     pub mode: RedisMode,
-    /// Cluster seed nodes or sentinel addresses.
-    pub nodes: Vec<String>,
+    /// Cluster seed nodes or sentinel addresses (URLs, which may carry passwords).
+    pub nodes: Vec<Secret>,
     /// The master's name for Sentinel.
     pub sentinel_master: String,
     /// CA certificate (PEM) for TLS.
@@ -84,6 +84,8 @@ pub struct RedisSettings {
     pub tls_cert_file: String,
     /// Client key (PEM) for mutual TLS.
     pub tls_key_file: String,
+    /// Allow TLS URLs that turn certificate checks off (`rediss://...#insecure`); logged as a warning.
+    pub tls_insecure: bool,
 }
 
 /// The kind of Redis deployment.
@@ -402,6 +404,7 @@ impl Settings {
             if !file.exists() {
                 return Err(ConfigError(format!("config file {} does not exist", file.display())));
             }
+            refuse_token_in_file(file)?;
             builder = builder.add_source(config::File::from(PathBuf::from(file)).format(config::FileFormat::Toml));
         }
         let batchd_env: HashMap<String, String> =
@@ -510,14 +513,55 @@ impl Settings {
         if self.admin.sample_interval_ms < 10 {
             return fail("admin.sample_interval_ms", "must be at least 10");
         }
+        if self.cloudflare.max_reply_bytes < 64 * 1024 {
+            return fail("cloudflare.max_reply_bytes", "must be at least 65536");
+        }
+        check_base_url(&self.cloudflare.base_url)?;
+        let insecure = |url: &str| url.trim_end().ends_with("#insecure");
+        if !self.redis.tls_insecure
+            && (insecure(self.redis.url.expose()) || self.redis.nodes.iter().any(|node| insecure(node.expose())))
+        {
+            return fail(
+                "redis.url / redis.nodes",
+                "a TLS URL ending in #insecure turns certificate checks off; set redis.tls_insecure = true to allow \
+                 it (not for production), or give the CA with redis.tls_ca_file",
+            );
+        }
         Ok(())
+    }
+
+    /// What is allowed but unsafe, for the daemon to log at start as warnings: certificate checks turned off, a
+    /// token file other users can read.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.redis.tls_insecure {
+            warnings.push(
+                "redis.tls_insecure is set: TLS connections to Redis may skip certificate checks (#insecure URLs)"
+                    .to_owned(),
+            );
+        }
+        if let Some(mode) = file_mode(&self.cloudflare.api_token_file).filter(|mode| mode & 0o077 != 0) {
+            warnings.push(format!(
+                "cloudflare.api_token_file {} is readable or writable by group or others (mode {:o}); chmod 600 it",
+                self.cloudflare.api_token_file,
+                mode & 0o777
+            ));
+        }
+        warnings
     }
 
     /// The effective settings as TOML, secrets shown as `[redacted]` (and the Redis URL without its password).
     pub fn to_redacted_toml(&self) -> String {
         let mut value = toml::Value::try_from(self).expect("settings serialise");
-        if let Some(url) = value.get_mut("redis").and_then(|redis| redis.get_mut("url")) {
-            *url = toml::Value::String(redact_url(self.redis.url.expose()));
+        if let Some(redis) = value.get_mut("redis") {
+            if let Some(url) = redis.get_mut("url") {
+                *url = toml::Value::String(redact_url(self.redis.url.expose()));
+            }
+            if let Some(nodes) = redis.get_mut("nodes") {
+                *nodes = toml::Value::Array(
+                    self.redis.nodes.iter().map(|node| toml::Value::String(redact_url(node.expose()))).collect(),
+                );
+            }
         }
         toml::to_string_pretty(&value).expect("settings render as TOML")
     }
@@ -593,7 +637,7 @@ impl Settings {
                 RedisMode::Cluster => batchd_queue::Topology::Cluster,
                 RedisMode::Sentinel => batchd_queue::Topology::Sentinel,
             },
-            nodes: self.redis.nodes.clone(),
+            nodes: self.redis.nodes.iter().map(|node| node.expose().to_owned()).collect(),
             sentinel_master: self.redis.sentinel_master.clone(),
             tls_ca_file: path(&self.redis.tls_ca_file),
             tls_client,
@@ -601,6 +645,53 @@ impl Settings {
         };
         batchd_queue::Endpoint::new(&settings).map_err(|e| ConfigError(format!("redis: {e}")))
     }
+}
+
+/// Refuses a config file that sets `cloudflare.api_token`: a config file is often world-readable and checked in;
+/// the token comes from the environment, `cloudflare.api_token_file` or a systemd credential.
+fn refuse_token_in_file(file: &Path) -> Result<(), ConfigError> {
+    let Ok(text) = std::fs::read_to_string(file) else {
+        return Ok(()); // the config layer reports an unreadable file with its own message
+    };
+    let Ok(value) = text.parse::<toml::Table>() else {
+        return Ok(()); // likewise for a file that is not TOML
+    };
+    if value.get("cloudflare").and_then(|section| section.get("api_token")).is_some() {
+        return Err(ConfigError(format!(
+            "cloudflare.api_token: not allowed in a config file ({}); give the token through CLOUDFLARE_API_TOKEN, \
+             cloudflare.api_token_file or the systemd credential `{TOKEN_CREDENTIAL}`",
+            file.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a plain-HTTP API base URL that is not on this machine: the token would cross the network in clear.
+fn check_base_url(base_url: &str) -> Result<(), ConfigError> {
+    let Some(rest) = base_url.trim().strip_prefix("http://") else {
+        return Ok(()); // https, or a URL the client itself refuses with a clearer message
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),
+    };
+    let loopback =
+        host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        Ok(())
+    } else {
+        Err(ConfigError(format!(
+            "cloudflare.base_url: {base_url:?} is plain http to another host, which would send the API token in \
+             clear; use https (http is allowed only for loopback, e.g. the emulator on 127.0.0.1)"
+        )))
+    }
+}
+
+/// Permission bits of a file, when it exists (Unix).
+fn file_mode(path: &str) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt;
+    (!path.is_empty()).then(|| std::fs::metadata(path).ok()).flatten().map(|meta| meta.permissions().mode())
 }
 
 /// A Redis URL with its password (if any) replaced, for display.
@@ -621,6 +712,77 @@ mod tests {
 
     fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn plain_http_is_refused_unless_the_api_is_on_this_machine() {
+        let load = |url: &str| Settings::load_from(None, &env(&[("BATCHD__CLOUDFLARE__BASE_URL", url)]));
+        for allowed in [
+            "https://api.cloudflare.com/client/v4",
+            "http://127.0.0.1:8787/client/v4",
+            "http://127.9.0.1:1",
+            "http://localhost:8787",
+            "http://[::1]:8787/x",
+        ] {
+            assert!(load(allowed).is_ok(), "{allowed}");
+        }
+        for refused in ["http://api.cloudflare.com/client/v4", "http://10.0.0.5:8787", "http://[2001:db8::1]:80"] {
+            let error = load(refused).expect_err(refused).to_string();
+            assert!(error.contains("cloudflare.base_url") && error.contains("in clear"), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_config_file_may_not_hold_the_api_token() {
+        let dir = std::env::temp_dir().join(format!("batchd-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("batchd.toml");
+        std::fs::write(&file, "[cloudflare]\naccount_id = \"a\"\napi_token = \"tok-in-file\"\n").unwrap();
+        let error = Settings::load_from(Some(&file), &env(&[])).expect_err("refused").to_string();
+        assert!(error.contains("cloudflare.api_token: not allowed in a config file"), "{error}");
+        assert!(!error.contains("tok-in-file"));
+        std::fs::write(&file, "[cloudflare]\naccount_id = \"a\"\n").unwrap();
+        let settings = Settings::load_from(Some(&file), &env(&[("CLOUDFLARE_API_TOKEN", "tok-env")])).unwrap();
+        assert_eq!(settings.api_token().unwrap().expose(), "tok-env", "the environment still gives it");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_token_file_others_can_read_is_warned_about() {
+        use std::os::unix::fs::PermissionsExt;
+        let file = std::env::temp_dir().join(format!("batchd-token-mode-{}", std::process::id()));
+        std::fs::write(&file, "tok\n").unwrap();
+        let path = file.display().to_string();
+        let settings = Settings::load_from(None, &env(&[("BATCHD__CLOUDFLARE__API_TOKEN_FILE", &path)])).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let warnings = settings.warnings();
+        assert!(
+            warnings.iter().any(|w| w.contains("readable or writable by group or others (mode 644)")),
+            "{warnings:?}"
+        );
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(settings.warnings().is_empty());
+        std::fs::remove_file(&file).unwrap();
+    }
+
+    #[test]
+    fn insecure_tls_urls_need_an_explicit_setting() {
+        let url = "rediss://10.0.0.1:6380/#insecure";
+        let error = Settings::load_from(None, &env(&[("REDIS_URL", url)])).expect_err("refused").to_string();
+        assert!(error.contains("redis.tls_insecure"), "{error}");
+        let settings =
+            Settings::load_from(None, &env(&[("REDIS_URL", url), ("BATCHD__REDIS__TLS_INSECURE", "true")])).unwrap();
+        assert!(settings.warnings().iter().any(|w| w.contains("certificate checks")));
+    }
+
+    #[test]
+    fn node_passwords_are_redacted_when_settings_are_printed() {
+        let mut settings = Settings::load_from(None, &env(&[])).unwrap();
+        settings.redis.nodes = vec![Secret::new("redis://:s3cret@10.0.0.2:26379"), Secret::new("redis://10.0.0.3:1")];
+        let text = settings.to_redacted_toml();
+        assert!(!text.contains("s3cret"), "{text}");
+        assert!(text.contains("redis://:[redacted]@10.0.0.2:26379") && text.contains("redis://10.0.0.3:1"), "{text}");
+        assert!(!format!("{settings:?}").contains("s3cret"));
     }
 
     #[test]
