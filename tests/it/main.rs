@@ -9,6 +9,7 @@ mod big;
 mod chaos;
 mod cli;
 mod cli_ops;
+mod clock;
 mod examples;
 mod failures;
 mod flow;

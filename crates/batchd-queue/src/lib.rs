@@ -8,6 +8,7 @@
 //!
 //! Nothing here knows the Batch API; the daemon wires storage and API together.
 
+pub mod clock;
 pub mod connection;
 pub mod fetch;
 pub mod ingress;
@@ -18,6 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use batchd_core::UnixMillis;
 
+pub use clock::RedisClock;
 pub use connection::{Conn, Endpoint, RedisSettings, Topology};
 pub use fetch::FetchBackend;
 pub use ingress::{IngressEntry, IngressSettings};
@@ -43,7 +45,8 @@ pub enum StoreError {
     },
 }
 
-/// The current time in Unix milliseconds.
+/// This machine's wall clock in Unix milliseconds, for what only people read (ages in CLI output). Never for
+/// leases, due times or deadlines: those are Redis's time, [`Store::now`].
 pub fn now_ms() -> UnixMillis {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as UnixMillis).unwrap_or(0)
 }

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::fetch::{FetchBackend, HandBack, pause, reserve};
-use crate::{RetryDelay, Store, now_ms};
+use crate::{RetryDelay, Store};
 
 /// Settings of the schedule fetcher.
 #[derive(Debug, Clone)]
@@ -34,15 +34,16 @@ async fn fetch_loop(store: Store, settings: ScheduleSettings, tx: mpsc::Sender<S
     tracing::info!(schedule = %store.keys().schedule(), "schedule fetcher started");
     while !stop.is_cancelled() {
         let Some((n, permits)) = reserve(&tx, settings.batch, &stop).await else { break };
-        let now = now_ms();
         let claimed = async {
+            // Redis's time: a replica whose wall clock is off must neither take leases early nor leave steps late.
+            let now = store.now().await?;
             let members = store.claim_due(now, n).await?;
             let next_due = if members.len() < n { store.next_due().await? } else { None };
-            Ok::<_, crate::StoreError>((members, next_due))
+            Ok::<_, crate::StoreError>((members, next_due, now))
         }
         .await;
         match claimed {
-            Ok((members, next_due)) => {
+            Ok((members, next_due, now)) => {
                 delay.succeeded();
                 let full = members.len() == n;
                 for (permit, member) in permits.zip(members) {
@@ -50,7 +51,7 @@ async fn fetch_loop(store: Store, settings: ScheduleSettings, tx: mpsc::Sender<S
                 }
                 if !full {
                     let until_due = next_due
-                        .map(|due| Duration::from_millis(due.saturating_sub(now_ms())))
+                        .map(|due| Duration::from_millis(due.saturating_sub(now)))
                         .unwrap_or(settings.idle_poll);
                     let wait = until_due.clamp(Duration::from_millis(1), settings.idle_poll);
                     tokio::select! {
@@ -81,7 +82,11 @@ impl HandBack<String> for ScheduleHandBack {
     fn hand_back(&self, items: Vec<String>) -> BoxFuture<'static, ()> {
         let store = self.store.clone();
         async move {
-            match store.release(&items, now_ms()).await {
+            let released = match store.now().await {
+                Ok(now) => store.release(&items, now).await,
+                Err(error) => Err(error),
+            };
+            match released {
                 Ok(()) => tracing::info!(n = items.len(), "handed back unstarted schedule members"),
                 Err(error) => tracing::warn!(
                     error = %error,

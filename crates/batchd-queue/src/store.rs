@@ -309,6 +309,8 @@ pub struct Store {
     scripts: std::sync::Arc<Scripts>,
     /// Wakes this process's schedule fetcher when a step becomes due soon (see [`Store::soon_due`]).
     soon_due: std::sync::Arc<tokio::sync::Notify>,
+    /// Redis's clock, for every time that orders work between replicas.
+    clock: std::sync::Arc<crate::clock::RedisClock>,
 }
 
 impl std::fmt::Debug for Store {
@@ -404,7 +406,14 @@ impl Store {
             settings,
             scripts: std::sync::Arc::new(Scripts::load()),
             soon_due: std::sync::Arc::new(tokio::sync::Notify::new()),
+            clock: std::sync::Arc::new(crate::clock::RedisClock::new()),
         }
+    }
+
+    /// Redis's current time in Unix milliseconds: the time every lease, due time and deadline is written and
+    /// compared in, whatever this machine's wall clock says (see [`crate::clock`]).
+    pub async fn now(&self) -> Result<UnixMillis, StoreError> {
+        self.clock.now(&self.conn).await
     }
 
     /// Resolves when a step this process scheduled is due within [`WAKE_WITHIN`]: the schedule fetcher sleeps on
@@ -416,7 +425,8 @@ impl Store {
 
     /// Wakes the fetcher if `due` is close.
     fn scheduled(&self, due: UnixMillis) {
-        if due.saturating_sub(crate::now_ms()) < WAKE_WITHIN.as_millis() as u64 {
+        let now = self.clock.carried().unwrap_or(0);
+        if due.saturating_sub(now) < WAKE_WITHIN.as_millis() as u64 {
             self.soon_due.notify_one();
         }
     }

@@ -21,7 +21,7 @@ use batchd_core::{
 use batchd_queue::ingress::IngressEntry;
 use batchd_queue::{
     Accepted, AddOutcome, ChunkView, DeadLetter, Intake, NewChunk, Placement, PublishContext, Rejection, Store,
-    StoreError, SubmitTicket, now_ms,
+    StoreError, SubmitTicket,
 };
 use futures::FutureExt;
 use serde_json::value::RawValue;
@@ -148,7 +148,7 @@ impl Pipeline {
     // warn and error event names its job (and chunk) itself.
     #[tracing::instrument(level = "debug", skip_all, fields(entry_id = %entry.id, job_id = tracing::field::Empty))]
     pub async fn take_in(&self, entry: IngressEntry) -> Result<(), StoreError> {
-        let now = now_ms();
+        let now = self.store.now().await?;
         // The items stay views into the entry's `job` field: a big job is held once, not twice.
         let job = match Job::decode_borrowed(&entry.fields, &entry.id, &self.limits, self.store.keys()) {
             Ok(job) => job,
@@ -295,7 +295,7 @@ impl Pipeline {
         if let Some(reason) = &view.cancel_requested {
             return self.cancel(&chunk.job_id, reason).await;
         }
-        let now = now_ms();
+        let now = self.store.now().await?;
         if now >= view.deadline_at {
             return self.expire(&chunk.job_id, &view, now).await;
         }
@@ -339,7 +339,7 @@ impl Pipeline {
         let Some(wait) = self.rate_wait(model, call).await? else {
             return Ok(None);
         };
-        self.store.update_chunk(chunk, Some(now_ms() + wait.as_millis() as u64), None, &[], &[]).await?;
+        self.store.update_chunk(chunk, Some(self.store.now().await? + wait.as_millis() as u64), None, &[], &[]).await?;
         Ok(Some(wait))
     }
 
@@ -348,7 +348,7 @@ impl Pipeline {
         if self.throttle(chunk, model, ApiCall::Submit).await?.is_some() {
             return Ok(());
         }
-        let ticket = self.store.begin_submit(chunk, now_ms()).await?;
+        let ticket = self.store.begin_submit(chunk, self.store.now().await?).await?;
         match ticket {
             SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => {
                 self.post(chunk, model, attempt, resubmit, &requests, placement, deadline_at).await
@@ -424,7 +424,7 @@ impl Pipeline {
         let started = Instant::now();
         let mut wait = Duration::from_millis(100);
         loop {
-            let now = now_ms();
+            let now = self.store.now().await?;
             let due = now + next_poll_delay(0, &self.poll, unit_random()).as_millis() as u64;
             let recorded = self
                 .store
@@ -479,7 +479,7 @@ impl Pipeline {
         error: ApiError,
     ) -> Result<(), StoreError> {
         let FailedSubmit { attempt, placement, deadline_at } = failed;
-        let now = now_ms();
+        let now = self.store.now().await?;
         match error.kind {
             ErrorKind::TooLarge if placement.len() > 1 => {
                 let cuts = [placement.len() / 2];
@@ -548,7 +548,7 @@ impl Pipeline {
             failed_batches: Vec::new(),
         };
         let payload = serde_json::to_string(&output).expect("output serialises");
-        match self.store.chunk_done(chunk, ChunkState::Done, &payload, now_ms()).await? {
+        match self.store.chunk_done(chunk, ChunkState::Done, &payload, self.store.now().await?).await? {
             Some(0) => self.finish(&chunk.job_id).await,
             _ => Ok(()),
         }
@@ -581,7 +581,7 @@ impl Pipeline {
             reason,
             "the API refused the batch; splitting it"
         );
-        self.store.add_chunks(&chunk.job_id, now_ms(), Some(chunk.index), None, &pieces).await?;
+        self.store.add_chunks(&chunk.job_id, self.store.now().await?, Some(chunk.index), None, &pieces).await?;
         Ok(())
     }
 
@@ -618,7 +618,7 @@ impl Pipeline {
                     return self.publish(&chunk.job_id, &context, JobState::Completed, Some(output), None).await;
                 }
                 let payload = serde_json::to_string(&output).expect("output serialises");
-                match self.store.chunk_done(chunk, ChunkState::Done, &payload, now_ms()).await? {
+                match self.store.chunk_done(chunk, ChunkState::Done, &payload, self.store.now().await?).await? {
                     Some(0) => self.finish(&chunk.job_id).await,
                     _ => Ok(()),
                 }
@@ -650,7 +650,7 @@ impl Pipeline {
                 );
             }
         }
-        let now = now_ms();
+        let now = self.store.now().await?;
         let delay = next_poll_delay(view.n_polls + 1, &self.poll, unit_random());
         // Never sleep past the deadline: the job expires on time.
         let due = (now + delay.as_millis() as u64).min(view.deadline_at);
@@ -668,7 +668,7 @@ impl Pipeline {
     }
 
     async fn poll_failed(&self, chunk: &ChunkRef, view: &ChunkView, error: ApiError) -> Result<(), StoreError> {
-        let now = now_ms();
+        let now = self.store.now().await?;
         match error.kind {
             ErrorKind::Transient | ErrorKind::QuotaExhausted => {
                 let rate_limited = error.http_status == Some(429);
@@ -719,7 +719,7 @@ impl Pipeline {
     /// Records a chunk that cannot finish; the job goes on with its other chunks and ends `failed`, listing it.
     async fn chunk_failed(&self, chunk: &ChunkRef, error: JobError) -> Result<(), StoreError> {
         tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error.message, "batch failed");
-        match self.store.chunk_done(chunk, ChunkState::Failed, &error.to_json(), now_ms()).await? {
+        match self.store.chunk_done(chunk, ChunkState::Failed, &error.to_json(), self.store.now().await?).await? {
             Some(0) => self.finish(&chunk.job_id).await,
             _ => Ok(()),
         }
@@ -775,7 +775,7 @@ impl Pipeline {
             })
             .collect();
         let n = indices.len();
-        match self.store.add_chunks(job_id, now_ms(), None, Some(field::RETRIED), &chunks).await? {
+        match self.store.add_chunks(job_id, self.store.now().await?, None, Some(field::RETRIED), &chunks).await? {
             AddOutcome::Added => {
                 tracing::info!(job_id = %job_id, n_items = n, "resubmitting failed items once");
                 Ok(true)
@@ -895,7 +895,7 @@ impl Pipeline {
             JobState::Cancelled => ResultStatus::Cancelled,
             _ => ResultStatus::Failed,
         };
-        let now = now_ms();
+        let now = self.store.now().await?;
         let entry = ResultEntry {
             job_id: job_id.to_string(),
             status,
