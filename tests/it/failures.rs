@@ -13,7 +13,10 @@ const WAIT: Duration = Duration::from_secs(30);
 async fn a_429_on_submit_is_retried_after_retry_after_and_the_job_completes() {
     let world = World::new().await;
     world.emulator.inject(Fault::status(429).code(3040).retry_after(2).on(Calls::Submit).times(2));
-    let daemon = world.daemon();
+    // Retry-After is clamped to retry.max_backoff_ms (200 ms in tests): allow it here.
+    let mut settings = world.settings.clone();
+    settings.retry.max_backoff_ms = 5000;
+    let daemon = batchd_tests::Daemon::start(settings, &world.emulator);
     world.enqueue(&bge_m3_job("throttled", 2)).await;
     let result = world.wait_for_result("throttled", WAIT).await;
     assert_eq!(result.status, ResultStatus::Completed);

@@ -465,6 +465,10 @@ fn deployment_configs_load_and_supervisors_outwait_the_drain() {
         assert!(deployment.contains("path: /livez") && deployment.contains("path: /readyz"));
         let termination = number_after(&deployment, "terminationGracePeriodSeconds:");
         assert!(termination >= settings.shutdown.grace_secs + 10, "{path}: pods get longer than the drain");
+        assert!(
+            settings.shutdown.grace_secs > settings.cloudflare.request_timeout_secs,
+            "{path}: a submit in flight at SIGTERM can finish"
+        );
         let keda = read("deploy/kubernetes/base/scaledobject.yaml");
         assert!(
             keda.contains(&format!("stream: \"{{{}}}:submit\"", settings.redis.namespace)),
@@ -480,6 +484,7 @@ fn deployment_configs_load_and_supervisors_outwait_the_drain() {
         number_after(&unit, "\nTimeoutStopSec=") >= settings.shutdown.grace_secs + 10,
         "systemd outwaits the drain"
     );
+    assert!(settings.shutdown.grace_secs > settings.cloudflare.request_timeout_secs, "a submit in flight can finish");
     let watchdog = number_after(&unit, "\nWatchdogSec=");
     assert!(watchdog * 1000 >= settings.admin.sample_interval_ms * 2 && watchdog >= 10);
     assert!(unit.contains("RestartPreventExitStatus=78"));

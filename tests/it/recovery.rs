@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use batchd_core::ResultStatus;
-use batchd_emulator::EmulatorConfig;
+use batchd_emulator::{Calls, EmulatorConfig, Fault};
 use batchd_tests::{World, bge_m3_job, binary};
 use redis::AsyncCommands;
 use redis::streams::{StreamReadOptions, StreamReadReply};
@@ -157,4 +157,35 @@ async fn the_daemon_survives_a_redis_restart_and_carries_on() {
     assert_eq!(world.wait_for_result("after", WAIT).await.status, ResultStatus::Completed);
     assert!(daemon.is_running());
     daemon.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_stop_signal_lets_a_submit_in_flight_finish_and_record_its_request_id() {
+    let world = World::new().await;
+    // The submit is answered after 2.5 s; the stop comes while it is in flight.
+    world.emulator.inject(Fault::delay(Duration::from_millis(2500)).on(Calls::Submit));
+    let mut settings = world.settings.clone();
+    settings.shutdown.grace_secs = 10; // above cloudflare.request_timeout_secs (5 in tests), as the defaults are
+    let daemon = batchd_tests::Daemon::start(settings, &world.emulator);
+    world.enqueue(&bge_m3_job("in-flight", 1)).await;
+    let started = Instant::now();
+    loop {
+        let ledger = world.ledger("in-flight").await;
+        if ledger.get("c0:state").map(String::as_str) == Some("submitting") {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "the submit never started: {ledger:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    daemon.stop().await.expect("a clean stop");
+
+    let ledger = world.ledger("in-flight").await;
+    assert_eq!(ledger.get("c0:state").map(String::as_str), Some("polling"), "the submit finished: {ledger:?}");
+    assert!(ledger.contains_key("c0:request_id"), "and its request id was recorded before exit");
+    let successor = world.daemon();
+    let result = world.wait_for_result("in-flight", Duration::from_secs(30)).await;
+    assert_eq!(result.status, ResultStatus::Completed);
+    assert_eq!(world.emulator.submits().len(), 1, "no second submit after the restart");
+    assert_eq!(world.ledger("in-flight").await.get("possible_duplicate_submits"), None);
+    successor.stop().await.unwrap();
 }

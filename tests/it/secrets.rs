@@ -287,7 +287,10 @@ async fn the_token_never_leaves_the_authorization_header() {
 
     // A refusal that echoes the token whole: the job fails with the message, the token redacted.
     world.emulator.inject(
-        Fault::status(400).code(5004).message(format!("Invalid data; Authorization: Bearer {TOKEN}")).on(Calls::Submit),
+        Fault::status(403)
+            .code(5016)
+            .message(format!("Terms not agreed; Authorization: Bearer {TOKEN}"))
+            .on(Calls::Submit),
     );
     world.enqueue(&bge_m3_job("sec-echo", 1)).await;
     let echoed = world.wait_for_result("sec-echo", WAIT).await;

@@ -534,6 +534,13 @@ impl Settings {
     /// token file other users can read.
     pub fn warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
+        if self.shutdown.grace_secs <= self.cloudflare.request_timeout_secs {
+            warnings.push(format!(
+                "shutdown.grace_secs ({}) is not longer than cloudflare.request_timeout_secs ({}): a submit in flight \
+                 at shutdown may be cut, then resubmitted and counted as a possible duplicate",
+                self.shutdown.grace_secs, self.cloudflare.request_timeout_secs
+            ));
+        }
         if self.redis.tls_insecure {
             warnings.push(
                 "redis.tls_insecure is set: TLS connections to Redis may skip certificate checks (#insecure URLs)"
