@@ -11,8 +11,8 @@ use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::{Config, TestCaseError};
 
-use crate::error::ApiError;
-use crate::reply::{FINISHED, PollStatus, UNFINISHED, read_poll, read_submit, status_text};
+use crate::error::{ApiError, ErrorKind};
+use crate::reply::{FAILED, FINISHED, PollStatus, UNFINISHED, read_poll, read_submit, status_text};
 
 /// The proptest configuration: `cases` unless `PROPTEST_CASES` says otherwise; no regression files in the tree.
 fn config(cases: u32) -> Config {
@@ -405,7 +405,12 @@ proptest! {
         let answered =
             if finished.items.is_empty() { word.is_none() || word_in(&FINISHED) } else { !word_in(&UNFINISHED) };
         if !answered {
-            prop_assert!(matches!(status, Ok(PollStatus::Pending(_))), "expected Pending, got {status:?} for {body}");
+            if word_in(&FAILED) {
+                let failed = matches!(&status, Err(error) if error.kind == ErrorKind::BatchFailed);
+                prop_assert!(failed, "expected a failed batch, got {status:?} for {body}");
+            } else {
+                prop_assert!(matches!(status, Ok(PollStatus::Pending(_))), "expected Pending, got {status:?} for {body}");
+            }
             return Ok(());
         }
         let output = match status {

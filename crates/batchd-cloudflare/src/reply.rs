@@ -83,7 +83,7 @@ pub(crate) const UNFINISHED: [&str; 12] = [
 pub(crate) const FINISHED: [&str; 7] = ["completed", "complete", "done", "succeeded", "success", "finished", "ended"];
 
 /// Statuses that say the batch failed as a whole, when no responses came with them.
-const FAILED: [&str; 7] = ["failed", "failure", "error", "errored", "cancelled", "canceled", "expired"];
+pub(crate) const FAILED: [&str; 7] = ["failed", "failure", "error", "errored", "cancelled", "canceled", "expired"];
 
 /// Reads a 2xx submit reply into the batch's request id.
 ///
@@ -160,7 +160,8 @@ pub(crate) fn read_poll(http_status: u16, body: &[u8], n_items: usize) -> Result
             let responses = restore_order(items, key, n_items);
             return Ok(PollStatus::Done(JobOutput { responses, usage, failed_batches: Vec::new() }));
         }
-    } else if status_is(&FAILED) {
+    }
+    if status_is(&FAILED) {
         return Err(ApiError {
             kind: ErrorKind::BatchFailed,
             http_status: Some(http_status),
@@ -365,6 +366,8 @@ mod tests {
         assert_eq!(pending(r#"{"result":{"status":"Running"}}"#), PendingStatus::Running);
         let failed = read_poll(200, br#"{"result":{"status":"failed"},"success":true}"#, 1).expect_err("should fail");
         assert_eq!(failed.kind, ErrorKind::BatchFailed);
+        let failed = read_poll(200, br#"{"result":{"status":"failed","responses":[]},"success":true}"#, 1);
+        assert_eq!(failed.expect_err("an empty list beside `failed` is a failure").kind, ErrorKind::BatchFailed);
         for odd in [r#"{"result":null,"success":true}"#, r#"{"result":{},"success":true}"#, "[]", "<html>", "7"] {
             let error = read_poll(200, odd.as_bytes(), 1).expect_err("should fail");
             assert_eq!(error.kind, ErrorKind::Transient, "{odd}");
