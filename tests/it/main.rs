@@ -2,17 +2,21 @@
 //!
 //! One binary, one module per area. Every test gets its own namespace and (usually) its own Redis.
 
+mod admin_limits;
 mod api_variants;
 mod backlog;
 mod bad_input;
 mod big;
 mod chaos;
 mod cli;
+mod cli_escaping;
 mod cli_ops;
 mod clock;
+mod config_check;
 mod examples;
 mod failures;
 mod flow;
+mod journald;
 mod ops;
 mod producer;
 mod recovery;

@@ -170,7 +170,7 @@ async fn metrics_parse_and_move_as_jobs_run() {
     assert_eq!(sample(&before, "batchd_redis_up"), 1.0);
     let ns = world.settings.redis.namespace.clone();
     let depth = |stream: &str, state: &str| {
-        format!("batchd_queue_depth{{namespace=\"{ns}\",state=\"{state}\",stream=\"{stream}\"}}")
+        format!("batchd_queue_depth{{queue=\"{ns}\",state=\"{state}\",stream=\"{stream}\"}}")
     };
     for series in [
         depth("submit", "pending"),
@@ -178,8 +178,8 @@ async fn metrics_parse_and_move_as_jobs_run() {
         depth("schedule", "scheduled"),
         depth("schedule", "due"),
         depth("dead", "dead"),
-        format!("batchd_oldest_waiting_job_age_seconds{{namespace=\"{ns}\"}}"),
-        format!("batchd_schedule_lag_seconds{{namespace=\"{ns}\"}}"),
+        format!("batchd_oldest_waiting_job_age_seconds{{queue=\"{ns}\"}}"),
+        format!("batchd_schedule_lag_seconds{{queue=\"{ns}\"}}"),
         "batchd_jobs_accepted_total".to_owned(),
         "batchd_results_published_total".to_owned(),
     ] {

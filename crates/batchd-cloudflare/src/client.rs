@@ -25,35 +25,43 @@ const USER_AGENT: &str = concat!("batchd/", env!("CARGO_PKG_VERSION"));
 /// A Batch API client for one account. Cloning is cheap and shares the connection pool.
 #[derive(Clone)]
 pub struct BatchClient {
-    /// The HTTP client, with the timeouts of the settings and redirects disabled.
-    http: reqwest::Client,
+    /// Sends requests and reads replies.
+    transport: Transport,
     /// `{base}/accounts/{account}/ai/run`, the prefix of every model URL.
     run_url: Url,
-    /// The token, kept to scrub it from any error text a server might echo it in.
-    token: ApiToken,
-    /// `Bearer <token>`, marked sensitive so HTTP-level debug output hides it.
-    authorization: HeaderValue,
-    /// The whole-request limit, quoted in timeout errors.
-    request_timeout: Duration,
-    /// Largest reply body read.
-    max_reply_bytes: usize,
 }
 
 impl fmt::Debug for BatchClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BatchClient")
             .field("run_url", &self.run_url.as_str())
-            .field("token", &self.token)
-            .field("request_timeout", &self.request_timeout)
+            .field("token", &self.transport.token)
+            .field("request_timeout", &self.transport.request_timeout)
             .finish_non_exhaustive()
     }
 }
 
-impl BatchClient {
-    /// Checks the settings and builds the client. Nothing is sent until the first submit or poll.
-    pub fn new(settings: ClientSettings) -> Result<Self, ClientBuildError> {
+/// What every request to the Cloudflare API shares: the HTTP client, the token, the limits. Cloning is cheap.
+#[derive(Clone)]
+pub(crate) struct Transport {
+    /// The HTTP client, with the timeouts of the settings and redirects disabled.
+    http: reqwest::Client,
+    /// The token, kept to scrub it from any error text a server might echo it in.
+    pub(crate) token: ApiToken,
+    /// `Bearer <token>`, marked sensitive so HTTP-level debug output hides it.
+    authorization: HeaderValue,
+    /// The whole-request limit, quoted in timeout errors.
+    pub(crate) request_timeout: Duration,
+    /// Largest reply body read.
+    max_reply_bytes: usize,
+}
+
+impl Transport {
+    /// Checks the account id and token and builds the HTTP client; returns it with the account's base URL
+    /// (`{base}/accounts/{account}`).
+    pub(crate) fn new(settings: ClientSettings) -> Result<(Self, Url), ClientBuildError> {
         validate_account_id(&settings.account_id)?;
-        let run_url = run_url(&settings.base_url, &settings.account_id)?;
+        let account_url = account_url(&settings.base_url, &settings.account_id)?;
         let token = settings.token.expose();
         if token.is_empty() {
             return Err(ClientBuildError::InvalidToken("must not be empty"));
@@ -69,14 +77,23 @@ impl BatchClient {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(ClientBuildError::Http)?;
-        Ok(Self {
+        let transport = Self {
             http,
-            run_url,
             token: settings.token,
             authorization,
             request_timeout: settings.request_timeout,
             max_reply_bytes: settings.max_reply_bytes,
-        })
+        };
+        Ok((transport, account_url))
+    }
+}
+
+impl BatchClient {
+    /// Checks the settings and builds the client. Nothing is sent until the first submit or poll.
+    pub fn new(settings: ClientSettings) -> Result<Self, ClientBuildError> {
+        let (transport, account_url) = Transport::new(settings)?;
+        let run_url = join(&account_url, &["ai", "run"]);
+        Ok(Self { transport, run_url })
     }
 
     /// Submits a batch: `POST {base}/accounts/{account}/ai/run/{model}?queueRequest=true` with body
@@ -91,14 +108,12 @@ impl BatchClient {
             Vec::with_capacity(wire::submit_body_bytes(requests.iter().map(|item| item.borrow().get().len())));
         serde_json::to_writer(&mut body, &wire::SubmitBody { requests }).expect("raw JSON items always serialise");
         let body_bytes = body.len();
-        let result = match self.post(Operation::Submit, model, body).await {
-            Ok(reply) if reply.is_success() => {
-                reply.read(&self.token, |http_status, body| read_submit(http_status, body, body_bytes))
-            }
-            Ok(reply) => Err(reply.into_error(Operation::Submit, &self.token)),
-            Err(error) => Err(error),
-        };
-        match self.scrub(result) {
+        let url = model_url(&self.run_url, model);
+        let result = self
+            .transport
+            .exchange(Operation::Submit, url, body, |http_status, body| read_submit(http_status, body, body_bytes))
+            .await;
+        match result {
             Ok(submitted) => {
                 tracing::Span::current().record("request_id", submitted.request_id.as_str());
                 tracing::debug!(body_bytes, "batch submitted");
@@ -130,14 +145,12 @@ impl BatchClient {
     ) -> Result<PollStatus, ApiError> {
         let body = serde_json::to_vec(&wire::PollBody { request_id: request_id.as_str() })
             .expect("a string always serialises");
-        let result = match self.post(Operation::Poll, model, body).await {
-            Ok(reply) if reply.is_success() => {
-                reply.read(&self.token, |http_status, body| read_poll(http_status, body, n_items))
-            }
-            Ok(reply) => Err(reply.into_error(Operation::Poll, &self.token)),
-            Err(error) => Err(error),
-        };
-        match self.scrub(result) {
+        let url = model_url(&self.run_url, model);
+        let result = self
+            .transport
+            .exchange(Operation::Poll, url, body, |http_status, body| read_poll(http_status, body, n_items))
+            .await;
+        match result {
             Ok(status) => {
                 let status_name = match &status {
                     PollStatus::Pending(pending) => pending.as_str(),
@@ -158,16 +171,35 @@ impl BatchClient {
             }
         }
     }
+}
 
-    /// Sends one JSON `POST` to the model's URL and reads the whole reply, up to `max_reply_bytes`: a reply that
-    /// declares or sends more is refused before it is held.
-    async fn post(&self, operation: Operation, model: &ModelName, body: Vec<u8>) -> Result<Reply, ApiError> {
+impl Transport {
+    /// Sends one JSON `POST` and reads its reply: a 2xx with `read`, anything else as an API error; the token is
+    /// scrubbed from every error.
+    pub(crate) async fn exchange<T>(
+        &self,
+        operation: Operation,
+        url: Url,
+        body: Vec<u8>,
+        read: impl Fn(u16, &[u8]) -> Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
+        let result = match self.post(operation, url, body).await {
+            Ok(reply) if reply.is_success() => reply.read(&self.token, read),
+            Ok(reply) => Err(reply.into_error(operation, &self.token)),
+            Err(error) => Err(error),
+        };
+        self.scrub(result)
+    }
+
+    /// Sends one JSON `POST` to `url` and reads the whole reply, up to `max_reply_bytes`: a reply that declares or
+    /// sends more is refused before it is held.
+    async fn post(&self, operation: Operation, url: Url, body: Vec<u8>) -> Result<Reply, ApiError> {
         let started = Instant::now();
         let transport_error =
             |error: reqwest::Error, status| ApiError::from_transport(operation, &error, status, self.request_timeout);
         let mut response = self
             .http
-            .post(model_url(&self.run_url, model))
+            .post(url)
             .header(AUTHORIZATION, self.authorization.clone())
             .header(CONTENT_TYPE, "application/json")
             .body(body)
@@ -265,9 +297,9 @@ fn redact(body: &[u8], token: &ApiToken) -> Vec<u8> {
     redacted
 }
 
-/// `{base}/accounts/{account}/ai/run` from a base URL that must be absolute `http(s)` without query, fragment or
+/// `{base}/accounts/{account}` from a base URL that must be absolute `http(s)` without query, fragment or
 /// credentials, and an already validated account id.
-fn run_url(base_url: &str, account_id: &str) -> Result<Url, ClientBuildError> {
+fn account_url(base_url: &str, account_id: &str) -> Result<Url, ClientBuildError> {
     let invalid =
         |reason: &str| ClientBuildError::InvalidBaseUrl { url: base_url.to_owned(), reason: reason.to_owned() };
     let mut url = Url::parse(base_url.trim()).map_err(|error| invalid(&error.to_string()))?;
@@ -283,21 +315,27 @@ fn run_url(base_url: &str, account_id: &str) -> Result<Url, ClientBuildError> {
     if !url.username().is_empty() || url.password().is_some() {
         return Err(invalid("it must not contain credentials"));
     }
-    let path =
-        format!("{}/accounts/{}/ai/run", url.path().trim_end_matches('/'), utf8_percent_encode(account_id, SEGMENT));
+    let path = format!("{}/accounts/{}", url.path().trim_end_matches('/'), utf8_percent_encode(account_id, SEGMENT));
     url.set_path(&path);
     Ok(url)
 }
 
-/// `{run_url}/{model segments, each percent-encoded}?queueRequest=true`.
-fn model_url(run_url: &Url, model: &ModelName) -> Url {
-    let mut url = run_url.clone();
+/// `url` with each of `segments` appended as a percent-encoded path segment.
+pub(crate) fn join(url: &Url, segments: &[&str]) -> Url {
+    let mut url = url.clone();
     let mut path = url.path().to_owned();
-    for segment in model.segments() {
+    for segment in segments {
         path.push('/');
         path.extend(utf8_percent_encode(segment, SEGMENT));
     }
     url.set_path(&path);
+    url
+}
+
+/// `{run_url}/{model segments, each percent-encoded}?queueRequest=true`.
+fn model_url(run_url: &Url, model: &ModelName) -> Url {
+    let segments: Vec<&str> = model.segments().collect();
+    let mut url = join(run_url, &segments);
     url.set_query(Some("queueRequest=true"));
     url
 }
@@ -310,10 +348,13 @@ mod tests {
         ModelName::parse(name).expect("should succeed")
     }
 
+    fn run_url(base_url: &str, account_id: &str) -> Url {
+        join(&account_url(base_url, account_id).expect("should succeed"), &["ai", "run"])
+    }
+
     #[test]
     fn model_urls_keep_the_model_path() {
-        let run = run_url("https://api.cloudflare.com/client/v4", "023e105f4ecef8ad9ca31a8372d0c353")
-            .expect("should succeed");
+        let run = run_url("https://api.cloudflare.com/client/v4", "023e105f4ecef8ad9ca31a8372d0c353");
         assert_eq!(
             model_url(&run, &model("@cf/baai/bge-m3")).as_str(),
             "https://api.cloudflare.com/client/v4/accounts/023e105f4ecef8ad9ca31a8372d0c353/ai/run/@cf/baai/bge-m3?queueRequest=true"
@@ -322,12 +363,12 @@ mod tests {
             model_url(&run, &model("@cf/meta/llama-3.3-70b-instruct-fp8-fast")).path(),
             "/client/v4/accounts/023e105f4ecef8ad9ca31a8372d0c353/ai/run/@cf/meta/llama-3.3-70b-instruct-fp8-fast"
         );
-        let local = run_url("http://127.0.0.1:8787/", "acct").expect("should succeed");
+        let local = run_url("http://127.0.0.1:8787/", "acct");
         assert_eq!(
             model_url(&local, &model("@hf/thebloke/x_1.5")).as_str(),
             "http://127.0.0.1:8787/accounts/acct/ai/run/@hf/thebloke/x_1.5?queueRequest=true"
         );
-        let trailing = run_url("https://example.test/client/v4/", "acct").expect("should succeed");
+        let trailing = run_url("https://example.test/client/v4/", "acct");
         assert_eq!(trailing.as_str(), "https://example.test/client/v4/accounts/acct/ai/run");
     }
 
@@ -349,7 +390,7 @@ mod tests {
             "mailto:someone@example.com",
         ] {
             assert!(
-                matches!(run_url(bad, "acct"), Err(ClientBuildError::InvalidBaseUrl { .. })),
+                matches!(account_url(bad, "acct"), Err(ClientBuildError::InvalidBaseUrl { .. })),
                 "{bad:?} should be refused"
             );
         }

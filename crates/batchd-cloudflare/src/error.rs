@@ -113,6 +113,10 @@ pub(crate) enum Operation {
     Submit,
     /// Asking for a batch's status or results.
     Poll,
+    /// Pulling messages from a Cloudflare Queue (batch events).
+    Pull,
+    /// Acknowledging pulled messages.
+    Ack,
 }
 
 /// Longest body excerpt quoted in an error message, in characters.

@@ -1,12 +1,13 @@
 //! Client for the Cloudflare Workers AI asynchronous Batch API: submit a batch, poll it, classify its failures.
 //!
-//! Written from the API reference (`workers-ai-batch-api.md`), not from the emulator, so a misreading of the API
+//! Written from the API reference (`docs/batch-api.md`), not from the emulator, so a misreading of the API
 //! cannot hide in both. The API's JSON stays private (`wire`); callers see [`Submitted`], [`PollStatus`] with
 //! responses already in request order, and [`ApiError`] whose [`ErrorKind`] is the only thing they need to decide
 //! whether to retry. The API token never leaves [`ApiToken`] except in the `Authorization` header.
 
 mod client;
 mod error;
+mod queues;
 mod reply;
 mod settings;
 mod wire;
@@ -16,6 +17,7 @@ mod proptests;
 
 pub use client::BatchClient;
 pub use error::{ApiError, ErrorKind};
+pub use queues::{BatchEvent, EventKind, MAX_PULL_BATCH, Pulled, QueueClient, QueueMessage};
 pub use reply::{PendingStatus, PollStatus, Submitted};
 pub use settings::{
     ApiToken, ClientBuildError, ClientSettings, DEFAULT_BASE_URL, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_REPLY_BYTES,

@@ -102,6 +102,9 @@ pub enum ClientBuildError {
     /// The token is empty or cannot be sent in an HTTP header (the token itself is never printed).
     #[error("invalid api token: {0}")]
     InvalidToken(&'static str),
+    /// The queue id is empty, too long or not `[A-Za-z0-9_-]` (the id is shown cut to 64 characters).
+    #[error("invalid queue id {0:?}: 1-64 characters of A-Z a-z 0-9 _ -")]
+    InvalidQueueId(String),
     /// The HTTP client could not be created (TLS setup failed).
     #[error("build http client")]
     Http(#[source] reqwest::Error),

@@ -79,6 +79,13 @@ impl Keys {
         format!("{}:cancel:{}", self.prefix, id)
     }
 
+    /// STRING: the schedule member (`<job_id>#<chunk>`) of the chunk a remote batch belongs to, by the batch's
+    /// request id; written when the request id is recorded (only with `[events]` on), so a batch event can find
+    /// its chunk. Expires with the ledger.
+    pub fn request(&self, request_id: &str) -> String {
+        format!("{}:request:{}", self.prefix, request_id)
+    }
+
     /// STRING: the shared rate limiter's state (GCRA theoretical arrival time, ms) for one bucket
     /// (`<account>:<task type or model>`).
     pub fn rate_limit(&self, bucket: &str) -> String {

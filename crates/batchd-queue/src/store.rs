@@ -330,6 +330,7 @@ struct Scripts {
     publish: Script,
     rate_limit: Script,
     cancel: Script,
+    wake: Script,
 }
 
 /// Builds a script with the shared prelude (`is_terminal`, `call_sliced`) in front.
@@ -384,6 +385,7 @@ impl Scripts {
             publish: script(include_str!("lua/publish.lua")),
             rate_limit: script(include_str!("lua/rate_limit.lua")),
             cancel: script(include_str!("lua/cancel.lua")),
+            wake: script(include_str!("lua/wake.lua")),
         }
     }
 }
@@ -894,6 +896,43 @@ impl Store {
         cmd.arg(interval.as_secs_f64() * 1000.0).arg(burst.max(1));
         let wait_ms: u64 = self.run(&cmd).await?;
         Ok((wait_ms > 0).then(|| Duration::from_millis(wait_ms)))
+    }
+
+    /// Remembers which chunk a remote batch belongs to, by its request id, until the ledger expires (the job's
+    /// deadline plus the ledger's lifetime), so a batch event can wake the chunk ([`Store::wake_request`]).
+    pub async fn index_request(
+        &self,
+        request_id: &str,
+        chunk: &ChunkRef,
+        deadline_at: UnixMillis,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        let ledger_ttl = u64::try_from(self.settings.ledger_ttl.as_millis()).unwrap_or(u64::MAX);
+        let millis = deadline_at.saturating_sub(now).saturating_add(ledger_ttl).max(1);
+        let _: () = redis::cmd("SET")
+            .arg(self.keys.request(request_id))
+            .arg(chunk.to_string())
+            .arg("PX")
+            .arg(millis)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    /// Makes the chunk of the batch `request_id` due now, if batchd knows the request id and the chunk is
+    /// polling (see `wake.lua`). Returns the chunk and whether it was woken; `None` for an unknown request id.
+    pub async fn wake_request(&self, request_id: &str, now: UnixMillis) -> Result<Option<(ChunkRef, bool)>, StoreError> {
+        let member: Option<String> = redis::cmd("GET").arg(self.keys.request(request_id)).query_async(&mut self.conn.clone()).await?;
+        let Some(chunk) = member.and_then(|member| ChunkRef::parse(&member).ok()) else {
+            return Ok(None);
+        };
+        let mut cmd = ScriptCall::new(&self.scripts.wake, &[self.keys.job(&chunk.job_id), self.keys.schedule()]);
+        cmd.arg(chunk.to_string()).arg(chunk.index).arg(now);
+        let woken: i64 = self.run(&cmd).await?;
+        if woken == 1 {
+            self.soon_due.notify_one();
+        }
+        Ok(Some((chunk, woken == 1)))
     }
 
     /// Requests cancellation of a job (see `cancel.lua`); returns its state (empty when no ledger exists yet:

@@ -6,10 +6,18 @@
 //! documented key layout (docs/wire-format.md), like the CLI does, with bounded commands only (`XLEN`,
 //! `XPENDING` summary, `ZCARD`, `ZCOUNT`, `XRANGE .. COUNT 1`, `ZRANGE 0 0`), so its cost never grows with the
 //! backlog.
+//!
+//! The admin server serves its HTTP/1 connections itself (hyper, not `axum::serve`) so that a slow or hostile client
+//! cannot hold it: each request's headers must arrive within [`HEADER_READ_TIMEOUT`], a connection on which no byte
+//! moves for [`IDLE_TIMEOUT`] is closed, and at most [`MAX_CONNECTIONS`] are served at once (further ones wait in
+//! the listen backlog, using no descriptor of the process, until one closes).
 
+use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
@@ -20,8 +28,13 @@ use axum::routing::get;
 use batchd_core::Keys;
 use batchd_core::keys::CONSUMER_GROUP;
 use batchd_queue::Conn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics;
@@ -120,13 +133,13 @@ impl Health {
 #[derive(Debug, Clone)]
 struct AdminState {
     /// The daemon's health.
-    health: std::sync::Arc<Health>,
+    health: Arc<Health>,
     /// Renders the Prometheus text.
     metrics: PrometheusHandle,
 }
 
 /// The admin routes: `/livez`, `/readyz`, `/metrics`.
-pub fn router(health: std::sync::Arc<Health>, metrics: PrometheusHandle) -> Router {
+pub fn router(health: Arc<Health>, metrics: PrometheusHandle) -> Router {
     Router::new()
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
@@ -139,10 +152,149 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-/// Serves the admin routes on `listener` until `stop` is cancelled.
+/// Longest time a client may take to send a request's headers, counted from when the server starts waiting for
+/// them: from the connection's start, or from the end of the previous response on a kept-alive connection (so an
+/// idle keep-alive connection is closed after this long too). Probes and scrapers send theirs in one packet.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest time a connection may go without a byte moving either way (e.g. a client that stops reading its
+/// response) before it is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Most connections served at once. Further ones are not accepted until one closes: they wait in the kernel's listen
+/// backlog (no descriptor of the process) and are served in arrival order.
+pub const MAX_CONNECTIONS: usize = 128;
+
+/// Largest request head (request line and headers) read; a larger one is answered `431` and the connection closed.
+/// With [`MAX_CONNECTIONS`] it bounds what clients can make the admin server buffer (about 2 MiB).
+pub const MAX_REQUEST_HEAD_BYTES: usize = 16 * 1024;
+
+/// Serves the admin routes on `listener` until `stop` is cancelled, within the limits above; then stops accepting,
+/// lets requests in flight finish (idle connections close at once) and returns once every connection is closed.
 pub async fn serve(listener: TcpListener, router: Router, stop: CancellationToken) -> std::io::Result<()> {
     tracing::info!(addr = %listener.local_addr()?, "admin server listening (/livez, /readyz, /metrics)");
-    axum::serve(listener, router).with_graceful_shutdown(async move { stop.cancelled().await }).await
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT).max_buf_size(MAX_REQUEST_HEAD_BYTES);
+    loop {
+        // A slot first, then the accept: past the cap, connections wait in the backlog, not in the process.
+        let slot = tokio::select! {
+            () = stop.cancelled() => break,
+            slot = Arc::clone(&slots).acquire_owned() => slot.map_err(std::io::Error::other)?,
+        };
+        let (stream, peer) = tokio::select! {
+            () = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of descriptors, or a connection reset before it was accepted: neither ends the server.
+                    tracing::warn!(error = %error, "admin server cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let io = TokioIo::new(IdleTimeout::new(stream, IDLE_TIMEOUT));
+        let connection = http.serve_connection(io, TowerToHyperService::new(router.clone()));
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let mut connection = std::pin::pin!(connection);
+            let outcome = tokio::select! {
+                outcome = connection.as_mut() => outcome,
+                () = stop.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(error) = outcome {
+                tracing::debug!(peer = %peer, error = %error, "admin connection closed");
+            }
+        });
+    }
+    drop(listener);
+    // Every slot back means every connection is closed.
+    let _all = slots.acquire_many(MAX_CONNECTIONS as u32).await.map_err(std::io::Error::other)?;
+    Ok(())
+}
+
+/// A connection's stream that fails with `TimedOut` once no byte has moved either way for `idle`.
+#[derive(Debug)]
+struct IdleTimeout<S> {
+    /// The stream.
+    stream: S,
+    /// How long the stream may go without a byte moving.
+    idle: Duration,
+    /// When it times out, unless a byte moves first.
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl<S> IdleTimeout<S> {
+    fn new(stream: S, idle: Duration) -> Self {
+        Self { stream, idle, deadline: Box::pin(tokio::time::sleep(idle)) }
+    }
+
+    /// After an operation on the stream: pushes the deadline back on progress; on `Pending`, fails once it passed.
+    fn check<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<std::io::Result<T>>,
+        moved: bool,
+    ) -> Poll<std::io::Result<T>> {
+        match poll {
+            Poll::Pending => match self.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(std::io::ErrorKind::TimedOut.into())),
+                Poll::Pending => Poll::Pending,
+            },
+            ready => {
+                if moved {
+                    self.deadline.as_mut().reset(Instant::now() + self.idle);
+                }
+                ready
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for IdleTimeout<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut self.stream).poll_read(cx, buf);
+        let moved = buf.filled().len() > before;
+        self.check(cx, poll, moved)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.stream).poll_write(cx, data);
+        let moved = matches!(poll, Poll::Ready(Ok(n)) if n > 0);
+        self.check(cx, poll, moved)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.stream).poll_write_vectored(cx, data);
+        let moved = matches!(poll, Poll::Ready(Ok(n)) if n > 0);
+        self.check(cx, poll, moved)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.stream).poll_flush(cx);
+        self.check(cx, poll, false)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.stream).poll_shutdown(cx);
+        self.check(cx, poll, false)
+    }
 }
 
 async fn livez(State(state): State<AdminState>) -> Response {
@@ -273,7 +425,7 @@ pub async fn run_sampler(
     mut conn: Conn,
     namespaces: Vec<Keys>,
     interval: Duration,
-    health: std::sync::Arc<Health>,
+    health: Arc<Health>,
     recorder: PrometheusHandle,
     stop: CancellationToken,
 ) {
@@ -340,7 +492,7 @@ pub fn watchdog_interval() -> Option<Duration> {
 /// Sends `WATCHDOG=1` every `interval` while `health` says the process is alive, until `stop` is cancelled. A
 /// wedged runtime or a dead worker stops the pings, and systemd restarts the service. Redis being down does not:
 /// the daemon rides that out by itself.
-pub async fn run_watchdog(interval: Duration, health: std::sync::Arc<Health>, stop: CancellationToken) {
+pub async fn run_watchdog(interval: Duration, health: Arc<Health>, stop: CancellationToken) {
     tracing::info!(interval = ?interval, "systemd watchdog enabled");
     loop {
         if health.liveness().is_ok() {
@@ -364,6 +516,30 @@ mod tests {
         assert_eq!(entry_age("not-an-id", 4500), Duration::ZERO);
         assert_eq!(lag(1000, 1500), Duration::from_millis(500));
         assert_eq!(lag(2000, 1500), Duration::ZERO);
+    }
+
+    #[tokio::test]
+    #[allow(clippy::unwrap_used)]
+    async fn a_connection_times_out_only_after_idle_without_a_byte_moving() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let idle = Duration::from_millis(300);
+        let (client, server) = tokio::io::duplex(64);
+        let mut server = IdleTimeout::new(server, idle);
+        let mut client = client;
+        let started = Instant::now();
+        let writer = tokio::spawn(async move {
+            tokio::time::sleep(idle * 4 / 5).await;
+            client.write_all(b"x").await.unwrap();
+            client
+        });
+        let mut byte = [0u8; 1];
+        assert_eq!(server.read(&mut byte).await.unwrap(), 1);
+        let moved = Instant::now();
+        let _client = writer.await.unwrap();
+        let error = server.read(&mut byte).await.unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
+        assert!(moved.elapsed() >= idle, "a byte pushes the deadline back: timed out {:?} after it", moved.elapsed());
+        assert!(started.elapsed() >= idle + idle * 4 / 5);
     }
 
     #[test]

@@ -4,13 +4,19 @@
 //! Commands talk to Redis directly with the daemon's own configuration and by the documented key layout
 //! (docs/wire-format.md), so they work wherever a producer could enqueue. Errors are one line, printed by `main`;
 //! exit codes are listed in `batchd --help` and docs/cli.md.
+//!
+//! Anything a command prints that came from Redis (a producer's job ids, metadata and fields, the API's statuses and
+//! error messages) goes through [`escape_for_terminal`] or, for JSON, [`json_text`], so no control or bidi character
+//! reaches the terminal raw: a producer cannot move the cursor, rewrite a line or reorder what follows.
 
 pub mod dead;
 pub mod inspect;
 pub mod submit;
 pub mod tail;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow};
@@ -79,10 +85,68 @@ pub(crate) fn parse_job_id(id: &str) -> anyhow::Result<JobId> {
     JobId::parse(id).map_err(|e| anyhow!("job id {id:?} {e}"))
 }
 
-/// Prints a JSON value, pretty.
+/// Prints a JSON value, pretty, with [`json_text`].
 pub(crate) fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value).context("encode JSON")?);
+    println!("{}", json_text(value, true)?);
     Ok(())
+}
+
+/// Whether `c` must not reach a terminal as is: a control character (C0 such as NUL, backspace, CR and ESC; DEL;
+/// C1 such as the 8-bit CSI) or a bidirectional-text control (the embeddings and overrides U+202A..U+202E, the
+/// isolates U+2066..U+2069, and the marks U+061C, U+200E, U+200F), which reorders the text that follows it.
+fn is_unsafe_for_terminal(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `text` made safe to print: each character [`is_unsafe_for_terminal`] is written as an escape (`\n`, `\r`, `\t`,
+/// `\0`, `\x1b` for the other ASCII controls, `\u{202e}` beyond ASCII); everything else, backslashes included, is
+/// left as it is (the escaping protects the terminal; it is not meant to be reversed). The one helper every command
+/// prints producer or API text through.
+pub fn escape_for_terminal(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(is_unsafe_for_terminal) {
+        return Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            '\n' => escaped.push_str("\\n"),
+            '\r' => escaped.push_str("\\r"),
+            '\t' => escaped.push_str("\\t"),
+            '\0' => escaped.push_str("\\0"),
+            c if c.is_ascii_control() => {
+                let _ = write!(escaped, "\\x{:02x}", u32::from(c));
+            }
+            c if is_unsafe_for_terminal(c) => {
+                let _ = write!(escaped, "\\u{{{:x}}}", u32::from(c));
+            }
+            c => escaped.push(c),
+        }
+    }
+    Cow::Owned(escaped)
+}
+
+/// `value` as JSON text (pretty, or on one line), safe for a terminal. serde_json escapes the C0 controls inside
+/// strings (a raw newline left in its output is layout); the other characters [`is_unsafe_for_terminal`] (DEL, C1
+/// and bidi controls) are written here as `\uXXXX` escapes, which only occur inside strings: the text stays valid
+/// JSON and parses to the same value.
+pub fn json_text(value: &serde_json::Value, pretty: bool) -> anyhow::Result<String> {
+    let needs_escape = |c: char| u32::from(c) >= 0x7f && is_unsafe_for_terminal(c);
+    let text = if pretty { serde_json::to_string_pretty(value) } else { serde_json::to_string(value) };
+    let text = text.context("encode JSON")?;
+    if !text.chars().any(needs_escape) {
+        return Ok(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if needs_escape(c) {
+            // Every such character is in the Basic Multilingual Plane: one `\uXXXX` each.
+            let _ = write!(escaped, "\\u{:04x}", u32::from(c));
+        } else {
+            escaped.push(c);
+        }
+    }
+    Ok(escaped)
 }
 
 /// A result entry's fields as one JSON object, with the JSON-valued fields decoded.
@@ -140,7 +204,10 @@ fn status_text(job_id: &JobId, namespace: &str, ledger: &HashMap<String, String>
         ledger.get(name).and_then(|ms| ms.parse::<u64>().ok()).map(format_utc).unwrap_or_else(|| "-".into())
     };
     let mut out = format!("job {job_id} (namespace {namespace})\n");
-    let mut line = |label: &str, value: String| out.push_str(&format!("  {label:<12} {value}\n"));
+    // Every value comes from the ledger: producer input and API text, escaped.
+    let mut line = |label: &str, value: String| {
+        out.push_str(&format!("  {label:<12} {}\n", escape_for_terminal(&value)));
+    };
     line("state", get(field::STATE).to_owned());
     line("model", get(field::MODEL).to_owned());
     line("items", get(field::N_ITEMS).to_owned());
@@ -254,6 +321,73 @@ mod tests {
         assert_eq!(format_age(Duration::from_millis(12_340)), "12.3s");
         assert_eq!(format_age(Duration::from_secs(245)), "4m05s");
         assert_eq!(format_age(Duration::from_secs(7380)), "2h03m");
+    }
+
+    /// Every character a producer could use to take over a terminal, with how it is shown.
+    const HOSTILE: [(char, &str); 14] = [
+        ('\u{1b}', "\\x1b"),
+        ('\r', "\\r"),
+        ('\n', "\\n"),
+        ('\t', "\\t"),
+        ('\u{8}', "\\x08"),
+        ('\0', "\\0"),
+        ('\u{7f}', "\\x7f"),
+        ('\u{9b}', "\\u{9b}"),
+        ('\u{202a}', "\\u{202a}"),
+        ('\u{202e}', "\\u{202e}"),
+        ('\u{2066}', "\\u{2066}"),
+        ('\u{2069}', "\\u{2069}"),
+        ('\u{200f}', "\\u{200f}"),
+        ('\u{61c}', "\\u{61c}"),
+    ];
+
+    #[test]
+    fn control_and_bidi_characters_are_escaped_for_the_terminal() {
+        for (c, shown) in HOSTILE {
+            assert_eq!(escape_for_terminal(&format!("a{c}b")), format!("a{shown}b"), "{c:?}");
+        }
+        assert_eq!(escape_for_terminal("\u{1b}[2J\u{1b}]0;pwned\u{7}job-1\r"), "\\x1b[2J\\x1b]0;pwned\\x07job-1\\r");
+        let plain = "inv-42 naïve 東京 🙂 C:\\path {\"a\":\"\\n\"}";
+        assert!(matches!(escape_for_terminal(plain), Cow::Borrowed(text) if text == plain), "left alone, not copied");
+        for c in '\u{202a}'..='\u{202e}' {
+            assert!(is_unsafe_for_terminal(c), "{c:?}");
+        }
+        for c in '\u{2066}'..='\u{2069}' {
+            assert!(is_unsafe_for_terminal(c), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn json_output_stays_valid_json_with_nothing_raw_for_the_terminal() {
+        let hostile: String = HOSTILE.iter().map(|(c, _)| *c).collect();
+        let value = serde_json::json!({"job_id": format!("x{hostile}y"), hostile.clone(): [hostile.clone(), 1]});
+        for pretty in [false, true] {
+            let text = json_text(&value, pretty).unwrap();
+            let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(parsed, value, "same value once parsed");
+            let raw: Vec<char> = text.chars().filter(|c| *c != '\n' && is_unsafe_for_terminal(*c)).collect();
+            assert!(raw.is_empty(), "raw {raw:?} in {text}");
+            assert!(text.contains("\\u202e") && text.contains("\\u001b") && text.contains("\\u009b"), "{text}");
+        }
+        assert!(!json_text(&value, false).unwrap().contains('\n'), "one line");
+    }
+
+    #[test]
+    fn status_escapes_what_the_ledger_holds() {
+        let ledger: HashMap<String, String> = [
+            (field::STATE, "failed"),
+            (field::MODEL, "@cf/x/y"),
+            (field::N_CHUNKS, "1"),
+            ("c0:state", "failed"),
+            ("c0:remote_status", "\u{1b}[31mred"),
+            (field::ERROR, "api_error: bad\u{1b}[2J \u{202e}txt"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let text = status_text(&JobId::parse("inv-1").unwrap(), "ns", &ledger);
+        assert!(!text.chars().any(|c| c != '\n' && is_unsafe_for_terminal(c)), "{text}");
+        assert!(text.contains("remote \\x1b[31mred") && text.contains("bad\\x1b[2J \\u{202e}txt"), "{text}");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use apalis::layers::WorkerBuilderExt;
 use apalis_core::worker::builder::WorkerBuilder;
-use batchd_cloudflare::{ApiToken, BatchClient, ClientSettings};
+use batchd_cloudflare::{BatchClient, QueueClient};
 use batchd_queue::{IngressSettings, ScheduleSettings, Store};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -41,13 +41,7 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
     let endpoint = settings.redis_endpoint()?;
     let sampler_conn = endpoint.dedicated(Duration::from_secs(5));
     let conn = endpoint.shared().context("redis")?;
-    let mut client_settings =
-        ClientSettings::new(settings.cloudflare.account_id.clone(), ApiToken::new(token.expose().to_owned()));
-    client_settings.base_url = settings.cloudflare.base_url.clone();
-    client_settings.request_timeout = Duration::from_secs(settings.cloudflare.request_timeout_secs);
-    client_settings.connect_timeout = Duration::from_secs(settings.cloudflare.connect_timeout_secs);
-    client_settings.max_reply_bytes = settings.cloudflare.max_reply_bytes;
-    let client = BatchClient::new(client_settings).context("cloudflare settings")?;
+    let client = BatchClient::new(settings.client_settings(&token)).context("cloudflare settings")?;
 
     // Stopped last, after the drain, so probes and scrapes are answered while work in flight finishes.
     let background_stop = CancellationToken::new();
@@ -77,8 +71,10 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
     let consumer = consumer_name();
     let fetch_stop = shutdown.child_token();
     let mut workers = JoinSet::new();
+    let mut stores = Vec::with_capacity(namespaces.len());
     for keys in &namespaces {
         let store = Store::new(conn.clone(), keys.clone(), settings.store_settings());
+        stores.push(store.clone());
         let pipeline = Arc::new(Pipeline {
             store: store.clone(),
             client: client.clone(),
@@ -94,8 +90,17 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
             limits: settings.job_limits(),
             default_deadline: Duration::from_secs(settings.jobs.default_deadline_secs),
             lease: Duration::from_secs(settings.schedule.lease_secs),
+            events: settings.events.enabled(),
         });
         spawn_workers(&mut workers, &settings, &endpoint, pipeline, &consumer, &fetch_stop, &shutdown);
+    }
+    if settings.events.enabled() {
+        let events_token = settings.events_token()?.unwrap_or(token);
+        let mut queue_settings = settings.client_settings(&events_token);
+        // A pull brings at most 100 small event messages.
+        queue_settings.max_reply_bytes = 16 * 1024 * 1024;
+        let queue = QueueClient::new(queue_settings, &settings.events.queue_id).context("events settings")?;
+        background.push(tokio::spawn(crate::events::run_puller(queue, stores, settings.events.clone(), fetch_stop.clone())));
     }
     health.workers_running();
     admin::notify_ready();

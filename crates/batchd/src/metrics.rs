@@ -33,6 +33,10 @@ pub const NAMES: &[&str] = &[
     "batchd_poll_unknown_status_total",
     "batchd_items_refused_total",
     "batchd_extra_submits_total",
+    "batchd_events_received_total",
+    "batchd_events_matched_total",
+    "batchd_event_wake_latency_seconds",
+    "batchd_polls_per_batch",
 ];
 
 /// Bucket bounds (seconds) of `batchd_api_request_duration_seconds`: 5 ms to the 60 s request timeout.
@@ -43,6 +47,12 @@ const TURNAROUND_BUCKETS: &[f64] =
     &[1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 21600.0, 86400.0];
 
 /// The installed recorder's handle, or why it could not be installed.
+/// Buckets of `batchd_event_wake_latency_seconds`: events are pulled within a second or two of entering the queue.
+const WAKE_LATENCY_BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];
+
+/// Buckets of `batchd_polls_per_batch`.
+const POLLS_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0];
+
 static RECORDER: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
 
 /// Installs the Prometheus recorder as the process's global `metrics` recorder (once per process; later calls,
@@ -62,6 +72,15 @@ pub fn install() -> Result<PrometheusHandle, String> {
                         Matcher::Full("batchd_batch_turnaround_seconds".into()),
                         TURNAROUND_BUCKETS,
                     )
+                })
+                .and_then(|builder| {
+                    builder.set_buckets_for_metric(
+                        Matcher::Full("batchd_event_wake_latency_seconds".into()),
+                        WAKE_LATENCY_BUCKETS,
+                    )
+                })
+                .and_then(|builder| {
+                    builder.set_buckets_for_metric(Matcher::Full("batchd_polls_per_batch".into()), POLLS_BUCKETS)
                 })
                 .and_then(PrometheusBuilder::install_recorder)
                 .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
@@ -130,6 +149,24 @@ pub fn describe() {
         "Request items the API refused on their own after bisection (answered success:false with the API's error)."
     );
     describe_counter!(
+        "batchd_events_received_total",
+        "Workers AI batch events pulled from the Cloudflare Queue, by type (queued, succeeded, failed, other, unreadable)."
+    );
+    describe_counter!(
+        "batchd_events_matched_total",
+        "Batch events by outcome: woken (a polling chunk made due now), known (the chunk was not polling: \
+         submitting, or already due or finished), unknown (a request id batchd does not know)."
+    );
+    describe_histogram!(
+        "batchd_event_wake_latency_seconds",
+        Unit::Seconds,
+        "Time from a batch event entering the queue to its chunk being made due (event-to-poll latency)."
+    );
+    describe_histogram!(
+        "batchd_polls_per_batch",
+        "Polls a batch took until it answered (with events: usually 1; without: grows with the batch's duration)."
+    );
+    describe_counter!(
         "batchd_extra_submits_total",
         "Submits added by splitting a refused batch, by reason (too_large: HTTP 413; invalid_input: one bad item)."
     );
@@ -166,6 +203,12 @@ pub fn describe() {
     }
     for reason in ["too_large", "invalid_input"] {
         counter!("batchd_extra_submits_total", "reason" => reason).absolute(0);
+    }
+    for kind in ["queued", "succeeded", "failed", "other", "unreadable"] {
+        counter!("batchd_events_received_total", "type" => kind).absolute(0);
+    }
+    for outcome in ["woken", "known", "unknown"] {
+        counter!("batchd_events_matched_total", "outcome" => outcome).absolute(0);
     }
     for outcome in ["completed", "failed", "expired"] {
         counter!("batchd_jobs_finished_total", "outcome" => outcome).absolute(0);
@@ -238,6 +281,26 @@ pub fn extra_submits(reason: &'static str, pieces: usize) {
     counter!("batchd_extra_submits_total", "reason" => reason).increment(pieces as u64);
 }
 
+/// A batch event was pulled (`kind`: queued, succeeded, failed, other, unreadable).
+pub fn event_received(kind: &'static str) {
+    counter!("batchd_events_received_total", "type" => kind).increment(1);
+}
+
+/// What a batch event found: `woken`, `known` (not polling) or `unknown`.
+pub fn event_matched(outcome: &'static str) {
+    counter!("batchd_events_matched_total", "outcome" => outcome).increment(1);
+}
+
+/// An event woke its chunk this long after entering the queue.
+pub fn event_wake_latency(latency: Duration) {
+    histogram!("batchd_event_wake_latency_seconds").record(latency.as_secs_f64());
+}
+
+/// A batch answered after `n_polls` polls.
+pub fn polls_per_batch(n_polls: u64) {
+    histogram!("batchd_polls_per_batch").record(n_polls as f64);
+}
+
 /// A Redis operation failed.
 pub fn redis_error(operation: &'static str) {
     counter!("batchd_redis_errors_total", "operation" => operation).increment(1);
@@ -245,18 +308,18 @@ pub fn redis_error(operation: &'static str) {
 
 /// Sets a queue depth gauge.
 pub fn queue_depth(namespace: &str, stream: &'static str, state: &'static str, depth: u64) {
-    gauge!("batchd_queue_depth", "namespace" => namespace.to_owned(), "stream" => stream, "state" => state)
+    gauge!("batchd_queue_depth", "queue" => namespace.to_owned(), "stream" => stream, "state" => state)
         .set(depth as f64);
 }
 
 /// Sets the age of the oldest waiting job.
 pub fn oldest_waiting_job_age(namespace: &str, age: Duration) {
-    gauge!("batchd_oldest_waiting_job_age_seconds", "namespace" => namespace.to_owned()).set(age.as_secs_f64());
+    gauge!("batchd_oldest_waiting_job_age_seconds", "queue" => namespace.to_owned()).set(age.as_secs_f64());
 }
 
 /// Sets how long the most overdue scheduled step has been due.
 pub fn schedule_lag(namespace: &str, lag: Duration) {
-    gauge!("batchd_schedule_lag_seconds", "namespace" => namespace.to_owned()).set(lag.as_secs_f64());
+    gauge!("batchd_schedule_lag_seconds", "queue" => namespace.to_owned()).set(lag.as_secs_f64());
 }
 
 /// Records whether the last sample reached Redis.

@@ -29,7 +29,7 @@ use tracing::Instrument;
 
 use crate::metrics::{self, ApiCall};
 use crate::policy::{
-    ChunkOutcome, assemble, isolate_cuts, next_poll_delay, plan_chunks, rate_bucket, retry_delay, split_placement,
+    ChunkOutcome, assemble, isolate_cuts, plan_chunks, poll_delay, rate_bucket, retry_delay, split_placement,
 };
 use crate::settings::{PollSettings, RateLimitSettings, RetrySettings};
 
@@ -67,6 +67,8 @@ pub struct Pipeline {
     pub default_deadline: Duration,
     /// Lease held on a chunk while this replica works on it.
     pub lease: Duration,
+    /// Whether batch events wake polls (`[events]`): request ids are then indexed, and polls are the fallback.
+    pub events: bool,
 }
 
 /// How a job ends.
@@ -399,6 +401,18 @@ impl Pipeline {
         match submitted {
             Ok(submitted) => {
                 span.record("request_id", tracing::field::display(&submitted.request_id));
+                if self.events {
+                    // Before the record: an event that arrives right after it must find the chunk. A failure
+                    // here costs only latency (the fallback poll still comes).
+                    let indexed = match self.store.now().await {
+                        Ok(now) => self.store.index_request(submitted.request_id.as_str(), chunk, deadline_at, now).await,
+                        Err(error) => Err(error),
+                    };
+                    if let Err(error) = indexed {
+                        metrics::redis_error("index_request");
+                        tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "could not index the request id for events; the batch is found by its fallback poll");
+                    }
+                }
                 let recorded = self.record_submitted(chunk, &submitted.request_id).await?;
                 tracing::debug!(
                     parent: &span,
@@ -425,7 +439,7 @@ impl Pipeline {
         let mut wait = Duration::from_millis(100);
         loop {
             let now = self.store.now().await?;
-            let due = now + next_poll_delay(0, &self.poll, unit_random()).as_millis() as u64;
+            let due = now + poll_delay(0, &self.poll, self.events, unit_random()).as_millis() as u64;
             let recorded = self
                 .store
                 .update_chunk(
@@ -610,6 +624,7 @@ impl Pipeline {
         match polled {
             Ok(PollStatus::Pending(status)) => self.still_pending(chunk, view, &status).await,
             Ok(PollStatus::Done(output)) => {
+                metrics::polls_per_batch(view.n_polls + 1);
                 tracing::debug!(request_id = %request_id, n_polls = view.n_polls + 1, n_failed = output.n_failed(), "batch finished");
                 if view.n_chunks <= 1 && output.n_failed() == 0 {
                     // The common case: one batch, nothing to retry: publish straight from what the poll read,
@@ -651,7 +666,7 @@ impl Pipeline {
             }
         }
         let now = self.store.now().await?;
-        let delay = next_poll_delay(view.n_polls + 1, &self.poll, unit_random());
+        let delay = poll_delay(view.n_polls + 1, &self.poll, self.events, unit_random());
         // Never sleep past the deadline: the job expires on time.
         let due = (now + delay.as_millis() as u64).min(view.deadline_at);
         self.store

@@ -19,6 +19,16 @@ pub fn next_poll_delay(n_polls: u64, settings: &PollSettings, unit_random: f64) 
     Duration::from_millis((capped * spread).max(1.0) as u64)
 }
 
+/// Delay before the next poll of a batch: [`next_poll_delay`], or with batch events on, the long fallback interval
+/// `max_interval_ms_with_events` from the start (the batch's completion event wakes it earlier), jittered alike.
+pub fn poll_delay(n_polls: u64, settings: &PollSettings, events: bool, unit_random: f64) -> Duration {
+    if !events {
+        return next_poll_delay(n_polls, settings, unit_random);
+    }
+    let spread = 1.0 + settings.jitter * (2.0 * unit_random - 1.0);
+    Duration::from_millis((settings.max_interval_ms_with_events as f64 * spread).max(1.0) as u64)
+}
+
 /// Backoff before retry number `attempt` (1-based) of a failed step: exponential with full jitter
 /// (uniform in `[0, min(max, initial × 2^(attempt-1))]`), and never shorter than the API's `Retry-After`, which is
 /// itself clamped to `max_backoff_ms` (a server asking for hours must not park a step for hours).
@@ -197,7 +207,13 @@ mod tests {
     use crate::settings::{ModelTask, TaskType};
 
     fn poll() -> PollSettings {
-        PollSettings { initial_interval_ms: 1000, multiplier: 1.5, max_interval_ms: 30_000, jitter: 0.2 }
+        PollSettings {
+            initial_interval_ms: 1000,
+            multiplier: 1.5,
+            max_interval_ms: 30_000,
+            max_interval_ms_with_events: 300_000,
+            jitter: 0.2,
+        }
     }
 
     fn retry() -> RetrySettings {
@@ -212,6 +228,13 @@ mod tests {
         assert_eq!(next_poll_delay(2, &poll(), mid), Duration::from_millis(2250));
         assert_eq!(next_poll_delay(50, &poll(), mid), Duration::from_millis(30_000));
         assert_eq!(next_poll_delay(u64::MAX, &poll(), mid), Duration::from_millis(30_000));
+    }
+
+    #[test]
+    fn with_events_polls_are_the_long_fallback_from_the_start() {
+        assert_eq!(poll_delay(0, &poll(), true, 0.5), Duration::from_secs(300));
+        assert_eq!(poll_delay(7, &poll(), true, 0.0), Duration::from_secs(240));
+        assert_eq!(poll_delay(0, &poll(), false, 0.5), Duration::from_millis(1000));
     }
 
     #[test]

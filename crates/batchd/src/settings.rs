@@ -58,6 +58,34 @@ pub struct Settings {
     pub log: LogSettings,
     /// The admin HTTP server (health and metrics).
     pub admin: AdminSettings,
+    /// Workers AI batch events from a Cloudflare Queue (off unless `queue_id` is set).
+    pub events: EventSettings,
+}
+
+/// `[events]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventSettings {
+    /// The Cloudflare Queue the event subscription delivers to; empty turns events off.
+    pub queue_id: String,
+    /// A token for the queue (Queues Edit), from the environment only; the API token when unset.
+    #[serde(default)]
+    pub api_token: Option<Secret>,
+    /// A file holding the queue's token.
+    pub api_token_file: String,
+    /// Messages asked for per pull (at most 100).
+    pub batch_size: u32,
+    /// How long a pulled message stays leased to this replica before the queue offers it again.
+    pub visibility_timeout_ms: u64,
+    /// Longest wait between two pulls while the queue stays empty (the wait starts short and doubles).
+    pub max_idle_ms: u64,
+}
+
+impl EventSettings {
+    /// Whether events are on.
+    pub fn enabled(&self) -> bool {
+        !self.queue_id.is_empty()
+    }
 }
 
 /// `[redis]`
@@ -169,6 +197,8 @@ pub struct PollSettings {
     pub multiplier: f64,
     /// Upper bound for the delay.
     pub max_interval_ms: u64,
+    /// The delay between polls when batch events are on: polls are then only the fallback for a lost event.
+    pub max_interval_ms_with_events: u64,
     /// Random spread, as a fraction of the delay.
     pub jitter: f64,
 }
@@ -358,6 +388,9 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+    /// Straight to journald (its native protocol): each event with its priority (error 3, warn 4, info 5,
+    /// debug 6) and its fields as journal fields (`JOB_ID`, `REQUEST_ID`, ...).
+    Journald,
 }
 
 /// A string that never appears in `Debug` output (tokens, URLs that may carry passwords).
@@ -517,6 +550,20 @@ impl Settings {
             return fail("cloudflare.max_reply_bytes", "must be at least 65536");
         }
         check_base_url(&self.cloudflare.base_url)?;
+        if self.events.enabled() {
+            if !(1..=batchd_cloudflare::MAX_PULL_BATCH).contains(&self.events.batch_size) {
+                return fail("events.batch_size", "must be 1-100 (the Queues limit)");
+            }
+            if !(1000..=43_200_000).contains(&self.events.visibility_timeout_ms) {
+                return fail("events.visibility_timeout_ms", "must be 1000-43200000 (1 s to 12 h, the Queues limits)");
+            }
+            if self.events.max_idle_ms == 0 {
+                return fail("events.max_idle_ms", "must be at least 1");
+            }
+            if self.poll.max_interval_ms_with_events < self.poll.initial_interval_ms {
+                return fail("poll.max_interval_ms_with_events", "must be at least poll.initial_interval_ms");
+            }
+        }
         let insecure = |url: &str| url.trim_end().ends_with("#insecure");
         if !self.redis.tls_insecure
             && (insecure(self.redis.url.expose()) || self.redis.nodes.iter().any(|node| insecure(node.expose())))
@@ -573,12 +620,35 @@ impl Settings {
         toml::to_string_pretty(&value).expect("settings render as TOML")
     }
 
-    /// Everything `run` checks before it starts work, short of connecting: the token can be read, the Redis
-    /// deployment (TLS files included) is usable, the admin address parses.
+    /// Everything `run` checks before it starts work, short of connecting, and the one function both `batchd run`
+    /// and `batchd config check` call: the tokens can be read, the API clients can be built from these settings
+    /// (account id, base URL, token, queue id), the Redis deployment (TLS files included) is usable, the log filter
+    /// (`log.level`, or `RUST_LOG` when set) parses.
     pub fn check_for_run(&self) -> Result<(), ConfigError> {
-        self.api_token()?;
+        let token = self.api_token()?;
+        batchd_cloudflare::BatchClient::new(self.client_settings(&token))
+            .map_err(|e| ConfigError(format!("cloudflare: {e}")))?;
+        if self.events.enabled() {
+            let token = self.events_token()?.unwrap_or(token);
+            batchd_cloudflare::QueueClient::new(self.client_settings(&token), &self.events.queue_id)
+                .map_err(|e| ConfigError(format!("events: {e}")))?;
+        }
         self.redis_endpoint()?;
+        crate::logging::check(&self.log, std::env::var("RUST_LOG").ok().as_deref()).map_err(ConfigError)?;
         Ok(())
+    }
+
+    /// How to reach the Cloudflare API with `token`.
+    pub fn client_settings(&self, token: &Secret) -> batchd_cloudflare::ClientSettings {
+        let mut settings = batchd_cloudflare::ClientSettings::new(
+            self.cloudflare.account_id.clone(),
+            batchd_cloudflare::ApiToken::new(token.expose().to_owned()),
+        );
+        settings.base_url = self.cloudflare.base_url.clone();
+        settings.request_timeout = Duration::from_secs(self.cloudflare.request_timeout_secs);
+        settings.connect_timeout = Duration::from_secs(self.cloudflare.connect_timeout_secs);
+        settings.max_reply_bytes = self.cloudflare.max_reply_bytes;
+        settings
     }
 
     /// The API token from the environment or `api_token_file`. Only the daemon needs it.
@@ -599,6 +669,24 @@ impl Settings {
             return Err(ConfigError(format!("cloudflare.api_token_file: {file} is empty")));
         }
         Ok(Secret::new(token))
+    }
+
+    /// The queue's own token for `[events]` (from the environment or `events.api_token_file`); `None` when the
+    /// Workers AI API token is to be used.
+    pub fn events_token(&self) -> Result<Option<Secret>, ConfigError> {
+        if let Some(token) = self.events.api_token.as_ref().filter(|token| !token.expose().is_empty()) {
+            return Ok(Some(token.clone()));
+        }
+        let file = &self.events.api_token_file;
+        if file.is_empty() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| ConfigError(format!("events.api_token_file: cannot read {file}: {e}")))?;
+        match text.trim() {
+            "" => Err(ConfigError(format!("events.api_token_file: {file} is empty"))),
+            token => Ok(Some(Secret::new(token))),
+        }
     }
 
     /// The key builder of the configured namespace (validated at load).
@@ -663,7 +751,16 @@ fn refuse_token_in_file(file: &Path) -> Result<(), ConfigError> {
     let Ok(value) = text.parse::<toml::Table>() else {
         return Ok(()); // likewise for a file that is not TOML
     };
-    if value.get("cloudflare").and_then(|section| section.get("api_token")).is_some() {
+    let holds_token =
+        |section: &str| value.get(section).and_then(|section| section.get("api_token")).is_some();
+    if holds_token("events") {
+        return Err(ConfigError(format!(
+            "events.api_token: not allowed in a config file ({}); give it through BATCHD__EVENTS__API_TOKEN or \
+             events.api_token_file",
+            file.display()
+        )));
+    }
+    if holds_token("cloudflare") {
         return Err(ConfigError(format!(
             "cloudflare.api_token: not allowed in a config file ({}); give the token through CLOUDFLARE_API_TOKEN, \
              cloudflare.api_token_file or the systemd credential `{TOKEN_CREDENTIAL}`",

@@ -4,6 +4,9 @@
 //!
 //! `retry` re-enqueues the original `job` field after validating it with the daemon's rules, and removes the
 //! dead-letter entry in the same `MULTI`/`EXEC` (both keys share the namespace's hash tag).
+//!
+//! Every field is a producer's input: text output escapes control and bidi characters, JSON output is made
+//! terminal-safe (`escape_for_terminal`, `json_text`).
 
 use std::collections::HashMap;
 
@@ -13,7 +16,7 @@ use batchd_core::{Job, Keys};
 use batchd_queue::Conn;
 use serde_json::json;
 
-use super::{Exit, connect, format_utc, print_json};
+use super::{Exit, connect, escape_for_terminal, format_utc, print_json};
 use crate::settings::Settings;
 
 /// The prefix of an original entry's fields in a dead-letter entry.
@@ -69,6 +72,11 @@ struct DeadEntry {
 impl DeadEntry {
     fn text(&self, name: &str) -> String {
         self.fields.get(name).map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default()
+    }
+
+    /// A field as it is safe to print on a terminal.
+    fn shown(&self, name: &str) -> String {
+        escape_for_terminal(&self.text(name)).into_owned()
     }
 
     /// The original entry's fields, sorted by name.
@@ -158,15 +166,15 @@ async fn list(conn: &mut Conn, keys: &Keys, limit: usize, json: bool) -> anyhow:
     }
     let total: u64 = redis::cmd("XLEN").arg(keys.dead()).query_async(conn).await.context("count dead letters")?;
     let width = entries.iter().map(|e| e.id.len()).max().unwrap_or(0).max(8);
-    let source_width = entries.iter().map(|e| e.text("source_id").len()).max().unwrap_or(0).max(9);
+    let source_width = entries.iter().map(|e| e.shown("source_id").chars().count()).max().unwrap_or(0).max(9);
     println!("{:<width$}  {:<24}  {:<source_width$}  ERROR", "ENTRY ID", "DEAD AT", "SOURCE ID");
     for entry in entries {
         println!(
             "{:<width$}  {:<24}  {:<source_width$}  {}",
             entry.id,
             entry.dead_at(),
-            entry.text("source_id"),
-            entry.text("error")
+            entry.shown("source_id"),
+            entry.shown("error")
         );
     }
     println!("{} of {total} dead-letter entries shown (namespace {})", entries.len(), keys.namespace());
@@ -186,12 +194,12 @@ async fn show(conn: &mut Conn, keys: &Keys, entry_id: &str, json: bool) -> anyho
         return print_json(&object);
     }
     println!("dead-letter entry {} (namespace {})", entry.id, keys.namespace());
-    println!("  {:<12} {}", "source id", entry.text("source_id"));
+    println!("  {:<12} {}", "source id", entry.shown("source_id"));
     println!("  {:<12} {}", "dead at", entry.dead_at());
-    println!("  {:<12} {}", "error", entry.text("error"));
+    println!("  {:<12} {}", "error", entry.shown("error"));
     for (name, value) in entry.original() {
-        println!("  field {name} ({} bytes):", value.len());
-        println!("    {}", String::from_utf8_lossy(value));
+        println!("  field {} ({} bytes):", escape_for_terminal(name), value.len());
+        println!("    {}", escape_for_terminal(&String::from_utf8_lossy(value)));
     }
     Ok(())
 }
@@ -200,12 +208,16 @@ async fn retry(conn: &mut Conn, keys: &Keys, settings: &Settings, entry_id: &str
     let entry = read_one(conn, keys, entry_id).await?;
     let Some(job) = entry.fields.get(&format!("{FIELD_PREFIX}{JOB_FIELD}")) else {
         let names: Vec<&str> = entry.original().into_iter().map(|(name, _)| name).collect();
-        let present = if names.is_empty() { "none".to_owned() } else { names.join(", ") };
+        let present =
+            if names.is_empty() { "none".to_owned() } else { escape_for_terminal(&names.join(", ")).into_owned() };
         bail!("dead-letter entry {entry_id} has no `{JOB_FIELD}` field to retry (fields: {present}); kept");
     };
     let fields = [(JOB_FIELD.to_owned(), job.clone())];
-    let validated = Job::decode(&fields, "0-0", &settings.job_limits(), keys)
-        .map_err(|e| anyhow!("dead-letter entry {entry_id} is still not a valid job: {e}; kept"))?;
+    let validated = Job::decode(&fields, "0-0", &settings.job_limits(), keys).map_err(|e| {
+        // The reason can quote the producer's text (a field name, say).
+        let reason = escape_for_terminal(&e.to_string()).into_owned();
+        anyhow!("dead-letter entry {entry_id} is still not a valid job: {reason}; kept")
+    })?;
     let (new_entry_id, _deleted): (String, u64) = redis::pipe()
         .atomic()
         .xadd(keys.submit(), "*", &[(JOB_FIELD, job.as_slice())])
@@ -225,8 +237,9 @@ async fn retry(conn: &mut Conn, keys: &Keys, settings: &Settings, entry_id: &str
             .context("read ledger")?;
         if let Some(state) = state {
             eprintln!(
-                "batchd: note: job {job_id} already has a ledger ({state}); the daemon counts this entry as a duplicate \
-                 of it and does not run it again"
+                "batchd: note: job {job_id} already has a ledger ({}); the daemon counts this entry as a duplicate \
+                 of it and does not run it again",
+                escape_for_terminal(&state)
             );
         }
     }

@@ -3,7 +3,8 @@
 //!
 //! `jobs` walks the ledgers with `SCAN` (1,000 keys per step, one pipelined `HMGET` per step): its time is O(number
 //! of ledgers) and its memory O(--limit), so it is an operator's tool, not something to poll. `stats` uses bounded
-//! commands only, except throughput, which reads at most `--scan-limit` result entries.
+//! commands only, except throughput, which reads at most `--scan-limit` result entries. Names read from Redis
+//! (job ids, states, models, statuses, consumer groups) are printed escaped (`escape_for_terminal`).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use batchd_queue::Conn;
 use serde::Serialize;
 use serde_json::json;
 
-use super::{connect, format_age, format_utc, now_ms, print_json};
+use super::{connect, escape_for_terminal, format_age, format_utc, now_ms, print_json};
 use crate::settings::Settings;
 
 /// Keys asked for per `SCAN` step.
@@ -150,7 +151,7 @@ fn newest_first(rows: &mut Vec<JobRow>, limit: usize) {
 }
 
 fn jobs_table(rows: &[JobRow]) -> String {
-    let width = rows.iter().map(|row| row.job_id.len()).max().unwrap_or(0).clamp(6, 40);
+    let width = rows.iter().map(|row| escape_for_terminal(&row.job_id).chars().count()).max().unwrap_or(0).clamp(6, 40);
     let time = |ms: Option<u64>| ms.map(format_utc).unwrap_or_else(|| "-".into());
     let number = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_else(|| "-".into());
     let mut out = format!(
@@ -160,13 +161,13 @@ fn jobs_table(rows: &[JobRow]) -> String {
     for row in rows {
         out.push_str(&format!(
             "{:<width$}  {:<9}  {:>7}  {:>6}  {:<24}  {:<24}  {}\n",
-            row.job_id,
-            row.state,
+            escape_for_terminal(&row.job_id),
+            escape_for_terminal(&row.state),
             number(row.n_items),
             number(row.n_chunks),
             time(row.accepted_at),
             time(row.updated_at),
-            row.model
+            escape_for_terminal(&row.model)
         ));
     }
     out
@@ -267,13 +268,14 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
     let capped = if throughput["capped"].as_bool() == Some(true) { " (at least; --scan-limit reached)" } else { "" };
     out.push_str(&format!("  results          {results} entries; last {}{capped}\n", windows.join(", ")));
     if let Some(statuses) = throughput["by_status_15m"].as_object().filter(|s| !s.is_empty()) {
-        let parts: Vec<String> = statuses.iter().map(|(status, n)| format!("{n} {status}")).collect();
+        let parts: Vec<String> =
+            statuses.iter().map(|(status, n)| format!("{n} {}", escape_for_terminal(status))).collect();
         out.push_str(&format!("                   last 15m: {}\n", parts.join(", ")));
     }
     for group in readers.as_array().into_iter().flatten() {
         out.push_str(&format!(
             "  result readers   group {}: {} pending, lag {}\n",
-            group["name"].as_str().unwrap_or("?"),
+            escape_for_terminal(group["name"].as_str().unwrap_or("?")),
             group["pending"],
             group["lag"].as_u64().map_or_else(|| "unknown".to_owned(), |lag| lag.to_string())
         ));

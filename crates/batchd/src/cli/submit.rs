@@ -100,7 +100,7 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
     let entry_id: String = conn.xadd(keys.submit(), "*", &[(JOB_FIELD, text.as_str())]).await.context("enqueue job")?;
     let job_id = if explicit_id { job.id.clone() } else { JobId::parse(&entry_id).context("entry id")? };
     if args.json {
-        println!("{}", serde_json::json!({"job_id": job_id.as_str(), "entry_id": entry_id}));
+        println!("{}", super::json_text(&serde_json::json!({"job_id": job_id.as_str(), "entry_id": entry_id}), false)?);
     } else {
         println!("{job_id}");
     }
@@ -249,7 +249,7 @@ impl Progress {
     fn update(&mut self, job_id: &JobId, ledger: &HashMap<String, String>) {
         match self {
             Self::Lines { last } => {
-                let line = progress_line(job_id, ledger);
+                let line = super::escape_for_terminal(&progress_line(job_id, ledger)).into_owned();
                 if line != *last {
                     eprintln!("{line}");
                     *last = line;

@@ -1,5 +1,6 @@
 //! `batchd tail`: follows a results stream with plain `XREAD` (no consumer group, so it never takes results away
-//! from the applications that read them), from now or from the start, one line per result entry.
+//! from the applications that read them), from now or from the start, one line per result entry. Entries carry
+//! producer input (job ids, metadata) and API text (error messages): lines are escaped, JSON made terminal-safe.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -7,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use batchd_queue::Conn;
 
-use super::{EXIT_WAIT_TIMEOUT, Exit, connect, format_utc, result_json};
+use super::{EXIT_WAIT_TIMEOUT, Exit, connect, escape_for_terminal, format_utc, json_text, result_json};
 use crate::settings::Settings;
 
 /// Longest wait of one `XREAD` (the loop re-checks `--timeout` between reads).
@@ -94,7 +95,7 @@ pub async fn tail(settings: &Settings, args: &TailArgs) -> anyhow::Result<()> {
                 if args.json {
                     let mut object = result_json(&fields);
                     object["entry_id"] = entry_id.clone().into();
-                    println!("{object}");
+                    println!("{}", json_text(&object, false)?);
                 } else {
                     println!("{}", entry_line(&entry_id, &fields));
                 }
@@ -120,7 +121,7 @@ async fn last_entry_id(conn: &mut Conn, stream: &str) -> anyhow::Result<String> 
 }
 
 /// `2025-11-22T00:00:05.250Z  inv-42  completed  3 items, 0 failed  @cf/baai/bge-m3` (plus the error when there is
-/// one): when the result was published, from the entry id.
+/// one): when the result was published, from the entry id. Control and bidi characters are escaped.
 pub fn entry_line(entry_id: &str, fields: &HashMap<String, String>) -> String {
     let get = |name: &str| fields.get(name).map(String::as_str).unwrap_or("-");
     let published = batchd_producer::entry_millis(entry_id).map_or_else(|| entry_id.to_owned(), format_utc);
@@ -138,7 +139,7 @@ pub fn entry_line(entry_id: &str, fields: &HashMap<String, String>) -> String {
         let message = error.get("message").and_then(|m| m.as_str()).unwrap_or_default();
         line.push_str(&format!("  {code}: {message}"));
     }
-    line
+    escape_for_terminal(&line).into_owned()
 }
 
 #[cfg(test)]
@@ -162,5 +163,21 @@ mod tests {
             entry_line("1763769605250-0", &fields),
             "2025-11-22T00:00:05.250Z  inv-42  failed  2 items, 2 failed  @cf/x/y  invalid_job: invalid `model`: is missing"
         );
+    }
+
+    #[test]
+    fn control_characters_in_an_entry_are_shown_escaped() {
+        // The message is JSON inside the entry: its `\u001b` decodes to a raw ESC, which must not be printed.
+        let fields: HashMap<String, String> = [
+            ("job_id", "x\u{1b}[2Jy"),
+            ("status", "failed"),
+            ("error", r#"{"code":"invalid_entry","message":"bad \u001b]0;title\u0007 \u202eevil\r"}"#),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let line = entry_line("1763769605250-0", &fields);
+        assert!(!line.chars().any(char::is_control), "{line:?}");
+        assert!(line.contains("x\\x1b[2Jy") && line.contains("bad \\x1b]0;title\\x07 \\u{202e}evil\\r"), "{line}");
     }
 }
