@@ -1,5 +1,6 @@
-//! Other Redis deployments: TLS with an ACL user, Redis Cluster (3 masters on loopback), and Sentinel (1 master,
-//! 1 replica, 1 sentinel) with a failover the daemon must follow.
+//! Other Redis deployments: TLS with an ACL user, Redis Cluster (3 masters on loopback), Sentinel (1 master,
+//! 1 replica, 1 sentinel) with a failover the daemon must follow, and Sentinel over mutual TLS (a TLS-only master and
+//! a TLS-only sentinel) where a plain URL must fail rather than connect in clear.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -372,4 +373,124 @@ async fn sentinel_failover_is_followed() {
     run_jobs(&replica.get_multiplexed_async_connection().await.expect("test setup"), &keys, &after).await;
     assert!(daemon.is_running());
     daemon.stop().await.expect("test setup");
+}
+
+/// A TLS-only master (ACL user `batchd`, password `s3cret`) and a TLS-only sentinel (password `sentinel-secret`) that
+/// watches it over TLS as `mymaster`. Both ask clients for a certificate signed by the test CA.
+struct TlsSentinel {
+    /// The master process.
+    _master: Process,
+    /// The sentinel process.
+    _sentinel: Process,
+    /// The master's TLS port (it has no plain port).
+    master_port: u16,
+    /// The sentinel's TLS port (it has no plain port).
+    sentinel_port: u16,
+}
+
+impl TlsSentinel {
+    fn spawn(dir: &Path) -> Self {
+        let (master_port, sentinel_port) = (free_port(), free_port());
+        let d = |name: &str| dir.join(name).to_string_lossy().into_owned();
+        let master = Process::spawn(
+            &[
+                args(&["--port", "0", "--tls-port", &master_port.to_string(), "--bind", "127.0.0.1", "--save", ""]),
+                args(&["--appendonly", "no", "--tls-auth-clients", "yes"]),
+                vec!["--dir".into(), d(""), "--tls-cert-file".into(), d("server.crt")],
+                vec!["--tls-key-file".into(), d("server.key"), "--tls-ca-cert-file".into(), d("ca.crt")],
+                args(&["--user", "default", "off", "--user", "batchd", "on", ">s3cret", "~*", "&*", "+@all"]),
+            ]
+            .concat(),
+        );
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port 0\ntls-port {sentinel_port}\nbind 127.0.0.1\ndir {}\ntls-cert-file {}\ntls-key-file {}\n\
+                 tls-ca-cert-file {}\ntls-auth-clients yes\ntls-replication yes\nrequirepass sentinel-secret\n\
+                 sentinel monitor mymaster 127.0.0.1 {master_port} 1\nsentinel auth-user mymaster batchd\n\
+                 sentinel auth-pass mymaster s3cret\nsentinel down-after-milliseconds mymaster 1000\n",
+                d(""),
+                d("server.crt"),
+                d("server.key"),
+                d("ca.crt"),
+            ),
+        )
+        .expect("test setup");
+        let sentinel = Process::spawn(&[conf.to_string_lossy().into_owned(), "--sentinel".into()]);
+        Self { _master: master, _sentinel: sentinel, master_port, sentinel_port }
+    }
+}
+
+/// The test CA, and the server's certificate and key reused as the client's for mutual TLS.
+fn client_certificates(dir: &Path) -> redis::TlsCertificates {
+    let read = |name: &str| std::fs::read(dir.join(name)).expect("test setup");
+    redis::TlsCertificates {
+        client_tls: Some(redis::ClientTlsConfig { client_cert: read("server.crt"), client_key: read("server.key") }),
+        root_cert: Some(read("ca.crt")),
+    }
+}
+
+/// PING through the daemon's own connection code with `settings`; `Err` if it cannot get an answer.
+async fn ping_through_endpoint(settings: &batchd::settings::Settings) -> Result<(), String> {
+    let endpoint = settings.redis_endpoint().map_err(|e| e.to_string())?;
+    let mut conn = endpoint.shared().map_err(|e| e.to_string())?;
+    let ping = redis::cmd("PING");
+    match tokio::time::timeout(WAIT, ping.query_async::<String>(&mut conn)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => panic!("a PING through the endpoint neither answered nor failed in {WAIT:?}"),
+    }
+}
+
+#[tokio::test]
+async fn sentinel_over_mutual_tls_runs_the_pipeline_and_plain_urls_never_connect_in_clear() {
+    let dir = temp_dir("sentinel-tls");
+    make_certificates(&dir);
+    let setup = TlsSentinel::spawn(&dir);
+    let (master_port, sentinel_port) = (setup.master_port, setup.sentinel_port);
+    let master_url = format!("rediss://batchd:s3cret@127.0.0.1:{master_port}/2");
+    let sentinel_url = format!("rediss://:sentinel-secret@127.0.0.1:{sentinel_port}");
+    let master = redis::Client::build_with_tls(master_url.as_str(), client_certificates(&dir)).expect("test setup");
+    wait_until("the TLS master", || ping(&master)).await;
+    let sentinel = redis::Client::build_with_tls(sentinel_url.as_str(), client_certificates(&dir)).expect("test setup");
+    // The sentinel itself reaches the master only over TLS: "master" without "disconnected" or "s_down" proves it.
+    wait_until("the sentinel to see the master over TLS", || async {
+        let Ok(mut conn) = sentinel.get_multiplexed_async_connection().await else { return false };
+        let master: HashMap<String, String> =
+            redis::cmd("SENTINEL").arg("MASTER").arg("mymaster").query_async(&mut conn).await.unwrap_or_default();
+        master.get("flags").is_some_and(|flags| flags == "master")
+    })
+    .await;
+
+    let emulator = emulator().await;
+    let mut settings = test_settings(&master_url, &emulator, "sentinel-tls");
+    settings.redis.mode = batchd::settings::RedisMode::Sentinel;
+    settings.redis.nodes = vec![batchd::settings::Secret::new(sentinel_url.clone())];
+    settings.redis.tls_ca_file = dir.join("ca.crt").to_string_lossy().into_owned();
+    settings.redis.tls_cert_file = dir.join("server.crt").to_string_lossy().into_owned();
+    settings.redis.tls_key_file = dir.join("server.key").to_string_lossy().into_owned();
+    let daemon = Daemon::start(settings.clone(), &emulator);
+    // Results are read from database 2 of the master: the database in the master URL reached the daemon too.
+    let conn = master.get_multiplexed_async_connection().await.expect("test setup");
+    let ids: Vec<String> = (0..3).map(|i| format!("sentinel-tls-{i}")).collect();
+    run_jobs(&conn, &settings.keys(), &ids).await;
+    assert!(daemon.is_running());
+    daemon.stop().await.expect("test setup");
+    ping_through_endpoint(&settings).await.expect("the TLS settings reach the master");
+
+    // The same servers through plain URLs: no answer, because nothing is ever sent in clear.
+    let mut plain_sentinel = settings.clone();
+    plain_sentinel.redis.nodes =
+        vec![batchd::settings::Secret::new(format!("redis://:sentinel-secret@127.0.0.1:{sentinel_port}"))];
+    ping_through_endpoint(&plain_sentinel).await.expect_err("a plain URL to a TLS-only sentinel fails");
+    let mut plain_master = settings.clone();
+    plain_master.redis.url = batchd::settings::Secret::new(format!("redis://batchd:s3cret@127.0.0.1:{master_port}/2"));
+    ping_through_endpoint(&plain_master).await.expect_err("a plain master URL to a TLS-only master fails");
+
+    // Without the CA the sentinel is not trusted: TLS is really checked, not merely switched on.
+    let mut untrusted = settings.clone();
+    untrusted.redis.tls_ca_file = String::new();
+    let error = ping_through_endpoint(&untrusted).await.expect_err("a sentinel signed by an unknown CA is not trusted");
+    assert!(error.contains("certificate"), "{error}");
 }

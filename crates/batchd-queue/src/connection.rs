@@ -4,6 +4,9 @@
 //! Every connection is lazy and heals itself: a standalone server goes through redis-rs's `ConnectionManager`;
 //! Cluster and Sentinel connections are dropped on a connection-level error and rebuilt on the next command (for
 //! Sentinel that means asking the sentinels for the *current* master, which is how a failover is followed).
+//!
+//! TLS is never silently dropped: a `rediss://` URL means TLS to that server (in Sentinel mode the master URL decides
+//! for the master and each node URL for its sentinel), with the configured CA and client certificate.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -12,7 +15,11 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisError, RedisFuture,
+    RedisResult, TlsMode, Value,
+};
 use tokio::sync::Mutex;
 
 use crate::StoreError;
@@ -24,7 +31,8 @@ pub enum Topology {
     Standalone,
     /// Redis Cluster: `url` and `nodes` are seed nodes.
     Cluster,
-    /// Redis Sentinel: `nodes` are the sentinels; `url` carries the master's credentials and database.
+    /// Redis Sentinel: `nodes` are the sentinels; `url` carries the master's credentials, database and whether the
+    /// master is reached over TLS (`rediss://`).
     Sentinel,
 }
 
@@ -104,21 +112,7 @@ impl Endpoint {
                 }
                 EndpointKind::Cluster(builder.build()?)
             }
-            Topology::Sentinel => {
-                if settings.nodes.is_empty() {
-                    return Err(config_error("redis.nodes must list the sentinels when redis.mode is sentinel"));
-                }
-                let master = settings.url.as_str().into_connection_info()?;
-                let node_info = redis::sentinel::SentinelNodeConnectionInfo::default()
-                    .set_redis_connection_info(master.redis_settings().clone());
-                let client = redis::sentinel::SentinelClient::build(
-                    settings.nodes.clone(),
-                    settings.sentinel_master.clone(),
-                    Some(node_info),
-                    redis::sentinel::SentinelServerType::Master,
-                )?;
-                EndpointKind::Sentinel(Mutex::new(client))
-            }
+            Topology::Sentinel => EndpointKind::Sentinel(Mutex::new(sentinel_client(settings, certificates)?)),
         };
         Ok(Self { kind: Arc::new(kind), response_timeout: settings.response_timeout })
     }
@@ -169,6 +163,87 @@ impl Endpoint {
 
 fn config_error(message: &str) -> StoreError {
     StoreError::Redis(RedisError::from((redis::ErrorKind::InvalidClientConfig, "configuration", message.to_owned())))
+}
+
+/// The client that asks the sentinels for the current master.
+///
+/// TLS goes wherever a URL says `rediss://`: the master URL decides for the master, each sentinel's URL for that
+/// sentinel, and the CA and client certificate apply to all of them. The master's user, password and database come
+/// from the master URL; the sentinels' user and password from their URLs (redis-rs takes one pair for all sentinels,
+/// so the URLs must agree).
+fn sentinel_client(
+    settings: &RedisSettings,
+    certificates: Option<redis::TlsCertificates>,
+) -> Result<SentinelClient, StoreError> {
+    if settings.nodes.is_empty() {
+        return Err(config_error("redis.nodes must list the sentinels when redis.mode is sentinel"));
+    }
+    let master = settings.url.as_str().into_connection_info()?;
+    let sentinels =
+        settings.nodes.iter().map(|node| node.as_str().into_connection_info()).collect::<RedisResult<Vec<_>>>()?;
+    if certificates.is_some()
+        && tls_mode(master.addr()).is_none()
+        && sentinels.iter().all(|s| tls_mode(s.addr()).is_none())
+    {
+        return Err(config_error(
+            "redis.tls_ca_file, redis.tls_cert_file and redis.tls_key_file need a rediss:// URL in redis.url or redis.nodes",
+        ));
+    }
+    let sentinel_auth = |info: &ConnectionInfo| {
+        let redis = info.redis_settings();
+        (redis.username().map(str::to_owned), redis.password().map(str::to_owned))
+    };
+    let (sentinel_username, sentinel_password) = sentinel_auth(&sentinels[0]);
+    if sentinels.iter().any(|info| sentinel_auth(info) != (sentinel_username.clone(), sentinel_password.clone())) {
+        return Err(config_error("redis.nodes: every sentinel URL must carry the same user and password"));
+    }
+    let addrs = sentinels
+        .into_iter()
+        .map(|info| sentinel_addr(info, certificates.as_ref()))
+        .collect::<RedisResult<Vec<_>>>()?;
+
+    let redis = master.redis_settings();
+    let mut builder = SentinelClientBuilder::new(addrs, &settings.sentinel_master, SentinelServerType::Master)?
+        .set_client_to_redis_db(redis.db())
+        .set_client_to_redis_protocol(redis.protocol());
+    if let Some(username) = redis.username() {
+        builder = builder.set_client_to_redis_username(username);
+    }
+    if let Some(password) = redis.password() {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    if let Some(mode) = tls_mode(master.addr()) {
+        builder = builder.set_client_to_redis_tls_mode(mode);
+        if let Some(certificates) = certificates {
+            builder = builder.set_client_to_redis_certificates(certificates);
+        }
+    }
+    if let Some(username) = sentinel_username {
+        builder = builder.set_client_to_sentinel_username(username);
+    }
+    if let Some(password) = sentinel_password {
+        builder = builder.set_client_to_sentinel_password(password);
+    }
+    Ok(builder.build()?)
+}
+
+/// A sentinel's address as its URL gives it, carrying the CA and client certificate when the URL is `rediss://`.
+fn sentinel_addr(info: ConnectionInfo, certificates: Option<&redis::TlsCertificates>) -> RedisResult<ConnectionAddr> {
+    match (tls_mode(info.addr()), certificates) {
+        (Some(_), Some(certificates)) => {
+            Ok(redis::Client::build_with_tls(info, certificates.clone())?.get_connection_info().addr().clone())
+        }
+        _ => Ok(info.addr().clone()),
+    }
+}
+
+/// Whether an address asks for TLS, and with certificate checks (`rediss://`) or without (`rediss://...#insecure`).
+fn tls_mode(addr: &ConnectionAddr) -> Option<TlsMode> {
+    match addr {
+        ConnectionAddr::TcpTls { insecure: false, .. } => Some(TlsMode::Secure),
+        ConnectionAddr::TcpTls { insecure: true, .. } => Some(TlsMode::Insecure),
+        _ => None,
+    }
 }
 
 fn tls_certificates(settings: &RedisSettings) -> Result<Option<redis::TlsCertificates>, StoreError> {
@@ -327,5 +402,78 @@ impl Healing {
             self.settle(result).await
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sentinel_settings(url: &str, nodes: &[&str]) -> RedisSettings {
+        RedisSettings {
+            url: url.to_owned(),
+            topology: Topology::Sentinel,
+            nodes: nodes.iter().map(|node| (*node).to_owned()).collect(),
+            sentinel_master: "mymaster".to_owned(),
+            tls_ca_file: None,
+            tls_client: None,
+            response_timeout: Duration::from_secs(1),
+        }
+    }
+
+    /// An empty trust store: enough to see where certificates go without reading a file.
+    fn certificates() -> redis::TlsCertificates {
+        redis::TlsCertificates { client_tls: None, root_cert: Some(Vec::new()) }
+    }
+
+    fn addr(url: &str) -> ConnectionAddr {
+        url.into_connection_info().expect("valid url").addr().clone()
+    }
+
+    #[test]
+    fn the_url_scheme_decides_tls() {
+        assert_eq!(tls_mode(&addr("redis://127.0.0.1:26379")), None);
+        assert_eq!(tls_mode(&addr("rediss://127.0.0.1:26379")), Some(TlsMode::Secure));
+        assert_eq!(tls_mode(&addr("rediss://127.0.0.1:26379/#insecure")), Some(TlsMode::Insecure));
+    }
+
+    #[test]
+    fn a_tls_sentinel_gets_the_certificates_and_a_plain_one_stays_plain() {
+        let info = |url: &str| url.into_connection_info().expect("valid url");
+        let tls = sentinel_addr(info("rediss://127.0.0.1:26379"), Some(&certificates())).expect("tls sentinel");
+        assert!(matches!(tls, ConnectionAddr::TcpTls { insecure: false, tls_params: Some(_), .. }), "{tls:?}");
+        let plain = sentinel_addr(info("redis://127.0.0.1:26379"), Some(&certificates())).expect("plain sentinel");
+        assert!(matches!(plain, ConnectionAddr::Tcp(..)), "{plain:?}");
+    }
+
+    #[test]
+    fn sentinel_mode_builds_with_tls_and_with_mixed_urls() {
+        let tls = sentinel_settings("rediss://batchd:pw@127.0.0.1:1/2", &["rediss://sentinel:pw@127.0.0.1:26379"]);
+        assert!(sentinel_client(&tls, Some(certificates())).is_ok());
+        let mixed = sentinel_settings("rediss://127.0.0.1:1", &["redis://127.0.0.1:26379", "rediss://127.0.0.1:26380"]);
+        assert!(sentinel_client(&mixed, Some(certificates())).is_ok());
+        let plain = sentinel_settings("redis://127.0.0.1:1", &["redis://127.0.0.1:26379"]);
+        assert!(Endpoint::new(&plain).is_ok());
+    }
+
+    #[test]
+    fn certificates_without_any_tls_url_are_refused() {
+        let plain = sentinel_settings("redis://127.0.0.1:1", &["redis://127.0.0.1:26379"]);
+        let Err(error) = sentinel_client(&plain, Some(certificates())) else { panic!("certificates need a TLS url") };
+        assert!(error.to_string().contains("rediss://"), "{error}");
+    }
+
+    #[test]
+    fn sentinels_with_different_credentials_are_refused() {
+        let settings =
+            sentinel_settings("redis://127.0.0.1:1", &["redis://a:pw@127.0.0.1:26379", "redis://b:pw@127.0.0.1:26380"]);
+        let Err(error) = sentinel_client(&settings, None) else { panic!("one user and password for all sentinels") };
+        assert!(error.to_string().contains("same user and password"), "{error}");
+    }
+
+    #[test]
+    fn sentinel_mode_needs_sentinels() {
+        let Err(error) = Endpoint::new(&sentinel_settings("redis://127.0.0.1:1", &[])) else { panic!("no sentinels") };
+        assert!(error.to_string().contains("redis.nodes"), "{error}");
     }
 }
