@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::events::{EventFaults, EventsConfig};
+
 /// Settings of one emulator instance.
 #[derive(Debug, Clone)]
 pub struct EmulatorConfig {
@@ -46,8 +48,14 @@ pub struct EmulatorConfig {
     /// Models that do not support request queuing: a submit with `?queueRequest=true` to one of them is
     /// refused with HTTP 400, code 8007, and creates no batch.
     pub unbatchable_models: Vec<String>,
+    /// Workers AI batch events and the queue they are pulled from (see [`EventsConfig`]); `None`: off, and the
+    /// queue endpoints answer 404.
+    pub events: Option<EventsConfig>,
+    /// Faults applied to events as they are published and to the order pulls hand them out in.
+    pub event_faults: EventFaults,
     /// Seed of the generator behind [`EmulatorConfig::random_durations`], [`EmulatorConfig::random_faults`] and
-    /// [`EmulatorConfig::random_latency`]:
+    /// [`EmulatorConfig::random_latency`] (and, from its own generator, of [`EventFaults::drop_rate`] and
+    /// [`crate::PullOrder::Random`]):
     /// the same seed gives the same sequence of draws (which call gets which draw still depends on arrival order).
     pub seed: u64,
 }
@@ -71,6 +79,8 @@ impl Default for EmulatorConfig {
             random_latency: None,
             strict_items: false,
             unbatchable_models: Vec::new(),
+            events: None,
+            event_faults: EventFaults::default(),
             seed: 0,
         }
     }
@@ -124,7 +134,7 @@ impl RandomFaults {
 }
 
 /// Serde for a [`Duration`] as whole milliseconds.
-mod millis {
+pub(crate) mod millis {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer};

@@ -34,9 +34,43 @@ pub enum Calls {
     Submit,
     /// Only polls (a body with `request_id`).
     Poll,
-    /// Both.
+    /// Submits and polls: every call to the Workers AI run endpoint, but no queue call (so a consumer pulling in
+    /// the background never uses up a fault meant for the batch API).
     #[default]
     Any,
+    /// Only pulls of the events queue.
+    Pull,
+    /// Only acks of the events queue.
+    Ack,
+    /// Pulls and acks.
+    Queue,
+}
+
+/// The endpoint a call reached, to match it against [`Calls`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    /// A submit to the run endpoint.
+    Submit,
+    /// A poll of the run endpoint.
+    Poll,
+    /// A pull of the events queue.
+    Pull,
+    /// An ack of the events queue.
+    Ack,
+}
+
+impl Calls {
+    /// Whether a fault restricted to these calls hits a call of `endpoint`.
+    pub(crate) fn matches(self, endpoint: Endpoint) -> bool {
+        match self {
+            Calls::Submit => endpoint == Endpoint::Submit,
+            Calls::Poll => endpoint == Endpoint::Poll,
+            Calls::Any => matches!(endpoint, Endpoint::Submit | Endpoint::Poll),
+            Calls::Pull => endpoint == Endpoint::Pull,
+            Calls::Ack => endpoint == Endpoint::Ack,
+            Calls::Queue => matches!(endpoint, Endpoint::Pull | Endpoint::Ack),
+        }
+    }
 }
 
 /// What goes wrong.
@@ -215,7 +249,7 @@ impl Fault {
         self
     }
 
-    /// Restrict a call-level fault to submits, polls, or neither.
+    /// Restrict a call-level fault to submits, polls, pulls or acks (see [`Calls`]).
     pub fn on(mut self, calls: Calls) -> Self {
         self.calls = calls;
         self
@@ -262,6 +296,16 @@ mod tests {
         assert_eq!(parsed, Fault::fail_items([1, 3]));
         let parsed: Fault = serde_json::from_str(r#"{"kind":"reset"}"#).expect("parse fault");
         assert_eq!(parsed, Fault::reset());
+    }
+
+    #[test]
+    fn any_means_the_batch_api_and_queue_calls_are_named() {
+        assert!(Calls::Any.matches(Endpoint::Submit) && Calls::Any.matches(Endpoint::Poll));
+        assert!(!Calls::Any.matches(Endpoint::Pull) && !Calls::Any.matches(Endpoint::Ack));
+        assert!(Calls::Queue.matches(Endpoint::Pull) && Calls::Queue.matches(Endpoint::Ack));
+        assert!(Calls::Pull.matches(Endpoint::Pull) && !Calls::Pull.matches(Endpoint::Ack));
+        let parsed: Fault = serde_json::from_str(r#"{"kind":"status","status":503,"calls":"pull"}"#).expect("parse");
+        assert_eq!(parsed, Fault::status(503).on(Calls::Pull));
     }
 
     #[test]

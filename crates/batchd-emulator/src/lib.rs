@@ -5,13 +5,21 @@
 //! the timing, the limits (body and item caps, rate limit, retention) and the submit checks (strict items,
 //! unbatchable models), and reads the call log in-process. The control API has no authentication: the
 //! emulator is for local use only and must never listen on a public interface.
+//!
+//! With [`EmulatorConfig::events`], it also publishes Workers AI batch events to a queue served by the Cloudflare
+//! Queues pull consumer endpoints (`/client/v4/accounts/{account_id}/queues/{queue_id}/messages/pull` and `/ack`),
+//! with leases, redelivery and event faults (see the README, "Events and the Queues pull consumer").
 
 mod calls;
 mod config;
+mod events;
 mod fault;
+mod hub;
 mod limits;
 mod listener;
 mod outputs;
+mod queue;
+mod queue_api;
 mod server;
 mod state;
 
@@ -28,9 +36,14 @@ use tokio::{
 };
 
 pub use crate::{
-    calls::{CallKind, CallRecord},
+    calls::{CallKind, CallRecord, QueueCallKind, QueueCallRecord},
     config::{DurationRange, EmulatorConfig, Family, RandomFaults, RateLimit, default_models},
+    events::{
+        AckWarnings, DEFAULT_EVENTS_QUEUE, DEFAULT_SUBSCRIPTION_ID, EventBody, EventCounts, EventFaults, EventsConfig,
+        PullOrder,
+    },
     fault::{Calls, Fault, FaultKind},
+    hub::QueueStats,
 };
 use crate::{
     listener::{Connection, ResettableListener},
@@ -253,8 +266,70 @@ impl EmulatorHandle {
         self.state.set_random_faults(faults);
     }
 
-    /// Clears pending faults, the call log, the rate-limit windows and [`EmulatorHandle::rate_limited_count`];
-    /// batches, timing and limits stay.
+    /// Turns events on with these settings, or off with `None` (see [`EventsConfig`]). Events due under the old
+    /// settings are published first; when events come on, batches already done get no event, pending ones will.
+    /// Messages already queued stay (while events are off the queue endpoints answer 404).
+    pub fn set_events(&self, events: Option<EventsConfig>) {
+        self.state.set_events(events);
+    }
+
+    /// The events settings; `None`: events off.
+    pub fn events(&self) -> Option<EventsConfig> {
+        self.state.events()
+    }
+
+    /// Replaces the event faults (see [`EventFaults`]) for events published from now on.
+    pub fn set_event_faults(&self, faults: EventFaults) {
+        self.state.set_event_faults(faults);
+    }
+
+    /// The event faults in force (`drop_next` counts down as events are dropped).
+    pub fn event_faults(&self) -> EventFaults {
+        self.state.event_faults()
+    }
+
+    /// URL of the events queue, `{base_url}/accounts/{account_id}/queues/{queue_id}` (append `/messages/pull` or
+    /// `/messages/ack`); `None` while events are off.
+    pub fn queue_url(&self) -> Option<String> {
+        let events = self.state.events()?;
+        Some(format!("{}/accounts/{}/queues/{}", self.base_url(), self.account_id(), events.queue_id))
+    }
+
+    /// The token the queue endpoints accept: [`EventsConfig::queue_token`] when set, else the API token.
+    pub fn queue_token(&self) -> String {
+        self.state.events().and_then(|events| events.queue_token).unwrap_or_else(|| self.state.config.token.clone())
+    }
+
+    /// Counts of the events queue: events published by type, faults applied, messages by state, acks, retries.
+    /// Publishes the events due first, like a pull.
+    pub fn queue_stats(&self) -> QueueStats {
+        self.state.queue_stats()
+    }
+
+    /// Every pull and ack since start or the last reset, oldest first (a log of its own: [`EmulatorHandle::calls`]
+    /// never contains them).
+    pub fn queue_calls(&self) -> Vec<QueueCallRecord> {
+        self.state.queue_calls()
+    }
+
+    /// The queue calls of kind [`QueueCallKind::Pull`].
+    pub fn pulls(&self) -> Vec<QueueCallRecord> {
+        self.queue_calls().into_iter().filter(|call| call.kind == QueueCallKind::Pull).collect()
+    }
+
+    /// The queue calls of kind [`QueueCallKind::Ack`].
+    pub fn acks(&self) -> Vec<QueueCallRecord> {
+        self.queue_calls().into_iter().filter(|call| call.kind == QueueCallKind::Ack).collect()
+    }
+
+    /// Drops every message of the events queue (counters stay).
+    pub fn purge_queue(&self) {
+        self.state.purge_queue();
+    }
+
+    /// Clears pending faults, the call logs (API and queue), the rate-limit windows (the pull rate limit's too) and
+    /// [`EmulatorHandle::rate_limited_count`]; batches, timing, limits, the events queue, its settings, faults and
+    /// counters stay.
     pub fn reset(&self) {
         self.state.reset();
     }

@@ -1,12 +1,15 @@
-//! `batchd-emulator`: runs the Workers AI Batch API emulator until SIGTERM or SIGINT.
+//! `batchd-emulator`: runs the Workers AI Batch API emulator (and, with `--events`, its events queue) until SIGTERM
+//! or SIGINT.
 //!
 //! Prints `batchd-emulator listening on http://ADDR/client/v4` on stdout once bound; logs go to stderr.
 
 use std::{io::Write, net::SocketAddr, time::Duration};
 
 use anyhow::Context;
-use batchd_emulator::{DurationRange, Emulator, EmulatorConfig, RandomFaults, RateLimit};
-use clap::Parser;
+use batchd_emulator::{
+    DurationRange, Emulator, EmulatorConfig, EventBody, EventFaults, EventsConfig, PullOrder, RandomFaults, RateLimit,
+};
+use clap::{Parser, ValueEnum};
 
 /// Fake Cloudflare Workers AI Batch API for local tests. Its control API (/_emulator/) has no auth:
 /// listen on loopback only.
@@ -74,9 +77,72 @@ struct Args {
     /// A model that does not support request queuing: its queued submits get HTTP 400, code 8007 (repeatable).
     #[arg(long = "unbatchable-model", value_name = "MODEL")]
     unbatchable_models: Vec<String>,
-    /// Seed of the random durations, faults and latency.
+    /// Publish Workers AI batch events (queued, succeeded, failed) to a queue served by the Queues pull consumer
+    /// endpoints (.../queues/ID/messages/pull and /ack).
+    #[arg(long)]
+    events: bool,
+    /// Id of the events queue.
+    #[arg(long, default_value = batchd_emulator::DEFAULT_EVENTS_QUEUE, value_name = "ID")]
+    events_queue: String,
+    /// Token the queue endpoints accept instead of the API token (which they then refuse).
+    #[arg(long, env = "EMULATOR_EVENTS_TOKEN", value_name = "TOKEN")]
+    events_token: Option<String>,
+    /// Write event request ids as `req-<id>`, like the docs' example.
+    #[arg(long)]
+    events_prefix_request_ids: bool,
+    /// How a pulled message carries its event.
+    #[arg(long, value_enum, default_value_t = BodyArg::Base64)]
+    events_body: BodyArg,
+    /// Redeliveries a message gets before it is dropped for good.
+    #[arg(long, default_value_t = 3)]
+    events_max_retries: u32,
+    /// Pulls allowed per queue in any window of --events-pull-rate-limit-per-ms; over it, HTTP 429 (unlimited when
+    /// absent).
+    #[arg(long, value_name = "N")]
+    events_pull_rate_limit: Option<u32>,
+    /// Length of the pull rate-limit window in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    events_pull_rate_limit_per_ms: u64,
+    /// Event fault: the first N events are never enqueued.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    event_drop_next: u32,
+    /// Event fault: share of events (0 to 1) never enqueued.
+    #[arg(long, default_value_t = 0.0, value_name = "RATE")]
+    event_drop_rate: f64,
+    /// Event fault: enqueue every event twice.
+    #[arg(long)]
+    event_duplicate: bool,
+    /// Event fault: events enter the queue this many milliseconds after they happen.
+    #[arg(long, default_value_t = 0, value_name = "MS")]
+    event_delay_ms: u64,
+    /// Event fault: the order in which pulls hand out messages.
+    #[arg(long, value_enum, default_value_t = OrderArg::Fifo)]
+    event_order: OrderArg,
+    /// Seed of the random durations, faults and latency (and of the event faults' draws).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+}
+
+/// `--events-body`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum BodyArg {
+    /// Base64 of the event JSON, content type `json`.
+    Base64,
+    /// The event JSON as plain text, content type `json` (the docs' sample).
+    PlainJson,
+    /// The event JSON as plain text, content type `text`.
+    Text,
+}
+
+/// `--event-order`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum OrderArg {
+    /// Oldest first.
+    Fifo,
+    /// Newest first.
+    Reverse,
+    /// Shuffled (seeded).
+    Random,
 }
 
 #[tokio::main]
@@ -114,6 +180,32 @@ async fn main() -> anyhow::Result<()> {
             .map(|(min, max)| DurationRange::new(Duration::from_millis(min), Duration::from_millis(max))),
         strict_items: args.strict_items,
         unbatchable_models: args.unbatchable_models,
+        events: args.events.then(|| EventsConfig {
+            queue_id: args.events_queue,
+            queue_token: args.events_token,
+            prefix_request_ids: args.events_prefix_request_ids,
+            body: match args.events_body {
+                BodyArg::Base64 => EventBody::Base64,
+                BodyArg::PlainJson => EventBody::PlainJson,
+                BodyArg::Text => EventBody::Text,
+            },
+            max_retries: Some(args.events_max_retries),
+            pull_rate_limit: args
+                .events_pull_rate_limit
+                .map(|requests| RateLimit::new(requests, Duration::from_millis(args.events_pull_rate_limit_per_ms))),
+            ..EventsConfig::default()
+        }),
+        event_faults: EventFaults {
+            drop_next: args.event_drop_next,
+            drop_rate: args.event_drop_rate,
+            duplicate: args.event_duplicate,
+            delay: Duration::from_millis(args.event_delay_ms),
+            order: match args.event_order {
+                OrderArg::Fifo => PullOrder::Fifo,
+                OrderArg::Reverse => PullOrder::Reverse,
+                OrderArg::Random => PullOrder::Random,
+            },
+        },
         seed: args.seed,
     };
     let shutdown = shutdown_signal().context("install signal handlers")?;

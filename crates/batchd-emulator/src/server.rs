@@ -1,6 +1,7 @@
-//! HTTP routes: the emulated Workers AI run endpoint and the `/_emulator/` control API.
+//! HTTP routes: the emulated Workers AI run endpoint, the events queue (see [`crate::queue_api`]) and the
+//! `/_emulator/` control API.
 //!
-//! The run endpoint is a fallback that parses the path itself, so that every unroutable URL gets
+//! The API is a fallback that parses the path itself, so that every unroutable URL gets
 //! Cloudflare's 7003 envelope and the model (which contains slashes) is decoded segment by segment.
 
 use std::{sync::Arc, time::Duration};
@@ -18,18 +19,21 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::{
-    calls::{CallKind, CallRecord},
+    calls::{CallKind, CallRecord, QueueCallRecord},
     config::{DurationRange, RandomFaults, RateLimit},
-    fault::{Fault, FaultKind, default_error_for_status},
+    events::{EventFaults, EventsConfig},
+    fault::{Endpoint, Fault, FaultKind, default_error_for_status},
+    hub::QueueStats,
     limits::{Limits, retry_after_secs},
     listener::Connection,
+    queue_api::{handle_queue_call, parse_queue_path},
     state::{BoolForm, Completion, Phase, PollOutcome, State, Timing, run_items},
 };
 
-type Shared = Arc<State>;
+pub(crate) type Shared = Arc<State>;
 
 /// Prefix of every emulated API path.
-const API_PREFIX: &str = "/client/v4";
+pub(crate) const API_PREFIX: &str = "/client/v4";
 
 /// The router of one emulator instance.
 pub(crate) fn router(state: Shared) -> Router {
@@ -40,6 +44,9 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/_emulator/reset", post(reset))
         .route("/_emulator/batches", get(list_batches))
         .route("/_emulator/stats", get(stats))
+        .route("/_emulator/queue", get(queue_stats))
+        .route("/_emulator/queue/calls", get(list_queue_calls))
+        .route("/_emulator/queue/purge", post(purge_queue))
         .fallback(api)
         // The emulator measures bodies itself, to answer 413 with Cloudflare's envelope.
         .layer(DefaultBodyLimit::disable())
@@ -49,19 +56,19 @@ pub(crate) fn router(state: Shared) -> Router {
 /// An error reply with Cloudflare's envelope.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{status} {code}: {message}")]
-struct ApiError {
+pub(crate) struct ApiError {
     /// HTTP status.
-    status: StatusCode,
+    pub status: StatusCode,
     /// Envelope error code.
-    code: i64,
+    pub code: i64,
     /// Envelope error message.
-    message: String,
+    pub message: String,
     /// Value of a `Retry-After` header in seconds; no header when `None`.
-    retry_after_secs: Option<u64>,
+    pub retry_after_secs: Option<u64>,
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: i64, message: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, code: i64, message: impl Into<String>) -> Self {
         Self { status, code, message: message.into(), retry_after_secs: None }
     }
 
@@ -80,7 +87,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn error_response(status: StatusCode, code: i64, message: &str) -> Response {
+pub(crate) fn error_response(status: StatusCode, code: i64, message: &str) -> Response {
     let body = json!({
         "result": null,
         "success": false,
@@ -203,7 +210,70 @@ impl Call {
     }
 }
 
-/// The emulated `POST /client/v4/accounts/{account_id}/ai/run/{model}`.
+/// The reply a call-level fault gives instead of the real one.
+#[derive(Debug)]
+pub(crate) struct FaultReply {
+    /// What the client gets.
+    pub response: Response,
+    /// HTTP status for the call log; 0 when the connection was reset.
+    pub http_status: u16,
+    /// Envelope error code for the call log.
+    pub error_code: Option<i64>,
+}
+
+/// Applies the oldest injected call-level fault that hits a call to `endpoint` (or, when none does, a random one):
+/// returns the fault's name and, unless the fault only delays the call, the reply that replaces the real one.
+pub(crate) async fn call_fault(
+    state: &State,
+    connection: &Connection,
+    endpoint: Endpoint,
+) -> Option<(&'static str, Option<FaultReply>)> {
+    // Injected faults first; only a call none of them hit can draw a random one.
+    let (name, fault) = match state.take_call_fault(endpoint) {
+        Some(fault) => (fault.name(), fault),
+        None => {
+            let random = state.draw_random_fault(endpoint)?;
+            (random.name(), random.as_fault_kind())
+        }
+    };
+    let reply = match fault {
+        FaultKind::Delay { millis } => {
+            tokio::time::sleep(Duration::from_millis(millis)).await;
+            None
+        }
+        FaultKind::Reset => {
+            tracing::info!(remote = %connection.remote, "resetting connection");
+            connection.reset();
+            let response = StatusCode::INTERNAL_SERVER_ERROR.into_response();
+            Some(FaultReply { response, http_status: 0, error_code: None })
+        }
+        FaultKind::Status { status, code, message, retry_after_secs } => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let (default_code, default_message) = default_error_for_status(status.as_u16());
+            let code = code.unwrap_or(default_code);
+            let mut response = error_response(status, code, &message.unwrap_or(default_message));
+            if let Some(secs) = retry_after_secs {
+                response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            }
+            Some(FaultReply { response, http_status: status.as_u16(), error_code: Some(code) })
+        }
+        FaultKind::Html { status } => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+            let page = format!(
+                "<html><body><h1>{} {}</h1></body></html>",
+                status.as_u16(),
+                status.canonical_reason().unwrap_or("Error")
+            );
+            let response = (status, [(header::CONTENT_TYPE, "text/html")], page).into_response();
+            Some(FaultReply { response, http_status: status.as_u16(), error_code: None })
+        }
+        // Batch-level faults never sit in the call-level queue.
+        _ => None,
+    };
+    Some((name, reply))
+}
+
+/// The emulated `POST /client/v4/accounts/{account_id}/ai/run/{model}`, or a call to the events queue.
 async fn api(
     AxumState(state): AxumState<Shared>,
     ConnectInfo(connection): ConnectInfo<Connection>,
@@ -212,6 +282,9 @@ async fn api(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if let Some(queue_path) = parse_queue_path(uri.path()) {
+        return handle_queue_call(&state, &connection, &method, &headers, &body, queue_path).await;
+    }
     let run_path = parse_run_path(uri.path());
     let body_bytes = body.len();
     let parsed: Option<Value> = serde_json::from_slice(&body).ok();
@@ -248,49 +321,12 @@ async fn api(
         call.record.request_id = None;
     }
 
-    // Injected faults first; only a call none of them hit can draw a random one.
-    let fault = match state.take_call_fault(call.record.kind) {
-        Some(fault) => {
-            call.add_fault(fault.name());
-            Some(fault)
-        }
-        None => state.draw_random_fault(call.record.kind).map(|random| {
-            call.add_fault(random.name());
-            random.as_fault_kind()
-        }),
-    };
-    if let Some(fault) = fault {
-        match fault {
-            FaultKind::Delay { millis } => tokio::time::sleep(Duration::from_millis(millis)).await,
-            FaultKind::Reset => {
-                tracing::info!(remote = %connection.remote, "resetting connection");
-                connection.reset();
-                call.finish(&state, 0, None);
-                return StatusCode::INTERNAL_SERVER_ERROR.into_response();
-            }
-            FaultKind::Status { status, code, message, retry_after_secs } => {
-                let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-                let (default_code, default_message) = default_error_for_status(status.as_u16());
-                let code = code.unwrap_or(default_code);
-                let mut response = error_response(status, code, &message.unwrap_or(default_message));
-                if let Some(secs) = retry_after_secs {
-                    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
-                }
-                call.finish(&state, status.as_u16(), Some(code));
-                return response;
-            }
-            FaultKind::Html { status } => {
-                let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-                let page = format!(
-                    "<html><body><h1>{} {}</h1></body></html>",
-                    status.as_u16(),
-                    status.canonical_reason().unwrap_or("Error")
-                );
-                call.finish(&state, status.as_u16(), None);
-                return (status, [(header::CONTENT_TYPE, "text/html")], page).into_response();
-            }
-            // Batch-level faults never sit in the call-level queue.
-            _ => {}
+    let endpoint = if is_poll { Endpoint::Poll } else { Endpoint::Submit };
+    if let Some((name, reply)) = call_fault(&state, &connection, endpoint).await {
+        call.add_fault(name);
+        if let Some(reply) = reply {
+            call.finish(&state, reply.http_status, reply.error_code);
+            return reply.response;
         }
     }
 
@@ -445,7 +481,7 @@ fn handle_run(
         call.add_fault(name);
     }
     let success = BoolForm::of_submit_and_completion(plan.replies.odd_types);
-    state.add_batch(&request_id, runs, &plan);
+    state.add_batch(&request_id, &run_path.model, runs, &plan);
     call.record.kind = CallKind::Submit;
     call.record.request_id = Some(request_id.clone());
     let status = StatusCode::from_u16(config.submit_status).unwrap_or(StatusCode::OK);
@@ -551,6 +587,11 @@ struct ConfigChange {
     strict_items: Option<bool>,
     /// Models whose queued submits are refused (8007); replaces the list, `[]` refuses none.
     unbatchable_models: Option<Vec<String>>,
+    /// Events settings, replaced as a whole (absent fields take their defaults); `null`: events off.
+    #[serde(default, deserialize_with = "present")]
+    events: Option<Option<EventsConfig>>,
+    /// Event faults, replaced as a whole (absent fields take their defaults; `{}` clears them).
+    event_faults: Option<EventFaults>,
 }
 
 /// Reads a field that is present (possibly `null`) as `Some`; an absent one stays `None` through `default`.
@@ -585,6 +626,10 @@ struct ConfigView {
     strict_items: bool,
     /// Models whose queued submits are refused (8007).
     unbatchable_models: Vec<String>,
+    /// Events settings; `null`: events off.
+    events: Option<EventsConfig>,
+    /// Event faults in force.
+    event_faults: EventFaults,
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -608,6 +653,8 @@ fn config_view(state: &State) -> ConfigView {
         retention_ms: limits.retention.map(millis),
         strict_items: state.strict_items(),
         unbatchable_models: state.unbatchable_models(),
+        events: state.events(),
+        event_faults: state.event_faults(),
     }
 }
 
@@ -657,6 +704,12 @@ async fn set_config(AxumState(state): AxumState<Shared>, Json(change): Json<Conf
     if let Some(models) = change.unbatchable_models {
         state.set_unbatchable_models(models);
     }
+    if let Some(events) = change.events {
+        state.set_events(events);
+    }
+    if let Some(faults) = change.event_faults {
+        state.set_event_faults(faults);
+    }
     tracing::info!(?timing, ?limits, "emulator settings changed");
     Json(config_view(&state))
 }
@@ -672,6 +725,19 @@ struct Stats {
 
 async fn stats(AxumState(state): AxumState<Shared>) -> Json<Stats> {
     Json(Stats { rate_limited: state.rate_limited_count(), batches: state.batch_count() })
+}
+
+async fn queue_stats(AxumState(state): AxumState<Shared>) -> Json<QueueStats> {
+    Json(state.queue_stats())
+}
+
+async fn list_queue_calls(AxumState(state): AxumState<Shared>) -> Json<Vec<QueueCallRecord>> {
+    Json(state.queue_calls())
+}
+
+async fn purge_queue(AxumState(state): AxumState<Shared>) -> StatusCode {
+    state.purge_queue();
+    StatusCode::NO_CONTENT
 }
 
 async fn reset(AxumState(state): AxumState<Shared>) -> StatusCode {

@@ -1,10 +1,15 @@
-//! The emulator's shared state: timing, limits, pending faults, stored batches and the call log.
+//! The emulator's shared state: timing, limits, pending faults, stored batches, the call logs and the events queue.
 //!
 //! Everything sits behind one mutex that is never held across an `.await`. A batch keeps only its computed
 //! outputs (embeddings as seeds), never the request body; its completion is serialized outside the lock.
+//!
+//! Events are published lazily: a batch's `succeeded`/`failed` event is published by the first state access after
+//! its done time (every pull, ack, poll, submit, batch listing and queue-stats read starts with that sweep), stamped
+//! with the done time itself. So a pull made after the done time always sees the event (unless a fault drops or
+//! delays it), and the queue looks exactly as if a background task had published it on time.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     sync::{Arc, Mutex, MutexGuard},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -15,11 +20,14 @@ use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use crate::{
-    calls::{CallKind, CallRecord},
+    calls::{CallRecord, QueueCallRecord},
     config::{DurationRange, EmulatorConfig, Family, RandomFaults, RateLimit},
-    fault::{Calls, Fault, FaultKind},
+    events::{EventFacts, EventFaults, EventType, EventsConfig},
+    fault::{Endpoint, Fault, FaultKind},
+    hub::{EventHub, Pulled, QueueStats},
     limits::{Limits, RateLimiter},
     outputs::{ItemOutput, ItemResult, SchemaError, hash_of, run_item},
+    queue::AckOutcome,
 };
 
 /// Envelope error of an item in a `fail_items` batch.
@@ -73,6 +81,11 @@ struct Inner {
     unbatchable_models: Vec<String>,
     /// The seeded generator behind both.
     rng: StdRng,
+    /// Request ids of stored batches whose `succeeded`/`failed` event is not published yet (while events are off,
+    /// batches collect here and are skipped when events come on).
+    unannounced: HashSet<String>,
+    /// Events settings, faults, queue and queue call log.
+    hub: EventHub,
 }
 
 /// A transient fault drawn by [`EmulatorConfig::random_faults`].
@@ -158,6 +171,8 @@ pub(crate) fn expired(elapsed: Duration, timing: Timing, retention: Option<Durat
 pub(crate) struct Batch {
     /// When it was accepted, on the emulator's clock.
     submitted_at: Instant,
+    /// The model it was submitted to (its events' `source.modelName`).
+    model: String,
     /// Whether it fails as a whole once done (`fail_batch`).
     failed: bool,
     /// Its own time from submit to done, when drawn from [`EmulatorConfig::random_durations`]; `None`: the
@@ -180,6 +195,12 @@ impl Batch {
             }
             None => global,
         }
+    }
+
+    /// When it is done under the global timing `global`.
+    fn done_at(&self, global: Timing) -> Instant {
+        let timing = self.timing(global);
+        self.submitted_at + timing.queued_for + timing.running_for
     }
 }
 
@@ -378,6 +399,7 @@ impl State {
         let strict_items = config.strict_items;
         let unbatchable_models = config.unbatchable_models.clone();
         let rng = StdRng::seed_from_u64(config.seed);
+        let hub = EventHub::new(&config);
         Self {
             config,
             inner: Mutex::new(Inner {
@@ -397,6 +419,8 @@ impl State {
                 strict_items,
                 unbatchable_models,
                 rng,
+                unannounced: HashSet::new(),
+                hub,
             }),
         }
     }
@@ -509,16 +533,11 @@ impl State {
         }
     }
 
-    /// Draws whether a call of `kind` fails at random, and how.
-    pub fn draw_random_fault(&self, kind: CallKind) -> Option<RandomFault> {
+    /// Draws whether a call to `endpoint` fails at random, and how.
+    pub fn draw_random_fault(&self, endpoint: Endpoint) -> Option<RandomFault> {
         let mut inner = self.lock();
         let faults = inner.random_faults?;
-        let applies = match faults.calls {
-            Calls::Any => true,
-            Calls::Submit => kind == CallKind::Submit,
-            Calls::Poll => kind == CallKind::Poll,
-        };
-        if !applies || faults.rate <= 0.0 || !inner.rng.random_bool(faults.rate.min(1.0)) {
+        if !faults.calls.matches(endpoint) || faults.rate <= 0.0 || !inner.rng.random_bool(faults.rate.min(1.0)) {
             return None;
         }
         Some(match inner.rng.random_range(0..4u8) {
@@ -548,14 +567,10 @@ impl State {
         inner.call_faults.iter().chain(inner.batch_faults.iter()).cloned().collect()
     }
 
-    /// Takes one use of the oldest call-level fault that matches a call of `kind`.
-    pub fn take_call_fault(&self, kind: CallKind) -> Option<FaultKind> {
+    /// Takes one use of the oldest call-level fault that matches a call to `endpoint`.
+    pub fn take_call_fault(&self, endpoint: Endpoint) -> Option<FaultKind> {
         let mut inner = self.lock();
-        let position = inner.call_faults.iter().position(|fault| match fault.calls {
-            Calls::Any => true,
-            Calls::Submit => kind == CallKind::Submit,
-            Calls::Poll => kind == CallKind::Poll,
-        })?;
+        let position = inner.call_faults.iter().position(|fault| fault.calls.matches(endpoint))?;
         take_one(&mut inner.call_faults, position)
     }
 
@@ -594,8 +609,9 @@ impl State {
         plan
     }
 
-    /// Stores a new batch; its completion is built now from the items' outputs (see [`run_items`]).
-    pub fn add_batch(&self, request_id: &str, runs: Vec<ItemRun>, plan: &BatchPlan) {
+    /// Stores a new batch and publishes its `queued` event; its completion is built now from the items' outputs
+    /// (see [`run_items`]).
+    pub fn add_batch(&self, request_id: &str, model: &str, runs: Vec<ItemRun>, plan: &BatchPlan) {
         let completion = completion(request_id, runs, plan);
         let mut inner = self.lock();
         let duration = match inner.random_durations {
@@ -603,8 +619,10 @@ impl State {
             Some(range) => Some(range.min),
             None => None,
         };
+        let now = Instant::now();
         let batch = Batch {
-            submitted_at: Instant::now(),
+            submitted_at: now,
+            model: model.to_owned(),
             failed: plan.fail_batch,
             duration,
             replies: plan.replies.clone(),
@@ -613,6 +631,11 @@ impl State {
         inner.forget_expired();
         inner.n_accepted += 1;
         inner.batches.insert(request_id.to_owned(), batch);
+        inner.unannounced.insert(request_id.to_owned());
+        let account_id = self.config.account_id.as_str();
+        let now_ms = unix_ms();
+        let facts = EventFacts { event_type: EventType::Queued, model, request_id, account_id, at_ms: now_ms };
+        inner.hub.publish(facts, now, now, now_ms);
     }
 
     pub fn poll(&self, request_id: &str) -> PollOutcome {
@@ -666,10 +689,82 @@ impl State {
         self.lock().calls.clone()
     }
 
-    /// Clears pending faults, the call log, the rate-limit windows and the rate-limited count; keeps batches,
-    /// timing and limits.
+    /// The events settings; `None`: events off.
+    pub fn events(&self) -> Option<EventsConfig> {
+        self.lock().hub.config.clone()
+    }
+
+    /// Replaces the events settings. Events due under the old settings are published first; when events come on,
+    /// batches already done get no event (they finished before the subscription existed), pending ones will.
+    /// Messages already in the queue stay (turning events off makes the endpoints answer 404 but keeps them).
+    pub fn set_events(&self, events: Option<EventsConfig>) {
+        let mut inner = self.lock();
+        inner.publish_due_events();
+        if inner.hub.config.is_none() && events.is_some() {
+            inner.skip_done_batches();
+        }
+        inner.hub.set_config(events);
+    }
+
+    /// The event faults in force (`drop_next` shows what is left of it).
+    pub fn event_faults(&self) -> EventFaults {
+        self.lock().hub.faults.clone()
+    }
+
+    /// Replaces the event faults, for events published from now on (events already due are published first).
+    pub fn set_event_faults(&self, faults: EventFaults) {
+        let mut inner = self.lock();
+        inner.publish_due_events();
+        inner.hub.faults = faults.clamped();
+    }
+
+    /// Applies the pull rate limit: `Err` is how long until a pull would be admitted.
+    pub fn admit_pull(&self) -> Result<(), Duration> {
+        self.lock().hub.admit_pull(Instant::now())
+    }
+
+    /// Publishes the events due, then leases up to `batch_size` messages for `visibility`.
+    pub fn pull(&self, batch_size: usize, visibility: Duration) -> Pulled {
+        let mut inner = self.lock();
+        inner.publish_due_events();
+        inner.hub.pull(Instant::now(), batch_size, visibility)
+    }
+
+    /// Publishes the events due, then applies acks and retries (each retry with its delay).
+    pub fn ack(&self, acks: &[String], retries: &[(String, Duration)]) -> AckOutcome {
+        let mut inner = self.lock();
+        inner.publish_due_events();
+        inner.hub.ack(Instant::now(), acks, retries)
+    }
+
+    /// Publishes the events due, then counts the queue.
+    pub fn queue_stats(&self) -> QueueStats {
+        let mut inner = self.lock();
+        inner.publish_due_events();
+        inner.hub.stats(Instant::now())
+    }
+
+    /// Drops every message in the events queue (events due are published first, and dropped with the rest).
+    pub fn purge_queue(&self) {
+        let mut inner = self.lock();
+        inner.publish_due_events();
+        inner.hub.purge();
+    }
+
+    /// Appends a call to the queue call log.
+    pub fn record_queue_call(&self, call: QueueCallRecord) {
+        self.lock().hub.record(call, unix_ms());
+    }
+
+    pub fn queue_calls(&self) -> Vec<QueueCallRecord> {
+        self.lock().hub.calls()
+    }
+
+    /// Clears pending faults, the call logs, the rate-limit windows and the rate-limited count; keeps batches,
+    /// timing, limits, the events queue and its settings, faults and counters.
     pub fn reset(&self) {
         let mut inner = self.lock();
+        inner.hub.reset();
         inner.call_faults.clear();
         inner.batch_faults.clear();
         inner.calls.clear();
@@ -680,19 +775,62 @@ impl State {
 }
 
 impl Inner {
-    /// Drops the batches that finished more than the retention ago.
+    /// Drops the batches that finished more than the retention ago, after publishing their events.
     fn forget_expired(&mut self) {
+        self.publish_due_events();
         let Some(retention) = self.limits.retention else {
             return;
         };
         let timing = self.timing;
+        let unannounced = &mut self.unannounced;
         self.batches.retain(|request_id, batch| {
             let keep = !expired(batch.submitted_at.elapsed(), batch.timing(timing), Some(retention));
             if !keep {
+                unannounced.remove(request_id);
                 tracing::debug!(%request_id, "batch forgotten after its retention");
             }
             keep
         });
+    }
+
+    /// Publishes the `succeeded`/`failed` events of the batches whose done time has passed, in done-time order,
+    /// each stamped with its done time. Does nothing while events are off.
+    fn publish_due_events(&mut self) {
+        if self.hub.config.is_none() || self.unannounced.is_empty() {
+            return;
+        }
+        let account_id = self.hub.account_id().to_owned();
+        let account_id = account_id.as_str();
+        let now = Instant::now();
+        let timing = self.timing;
+        let mut due: Vec<(Instant, String)> = self
+            .unannounced
+            .iter()
+            .filter_map(|request_id| {
+                let done_at = self.batches.get(request_id)?.done_at(timing);
+                (done_at <= now).then(|| (done_at, request_id.clone()))
+            })
+            .collect();
+        due.sort();
+        let now_ms = unix_ms();
+        for (done_at, request_id) in due {
+            self.unannounced.remove(&request_id);
+            let Some(batch) = self.batches.get(&request_id) else {
+                continue;
+            };
+            let event_type = if batch.failed { EventType::Failed } else { EventType::Succeeded };
+            let at_ms = crate::hub::unix_ms_at(done_at, now, now_ms);
+            let facts = EventFacts { event_type, model: &batch.model, request_id: &request_id, account_id, at_ms };
+            self.hub.publish(facts, done_at, now, now_ms);
+        }
+    }
+
+    /// Forgets the pending announcements of batches already done: events turned on now are not published for them.
+    fn skip_done_batches(&mut self) {
+        let now = Instant::now();
+        let timing = self.timing;
+        let batches = &self.batches;
+        self.unannounced.retain(|request_id| batches.get(request_id).is_some_and(|batch| batch.done_at(timing) > now));
     }
 }
 

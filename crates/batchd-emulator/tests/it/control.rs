@@ -88,6 +88,8 @@ async fn config_changes_timing_at_runtime() {
             "random_latency": null,
             "strict_items": false,
             "unbatchable_models": [],
+            "events": null,
+            "event_faults": { "drop_next": 0, "drop_rate": 0.0, "duplicate": false, "delay_ms": 0, "order": "fifo" },
         })
     );
     let (status, _) = control_post(&emulator, "config", json!({ "queued_for": 0 })).await;

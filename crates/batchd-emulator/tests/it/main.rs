@@ -3,6 +3,7 @@
 mod binary;
 mod control;
 mod errors;
+mod events;
 mod faults;
 mod lifecycle;
 mod limits;
