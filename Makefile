@@ -9,7 +9,7 @@ SHELL := /bin/bash
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-deps: ## Install (as root, with apt-get) or name what the tests need from the system: redis-server, faketime
+deps: ## Install (as root, with apt-get) or name what the tests need from the system: redis-server, faketime, promtool
 	@scripts/deps.sh
 
 build: ## Build the batchd and batchd-emulator binaries

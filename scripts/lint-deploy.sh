@@ -4,6 +4,7 @@
 #   Kubernetes: render base and overlays (kubectl kustomize, else deploy/lint/kustomize.py; both when kubectl
 #               exists, and they must agree), validate built-in kinds with kubernetes-validate (strict, offline
 #               schemas) and the ServiceMonitor/ScaledObject with validators generated from their published CRDs
+#   Prometheus: promtool check rules + promtool test rules, and the PrometheusRule holds the plain file's rules
 #   Grafana:    the dashboard is valid JSON (tests/it/ops.rs checks its queries against the exported metrics)
 # Tools it installs go under target/lint-deploy/ (a Python venv, npm packages), pinned below.
 set -euo pipefail
@@ -104,6 +105,20 @@ if [ ! -f "$node_dir/node_modules/@kubernetes-models/keda/package.json" ] \
 fi
 cp deploy/lint/validate-crds.mjs "$node_dir/validate-crds.mjs"
 node "$node_dir/validate-crds.mjs" "$WORK/crds.json"
+
+# --- Prometheus rules ----------------------------------------------------------------------------------------
+say "Prometheus: deploy/prometheus/batchd-rules.yml and the PrometheusRule"
+command -v promtool >/dev/null || die "promtool is missing: make deps installs it (Debian's prometheus package)"
+promtool check rules deploy/prometheus/batchd-rules.yml
+(cd deploy/prometheus && promtool test rules batchd-rules.test.yml)
+"$venv/bin/python" - deploy/prometheus/batchd-rules.yml deploy/kubernetes/base/prometheusrule.yaml <<'PY'
+import sys, yaml
+plain = yaml.safe_load(open(sys.argv[1], encoding="utf-8"))["groups"]
+operator = yaml.safe_load(open(sys.argv[2], encoding="utf-8"))["spec"]["groups"]
+if plain != operator:
+    sys.exit(f"{sys.argv[2]} and {sys.argv[1]} hold different rules: keep them the same")
+print(f"the PrometheusRule holds the same {sum(len(g['rules']) for g in plain)} rules as the plain rules file")
+PY
 
 # --- Grafana -------------------------------------------------------------------------------------------------
 say "Grafana: deploy/grafana/batchd.json"

@@ -6,8 +6,9 @@
 import { readFileSync } from "node:fs";
 import { ScaledObject } from "@kubernetes-models/keda/keda.sh/v1alpha1/ScaledObject";
 import { ServiceMonitor } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor";
+import { PrometheusRule } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PrometheusRule";
 
-const models = { ScaledObject, ServiceMonitor };
+const models = { ScaledObject, ServiceMonitor, PrometheusRule };
 const objects = JSON.parse(readFileSync(process.argv[2], "utf8"));
 let failures = 0;
 for (const { source, object } of objects) {
