@@ -512,7 +512,7 @@ fn the_grafana_dashboard_parses_and_queries_only_exported_metrics() {
     let dashboard: serde_json::Value = serde_json::from_str(&read("deploy/grafana/batchd.json")).expect("valid JSON");
     let panels = dashboard["panels"].as_array().expect("panels");
     let titles: Vec<&str> = panels.iter().filter_map(|panel| panel["title"].as_str()).collect();
-    for question in ["Is work flowing?", "Is anything stuck?", "Is the API refusing us?"] {
+    for question in ["Is work flowing?", "Is anything stuck?", "Is the API refusing us?", "What does it cost?"] {
         assert!(titles.contains(&question), "a row answers {question:?}; titles: {titles:?}");
     }
     let mut exprs = Vec::new();
