@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A small kustomize renderer for the features deploy/kubernetes uses, for machines without `kubectl kustomize`.
 
-Supports: resources (files and directories), namespace, images (newName/newTag), configMapGenerator (files;
+Supports: resources (files and directories), namespace, images (newName/newTag/digest), configMapGenerator (files;
 behavior create/replace; the same content-hash name suffix as kustomize, and references to the generated name in
 pod templates), and patches given as strategic-merge files (maps merged, lists of named items merged by name,
 other lists replaced). Anything else in a kustomization is an error, never silently ignored.
@@ -131,7 +131,10 @@ def render(directory):
                 if name == image["name"]:
                     new_name = image.get("newName", name)
                     new_tag = image.get("newTag", tag)
-                    container["image"] = f"{new_name}:{new_tag}" if new_tag else new_name
+                    if "digest" in image:  # kustomize: a digest replaces the tag
+                        container["image"] = f"{new_name}@{image['digest']}"
+                    else:
+                        container["image"] = f"{new_name}:{new_tag}" if new_tag else new_name
 
     if "namespace" in kustomization:
         for obj in objects:
