@@ -1,7 +1,6 @@
 //! Integration tests: the real daemon against a private redis-server and the Batch API emulator over HTTP.
 //!
 //! One binary, one module per area. Every test gets its own namespace and (usually) its own Redis.
-
 mod admin_limits;
 mod api_variants;
 mod backlog;
@@ -13,9 +12,11 @@ mod cli_escaping;
 mod cli_ops;
 mod clock;
 mod config_check;
+mod events;
 mod examples;
 mod failures;
 mod flow;
+mod hostile;
 mod journald;
 mod ops;
 mod producer;

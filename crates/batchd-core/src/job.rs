@@ -6,9 +6,11 @@
 //! an entry that cannot be read at all goes to the dead-letter stream, while a readable job with a bad field gets
 //! a `failed` result entry naming the field, so the producer waiting for that id hears about it.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::fmt;
 
-use serde::Serialize;
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 
 use crate::ids::{JobId, ModelName};
@@ -20,6 +22,13 @@ pub const JOB_FIELD: &str = "job";
 /// The fields a v1 job may have; anything else is refused, so a typo cannot be silently ignored.
 const KNOWN_FIELDS: [&str; 7] =
     ["id", "model", "requests", "reply_to", "metadata", "deadline_secs", "retry_failed_items"];
+
+/// Longest part of a producer's value quoted back in an error message, in characters. A message goes into logs,
+/// the result entry and the ledger, so a producer must not be able to make it megabytes long.
+pub const MAX_QUOTED_CHARS: usize = 64;
+
+/// Most field names listed when an entry has no `job` field.
+const MAX_LISTED_FIELDS: usize = 16;
 
 /// Size bounds enforced before any work is done on an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +73,8 @@ pub struct Job<R = Box<RawValue>> {
     pub item_spans: Vec<(usize, usize)>,
 }
 
-/// Why an ingress entry was not accepted as a job.
+/// Why an ingress entry was not accepted as a job. Every value of the entry quoted in a message is cut to
+/// [`MAX_QUOTED_CHARS`] characters.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
     /// The entry cannot be read as a job at all; it goes to the dead-letter stream.
@@ -82,6 +92,9 @@ pub enum DecodeError {
         field: &'static str,
         /// What is wrong with it.
         reason: String,
+        /// The job's model, when the entry named a valid one: the failure result carries it, so a rejected
+        /// entry never has to be parsed a second time to find it.
+        model: Option<ModelName>,
     },
 }
 
@@ -126,7 +139,11 @@ impl<'a> Job<&'a RawValue> {
     ) -> Result<Self, DecodeError> {
         let Some((_, raw)) = fields.iter().find(|(name, _)| name == JOB_FIELD) else {
             // Escaped: a field name is producer data and must not break the message's one line.
-            let names: Vec<String> = fields.iter().map(|(name, _)| name.escape_debug().to_string()).collect();
+            let mut names: Vec<String> =
+                fields.iter().take(MAX_LISTED_FIELDS).map(|(name, _)| escape_cut(name)).collect();
+            if fields.len() > MAX_LISTED_FIELDS {
+                names.push(format!("… and {} more", fields.len() - MAX_LISTED_FIELDS));
+            }
             let present = if names.is_empty() { "none".to_owned() } else { names.join(", ") };
             return Err(DecodeError::undecodable(format!(
                 "entry has no `{JOB_FIELD}` field (fields present: {present})"
@@ -152,8 +169,9 @@ impl<'a> Job<&'a RawValue> {
     }
 
     fn decode_text(text: &'a str, default_id: &str, limits: &JobLimits, keys: &Keys) -> Result<Self, DecodeError> {
-        // Borrowed views into `text` all the way down: a job can be tens of MB, and only the request items are
-        // copied (once, into the job).
+        // Bounded work before trust: every pass below reads borrowed views into `text` and holds nothing per
+        // member or per item, so what an entry costs is bounded by `limits`, not by what it claims. The request
+        // items are collected only once their number is known to be within `limits.max_items`.
         let value: &RawValue = serde_json::from_str(text)
             .map_err(|e| DecodeError::undecodable(format!("`{JOB_FIELD}` is not valid JSON: {e}")))?;
         if !value.get().trim_start().starts_with('{') {
@@ -162,12 +180,12 @@ impl<'a> Job<&'a RawValue> {
                 json_kind(value.get())
             )));
         }
-        let object: BTreeMap<String, &RawValue> = serde_json::from_str(value.get())
+        let members: Members<'a> = serde_json::from_str(value.get())
             .map_err(|e| DecodeError::undecodable(format!("`{JOB_FIELD}` is not a valid JSON object: {e}")))?;
 
         let fallback_id = JobId::parse(default_id)
-            .map_err(|e| DecodeError::undecodable(format!("entry id {default_id:?} cannot be a job id: {e}")))?;
-        let (id, id_error) = match object.get("id").map(|raw| raw.get()) {
+            .map_err(|e| DecodeError::undecodable(format!("entry id {} cannot be a job id: {e}", quote(default_id))))?;
+        let (id, id_error) = match members.get("id").map(|raw| raw.get()) {
             None | Some("null") => (fallback_id, None),
             Some(raw) => match serde_json::from_str::<String>(raw) {
                 Ok(text) => match JobId::parse(&text) {
@@ -177,53 +195,62 @@ impl<'a> Job<&'a RawValue> {
                 Err(_) => (fallback_id, Some(format!("must be a string, got {}", json_kind(raw)))),
             },
         };
-        let invalid = |field: &'static str, reason: String| DecodeError::Invalid { job_id: id.clone(), field, reason };
+        // Read once, here: a failure result names the model whenever the entry had a valid one.
+        let model = match members.get("model") {
+            None => Err("is missing".to_owned()),
+            Some(raw) => string_field(raw).and_then(|text| {
+                // The model's own message quotes the name whole (at most `MAX_MODEL_LEN` bytes); cut it here.
+                ModelName::parse(&text).map_err(|e| e.to_string().replacen(&format!("{text:?}"), &quote(&text), 1))
+            }),
+        };
+        let model_hint = model.as_ref().ok().cloned();
+        let invalid = |field: &'static str, reason: String| DecodeError::Invalid {
+            job_id: id.clone(),
+            field,
+            reason,
+            model: model_hint.clone(),
+        };
         if let Some(reason) = id_error {
             return Err(invalid("id", reason));
         }
-        if let Some(unknown) = object.keys().find(|name| !KNOWN_FIELDS.contains(&name.as_str())) {
-            return Err(invalid_unknown(&id, unknown));
+        if let Some(unknown) = &members.unknown {
+            return Err(invalid(
+                "job",
+                format!("unknown field {}; the fields of a v1 job are {}", quote(unknown), KNOWN_FIELDS.join(", ")),
+            ));
         }
+        let model = model.map_err(|reason| invalid("model", reason))?;
 
-        let model = match object.get("model") {
-            None => return Err(invalid("model", "is missing".to_owned())),
-            Some(raw) => {
-                let text = string_field(raw).map_err(|reason| invalid("model", reason))?;
-                ModelName::parse(&text).map_err(|e| invalid("model", e.to_string()))?
-            }
+        let Some(raw_items) = members.get("requests") else {
+            return Err(invalid("requests", "is missing".to_owned()));
         };
-
-        let items: Vec<&RawValue> = match object.get("requests") {
-            None => return Err(invalid("requests", "is missing".to_owned())),
-            Some(raw) => serde_json::from_str(raw.get())
-                .map_err(|_| invalid("requests", format!("must be an array, got {}", json_kind(raw.get()))))?,
-        };
+        let not_an_array = || invalid("requests", format!("must be an array, got {}", json_kind(raw_items.get())));
+        let count: ItemCount = serde_json::from_str(raw_items.get()).map_err(|_| not_an_array())?;
+        if count.n_items == 0 {
+            return Err(invalid("requests", "must not be empty".to_owned()));
+        }
+        if count.n_items > limits.max_items {
+            return Err(invalid(
+                "requests",
+                format!("has {} items, the limit (limits.max_items) is {}", count.n_items, limits.max_items),
+            ));
+        }
+        if let Some((index, kind)) = count.first_not_object {
+            return Err(invalid("requests", format!("item {index} must be a JSON object, got {kind}")));
+        }
+        let requests = Items { n_items: count.n_items }
+            .deserialize(&mut serde_json::Deserializer::from_str(raw_items.get()))
+            .map_err(|_| not_an_array())?;
         // Every view borrows from `text`, so an item's offset is its distance from the start of `text`.
-        let item_spans: Vec<(usize, usize)> = items
+        let item_spans: Vec<(usize, usize)> = requests
             .iter()
             .map(|item| {
                 let start = item.get().as_ptr() as usize - text.as_ptr() as usize;
                 (start, start + item.get().len())
             })
             .collect();
-        let requests = items;
-        if requests.is_empty() {
-            return Err(invalid("requests", "must not be empty".to_owned()));
-        }
-        if requests.len() > limits.max_items {
-            return Err(invalid(
-                "requests",
-                format!("has {} items, the limit (limits.max_items) is {}", requests.len(), limits.max_items),
-            ));
-        }
-        if let Some((index, item)) = requests.iter().enumerate().find(|(_, item)| !item.get().starts_with('{')) {
-            return Err(invalid(
-                "requests",
-                format!("item {index} must be a JSON object, got {}", json_kind(item.get())),
-            ));
-        }
 
-        let reply_to = match optional(&object, "reply_to") {
+        let reply_to = match members.optional("reply_to") {
             None => None,
             Some(raw) => {
                 let stream = string_field(raw).map_err(|reason| invalid("reply_to", reason))?;
@@ -231,7 +258,8 @@ impl<'a> Job<&'a RawValue> {
                     return Err(invalid(
                         "reply_to",
                         format!(
-                            "{stream:?} is not a results stream of this namespace; it must be {:?} or start with \"{}:\"",
+                            "{} is not a results stream of this namespace; it must be {:?} or start with \"{}:\"",
+                            quote(&stream),
                             keys.results(),
                             keys.results()
                         ),
@@ -241,7 +269,7 @@ impl<'a> Job<&'a RawValue> {
             }
         };
 
-        let metadata = match optional(&object, "metadata") {
+        let metadata = match members.optional("metadata") {
             None => None,
             Some(raw) if raw.get().starts_with('{') => Some(raw.to_owned()),
             Some(raw) => {
@@ -249,7 +277,7 @@ impl<'a> Job<&'a RawValue> {
             }
         };
 
-        let deadline_secs = match optional(&object, "deadline_secs") {
+        let deadline_secs = match members.optional("deadline_secs") {
             None => None,
             Some(raw) => match serde_json::from_str::<u64>(raw.get()) {
                 Ok(0) => return Err(invalid("deadline_secs", "must be at least 1".to_owned())),
@@ -263,7 +291,7 @@ impl<'a> Job<&'a RawValue> {
             },
         };
 
-        let retry_failed_items = match optional(&object, "retry_failed_items") {
+        let retry_failed_items = match members.optional("retry_failed_items") {
             None => None,
             Some(raw) => Some(serde_json::from_str::<bool>(raw.get()).map_err(|_| {
                 invalid("retry_failed_items", format!("must be true or false, got {}", json_kind(raw.get())))
@@ -274,21 +302,180 @@ impl<'a> Job<&'a RawValue> {
     }
 }
 
-fn invalid_unknown(id: &JobId, unknown: &str) -> DecodeError {
-    DecodeError::Invalid {
-        job_id: id.clone(),
-        field: "job",
-        reason: format!("unknown field {unknown:?}; the fields of a v1 job are {}", KNOWN_FIELDS.join(", ")),
+/// The members of a job object as views into its text: the value of each v1 field (a repeated field keeps its
+/// last value, as with any JSON object reader) and the first unknown name in sorted order. Reading an object into
+/// it holds nothing per member, however many members the object has.
+#[derive(Debug, Default)]
+struct Members<'a> {
+    /// The value of each of [`KNOWN_FIELDS`], by position.
+    known: [Option<&'a RawValue>; KNOWN_FIELDS.len()],
+    /// The smallest member name that is not a v1 field, if any.
+    unknown: Option<Cow<'a, str>>,
+}
+
+impl<'a> Members<'a> {
+    /// The value of the v1 field `name`, if present (`null` included).
+    fn get(&self, name: &str) -> Option<&'a RawValue> {
+        KNOWN_FIELDS.iter().position(|known| *known == name).and_then(|index| self.known[index])
+    }
+
+    /// A present, non-null field.
+    fn optional(&self, name: &str) -> Option<&'a RawValue> {
+        self.get(name).filter(|raw| raw.get() != "null")
     }
 }
 
-/// A present, non-null field.
-fn optional<'a>(object: &BTreeMap<String, &'a RawValue>, name: &str) -> Option<&'a RawValue> {
-    object.get(name).copied().filter(|raw| raw.get() != "null")
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(MembersVisitor)
+    }
+}
+
+/// Reads a JSON object into [`Members`].
+struct MembersVisitor;
+
+impl<'de> Visitor<'de> for MembersVisitor {
+    type Value = Members<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Members<'de>, M::Error> {
+        let mut members = Members::default();
+        while let Some(name) = map.next_key_seed(MemberName)? {
+            match KNOWN_FIELDS.iter().position(|known| *known == name) {
+                Some(index) => members.known[index] = Some(map.next_value()?),
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                    if members.unknown.as_ref().is_none_or(|first| name < *first) {
+                        members.unknown = Some(name);
+                    }
+                }
+            }
+        }
+        Ok(members)
+    }
+}
+
+/// A member name: borrowed from the text unless it holds escapes.
+struct MemberName;
+
+impl<'de> DeserializeSeed<'de> for MemberName {
+    type Value = Cow<'de, str>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MemberName {
+    type Value = Cow<'de, str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a member name")
+    }
+
+    fn visit_borrowed_str<E>(self, name: &'de str) -> Result<Self::Value, E> {
+        Ok(Cow::Borrowed(name))
+    }
+
+    fn visit_str<E>(self, name: &str) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(name.to_owned()))
+    }
+}
+
+/// What a first pass over the `requests` array learns while holding nothing per item.
+#[derive(Debug)]
+struct ItemCount {
+    /// Number of items.
+    n_items: usize,
+    /// Position and JSON kind of the first item that is not an object.
+    first_not_object: Option<(usize, &'static str)>,
+}
+
+impl<'de> Deserialize<'de> for ItemCount {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_seq(CountVisitor)
+    }
+}
+
+/// Counts the items of an array, looking at each one as a borrowed view and dropping it.
+struct CountVisitor;
+
+impl<'de> Visitor<'de> for CountVisitor {
+    type Value = ItemCount;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array")
+    }
+
+    fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<ItemCount, S::Error> {
+        let mut count = ItemCount { n_items: 0, first_not_object: None };
+        while let Some(item) = seq.next_element::<&'de RawValue>()? {
+            if count.first_not_object.is_none() && !item.get().starts_with('{') {
+                count.first_not_object = Some((count.n_items, json_kind(item.get())));
+            }
+            count.n_items += 1;
+        }
+        Ok(count)
+    }
+}
+
+/// Collects the items of an array already counted by [`CountVisitor`], into a vector allocated once.
+struct Items {
+    /// The number of items the count found.
+    n_items: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for Items {
+    type Value = Vec<&'de RawValue>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Items {
+    type Value = Vec<&'de RawValue>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array")
+    }
+
+    fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<Self::Value, S::Error> {
+        let mut items = Vec::with_capacity(self.n_items);
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(items)
+    }
 }
 
 fn string_field(raw: &RawValue) -> Result<String, String> {
     serde_json::from_str::<String>(raw.get()).map_err(|_| format!("must be a string, got {}", json_kind(raw.get())))
+}
+
+/// The first `max_chars` characters of `text`, when it is longer than that.
+fn cut(text: &str, max_chars: usize) -> Option<&str> {
+    text.char_indices().nth(max_chars).map(|(end, _)| &text[..end])
+}
+
+/// A producer's value quoted for an error message (`"..."`, escaped), cut to [`MAX_QUOTED_CHARS`] characters;
+/// a cut value is marked with `…` and its size.
+fn quote(value: &str) -> String {
+    match cut(value, MAX_QUOTED_CHARS) {
+        None => format!("{value:?}"),
+        Some(head) => format!("{head:?}… ({} bytes)", value.len()),
+    }
+}
+
+/// A producer's value escaped for an error message without quotes, cut like [`quote`].
+fn escape_cut(value: &str) -> String {
+    match cut(value, MAX_QUOTED_CHARS) {
+        None => value.escape_debug().to_string(),
+        Some(head) => format!("{}… ({} bytes)", head.escape_debug(), value.len()),
+    }
 }
 
 /// A wrong value for an error message: a number as written (shortened), anything else by its kind, so a
@@ -296,10 +483,10 @@ fn string_field(raw: &RawValue) -> Result<String, String> {
 fn describe(raw: &str) -> String {
     const MAX_CHARS: usize = 32;
     match json_kind(raw) {
-        "a number" if raw.len() > MAX_CHARS => {
-            format!("{}... ({} characters)", raw.chars().take(MAX_CHARS).collect::<String>(), raw.len())
-        }
-        "a number" => raw.to_owned(),
+        "a number" => match cut(raw, MAX_CHARS) {
+            Some(head) => format!("{head}... ({} characters)", raw.len()),
+            None => raw.to_owned(),
+        },
         kind => kind.to_owned(),
     }
 }
@@ -433,6 +620,121 @@ mod tests {
         assert_eq!(
             Job::decode(&fields, "1-0", &limits, &keys()).unwrap_err().to_string(),
             "invalid `requests`: has 3 items, the limit (limits.max_items) is 2"
+        );
+    }
+
+    #[test]
+    fn the_item_count_is_checked_before_items_are_collected_and_names_the_real_count() {
+        let limits = JobLimits { max_entry_bytes: usize::MAX, max_items: 1_000 };
+        let n_items = 200_000;
+        let job =
+            format!(r#"{{"id":"huge","model":"@cf/baai/bge-m3","requests":[{}{{}}]}}"#, "{},".repeat(n_items - 1));
+        let error = Job::decode_json(&job, "1-0", &limits, &keys()).unwrap_err();
+        assert_eq!(error.to_string(), "invalid `requests`: has 200000 items, the limit (limits.max_items) is 1000");
+        // The failure result still names the model the entry gave.
+        match error {
+            DecodeError::Invalid { job_id, model, .. } => {
+                assert_eq!(job_id.as_str(), "huge");
+                assert_eq!(model.as_ref().map(ModelName::as_str), Some("@cf/baai/bge-m3"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_invalid_job_carries_its_model_only_when_the_model_is_valid() {
+        let model_of = |job: &str| match decode(job) {
+            Err(DecodeError::Invalid { model, .. }) => model.map(|model| model.as_str().to_owned()),
+            other => panic!("unexpected {other:?}"),
+        };
+        // Read even when an earlier check (the id, an unknown field) is what failed.
+        assert_eq!(model_of(r#"{"id":"a b","model":"@cf/a/b","requests":[{}]}"#).as_deref(), Some("@cf/a/b"));
+        assert_eq!(model_of(r#"{"model":"@cf/a/b","requests":[{}],"x":1}"#).as_deref(), Some("@cf/a/b"));
+        assert_eq!(model_of(r#"{"model":"@cf/a/b","requests":[]}"#).as_deref(), Some("@cf/a/b"));
+        // A repeated field keeps its last value, as before.
+        assert_eq!(model_of(r#"{"model":"@cf/x/y","model":"@cf/a/b","requests":[]}"#).as_deref(), Some("@cf/a/b"));
+        assert_eq!(model_of(r#"{"model":"@cf/../b","requests":[{}]}"#), None);
+        assert_eq!(model_of(r#"{"model":7,"requests":[{}]}"#), None);
+        assert_eq!(model_of(r#"{"requests":[{}]}"#), None);
+    }
+
+    #[test]
+    fn the_first_unknown_field_in_sorted_order_is_named() {
+        assert_eq!(
+            error(r#"{"zz":1,"model":"@cf/a/b","requests":[{}],"b":2,"\u0061":3}"#),
+            "invalid `job`: unknown field \"a\"; the fields of a v1 job are id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items"
+        );
+        // An escaped name of a real field is that field.
+        assert!(decode(r#"{"\u006dodel":"@cf/a/b","requests":[{}]}"#).is_ok());
+    }
+
+    const MEGABYTE: usize = 1024 * 1024;
+
+    #[test]
+    fn a_megabyte_unknown_field_name_is_quoted_cut() {
+        let name = "n".repeat(MEGABYTE);
+        let message = error(&format!(r#"{{"model":"@cf/a/b","requests":[{{}}],"{name}":1}}"#));
+        assert_eq!(
+            message,
+            format!(
+                "invalid `job`: unknown field \"{}\"… (1048576 bytes); the fields of a v1 job are id, model, requests, \
+                 reply_to, metadata, deadline_secs, retry_failed_items",
+                "n".repeat(MAX_QUOTED_CHARS)
+            )
+        );
+    }
+
+    #[test]
+    fn a_megabyte_reply_to_is_quoted_cut() {
+        let stream = format!("{{other}}:{}", "é".repeat(MEGABYTE / 2));
+        let message = error(&format!(r#"{{"model":"@cf/a/b","requests":[{{}}],"reply_to":"{stream}"}}"#));
+        let head: String = stream.chars().take(MAX_QUOTED_CHARS).collect();
+        assert_eq!(
+            message,
+            format!(
+                "invalid `reply_to`: \"{head}\"… ({} bytes) is not a results stream of this namespace; it must be \
+                 \"{{batchd}}:results\" or start with \"{{batchd}}:results:\"",
+                stream.len()
+            )
+        );
+    }
+
+    #[test]
+    fn other_echoed_values_are_cut_too() {
+        // A model name is quoted by its parser; past 64 characters the quote is cut.
+        let model = format!("@cf/a/{}?", "b".repeat(150));
+        let message = error(&format!(r#"{{"model":"{model}","requests":[{{}}]}}"#));
+        let head: String = model.chars().take(MAX_QUOTED_CHARS).collect();
+        assert_eq!(
+            message,
+            format!(
+                "invalid `model`: \"{head}\"… ({} bytes) contains '?'; allowed characters are A-Z a-z 0-9 . _ - and / \
+                 between segments",
+                model.len()
+            )
+        );
+        // An entry id that cannot be a job id.
+        let entry_id = "x y".repeat(1000);
+        let error =
+            Job::decode_json(r#"{"model":"@cf/a/b","requests":[{}]}"#, &entry_id, &JobLimits::default(), &keys())
+                .unwrap_err()
+                .to_string();
+        assert!(
+            error.starts_with(&format!("entry id {:?}… (3000 bytes) cannot be a job id", &entry_id[..64])),
+            "{error}"
+        );
+        // The field names of an entry without a `job` field: each cut, and at most 16 of them.
+        let mut fields: Vec<(String, Vec<u8>)> = (0..5_000).map(|i| (format!("f{i}"), Vec::new())).collect();
+        fields[0].0 = "\n".repeat(MEGABYTE);
+        let error = Job::decode(&fields, "1-0", &JobLimits::default(), &keys()).unwrap_err().to_string();
+        let listed: Vec<String> = (1..16).map(|i| format!("f{i}")).collect();
+        assert_eq!(
+            error,
+            format!(
+                "entry has no `job` field (fields present: {}… (1048576 bytes), {}, … and 4984 more)",
+                "\\n".repeat(MAX_QUOTED_CHARS),
+                listed.join(", ")
+            )
         );
     }
 

@@ -7,6 +7,7 @@
 //! sometimes damaged byte by byte; plus arbitrary bytes and arbitrary field lists. `PROPTEST_CASES` raises the
 //! number of cases (default here: 256 per property, about a second in a debug build).
 
+use batchd_core::job::MAX_QUOTED_CHARS;
 use batchd_core::{DecodeError, Job, JobId, JobLimits, Keys, ModelName};
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -355,6 +356,32 @@ fn entry_id() -> BoxedStrategy<String> {
     .boxed()
 }
 
+/// A text thousands of characters long, repeating hostile pieces.
+fn long_text() -> BoxedStrategy<String> {
+    (prop::collection::vec(select(PIECES), 1..8), 300usize..3_000)
+        .prop_map(|(pieces, times)| pieces.concat().repeat(times))
+        .boxed()
+}
+
+/// A job text in which one value that error messages quote (a field name, the id, the model, `reply_to`) is
+/// thousands of characters long.
+fn long_value_job() -> BoxedStrategy<String> {
+    (long_text(), 0..5usize)
+        .prop_map(|(long, position)| {
+            // A model name over 200 bytes is refused without being quoted, so a quoted one is at most that long.
+            let model = json_string(&format!("@cf/a/{}", long.chars().take(150).collect::<String>()));
+            let long = json_string(&long);
+            match position {
+                0 => format!(r#"{{"model":"@cf/a/b","requests":[{{}}],{long}:1}}"#),
+                1 => format!(r#"{{"id":{long},"model":"@cf/a/b","requests":[{{}}]}}"#),
+                2 => format!(r#"{{"model":{long},"requests":[{{}}]}}"#),
+                3 => format!(r#"{{"model":"@cf/a/b","requests":[{{}}],"reply_to":{long}}}"#),
+                _ => format!(r#"{{"model":{model},"requests":[{{}}]}}"#),
+            }
+        })
+        .boxed()
+}
+
 fn limits() -> BoxedStrategy<JobLimits> {
     prop_oneof![
         3 => Just(JobLimits::default()),
@@ -379,6 +406,19 @@ fn check_message(error: &DecodeError) -> Result<(), TestCaseError> {
     if let DecodeError::Invalid { job_id, field, .. } = error {
         prop_assert!(JobId::parse(job_id.as_str()).is_ok());
         prop_assert!(!field.is_empty());
+    }
+    Ok(())
+}
+
+/// A refused job carries the model its entry named exactly when that model is valid (read by the decoder, so the
+/// daemon never parses a rejected entry again to find it).
+fn check_model_hint(
+    error: &DecodeError,
+    object: &serde_json::Map<String, serde_json::Value>,
+) -> Result<(), TestCaseError> {
+    if let DecodeError::Invalid { model, .. } = error {
+        let named = object.get("model").and_then(serde_json::Value::as_str).and_then(|m| ModelName::parse(m).ok());
+        prop_assert_eq!(model, &named, "{}", error);
     }
     Ok(())
 }
@@ -450,14 +490,16 @@ fn check_decode(fields: &[(String, Vec<u8>)], entry_id: &str, limits: &JobLimits
             // `failed` result under an id, not vanish into the dead-letter stream.
             let raw = fields.iter().find(|(name, _)| name == "job").map(|(_, raw)| raw);
             if let Some(raw) = raw {
-                let readable = raw.len() <= limits.max_entry_bytes
-                    && matches!(serde_json::from_slice::<serde_json::Value>(raw), Ok(serde_json::Value::Object(_)))
-                    && JobId::parse(entry_id).is_ok();
-                if readable {
+                let object = match serde_json::from_slice::<serde_json::Value>(raw) {
+                    Ok(serde_json::Value::Object(object)) if raw.len() <= limits.max_entry_bytes => Some(object),
+                    _ => None,
+                };
+                if let Some(object) = object.filter(|_| JobId::parse(entry_id).is_ok()) {
                     prop_assert!(
                         matches!(error, DecodeError::Invalid { .. }),
                         "a readable job object was dead-lettered: {error}"
                     );
+                    check_model_hint(&error, &object)?;
                 }
                 if std::str::from_utf8(raw).is_err() && raw.len() <= limits.max_entry_bytes {
                     prop_assert!(matches!(error, DecodeError::Undecodable { .. }), "{error}");
@@ -488,7 +530,22 @@ proptest! {
             Err(error) => {
                 check_message(&error)?;
                 prop_assert!(matches!(error, DecodeError::Invalid { .. }), "{error}");
+                if let Ok(serde_json::Value::Object(object)) = serde_json::from_str(&text) {
+                    check_model_hint(&error, &object)?;
+                }
             }
+        }
+    }
+
+    #[test]
+    fn long_values_are_quoted_cut(job in long_value_job(), entry_id in entry_id()) {
+        let keys = keys();
+        let limits = JobLimits::default();
+        if let Err(error) = Job::decode_json(&job, &entry_id, &limits, &keys) {
+            check_message(&error)?;
+            // 64 quoted characters, each at most 10 once escaped (`\u{10ffff}`), and the message's own words.
+            let length = error.to_string().chars().count();
+            prop_assert!(length <= 10 * MAX_QUOTED_CHARS + 300, "{length} characters: {error}");
         }
     }
 

@@ -64,6 +64,20 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
         recorder,
         background_stop.clone(),
     )));
+    crate::metrics::known_models(settings.rate_limits.task_types.iter().map(|entry| entry.model.as_str()));
+    {
+        // The process metrics (RSS, CPU, open fds) are read on the sampler's rhythm.
+        let (interval, stop) = (settings.admin.sample_interval(), background_stop.clone());
+        background.push(tokio::spawn(async move {
+            loop {
+                crate::metrics::collect_process();
+                tokio::select! {
+                    () = tokio::time::sleep(interval) => {}
+                    () = stop.cancelled() => break,
+                }
+            }
+        }));
+    }
     if let Some(interval) = admin::watchdog_interval() {
         background.push(tokio::spawn(admin::run_watchdog(interval, Arc::clone(&health), background_stop.clone())));
     }
@@ -100,7 +114,12 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
         // A pull brings at most 100 small event messages.
         queue_settings.max_reply_bytes = 16 * 1024 * 1024;
         let queue = QueueClient::new(queue_settings, &settings.events.queue_id).context("events settings")?;
-        background.push(tokio::spawn(crate::events::run_puller(queue, stores, settings.events.clone(), fetch_stop.clone())));
+        background.push(tokio::spawn(crate::events::run_puller(
+            queue,
+            stores,
+            settings.events.clone(),
+            fetch_stop.clone(),
+        )));
     }
     health.workers_running();
     admin::notify_ready();

@@ -80,6 +80,13 @@ async fn wake_all(stores: &[Store], messages: Vec<QueueMessage>) -> Vec<String> 
             continue;
         };
         metrics::event_received(event.kind.as_str());
+        if !matches!(event.kind, EventKind::Succeeded | EventKind::Failed) {
+            // `queued` (and types batchd does not know) say nothing a poll could read yet: polling now would only
+            // cost a request.
+            metrics::event_matched("ignored");
+            acks.push(message.lease_id);
+            continue;
+        }
         match wake(stores, &event.request_id).await {
             Ok(outcome) => {
                 metrics::event_matched(outcome);

@@ -37,7 +37,19 @@ pub const NAMES: &[&str] = &[
     "batchd_events_matched_total",
     "batchd_event_wake_latency_seconds",
     "batchd_polls_per_batch",
+    "batchd_api_auth_failures_total",
+    "batchd_tokens_total",
 ];
+
+/// Most distinct `model` label values of `batchd_tokens_total` besides the configured models; later models are
+/// counted as `other`, so a producer naming a new model per job cannot grow the series without bound.
+pub const MAX_SEEN_MODELS: usize = 32;
+
+/// The models `batchd_tokens_total` labels by name: the configured ones plus up to [`MAX_SEEN_MODELS`] seen.
+static MODELS: std::sync::Mutex<Option<std::collections::BTreeSet<String>>> = std::sync::Mutex::new(None);
+
+/// The process metrics collector (`process_*` series: RSS, CPU seconds, open fds, start time).
+static PROCESS: OnceLock<metrics_process::Collector> = OnceLock::new();
 
 /// Bucket bounds (seconds) of `batchd_api_request_duration_seconds`: 5 ms to the 60 s request timeout.
 const API_DURATION_BUCKETS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
@@ -85,9 +97,59 @@ pub fn install() -> Result<PrometheusHandle, String> {
                 .and_then(PrometheusBuilder::install_recorder)
                 .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
             describe();
+            PROCESS.get_or_init(metrics_process::Collector::default).describe();
             Ok(handle)
         })
         .clone()
+}
+
+/// Refreshes the `process_*` metrics (call before rendering, or on the sampler's tick).
+pub fn collect_process() {
+    if let Some(collector) = PROCESS.get() {
+        collector.collect();
+    }
+}
+
+/// Names the configured models, whose token usage is always labelled by name.
+pub fn known_models<'a>(models: impl IntoIterator<Item = &'a str>) {
+    let mut guard = MODELS.lock().expect("models lock");
+    let set = guard.get_or_insert_with(Default::default);
+    for model in models {
+        if set.insert(model.to_owned()) {
+            KNOWN_ALLOWANCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            for kind in ["prompt", "completion"] {
+                counter!("batchd_tokens_total", "model" => model.to_owned(), "kind" => kind).absolute(0);
+            }
+        }
+    }
+}
+
+/// The `model` label for `model`: itself when configured or among the first [`MAX_SEEN_MODELS`] seen, else `other`.
+fn model_label(model: &str) -> String {
+    let mut guard = MODELS.lock().expect("models lock");
+    let models = guard.get_or_insert_with(Default::default);
+    if models.contains(model) {
+        return model.to_owned();
+    }
+    if models.len() < MAX_SEEN_MODELS + KNOWN_ALLOWANCE.load(std::sync::atomic::Ordering::Relaxed) {
+        models.insert(model.to_owned());
+        return model.to_owned();
+    }
+    "other".to_owned()
+}
+
+/// How many configured models [`known_models`] registered (they do not count against [`MAX_SEEN_MODELS`]).
+static KNOWN_ALLOWANCE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Counts the tokens of a finished job by model and kind, from the API's `usage`
+/// (`prompt_tokens`, `completion_tokens`; other keys and non-numbers are ignored).
+pub fn tokens(model: &str, usage: &serde_json::Value) {
+    let label = model_label(model);
+    for (kind, key) in [("prompt", "prompt_tokens"), ("completion", "completion_tokens")] {
+        if let Some(n) = usage.get(key).and_then(serde_json::Value::as_u64).filter(|n| *n > 0) {
+            counter!("batchd_tokens_total", "model" => label.clone(), "kind" => kind).increment(n);
+        }
+    }
 }
 
 /// Which API call.
@@ -139,7 +201,19 @@ pub fn describe() {
         "batchd_possible_duplicate_submits_total",
         "Submits repeated after an interrupted submit (a remote batch may exist twice)."
     );
-    describe_counter!("batchd_results_published_total", "Result entries published.");
+    describe_counter!(
+        "batchd_results_published_total",
+        "Result entries published: finished jobs and refused ones (each gets one failed result)."
+    );
+    describe_counter!(
+        "batchd_api_auth_failures_total",
+        "Batch API requests refused with HTTP 401 or 403 (a bad or revoked token: every job will fail), by call."
+    );
+    describe_counter!(
+        "batchd_tokens_total",
+        "Tokens of finished jobs from the API's usage, by model (configured models, then up to 32 seen, the rest \
+         `other`) and kind (prompt, completion): what batch inference costs."
+    );
     describe_counter!(
         "batchd_poll_unknown_status_total",
         "Poll replies with a status the API docs do not list (read as pending; the batch's deadline bounds it)."
@@ -155,7 +229,8 @@ pub fn describe() {
     describe_counter!(
         "batchd_events_matched_total",
         "Batch events by outcome: woken (a polling chunk made due now), known (the chunk was not polling: \
-         submitting, or already due or finished), unknown (a request id batchd does not know)."
+         submitting, or already due or finished), unknown (a request id batchd does not know), ignored (queued \
+         and unknown types, which need no poll)."
     );
     describe_histogram!(
         "batchd_event_wake_latency_seconds",
@@ -207,11 +282,22 @@ pub fn describe() {
     for kind in ["queued", "succeeded", "failed", "other", "unreadable"] {
         counter!("batchd_events_received_total", "type" => kind).absolute(0);
     }
-    for outcome in ["woken", "known", "unknown"] {
+    for outcome in ["woken", "known", "unknown", "ignored"] {
         counter!("batchd_events_matched_total", "outcome" => outcome).absolute(0);
     }
-    for outcome in ["completed", "failed", "expired"] {
+    for outcome in ["completed", "failed", "expired", "cancelled"] {
         counter!("batchd_jobs_finished_total", "outcome" => outcome).absolute(0);
+    }
+    for reason in ["invalid_job", "invalid_entry", "item_too_large"] {
+        counter!("batchd_jobs_rejected_total", "reason" => reason).absolute(0);
+    }
+    for step in ["submit", "poll"] {
+        counter!("batchd_retries_total", "step" => step).absolute(0);
+        counter!("batchd_throttled_waits_total", "step" => step).absolute(0);
+        counter!("batchd_api_auth_failures_total", "call" => step).absolute(0);
+    }
+    for operation in ["take_in", "step", "submit", "record_submitted", "index_request", "wake", "sample"] {
+        counter!("batchd_redis_errors_total", "operation" => operation).absolute(0);
     }
 }
 
@@ -248,6 +334,9 @@ pub fn api_request(call: ApiCall, outcome: &'static str, http_status: Option<u16
     };
     counter!("batchd_api_requests_total", "call" => call.as_str(), "outcome" => outcome, "status_class" => class)
         .increment(1);
+    if matches!(http_status, Some(401 | 403)) {
+        counter!("batchd_api_auth_failures_total", "call" => call.as_str()).increment(1);
+    }
     histogram!("batchd_api_request_duration_seconds", "call" => call.as_str()).record(elapsed.as_secs_f64());
 }
 

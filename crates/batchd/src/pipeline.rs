@@ -262,11 +262,15 @@ impl Pipeline {
                 (job_id.clone(), JobError::new(code::INVALID_JOB, error.to_string()), None)
             }
         };
-        let model = model_hint(entry);
+        // The model the decoder read, when valid: a rejected entry is never parsed a second time to find it.
+        let model = match &error {
+            DecodeError::Invalid { model: Some(model), .. } => model.as_str(),
+            _ => "",
+        };
         let rejection = Rejection {
             entry_id: &entry.id,
             job_id: &job_id,
-            model: &model,
+            model,
             error: &job_error,
             dead: dead.as_ref(),
             items_total: 0,
@@ -405,7 +409,9 @@ impl Pipeline {
                     // Before the record: an event that arrives right after it must find the chunk. A failure
                     // here costs only latency (the fallback poll still comes).
                     let indexed = match self.store.now().await {
-                        Ok(now) => self.store.index_request(submitted.request_id.as_str(), chunk, deadline_at, now).await,
+                        Ok(now) => {
+                            self.store.index_request(submitted.request_id.as_str(), chunk, deadline_at, now).await
+                        }
                         Err(error) => Err(error),
                     };
                     if let Err(error) = indexed {
@@ -925,9 +931,13 @@ impl Pipeline {
             finished_at: now,
         };
         let items_failed = entry.items_failed;
+        let usage = entry.result.as_ref().map(|output| output.usage.clone());
         if self.store.publish(job_id, entry, state, &context.reply_to, now).await? {
             let turnaround = Duration::from_millis(now.saturating_sub(context.accepted_at));
             metrics::job_finished(status.as_str(), turnaround);
+            if let Some(usage) = usage {
+                metrics::tokens(&context.model, &usage);
+            }
             tracing::info!(
                 job_id = %job_id,
                 status = %status,
@@ -969,16 +979,4 @@ fn exhausted(error: &ApiError, attempts: u64) -> JobError {
     job_error.code = code::RETRIES_EXHAUSTED.to_owned();
     job_error.message = format!("gave up after {attempts} attempts; last error: {error}");
     job_error
-}
-
-/// The model named by an entry that failed validation, when it can be read, for the failure result.
-fn model_hint(entry: &IngressEntry) -> String {
-    entry
-        .fields
-        .iter()
-        .find(|(name, _)| name == batchd_core::job::JOB_FIELD)
-        .and_then(|(_, raw)| serde_json::from_slice::<serde_json::Value>(raw).ok())
-        .and_then(|job| job.get("model").and_then(|model| model.as_str()).map(str::to_owned))
-        .filter(|model| ModelName::parse(model).is_ok())
-        .unwrap_or_default()
 }

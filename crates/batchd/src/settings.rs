@@ -173,6 +173,8 @@ pub struct IngressConfig {
     pub reclaim_idle_secs: u64,
     /// How often to look for abandoned entries.
     pub reclaim_interval_secs: u64,
+    /// An entry delivered more than this many times is moved to the dead-letter stream instead of taken in again.
+    pub max_deliveries: u64,
 }
 
 /// `[schedule]`
@@ -336,6 +338,8 @@ pub struct RetentionSettings {
     pub results_maxlen: u64,
     /// Approximate maximum length of the dead-letter stream.
     pub dead_maxlen: u64,
+    /// Most bytes of an entry's fields copied into its dead-letter entry.
+    pub dead_entry_bytes: usize,
     /// Lifetime of a finished job's ledger.
     pub ledger_ttl_secs: u64,
 }
@@ -539,6 +543,12 @@ impl Settings {
         }
         if self.retention.results_maxlen == 0 {
             return fail("retention.results_maxlen", "must be at least 1");
+        }
+        if self.ingress.max_deliveries == 0 {
+            return fail("ingress.max_deliveries", "must be at least 1");
+        }
+        if self.retention.dead_entry_bytes > 64 * 1024 * 1024 {
+            return fail("retention.dead_entry_bytes", "must be at most 67108864 (64 MiB)");
         }
         if !self.admin.listen.is_empty() && self.admin.listen.parse::<SocketAddr>().is_err() {
             return fail("admin.listen", "must be IP:port (e.g. 127.0.0.1:9090 or 0.0.0.0:9090), or empty");
@@ -751,8 +761,7 @@ fn refuse_token_in_file(file: &Path) -> Result<(), ConfigError> {
     let Ok(value) = text.parse::<toml::Table>() else {
         return Ok(()); // likewise for a file that is not TOML
     };
-    let holds_token =
-        |section: &str| value.get(section).and_then(|section| section.get("api_token")).is_some();
+    let holds_token = |section: &str| value.get(section).and_then(|section| section.get("api_token")).is_some();
     if holds_token("events") {
         return Err(ConfigError(format!(
             "events.api_token: not allowed in a config file ({}); give it through BATCHD__EVENTS__API_TOKEN or \

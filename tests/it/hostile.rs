@@ -1,0 +1,136 @@
+//! Hostile entries against a real daemon process: whatever an entry claims, the work and memory spent on it are
+//! bounded by the limits. The daemon runs as its own process so its peak RSS (`VmHWM` in `/proc/<pid>/status`)
+//! is the daemon's alone.
+
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use batchd_core::{ResultEntry, ResultStatus};
+use batchd_tests::World;
+use redis::AsyncCommands;
+
+/// Patient: a debug daemon reads a 90 MB entry in several passes.
+const WAIT: Duration = Duration::from_secs(300);
+
+/// A `batchd run` process, killed when dropped; its logs go to a file, shown if it dies.
+struct DaemonProcess {
+    /// The process.
+    child: Child,
+    /// Where its stderr goes.
+    log: PathBuf,
+}
+
+impl DaemonProcess {
+    /// Starts `batchd run` on the world's Redis, namespace and emulator, with `extra` settings on top.
+    fn start(world: &World, extra: &[(&str, String)]) -> Self {
+        let log = std::env::temp_dir().join(format!("batchd-it-hostile-{}.log", uuid::Uuid::new_v4().simple()));
+        let child = world
+            .batchd()
+            .arg("run")
+            .env("CLOUDFLARE_API_TOKEN", world.emulator.token())
+            .env("BATCHD__ADMIN__LISTEN", "")
+            .envs(extra.iter().map(|(name, value)| (name, value)))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("daemon log file"))
+            .spawn()
+            .expect("start batchd");
+        Self { child, log }
+    }
+
+    /// Waits for the one result of `job_id`; fails at once if the daemon exits, or after [`WAIT`].
+    async fn wait_for_result(&mut self, world: &World, job_id: &str) -> ResultEntry {
+        let started = Instant::now();
+        loop {
+            let results = world.results().await;
+            if let Some(fields) = results.iter().find(|fields| fields.get("job_id").map(String::as_str) == Some(job_id))
+            {
+                return ResultEntry::from_fields(fields).expect("well-formed result");
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                panic!("the daemon exited ({status}) before the result of {job_id}:\n{log}");
+            }
+            assert!(started.elapsed() < WAIT, "timed out waiting for the result of {job_id}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// A size field of `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in bytes.
+    fn status_bytes(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("read /proc status");
+        let line = status.lines().find(|line| line.starts_with(&format!("{field}:"))).expect("field in status");
+        let kib: u64 = line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("a size in kB");
+        kib * 1024
+    }
+
+    /// Whether the process still runs.
+    fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// The 90 MB job: `{"id":"huge","model":"@cf/baai/bge-m3","requests":[{},{},...]}` with `n_items` empty items,
+/// built with one repeat instead of an item at a time.
+fn empty_items_job(n_items: usize) -> Vec<u8> {
+    let head = br#"{"id":"huge","model":"@cf/baai/bge-m3","requests":["#;
+    let tail = b"{}]}";
+    let mut job = Vec::with_capacity(head.len() + 3 * n_items + 1);
+    job.extend_from_slice(head);
+    job.extend_from_slice(&b"{},".repeat(n_items - 1));
+    job.extend_from_slice(tail);
+    job
+}
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+#[tokio::test]
+async fn thirty_million_empty_items_are_refused_within_three_times_the_entry_size() {
+    let world = World::new().await;
+    let n_items = 30_000_000;
+    let job = empty_items_job(n_items);
+    let entry_bytes = job.len() as u64;
+    let mut daemon = DaemonProcess::start(
+        &world,
+        &[("BATCHD__JOBS__MAX_ENTRY_BYTES", (2 * entry_bytes).to_string()), ("RUST_LOG", "warn".to_owned())],
+    );
+
+    // Idle: the daemon has taken in (and refused) a small job, so it is past start-up and reading the stream.
+    world.enqueue_raw(&[("job", r#"{"id":"warm-up","model":"@cf/baai/bge-m3","requests":[]}"#.to_owned())]).await;
+    assert_eq!(daemon.wait_for_result(&world, "warm-up").await.status, ResultStatus::Failed);
+    let idle_rss = daemon.status_bytes("VmRSS");
+
+    let started = Instant::now();
+    let _: String = world.conn.clone().xadd(world.keys.submit(), "*", &[("job", job.as_slice())]).await.expect("xadd");
+    drop(job);
+    let result = daemon.wait_for_result(&world, "huge").await;
+    let took = started.elapsed();
+    let peak_rss = daemon.status_bytes("VmHWM");
+    assert!(daemon.is_running(), "the daemon survives the entry");
+
+    assert_eq!(result.status, ResultStatus::Failed);
+    let error = result.error.expect("a failed result carries an error");
+    assert_eq!(error.code, "invalid_job");
+    assert_eq!(error.message, "invalid `requests`: has 30000000 items, the limit (limits.max_items) is 1000000");
+    assert_eq!(result.model, "@cf/baai/bge-m3", "the failure result names the model the entry gave");
+    assert!(world.emulator.calls().is_empty(), "nothing reached the API");
+
+    let figures = format!(
+        "entry {:.1} MiB, idle RSS {:.1} MiB, peak RSS {:.1} MiB ({:.2}× the entry), refused after {took:.1?}",
+        entry_bytes as f64 / MIB,
+        idle_rss as f64 / MIB,
+        peak_rss as f64 / MIB,
+        peak_rss as f64 / entry_bytes as f64,
+    );
+    eprintln!("{figures}");
+    assert!(peak_rss <= 3 * entry_bytes, "peak RSS over 3× the entry: {figures}");
+    assert!(peak_rss <= 3 * entry_bytes + idle_rss, "peak RSS over 3× the entry plus idle: {figures}");
+}
