@@ -86,6 +86,14 @@ impl Keys {
         format!("{}:request:{}", self.prefix, request_id)
     }
 
+    /// STRING present while intake is paused (`batchd pause`, removed by `batchd resume`): every replica stops
+    /// reading new entries from [`Self::submit`] within one read round and finishes the work it already has. The
+    /// value says who paused and when, as JSON `{"by":..,"at":<Unix ms>,"reason":..}` (informational only: any
+    /// value pauses). No expiry.
+    pub fn paused(&self) -> String {
+        format!("{}:paused", self.prefix)
+    }
+
     /// STRING: the shared rate limiter's state (GCRA theoretical arrival time, ms) for one bucket
     /// (`<account>:<task type or model>`).
     pub fn rate_limit(&self, bucket: &str) -> String {
@@ -123,6 +131,7 @@ mod tests {
         assert_eq!(keys.results(), "{batchd}:results");
         assert_eq!(keys.dead(), "{batchd}:dead");
         assert_eq!(keys.cancel(&id), "{batchd}:cancel:inv-42");
+        assert_eq!(keys.paused(), "{batchd}:paused");
         assert_eq!(keys.rate_limit("acct:embeddings"), "{batchd}:ratelimit:acct:embeddings");
         assert_eq!(CONSUMER_GROUP, "batchd");
     }

@@ -4,6 +4,12 @@
 //!
 //! The blocking `XREADGROUP` runs on a connection of its own whose response timeout exceeds `BLOCK`, and it is
 //! never cancelled mid-flight (a cancelled read would strand what it read in the pending list).
+//!
+//! With a [`DeliveryLimit`], an entry that keeps coming back (its take-in fails, or crashes the process, every
+//! time) is not handed out again once the consumer group has delivered it more than `max_deliveries` times: it
+//! is moved to the dead-letter stream, unread, so it cannot hold a replica forever. Redis 7.0's `XAUTOCLAIM` does
+//! not return delivery counts, so they are read with one `XPENDING` per reclaimed entry (one round trip, at most
+//! `batch` commands).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,7 +24,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::fetch::{FetchBackend, HandBack, pause, reserve};
-use crate::{Conn, Endpoint, RetryDelay};
+use crate::{Conn, Endpoint, RetryDelay, Store, Undeliverable};
 
 /// A read of more than this many bytes replaces the reader's connection afterwards (see `fetch_loop`).
 const BIG_READ: usize = 1024 * 1024;
@@ -47,11 +53,36 @@ pub struct IngressSettings {
     pub reclaim_interval: Duration,
 }
 
-/// Starts the ingress fetcher and returns the backend the submit worker reads from.
+/// Entries delivered too often go to the dead-letter stream instead of to the worker (see the module docs).
+#[derive(Debug, Clone)]
+pub struct DeliveryLimit {
+    /// An entry the consumer group has delivered more than this many times is moved to the dead-letter stream
+    /// (`ingress.max_deliveries`).
+    pub max_deliveries: u64,
+    /// The namespace's storage, which moves it.
+    pub store: Store,
+    /// Called once for each entry moved, with whether its entry id got a `failed` result (the daemon counts them).
+    pub on_dead_letter: fn(bool),
+}
+
+/// Starts the ingress fetcher and returns the backend the submit worker reads from. Every entry is handed out
+/// however often it was delivered; see [`backend_with_delivery_limit`].
 pub fn backend(
     endpoint: Endpoint,
     keys: Keys,
     settings: IngressSettings,
+    stop: CancellationToken,
+) -> FetchBackend<IngressEntry> {
+    backend_with_delivery_limit(endpoint, keys, settings, None, stop)
+}
+
+/// Starts the ingress fetcher and returns the backend the submit worker reads from; with `limit`, a reclaimed
+/// entry delivered more than `limit.max_deliveries` times is dead-lettered instead of handed out.
+pub fn backend_with_delivery_limit(
+    endpoint: Endpoint,
+    keys: Keys,
+    settings: IngressSettings,
+    limit: Option<DeliveryLimit>,
     stop: CancellationToken,
 ) -> FetchBackend<IngressEntry> {
     let hand_back: Arc<dyn HandBack<IngressEntry>> = Arc::new(IngressHandBack {
@@ -60,13 +91,16 @@ pub fn backend(
         consumer: settings.consumer.clone(),
         reclaim_idle: settings.reclaim_idle,
     });
-    FetchBackend::spawn(settings.batch, stop, hand_back, move |tx, stop| fetch_loop(endpoint, keys, settings, tx, stop))
+    FetchBackend::spawn(settings.batch, stop, hand_back, move |tx, stop| {
+        fetch_loop(endpoint, keys, settings, limit, tx, stop)
+    })
 }
 
 async fn fetch_loop(
     endpoint: Endpoint,
     keys: Keys,
     settings: IngressSettings,
+    limit: Option<DeliveryLimit>,
     tx: mpsc::Sender<IngressEntry>,
     stop: CancellationToken,
 ) {
@@ -100,14 +134,23 @@ async fn fetch_loop(
                     .arg(n)
                     .query_async(connection)
                     .await?;
-                let claimed = match reply {
+                let mut claimed = match reply {
                     Value::Array(mut parts) if parts.len() >= 2 => entries(parts.swap_remove(1)),
                     _ => Vec::new(),
                 };
+                if let Some(limit) = limit.as_ref().filter(|_| !claimed.is_empty()) {
+                    claimed = drop_undeliverable(connection, &stream, limit, claimed).await?;
+                }
                 if !claimed.is_empty() {
                     tracing::warn!(n = claimed.len(), "reclaimed ingress entries abandoned by another replica");
                     return Ok(claimed);
                 }
+            }
+            // `batchd pause`: while `{ns}:paused` exists, read nothing new (reclaiming above goes on); checked once
+            // per read round, so a pause takes effect once the read in flight returns.
+            if connection.exists::<_, bool>(keys.paused()).await? {
+                pause(settings.block.min(Duration::from_secs(1)), &stop).await;
+                return Ok(Vec::new());
             }
             let reply: Value = redis::cmd("XREADGROUP")
                 .arg("GROUP")
@@ -163,6 +206,76 @@ async fn fetch_loop(
         }
     }
     tracing::info!(consumer = %settings.consumer, "ingress fetcher stopped");
+}
+
+/// Moves the entries of `claimed` that were delivered more than `limit.max_deliveries` times to the dead-letter
+/// stream and returns the others. An entry that cannot be moved now stays pending (this consumer holds it) and is
+/// reclaimed again later; it is never handed out.
+async fn drop_undeliverable(
+    conn: &mut Conn,
+    stream: &str,
+    limit: &DeliveryLimit,
+    claimed: Vec<IngressEntry>,
+) -> redis::RedisResult<Vec<IngressEntry>> {
+    let counts = delivery_counts(conn, stream, &claimed).await?;
+    let mut keep = Vec::with_capacity(claimed.len());
+    for (entry, deliveries) in claimed.into_iter().zip(counts) {
+        match deliveries {
+            Some(deliveries) if deliveries > limit.max_deliveries => {
+                let moved = match limit.store.now().await {
+                    Ok(now) => {
+                        limit
+                            .store
+                            .dead_letter_undeliverable(&entry.id, &entry.fields, deliveries, limit.max_deliveries, now)
+                            .await
+                    }
+                    Err(error) => Err(error),
+                };
+                match moved {
+                    Ok(Undeliverable::Moved { published }) => {
+                        (limit.on_dead_letter)(published);
+                        tracing::error!(
+                            entry_id = %entry.id,
+                            deliveries,
+                            max_deliveries = limit.max_deliveries,
+                            failed_result = published,
+                            "ingress entry delivered too many times; moved to the dead-letter stream"
+                        );
+                    }
+                    Ok(Undeliverable::Gone) => tracing::debug!(entry_id = %entry.id, "entry finished meanwhile"),
+                    Err(error) => tracing::warn!(
+                        entry_id = %entry.id,
+                        error = %error,
+                        "could not dead-letter an entry delivered too many times; it is tried again when reclaimed"
+                    ),
+                }
+            }
+            _ => keep.push(entry),
+        }
+    }
+    Ok(keep)
+}
+
+/// The consumer group's delivery count of each entry (`None` for one no longer pending): one `XPENDING <stream>
+/// <group> <id> <id> 1` per entry, sent as one pipeline.
+async fn delivery_counts(
+    conn: &mut Conn,
+    stream: &str,
+    claimed: &[IngressEntry],
+) -> redis::RedisResult<Vec<Option<u64>>> {
+    let mut pipe = redis::pipe();
+    for entry in claimed {
+        pipe.cmd("XPENDING").arg(stream).arg(CONSUMER_GROUP).arg(&entry.id).arg(&entry.id).arg(1);
+    }
+    let replies: Vec<Value> = pipe.query_async(conn).await?;
+    Ok(replies.into_iter().map(pending_deliveries).collect())
+}
+
+/// The delivery count in an extended `XPENDING` reply for one entry: `[[id, consumer, idle ms, deliveries]]`.
+fn pending_deliveries(reply: Value) -> Option<u64> {
+    let Value::Array(mut rows) = reply else { return None };
+    let Value::Array(mut row) = rows.pop()? else { return None };
+    redis::from_redis_value::<u64>(row.pop()?).ok()
 }
 
 /// Creates the consumer group (and the stream) if missing; after a Redis restart without persistence the group
@@ -299,6 +412,15 @@ mod tests {
             entries[0].fields.iter().map(|(name, value)| (name.as_str(), value.as_slice())).collect();
         assert_eq!(fields, [("job", &b"first"[..]), ("job", b"second"), ("zeta", b"z")]);
         assert_eq!(entries[1].fields, [("job".to_owned(), b"{}".to_vec())]);
+    }
+
+    #[test]
+    fn the_delivery_count_is_the_last_column_of_an_extended_xpending_row() {
+        let row =
+            Value::Array(vec![Value::Array(vec![bulk("1-0"), bulk("consumer"), Value::Int(1200), Value::Int(6)])]);
+        assert_eq!(pending_deliveries(row), Some(6));
+        assert_eq!(pending_deliveries(Value::Array(Vec::new())), None, "no longer pending");
+        assert_eq!(pending_deliveries(Value::Nil), None);
     }
 
     #[test]

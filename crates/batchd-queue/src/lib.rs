@@ -22,11 +22,11 @@ use batchd_core::UnixMillis;
 pub use clock::RedisClock;
 pub use connection::{Conn, Endpoint, RedisSettings, Topology};
 pub use fetch::FetchBackend;
-pub use ingress::{IngressEntry, IngressSettings};
+pub use ingress::{DeliveryLimit, IngressEntry, IngressSettings};
 pub use schedule::ScheduleSettings;
 pub use store::{
-    Accepted, AddOutcome, ChunkPlan, ChunkRecord, ChunkView, DeadLetter, Intake, NewChunk, Placement, PublishContext,
-    Rejection, Store, StoreSettings, SubmitTicket,
+    Accepted, AddOutcome, ChunkPlan, ChunkRecord, ChunkView, DeadLetter, Intake, MAX_CHUNKS_PER_JOB, NewChunk,
+    Placement, PublishContext, Rejection, Store, StoreSettings, SubmitTicket, TOO_MANY_DELIVERIES, Undeliverable,
 };
 
 /// Errors of the storage layer.

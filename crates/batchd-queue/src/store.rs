@@ -311,11 +311,17 @@ pub struct Store {
     soon_due: std::sync::Arc<tokio::sync::Notify>,
     /// Redis's clock, for every time that orders work between replicas.
     clock: std::sync::Arc<crate::clock::RedisClock>,
+    /// Most bytes of an entry's fields copied to the dead-letter stream (see [`Store::with_dead_entry_bytes`]).
+    dead_entry_bytes: usize,
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("keys", &self.keys).field("settings", &self.settings).finish()
+        f.debug_struct("Store")
+            .field("keys", &self.keys)
+            .field("settings", &self.settings)
+            .field("dead_entry_bytes", &self.dead_entry_bytes)
+            .finish()
     }
 }
 
@@ -333,10 +339,84 @@ struct Scripts {
     wake: Script,
 }
 
-/// Builds a script with the shared prelude (`is_terminal`, `call_sliced`) in front.
-fn script(body: &str) -> Script {
-    Script::new(&format!("{}\n{body}", include_str!("lua/prelude.lua")))
+/// Ledger field (job level): how many of the job's chunks are not finished yet (`done` or `failed`), kept by the
+/// scripts so that a chunk's completion costs the same whatever the job's chunk count. Ledgers written before it
+/// existed lack it; `chunk_done.lua` counts them once and then keeps it.
+pub const OPEN_CHUNKS: &str = "open_chunks";
+
+/// Most chunks one job can have; `accept.lua` and `add_chunks.lua` refuse more before writing anything.
+///
+/// Accepting a job writes 12 ledger values per chunk in one script, publishing or cancelling it touches every
+/// chunk once, and Redis serves nobody else while a script runs: 10,000 chunks (120,000 values) take about
+/// 0.1 s of Redis's time; 100,000 would take over 2 s. A job reaches this only with a small `jobs.max_batch_items`
+/// (by bytes alone, the largest entry makes a few dozen chunks).
+pub const MAX_CHUNKS_PER_JOB: u32 = 10_000;
+
+/// Most field/value pairs in any list a script writes with one command (a result entry, a ledger, a dead-letter
+/// entry): 2 × 400 values stay under the ~1,000 one Lua `unpack` takes safely. Scripts refuse longer lists.
+pub const MAX_SCRIPT_PAIRS: usize = 400;
+
+/// Most schedule members one claim takes (`claim.lua` refuses a larger limit).
+pub const MAX_CLAIM: usize = 10_000;
+
+/// Most of an entry's original fields a dead-letter copy holds: with the copy's own fields, the one `XADD` stays
+/// within [`MAX_SCRIPT_PAIRS`]. Fields past it are only counted (`original_fields`), and the copy is `truncated`.
+pub const DEAD_MAX_FIELDS: usize = 256;
+
+// With the copy's own fields (at most 7), one dead-letter XADD stays within what `reject.lua` accepts.
+const _: () = assert!(DEAD_MAX_FIELDS + 7 <= MAX_SCRIPT_PAIRS);
+
+/// Default of [`Store::with_dead_entry_bytes`]: at most 64 KiB of an entry's fields are copied to the dead-letter
+/// stream.
+pub const DEFAULT_DEAD_ENTRY_BYTES: usize = 64 * 1024;
+
+/// The dead-letter `error` of an entry that was delivered more than `ingress.max_deliveries` times.
+pub const TOO_MANY_DELIVERIES: &str = "too many delivery attempts";
+
+/// A script as Redis runs it: the names and limits it shares with Rust (so a Lua literal can never drift from the
+/// Rust one), then the shared prelude (`refuse`, the checks, `call_sliced`), then the script itself.
+fn script_text(body: &str) -> String {
+    format!(
+        "local OPEN_CHUNKS = '{OPEN_CHUNKS}'\nlocal MAX_CHUNKS = {MAX_CHUNKS_PER_JOB}\nlocal MAX_PAIRS = \
+         {MAX_SCRIPT_PAIRS}\nlocal MAX_LIMIT = {MAX_CLAIM}\n{}\n{body}",
+        include_str!("lua/prelude.lua")
+    )
 }
+
+/// The full text of a storage script by its file name without `.lua` (`accept`, `reject`, ...), as Redis runs
+/// it: for tests that drive a script with arguments [`Store`] never sends (error paths, malformed input).
+pub fn script_source(name: &str) -> Option<String> {
+    let body = match name {
+        "accept" => include_str!("lua/accept.lua"),
+        "reject" => include_str!("lua/reject.lua"),
+        "claim" => include_str!("lua/claim.lua"),
+        "begin_submit" => include_str!("lua/begin_submit.lua"),
+        "update_chunk" => include_str!("lua/update_chunk.lua"),
+        "chunk_done" => include_str!("lua/chunk_done.lua"),
+        "add_chunks" => include_str!("lua/add_chunks.lua"),
+        "publish" => include_str!("lua/publish.lua"),
+        "rate_limit" => include_str!("lua/rate_limit.lua"),
+        "cancel" => include_str!("lua/cancel.lua"),
+        "wake" => include_str!("lua/wake.lua"),
+        _ => return None,
+    };
+    Some(script_text(body))
+}
+
+/// The file names (without `.lua`) of every storage script, for [`script_source`].
+pub const SCRIPT_NAMES: [&str; 11] = [
+    "accept",
+    "reject",
+    "claim",
+    "begin_submit",
+    "update_chunk",
+    "chunk_done",
+    "add_chunks",
+    "publish",
+    "rate_limit",
+    "cancel",
+    "wake",
+];
 
 /// One script call: `EVALSHA <script> <n keys> <keys>`, the caller adding the arguments through the command it
 /// derefs to. Built as one [`redis::Cmd`] (not redis-rs's `ScriptInvocation`, which holds the arguments and then
@@ -374,18 +454,19 @@ impl std::ops::DerefMut for ScriptCall<'_> {
 
 impl Scripts {
     fn load() -> Self {
+        let load = |name: &str| Script::new(&script_source(name).expect("a known script"));
         Self {
-            accept: script(include_str!("lua/accept.lua")),
-            reject: script(include_str!("lua/reject.lua")),
-            claim: script(include_str!("lua/claim.lua")),
-            begin_submit: script(include_str!("lua/begin_submit.lua")),
-            update_chunk: script(include_str!("lua/update_chunk.lua")),
-            chunk_done: script(include_str!("lua/chunk_done.lua")),
-            add_chunks: script(include_str!("lua/add_chunks.lua")),
-            publish: script(include_str!("lua/publish.lua")),
-            rate_limit: script(include_str!("lua/rate_limit.lua")),
-            cancel: script(include_str!("lua/cancel.lua")),
-            wake: script(include_str!("lua/wake.lua")),
+            accept: load("accept"),
+            reject: load("reject"),
+            claim: load("claim"),
+            begin_submit: load("begin_submit"),
+            update_chunk: load("update_chunk"),
+            chunk_done: load("chunk_done"),
+            add_chunks: load("add_chunks"),
+            publish: load("publish"),
+            rate_limit: load("rate_limit"),
+            cancel: load("cancel"),
+            wake: load("wake"),
         }
     }
 }
@@ -393,10 +474,74 @@ impl Scripts {
 /// A copy of an undecodable entry for the dead-letter stream.
 #[derive(Debug, Clone)]
 pub struct DeadLetter {
-    /// The entry's fields as they were.
+    /// The entry's fields as they were (the stored copy is bounded: see [`Store::with_dead_entry_bytes`]).
     pub fields: Vec<(String, Vec<u8>)>,
     /// Why it could not be decoded.
     pub reason: String,
+}
+
+/// What [`Store::dead_letter_undeliverable`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Undeliverable {
+    /// The entry is in the dead-letter stream and acknowledged; `published` tells whether its entry id got a
+    /// `failed` result (false: that id already had a ledger).
+    Moved {
+        /// Whether a `failed` result was published under the entry id.
+        published: bool,
+    },
+    /// The entry was no longer pending with too many deliveries (another replica finished it): nothing changed.
+    Gone,
+}
+
+/// What goes to the dead-letter stream, before it is bounded.
+#[derive(Debug, Clone, Copy)]
+struct DeadCopy<'a> {
+    /// The entry's fields as they were.
+    fields: &'a [(String, Vec<u8>)],
+    /// The dead-letter `error`.
+    reason: &'a str,
+    /// The consumer group's delivery count, for an entry dead-lettered for it.
+    deliveries: Option<u64>,
+}
+
+/// The bounded part of an entry's fields that a dead-letter entry holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DeadLetterCopy<'a> {
+    /// The fields copied, in order: whole, except the last one, which may be cut.
+    fields: Vec<(&'a str, &'a [u8])>,
+    /// How many fields the entry had.
+    original_fields: usize,
+    /// Bytes of the entry's field names and values.
+    original_bytes: usize,
+    /// Whether anything was left out or cut.
+    truncated: bool,
+}
+
+impl<'a> DeadLetterCopy<'a> {
+    /// At most `max_bytes` of names and values and at most [`DEAD_MAX_FIELDS`] fields of `fields`: fields are
+    /// copied whole while they fit; the first one that does not has its value cut to what is left (a name is
+    /// never cut: a field whose name does not fit is left out), and copying stops there.
+    fn new(fields: &'a [(String, Vec<u8>)], max_bytes: usize) -> Self {
+        let original_bytes = fields.iter().map(|(name, value)| name.len() + value.len()).sum();
+        let mut copied = Vec::new();
+        let mut budget = max_bytes;
+        let mut truncated = false;
+        for (name, value) in fields {
+            if copied.len() == DEAD_MAX_FIELDS || name.len() > budget {
+                truncated = true;
+                break;
+            }
+            budget -= name.len();
+            let kept = value.len().min(budget);
+            budget -= kept;
+            copied.push((name.as_str(), &value[..kept]));
+            if kept < value.len() {
+                truncated = true;
+                break;
+            }
+        }
+        Self { fields: copied, original_fields: fields.len(), original_bytes, truncated }
+    }
 }
 
 impl Store {
@@ -409,7 +554,16 @@ impl Store {
             scripts: std::sync::Arc::new(Scripts::load()),
             soon_due: std::sync::Arc::new(tokio::sync::Notify::new()),
             clock: std::sync::Arc::new(crate::clock::RedisClock::new()),
+            dead_entry_bytes: DEFAULT_DEAD_ENTRY_BYTES,
         }
+    }
+
+    /// Caps the dead-letter copy of an entry at `bytes` of its field names and values (`retention.dead_entry_bytes`,
+    /// default [`DEFAULT_DEAD_ENTRY_BYTES`]): a field that does not fit whole is cut, later ones are left out, and
+    /// the copy records the original size and a `truncated` flag.
+    pub fn with_dead_entry_bytes(mut self, bytes: usize) -> Self {
+        self.dead_entry_bytes = bytes;
+        self
     }
 
     /// Redis's current time in Unix milliseconds: the time every lease, due time and deadline is written and
@@ -545,10 +699,57 @@ impl Store {
     }
 
     /// Finishes ingress entry `entry_id` as a failed job `job_id` without running it: one `failed` result entry
-    /// with `error`, a finished ledger, the entry acknowledged; and, for an undecodable entry, a dead-letter copy.
-    /// Returns false when `job_id` already had a ledger (the entry was a duplicate and only acknowledged).
+    /// with `error`, a finished ledger, the entry acknowledged; and, for an undecodable entry, a dead-letter copy
+    /// (bounded: see [`Store::with_dead_entry_bytes`]). Returns false when `job_id` already had a ledger (the
+    /// entry was a duplicate: only acknowledged, and copied to the dead-letter stream if it had to be).
     pub async fn reject(&self, rejection: &Rejection<'_>, now: UnixMillis) -> Result<bool, StoreError> {
-        let Rejection { entry_id, job_id, model, error, dead, items_total } = *rejection;
+        let dead = rejection.dead.map(|dead| DeadCopy { fields: &dead.fields, reason: &dead.reason, deliveries: None });
+        let verdict = self.finish_entry(rejection, dead, 0, now).await?;
+        Ok(verdict == "rejected")
+    }
+
+    /// Moves an ingress entry that was delivered more than `max_deliveries` times (`deliveries`, the consumer
+    /// group's count) to the dead-letter stream with the error [`TOO_MANY_DELIVERIES`], without reading it as a
+    /// job: its `fields` are only copied (bounded). Its default job id, the entry id, gets a `failed` result
+    /// (`invalid_entry`) unless that id already has a ledger. Done only if the entry is still pending with more
+    /// than `max_deliveries` deliveries, atomically; otherwise nothing changes ([`Undeliverable::Gone`]).
+    pub async fn dead_letter_undeliverable(
+        &self,
+        entry_id: &str,
+        fields: &[(String, Vec<u8>)],
+        deliveries: u64,
+        max_deliveries: u64,
+        now: UnixMillis,
+    ) -> Result<Undeliverable, StoreError> {
+        let job_id = JobId::parse(entry_id)
+            .map_err(|e| StoreError::Corrupt { job_id: entry_id.to_owned(), detail: e.to_string() })?;
+        let error = JobError::new(
+            batchd_core::result::code::INVALID_ENTRY,
+            format!(
+                "{TOO_MANY_DELIVERIES}: the entry was delivered {deliveries} times, more than ingress.max_deliveries \
+                 ({max_deliveries}), without being taken in; it was moved to the dead-letter stream"
+            ),
+        );
+        let rejection = Rejection { entry_id, job_id: &job_id, model: "", error: &error, dead: None, items_total: 0 };
+        let dead = DeadCopy { fields, reason: TOO_MANY_DELIVERIES, deliveries: Some(deliveries) };
+        let verdict = self.finish_entry(&rejection, Some(dead), max_deliveries.max(1), now).await?;
+        Ok(match verdict.as_str() {
+            "rejected" => Undeliverable::Moved { published: true },
+            "duplicate" => Undeliverable::Moved { published: false },
+            _ => Undeliverable::Gone,
+        })
+    }
+
+    /// Runs `reject.lua`: see [`Store::reject`]; with `guard` > 0 only for an entry still pending with more than
+    /// `guard` deliveries.
+    async fn finish_entry(
+        &self,
+        rejection: &Rejection<'_>,
+        dead: Option<DeadCopy<'_>>,
+        guard: u64,
+        now: UnixMillis,
+    ) -> Result<String, StoreError> {
+        let Rejection { entry_id, job_id, model, error, dead: _, items_total } = *rejection;
         let entry = ResultEntry {
             job_id: job_id.to_string(),
             status: batchd_core::ResultStatus::Failed,
@@ -584,6 +785,7 @@ impl Store {
             .arg(self.settings.results_maxlen)
             .arg(self.settings.dead_maxlen)
             .arg(self.settings.ledger_ttl.as_secs().max(1))
+            .arg(guard)
             .arg(result_fields.len());
         for (name, value) in &result_fields {
             cmd.arg(*name).arg(value);
@@ -597,22 +799,35 @@ impl Store {
                 cmd.arg(0);
             }
             Some(dead) => {
-                cmd.arg(3 + dead.fields.len());
-                cmd.arg("source_id").arg(entry_id).arg("error").arg(&dead.reason).arg("dead_at").arg(now);
-                for (name, value) in &dead.fields {
-                    cmd.arg(format!("field:{name}")).arg(value.as_slice());
+                let copy = DeadLetterCopy::new(dead.fields, self.dead_entry_bytes);
+                let mut head: Vec<(&str, String)> = vec![
+                    ("source_id", entry_id.to_owned()),
+                    ("error", dead.reason.to_owned()),
+                    ("dead_at", now.to_string()),
+                    ("original_fields", copy.original_fields.to_string()),
+                    ("original_bytes", copy.original_bytes.to_string()),
+                    ("truncated", if copy.truncated { "1" } else { "0" }.to_owned()),
+                ];
+                if let Some(deliveries) = dead.deliveries {
+                    head.push(("deliveries", deliveries.to_string()));
+                }
+                cmd.arg(head.len() + copy.fields.len());
+                for (name, value) in &head {
+                    cmd.arg(*name).arg(value);
+                }
+                for (name, value) in &copy.fields {
+                    cmd.arg(format!("field:{name}")).arg(*value);
                 }
             }
         }
-        let verdict: String = self.run(&cmd).await?;
-        Ok(verdict == "rejected")
+        self.run(&cmd).await
     }
 
-    /// Claims up to `limit` due schedule members (re-scored to now + lease).
+    /// Claims up to `limit` (at most [`MAX_CLAIM`]) due schedule members (re-scored to now + lease).
     pub async fn claim_due(&self, now: UnixMillis, limit: usize) -> Result<Vec<String>, StoreError> {
         let lease_until = now + self.settings.lease.as_millis() as u64;
         let mut cmd = ScriptCall::new(&self.scripts.claim, &[self.keys.schedule()]);
-        cmd.arg(now).arg(lease_until).arg(limit);
+        cmd.arg(now).arg(lease_until).arg(limit.clamp(1, MAX_CLAIM));
         let members: Vec<String> = self.run(&cmd).await?;
         Ok(members)
     }
@@ -921,8 +1136,13 @@ impl Store {
 
     /// Makes the chunk of the batch `request_id` due now, if batchd knows the request id and the chunk is
     /// polling (see `wake.lua`). Returns the chunk and whether it was woken; `None` for an unknown request id.
-    pub async fn wake_request(&self, request_id: &str, now: UnixMillis) -> Result<Option<(ChunkRef, bool)>, StoreError> {
-        let member: Option<String> = redis::cmd("GET").arg(self.keys.request(request_id)).query_async(&mut self.conn.clone()).await?;
+    pub async fn wake_request(
+        &self,
+        request_id: &str,
+        now: UnixMillis,
+    ) -> Result<Option<(ChunkRef, bool)>, StoreError> {
+        let member: Option<String> =
+            redis::cmd("GET").arg(self.keys.request(request_id)).query_async(&mut self.conn.clone()).await?;
         let Some(chunk) = member.and_then(|member| ChunkRef::parse(&member).ok()) else {
             return Ok(None);
         };
@@ -1026,4 +1246,63 @@ impl<R: Borrow<RawValue>> redis::ToRedisArgs for RequestsArg<'_, R> {
 fn parse_items(raw: Option<&str>) -> Option<(usize, usize)> {
     let (start, len) = raw?.split_once(':')?;
     Some((start.parse().ok()?, len.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(pairs: &[(&str, usize)]) -> Vec<(String, Vec<u8>)> {
+        pairs.iter().map(|(name, size)| ((*name).to_owned(), vec![b'x'; *size])).collect()
+    }
+
+    #[test]
+    fn a_dead_letter_copy_keeps_whole_fields_while_they_fit() {
+        let entry = fields(&[("job", 10), ("source", 5)]);
+        let copy = DeadLetterCopy::new(&entry, 1000);
+        assert_eq!(copy.fields, [("job", &[b'x'; 10][..]), ("source", &[b'x'; 5][..])]);
+        assert_eq!((copy.original_fields, copy.original_bytes, copy.truncated), (2, 24, false));
+    }
+
+    #[test]
+    fn a_dead_letter_copy_cuts_the_field_that_does_not_fit_and_stops() {
+        let entry = fields(&[("job", 1_000_000), ("after", 1)]);
+        let copy = DeadLetterCopy::new(&entry, 64 * 1024);
+        assert_eq!(copy.fields.len(), 1);
+        assert_eq!(copy.fields[0].1.len(), 64 * 1024 - 3, "name and value together fill the budget");
+        assert_eq!((copy.original_fields, copy.original_bytes, copy.truncated), (2, 1_000_009, true));
+    }
+
+    #[test]
+    fn a_dead_letter_copy_never_cuts_a_name_and_holds_at_most_dead_max_fields() {
+        let entry = fields(&[("a", 2), ("a-very-long-name", 0)]);
+        let copy = DeadLetterCopy::new(&entry, 5);
+        assert_eq!(copy.fields, [("a", &b"xx"[..])]);
+        assert!(copy.truncated);
+
+        let names: Vec<String> = (0..5_000).map(|i| format!("f{i}")).collect();
+        let many: Vec<(String, Vec<u8>)> = names.iter().map(|name| (name.clone(), b"v".to_vec())).collect();
+        let copy = DeadLetterCopy::new(&many, usize::MAX);
+        assert_eq!(copy.fields.len(), DEAD_MAX_FIELDS);
+        assert_eq!((copy.original_fields, copy.truncated), (5_000, true));
+    }
+
+    #[test]
+    fn every_script_is_known_by_name_and_gets_the_shared_names_from_rust() {
+        for name in SCRIPT_NAMES {
+            let text = script_source(name).expect(name);
+            assert!(text.starts_with(&format!("local OPEN_CHUNKS = '{OPEN_CHUNKS}'\n")), "{name}");
+            assert!(text.contains(&format!("local MAX_CHUNKS = {MAX_CHUNKS_PER_JOB}\n")), "{name}");
+        }
+        assert!(script_source("nonesuch").is_none());
+        let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src/lua")).expect("lua dir");
+        let mut on_disk: Vec<String> = files
+            .map(|file| file.expect("entry").file_name().to_string_lossy().trim_end_matches(".lua").to_owned())
+            .filter(|name| name != "prelude")
+            .collect();
+        on_disk.sort();
+        let mut known: Vec<&str> = SCRIPT_NAMES.to_vec();
+        known.sort_unstable();
+        assert_eq!(on_disk, known, "every script file is loaded");
+    }
 }

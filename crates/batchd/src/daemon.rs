@@ -16,7 +16,7 @@ use anyhow::{Context as _, bail};
 use apalis::layers::WorkerBuilderExt;
 use apalis_core::worker::builder::WorkerBuilder;
 use batchd_cloudflare::{BatchClient, QueueClient};
-use batchd_queue::{IngressSettings, ScheduleSettings, Store};
+use batchd_queue::{DeliveryLimit, IngressSettings, ScheduleSettings, Store};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
@@ -87,7 +87,8 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
     let mut workers = JoinSet::new();
     let mut stores = Vec::with_capacity(namespaces.len());
     for keys in &namespaces {
-        let store = Store::new(conn.clone(), keys.clone(), settings.store_settings());
+        let store = Store::new(conn.clone(), keys.clone(), settings.store_settings())
+            .with_dead_entry_bytes(settings.retention.dead_entry_bytes);
         stores.push(store.clone());
         let pipeline = Arc::new(Pipeline {
             store: store.clone(),
@@ -179,7 +180,13 @@ fn spawn_workers(
 ) {
     let keys = pipeline.store.keys().clone();
     let namespace = keys.namespace().to_owned();
-    let ingress = batchd_queue::ingress::backend(
+    // An entry whose take-in keeps failing (or crashing the replica) ends in the dead-letter stream.
+    let limit = DeliveryLimit {
+        max_deliveries: settings.ingress.max_deliveries,
+        store: pipeline.store.clone(),
+        on_dead_letter: crate::metrics::entry_undeliverable,
+    };
+    let ingress = batchd_queue::ingress::backend_with_delivery_limit(
         endpoint.clone(),
         keys,
         IngressSettings {
@@ -189,6 +196,7 @@ fn spawn_workers(
             reclaim_idle: Duration::from_secs(settings.ingress.reclaim_idle_secs),
             reclaim_interval: Duration::from_secs(settings.ingress.reclaim_interval_secs),
         },
+        Some(limit),
         fetch_stop.clone(),
     );
     let schedule = batchd_queue::schedule::backend(

@@ -17,6 +17,7 @@ pub const NAMES: &[&str] = &[
     "batchd_jobs_accepted_total",
     "batchd_jobs_rejected_total",
     "batchd_jobs_duplicate_total",
+    "batchd_entries_undeliverable_total",
     "batchd_jobs_finished_total",
     "batchd_api_requests_total",
     "batchd_api_request_duration_seconds",
@@ -181,6 +182,10 @@ pub fn describe() {
         "batchd_jobs_duplicate_total",
         "Ingress entries repeating a known job id (acknowledged, not run)."
     );
+    describe_counter!(
+        "batchd_entries_undeliverable_total",
+        "Ingress entries moved to the dead-letter stream unread after more than ingress.max_deliveries deliveries."
+    );
     describe_counter!("batchd_jobs_finished_total", "Jobs finished, by outcome (completed, failed, expired).");
     describe_counter!(
         "batchd_api_requests_total",
@@ -309,6 +314,17 @@ pub fn job_accepted() {
 /// An ingress entry was refused (`reason` is a batchd error code).
 pub fn job_rejected(reason: &'static str) {
     counter!("batchd_jobs_rejected_total", "reason" => reason).increment(1);
+    // A refused entry gets a failed result entry too.
+    counter!("batchd_results_published_total").increment(1);
+}
+
+/// An ingress entry delivered more than `ingress.max_deliveries` times was moved to the dead-letter stream;
+/// `published`: its entry id got a failed result entry.
+pub fn entry_undeliverable(published: bool) {
+    counter!("batchd_entries_undeliverable_total").increment(1);
+    if published {
+        counter!("batchd_results_published_total").increment(1);
+    }
 }
 
 /// An ingress entry repeated a known job id.

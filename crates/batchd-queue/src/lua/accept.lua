@@ -14,17 +14,44 @@
 --       `job` field (entry) or its requests JSON (inline)
 -- Returns {verdict, state}; verdict: accepted | cancelled | duplicate | missing (the entry is gone or not what
 -- the caller read, with "entry": nothing was done, the caller retries "inline")
+-- Everything is checked before the first write (key types, every argument, at most MAX_CHUNKS chunks), so an
+-- error reply means nothing was written. The ledger starts its count of unfinished chunks (OPEN_CHUNKS).
 local ledger, stream, schedule = KEYS[1], KEYS[2], KEYS[3]
 local group, entry_id, job_id = ARGV[1], ARGV[2], ARGV[3]
-local n_chunks, first_due, other_due = tonumber(ARGV[4]), ARGV[5], ARGV[6]
+check_entry_id(entry_id)
+local n_chunks = uint(ARGV[4], 'n_chunks')
+if n_chunks < 1 or n_chunks > MAX_CHUNKS then
+  refuse('a job has 1 to ' .. MAX_CHUNKS .. ' chunks, got ' .. n_chunks)
+end
+local first_due, other_due = ARGV[5], ARGV[6]
+uint(first_due, 'first-chunk due time')
+uint(other_due, 'other-chunks due time')
 local first_state, source = ARGV[7], ARGV[8]
+if first_state ~= 'submitting' and first_state ~= 'pending' then refuse('first chunk state must be submitting or pending') end
+if source ~= 'entry' and source ~= 'inline' then refuse('items source must be entry or inline') end
+local ledger_exists = check_type(ledger, 'hash')
+check_type(stream, 'stream')
+check_type(schedule, 'zset')
 
-if redis.call('EXISTS', ledger) == 1 then
+if ledger_exists then
+  check_counter(redis.call('HGET', ledger, 'duplicates'), 'the ledger\'s duplicates')
   redis.call('XACK', stream, group, entry_id)
   redis.call('XDEL', stream, entry_id)
   redis.call('HINCRBY', ledger, 'duplicates', 1)
   return {'duplicate', redis.call('HGET', ledger, 'state') or ''}
 end
+
+local i = 9
+local fields = {}
+while ARGV[i] ~= '--chunks' do
+  if i + 1 > #ARGV then refuse('the ledger pairs must be followed by the --chunks marker') end
+  fields[#fields + 1] = ARGV[i]
+  fields[#fields + 1] = ARGV[i + 1]
+  i = i + 2
+end
+if #ARGV ~= i + 2 * n_chunks then refuse('expected ' .. n_chunks .. ' chunk argument pairs after --chunks') end
+fields[#fields + 1] = OPEN_CHUNKS
+fields[#fields + 1] = n_chunks
 
 local body
 if source == 'entry' then
@@ -46,25 +73,22 @@ if first_state == 'submitting' and redis.call('EXISTS', KEYS[4]) == 1 then
   verdict, first_state, first_due = 'cancelled', 'pending', other_due
 end
 
-local i = 9
-local fields = {}
-while ARGV[i] ~= '--chunks' do
-  fields[#fields + 1] = ARGV[i]
-  fields[#fields + 1] = ARGV[i + 1]
-  i = i + 2
-end
 local members = {}
 for chunk = 0, n_chunks - 1 do
   local prefix = 'c' .. chunk .. ':'
   local items, source_arg = ARGV[i + 1 + 2 * chunk], ARGV[i + 2 + 2 * chunk]
+  check_items(items)
   local requests = source_arg
   if body then
     local from, to = string.match(source_arg, '^(%d+):(%d+)$')
-    local run = string.sub(body, tonumber(from or 0) + 1, tonumber(to or 0))
     -- A run of items starts with the first one's '{' and ends with the last one's '}'; anything else means
     -- the entry is not the text the caller decoded.
+    if not from or #from > 15 or #to > 15 then return {'missing', ''} end
+    local run = string.sub(body, tonumber(from) + 1, tonumber(to))
     if string.sub(run, 1, 1) ~= '{' or string.sub(run, -1) ~= '}' then return {'missing', ''} end
     requests = '[' .. run .. ']'
+  elseif string.sub(requests, 1, 1) ~= '[' then
+    refuse('chunk ' .. chunk .. ': requests must be a JSON array')
   end
   local state, attempts, due = 'pending', 0, other_due
   if chunk == 0 then

@@ -1,17 +1,48 @@
 -- Adds chunks to a running job and schedules them, in one atomic step. Used to split a chunk the API found too
 -- large (the chunk is replaced by its first half, the rest becomes new chunks) and to resubmit failed items once
--- (guarded by the `retried` flag, so it happens at most once per job).
+-- (guarded by the `retried` flag, so it happens at most once per job). The job stays within MAX_CHUNKS chunks,
+-- and its count of unfinished chunks (OPEN_CHUNKS, when the ledger has one) follows. Everything is checked
+-- before the first write.
 -- KEYS: 1 ledger, 2 schedule
 -- ARGV: 1 job id, 2 due ms, 3 replaced chunk index or "" , 4 guard field or "", then per chunk:
 --       items "start:len", indices JSON or "", requests JSON   (the first triple replaces the chunk when ARGV[3] set)
+-- Returns 1 (added), 0 (the guard was already set) or -1 (the job finished or has no ledger)
 local ledger, schedule, job_id = KEYS[1], KEYS[2], ARGV[1]
-local state = redis.call('HGET', ledger, 'state')
-if not state or is_terminal(state) then return -1 end
-if ARGV[4] ~= '' then
-  if redis.call('HSETNX', ledger, ARGV[4], 1) == 0 then return 0 end
+local due, replaced, guard = ARGV[2], ARGV[3], ARGV[4]
+uint(due, 'due time')
+local replaced_index = replaced ~= '' and uint(replaced, 'replaced chunk index')
+if guard == nil then refuse('missing arguments') end
+local n_triples = (#ARGV - 4) / 3
+if n_triples < 1 or n_triples ~= math.floor(n_triples) then
+  refuse('chunks come as items, indices, requests triples; got ' .. (#ARGV - 4) .. ' arguments')
 end
-local n = tonumber(redis.call('HGET', ledger, 'n_chunks'))
-local i = 5
+for i = 5, #ARGV, 3 do
+  check_items(ARGV[i])
+  if ARGV[i + 1] ~= '' and not string.match(ARGV[i + 1], '^%[[%d,]*%]$') then
+    refuse('chunk indices must be a JSON array of item indices')
+  end
+  if string.sub(ARGV[i + 2], 1, 1) ~= '[' then refuse('chunk requests must be a JSON array') end
+end
+check_type(ledger, 'hash')
+check_type(schedule, 'zset')
+local head = redis.call('HMGET', ledger, 'state', 'n_chunks', OPEN_CHUNKS)
+local state = head[1]
+if not state or is_terminal(state) then return -1 end
+if guard ~= '' and redis.call('HEXISTS', ledger, guard) == 1 then return 0 end
+local n = uint(head[2], 'the ledger\'s n_chunks')
+if head[3] then uint(head[3], 'the ledger\'s ' .. OPEN_CHUNKS) end
+local added = n_triples
+local reopened = 0
+if replaced ~= '' then
+  added = added - 1
+  if replaced_index >= n then refuse('chunk ' .. replaced_index .. ' is not one of the job\'s ' .. n) end
+  local old = redis.call('HGET', ledger, 'c' .. replaced_index .. ':state')
+  if old == 'done' or old == 'failed' then reopened = 1 end
+end
+if n + added > MAX_CHUNKS then
+  refuse('the job would have ' .. (n + added) .. ' chunks, more than ' .. MAX_CHUNKS)
+end
+
 local function write(chunk, items, indices, requests)
   local prefix = 'c' .. chunk .. ':'
   redis.call('HDEL', ledger, prefix .. 'request_id', prefix .. 'output', prefix .. 'last_error', prefix .. 'indices',
@@ -19,17 +50,18 @@ local function write(chunk, items, indices, requests)
   redis.call('HSET', ledger, prefix .. 'state', 'pending', prefix .. 'items', items, prefix .. 'requests', requests,
     prefix .. 'attempts', 0, prefix .. 'n_polls', 0, prefix .. 'poll_failures', 0)
   if indices ~= '' then redis.call('HSET', ledger, prefix .. 'indices', indices) end
-  redis.call('ZADD', schedule, ARGV[2], job_id .. '#' .. chunk)
+  redis.call('ZADD', schedule, due, job_id .. '#' .. chunk)
 end
-if ARGV[3] ~= '' then
-  write(ARGV[3], ARGV[i], ARGV[i + 1], ARGV[i + 2])
+if guard ~= '' then redis.call('HSET', ledger, guard, 1) end
+local i = 5
+if replaced ~= '' then
+  write(replaced_index, ARGV[i], ARGV[i + 1], ARGV[i + 2])
   i = i + 3
 end
-local added = 0
-while i <= #ARGV do
-  write(n + added, ARGV[i], ARGV[i + 1], ARGV[i + 2])
-  added = added + 1
+for k = 0, added - 1 do
+  write(n + k, ARGV[i], ARGV[i + 1], ARGV[i + 2])
   i = i + 3
 end
-redis.call('HSET', ledger, 'n_chunks', n + added, 'updated_at', ARGV[2])
+redis.call('HSET', ledger, 'n_chunks', n + added, 'updated_at', due)
+if head[3] then redis.call('HINCRBY', ledger, OPEN_CHUNKS, added + reopened) end
 return 1

@@ -1,6 +1,66 @@
--- Shared by every script (prepended when the script is built).
+-- Shared by every script (prepended when the script is built, after the names and limits that come from Rust:
+-- OPEN_CHUNKS, MAX_CHUNKS, MAX_PAIRS, MAX_LIMIT).
+--
+-- Scripts check, then write: Redis keeps the writes a script made before an error, so everything that can fail
+-- (key types, argument formats, counts, the ledger's own numbers) is checked with the helpers below before a
+-- script's first write, and no `unpack` sees more than ~1,000 values.
+
 local function is_terminal(state)
   return state == 'completed' or state == 'failed' or state == 'expired' or state == 'cancelled'
+end
+
+-- Ends the script with an error reply. Only ever called before the script's first write.
+local function refuse(message)
+  error({err = 'ERR batchd: ' .. message})
+end
+
+-- Refuses unless `key` is absent or holds a `want` (hash, stream, zset, string); returns whether it exists.
+local function check_type(key, want)
+  local found = redis.call('TYPE', key)['ok']
+  if found ~= 'none' and found ~= want then
+    refuse(key .. ' holds a ' .. found .. ', not a ' .. want)
+  end
+  return found ~= 'none'
+end
+
+-- `value` as a number, refused unless it is a non-negative integer of at most 15 digits (exact in Lua).
+local function uint(value, what)
+  if type(value) ~= 'string' or #value > 15 or not string.match(value, '^%d+$') then
+    refuse(what .. ' must be a non-negative integer, got ' .. string.sub(tostring(value), 1, 64))
+  end
+  return tonumber(value)
+end
+
+-- Refuses unless `value` (a hash field about to be HINCRBY'd) is absent or an integer HINCRBY accepts.
+local function check_counter(value, what)
+  if value and (#value > 18 or not string.match(value, '^%-?%d+$')) then
+    refuse(what .. ' is not an integer')
+  end
+end
+
+-- Refuses unless `id` is a full stream entry id (`<ms>-<seq>`), which XACK and XDEL require.
+local function check_entry_id(id)
+  if type(id) ~= 'string' or #id > 41 or not string.match(id, '^%d+%-%d+$') then
+    refuse('entry id must be <ms>-<seq>, got ' .. string.sub(tostring(id), 1, 64))
+  end
+end
+
+-- Refuses unless `items` is a chunk's "start:len".
+local function check_items(items)
+  if type(items) ~= 'string' or #items > 31 or not string.match(items, '^%d+:%d+$') then
+    refuse('chunk items must be start:len, got ' .. string.sub(tostring(items), 1, 64))
+  end
+end
+
+-- Reads a count from ARGV[count_at] and that many field/value pairs after it; refuses a count over MAX_PAIRS or
+-- past the end of ARGV. Returns the list and the index after it.
+local function take_pairs(count_at, what)
+  local n = uint(ARGV[count_at], what .. ' count')
+  if n > MAX_PAIRS then refuse(what .. ': ' .. n .. ' pairs, at most ' .. MAX_PAIRS) end
+  if count_at + 2 * n > #ARGV then refuse(what .. ': fewer arguments than ' .. n .. ' pairs') end
+  local out = {}
+  for k = 1, 2 * n do out[k] = ARGV[count_at + k] end
+  return out, count_at + 2 * n + 1
 end
 
 -- redis.call(command, key, ...head, ...list), with `list` sent in slices of 1,000 values: one call for any

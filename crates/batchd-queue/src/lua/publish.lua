@@ -1,15 +1,27 @@
 -- Publishes a job's one result entry and closes its ledger, in one atomic step. The ledger state is the guard:
 -- a job that already finished is never published again, so results are published exactly once per job.
+-- Everything is checked before the first write; the result entry is at most MAX_PAIRS pairs.
 -- KEYS: 1 ledger, 2 results stream, 3 schedule, 4 cancel flag
 -- ARGV: 1 final state, 2 now ms, 3 results maxlen, 4 ledger ttl secs, 5 job id, 6 error json (or ""),
 --       7 n result pairs, then result field/value pairs
 local ledger, results, schedule = KEYS[1], KEYS[2], KEYS[3]
+if not is_terminal(ARGV[1]) then refuse('final state must be completed, failed, expired or cancelled') end
+uint(ARGV[2], 'now')
+uint(ARGV[3], 'results maxlen')
+if uint(ARGV[4], 'ledger ttl') < 1 then refuse('ledger ttl must be at least 1 second') end
+if ARGV[6] == nil then refuse('missing error argument') end
+local entry_fields, after = take_pairs(7, 'result fields')
+if after - 1 ~= #ARGV then refuse('arguments left over after the result fields') end
+if #entry_fields == 0 then refuse('a result entry needs fields') end
+check_type(ledger, 'hash')
+check_type(results, 'stream')
+check_type(schedule, 'zset')
 local head = redis.call('HMGET', ledger, 'state', 'n_chunks')
 local state = head[1]
 if not state or is_terminal(state) then return 0 end
-local n = tonumber(ARGV[7])
-local entry_fields = {}
-for k = 1, n * 2 do entry_fields[k] = ARGV[7 + k] end
+local n_chunks = uint(head[2] or '0', 'the ledger\'s n_chunks')
+if n_chunks > MAX_CHUNKS then refuse('the ledger has ' .. n_chunks .. ' chunks, more than ' .. MAX_CHUNKS) end
+
 local entry = redis.call('XADD', results, 'MAXLEN', '~', ARGV[3], '*', unpack(entry_fields))
 local fields = {'state', ARGV[1], 'finished_at', ARGV[2], 'updated_at', ARGV[2], 'result_entry', entry}
 if ARGV[6] ~= '' then
@@ -17,7 +29,7 @@ if ARGV[6] ~= '' then
   fields[#fields + 1] = ARGV[6]
 end
 local dropped, members = {}, {}
-for c = 0, tonumber(head[2] or '0') - 1 do
+for c = 0, n_chunks - 1 do
   local prefix = 'c' .. c .. ':'
   dropped[#dropped + 1] = prefix .. 'output'
   dropped[#dropped + 1] = prefix .. 'requests'

@@ -1,0 +1,779 @@
+//! The storage scripts are all-or-nothing: each one is driven into each of its error paths (keys of the wrong
+//! type, malformed arguments, oversized inputs, corrupt or missing ledgers) against a real redis-server, and a
+//! snapshot of the namespace (every key's `DUMP` and whether it expires) must be the same afterwards. Redis keeps
+//! the writes a script made before an error, so this holds only if every check comes before the first write.
+//!
+//! Also here: the ledger's count of unfinished chunks, including ledgers written before it existed.
+
+use std::collections::BTreeMap;
+
+use batchd_core::keys::CONSUMER_GROUP;
+use batchd_core::{ChunkRef, ChunkState, JobId, Keys};
+use batchd_queue::store::{MAX_CLAIM, MAX_SCRIPT_PAIRS, OPEN_CHUNKS, script_source};
+use batchd_queue::{MAX_CHUNKS_PER_JOB, Store, StoreSettings};
+use batchd_tests::{RedisServer, test_connection};
+use redis::aio::MultiplexedConnection;
+
+/// Every key of a namespace: its `DUMP` (type, value, consumer groups and their pending entries) and whether it
+/// has a time to live.
+type Snapshot = BTreeMap<String, (Vec<u8>, bool)>;
+
+async fn snapshot(conn: &mut MultiplexedConnection, keys: &Keys) -> Snapshot {
+    let names: Vec<String> =
+        redis::cmd("KEYS").arg(format!("{}*", keys.prefix())).query_async(conn).await.expect("redis");
+    let mut snapshot = Snapshot::new();
+    for name in names {
+        let dump: Vec<u8> = redis::cmd("DUMP").arg(&name).query_async(conn).await.expect("redis");
+        let ttl: i64 = redis::cmd("PTTL").arg(&name).query_async(conn).await.expect("redis");
+        snapshot.insert(name, (dump, ttl > 0));
+    }
+    snapshot
+}
+
+/// One namespace with a bit of everything: a submit stream with a pending entry (read by consumer `c`), a
+/// running two-chunk job `live` on the schedule, a results stream, a dead-letter stream and a rate-limit bucket.
+struct Fixture {
+    keys: Keys,
+    /// The pending ingress entry.
+    entry_id: String,
+}
+
+impl Fixture {
+    async fn new(conn: &mut MultiplexedConnection) -> Self {
+        let namespace = format!("s{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+        let keys = Keys::new(&namespace).expect("namespace");
+        let _: () = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(keys.submit())
+            .arg(CONSUMER_GROUP)
+            .arg("$")
+            .arg("MKSTREAM")
+            .query_async(conn)
+            .await
+            .expect("redis");
+        let entry_id: String = redis::cmd("XADD")
+            .arg(keys.submit())
+            .arg("*")
+            .arg("job")
+            .arg(r#"{"model":"@cf/baai/bge-m3","requests":[{"text":"x"}]}"#)
+            .query_async(conn)
+            .await
+            .expect("redis");
+        let _: redis::Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(CONSUMER_GROUP)
+            .arg("c")
+            .arg("STREAMS")
+            .arg(keys.submit())
+            .arg(">")
+            .query_async(conn)
+            .await
+            .expect("redis");
+        let fixture = Self { keys, entry_id };
+        let _: () = redis::cmd("HSET")
+            .arg(fixture.ledger("live"))
+            .arg(&[
+                ("state", "running"),
+                ("model", "@cf/baai/bge-m3"),
+                ("n_chunks", "2"),
+                (OPEN_CHUNKS, "2"),
+                ("duplicates", "0"),
+                ("c0:state", "polling"),
+                ("c0:items", "0:1"),
+                ("c0:requests", "[{}]"),
+                ("c0:attempts", "1"),
+                ("c0:n_polls", "0"),
+                ("c1:state", "pending"),
+                ("c1:items", "1:1"),
+                ("c1:requests", "[{}]"),
+                ("c1:attempts", "0"),
+            ])
+            .query_async(conn)
+            .await
+            .expect("redis");
+        fixture.run(conn, &["ZADD", &fixture.keys.schedule(), "9000", "live#0", "9000", "live#1"]).await;
+        fixture.run(conn, &["XADD", &fixture.keys.results(), "*", "v", "1"]).await;
+        fixture.run(conn, &["XADD", &fixture.keys.dead(), "*", "source_id", "1-0"]).await;
+        fixture.run(conn, &["SET", &fixture.keys.rate_limit("b"), "123"]).await;
+        fixture
+    }
+
+    fn ledger(&self, job: &str) -> String {
+        self.keys.job(&JobId::parse(job).expect("job id"))
+    }
+
+    fn cancel(&self, job: &str) -> String {
+        self.keys.cancel(&JobId::parse(job).expect("job id"))
+    }
+
+    async fn run(&self, conn: &mut MultiplexedConnection, command: &[&str]) {
+        let mut cmd = redis::cmd(command[0]);
+        for arg in &command[1..] {
+            cmd.arg(*arg);
+        }
+        let _: redis::Value = cmd.query_async(conn).await.expect("redis");
+    }
+}
+
+/// One way to call a script, and what it must answer.
+struct Case {
+    /// What the case tries.
+    name: &'static str,
+    /// The script (file name without `.lua`).
+    script: &'static str,
+    /// Commands run before the snapshot, to break something.
+    setup: Vec<Vec<String>>,
+    keys: Vec<String>,
+    args: Vec<String>,
+    /// `Err(part of the message)`, or `Ok(the reply, as text)` for an answer that changes nothing.
+    expect: Result<&'static str, &'static str>,
+}
+
+fn strings(values: &[&str]) -> Vec<String> {
+    values.iter().map(|value| (*value).to_owned()).collect()
+}
+
+/// `base` with the argument at `index` replaced (or, past the end, the list cut to `index`).
+fn with(base: &[String], index: usize, value: Option<&str>) -> Vec<String> {
+    let mut args = base.to_vec();
+    match value {
+        Some(value) => args[index] = value.to_owned(),
+        None => args.truncate(index),
+    }
+    args
+}
+
+fn cases(f: &Fixture) -> Vec<Case> {
+    let k = &f.keys;
+    let e = f.entry_id.as_str();
+    let over_chunks = (MAX_CHUNKS_PER_JOB + 1).to_string();
+    let over_pairs = (MAX_SCRIPT_PAIRS + 1).to_string();
+    let wrong = |key: String, kind: &str| -> Vec<Vec<String>> {
+        let mut setup = vec![strings(&["DEL", &key])];
+        setup.push(match kind {
+            "string" => strings(&["SET", &key, "x"]),
+            "hash" => strings(&["HSET", &key, "a", "b"]),
+            _ => strings(&["RPUSH", &key, "x"]),
+        });
+        setup
+    };
+    let hset = |job: &str, field: &str, value: &str| vec![strings(&["HSET", &f.ledger(job), field, value])];
+    let mut cases = Vec::new();
+    let mut case = |name: &'static str,
+                    script: &'static str,
+                    setup: Vec<Vec<String>>,
+                    keys: Vec<String>,
+                    args: Vec<String>,
+                    expect: Result<&'static str, &'static str>| {
+        cases.push(Case { name, script, setup, keys, args, expect });
+    };
+
+    // accept: KEYS ledger, submit, schedule, cancel
+    let keys = vec![f.ledger("new"), k.submit(), k.schedule(), f.cancel("new")];
+    let args = strings(&[
+        CONSUMER_GROUP,
+        e,
+        "new",
+        "1",
+        "5000",
+        "5000",
+        "pending",
+        "inline",
+        "state",
+        "accepted",
+        "--chunks",
+        "0:1",
+        "[{}]",
+    ]);
+    case("accept: entry id", "accept", vec![], keys.clone(), with(&args, 1, Some("x")), Err("entry id"));
+    case("accept: no chunks", "accept", vec![], keys.clone(), with(&args, 3, Some("0")), Err("chunks"));
+    case("accept: too many chunks", "accept", vec![], keys.clone(), with(&args, 3, Some(&over_chunks)), Err("chunks"));
+    case("accept: n_chunks text", "accept", vec![], keys.clone(), with(&args, 3, Some("two")), Err("n_chunks"));
+    case("accept: due time", "accept", vec![], keys.clone(), with(&args, 4, Some("-1")), Err("due time"));
+    case("accept: first state", "accept", vec![], keys.clone(), with(&args, 6, Some("polling")), Err("first chunk"));
+    case("accept: source", "accept", vec![], keys.clone(), with(&args, 7, Some("disk")), Err("items source"));
+    case("accept: no marker", "accept", vec![], keys.clone(), with(&args, 10, None), Err("--chunks"));
+    case("accept: chunk count", "accept", vec![], keys.clone(), with(&args, 3, Some("2")), Err("chunk argument pairs"));
+    case("accept: chunk items", "accept", vec![], keys.clone(), with(&args, 11, Some("0-1")), Err("chunk items"));
+    case("accept: requests", "accept", vec![], keys.clone(), with(&args, 12, Some("{}")), Err("JSON array"));
+    case(
+        "accept: ledger type",
+        "accept",
+        wrong(f.ledger("new"), "string"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a string"),
+    );
+    case("accept: stream type", "accept", wrong(k.submit(), "hash"), keys.clone(), args.clone(), Err("holds a hash"));
+    case(
+        "accept: schedule type",
+        "accept",
+        wrong(k.schedule(), "list"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a list"),
+    );
+    let dup_keys = vec![f.ledger("live"), k.submit(), k.schedule(), f.cancel("live")];
+    case(
+        "accept: duplicate counter",
+        "accept",
+        hset("live", "duplicates", "many"),
+        dup_keys,
+        args.clone(),
+        Err("duplicates"),
+    );
+    let mut from_entry = with(&args, 7, Some("entry"));
+    from_entry[12] = "3:9".to_owned();
+    case("accept: entry not as read", "accept", vec![], keys.clone(), from_entry, Ok("missing"));
+
+    // reject: KEYS ledger, submit, results, dead
+    let keys = vec![f.ledger("rj"), k.submit(), k.results(), k.dead()];
+    let args = strings(&[
+        CONSUMER_GROUP,
+        e,
+        "100",
+        "100",
+        "60",
+        "0",
+        "1",
+        "v",
+        "1",
+        "1",
+        "state",
+        "failed",
+        "1",
+        "source_id",
+        e,
+    ]);
+    case("reject: entry id", "reject", vec![], keys.clone(), with(&args, 1, Some("1")), Err("entry id"));
+    case("reject: maxlen", "reject", vec![], keys.clone(), with(&args, 2, Some("~")), Err("results maxlen"));
+    case("reject: ttl", "reject", vec![], keys.clone(), with(&args, 4, Some("0")), Err("ledger ttl"));
+    case("reject: guard", "reject", vec![], keys.clone(), with(&args, 5, Some("-")), Err("delivery guard"));
+    case(
+        "reject: pairs over the limit",
+        "reject",
+        vec![],
+        keys.clone(),
+        with(&args, 6, Some(&over_pairs)),
+        Err("at most"),
+    );
+    case(
+        "reject: pairs past the end",
+        "reject",
+        vec![],
+        keys.clone(),
+        with(&args, 12, Some("3")),
+        Err("fewer arguments"),
+    );
+    let mut leftover = args.clone();
+    leftover.push("extra".into());
+    case("reject: arguments left over", "reject", vec![], keys.clone(), leftover, Err("left over"));
+    let no_result = strings(&[CONSUMER_GROUP, e, "100", "100", "60", "0", "0", "1", "state", "failed", "0"]);
+    case("reject: no result", "reject", vec![], keys.clone(), no_result, Err("needs result"));
+    let mut huge =
+        strings(&[CONSUMER_GROUP, e, "100", "100", "60", "0", "1", "v", "1", "1", "state", "failed", "5000"]);
+    for i in 0..5_000 {
+        huge.push(format!("field:f{i}"));
+        huge.push("v".into());
+    }
+    case("reject: 5,000 dead-letter fields", "reject", vec![], keys.clone(), huge, Err("at most"));
+    case(
+        "reject: ledger type",
+        "reject",
+        wrong(f.ledger("rj"), "string"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a string"),
+    );
+    case(
+        "reject: stream type",
+        "reject",
+        wrong(k.submit(), "string"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a string"),
+    );
+    case("reject: results type", "reject", wrong(k.results(), "hash"), keys.clone(), args.clone(), Err("holds a hash"));
+    case("reject: dead type", "reject", wrong(k.dead(), "list"), keys.clone(), args.clone(), Err("holds a list"));
+    let dup_keys = vec![f.ledger("live"), k.submit(), k.results(), k.dead()];
+    case(
+        "reject: duplicate counter",
+        "reject",
+        hset("live", "duplicates", "x"),
+        dup_keys,
+        args.clone(),
+        Err("duplicates"),
+    );
+    case("reject: guard not reached", "reject", vec![], keys.clone(), with(&args, 5, Some("5")), Ok("gone"));
+    let mut not_pending = with(&args, 5, Some("1"));
+    not_pending[1] = "1-1".to_owned();
+    case("reject: guard, entry not pending", "reject", vec![], keys.clone(), not_pending, Ok("gone"));
+
+    // chunk_done: KEYS ledger, schedule
+    let keys = vec![f.ledger("live"), k.schedule()];
+    let args = strings(&["live#0", "0", "done", "{}", "5000", "6000"]);
+    case("chunk_done: index", "chunk_done", vec![], keys.clone(), with(&args, 1, Some("x")), Err("chunk index"));
+    case(
+        "chunk_done: state",
+        "chunk_done",
+        vec![],
+        keys.clone(),
+        with(&args, 2, Some("polling")),
+        Err("done or failed"),
+    );
+    case("chunk_done: no output", "chunk_done", vec![], keys.clone(), with(&args, 3, None), Err("no output"));
+    case("chunk_done: now", "chunk_done", vec![], keys.clone(), with(&args, 4, Some("soon")), Err("now"));
+    case("chunk_done: lease", "chunk_done", vec![], keys.clone(), with(&args, 5, Some("")), Err("lease end"));
+    case(
+        "chunk_done: chunk out of range",
+        "chunk_done",
+        vec![],
+        keys.clone(),
+        with(&args, 1, Some("2")),
+        Err("not one of"),
+    );
+    case(
+        "chunk_done: n_chunks",
+        "chunk_done",
+        hset("live", "n_chunks", "two"),
+        keys.clone(),
+        args.clone(),
+        Err("n_chunks"),
+    );
+    case(
+        "chunk_done: huge n_chunks",
+        "chunk_done",
+        hset("live", "n_chunks", &over_chunks),
+        keys.clone(),
+        args.clone(),
+        Err("more than"),
+    );
+    case(
+        "chunk_done: counter",
+        "chunk_done",
+        hset("live", OPEN_CHUNKS, "-1"),
+        keys.clone(),
+        args.clone(),
+        Err(OPEN_CHUNKS),
+    );
+    case(
+        "chunk_done: ledger type",
+        "chunk_done",
+        wrong(f.ledger("live"), "string"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a string"),
+    );
+    case(
+        "chunk_done: schedule type",
+        "chunk_done",
+        wrong(k.schedule(), "hash"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a hash"),
+    );
+
+    // add_chunks: KEYS ledger, schedule
+    let keys = vec![f.ledger("live"), k.schedule()];
+    let args = strings(&["live", "5000", "", "", "2:1", "", "[{}]"]);
+    case("add_chunks: due", "add_chunks", vec![], keys.clone(), with(&args, 1, Some("now")), Err("due time"));
+    case(
+        "add_chunks: replaced",
+        "add_chunks",
+        vec![],
+        keys.clone(),
+        with(&args, 2, Some("first")),
+        Err("replaced chunk"),
+    );
+    case("add_chunks: half a chunk", "add_chunks", vec![], keys.clone(), with(&args, 6, None), Err("triples"));
+    case("add_chunks: no chunk", "add_chunks", vec![], keys.clone(), with(&args, 4, None), Err("triples"));
+    case("add_chunks: items", "add_chunks", vec![], keys.clone(), with(&args, 4, Some("2")), Err("chunk items"));
+    case("add_chunks: indices", "add_chunks", vec![], keys.clone(), with(&args, 5, Some("{}")), Err("indices"));
+    case("add_chunks: requests", "add_chunks", vec![], keys.clone(), with(&args, 6, Some("{}")), Err("JSON array"));
+    case(
+        "add_chunks: replaced out of range",
+        "add_chunks",
+        vec![],
+        keys.clone(),
+        with(&args, 2, Some("7")),
+        Err("not one of"),
+    );
+    let full = (MAX_CHUNKS_PER_JOB).to_string();
+    case(
+        "add_chunks: past the chunk limit",
+        "add_chunks",
+        hset("live", "n_chunks", &full),
+        keys.clone(),
+        args.clone(),
+        Err("more than"),
+    );
+    case(
+        "add_chunks: n_chunks",
+        "add_chunks",
+        hset("live", "n_chunks", ""),
+        keys.clone(),
+        args.clone(),
+        Err("n_chunks"),
+    );
+    case(
+        "add_chunks: counter",
+        "add_chunks",
+        hset("live", OPEN_CHUNKS, "x"),
+        keys.clone(),
+        args.clone(),
+        Err(OPEN_CHUNKS),
+    );
+    case(
+        "add_chunks: ledger type",
+        "add_chunks",
+        wrong(f.ledger("live"), "list"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a list"),
+    );
+    case(
+        "add_chunks: schedule type",
+        "add_chunks",
+        wrong(k.schedule(), "string"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a string"),
+    );
+    case(
+        "add_chunks: guard already set",
+        "add_chunks",
+        hset("live", "retried", "1"),
+        keys.clone(),
+        with(&args, 3, Some("retried")),
+        Ok("0"),
+    );
+    let missing = vec![f.ledger("ghost"), k.schedule()];
+    case("add_chunks: no ledger", "add_chunks", vec![], missing, args.clone(), Ok("-1"));
+
+    // begin_submit: KEYS ledger, cancel
+    let keys = vec![f.ledger("live"), f.cancel("live")];
+    let args = strings(&["1", "5000"]);
+    case("begin_submit: index", "begin_submit", vec![], keys.clone(), with(&args, 0, Some("c1")), Err("chunk index"));
+    case("begin_submit: now", "begin_submit", vec![], keys.clone(), with(&args, 1, None), Err("now"));
+    case(
+        "begin_submit: attempts",
+        "begin_submit",
+        hset("live", "c1:attempts", "1.5"),
+        keys.clone(),
+        args.clone(),
+        Err("attempts"),
+    );
+    let resubmit =
+        vec![strings(&["HSET", &f.ledger("live"), "c1:state", "submitting", "possible_duplicate_submits", "x"])];
+    case(
+        "begin_submit: duplicate counter",
+        "begin_submit",
+        resubmit,
+        keys.clone(),
+        args.clone(),
+        Err("possible_duplicate_submits"),
+    );
+    case(
+        "begin_submit: ledger type",
+        "begin_submit",
+        wrong(f.ledger("live"), "string"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a string"),
+    );
+    let missing = vec![f.ledger("ghost"), f.cancel("ghost")];
+    case("begin_submit: no ledger", "begin_submit", vec![], missing, args.clone(), Ok("gone"));
+
+    // cancel: KEYS ledger, cancel flag, schedule
+    let keys = vec![f.ledger("live"), f.cancel("live"), k.schedule()];
+    let args = strings(&["live", "60", "operator"]);
+    case("cancel: ttl", "cancel", vec![], keys.clone(), with(&args, 1, Some("0")), Err("flag ttl"));
+    case("cancel: ttl text", "cancel", vec![], keys.clone(), with(&args, 1, Some("soon")), Err("flag ttl"));
+    case("cancel: no reason", "cancel", vec![], keys.clone(), with(&args, 2, None), Err("reason"));
+    case("cancel: n_chunks", "cancel", hset("live", "n_chunks", "?"), keys.clone(), args.clone(), Err("n_chunks"));
+    case(
+        "cancel: huge n_chunks",
+        "cancel",
+        hset("live", "n_chunks", &over_chunks),
+        keys.clone(),
+        args.clone(),
+        Err("more than"),
+    );
+    case(
+        "cancel: ledger type",
+        "cancel",
+        wrong(f.ledger("live"), "string"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a string"),
+    );
+    case(
+        "cancel: schedule type",
+        "cancel",
+        wrong(k.schedule(), "hash"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a hash"),
+    );
+
+    // claim: KEYS schedule
+    let keys = vec![k.schedule()];
+    let args = strings(&["9999", "20000", "10"]);
+    let over_claim = (MAX_CLAIM + 1).to_string();
+    case("claim: now", "claim", vec![], keys.clone(), with(&args, 0, Some("+inf")), Err("now"));
+    case("claim: lease", "claim", vec![], keys.clone(), with(&args, 1, Some("later")), Err("lease end"));
+    case("claim: no limit", "claim", vec![], keys.clone(), with(&args, 2, Some("0")), Err("limit"));
+    case("claim: limit too high", "claim", vec![], keys.clone(), with(&args, 2, Some(&over_claim)), Err("limit"));
+    case(
+        "claim: schedule type",
+        "claim",
+        wrong(k.schedule(), "string"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a string"),
+    );
+
+    // publish: KEYS ledger, results, schedule, cancel flag
+    let keys = vec![f.ledger("live"), k.results(), k.schedule(), f.cancel("live")];
+    let args = strings(&["completed", "5000", "100", "60", "live", "", "1", "v", "1"]);
+    case("publish: state", "publish", vec![], keys.clone(), with(&args, 0, Some("running")), Err("final state"));
+    case("publish: now", "publish", vec![], keys.clone(), with(&args, 1, Some("-")), Err("now"));
+    case("publish: maxlen", "publish", vec![], keys.clone(), with(&args, 2, Some("lots")), Err("results maxlen"));
+    case("publish: ttl", "publish", vec![], keys.clone(), with(&args, 3, Some("0")), Err("ledger ttl"));
+    case(
+        "publish: pairs over the limit",
+        "publish",
+        vec![],
+        keys.clone(),
+        with(&args, 6, Some(&over_pairs)),
+        Err("at most"),
+    );
+    case(
+        "publish: pairs past the end",
+        "publish",
+        vec![],
+        keys.clone(),
+        with(&args, 6, Some("2")),
+        Err("fewer arguments"),
+    );
+    case(
+        "publish: no pairs",
+        "publish",
+        vec![],
+        keys.clone(),
+        strings(&["completed", "5000", "100", "60", "live", "", "0"]),
+        Err("needs fields"),
+    );
+    let mut leftover = args.clone();
+    leftover.push("extra".into());
+    case("publish: arguments left over", "publish", vec![], keys.clone(), leftover, Err("left over"));
+    case("publish: n_chunks", "publish", hset("live", "n_chunks", "x"), keys.clone(), args.clone(), Err("n_chunks"));
+    case(
+        "publish: huge n_chunks",
+        "publish",
+        hset("live", "n_chunks", &over_chunks),
+        keys.clone(),
+        args.clone(),
+        Err("more than"),
+    );
+    case(
+        "publish: ledger type",
+        "publish",
+        wrong(f.ledger("live"), "list"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a list"),
+    );
+    case(
+        "publish: results type",
+        "publish",
+        wrong(k.results(), "string"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a string"),
+    );
+    case(
+        "publish: schedule type",
+        "publish",
+        wrong(k.schedule(), "hash"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a hash"),
+    );
+    let missing = vec![f.ledger("ghost"), k.results(), k.schedule(), f.cancel("ghost")];
+    case("publish: no ledger", "publish", vec![], missing, args.clone(), Ok("0"));
+
+    // rate_limit: KEYS bucket
+    let keys = vec![k.rate_limit("b")];
+    let args = strings(&["20", "1"]);
+    case("rate_limit: interval", "rate_limit", vec![], keys.clone(), with(&args, 0, Some("fast")), Err("interval"));
+    case("rate_limit: zero interval", "rate_limit", vec![], keys.clone(), with(&args, 0, Some("0")), Err("interval"));
+    case("rate_limit: nan", "rate_limit", vec![], keys.clone(), with(&args, 0, Some("nan")), Err("interval"));
+    case("rate_limit: burst", "rate_limit", vec![], keys.clone(), with(&args, 1, Some("0")), Err("burst"));
+    case(
+        "rate_limit: bucket type",
+        "rate_limit",
+        wrong(k.rate_limit("b"), "hash"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a hash"),
+    );
+
+    // update_chunk: KEYS ledger, schedule
+    let keys = vec![f.ledger("live"), k.schedule()];
+    let args = strings(&["live#0", "5000", "c0:n_polls", "c0:remote_status", "running"]);
+    case("update_chunk: due", "update_chunk", vec![], keys.clone(), with(&args, 1, Some("later")), Err("due time"));
+    case("update_chunk: missing arguments", "update_chunk", vec![], keys.clone(), with(&args, 2, None), Err("missing"));
+    case("update_chunk: half a pair", "update_chunk", vec![], keys.clone(), with(&args, 4, None), Err("pairs"));
+    case(
+        "update_chunk: counter",
+        "update_chunk",
+        hset("live", "c0:n_polls", "x"),
+        keys.clone(),
+        args.clone(),
+        Err("c0:n_polls"),
+    );
+    case(
+        "update_chunk: ledger type",
+        "update_chunk",
+        wrong(f.ledger("live"), "string"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a string"),
+    );
+    case(
+        "update_chunk: schedule type",
+        "update_chunk",
+        wrong(k.schedule(), "string"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a string"),
+    );
+
+    // wake: KEYS ledger, schedule
+    let keys = vec![f.ledger("live"), k.schedule()];
+    let args = strings(&["live#0", "0", "5000"]);
+    case("wake: now", "wake", vec![], keys.clone(), with(&args, 2, Some("now")), Err("now"));
+    case("wake: index", "wake", vec![], keys.clone(), with(&args, 1, Some("c0")), Err("chunk index"));
+    case(
+        "wake: ledger type",
+        "wake",
+        wrong(f.ledger("live"), "string"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a string"),
+    );
+    case("wake: schedule type", "wake", wrong(k.schedule(), "list"), keys.clone(), args.clone(), Err("holds a list"));
+    case("wake: not due later", "wake", vec![], keys.clone(), with(&args, 2, Some("10000")), Ok("0"));
+    cases
+}
+
+fn reply_text(value: &redis::Value) -> String {
+    match value {
+        redis::Value::Int(n) => n.to_string(),
+        redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        redis::Value::SimpleString(text) => text.clone(),
+        redis::Value::Array(items) => items.first().map(reply_text).unwrap_or_default(),
+        other => format!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn every_script_error_path_leaves_the_namespace_untouched() {
+    let redis = RedisServer::start().await;
+    let mut conn = test_connection(&redis.url()).await;
+    // The cases are built against one fixture's names; each runs on a fresh fixture with those names' shape.
+    let mut scripts_seen = std::collections::BTreeSet::new();
+    let n_cases = cases(&Fixture::new(&mut conn).await).len();
+    for index in 0..n_cases {
+        let fixture = Fixture::new(&mut conn).await;
+        let case = cases(&fixture).swap_remove(index);
+        for command in &case.setup {
+            let refs: Vec<&str> = command.iter().map(String::as_str).collect();
+            fixture.run(&mut conn, &refs).await;
+        }
+        let before = snapshot(&mut conn, &fixture.keys).await;
+        let source = script_source(case.script).unwrap_or_else(|| panic!("no script {}", case.script));
+        let script = redis::Script::new(&source);
+        let mut invocation = script.prepare_invoke();
+        for key in &case.keys {
+            invocation.key(key);
+        }
+        for arg in &case.args {
+            invocation.arg(arg);
+        }
+        let reply: redis::RedisResult<redis::Value> = invocation.invoke_async(&mut conn).await;
+        match (&case.expect, &reply) {
+            (Err(part), Err(error)) => {
+                let message = error.to_string();
+                assert!(message.contains("batchd: ") && message.contains(part), "{}: {message}", case.name);
+            }
+            (Ok(expected), Ok(value)) => assert_eq!(reply_text(value), *expected, "{}", case.name),
+            _ => panic!("{}: expected {:?}, got {reply:?}", case.name, case.expect),
+        }
+        let after = snapshot(&mut conn, &fixture.keys).await;
+        assert!(before == after, "{}: the script wrote before failing", case.name);
+        scripts_seen.insert(case.script);
+    }
+    let all: std::collections::BTreeSet<&str> = batchd_queue::store::SCRIPT_NAMES.into_iter().collect();
+    assert_eq!(scripts_seen, all, "every script has its error paths driven");
+}
+
+#[tokio::test]
+async fn the_ledger_counts_unfinished_chunks_and_old_ledgers_are_counted_once() {
+    let redis = RedisServer::start().await;
+    let mut conn = test_connection(&redis.url()).await;
+    let fixture = Fixture::new(&mut conn).await;
+    let store = Store::new(
+        batchd_queue::connect(redis::Client::open(redis.url()).expect("url"), std::time::Duration::from_secs(5))
+            .expect("connect"),
+        fixture.keys.clone(),
+        StoreSettings::default(),
+    );
+    let chunk = |job: &str, index: u32| ChunkRef::new(JobId::parse(job).expect("job id"), index);
+    let reader = conn.clone();
+    let open = |job: &str| {
+        let mut conn = reader.clone();
+        let ledger = fixture.ledger(job);
+        async move {
+            let value: Option<String> =
+                redis::cmd("HGET").arg(ledger).arg(OPEN_CHUNKS).query_async(&mut conn).await.expect("redis");
+            value
+        }
+    };
+
+    // A ledger written before the counter existed: three chunks, one of them done already.
+    let old = fixture.ledger("old");
+    let fields = [
+        ("state", "running"),
+        ("n_chunks", "3"),
+        ("c0:state", "done"),
+        ("c1:state", "polling"),
+        ("c2:state", "polling"),
+    ];
+    let _: () = redis::cmd("HSET").arg(&old).arg(&fields[..]).query_async(&mut conn).await.expect("redis");
+    assert_eq!(store.chunk_done(&chunk("old", 1), ChunkState::Done, "{}", 1).await.expect("store"), Some(1));
+    assert_eq!(open("old").await.as_deref(), Some("1"), "counted once, then kept");
+    // Finishing a chunk twice counts it once.
+    assert_eq!(store.chunk_done(&chunk("old", 1), ChunkState::Done, "{}", 2).await.expect("store"), Some(1));
+    assert_eq!(store.chunk_done(&chunk("old", 2), ChunkState::Failed, "{}", 3).await.expect("store"), Some(0));
+
+    // The fixture's job has the counter; a split adds to it, and the last completion leaves the chunk leased.
+    let piece = |start: usize| batchd_queue::NewChunk {
+        placement: batchd_queue::Placement::Range { start, len: 1 },
+        requests: vec![serde_json::value::RawValue::from_string("{}".into()).expect("json")],
+    };
+    let job = JobId::parse("live").expect("job id");
+    let added = store.add_chunks(&job, 5, Some(1), None, &[piece(1), piece(2)]).await.expect("store");
+    assert_eq!(added, batchd_queue::AddOutcome::Added);
+    assert_eq!(open("live").await.as_deref(), Some("3"));
+    for (index, left) in [(0, 2), (2, 1), (1, 0)] {
+        assert_eq!(
+            store.chunk_done(&chunk("live", index), ChunkState::Done, "{}", 10).await.expect("store"),
+            Some(left)
+        );
+    }
+    let score: Option<f64> =
+        redis::cmd("ZSCORE").arg(fixture.keys.schedule()).arg("live#1").query_async(&mut conn).await.expect("redis");
+    assert!(score.is_some(), "the last chunk stays on the schedule, leased, until the job is published");
+}
