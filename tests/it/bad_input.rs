@@ -190,3 +190,24 @@ async fn hand_written_schedule_members_and_ledgers_do_not_stop_the_daemon() {
     assert!(daemon.is_running());
     daemon.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_job_that_needs_more_batches_than_a_job_may_have_is_refused_before_any_submit() {
+    let world = World::new().await;
+    let mut settings = world.settings.clone();
+    settings.jobs.max_batch_items = 1;
+    let daemon = batchd_tests::Daemon::start(settings, &world.emulator);
+    let n = batchd_queue::MAX_CHUNKS_PER_JOB as usize + 1;
+    let requests: Vec<serde_json::Value> = (0..n).map(|_| serde_json::json!({})).collect();
+    world
+        .enqueue(&serde_json::json!({"id": "too-many-batches", "model": "@cf/baai/bge-m3", "requests": requests}))
+        .await;
+    let result = world.wait_for_result("too-many-batches", Duration::from_secs(30)).await;
+    assert_eq!(result.status, ResultStatus::Failed);
+    let error = result.error.expect("error");
+    assert_eq!(error.code, "invalid_job");
+    assert!(error.message.contains(&format!("needs {n} batches")), "{}", error.message);
+    assert!(world.emulator.submits().is_empty(), "nothing was submitted");
+    assert_eq!(world.ingress_pending().await, 0, "acknowledged at once, not redelivered until dead-lettered");
+    daemon.stop().await.unwrap();
+}

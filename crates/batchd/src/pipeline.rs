@@ -20,8 +20,8 @@ use batchd_core::{
 };
 use batchd_queue::ingress::IngressEntry;
 use batchd_queue::{
-    Accepted, AddOutcome, ChunkView, DeadLetter, Intake, NewChunk, Placement, PublishContext, Rejection, Store,
-    StoreError, SubmitTicket,
+    Accepted, AddOutcome, ChunkView, DeadLetter, Intake, MAX_CHUNKS_PER_JOB, NewChunk, Placement, PublishContext,
+    Rejection, Store, StoreError, SubmitTicket,
 };
 use futures::FutureExt;
 use serde_json::value::RawValue;
@@ -159,38 +159,43 @@ impl Pipeline {
         let entry_id = entry.id.as_str();
         tracing::Span::current().record("job_id", tracing::field::display(&job.id));
         let sizes: Vec<usize> = job.requests.iter().map(|item| item.get().len()).collect();
-        let plan = match plan_chunks(&sizes, self.split.max_payload_bytes, self.split.max_batch_items) {
-            Ok(plan) => plan,
-            Err(too_large) => {
-                let error = JobError::new(
-                    code::ITEM_TOO_LARGE,
-                    format!(
-                        "request item {} is {} bytes: sent alone it makes a {}-byte body, over the payload limit of {} \
-                         bytes (jobs.max_payload_bytes); nothing was submitted",
-                        too_large.index, too_large.bytes, too_large.body_bytes, self.split.max_payload_bytes
-                    ),
-                );
-                let rejection = Rejection {
-                    entry_id,
-                    job_id: &job.id,
-                    model: job.model.as_str(),
-                    error: &error,
-                    dead: None,
-                    items_total: job.requests.len(),
-                };
-                let published = self.store.reject(&rejection, now).await?;
-                if published {
-                    metrics::job_rejected(code::ITEM_TOO_LARGE);
-                    tracing::warn!(
-                        job_id = %job.id,
-                        item = too_large.index,
-                        bytes = too_large.bytes,
-                        "job refused: an item is too large"
-                    );
-                }
-                return Ok(());
-            }
+        let planned = plan_chunks(&sizes, self.split.max_payload_bytes, self.split.max_batch_items);
+        let refusal = match &planned {
+            Err(too_large) => Some((
+                code::ITEM_TOO_LARGE,
+                format!(
+                    "request item {} is {} bytes: sent alone it makes a {}-byte body, over the payload limit of {} \
+                     bytes (jobs.max_payload_bytes); nothing was submitted",
+                    too_large.index, too_large.bytes, too_large.body_bytes, self.split.max_payload_bytes
+                ),
+            )),
+            Ok(plan) if plan.len() > MAX_CHUNKS_PER_JOB as usize => Some((
+                code::INVALID_JOB,
+                format!(
+                    "the job needs {} batches, more than the {MAX_CHUNKS_PER_JOB} one job may have: split it into \
+                     smaller jobs (or raise jobs.max_batch_items); nothing was submitted",
+                    plan.len()
+                ),
+            )),
+            Ok(_) => None,
         };
+        if let Some((reason, message)) = refusal {
+            let error = JobError::new(reason, message);
+            let rejection = Rejection {
+                entry_id,
+                job_id: &job.id,
+                model: job.model.as_str(),
+                error: &error,
+                dead: None,
+                items_total: job.requests.len(),
+            };
+            if self.store.reject(&rejection, now).await? {
+                metrics::job_rejected(reason);
+                tracing::warn!(job_id = %job.id, error = %error.message, "job refused before anything was submitted");
+            }
+            return Ok(());
+        }
+        let plan = planned.expect("a refused plan returned above");
         let deadline = job.deadline_secs.map(Duration::from_secs).unwrap_or(self.default_deadline);
         // Saturating: a producer may ask for a deadline centuries away.
         let deadline_at = now.saturating_add(u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX));
