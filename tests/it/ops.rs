@@ -212,7 +212,15 @@ async fn metrics_parse_and_move_as_jobs_run() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
-    assert!(metrics.keys().all(|series| series.starts_with("batchd_")), "only batchd_ metrics are exported");
+    assert!(
+        metrics.keys().all(|series| series.starts_with("batchd_") || series.starts_with("process_")),
+        "only batchd_ metrics and the process_ metrics are exported"
+    );
+    for process in
+        ["process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds", "process_start_time_seconds"]
+    {
+        assert!(metrics.keys().any(|series| series == process), "{process} is exported");
+    }
     daemon.stop().await.expect("clean stop");
 }
 
