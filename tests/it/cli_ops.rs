@@ -375,7 +375,7 @@ async fn dead_letters_are_listed_shown_retried_after_validation_and_purged() {
     assert_eq!(result.items_total, 3);
     daemon.stop().await.unwrap();
 
-    let (code, stdout, _) = cli(&world, &["dead", "purge", &no_job_dead]).await;
+    let (code, stdout, _) = cli(&world, &["dead", "purge", &no_job_dead, "--yes"]).await;
     assert_eq!(
         (code, stdout.trim_end()),
         (0, format!("purged 1 dead-letter entries (namespace {})", world.settings.redis.namespace).as_str())
@@ -383,7 +383,7 @@ async fn dead_letters_are_listed_shown_retried_after_validation_and_purged() {
     let (code, _, stderr) = cli(&world, &["dead", "purge", &no_job_dead, &not_json_dead]).await;
     assert_eq!(code, 5, "all or nothing: {stderr}");
     assert_eq!(world.stream(&world.keys.dead()).await.len(), 1, "nothing purged when one id is unknown");
-    let (code, stdout, _) = cli(&world, &["dead", "purge", "--all"]).await;
+    let (code, stdout, _) = cli(&world, &["dead", "purge", "--all", "--yes"]).await;
     assert_eq!(
         (code, stdout.trim_end()),
         (0, format!("purged 1 dead-letter entries (namespace {})", world.settings.redis.namespace).as_str())

@@ -21,7 +21,10 @@ fn parse(datagram: &[u8]) -> HashMap<String, String> {
         let line_end = rest.iter().position(|b| *b == b'\n').unwrap_or(rest.len());
         let line = &rest[..line_end];
         if let Some(eq) = line.iter().position(|b| *b == b'=') {
-            fields.insert(String::from_utf8_lossy(&line[..eq]).into_owned(), String::from_utf8_lossy(&line[eq + 1..]).into_owned());
+            fields.insert(
+                String::from_utf8_lossy(&line[..eq]).into_owned(),
+                String::from_utf8_lossy(&line[eq + 1..]).into_owned(),
+            );
             rest = rest.get(line_end + 1..).unwrap_or_default();
         } else {
             let key = String::from_utf8_lossy(line).into_owned();

@@ -9,6 +9,7 @@ mod big;
 mod chaos;
 mod cli;
 mod cli_escaping;
+mod cli_operator;
 mod cli_ops;
 mod clock;
 mod config_check;

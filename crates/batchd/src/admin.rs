@@ -4,8 +4,11 @@
 //! Liveness says only that the process and its workers are alive, so a Redis outage never gets a replica killed
 //! (it recovers by itself); readiness adds "Redis answered the last sample". The sampler reads Redis by the
 //! documented key layout (docs/wire-format.md), like the CLI does, with bounded commands only (`XLEN`,
-//! `XPENDING` summary, `ZCARD`, `ZCOUNT`, `XRANGE .. COUNT 1`, `ZRANGE 0 0`), so its cost never grows with the
-//! backlog.
+//! `XPENDING` summary, `ZCARD`, `ZCOUNT`, `XRANGE .. COUNT 1`, `ZRANGE 0 0`, and `GET` of the pause flag), so its
+//! cost never grows with the backlog.
+//!
+//! A namespace whose intake is paused (`batchd pause`, the key `{ns}:paused`) leaves the replica live and ready: it
+//! still finishes its work and is healthy, so `/readyz` stays 200 and its text says `paused` (and who paused it).
 //!
 //! The admin server serves its HTTP/1 connections itself (hyper, not `axum::serve`) so that a slow or hostile client
 //! cannot hold it: each request's headers must arrive within [`HEADER_READ_TIMEOUT`], a connection on which no byte
@@ -60,11 +63,13 @@ pub struct Health {
     phase: AtomicU8,
     /// Result of the last Redis sample: `None` before the first one, `Some(Err(reason))` when it failed.
     redis: Mutex<Option<Result<(), String>>>,
+    /// Namespaces whose intake the last sample found paused, each as a line of `/readyz` detail.
+    paused: Mutex<Vec<String>>,
 }
 
 impl Default for Health {
     fn default() -> Self {
-        Self { phase: AtomicU8::new(Phase::Starting as u8), redis: Mutex::new(None) }
+        Self { phase: AtomicU8::new(Phase::Starting as u8), redis: Mutex::new(None), paused: Mutex::new(Vec::new()) }
     }
 }
 
@@ -103,6 +108,21 @@ impl Health {
         let changed = redis.as_ref().map(Result::is_ok) != Some(outcome.is_ok());
         *redis = Some(outcome);
         changed
+    }
+
+    /// Records which namespaces the last sample found paused (one detail each, see [`pause_detail`]); returns
+    /// whether that changed (for logging).
+    pub fn set_paused(&self, paused: Vec<String>) -> bool {
+        let mut current = self.paused.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let changed = *current != paused;
+        *current = paused;
+        changed
+    }
+
+    /// What `/readyz` answers with 200: `ok`, followed by the paused namespaces, if any.
+    pub fn ready_text(&self) -> String {
+        let paused = self.paused.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if paused.is_empty() { "ok".to_owned() } else { format!("ok; {}", paused.join("; ")) }
     }
 
     /// `Ok` while the process and its workers are alive (also while draining); no dependency is checked.
@@ -302,7 +322,10 @@ async fn livez(State(state): State<AdminState>) -> Response {
 }
 
 async fn readyz(State(state): State<AdminState>) -> Response {
-    plain(state.health.readiness())
+    match state.health.readiness() {
+        Ok(()) => (StatusCode::OK, format!("{}\n", state.health.ready_text())).into_response(),
+        Err(reason) => plain(Err(reason)),
+    }
 }
 
 async fn metrics_text(State(state): State<AdminState>) -> Response {
@@ -419,8 +442,21 @@ pub fn lag(due_ms: u64, now_ms: u64) -> Duration {
     Duration::from_millis(now_ms.saturating_sub(due_ms))
 }
 
-/// The sampler: every `interval`, reads a [`QueueSample`] of each namespace, sets the gauges and records Redis
-/// reachability in `health`; also runs the Prometheus recorder's upkeep. Runs until `stop` is cancelled.
+/// The pause flag of a namespace (`batchd pause`), as it is: `None` while intake runs.
+pub async fn read_pause_flag(conn: &mut Conn, keys: &Keys) -> redis::RedisResult<Option<String>> {
+    redis::cmd("GET").arg(keys.paused()).query_async(conn).await
+}
+
+/// The `/readyz` detail of a paused namespace: `intake paused in namespace batchd (paused by ops@host at ...)`,
+/// escaped and capped (the flag's value is whatever was written to Redis).
+pub fn pause_detail(namespace: &str, flag: &str) -> String {
+    let record = crate::cli::pause::PauseRecord::parse(flag);
+    format!("intake paused in namespace {namespace} ({})", record.describe())
+}
+
+/// The sampler: every `interval`, reads a [`QueueSample`] and the pause flag of each namespace, sets the gauges and
+/// records Redis reachability and paused namespaces in `health`; also runs the Prometheus recorder's upkeep. Runs
+/// until `stop` is cancelled.
 pub async fn run_sampler(
     mut conn: Conn,
     namespaces: Vec<Keys>,
@@ -433,14 +469,29 @@ pub async fn run_sampler(
     loop {
         let now_ms = batchd_queue::now_ms();
         let mut outcome = Ok(());
+        let mut paused = Vec::new();
         for keys in &namespaces {
-            match tokio::time::timeout(timeout, QueueSample::read(&mut conn, keys, now_ms)).await {
-                Ok(Ok(sample)) => sample.record(keys.namespace(), now_ms),
+            let sample = async {
+                let sample = QueueSample::read(&mut conn, keys, now_ms).await?;
+                Ok::<_, redis::RedisError>((sample, read_pause_flag(&mut conn, keys).await?))
+            };
+            match tokio::time::timeout(timeout, sample).await {
+                Ok(Ok((sample, flag))) => {
+                    sample.record(keys.namespace(), now_ms);
+                    paused.extend(flag.map(|flag| pause_detail(keys.namespace(), &flag)));
+                }
                 Ok(Err(error)) => outcome = Err(format!("redis unreachable: {error}")),
                 Err(_) => outcome = Err(format!("redis unreachable: no answer within {timeout:?}")),
             }
             if outcome.is_err() {
                 break;
+            }
+        }
+        if outcome.is_ok() && health.set_paused(paused.clone()) {
+            if paused.is_empty() {
+                tracing::info!("intake running");
+            } else {
+                tracing::warn!(paused = %paused.join("; "), "intake paused; work in flight goes on");
             }
         }
         metrics::redis_up(outcome.is_ok());
@@ -561,5 +612,25 @@ mod tests {
         assert!(health.liveness().is_ok());
         health.worker_failed();
         assert!(health.liveness().is_err());
+    }
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn a_paused_replica_stays_ready_and_says_so() {
+        let health = Health::default();
+        health.workers_running();
+        health.set_redis(Ok(()));
+        assert_eq!(health.ready_text(), "ok");
+        let detail = pause_detail("batchd", r#"{"by":"ops@host","at":0,"reason":"freeze \u001b[2J"}"#);
+        assert_eq!(
+            detail,
+            "intake paused in namespace batchd (paused by ops@host at 1970-01-01T00:00:00.000Z: freeze \\x1b[2J)"
+        );
+        assert!(health.set_paused(vec![detail.clone()]));
+        assert!(!health.set_paused(vec![detail.clone()]), "unchanged");
+        assert!(health.readiness().is_ok(), "paused is ready");
+        assert_eq!(health.ready_text(), format!("ok; {detail}"));
+        assert!(health.set_paused(Vec::new()));
+        assert_eq!(health.ready_text(), "ok");
     }
 }

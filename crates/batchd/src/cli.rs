@@ -1,5 +1,5 @@
-//! The operator CLI (the daemon itself is `batchd run`): `submit`, `status`, `cancel`, `tail`, `jobs`, `stats` and
-//! `dead`.
+//! The operator CLI (the daemon itself is `batchd run`): `submit`, `status`, `cancel`, `retry`, `tail`, `jobs`,
+//! `stats`, `workers`, `pause`, `resume`, `dead` and `probe`.
 //!
 //! Commands talk to Redis directly with the daemon's own configuration and by the documented key layout
 //! (docs/wire-format.md), so they work wherever a producer could enqueue. Errors are one line, printed by `main`;
@@ -8,11 +8,18 @@
 //! Anything a command prints that came from Redis (a producer's job ids, metadata and fields, the API's statuses and
 //! error messages) goes through [`escape_for_terminal`] or, for JSON, [`json_text`], so no control or bidi character
 //! reaches the terminal raw: a producer cannot move the cursor, rewrite a line or reorder what follows.
+//!
+//! `NO_COLOR` (no-color.org) turns every styling off: clap's coloured help and errors, and the animated progress
+//! bars and spinners (which then become plain lines, or nothing), see [`no_color`].
 
 pub mod dead;
 pub mod inspect;
+pub mod pause;
+pub mod probe;
+pub mod retry;
 pub mod submit;
 pub mod tail;
+pub mod workers;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -41,8 +48,10 @@ pub const EXIT_NOT_FOUND: i32 = 5;
 /// The exit codes, as `batchd --help` shows them.
 pub const EXIT_CODES_HELP: &str = "Exit codes:
   0   success (for `submit --wait`: the job completed)
-  1   error (bad input, Redis unreachable, ...), with a one-line message on stderr
-  2   usage error (unknown command or option, missing or bad argument), one line on stderr
+  1   error (bad input, Redis unreachable, ...), with a one-line message on stderr; `probe`: not
+      healthy or not reachable; `retry`: a matching job could not be retried
+  2   usage error (unknown command or option, missing or bad argument; `dead purge` without --yes
+      when standard input is not a terminal), one line on stderr
   3   `submit --wait`: the job ended failed, expired or cancelled
   4   gave up waiting (`submit --wait --timeout`, `tail --timeout` before --count entries)
   5   not found: no such job (`status`), no such dead-letter entry (`dead show|retry|purge`)
@@ -63,6 +72,12 @@ impl Exit {
     pub fn not_found(message: impl Into<String>) -> anyhow::Error {
         Self { code: EXIT_NOT_FOUND, message: message.into() }.into()
     }
+}
+
+/// Whether styling is off: `NO_COLOR` is set to something other than the empty string (no-color.org). Then clap
+/// prints no colours and progress is shown as plain lines (or not at all), never as an animated bar.
+pub fn no_color() -> bool {
+    std::env::var_os("NO_COLOR").is_some_and(|value| !value.is_empty())
 }
 
 /// Opens a connection for one command to whichever Redis is configured (standalone, TLS, Cluster, Sentinel);
@@ -86,7 +101,7 @@ pub(crate) fn parse_job_id(id: &str) -> anyhow::Result<JobId> {
 }
 
 /// Prints a JSON value, pretty, with [`json_text`].
-pub(crate) fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
+pub fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
     println!("{}", json_text(value, true)?);
     Ok(())
 }
@@ -251,11 +266,21 @@ fn status_text(job_id: &JobId, namespace: &str, ledger: &HashMap<String, String>
 /// `batchd cancel <id>`: requests the job's cancellation through the daemon's own `cancel` script: it sets the
 /// documented flag `{ns}:cancel:<id>` and makes the job's steps due at once, so a replica publishes the `cancelled`
 /// result right away. A job not taken in yet is never submitted; a finished job is not changed.
-pub async fn cancel(settings: &Settings, id: &str, reason: &str) -> anyhow::Result<()> {
+///
+/// With `json`: `{"job_id":..,"outcome":"requested"|"already_finished"|"not_taken_in","state":..}`.
+pub async fn cancel(settings: &Settings, id: &str, reason: &str, json: bool) -> anyhow::Result<()> {
     let job_id = parse_job_id(id)?;
     let conn = connect(settings).await?;
     let store = batchd_queue::Store::new(conn, settings.keys(), settings.store_settings());
     let state = store.cancel(&job_id, reason).await.map_err(|e| anyhow!("cancel job {job_id}: {e}"))?;
+    if json {
+        let (outcome, state) = match state.parse::<batchd_core::JobState>() {
+            Ok(state) if state.is_terminal() => ("already_finished", Some(state.as_str())),
+            Ok(state) => ("requested", Some(state.as_str())),
+            Err(_) => ("not_taken_in", None),
+        };
+        return print_json(&serde_json::json!({"job_id": job_id.as_str(), "outcome": outcome, "state": state}));
+    }
     match state.parse::<batchd_core::JobState>() {
         Ok(state) if state.is_terminal() => println!("job {job_id} already ended {state}; nothing to cancel"),
         Ok(state) => println!(

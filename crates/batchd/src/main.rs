@@ -3,12 +3,17 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use batchd::cli::dead::DeadCommand;
 use batchd::cli::inspect::{JobsArgs, StatsArgs};
+use batchd::cli::pause::{PauseArgs, ResumeArgs};
+use batchd::cli::probe::ProbeArgs;
+use batchd::cli::retry::RetryArgs;
 use batchd::cli::tail::TailArgs;
+use batchd::cli::workers::WorkersArgs;
 use batchd::cli::{self, EXIT_CODES_HELP, EXIT_USAGE, Exit, SubmitArgs};
 use batchd::settings::{EXIT_CONFIG, Settings};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 /// Run Cloudflare Workers AI batch jobs from Redis: producers XADD jobs, batchd submits and polls them and
@@ -65,7 +70,21 @@ discarded. A job not taken in yet is never submitted; a finished job is not chan
         /// Why, for the result's error message.
         #[arg(long, default_value = "cancelled", value_name = "TEXT")]
         reason: String,
+        /// Print JSON: `{"job_id":..,"outcome":"requested"|"already_finished"|"not_taken_in","state":..}`.
+        #[arg(long)]
+        json: bool,
     },
+    /// Re-enqueue finished failed jobs, chosen by status, model, error code and time, as new jobs
+    /// (`<id>.retry-1`).
+    #[command(
+        after_help = "Finds jobs in the results stream (XRANGE by time, in pages: bounded work), rebuilds each job
+from its ledger and enqueues it under a derived id: a finished job's id stays taken while its ledger
+lives (retention.ledger_ttl_secs), so `inv-42` is retried as `inv-42.retry-1`, and that one as
+`inv-42.retry-2`. A job whose retry exists already is skipped, so running retry twice enqueues
+nothing twice. Exit codes: 0 done (or --dry-run), 1 a matching job could not be retried (its
+ledger or its request items are gone)."
+    )]
+    Retry(RetryArgs),
     /// Follow the results stream: one line (or JSON object) per result entry, from now or from the start.
     Tail(TailArgs),
     /// List jobs by state from their ledgers, the most recently accepted first.
@@ -76,15 +95,46 @@ operator's tool, not something to poll. Ledgers expire retention.ledger_ttl_secs
     Jobs(JobsArgs),
     /// Show queue depths, work in flight, the oldest waiting job and throughput over the last minutes.
     Stats(StatsArgs),
+    /// List the replicas reading the submit stream (the ingress group's consumers), with the entries each
+    /// holds and how long each has been idle.
+    Workers(WorkersArgs),
+    /// Stop taking new jobs from the submit stream, on every replica of the namespace; work in flight
+    /// finishes.
+    #[command(
+        after_help = "Sets {ns}:paused (who, when, why). Replicas stop reading new entries once their read in flight
+returns (within ingress.block_ms), keep running every job already taken in, and stay live and
+ready: /readyz answers 200 with `paused` in its text. Entries enqueued meanwhile wait in the stream
+(the KEDA lag grows). `batchd resume` undoes it."
+    )]
+    Pause(PauseArgs),
+    /// Take new jobs from the submit stream again, after `batchd pause`.
+    Resume(ResumeArgs),
     /// Manage the dead-letter stream: entries that could not be read as a job.
     Dead {
         #[command(subcommand)]
         command: DeadCommand,
     },
+    /// Ask a daemon's admin server whether it is alive (/livez) or ready (/readyz): exit 0 or 1, for
+    /// container health checks.
+    #[command(
+        after_help = "Needs no curl and no Redis. The address is admin.listen (0.0.0.0 and [::] are asked on loopback)
+unless --addr or --url is given. Prints the answer's text (`ok`) and exits 0 on 200; otherwise one
+line on stderr and exit code 1."
+    )]
+    Probe(ProbeArgs),
     /// Check the configuration.
     Config {
         #[command(subcommand)]
         command: ConfigCommand,
+    },
+    /// Print a shell completion script: `batchd completions bash > /etc/bash_completion.d/batchd`.
+    #[command(after_help = "bash: source it, or put it in /etc/bash_completion.d/batchd (or
+~/.local/share/bash-completion/completions/batchd). zsh: put it in a directory of $fpath as _batchd.
+fish: put it in ~/.config/fish/completions/batchd.fish.")]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
     },
 }
 
@@ -92,7 +142,11 @@ operator's tool, not something to poll. Ledgers expire retention.ledger_ttl_secs
 enum ConfigCommand {
     /// Load the configuration exactly as `run` would (file, environment, token, TLS files) and print the effective
     /// settings with secrets redacted; exit 78 naming the bad key on error. Does not connect to anything.
-    Check,
+    Check {
+        /// Print the effective settings as JSON instead of TOML.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Gives every allocation of 1 MiB or more its own mapping, returned to the system when freed. glibc's default
@@ -119,10 +173,21 @@ fn tune_malloc() {}
 
 fn main() -> ExitCode {
     tune_malloc();
-    let cli = match Cli::try_parse() {
+    // NO_COLOR (no-color.org): no colours in help and errors; the CLI's progress bars check it too.
+    let color = if cli::no_color() { clap::ColorChoice::Never } else { clap::ColorChoice::Auto };
+    let cli = match Cli::command().color(color).try_get_matches().and_then(|matches| Cli::from_arg_matches(&matches)) {
         Ok(cli) => cli,
         Err(error) => return usage_error(error),
     };
+    // Completions need no configuration: they work wherever the binary runs.
+    if let Command::Completions { shell } = &cli.command {
+        let mut script = Vec::new();
+        clap_complete::generate(*shell, &mut Cli::command(), "batchd", &mut script);
+        return match std::io::Write::write_all(&mut std::io::stdout(), &script) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => fail(1, &format!("cannot write the completion script: {error}")),
+        };
+    }
     let mut settings = match Settings::load(cli.config.as_deref()) {
         Ok(settings) => settings,
         Err(error) => return fail(EXIT_CONFIG, &error.to_string()),
@@ -146,16 +211,30 @@ fn main() -> ExitCode {
             Command::Run => run_daemon(settings).await,
             Command::Submit(args) => cli::submit(&settings, args).await,
             Command::Status { id, json } => cli::status(&settings, id, *json).await,
-            Command::Cancel { id, reason } => cli::cancel(&settings, id, reason).await,
+            Command::Cancel { id, reason, json } => cli::cancel(&settings, id, reason, *json).await,
+            Command::Retry(args) => cli::retry::retry(&settings, args).await,
             Command::Tail(args) => cli::tail::tail(&settings, args).await,
             Command::Jobs(args) => cli::inspect::jobs(&settings, args).await,
             Command::Stats(args) => cli::inspect::stats(&settings, args).await,
+            Command::Workers(args) => cli::workers::workers(&settings, args).await,
+            Command::Pause(args) => cli::pause::pause(&settings, args).await,
+            Command::Resume(args) => cli::pause::resume(&settings, args).await,
             Command::Dead { command } => cli::dead::dead(&settings, command).await,
-            Command::Config { command: ConfigCommand::Check } => {
+            Command::Probe(args) => cli::probe::probe(&settings, args).await,
+            Command::Config { command: ConfigCommand::Check { json } } => {
                 settings.check_for_run()?;
-                print!("{}", settings.to_redacted_toml());
+                let text = settings.to_redacted_toml();
+                if *json {
+                    // The same redaction as the TOML: the JSON is made from it.
+                    let value: toml::Value = toml::from_str(&text).context("read back the effective settings")?;
+                    let value = serde_json::to_value(value).context("effective settings as JSON")?;
+                    cli::print_json(&value)?;
+                } else {
+                    print!("{text}");
+                }
                 Ok(())
             }
+            Command::Completions { .. } => Ok(()),
         }
     });
     match outcome {

@@ -32,7 +32,9 @@ local dropped, members = {}, {}
 for c = 0, n_chunks - 1 do
   local prefix = 'c' .. c .. ':'
   dropped[#dropped + 1] = prefix .. 'output'
-  dropped[#dropped + 1] = prefix .. 'requests'
+  -- A job that did not complete keeps its request items until the ledger expires, so `batchd retry` can run it
+  -- again; a completed job's are dropped at once.
+  if ARGV[1] == 'completed' then dropped[#dropped + 1] = prefix .. 'requests' end
   members[#members + 1] = ARGV[5] .. '#' .. c
   if ARGV[1] == 'completed' then
     fields[#fields + 1] = prefix .. 'state'

@@ -5,10 +5,14 @@
 //! `retry` re-enqueues the original `job` field after validating it with the daemon's rules, and removes the
 //! dead-letter entry in the same `MULTI`/`EXEC` (both keys share the namespace's hash tag).
 //!
+//! `purge` deletes for good, so it asks first on a terminal (`--yes` skips the question) and refuses to run without
+//! `--yes` when standard input is not a terminal (a script must say it means it).
+//!
 //! Every field is a producer's input: text output escapes control and bidi characters, JSON output is made
 //! terminal-safe (`escape_for_terminal`, `json_text`).
 
 use std::collections::HashMap;
+use std::io::{BufRead as _, IsTerminal as _, Write as _};
 
 use anyhow::{Context as _, anyhow, bail};
 use batchd_core::job::JOB_FIELD;
@@ -16,7 +20,7 @@ use batchd_core::{Job, Keys};
 use batchd_queue::Conn;
 use serde_json::json;
 
-use super::{Exit, connect, escape_for_terminal, format_utc, print_json};
+use super::{EXIT_USAGE, Exit, connect, escape_for_terminal, format_utc, json_text, print_json};
 use crate::settings::Settings;
 
 /// The prefix of an original entry's fields in a dead-letter entry.
@@ -48,6 +52,9 @@ pub enum DeadCommand {
         /// Dead-letter entry ids.
         #[arg(required = true)]
         entry_ids: Vec<String>,
+        /// Print one JSON object per requeued entry (`{"entry_id":..,"submit_entry_id":..,"job_id":..}`).
+        #[arg(long)]
+        json: bool,
     },
     /// Delete dead-letter entries (the given ones, or all with --all).
     Purge {
@@ -57,6 +64,12 @@ pub enum DeadCommand {
         /// Delete every dead-letter entry of the namespace.
         #[arg(long)]
         all: bool,
+        /// Do not ask for confirmation (required when standard input is not a terminal).
+        #[arg(long, short = 'y')]
+        yes: bool,
+        /// Print JSON: `{"namespace":..,"purged":N}`.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -111,13 +124,15 @@ pub async fn dead(settings: &Settings, command: &DeadCommand) -> anyhow::Result<
     match command {
         DeadCommand::List { limit, json } => list(&mut conn, &keys, *limit, *json).await,
         DeadCommand::Show { entry_id, json } => show(&mut conn, &keys, entry_id, *json).await,
-        DeadCommand::Retry { entry_ids } => {
+        DeadCommand::Retry { entry_ids, json } => {
             for entry_id in entry_ids {
-                retry(&mut conn, &keys, settings, entry_id).await?;
+                retry(&mut conn, &keys, settings, entry_id, *json).await?;
             }
             Ok(())
         }
-        DeadCommand::Purge { entry_ids, all } => purge(&mut conn, &keys, entry_ids, *all).await,
+        DeadCommand::Purge { entry_ids, all, yes, json } => {
+            purge(&mut conn, &keys, entry_ids, *all, Confirm { yes: *yes, json: *json }).await
+        }
     }
 }
 
@@ -204,7 +219,7 @@ async fn show(conn: &mut Conn, keys: &Keys, entry_id: &str, json: bool) -> anyho
     Ok(())
 }
 
-async fn retry(conn: &mut Conn, keys: &Keys, settings: &Settings, entry_id: &str) -> anyhow::Result<()> {
+async fn retry(conn: &mut Conn, keys: &Keys, settings: &Settings, entry_id: &str, json: bool) -> anyhow::Result<()> {
     let entry = read_one(conn, keys, entry_id).await?;
     let Some(job) = entry.fields.get(&format!("{FIELD_PREFIX}{JOB_FIELD}")) else {
         let names: Vec<&str> = entry.original().into_iter().map(|(name, _)| name).collect();
@@ -227,7 +242,12 @@ async fn retry(conn: &mut Conn, keys: &Keys, settings: &Settings, entry_id: &str
         .context("re-enqueue")?;
     let has_id = std::str::from_utf8(job).is_ok_and(super::submit::has_id);
     let job_id = if has_id { validated.id.to_string() } else { new_entry_id.clone() };
-    println!("requeued dead-letter entry {entry_id} as submit entry {new_entry_id} (job {job_id})");
+    if json {
+        let line = serde_json::json!({"entry_id": entry_id, "submit_entry_id": new_entry_id, "job_id": job_id});
+        println!("{}", json_text(&line, false)?);
+    } else {
+        println!("requeued dead-letter entry {entry_id} as submit entry {new_entry_id} (job {job_id})");
+    }
     if has_id {
         let state: Option<String> = redis::cmd("HGET")
             .arg(keys.job(&validated.id))
@@ -246,20 +266,76 @@ async fn retry(conn: &mut Conn, keys: &Keys, settings: &Settings, entry_id: &str
     Ok(())
 }
 
-async fn purge(conn: &mut Conn, keys: &Keys, entry_ids: &[String], all: bool) -> anyhow::Result<()> {
-    if all {
+/// How `purge` confirms and reports.
+#[derive(Debug, Clone, Copy)]
+struct Confirm {
+    /// `--yes`: do not ask.
+    yes: bool,
+    /// `--json`: report as JSON.
+    json: bool,
+}
+
+async fn purge(conn: &mut Conn, keys: &Keys, entry_ids: &[String], all: bool, confirm: Confirm) -> anyhow::Result<()> {
+    let n = if all {
+        let total: u64 = redis::cmd("XLEN").arg(keys.dead()).query_async(conn).await.context("count dead letters")?;
+        if total > 0 {
+            confirmed(confirm, &format!("delete all {total} dead-letter entries of namespace {}?", keys.namespace()))
+                .await?;
+        }
         let (n, _): (u64, u64) =
             redis::pipe().atomic().xlen(keys.dead()).del(keys.dead()).query_async(conn).await.context("purge")?;
-        println!("purged {n} dead-letter entries (namespace {})", keys.namespace());
-        return Ok(());
+        n
+    } else {
+        // All or nothing: check every id first.
+        for entry_id in entry_ids {
+            read_one(conn, keys, entry_id).await?;
+        }
+        confirmed(
+            confirm,
+            &format!("delete {} dead-letter entries of namespace {}?", entry_ids.len(), keys.namespace()),
+        )
+        .await?;
+        redis::cmd("XDEL").arg(keys.dead()).arg(entry_ids).query_async(conn).await.context("purge")?
+    };
+    if confirm.json {
+        return print_json(&serde_json::json!({"namespace": keys.namespace(), "purged": n}));
     }
-    // All or nothing: check every id first.
-    for entry_id in entry_ids {
-        read_one(conn, keys, entry_id).await?;
-    }
-    let n: u64 = redis::cmd("XDEL").arg(keys.dead()).arg(entry_ids).query_async(conn).await.context("purge")?;
     println!("purged {n} dead-letter entries (namespace {})", keys.namespace());
     Ok(())
+}
+
+/// Asks `question` on a terminal unless `--yes` was given; without a terminal and without `--yes`, refuses (exit
+/// code 2). Anything but `y` or `yes` is a no (exit code 1, nothing deleted).
+async fn confirmed(confirm: Confirm, question: &str) -> anyhow::Result<()> {
+    if confirm.yes {
+        return Ok(());
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(Exit {
+            code: EXIT_USAGE,
+            message: "dead purge deletes for good: give --yes to confirm (standard input is not a terminal, so there \
+                      is no one to ask)"
+                .to_owned(),
+        }
+        .into());
+    }
+    let question = question.to_owned();
+    let answer = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+        let mut stderr = std::io::stderr();
+        write!(stderr, "{question} [y/N] ")?;
+        stderr.flush()?;
+        let mut answer = String::new();
+        std::io::stdin().lock().read_line(&mut answer)?;
+        Ok(answer)
+    })
+    .await
+    .context("ask for confirmation")?
+    .context("read the answer")?;
+    if matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+        Ok(())
+    } else {
+        bail!("not confirmed; nothing deleted")
+    }
 }
 
 #[cfg(test)]

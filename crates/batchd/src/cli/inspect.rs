@@ -3,7 +3,8 @@
 //!
 //! `jobs` walks the ledgers with `SCAN` (1,000 keys per step, one pipelined `HMGET` per step): its time is O(number
 //! of ledgers) and its memory O(--limit), so it is an operator's tool, not something to poll. `stats` uses bounded
-//! commands only, except throughput, which reads at most `--scan-limit` result entries. Names read from Redis
+//! commands only, except throughput, which reads at most `--scan-limit` result entries; it also says whether intake
+//! is paused (`batchd pause`). Names read from Redis
 //! (job ids, states, models, statuses, consumer groups) are printed escaped (`escape_for_terminal`).
 
 use std::collections::HashMap;
@@ -226,10 +227,12 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
     let schedule_lag_ms = first_step.first().map(|(_, due)| now.saturating_sub(due.max(0.0) as u64));
     let throughput = throughput(&mut conn, &keys.results(), now, args.scan_limit).await?;
     let readers = result_groups(&mut conn, &keys.results()).await?;
+    let paused = super::pause::read(&mut conn, &keys).await?;
 
     let report = json!({
         "namespace": keys.namespace(),
         "at": now,
+        "paused": paused.as_ref().map(super::pause::PauseRecord::to_json),
         "submit": {
             "entries": submit_entries,
             "waiting": submit_entries.saturating_sub(in_flight),
@@ -245,6 +248,10 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
     }
     let ms = |value: &serde_json::Value| value.as_u64().map(|ms| format_age(Duration::from_millis(ms)));
     let mut out = format!("namespace {} at {}\n", keys.namespace(), format_utc(now));
+    out.push_str(&format!(
+        "  intake           {}\n",
+        paused.as_ref().map_or_else(|| "running".to_owned(), super::pause::PauseRecord::describe)
+    ));
     out.push_str(&format!(
         "  submit stream    {submit_entries} entries: {} waiting, {in_flight} being taken in{}\n",
         submit_entries.saturating_sub(in_flight),

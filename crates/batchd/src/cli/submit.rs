@@ -225,9 +225,9 @@ fn write_responses(out: &Path, result: &str) -> anyhow::Result<usize> {
 
 /// How progress is shown on stderr.
 enum Progress {
-    /// A terminal: a live progress bar (items and chunks done, elapsed, ETA).
+    /// A terminal (without `NO_COLOR`): a live progress bar (items and chunks done, elapsed, ETA).
     Bar(ProgressBar),
-    /// Not a terminal: one plain line whenever it changes.
+    /// Not a terminal, or `NO_COLOR`: one plain line whenever it changes.
     Lines {
         /// The last line printed.
         last: String,
@@ -236,7 +236,8 @@ enum Progress {
 
 impl Progress {
     fn new(job_id: &JobId) -> Self {
-        if !std::io::stderr().is_terminal() {
+        // NO_COLOR turns the animated bar off too: plain lines, as off a terminal.
+        if !std::io::stderr().is_terminal() || super::no_color() {
             return Self::Lines { last: String::new() };
         }
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());

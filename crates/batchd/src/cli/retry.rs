@@ -1,0 +1,709 @@
+//! `batchd retry`: re-enqueues finished jobs that ended `failed` (or `expired`, `cancelled`), chosen by filters, as
+//! new jobs.
+//!
+//! **Finding them, with bounded work.** Every finished job has exactly one entry in its results stream, whose id is
+//! the time it was published; so `--since`/`--until` become the bounds of an `XRANGE`, read in pages of [`PAGE`]
+//! entries, and the filters (status, model, error code) are applied to each entry's fields. Reading stops after
+//! `--limit` matches. Nothing walks the ledgers.
+//!
+//! **The retry's id.** A job id is the job's identity for as long as its ledger lives (`retention.ledger_ttl_secs`
+//! after it finished): an entry repeating it is acknowledged and never run. So a retry is a new job with a derived
+//! id, `<id>.retry-1`, and a retry of a retry counts on (`<id>.retry-2`); see [`retry_id`]. The same derived id
+//! each time makes `retry` safe to repeat: a job whose retry already has a ledger is reported and skipped, and a
+//! retry enqueued twice before the daemon took it in is run once (the second entry is a duplicate).
+//!
+//! **The retry's body** is rebuilt from the original job's ledger: model, metadata, `reply_to`, deadline length,
+//! `retry_failed_items`, and the request items stored per chunk (`c<i>:requests`), put back in request order. It is
+//! checked with the daemon's own rules before it is enqueued. A job whose ledger expired, which was refused before
+//! it ran, or whose request items are no longer stored is reported as not retryable (exit code 1).
+
+use std::collections::{HashMap, HashSet};
+use std::io::IsTerminal as _;
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow, bail};
+use batchd_core::job::JOB_FIELD;
+use batchd_core::ledger::field;
+use batchd_core::{Job, JobId, Keys};
+use batchd_queue::Conn;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+use serde_json::json;
+use serde_json::value::RawValue;
+
+use super::{Exit, connect, escape_for_terminal, format_utc, print_json};
+use crate::settings::Settings;
+
+/// Result entries read per `XRANGE` page. Entries of completed jobs carry every response, so pages stay small.
+const PAGE: usize = 100;
+
+/// The statuses a finished job can be retried from.
+const RETRYABLE_STATUSES: [&str; 3] = ["failed", "expired", "cancelled"];
+
+/// The suffix of a derived retry id, before its number.
+const RETRY_SUFFIX: &str = ".retry-";
+
+/// A point in time given on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeArg {
+    /// Unix milliseconds.
+    At(u64),
+    /// This long before now (Redis's clock).
+    Ago(Duration),
+}
+
+impl TimeArg {
+    fn resolve(self, now_ms: u64) -> u64 {
+        match self {
+            Self::At(ms) => ms,
+            Self::Ago(ago) => now_ms.saturating_sub(ago.as_millis() as u64),
+        }
+    }
+}
+
+/// Options of `batchd retry`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RetryArgs {
+    /// Only jobs that ended with this status: failed, expired, cancelled (repeat for several) [default: failed].
+    #[arg(long, value_name = "STATUS", value_parser = parse_status)]
+    pub status: Vec<String>,
+    /// Only jobs for this model (repeat for several).
+    #[arg(long, value_name = "MODEL")]
+    pub model: Vec<String>,
+    /// Only jobs whose error has this code, e.g. api_error, retries_exhausted (repeat for several).
+    #[arg(long, value_name = "CODE")]
+    pub code: Vec<String>,
+    /// Only jobs that finished at or after this time: 2025-11-22T08:00:00Z, 2025-11-22, Unix ms, or an age (30m,
+    /// 2h, 1d).
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    pub since: Option<TimeArg>,
+    /// Only jobs that finished at or before this time (same forms as --since).
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    pub until: Option<TimeArg>,
+    /// Read `{ns}:results:<SUFFIX>` (a `reply_to` stream) instead of `{ns}:results`.
+    #[arg(long, value_name = "SUFFIX")]
+    pub stream: Option<String>,
+    /// Handle at most this many matching jobs, the oldest first; run again for more.
+    #[arg(long, default_value_t = 1000, value_name = "N")]
+    pub limit: usize,
+    /// List what would be retried, and why some could not be, without enqueueing anything.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print JSON: the counts, and each matching job with its `retry_id` and `outcome`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_status(text: &str) -> Result<String, String> {
+    if RETRYABLE_STATUSES.contains(&text) {
+        Ok(text.to_owned())
+    } else {
+        Err("expected one of failed, expired, cancelled".to_owned())
+    }
+}
+
+/// `2025-11-22T08:00:00Z` (seconds and fraction optional), `2025-11-22` (midnight UTC), Unix ms, or an age
+/// (`90s`, `30m`, `2h`, `7d`).
+pub fn parse_time(text: &str) -> Result<TimeArg, String> {
+    let expected = "expected 2025-11-22T08:00:00Z, 2025-11-22, Unix milliseconds, or an age such as 30m, 2h, 1d";
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text.parse::<u64>().map(TimeArg::At).map_err(|_| expected.to_owned());
+    }
+    if let Some(unit) = text.chars().last().filter(|c| matches!(c, 's' | 'm' | 'h' | 'd')) {
+        let number = &text[..text.len() - 1];
+        if !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit()) {
+            let n: u64 = number.parse().map_err(|_| expected.to_owned())?;
+            let secs = match unit {
+                's' => n,
+                'm' => n.saturating_mul(60),
+                'h' => n.saturating_mul(3600),
+                _ => n.saturating_mul(86_400),
+            };
+            return Ok(TimeArg::Ago(Duration::from_secs(secs)));
+        }
+    }
+    parse_utc(text).map(TimeArg::At).ok_or_else(|| expected.to_owned())
+}
+
+/// `YYYY-MM-DD` or `YYYY-MM-DDTHH:MM[:SS[.fff]]Z` as Unix ms.
+fn parse_utc(text: &str) -> Option<u64> {
+    let (date, time) = match text.split_once(['T', 't', ' ']) {
+        Some((date, time)) => (date, Some(time.strip_suffix(['Z', 'z'])?)),
+        None => (text, None),
+    };
+    let number = |part: &str, digits: usize| -> Option<u64> {
+        (part.len() == digits && part.bytes().all(|b| b.is_ascii_digit())).then(|| part.parse().ok()).flatten()
+    };
+    let mut date_parts = date.split('-');
+    let (year, month, day) =
+        (number(date_parts.next()?, 4)?, number(date_parts.next()?, 2)?, number(date_parts.next()?, 2)?);
+    if date_parts.next().is_some() || !(1..=12).contains(&month) || !(1..=31).contains(&day) || year < 1970 {
+        return None;
+    }
+    let mut ms = days_from_civil(year as i64, month as i64, day as i64) as u64 * 86_400_000;
+    if let Some(time) = time {
+        let (clock, fraction) = time.split_once('.').unwrap_or((time, ""));
+        let mut clock_parts = clock.split(':');
+        let hour = number(clock_parts.next()?, 2)?;
+        let minute = number(clock_parts.next()?, 2)?;
+        let second = clock_parts.next().map_or(Some(0), |s| number(s, 2))?;
+        if clock_parts.next().is_some() || hour > 23 || minute > 59 || second > 60 {
+            return None;
+        }
+        if !fraction.bytes().all(|b| b.is_ascii_digit()) || (time.contains('.') && fraction.is_empty()) {
+            return None;
+        }
+        let millis: u64 = format!("{fraction:0<3}")[..3].parse().ok()?;
+        ms += (hour * 3600 + minute * 60 + second) * 1000 + millis;
+    }
+    Some(ms)
+}
+
+/// Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm, the inverse of the one in `format_utc`).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let yoe = year - era * 400;
+    let doy = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The id a retry of `job_id` gets: `<id>.retry-1`, or for `<base>.retry-<n>` the next number, `<base>.retry-<n+1>`.
+/// `None` when that id would not be a valid job id (too long).
+pub fn retry_id(job_id: &str) -> Option<JobId> {
+    let (base, n) = match job_id.rsplit_once(RETRY_SUFFIX) {
+        Some((base, n)) if !base.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => {
+            (base, n.parse::<u64>().ok()?.checked_add(1)?)
+        }
+        _ => (job_id, 1),
+    };
+    JobId::parse(&format!("{base}{RETRY_SUFFIX}{n}")).ok()
+}
+
+/// The body of a retry of the job whose ledger is `ledger`, as job JSON with id `id`: every request item in request
+/// order, rebuilt from the chunks (a chunk holds a run of items, `c<i>:items` = `start:len`, or the items listed in
+/// `c<i>:indices`); the first chunk holding an item gives it.
+fn rebuild_job(ledger: &HashMap<String, String>, id: &JobId, keys: &Keys) -> Result<String, String> {
+    let get = |name: &str| ledger.get(name).map(String::as_str);
+    let number = |name: &str| get(name).and_then(|value| value.parse::<u64>().ok());
+    let model = get(field::MODEL).ok_or("its ledger has no model")?;
+    let n_items = number(field::N_ITEMS).ok_or("its ledger has no item count")? as usize;
+    let n_chunks = number(field::N_CHUNKS).unwrap_or(0) as u32;
+    if n_chunks == 0 || n_items == 0 {
+        return Err("it was refused before it ran (nothing of it was stored); fix it and enqueue it again".into());
+    }
+    let gone = "its request items are no longer stored (a finished job's ledger keeps only its timeline)";
+    let mut items: Vec<Option<Box<RawValue>>> = (0..n_items).map(|_| None).collect();
+    for chunk in 0..n_chunks {
+        let requests = get(&field::chunk(chunk, field::CHUNK_REQUESTS)).ok_or(gone)?;
+        let requests: Vec<Box<RawValue>> =
+            serde_json::from_str(requests).map_err(|_| format!("chunk {chunk}'s stored requests are not valid"))?;
+        let indices: Vec<usize> = match get(&field::chunk(chunk, field::CHUNK_INDICES)) {
+            Some(indices) => {
+                serde_json::from_str(indices).map_err(|_| format!("chunk {chunk}'s indices are not valid"))?
+            }
+            None => {
+                let items = get(&field::chunk(chunk, field::CHUNK_ITEMS)).unwrap_or_default();
+                let (start, len) = items
+                    .split_once(':')
+                    .and_then(|(start, len)| Some((start.parse::<usize>().ok()?, len.parse::<usize>().ok()?)))
+                    .ok_or_else(|| format!("chunk {chunk} does not say which items it holds"))?;
+                (start..start.saturating_add(len)).collect()
+            }
+        };
+        if indices.len() != requests.len() {
+            return Err(format!("chunk {chunk} holds {} requests for {} items", requests.len(), indices.len()));
+        }
+        for (index, request) in indices.into_iter().zip(requests) {
+            match items.get_mut(index) {
+                Some(slot @ None) => *slot = Some(request),
+                Some(Some(_)) => {}
+                None => return Err(format!("chunk {chunk} names item {index}, past the job's {n_items} items")),
+            }
+        }
+    }
+    let requests: Vec<Box<RawValue>> = items.into_iter().collect::<Option<_>>().ok_or(gone)?;
+    let metadata: Option<Box<RawValue>> = get(field::METADATA)
+        .map(|text| serde_json::from_str(text).map_err(|_| "its stored metadata is not valid JSON".to_owned()))
+        .transpose()?;
+    let deadline_secs = match (number(field::DEADLINE_AT), number(field::ACCEPTED_AT)) {
+        (Some(deadline), Some(accepted)) if deadline > accepted => Some((deadline - accepted).div_ceil(1000)),
+        _ => None,
+    };
+    #[derive(Serialize)]
+    struct Retry<'a> {
+        id: &'a str,
+        model: &'a str,
+        requests: Vec<Box<RawValue>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reply_to: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        metadata: Option<Box<RawValue>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        deadline_secs: Option<u64>,
+        retry_failed_items: bool,
+    }
+    let results = keys.results();
+    let job = Retry {
+        id: id.as_str(),
+        model,
+        requests,
+        reply_to: get(field::REPLY_TO).filter(|stream| *stream != results),
+        metadata,
+        deadline_secs,
+        retry_failed_items: get(field::RETRY_FAILED_ITEMS) == Some("1"),
+    };
+    serde_json::to_string(&job).map_err(|e| format!("encode the retry: {e}"))
+}
+
+/// What happened to one matching job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+enum Outcome {
+    /// `--dry-run`: it would be retried.
+    WouldRetry,
+    /// Enqueued as a new job.
+    Retried {
+        /// The submit stream entry of the retry.
+        submit_entry_id: String,
+    },
+    /// Its retry exists already (it has a ledger, or was enqueued earlier in this run).
+    AlreadyRetried,
+    /// It cannot be retried.
+    NotRetryable {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// One matching job and what happened to it.
+#[derive(Debug, Clone, Serialize)]
+struct Matched {
+    /// The job's id.
+    job_id: String,
+    /// The id its retry gets (`None` when that id would be too long).
+    retry_id: Option<String>,
+    /// How it ended.
+    status: String,
+    /// Its model.
+    model: String,
+    /// Its error's code, when it has one.
+    code: Option<String>,
+    /// When its result was published, Unix ms (from the entry id).
+    finished_at: Option<u64>,
+    /// What happened.
+    #[serde(flatten)]
+    outcome: Outcome,
+}
+
+/// The filters of one run, resolved.
+#[derive(Debug, Clone)]
+struct Filter {
+    /// Statuses that match.
+    statuses: Vec<String>,
+    /// Models that match (any when empty).
+    models: Vec<String>,
+    /// Error codes that match (any when empty).
+    codes: Vec<String>,
+}
+
+impl Filter {
+    /// The job a result entry is about, when it matches.
+    fn matches(&self, entry_id: &str, fields: &HashMap<String, String>) -> Option<Matched> {
+        let status = fields.get("status")?;
+        let model = fields.get("model").cloned().unwrap_or_default();
+        let code = fields
+            .get("error")
+            .and_then(|error| serde_json::from_str::<serde_json::Value>(error).ok())
+            .and_then(|error| error.get("code").and_then(|code| code.as_str()).map(str::to_owned));
+        let wanted = self.statuses.contains(status)
+            && (self.models.is_empty() || self.models.contains(&model))
+            && (self.codes.is_empty() || code.as_ref().is_some_and(|code| self.codes.contains(code)));
+        if !wanted {
+            return None;
+        }
+        let job_id = fields.get("job_id")?.clone();
+        Some(Matched {
+            retry_id: retry_id(&job_id).map(|id| id.to_string()),
+            job_id,
+            status: status.clone(),
+            model,
+            code,
+            finished_at: batchd_producer::entry_millis(entry_id),
+            outcome: Outcome::WouldRetry,
+        })
+    }
+}
+
+/// Progress on stderr: a spinner on a terminal (unless `NO_COLOR`), nothing otherwise (the summary follows).
+struct Progress(Option<ProgressBar>);
+
+impl Progress {
+    fn new() -> Self {
+        if !std::io::stderr().is_terminal() || super::no_color() {
+            return Self(None);
+        }
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        bar.set_style(ProgressStyle::with_template("{spinner} {msg}  {elapsed}").expect("valid template"));
+        bar.enable_steady_tick(Duration::from_millis(120));
+        Self(Some(bar))
+    }
+
+    fn update(&self, scanned: usize, matched: usize, done: usize) {
+        if let Some(bar) = &self.0 {
+            bar.set_message(format!("{scanned} result entries read, {matched} matching, {done} handled"));
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.0 {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// `batchd retry`.
+pub async fn retry(settings: &Settings, args: &RetryArgs) -> anyhow::Result<()> {
+    let keys = settings.keys();
+    let stream = match &args.stream {
+        None => keys.results(),
+        Some(suffix) => {
+            let stream = format!("{}:{suffix}", keys.results());
+            if !keys.is_results_stream(&stream) {
+                bail!("--stream {suffix:?}: a results stream suffix is 1-200 characters of A-Z a-z 0-9 . _ : -");
+            }
+            stream
+        }
+    };
+    if args.limit == 0 {
+        bail!("--limit must be at least 1");
+    }
+    let mut conn = connect(settings).await?;
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.context("read Redis's clock")?;
+    let now_ms = secs * 1000 + micros / 1000;
+    let since = args.since.map(|time| time.resolve(now_ms));
+    let until = args.until.map(|time| time.resolve(now_ms));
+    if let (Some(since), Some(until)) = (since, until)
+        && since > until
+    {
+        bail!("--since {} is after --until {}", format_utc(since), format_utc(until));
+    }
+    let filter = Filter {
+        statuses: if args.status.is_empty() { vec!["failed".to_owned()] } else { args.status.clone() },
+        models: args.model.clone(),
+        codes: args.code.clone(),
+    };
+    let progress = Progress::new();
+    let mut start = since.map_or_else(|| "-".to_owned(), |ms| ms.to_string());
+    let end = until.map_or_else(|| "+".to_owned(), |ms| ms.to_string());
+    let (mut scanned, mut capped) = (0usize, false);
+    let mut matched: Vec<Matched> = Vec::new();
+    let mut seen: HashSet<String> = HashSet::new();
+    let limits = settings.job_limits();
+    'pages: loop {
+        let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+            .arg(&stream)
+            .arg(&start)
+            .arg(&end)
+            .arg("COUNT")
+            .arg(PAGE)
+            .query_async(&mut conn)
+            .await
+            .with_context(|| format!("read {stream}"))?;
+        let full_page = entries.len() == PAGE;
+        let mut page: Vec<Matched> = Vec::new();
+        for (entry_id, fields) in &entries {
+            scanned += 1;
+            start = format!("({entry_id}");
+            if let Some(job) = filter.matches(entry_id, fields) {
+                if matched.len() + page.len() == args.limit {
+                    capped = true;
+                    break;
+                }
+                page.push(job);
+            }
+        }
+        for mut job in page {
+            job.outcome = handle(&mut conn, &keys, &limits, &job, args.dry_run, &mut seen).await?;
+            matched.push(job);
+            progress.update(scanned, matched.len(), matched.len());
+        }
+        progress.update(scanned, matched.len(), matched.len());
+        if capped || !full_page {
+            break 'pages;
+        }
+    }
+    progress.finish();
+    report(&keys, &stream, args, since, until, scanned, capped, &matched)
+}
+
+/// Checks one matching job and, unless `dry_run`, enqueues its retry.
+async fn handle(
+    conn: &mut Conn,
+    keys: &Keys,
+    limits: &batchd_core::JobLimits,
+    job: &Matched,
+    dry_run: bool,
+    seen: &mut HashSet<String>,
+) -> anyhow::Result<Outcome> {
+    let not_retryable = |reason: &str| Ok(Outcome::NotRetryable { reason: reason.to_owned() });
+    let Some(retry_id) = job.retry_id.as_deref().and_then(|id| JobId::parse(id).ok()) else {
+        return not_retryable("its id is too long to derive a retry id from");
+    };
+    let Ok(job_id) = JobId::parse(&job.job_id) else { return not_retryable("its id is not a valid job id") };
+    if !seen.insert(retry_id.to_string()) {
+        return Ok(Outcome::AlreadyRetried);
+    }
+    let ledger = keys.job(&job_id);
+    let chunk0 = field::chunk(0, field::CHUNK_REQUESTS);
+    let (retry_exists, exists, n_chunks, has_requests): (bool, bool, Option<u64>, bool) = redis::pipe()
+        .exists(keys.job(&retry_id))
+        .exists(&ledger)
+        .hget(&ledger, field::N_CHUNKS)
+        .hexists(&ledger, &chunk0)
+        .query_async(conn)
+        .await
+        .with_context(|| format!("read the ledgers of {job_id} and {retry_id}"))?;
+    if retry_exists {
+        return Ok(Outcome::AlreadyRetried);
+    }
+    if !exists {
+        return not_retryable("its ledger expired (retention.ledger_ttl_secs), and its request items with it");
+    }
+    if n_chunks.unwrap_or(0) == 0 {
+        return not_retryable("it was refused before it ran (nothing of it was stored); fix it and enqueue it again");
+    }
+    if !has_requests {
+        return not_retryable(
+            "its request items are no longer stored (a finished job's ledger keeps only its timeline)",
+        );
+    }
+    let fields: HashMap<String, String> =
+        redis::cmd("HGETALL").arg(&ledger).query_async(conn).await.with_context(|| format!("read {ledger}"))?;
+    let text = match rebuild_job(&fields, &retry_id, keys) {
+        Ok(text) => text,
+        Err(reason) => return not_retryable(&reason),
+    };
+    if let Err(error) = Job::decode_json(&text, "0-0", limits, keys) {
+        return not_retryable(&format!("its retry would be refused: {error}"));
+    }
+    if dry_run {
+        return Ok(Outcome::WouldRetry);
+    }
+    let submit_entry_id: String = redis::cmd("XADD")
+        .arg(keys.submit())
+        .arg("*")
+        .arg(JOB_FIELD)
+        .arg(&text)
+        .query_async(conn)
+        .await
+        .map_err(|e| anyhow!(e))
+        .with_context(|| format!("enqueue the retry of {job_id}"))?;
+    Ok(Outcome::Retried { submit_entry_id })
+}
+
+/// Prints the jobs and the summary; exit code 1 when a job could not be retried (not in a dry run).
+#[allow(clippy::too_many_arguments)]
+fn report(
+    keys: &Keys,
+    stream: &str,
+    args: &RetryArgs,
+    since: Option<u64>,
+    until: Option<u64>,
+    scanned: usize,
+    capped: bool,
+    matched: &[Matched],
+) -> anyhow::Result<()> {
+    let count = |wanted: fn(&Outcome) -> bool| matched.iter().filter(|job| wanted(&job.outcome)).count();
+    let retryable = count(|o| matches!(o, Outcome::WouldRetry | Outcome::Retried { .. }));
+    let already = count(|o| matches!(o, Outcome::AlreadyRetried));
+    let failed = count(|o| matches!(o, Outcome::NotRetryable { .. }));
+    if args.json {
+        print_json(&json!({
+            "namespace": keys.namespace(),
+            "stream": stream,
+            "dry_run": args.dry_run,
+            "since": since,
+            "until": until,
+            "scanned": scanned,
+            "matched": matched.len(),
+            "capped": capped,
+            "retried": if args.dry_run { 0 } else { retryable },
+            "would_retry": if args.dry_run { retryable } else { 0 },
+            "already_retried": already,
+            "not_retryable": failed,
+            "jobs": matched,
+        }))?;
+    } else {
+        for job in matched {
+            println!("{}", job_line(job));
+        }
+        let range = match (since, until) {
+            (None, None) => "all of it".to_owned(),
+            (since, until) => format!(
+                "{} to {}",
+                since.map_or_else(|| "the start".to_owned(), format_utc),
+                until.map_or_else(|| "now".to_owned(), format_utc)
+            ),
+        };
+        println!(
+            "{} {retryable} of {} matching jobs ({already} already retried, {failed} not retryable); {scanned} \
+             result entries read from {stream} ({range}){}",
+            if args.dry_run { "would retry" } else { "retried" },
+            matched.len(),
+            if capped { "; stopped at --limit, run again for more" } else { "" }
+        );
+    }
+    if failed > 0 && !args.dry_run {
+        return Err(
+            Exit { code: 1, message: format!("{failed} matching jobs could not be retried (listed above)") }.into()
+        );
+    }
+    Ok(())
+}
+
+/// `would retry  inv-42 -> inv-42.retry-1  failed  api_error  @cf/x/y  2025-11-22T00:00:05.250Z`, escaped.
+fn job_line(job: &Matched) -> String {
+    let what = match &job.outcome {
+        Outcome::WouldRetry => "would retry".to_owned(),
+        Outcome::Retried { .. } => "retried".to_owned(),
+        Outcome::AlreadyRetried => "already retried".to_owned(),
+        Outcome::NotRetryable { .. } => "not retryable".to_owned(),
+    };
+    let mut line = format!(
+        "{what:<15}  {} -> {}  {}  {}  {}  {}",
+        job.job_id,
+        job.retry_id.as_deref().unwrap_or("-"),
+        job.status,
+        job.code.as_deref().unwrap_or("-"),
+        job.model,
+        job.finished_at.map_or_else(|| "-".to_owned(), format_utc)
+    );
+    match &job.outcome {
+        Outcome::Retried { submit_entry_id } => line.push_str(&format!("  (submit entry {submit_entry_id})")),
+        Outcome::NotRetryable { reason } => line.push_str(&format!(": {reason}")),
+        _ => {}
+    }
+    escape_for_terminal(&line).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_ids_count_on_from_the_original() {
+        assert_eq!(retry_id("inv-42").unwrap().as_str(), "inv-42.retry-1");
+        assert_eq!(retry_id("inv-42.retry-1").unwrap().as_str(), "inv-42.retry-2");
+        assert_eq!(retry_id("inv-42.retry-9").unwrap().as_str(), "inv-42.retry-10");
+        assert_eq!(retry_id("a.retry-x").unwrap().as_str(), "a.retry-x.retry-1");
+        assert_eq!(retry_id(".retry-1").unwrap().as_str(), ".retry-1.retry-1");
+        assert_eq!(retry_id("1763769605250-0").unwrap().as_str(), "1763769605250-0.retry-1");
+        assert!(retry_id(&"x".repeat(195)).is_none(), "past the 200-character limit");
+    }
+
+    #[test]
+    fn times_are_absolute_or_ages() {
+        assert_eq!(parse_time("2025-11-22T00:00:05.250Z"), Ok(TimeArg::At(1_763_769_605_250)));
+        assert_eq!(parse_time("2025-11-22T00:00Z"), Ok(TimeArg::At(1_763_769_600_000)));
+        assert_eq!(parse_time("2025-11-22"), Ok(TimeArg::At(1_763_769_600_000)));
+        assert_eq!(parse_time("2000-02-29T12:00:00Z"), Ok(TimeArg::At(951_825_600_000)));
+        assert_eq!(parse_time("1763769600000"), Ok(TimeArg::At(1_763_769_600_000)));
+        assert_eq!(parse_time("30m"), Ok(TimeArg::Ago(Duration::from_secs(1800))));
+        assert_eq!(parse_time("2d"), Ok(TimeArg::Ago(Duration::from_secs(172_800))));
+        for bad in ["", "yesterday", "2025-13-01", "2025-11-22T25:00Z", "2025-11-22T10:00", "m", "-5m", "1.5h"] {
+            assert!(parse_time(bad).is_err(), "{bad}");
+        }
+        assert_eq!(TimeArg::Ago(Duration::from_secs(2)).resolve(5_000), 3_000);
+        for ms in [0, 951_782_400_000, 1_763_769_605_250] {
+            let shown = format_utc(ms);
+            assert_eq!(parse_time(&shown), Ok(TimeArg::At(ms)), "{shown} reads back");
+        }
+    }
+
+    fn ledger(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn a_retry_is_rebuilt_in_request_order_from_its_chunks() {
+        let keys = Keys::new("ns").unwrap();
+        let id = JobId::parse("j.retry-1").unwrap();
+        let stored = ledger(&[
+            ("model", "@cf/baai/bge-m3"),
+            ("n_items", "4"),
+            ("n_chunks", "3"),
+            ("accepted_at", "1000"),
+            ("deadline_at", "61000"),
+            ("reply_to", "{ns}:results:billing"),
+            ("metadata", r#"{"tenant":"acme"}"#),
+            ("retry_failed_items", "1"),
+            ("c0:items", "0:2"),
+            ("c0:requests", r#"[{"text":"a"},{"text":"b"}]"#),
+            ("c1:items", "2:2"),
+            ("c1:requests", r#"[{"text":"c"}, {"text":"d"}]"#),
+            // The failed-items retry chunk repeats item 1; the first copy is kept.
+            ("c2:items", "0:1"),
+            ("c2:indices", "[1]"),
+            ("c2:requests", r#"[{"text":"b"}]"#),
+        ]);
+        let text = rebuild_job(&stored, &id, &keys).unwrap();
+        assert_eq!(
+            text,
+            r#"{"id":"j.retry-1","model":"@cf/baai/bge-m3","requests":[{"text":"a"},{"text":"b"},{"text":"c"},{"text":"d"}],"reply_to":"{ns}:results:billing","metadata":{"tenant":"acme"},"deadline_secs":60,"retry_failed_items":true}"#
+        );
+        let job = Job::decode_json(&text, "0-0", &batchd_core::JobLimits::default(), &keys).unwrap();
+        assert_eq!(job.requests.len(), 4);
+
+        let mut default_stream = stored.clone();
+        default_stream.insert("reply_to".into(), "{ns}:results".into());
+        assert!(!rebuild_job(&default_stream, &id, &keys).unwrap().contains("reply_to"));
+        let mut finished = stored.clone();
+        finished.remove("c1:requests");
+        assert!(rebuild_job(&finished, &id, &keys).unwrap_err().contains("no longer stored"));
+        let refused = ledger(&[("model", "@cf/x/y"), ("n_items", "0"), ("state", "failed")]);
+        assert!(rebuild_job(&refused, &id, &keys).unwrap_err().contains("refused before it ran"));
+        let mut short = stored.clone();
+        short.insert("c1:requests".into(), r#"[{"text":"c"}]"#.into());
+        assert!(rebuild_job(&short, &id, &keys).unwrap_err().contains("holds 1 requests for 2 items"));
+    }
+
+    #[test]
+    fn filters_choose_by_status_model_and_code() {
+        let filter =
+            Filter { statuses: vec!["failed".into()], models: vec!["@cf/a/b".into()], codes: vec!["api_error".into()] };
+        let entry = |status: &str, model: &str, code: &str| -> HashMap<String, String> {
+            ledger(&[
+                ("job_id", "j"),
+                ("status", status),
+                ("model", model),
+                ("error", &format!(r#"{{"code":"{code}","message":"m"}}"#)),
+            ])
+        };
+        let hit = filter.matches("1763769605250-0", &entry("failed", "@cf/a/b", "api_error")).unwrap();
+        assert_eq!((hit.retry_id.as_deref(), hit.finished_at), (Some("j.retry-1"), Some(1_763_769_605_250)));
+        assert!(filter.matches("1-0", &entry("completed", "@cf/a/b", "api_error")).is_none());
+        assert!(filter.matches("1-0", &entry("failed", "@cf/a/c", "api_error")).is_none());
+        assert!(filter.matches("1-0", &entry("failed", "@cf/a/b", "invalid_job")).is_none());
+        let any = Filter { statuses: vec!["failed".into(), "expired".into()], models: vec![], codes: vec![] };
+        assert!(any.matches("1-0", &entry("expired", "@cf/z/z", "deadline")).is_some());
+    }
+
+    #[test]
+    fn a_job_line_is_escaped() {
+        let job = Matched {
+            job_id: "j".into(),
+            retry_id: Some("j.retry-1".into()),
+            status: "failed".into(),
+            model: "@cf/a/b".into(),
+            code: Some("api_error".into()),
+            finished_at: Some(0),
+            outcome: Outcome::NotRetryable { reason: "bad\u{1b}[2J".into() },
+        };
+        assert_eq!(
+            job_line(&job),
+            "not retryable    j -> j.retry-1  failed  api_error  @cf/a/b  1970-01-01T00:00:00.000Z: bad\\x1b[2J"
+        );
+    }
+}

@@ -1,0 +1,156 @@
+//! `batchd workers`: the consumers of the ingress group (`XINFO CONSUMERS {ns}:submit batchd`), one per replica
+//! start, with the entries each holds (read, not yet taken in) and how long it has been idle, plus the group's
+//! totals and whether intake is paused.
+//!
+//! Redis decides what "idle" means: since the consumer's last read attempt on Redis 7.2 and newer (which also reports
+//! `inactive`, the time since its last successful read), since its last read that returned entries on 7.0 and 7.1.
+//! A replica that is gone stays listed until a replica starting up removes consumers that hold nothing and have
+//! been idle for `max(10 x ingress.reclaim_idle_secs, 1 h)`; what it held is reclaimed after
+//! `ingress.reclaim_idle_secs`. Consumer names are the replicas' own (`<host>-<pid>-<random>`) and are printed
+//! escaped.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use batchd_core::keys::CONSUMER_GROUP;
+use serde::Serialize;
+use serde_json::json;
+
+use super::{connect, escape_for_terminal, format_age, print_json};
+use crate::settings::Settings;
+
+/// Options of `batchd workers`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkersArgs {
+    /// Print JSON: `{"namespace":..,"stream":..,"group":..,"group_exists":..,"pending":..,"lag":..,"paused":..,
+    /// "consumers":[{"name":..,"pending":..,"idle_ms":..,"inactive_ms":..}]}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One consumer of the ingress group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+struct Consumer {
+    /// Its name (the replica's, per process start).
+    name: String,
+    /// Entries it read and has not taken in yet.
+    pending: u64,
+    /// Milliseconds since its last read (attempt, on Redis 7.2+).
+    idle_ms: u64,
+    /// Milliseconds since its last successful read (Redis 7.2+ only); `None` when it never read one.
+    inactive_ms: Option<i64>,
+}
+
+/// `batchd workers`.
+pub async fn workers(settings: &Settings, args: &WorkersArgs) -> anyhow::Result<()> {
+    let keys = settings.keys();
+    let stream = keys.submit();
+    let mut conn = connect(settings).await?;
+    let paused = super::pause::read(&mut conn, &keys).await?;
+    let groups: Vec<HashMap<String, redis::Value>> =
+        match redis::cmd("XINFO").arg("GROUPS").arg(&stream).query_async(&mut conn).await {
+            Ok(groups) => groups,
+            Err(error) if error.to_string().contains("no such key") => Vec::new(),
+            Err(error) => return Err(error).with_context(|| format!("read the groups of {stream}")),
+        };
+    let group = groups.iter().find(|group| text(group, "name").as_deref() == Some(CONSUMER_GROUP));
+    let mut consumers: Vec<Consumer> = Vec::new();
+    if group.is_some() {
+        let replies: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
+            .arg("CONSUMERS")
+            .arg(&stream)
+            .arg(CONSUMER_GROUP)
+            .query_async(&mut conn)
+            .await
+            .with_context(|| format!("read the consumers of {stream}"))?;
+        consumers = replies
+            .iter()
+            .map(|reply| Consumer {
+                name: text(reply, "name").unwrap_or_default(),
+                pending: number(reply, "pending").unwrap_or(0).max(0) as u64,
+                idle_ms: number(reply, "idle").unwrap_or(0).max(0) as u64,
+                inactive_ms: number(reply, "inactive").filter(|ms| *ms >= 0),
+            })
+            .collect();
+        consumers.sort_by(|a, b| a.idle_ms.cmp(&b.idle_ms).then_with(|| a.name.cmp(&b.name)));
+    }
+    let pending = group.and_then(|group| number(group, "pending"));
+    let lag = group.and_then(|group| number(group, "lag"));
+    if args.json {
+        return print_json(&json!({
+            "namespace": keys.namespace(),
+            "stream": stream,
+            "group": CONSUMER_GROUP,
+            "group_exists": group.is_some(),
+            "pending": pending,
+            "lag": lag,
+            "paused": paused.as_ref().map(super::pause::PauseRecord::to_json),
+            "consumers": consumers,
+        }));
+    }
+    let intake = match &paused {
+        Some(record) => format!("intake {}", record.describe()),
+        None => "intake running".to_owned(),
+    };
+    if group.is_none() {
+        println!(
+            "namespace {}: no consumer group {CONSUMER_GROUP} on {stream} yet (no replica has started here); {intake}",
+            keys.namespace()
+        );
+        return Ok(());
+    }
+    println!(
+        "namespace {}: group {CONSUMER_GROUP} on {stream}, {} consumers, {} entries being taken in, lag {}; {intake}",
+        keys.namespace(),
+        consumers.len(),
+        pending.unwrap_or(0),
+        lag.map_or_else(|| "unknown".to_owned(), |lag| lag.to_string())
+    );
+    print!("{}", table(&consumers));
+    Ok(())
+}
+
+fn table(consumers: &[Consumer]) -> String {
+    let names: Vec<String> = consumers.iter().map(|c| escape_for_terminal(&c.name).into_owned()).collect();
+    let width = names.iter().map(|name| name.chars().count()).max().unwrap_or(0).clamp(8, 60);
+    let mut out = format!("{:<width$}  {:>7}  {:>8}  INACTIVE\n", "CONSUMER", "PENDING", "IDLE");
+    for (consumer, name) in consumers.iter().zip(&names) {
+        let inactive =
+            consumer.inactive_ms.map_or_else(|| "-".to_owned(), |ms| format_age(Duration::from_millis(ms as u64)));
+        out.push_str(&format!(
+            "{name:<width$}  {:>7}  {:>8}  {inactive}\n",
+            consumer.pending,
+            format_age(Duration::from_millis(consumer.idle_ms))
+        ));
+    }
+    out
+}
+
+fn text(reply: &HashMap<String, redis::Value>, name: &str) -> Option<String> {
+    reply.get(name).and_then(|value| redis::from_redis_value::<String>(value.clone()).ok())
+}
+
+fn number(reply: &HashMap<String, redis::Value>, name: &str) -> Option<i64> {
+    reply.get(name).and_then(|value| redis::from_redis_value::<i64>(value.clone()).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consumers_read_as_a_table_with_names_escaped() {
+        let consumers = [
+            Consumer { name: "web-1-1234-abcd".into(), pending: 3, idle_ms: 120, inactive_ms: Some(5_000) },
+            Consumer { name: "evil\u{1b}[2J".into(), pending: 0, idle_ms: 65_000, inactive_ms: None },
+        ];
+        let table = table(&consumers);
+        assert_eq!(
+            table,
+            "CONSUMER         PENDING      IDLE  INACTIVE\n\
+             web-1-1234-abcd        3     120ms  5.0s\n\
+             evil\\x1b[2J            0     1m05s  -\n"
+        );
+    }
+}
