@@ -20,6 +20,7 @@ mod failures;
 mod flow;
 mod hostile;
 mod journald;
+mod liveness;
 mod ops;
 mod producer;
 mod recovery;

@@ -40,6 +40,8 @@ pub struct FetchBackend<T> {
     hand_back: Arc<dyn HandBack<T>>,
     /// The shutdown sequence, once started.
     closing: Option<BoxFuture<'static, ()>>,
+    /// The fetch loop's heartbeat (see [`crate::heartbeat`]).
+    heartbeat: Arc<crate::heartbeat::Heartbeat>,
 }
 
 impl<T> fmt::Debug for FetchBackend<T> {
@@ -57,8 +59,14 @@ impl<T: Send + 'static> FetchBackend<T> {
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        let fetcher = tokio::spawn(fetch(tx, stop.clone()));
-        Self { rx: Some(rx), stop, fetcher: Some(fetcher), hand_back, closing: None }
+        let heartbeat = crate::heartbeat::Heartbeat::new();
+        let fetcher = tokio::spawn(Arc::clone(&heartbeat).scope(fetch(tx, stop.clone())));
+        Self { rx: Some(rx), stop, fetcher: Some(fetcher), hand_back, closing: None, heartbeat }
+    }
+
+    /// The fetch loop's heartbeat: stamped every time the loop goes round or waits for room.
+    pub fn heartbeat(&self) -> Arc<crate::heartbeat::Heartbeat> {
+        Arc::clone(&self.heartbeat)
     }
 }
 
@@ -140,10 +148,13 @@ impl<T> Drop for FetchBackend<T> {
 
 /// Sleeps for `duration` unless `stop` is cancelled first; returns false when stopped.
 pub(crate) async fn pause(duration: std::time::Duration, stop: &CancellationToken) -> bool {
-    tokio::select! {
+    crate::heartbeat::beat();
+    let slept = tokio::select! {
         () = tokio::time::sleep(duration) => true,
         () = stop.cancelled() => false,
-    }
+    };
+    crate::heartbeat::beat();
+    slept
 }
 
 /// Waits for room for between 1 and `batch` items in the channel (as many as are free right now), so that
@@ -154,8 +165,13 @@ pub(crate) async fn reserve<'a, T>(
     stop: &CancellationToken,
 ) -> Option<(usize, mpsc::PermitIterator<'a, T>)> {
     let n = tx.capacity().clamp(1, batch);
-    tokio::select! {
-        permits = tx.reserve_many(n) => permits.ok().map(|permits| (n, permits)),
-        () = stop.cancelled() => None,
+    loop {
+        // Waiting for the workers to make room is not being stuck: stamp the heartbeat every second meanwhile.
+        crate::heartbeat::beat();
+        tokio::select! {
+            permits = tx.reserve_many(n) => return permits.ok().map(|permits| (n, permits)),
+            () = stop.cancelled() => return None,
+            () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+        }
     }
 }

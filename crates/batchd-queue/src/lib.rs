@@ -11,6 +11,7 @@
 pub mod clock;
 pub mod connection;
 pub mod fetch;
+pub mod heartbeat;
 pub mod ingress;
 pub mod schedule;
 pub mod store;

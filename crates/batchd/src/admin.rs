@@ -15,6 +15,7 @@
 //! moves for [`IDLE_TIMEOUT`] is closed, and at most [`MAX_CONNECTIONS`] are served at once (further ones wait in
 //! the listen backlog, using no descriptor of the process, until one closes).
 
+use batchd_queue::heartbeat::Heartbeat;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -65,11 +66,21 @@ pub struct Health {
     redis: Mutex<Option<Result<(), String>>>,
     /// Namespaces whose intake the last sample found paused, each as a line of `/readyz` detail.
     paused: Mutex<Vec<String>>,
+    /// The fetch loops' heartbeats, by name (`ingress:<ns>`, `schedule:<ns>`), and how long one may stay silent.
+    loops: Mutex<WatchedLoops>,
 }
+
+/// The watched fetch loops (name and heartbeat) and the longest silence allowed.
+type WatchedLoops = (Vec<(String, Arc<Heartbeat>)>, Duration);
 
 impl Default for Health {
     fn default() -> Self {
-        Self { phase: AtomicU8::new(Phase::Starting as u8), redis: Mutex::new(None), paused: Mutex::new(Vec::new()) }
+        Self {
+            phase: AtomicU8::new(Phase::Starting as u8),
+            redis: Mutex::new(None),
+            paused: Mutex::new(Vec::new()),
+            loops: Mutex::new((Vec::new(), Duration::MAX)),
+        }
     }
 }
 
@@ -129,7 +140,30 @@ impl Health {
     pub fn liveness(&self) -> Result<(), String> {
         match self.phase() {
             Phase::Failed => Err("a worker stopped; the process is exiting".to_owned()),
-            _ => Ok(()),
+            Phase::Running => self.loops_progress(),
+            Phase::Starting | Phase::Draining => Ok(()),
+        }
+    }
+
+    /// Watches a fetch loop: liveness fails once it has not stamped its heartbeat for `stall` (the same bound
+    /// for every loop, `admin.stall_secs`).
+    pub fn watch(&self, name: String, heartbeat: Arc<Heartbeat>, stall: Duration) {
+        let mut loops = self.loops.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        loops.0.push((name, heartbeat));
+        loops.1 = stall;
+    }
+
+    /// `Err` naming the first fetch loop silent for longer than the bound.
+    fn loops_progress(&self) -> Result<(), String> {
+        let loops = self.loops.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (watched, stall) = &*loops;
+        match watched.iter().find(|(_, heartbeat)| heartbeat.silent_for() > *stall) {
+            Some((name, heartbeat)) => Err(format!(
+                "the {name} fetch loop made no progress for {}s (admin.stall_secs is {}s)",
+                heartbeat.silent_for().as_secs(),
+                stall.as_secs()
+            )),
+            None => Ok(()),
         }
     }
 

@@ -107,7 +107,7 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
             lease: Duration::from_secs(settings.schedule.lease_secs),
             events: settings.events.enabled(),
         });
-        spawn_workers(&mut workers, &settings, &endpoint, pipeline, &consumer, &fetch_stop, &shutdown);
+        spawn_workers(&mut workers, &settings, &endpoint, pipeline, &consumer, &fetch_stop, &shutdown, &health);
     }
     if settings.events.enabled() {
         let events_token = settings.events_token()?.unwrap_or(token);
@@ -169,6 +169,7 @@ type WorkerExit = (String, Result<(), apalis_core::error::WorkerError>);
 
 /// Starts the two apalis workers of one namespace: the submit worker on the ingress stream and the schedule
 /// worker on the schedule, each fed by its fetcher.
+#[allow(clippy::too_many_arguments)]
 fn spawn_workers(
     workers: &mut JoinSet<WorkerExit>,
     settings: &Settings,
@@ -177,6 +178,7 @@ fn spawn_workers(
     consumer: &str,
     fetch_stop: &CancellationToken,
     shutdown: &CancellationToken,
+    health: &Health,
 ) {
     let keys = pipeline.store.keys().clone();
     let namespace = keys.namespace().to_owned();
@@ -207,6 +209,8 @@ fn spawn_workers(
         },
         fetch_stop.clone(),
     );
+    health.watch(format!("ingress:{namespace}"), ingress.heartbeat(), settings.admin.stall());
+    health.watch(format!("schedule:{namespace}"), schedule.heartbeat(), settings.admin.stall());
     let submit_worker = WorkerBuilder::new(format!("submit:{namespace}@{consumer}"))
         .backend(ingress)
         .data(Arc::clone(&pipeline))

@@ -370,12 +370,19 @@ pub struct AdminSettings {
     pub listen: String,
     /// How often queue depths and Redis reachability are sampled, in milliseconds.
     pub sample_interval_ms: u64,
+    /// A fetch loop silent this long is stuck: `/livez` answers 503 and the systemd watchdog pings stop.
+    pub stall_secs: u64,
 }
 
 impl AdminSettings {
     /// The address to listen on, or `None` when the server is off (validated at load).
     pub fn listen_addr(&self) -> Option<SocketAddr> {
         if self.listen.is_empty() { None } else { self.listen.parse().ok() }
+    }
+
+    /// How long a fetch loop may stay silent before the process counts as stuck.
+    pub fn stall(&self) -> Duration {
+        Duration::from_secs(self.stall_secs)
     }
 
     /// The sampling interval.
@@ -555,6 +562,9 @@ impl Settings {
         }
         if self.admin.sample_interval_ms < 10 {
             return fail("admin.sample_interval_ms", "must be at least 10");
+        }
+        if self.admin.stall_secs == 0 {
+            return fail("admin.stall_secs", "must be at least 1");
         }
         if self.cloudflare.max_reply_bytes < 64 * 1024 {
             return fail("cloudflare.max_reply_bytes", "must be at least 65536");
