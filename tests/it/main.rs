@@ -1,6 +1,8 @@
 //! Integration tests: the real daemon against a private redis-server and the Batch API emulator over HTTP.
 //!
 //! One binary, one module per area. Every test gets its own namespace and (usually) its own Redis.
+
+mod acl;
 mod admin_limits;
 mod api_variants;
 mod backlog;

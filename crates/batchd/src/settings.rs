@@ -614,9 +614,10 @@ impl Settings {
                     .to_owned(),
             );
         }
-        if let Some(mode) = file_mode(&self.cloudflare.api_token_file).filter(|mode| mode & 0o077 != 0) {
+        // Group read is allowed: Kubernetes mounts Secrets 0440 for the pod's fsGroup.
+        if let Some(mode) = file_mode(&self.cloudflare.api_token_file).filter(|mode| mode & 0o027 != 0) {
             warnings.push(format!(
-                "cloudflare.api_token_file {} is readable or writable by group or others (mode {:o}); chmod 600 it",
+                "cloudflare.api_token_file {} is writable by its group or readable by others (mode {:o}); chmod 600 it",
                 self.cloudflare.api_token_file,
                 mode & 0o777
             ));
@@ -879,12 +880,9 @@ mod tests {
         let settings = Settings::load_from(None, &env(&[("BATCHD__CLOUDFLARE__API_TOKEN_FILE", &path)])).unwrap();
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
         let warnings = settings.warnings();
-        assert!(
-            warnings.iter().any(|w| w.contains("readable or writable by group or others (mode 644)")),
-            "{warnings:?}"
-        );
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert!(settings.warnings().is_empty());
+        assert!(warnings.iter().any(|w| w.contains("readable by others (mode 644)")), "{warnings:?}");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o440)).unwrap();
+        assert!(settings.warnings().is_empty(), "group read is how Kubernetes mounts Secrets");
         std::fs::remove_file(&file).unwrap();
     }
 
