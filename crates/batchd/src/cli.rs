@@ -329,6 +329,18 @@ pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// The results stream `--stream SUFFIX` names (`{ns}:results:<suffix>`), or the namespace's default one.
+pub(crate) fn results_stream(keys: &batchd_core::Keys, suffix: Option<&str>) -> anyhow::Result<String> {
+    let Some(suffix) = suffix else {
+        return Ok(keys.results());
+    };
+    let stream = format!("{}:{suffix}", keys.results());
+    if !keys.is_results_stream(&stream) {
+        anyhow::bail!("--stream {suffix:?}: a results stream suffix is 1-200 characters of A-Z a-z 0-9 . _ : -");
+    }
+    Ok(stream)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -366,16 +366,7 @@ impl Progress {
 /// `batchd retry`.
 pub async fn retry(settings: &Settings, args: &RetryArgs) -> anyhow::Result<()> {
     let keys = settings.keys();
-    let stream = match &args.stream {
-        None => keys.results(),
-        Some(suffix) => {
-            let stream = format!("{}:{suffix}", keys.results());
-            if !keys.is_results_stream(&stream) {
-                bail!("--stream {suffix:?}: a results stream suffix is 1-200 characters of A-Z a-z 0-9 . _ : -");
-            }
-            stream
-        }
-    };
+    let stream = super::results_stream(&keys, args.stream.as_deref())?;
     if args.limit == 0 {
         bail!("--limit must be at least 1");
     }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use batchd_queue::Conn;
 
 use super::{EXIT_WAIT_TIMEOUT, Exit, connect, escape_for_terminal, format_utc, json_text, result_json};
@@ -43,16 +43,7 @@ pub struct TailArgs {
 /// `batchd tail`.
 pub async fn tail(settings: &Settings, args: &TailArgs) -> anyhow::Result<()> {
     let keys = settings.keys();
-    let stream = match &args.stream {
-        None => keys.results(),
-        Some(suffix) => {
-            let stream = format!("{}:{suffix}", keys.results());
-            if !keys.is_results_stream(&stream) {
-                bail!("--stream {suffix:?}: a results stream suffix is 1-200 characters of A-Z a-z 0-9 . _ : -");
-            }
-            stream
-        }
-    };
+    let stream = super::results_stream(&keys, args.stream.as_deref())?;
     let mut conn = connect(settings).await?;
     let mut last_id = if args.from_start { "0-0".to_owned() } else { last_entry_id(&mut conn, &stream).await? };
     eprintln!(
