@@ -23,6 +23,7 @@ mod flow;
 mod hostile;
 mod journald;
 mod liveness;
+mod memory;
 mod ops;
 mod producer;
 mod recovery;

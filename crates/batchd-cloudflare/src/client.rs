@@ -2,6 +2,9 @@
 //! `error` (everything else), so this file holds I/O and nothing to decide.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use batchd_core::{ModelName, RequestId};
@@ -18,6 +21,27 @@ use crate::wire;
 /// Bytes percent-encoded in a URL path segment: everything but RFC 3986 unreserved characters and `@` (a valid
 /// path character that model scopes such as `@cf` start with, sent literally as Cloudflare's own clients do).
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b'@');
+
+/// Room held in the caller's memory budget for a reply's bytes; given back when dropped.
+pub type ReplyHold = Box<dyn Send + Sync>;
+
+/// Waits for room for that many bytes in the caller's memory budget.
+type HoldFn = dyn Fn(usize) -> Pin<Box<dyn Future<Output = ReplyHold> + Send>> + Send + Sync;
+
+/// Takes room for that many bytes if it is free right now.
+type TryHoldFn = dyn Fn(usize) -> Option<ReplyHold> + Send + Sync;
+
+/// A reply without a declared length is counted as it arrives, this many bytes at a time.
+const REPLY_STEP: usize = 1024 * 1024;
+
+/// Counts poll replies against the caller's memory budget while they are read ([`BatchClient::with_reply_budget`]).
+#[derive(Clone)]
+struct ReplyBudget {
+    /// Waits for room.
+    hold: Arc<HoldFn>,
+    /// Takes room that is free now.
+    try_hold: Arc<TryHoldFn>,
+}
 
 /// The `User-Agent` the client sends.
 const USER_AGENT: &str = concat!("batchd/", env!("CARGO_PKG_VERSION"));
@@ -54,6 +78,8 @@ pub(crate) struct Transport {
     pub(crate) request_timeout: Duration,
     /// Largest reply body read.
     max_reply_bytes: usize,
+    /// Where poll replies are counted while they are read, if anywhere.
+    reply_budget: Option<ReplyBudget>,
 }
 
 impl Transport {
@@ -83,6 +109,7 @@ impl Transport {
             authorization,
             request_timeout: settings.request_timeout,
             max_reply_bytes: settings.max_reply_bytes,
+            reply_budget: None,
         };
         Ok((transport, account_url))
     }
@@ -94,6 +121,23 @@ impl BatchClient {
         let (transport, account_url) = Transport::new(settings)?;
         let run_url = join(&account_url, &["ai", "run"]);
         Ok(Self { transport, run_url })
+    }
+
+    /// Counts every poll reply against the caller's memory budget while it is read: `hold(n)` waits for room for
+    /// `n` bytes, `try_hold(n)` takes it only if free now; what they return holds the room until dropped. A reply
+    /// that declares its length takes room for all of it before its first byte is read; one that does not takes
+    /// room 1 MiB at a time as it arrives, and never waits while it holds room (short of room, it gives back what
+    /// it holds and waits for the sum). [`BatchClient::poll_held`] hands the room to the caller, to drop once the
+    /// reply is processed. Submit replies (a request id) are not counted.
+    pub fn with_reply_budget<H, F, T>(mut self, hold: H, try_hold: T) -> Self
+    where
+        H: Fn(usize) -> F + Send + Sync + 'static,
+        F: Future<Output = ReplyHold> + Send + 'static,
+        T: Fn(usize) -> Option<ReplyHold> + Send + Sync + 'static,
+    {
+        self.transport.reply_budget =
+            Some(ReplyBudget { hold: Arc::new(move |bytes| Box::pin(hold(bytes))), try_hold: Arc::new(try_hold) });
+        self
     }
 
     /// Submits a batch: `POST {base}/accounts/{account}/ai/run/{model}?queueRequest=true` with body
@@ -111,8 +155,11 @@ impl BatchClient {
         let url = model_url(&self.run_url, model);
         let result = self
             .transport
-            .exchange(Operation::Submit, url, body, |http_status, body| read_submit(http_status, body, body_bytes))
-            .await;
+            .exchange_held(Operation::Submit, url, body, false, |http_status, body| {
+                read_submit(http_status, body, body_bytes)
+            })
+            .await
+            .map(|(submitted, _)| submitted);
         match result {
             Ok(submitted) => {
                 tracing::Span::current().record("request_id", submitted.request_id.as_str());
@@ -136,28 +183,40 @@ impl BatchClient {
 
     /// Asks for a batch's status: `POST` to the same model URL with body `{"request_id":"..."}`. `n_items` is the
     /// number of items submitted, to restore their order and detect missing ones.
-    #[tracing::instrument(level = "debug", skip_all, fields(model = %model, request_id = %request_id))]
     pub async fn poll(
         &self,
         model: &ModelName,
         request_id: &RequestId,
         n_items: usize,
     ) -> Result<PollStatus, ApiError> {
+        self.poll_held(model, request_id, n_items).await.map(|(status, _)| status)
+    }
+
+    /// [`BatchClient::poll`], also returning the room the reply holds in the memory budget (see
+    /// [`BatchClient::with_reply_budget`]; empty without one), for the caller to drop once it is done with the
+    /// status.
+    #[tracing::instrument(level = "debug", skip_all, fields(model = %model, request_id = %request_id))]
+    pub async fn poll_held(
+        &self,
+        model: &ModelName,
+        request_id: &RequestId,
+        n_items: usize,
+    ) -> Result<(PollStatus, Vec<ReplyHold>), ApiError> {
         let body = serde_json::to_vec(&wire::PollBody { request_id: request_id.as_str() })
             .expect("a string always serialises");
         let url = model_url(&self.run_url, model);
         let result = self
             .transport
-            .exchange(Operation::Poll, url, body, |http_status, body| read_poll(http_status, body, n_items))
+            .exchange_held(Operation::Poll, url, body, true, |http_status, body| read_poll(http_status, body, n_items))
             .await;
         match result {
-            Ok(status) => {
+            Ok((status, held)) => {
                 let status_name = match &status {
                     PollStatus::Pending(pending) => pending.as_str(),
                     PollStatus::Done(_) => "done",
                 };
                 tracing::debug!(status = status_name, "batch polled");
-                Ok(status)
+                Ok((status, held))
             }
             Err(error) => {
                 tracing::debug!(
@@ -183,17 +242,38 @@ impl Transport {
         body: Vec<u8>,
         read: impl Fn(u16, &[u8]) -> Result<T, ApiError>,
     ) -> Result<T, ApiError> {
-        let result = match self.post(operation, url, body).await {
-            Ok(reply) if reply.is_success() => reply.read(&self.token, read),
-            Ok(reply) => Err(reply.into_error(operation, &self.token)),
+        self.exchange_held(operation, url, body, false, read).await.map(|(value, _)| value)
+    }
+
+    /// [`Transport::exchange`]; with `counted`, the reply is counted in the reply budget (if any) while it is read,
+    /// and the room it holds is returned with what `read` made of it.
+    async fn exchange_held<T>(
+        &self,
+        operation: Operation,
+        url: Url,
+        body: Vec<u8>,
+        counted: bool,
+        read: impl Fn(u16, &[u8]) -> Result<T, ApiError>,
+    ) -> Result<(T, Vec<ReplyHold>), ApiError> {
+        let budget = self.reply_budget.as_ref().filter(|_| counted);
+        let result = match self.post(operation, url, body, budget).await {
+            Ok((reply, held)) if reply.is_success() => reply.read(&self.token, read).map(|value| (value, held)),
+            Ok((reply, _)) => Err(reply.into_error(operation, &self.token)),
             Err(error) => Err(error),
         };
         self.scrub(result)
     }
 
     /// Sends one JSON `POST` to `url` and reads the whole reply, up to `max_reply_bytes`: a reply that declares or
-    /// sends more is refused before it is held.
-    async fn post(&self, operation: Operation, url: Url, body: Vec<u8>) -> Result<Reply, ApiError> {
+    /// sends more is refused before it is held. With `budget`, the reply's bytes are counted in it before they are
+    /// held (see [`BatchClient::with_reply_budget`]), and the room is returned with the reply.
+    async fn post(
+        &self,
+        operation: Operation,
+        url: Url,
+        body: Vec<u8>,
+        budget: Option<&ReplyBudget>,
+    ) -> Result<(Reply, Vec<ReplyHold>), ApiError> {
         let started = Instant::now();
         let transport_error =
             |error: reqwest::Error, status| ApiError::from_transport(operation, &error, status, self.request_timeout);
@@ -217,9 +297,29 @@ impl Transport {
         if let Some(declared) = declared.filter(|declared| *declared > limit as u64) {
             return Err(ApiError::reply_too_large(operation, http_status, declared, limit));
         }
+        let mut held: Vec<ReplyHold> = Vec::new();
+        let mut held_bytes = 0;
+        if let (Some(budget), Some(declared)) = (budget, declared) {
+            held.push((budget.hold)(declared as usize).await);
+            held_bytes = declared as usize;
+        }
         // Sized from the declared length when there is one (checked above), so a big result is not re-grown.
         let mut body = Vec::with_capacity(declared.map_or(0, |declared| declared as usize));
         while let Some(chunk) = response.chunk().await.map_err(|error| transport_error(error, Some(http_status)))? {
+            if let Some(budget) = budget
+                && body.len() + chunk.len() > held_bytes
+            {
+                // Room for the bytes so far and the next step; never waiting while holding room.
+                let want = (body.len() + chunk.len()).next_multiple_of(REPLY_STEP);
+                match (budget.try_hold)(want - held_bytes) {
+                    Some(more) => held.push(more),
+                    None => {
+                        held.clear();
+                        held.push((budget.hold)(want).await);
+                    }
+                }
+                held_bytes = want;
+            }
             if body.len() + chunk.len() > limit {
                 return Err(ApiError::reply_too_large(
                     operation,
@@ -236,7 +336,7 @@ impl Transport {
             elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
             "batch api replied"
         );
-        Ok(Reply { http_status, retry_after, body })
+        Ok((Reply { http_status, retry_after, body }, held))
     }
 
     /// Removes the token from an error's message, in case a server echoed it back.

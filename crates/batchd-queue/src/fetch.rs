@@ -175,3 +175,115 @@ pub(crate) async fn reserve<'a, T>(
         }
     }
 }
+
+/// The bytes of work a daemon process may hold in flight (`workers.inflight_bytes`): one budget per process,
+/// shared by every namespace's fetchers and handlers. Work waits for room before it reads or builds anything
+/// big, and gives its room back when it is done (its [`BudgetHold`] is dropped). Counted in KiB (one semaphore
+/// permit each, rounded up), so a budget can exceed 4 GiB. A request larger than the whole budget takes the whole
+/// budget (it waits until nothing else is held, and runs alone) rather than waiting forever. Cloning shares it.
+///
+/// Rule that keeps it free of deadlocks: nothing waits for room while it holds room (a holder that needs more
+/// gives back what it holds and asks for the sum at once).
+#[derive(Debug, Clone)]
+pub struct ByteBudget {
+    /// One permit per KiB.
+    semaphore: Arc<tokio::sync::Semaphore>,
+    /// The budget in KiB.
+    total_kib: u32,
+}
+
+/// Room held in a [`ByteBudget`], given back when dropped. An empty hold holds nothing.
+#[derive(Debug, Default)]
+pub struct BudgetHold {
+    /// The permits, none for an empty hold.
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl ByteBudget {
+    /// A budget of `bytes` (rounded up to whole KiB, at least 1 KiB, at most 4 TiB).
+    pub fn new(bytes: usize) -> Self {
+        let total_kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX).max(1);
+        Self { semaphore: Arc::new(tokio::sync::Semaphore::new(total_kib as usize)), total_kib }
+    }
+
+    /// The whole budget, in bytes.
+    pub fn total_bytes(&self) -> usize {
+        self.total_kib as usize * 1024
+    }
+
+    /// What is not held right now, in bytes.
+    pub fn available_bytes(&self) -> usize {
+        self.semaphore.available_permits() * 1024
+    }
+
+    /// The permits `bytes` takes: rounded up to KiB, at most the whole budget.
+    fn kib(&self, bytes: usize) -> u32 {
+        u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX).min(self.total_kib)
+    }
+
+    /// Waits until `bytes` (at most the whole budget) are free and holds them. Waiters are served in order, so a
+    /// big request is not starved by small ones.
+    pub async fn hold(&self, bytes: usize) -> BudgetHold {
+        let kib = self.kib(bytes);
+        if kib == 0 {
+            return BudgetHold::default();
+        }
+        let permit = Arc::clone(&self.semaphore).acquire_many_owned(kib).await.expect("the budget is never closed");
+        BudgetHold { permit: Some(permit) }
+    }
+
+    /// Holds `bytes` (at most the whole budget) if they are free right now.
+    pub fn try_hold(&self, bytes: usize) -> Option<BudgetHold> {
+        let kib = self.kib(bytes);
+        if kib == 0 {
+            return Some(BudgetHold::default());
+        }
+        Arc::clone(&self.semaphore).try_acquire_many_owned(kib).ok().map(|permit| BudgetHold { permit: Some(permit) })
+    }
+
+    /// [`ByteBudget::hold`], stamping the calling loop's heartbeat every second while it waits (waiting for room
+    /// is not being stuck); `None` when `stop` is cancelled first.
+    pub(crate) async fn hold_beating(&self, bytes: usize, stop: &CancellationToken) -> Option<BudgetHold> {
+        let held = self.hold(bytes);
+        tokio::pin!(held);
+        loop {
+            crate::heartbeat::beat();
+            tokio::select! {
+                hold = &mut held => return Some(hold),
+                () = stop.cancelled() => return None,
+                () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+            }
+        }
+    }
+}
+
+impl BudgetHold {
+    /// The bytes held (whole KiB).
+    pub fn bytes(&self) -> usize {
+        self.permit.as_ref().map_or(0, |permit| permit.num_permits() * 1024)
+    }
+
+    /// Takes `bytes` (rounded up to KiB; at most what is held) out of this hold into a hold of its own.
+    pub fn split(&mut self, bytes: usize) -> BudgetHold {
+        let kib = bytes.div_ceil(1024);
+        let Some(permit) = self.permit.as_mut() else { return BudgetHold::default() };
+        if kib >= permit.num_permits() {
+            return BudgetHold { permit: self.permit.take() };
+        }
+        BudgetHold { permit: permit.split(kib) }
+    }
+
+    /// Gives back everything held beyond `bytes`.
+    pub fn shrink_to(&mut self, bytes: usize) {
+        drop(self.split(self.bytes().saturating_sub(bytes.div_ceil(1024) * 1024)));
+    }
+
+    /// Adds `other`'s room to this hold.
+    pub fn merge(&mut self, other: BudgetHold) {
+        match (self.permit.as_mut(), other.permit) {
+            (Some(permit), Some(other)) => permit.merge(other),
+            (None, other) => self.permit = other,
+            (Some(_), None) => {}
+        }
+    }
+}

@@ -10,6 +10,10 @@
 //! is moved to the dead-letter stream, unread, so it cannot hold a replica forever. Redis 7.0's `XAUTOCLAIM` does
 //! not return delivery counts, so they are read with one `XPENDING` per reclaimed entry (one round trip, at most
 //! `batch` commands).
+//!
+//! With an [`EntryBudget`], what is read is bounded by bytes before it is trusted: a read asks for at most
+//! `available / max_entry_bytes` entries (at least 1), holding room for that many entries of the largest size while
+//! it reads; then each entry keeps room for its own charge (its size, measured) until its handler finishes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,19 +27,59 @@ use redis::{AsyncCommands, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::fetch::{FetchBackend, HandBack, pause, reserve};
+use crate::fetch::{BudgetHold, ByteBudget, FetchBackend, HandBack, pause, reserve};
 use crate::{Conn, Endpoint, RetryDelay, Store, Undeliverable};
 
 /// A read of more than this many bytes replaces the reader's connection afterwards (see `fetch_loop`).
 const BIG_READ: usize = 1024 * 1024;
 
 /// One entry of the submit stream, as read.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct IngressEntry {
     /// The stream entry id.
     pub id: String,
     /// The entry's fields, in the order Redis returned them.
     pub fields: Vec<(String, Vec<u8>)>,
+    /// The entry's room in the process's byte budget (empty without an [`EntryBudget`]), given back when the
+    /// entry is dropped, i.e. when its handler is done with it.
+    pub hold: BudgetHold,
+}
+
+impl IngressEntry {
+    /// The bytes of the entry's fields, names included.
+    pub fn size(&self) -> usize {
+        self.fields.iter().map(|(name, value)| name.len() + value.len()).sum()
+    }
+}
+
+/// The room an entry keeps while it is handled, from its fields.
+pub type EntryCharge = dyn Fn(&[(String, Vec<u8>)]) -> usize + Send + Sync;
+
+/// Bounds the ingress fetcher by bytes (see the module docs).
+#[derive(Clone)]
+pub struct EntryBudget {
+    /// The process's budget, shared with everything else in flight.
+    pub budget: ByteBudget,
+    /// The largest entry that can be read (`jobs.max_entry_bytes`): a read holds this much per entry it asks for.
+    pub max_entry_bytes: usize,
+    /// The room an entry keeps while it is handled, from its fields (at least its size: the daemon adds what
+    /// decoding it costs per item).
+    pub charge: Arc<EntryCharge>,
+}
+
+impl std::fmt::Debug for EntryBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EntryBudget")
+            .field("budget", &self.budget)
+            .field("max_entry_bytes", &self.max_entry_bytes)
+            .finish()
+    }
+}
+
+/// How many entries a read may ask for: as many of the largest size as `available` bytes hold, at least 1 (that
+/// one waits for its room), at most `n`.
+fn entries_within(available: usize, max_entry_bytes: usize, n: usize) -> usize {
+    (available / max_entry_bytes.max(1)).clamp(1, n.max(1))
 }
 
 /// Settings of the ingress fetcher.
@@ -73,16 +117,18 @@ pub fn backend(
     settings: IngressSettings,
     stop: CancellationToken,
 ) -> FetchBackend<IngressEntry> {
-    backend_with_delivery_limit(endpoint, keys, settings, None, stop)
+    backend_with_limits(endpoint, keys, settings, None, None, stop)
 }
 
 /// Starts the ingress fetcher and returns the backend the submit worker reads from; with `limit`, a reclaimed
-/// entry delivered more than `limit.max_deliveries` times is dead-lettered instead of handed out.
-pub fn backend_with_delivery_limit(
+/// entry delivered more than `limit.max_deliveries` times is dead-lettered instead of handed out; with `budget`,
+/// reads are bounded by bytes and every entry holds room for itself until it is handled.
+pub fn backend_with_limits(
     endpoint: Endpoint,
     keys: Keys,
     settings: IngressSettings,
     limit: Option<DeliveryLimit>,
+    budget: Option<EntryBudget>,
     stop: CancellationToken,
 ) -> FetchBackend<IngressEntry> {
     let hand_back: Arc<dyn HandBack<IngressEntry>> = Arc::new(IngressHandBack {
@@ -92,7 +138,7 @@ pub fn backend_with_delivery_limit(
         reclaim_idle: settings.reclaim_idle,
     });
     FetchBackend::spawn(settings.batch, stop, hand_back, move |tx, stop| {
-        fetch_loop(endpoint, keys, settings, limit, tx, stop)
+        fetch_loop(endpoint, keys, settings, limit, budget, tx, stop)
     })
 }
 
@@ -101,6 +147,7 @@ async fn fetch_loop(
     keys: Keys,
     settings: IngressSettings,
     limit: Option<DeliveryLimit>,
+    budget: Option<EntryBudget>,
     tx: mpsc::Sender<IngressEntry>,
     stop: CancellationToken,
 ) {
@@ -114,6 +161,18 @@ async fn fetch_loop(
     tracing::info!(consumer = %settings.consumer, stream = %stream, "ingress fetcher started");
     while !stop.is_cancelled() {
         let Some((n, permits)) = reserve(&tx, settings.batch, &stop).await else { break };
+        // Room for `n` entries of the largest size, held before the read so that nothing read is uncounted.
+        let (n, mut room) = match &budget {
+            Some(budget) => {
+                let n = entries_within(budget.budget.available_bytes(), budget.max_entry_bytes, n);
+                let Some(room) = budget.budget.hold_beating(n.saturating_mul(budget.max_entry_bytes), &stop).await
+                else {
+                    break;
+                };
+                (n, room)
+            }
+            None => (n, BudgetHold::default()),
+        };
         let result: redis::RedisResult<Vec<IngressEntry>> = async {
             let connection = &mut conn;
             if !group_ready {
@@ -152,39 +211,41 @@ async fn fetch_loop(
                 pause(settings.block.min(Duration::from_secs(1)), &stop).await;
                 return Ok(Vec::new());
             }
-            let reply: Value = redis::cmd("XREADGROUP")
-                .arg("GROUP")
-                .arg(CONSUMER_GROUP)
-                .arg(&settings.consumer)
-                .arg("COUNT")
-                .arg(n)
-                .arg("BLOCK")
-                .arg(settings.block.as_millis() as u64)
-                .arg("STREAMS")
-                .arg(&stream)
-                .arg(">")
-                .query_async(connection)
-                .await?;
-            // One stream asked for: [[stream, [entries]]] (RESP2) or {stream: [entries]} (RESP3); nil on timeout.
-            Ok(match reply {
-                Value::Array(streams) => streams
-                    .into_iter()
-                    .flat_map(|stream| match stream {
-                        Value::Array(mut pair) if pair.len() == 2 => entries(pair.swap_remove(1)),
-                        _ => Vec::new(),
-                    })
-                    .collect(),
-                Value::Map(streams) => streams.into_iter().flat_map(|(_, value)| entries(value)).collect(),
-                _ => Vec::new(),
-            })
+            if let Some(budget) = &budget {
+                // Entries waiting: read up to `n` at once, within the room held. None: block for one, holding
+                // room for one only, so an idle reader does not sit on the budget.
+                let waiting = read_group(connection, &settings.consumer, &stream, n, None).await?;
+                if !waiting.is_empty() {
+                    return Ok(waiting);
+                }
+                room.shrink_to(budget.max_entry_bytes);
+                return read_group(connection, &settings.consumer, &stream, 1, Some(settings.block)).await;
+            }
+            read_group(connection, &settings.consumer, &stream, n, Some(settings.block)).await
         }
         .await;
         match result {
             Ok(entries) => {
                 delay.succeeded();
+                let mut entries = entries;
+                if let Some(budget) = budget.as_ref().filter(|_| !entries.is_empty()) {
+                    // Each entry keeps room for its own charge; the rest of the read's room is given back. An entry
+                    // larger than it claimed to be fits in no read's room: then the room is given back and the sum
+                    // asked for at once (never waiting while holding).
+                    let charges: Vec<usize> = entries.iter().map(|entry| (budget.charge)(&entry.fields)).collect();
+                    let total = charges.iter().fold(0usize, |sum, charge| sum.saturating_add(*charge));
+                    if total > room.bytes() {
+                        drop(std::mem::take(&mut room));
+                        room = budget.budget.hold_beating(total, &stop).await.unwrap_or_default();
+                    }
+                    for (entry, charge) in entries.iter_mut().zip(charges) {
+                        entry.hold = room.split(charge);
+                    }
+                }
+                drop(room);
                 let mut bytes = 0;
                 for (permit, entry) in permits.zip(entries) {
-                    bytes += entry.fields.iter().map(|(name, value)| name.len() + value.len()).sum::<usize>();
+                    bytes += entry.size();
                     permit.send(entry);
                 }
                 if bytes > BIG_READ {
@@ -206,6 +267,35 @@ async fn fetch_loop(
         }
     }
     tracing::info!(consumer = %settings.consumer, "ingress fetcher stopped");
+}
+
+/// `XREADGROUP` of up to `count` new entries for `consumer`, blocking up to `block` when given, else answering at
+/// once.
+async fn read_group(
+    conn: &mut Conn,
+    consumer: &str,
+    stream: &str,
+    count: usize,
+    block: Option<Duration>,
+) -> redis::RedisResult<Vec<IngressEntry>> {
+    let mut cmd = redis::cmd("XREADGROUP");
+    cmd.arg("GROUP").arg(CONSUMER_GROUP).arg(consumer).arg("COUNT").arg(count);
+    if let Some(block) = block {
+        cmd.arg("BLOCK").arg(block.as_millis() as u64);
+    }
+    let reply: Value = cmd.arg("STREAMS").arg(stream).arg(">").query_async(conn).await?;
+    // One stream asked for: [[stream, [entries]]] (RESP2) or {stream: [entries]} (RESP3); nil on timeout.
+    Ok(match reply {
+        Value::Array(streams) => streams
+            .into_iter()
+            .flat_map(|stream| match stream {
+                Value::Array(mut pair) if pair.len() == 2 => entries(pair.swap_remove(1)),
+                _ => Vec::new(),
+            })
+            .collect(),
+        Value::Map(streams) => streams.into_iter().flat_map(|(_, value)| entries(value)).collect(),
+        _ => Vec::new(),
+    })
 }
 
 /// Moves the entries of `claimed` that were delivered more than `limit.max_deliveries` times to the dead-letter
@@ -331,7 +421,7 @@ fn entries(reply: Value) -> Vec<IngressEntry> {
                 _ => Vec::new(),
             };
             fields.sort_by(|a, b| a.0.cmp(&b.0));
-            Some(IngressEntry { id, fields })
+            Some(IngressEntry { id, fields, hold: BudgetHold::default() })
         })
         .collect()
 }
@@ -421,6 +511,31 @@ mod tests {
         assert_eq!(pending_deliveries(row), Some(6));
         assert_eq!(pending_deliveries(Value::Array(Vec::new())), None, "no longer pending");
         assert_eq!(pending_deliveries(Value::Nil), None);
+    }
+
+    #[test]
+    fn a_read_asks_for_as_many_entries_of_the_largest_size_as_the_budget_has_room_for() {
+        let mib = 1024 * 1024;
+        assert_eq!(entries_within(256 * mib, 32 * mib, 64), 8);
+        assert_eq!(entries_within(256 * mib, 1024, 64), 64, "capped by the batch");
+        assert_eq!(entries_within(10 * mib, 32 * mib, 64), 1, "one entry waits for its room");
+        assert_eq!(entries_within(0, 0, 0), 1);
+    }
+
+    #[tokio::test]
+    async fn a_hold_larger_than_the_budget_takes_the_whole_budget_and_splits_and_shrinks() {
+        let budget = ByteBudget::new(64 * 1024);
+        let mut whole = budget.hold(1 << 40).await;
+        assert_eq!((whole.bytes(), budget.available_bytes()), (64 * 1024, 0));
+        assert!(budget.try_hold(1).is_none(), "nothing is left");
+        let part = whole.split(1500);
+        assert_eq!((part.bytes(), whole.bytes()), (2048, 62 * 1024), "rounded up to whole KiB");
+        whole.shrink_to(10 * 1024);
+        assert_eq!(budget.available_bytes(), 52 * 1024);
+        whole.merge(part);
+        drop(whole);
+        assert_eq!(budget.available_bytes(), 64 * 1024, "everything is given back");
+        assert_eq!(budget.try_hold(0).map(|hold| hold.bytes()), Some(0));
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //!   batches, never gives up on a Redis error, and hands unstarted work back at shutdown.
 //! - [`ingress`] and [`schedule`]: the two fetchers (the ingress stream's consumer group, and the schedule's due
 //!   members).
+//! - [`ByteBudget`]: the bytes of work in flight one process may hold; the ingress fetcher holds room for what it
+//!   reads before it reads it.
 //!
 //! Nothing here knows the Batch API; the daemon wires storage and API together.
 
@@ -22,8 +24,8 @@ use batchd_core::UnixMillis;
 
 pub use clock::RedisClock;
 pub use connection::{Conn, Endpoint, RedisSettings, Topology};
-pub use fetch::FetchBackend;
-pub use ingress::{DeliveryLimit, IngressEntry, IngressSettings};
+pub use fetch::{BudgetHold, ByteBudget, FetchBackend};
+pub use ingress::{DeliveryLimit, EntryBudget, IngressEntry, IngressSettings};
 pub use schedule::ScheduleSettings;
 pub use store::{
     Accepted, AddOutcome, ChunkPlan, ChunkRecord, ChunkView, DeadLetter, Intake, MAX_CHUNKS_PER_JOB, NewChunk,

@@ -16,13 +16,24 @@ use anyhow::{Context as _, bail};
 use apalis::layers::WorkerBuilderExt;
 use apalis_core::worker::builder::WorkerBuilder;
 use batchd_cloudflare::{BatchClient, QueueClient};
-use batchd_queue::{DeliveryLimit, IngressSettings, ScheduleSettings, Store};
+use batchd_queue::{ByteBudget, DeliveryLimit, EntryBudget, IngressSettings, ScheduleSettings, Store};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Health};
 use crate::pipeline::{Pipeline, SplitSettings, handle_due, handle_entry};
 use crate::settings::{Secret, Settings};
+
+/// Room in the budget that a poll reply holds (the client's `ReplyHold`).
+type ReplyHold = Box<dyn Send + Sync>;
+
+/// Bytes per request item that taking a job in builds besides the entry (a view of the item and its size, 24
+/// bytes, rounded up); measured in `tests/it/memory.rs`.
+const ITEM_BYTES: usize = 32;
+
+/// Room a poll holds per byte of its reply: the reply, what is read from it (the items' results), and the result
+/// or chunk output written from that to Redis.
+const REPLY_COPIES: usize = 3;
 
 /// How long the admin server, the sampler and the watchdog get to stop once the workers are done.
 const BACKGROUND_STOP: Duration = Duration::from_secs(2);
@@ -41,7 +52,18 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
     let endpoint = settings.redis_endpoint()?;
     let sampler_conn = endpoint.dedicated(Duration::from_secs(5));
     let conn = endpoint.shared().context("redis")?;
-    let client = BatchClient::new(settings.client_settings(&token)).context("cloudflare settings")?;
+    // One memory budget for the process, shared by every namespace (docs/operations.md, "Memory and threads").
+    let budget = ByteBudget::new(settings.workers.inflight_bytes);
+    let client = {
+        let (hold, try_hold) = (budget.clone(), budget.clone());
+        BatchClient::new(settings.client_settings(&token)).context("cloudflare settings")?.with_reply_budget(
+            move |bytes| {
+                let budget = hold.clone();
+                async move { Box::new(budget.hold(bytes.saturating_mul(REPLY_COPIES)).await) as ReplyHold }
+            },
+            move |bytes| try_hold.try_hold(bytes.saturating_mul(REPLY_COPIES)).map(|room| Box::new(room) as ReplyHold),
+        )
+    };
 
     // Stopped last, after the drain, so probes and scrapes are answered while work in flight finishes.
     let background_stop = CancellationToken::new();
@@ -106,6 +128,7 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
             default_deadline: Duration::from_secs(settings.jobs.default_deadline_secs),
             lease: Duration::from_secs(settings.schedule.lease_secs),
             events: settings.events.enabled(),
+            budget: budget.clone(),
         });
         spawn_workers(&mut workers, &settings, &endpoint, pipeline, &consumer, &fetch_stop, &shutdown, &health);
     }
@@ -130,6 +153,7 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
         namespaces = %names.join(","),
         submit_concurrency = settings.workers.submit_concurrency,
         poll_concurrency = settings.workers.poll_concurrency,
+        inflight_bytes = settings.workers.inflight_bytes,
         "batchd running"
     );
 
@@ -188,7 +212,14 @@ fn spawn_workers(
         store: pipeline.store.clone(),
         on_dead_letter: crate::metrics::entry_undeliverable,
     };
-    let ingress = batchd_queue::ingress::backend_with_delivery_limit(
+    // Reads are bounded by bytes; each entry holds room for what taking it in builds until its handler is done.
+    let (max_entry_bytes, max_items) = (settings.jobs.max_entry_bytes, settings.jobs.max_items);
+    let budget = EntryBudget {
+        budget: pipeline.budget.clone(),
+        max_entry_bytes,
+        charge: Arc::new(move |fields: &[(String, Vec<u8>)]| entry_charge(fields, max_entry_bytes, max_items)),
+    };
+    let ingress = batchd_queue::ingress::backend_with_limits(
         endpoint.clone(),
         keys,
         IngressSettings {
@@ -199,6 +230,7 @@ fn spawn_workers(
             reclaim_interval: Duration::from_secs(settings.ingress.reclaim_interval_secs),
         },
         Some(limit),
+        Some(budget),
         fetch_stop.clone(),
     );
     let schedule = batchd_queue::schedule::backend(
@@ -229,6 +261,19 @@ fn spawn_workers(
     workers.spawn(async move { (name, submit_worker.run_until(stop_signal(stop)).await) });
     let (stop, name) = (shutdown.clone(), format!("schedule:{namespace}"));
     workers.spawn(async move { (name, poll_worker.run_until(stop_signal(stop)).await) });
+}
+
+/// The room an ingress entry holds while it is taken in: its bytes, plus [`ITEM_BYTES`] per item it may hold (at
+/// most one more than its commas, and at most `max_items`: the decoder counts items before it builds anything per
+/// item, and refuses more). An entry over `max_entry_bytes` is refused before it is parsed: its bytes only. The
+/// first batch's body takes room of its own (`Pipeline::take_in`).
+fn entry_charge(fields: &[(String, Vec<u8>)], max_entry_bytes: usize, max_items: usize) -> usize {
+    let bytes: usize = fields.iter().map(|(name, value)| name.len() + value.len()).sum();
+    if fields.iter().any(|(_, value)| value.len() > max_entry_bytes) {
+        return bytes;
+    }
+    let commas: usize = fields.iter().map(|(_, value)| value.iter().filter(|byte| **byte == b',').count()).sum();
+    bytes.saturating_add((commas + 1).min(max_items).saturating_mul(ITEM_BYTES))
 }
 
 /// Stops the admin server, the sampler and the watchdog, waiting briefly for them (an idle keep-alive scrape
@@ -274,4 +319,21 @@ fn consumer_name() -> String {
         .unwrap_or_else(|| "batchd".to_owned());
     let random = uuid::Uuid::new_v4().simple().to_string();
     format!("{host}-{}-{}", std::process::id(), &random[..8])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(text: &str) -> Vec<(String, Vec<u8>)> {
+        vec![("job".to_owned(), text.as_bytes().to_vec())]
+    }
+
+    #[test]
+    fn an_entry_holds_its_bytes_and_room_for_each_item_it_may_hold() {
+        let entry = job(r#"{"requests":[{},{},{}]}"#);
+        assert_eq!(entry_charge(&entry, 1000, 1000), 3 + 23 + 3 * ITEM_BYTES, "two commas: at most three items");
+        assert_eq!(entry_charge(&entry, 1000, 2), 3 + 23 + 2 * ITEM_BYTES, "never more than max_items");
+        assert_eq!(entry_charge(&entry, 10, 1000), 3 + 23, "refused unparsed: its bytes only");
+    }
 }

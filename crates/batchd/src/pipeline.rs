@@ -20,8 +20,8 @@ use batchd_core::{
 };
 use batchd_queue::ingress::IngressEntry;
 use batchd_queue::{
-    Accepted, AddOutcome, ChunkView, DeadLetter, Intake, MAX_CHUNKS_PER_JOB, NewChunk, Placement, PublishContext,
-    Rejection, Store, StoreError, SubmitTicket,
+    Accepted, AddOutcome, ByteBudget, ChunkView, DeadLetter, Intake, MAX_CHUNKS_PER_JOB, NewChunk, Placement,
+    PublishContext, Rejection, Store, StoreError, SubmitTicket,
 };
 use futures::FutureExt;
 use serde_json::value::RawValue;
@@ -69,6 +69,9 @@ pub struct Pipeline {
     pub lease: Duration,
     /// Whether batch events wake polls (`[events]`): request ids are then indexed, and polls are the fallback.
     pub events: bool,
+    /// The process's memory budget (`workers.inflight_bytes`): submits hold room for their items and body; the
+    /// client counts poll replies in it (see `daemon.rs`).
+    pub budget: ByteBudget,
 }
 
 /// How a job ends.
@@ -199,9 +202,20 @@ impl Pipeline {
         let deadline = job.deadline_secs.map(Duration::from_secs).unwrap_or(self.default_deadline);
         // Saturating: a producer may ask for a deadline centuries away.
         let deadline_at = now.saturating_add(u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX));
+        // The first batch's body is posted from the items in hand; it needs room of its own in the budget. The
+        // entry already holds room, so this never waits: short of room, the batch goes through the schedule
+        // (which waits for room holding nothing), like a throttled one.
+        let first_body = batchd_cloudflare::submit_body_bytes(sizes[..plan[0].1].iter().copied());
+        let body_room = self.budget.try_hold(first_body);
         // Ask the shared limiter before the job exists: a throttled first batch is accepted `pending`, due when
         // its slot comes; otherwise it is accepted already `submitting` and posted at once, under its lease.
-        let wait = self.rate_wait(&job.model, ApiCall::Submit).await?;
+        let wait = match &body_room {
+            Some(_) => self.rate_wait(&job.model, ApiCall::Submit).await?,
+            None => {
+                tracing::debug!(first_body, "no room in workers.inflight_bytes for the first batch now; scheduling it");
+                Some(Duration::ZERO)
+            }
+        };
         let first_due = match wait {
             Some(wait) => now + wait.as_millis() as u64,
             None => now + self.lease.as_millis() as u64,
@@ -359,9 +373,14 @@ impl Pipeline {
         if self.throttle(chunk, model, ApiCall::Submit).await?.is_some() {
             return Ok(());
         }
+        // Room for the items read back and the body built from them (each at most max_payload_bytes), before either
+        // exists; then only what this chunk needs is kept until the submit is done.
+        let mut room = self.budget.hold(2 * self.split.max_payload_bytes).await;
         let ticket = self.store.begin_submit(chunk, self.store.now().await?).await?;
         match ticket {
             SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => {
+                let body = batchd_cloudflare::submit_body_bytes(requests.iter().map(|item| item.get().len()));
+                room.shrink_to(2 * body);
                 self.post(chunk, model, attempt, resubmit, &requests, placement, deadline_at).await
             }
             SubmitTicket::Cancelled => {
@@ -625,7 +644,11 @@ impl Pipeline {
         }
         let span = tracing::debug_span!("poll", request_id = %request_id, model = %model, n_polls = view.n_polls);
         let started = Instant::now();
-        let polled = self.client.poll(&model, &request_id, view.items_len).instrument(span).await;
+        // The reply's room in the budget (taken as it was read) is held until its outcome is stored or published.
+        let (polled, _room) = match self.client.poll_held(&model, &request_id, view.items_len).instrument(span).await {
+            Ok((status, room)) => (Ok(status), room),
+            Err(error) => (Err(error), Vec::new()),
+        };
         let elapsed = started.elapsed();
         match &polled {
             Ok(PollStatus::Done(_)) => metrics::api_request(ApiCall::Poll, "done", Some(200), elapsed),

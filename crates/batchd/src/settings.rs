@@ -159,6 +159,9 @@ pub struct WorkerSettings {
     pub poll_concurrency: usize,
     /// Threads of the async runtime; 0 means one per CPU the process may use.
     pub runtime_threads: usize,
+    /// Bytes of work in flight one process may hold (entries being read and taken in, submit bodies, poll
+    /// replies), shared by every namespace; what the memory limit is sized by (docs/operations.md).
+    pub inflight_bytes: usize,
 }
 
 /// `[ingress]`
@@ -509,6 +512,15 @@ impl Settings {
         }
         if self.workers.poll_concurrency == 0 {
             return fail("workers.poll_concurrency", "must be at least 1");
+        }
+        if self.workers.inflight_bytes < 1024 * 1024 {
+            return fail("workers.inflight_bytes", "must be at least 1048576 (1 MiB)");
+        }
+        if self.workers.inflight_bytes < self.jobs.max_entry_bytes {
+            return fail(
+                "workers.inflight_bytes",
+                "must be at least jobs.max_entry_bytes (an idle replica holds room for one entry of that size)",
+            );
         }
         if self.workers.runtime_threads > 1024 {
             return fail("workers.runtime_threads", "must be at most 1024 (0 means one per CPU)");

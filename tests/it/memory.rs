@@ -1,0 +1,175 @@
+//! The memory limit is a formula of one setting: a real daemon process, with a small `workers.inflight_bytes`,
+//! stays under idle + inflight_bytes + 3 × the largest entry Redis holds (docs/operations.md, "Memory and
+//! threads") while hostile entries arrive with a burst of small jobs. The daemon runs as its own process so that
+//! its peak RSS (`VmHWM`) is its alone.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use batchd_tests::World;
+use redis::AsyncCommands;
+
+/// Patient: a debug daemon moves about 200 MB here.
+const WAIT: Duration = Duration::from_secs(300);
+
+const MIB: usize = 1024 * 1024;
+
+/// `batchd run` as a process, killed when dropped; its stderr goes to a file, shown if it dies.
+struct DaemonProcess {
+    /// The process.
+    child: Child,
+    /// Where its stderr goes.
+    log: PathBuf,
+}
+
+impl DaemonProcess {
+    fn start(world: &World, extra: &[(&str, String)]) -> Self {
+        let log = std::env::temp_dir().join(format!("batchd-it-memory-{}.log", uuid::Uuid::new_v4().simple()));
+        let child = world
+            .batchd()
+            .arg("run")
+            .env("CLOUDFLARE_API_TOKEN", world.emulator.token())
+            .env("BATCHD__ADMIN__LISTEN", "")
+            .envs(extra.iter().map(|(name, value)| (name, value)))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("daemon log file"))
+            .spawn()
+            .expect("start batchd");
+        Self { child, log }
+    }
+
+    /// Waits until every job of `job_ids` has its result; fails at once if the daemon exits, or after [`WAIT`].
+    async fn wait_for_results(&mut self, world: &World, job_ids: &HashSet<String>) {
+        let started = Instant::now();
+        loop {
+            let results = world.results().await;
+            let done = results.iter().filter_map(|fields| fields.get("job_id")).filter(|id| job_ids.contains(*id));
+            if done.count() == job_ids.len() {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                panic!("the daemon exited ({status}) before every result:\n{log}");
+            }
+            assert!(started.elapsed() < WAIT, "timed out waiting for results ({} of {})", results.len(), job_ids.len());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A size field of `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in bytes.
+    fn status_bytes(&self, field: &str) -> usize {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("read /proc status");
+        let line = status.lines().find(|line| line.starts_with(&format!("{field}:"))).expect("field in status");
+        let kib: usize = line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("a size in kB");
+        kib * 1024
+    }
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// A bge-m3 job of about `bytes`, in items of about 1 KB.
+fn big_job(id: &str, bytes: usize) -> Vec<u8> {
+    let item = format!(r#"{{"query":"{}","contexts":[{{"text":"c"}}]}}"#, "q".repeat(1000));
+    let n_items = bytes / (item.len() + 1);
+    let mut job = format!(r#"{{"id":"{id}","model":"@cf/baai/bge-m3","requests":["#).into_bytes();
+    for i in 0..n_items {
+        if i > 0 {
+            job.push(b',');
+        }
+        job.extend_from_slice(item.as_bytes());
+    }
+    job.extend_from_slice(b"]}");
+    job
+}
+
+/// `{"id":"empty-items","model":...,"requests":[{},{},...]}` with `n_items` empty items.
+fn empty_items_job(n_items: usize) -> Vec<u8> {
+    let mut job = br#"{"id":"empty-items","model":"@cf/baai/bge-m3","requests":["#.to_vec();
+    job.extend_from_slice(&b"{},".repeat(n_items - 1));
+    job.extend_from_slice(b"{}]}");
+    job
+}
+
+#[tokio::test]
+async fn peak_rss_stays_under_idle_plus_the_budget_plus_three_largest_entries_while_hostile_entries_arrive() {
+    let world = World::new().await;
+    let budget = 64 * MIB;
+    let max_entry = 24 * MIB;
+    let mut daemon = DaemonProcess::start(
+        &world,
+        &[
+            ("BATCHD__WORKERS__INFLIGHT_BYTES", budget.to_string()),
+            ("BATCHD__JOBS__MAX_ENTRY_BYTES", max_entry.to_string()),
+            ("BATCHD__POLL__INITIAL_INTERVAL_MS", "200".to_owned()),
+            ("BATCHD__POLL__MAX_INTERVAL_MS", "500".to_owned()),
+            ("RUST_LOG", "warn".to_owned()),
+        ],
+    );
+    let mut conn = world.conn.clone();
+    let submit = world.keys.submit();
+
+    // Idle: past start-up, having taken in (and refused) one small job.
+    world.enqueue_raw(&[("job", r#"{"id":"warm-up","model":"@cf/baai/bge-m3","requests":[]}"#.to_owned())]).await;
+    daemon.wait_for_results(&world, &HashSet::from(["warm-up".to_owned()])).await;
+    let idle_rss = daemon.status_bytes("VmRSS");
+
+    let mut job_ids = HashSet::new();
+    // Three entries just under jobs.max_entry_bytes (accepted, three batches each), one of 30,000,000 empty
+    // items (90 MB: over the limit, refused unparsed), and 2,000 one-item jobs, all at once.
+    for i in 0..3 {
+        let id = format!("near-max-{i}");
+        let job = big_job(&id, max_entry - MIB);
+        let _: String = conn.xadd(&submit, "*", &[("job", job.as_slice())]).await.expect("xadd");
+        job_ids.insert(id);
+    }
+    let hostile = empty_items_job(30_000_000);
+    let largest_entry = hostile.len();
+    // Refused unparsed, so its result is named by its entry id.
+    let hostile_id: String = conn.xadd(&submit, "*", &[("job", hostile.as_slice())]).await.expect("xadd");
+    drop(hostile);
+    job_ids.insert(hostile_id.clone());
+    let mut pipe = redis::pipe();
+    for i in 0..2_000 {
+        let id = format!("small-{i}");
+        let job = format!(
+            r#"{{"id":"{id}","model":"@cf/baai/bge-m3","requests":[{{"query":"q","contexts":[{{"text":"c"}}]}}]}}"#
+        );
+        pipe.xadd(&submit, "*", &[("job", job)]).ignore();
+        job_ids.insert(id);
+    }
+    let () = pipe.query_async(&mut conn).await.expect("xadd small jobs");
+
+    daemon.wait_for_results(&world, &job_ids).await;
+    let peak_rss = daemon.status_bytes("VmHWM");
+    // Measured here: about idle + budget + 2 × the largest entry (its read buffer and its parsed reply are not
+    // counted before its size is known); the documented bound keeps one more copy as a margin.
+    let limit = idle_rss + budget + 3 * largest_entry;
+    let figures = format!(
+        "idle RSS {:.1} MiB, budget {} MiB, largest entry {:.1} MiB: peak RSS {:.1} MiB, limit {:.1} MiB",
+        idle_rss as f64 / MIB as f64,
+        budget / MIB,
+        largest_entry as f64 / MIB as f64,
+        peak_rss as f64 / MIB as f64,
+        limit as f64 / MIB as f64,
+    );
+    eprintln!("{figures}");
+    assert!(peak_rss <= limit, "peak RSS over idle + inflight_bytes + 3 × the largest entry: {figures}");
+
+    let results = world.results().await;
+    let status = |id: &str| {
+        results.iter().find(|fields| fields.get("job_id").map(String::as_str) == Some(id)).and_then(|f| f.get("status"))
+    };
+    for i in 0..3 {
+        assert_eq!(status(&format!("near-max-{i}")).map(String::as_str), Some("completed"));
+    }
+    assert_eq!(status(&hostile_id).map(String::as_str), Some("failed"), "the 90 MB entry is refused");
+    assert_eq!(status("small-1999").map(String::as_str), Some("completed"));
+}
