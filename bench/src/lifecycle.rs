@@ -57,7 +57,20 @@ pub async fn start_stack(
     logs: &Path,
     tag: &str,
 ) -> anyhow::Result<Stack> {
-    let emulator = start_emulator(queued_ms, running_ms, &logs.join(format!("emulator-{tag}.log")))?;
+    start_stack_with(redis, queued_ms, running_ms, &[], env, logs, tag).await
+}
+
+/// [`start_stack`] with `emulator_args` given to the emulator on top of its batch timing.
+pub async fn start_stack_with(
+    redis: &RedisServer,
+    queued_ms: u64,
+    running_ms: u64,
+    emulator_args: &[String],
+    env: &[(&str, String)],
+    logs: &Path,
+    tag: &str,
+) -> anyhow::Result<Stack> {
+    let emulator = start_emulator(queued_ms, running_ms, emulator_args, &logs.join(format!("emulator-{tag}.log")))?;
     let env = daemon_env(&redis.url(), &emulator, env);
     let mut daemon = start_daemon(&env, &logs.join(format!("batchd-{tag}.log")))?;
     let keys = Keys::new("batchd")?;

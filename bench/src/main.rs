@@ -4,12 +4,16 @@
 //!
 //! Scenarios (docs/benchmarks.md says what each measures and how):
 //! 1. queue layer like for like ([`queue_layer`]); 2. full lifecycle ([`lifecycle`]); 3. backlog ([`backlog`]);
-//! 4. poll timing ([`poll_timing`]); 5. big payloads ([`big`]).
+//! 4. poll timing ([`poll_timing`]); 5. big payloads ([`big`]);
+//! 6. default settings against an API answering in 100 ms ([`api_latency`]);
+//! 7. batch events against polling, time-compressed ([`batch_events`]).
 //!
 //! Needs the release binaries `batchd` and `batchd-emulator` next to this one, `node` with bench/peers/node_modules,
 //! and target/bench-peers/release/apalis-redis-bench: scripts/bench.sh builds and installs all of them.
 
+mod api_latency;
 mod backlog;
+mod batch_events;
 mod big;
 mod lifecycle;
 mod poll_timing;
@@ -36,7 +40,7 @@ struct Options {
     runs: usize,
     /// Persistence modes to run.
     modes: Vec<Persistence>,
-    /// Scenarios to run (1..=5).
+    /// Scenarios to run (1..=7).
     scenarios: Vec<u8>,
     /// Jobs of scenarios 1 and 2.
     n: usize,
@@ -44,6 +48,10 @@ struct Options {
     backlog: usize,
     /// Measuring window of scenario 4.
     poll_window: Duration,
+    /// Jobs of scenario 6.
+    latency_n: usize,
+    /// Jobs of scenario 7 (per run of each of its three systems).
+    events_n: usize,
     /// Where the JSON report goes.
     out: PathBuf,
 }
@@ -53,10 +61,12 @@ fn options() -> anyhow::Result<Options> {
     let mut options = Options {
         runs: 3,
         modes: vec![Persistence::Off, Persistence::AofEverysec],
-        scenarios: vec![1, 2, 3, 4, 5],
+        scenarios: vec![1, 2, 3, 4, 5, 6, 7],
         n: 20_000,
         backlog: 100_000,
         poll_window: Duration::from_secs(10),
+        latency_n: 20_000,
+        events_n: 300,
         out: root.join("target/bench/report.json"),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -69,12 +79,16 @@ fn options() -> anyhow::Result<Options> {
                 options.n = 2_000;
                 options.backlog = 5_000;
                 options.poll_window = Duration::from_secs(3);
+                options.latency_n = 5_000;
+                options.events_n = 100;
                 i += 1;
                 continue;
             }
             "--runs" => options.runs = value()?.parse()?,
             "--n" => options.n = value()?.parse()?,
             "--backlog" => options.backlog = value()?.parse()?,
+            "--latency-n" => options.latency_n = value()?.parse()?,
+            "--events-n" => options.events_n = value()?.parse()?,
             "--out" => options.out = value()?.into(),
             "--modes" => {
                 options.modes = value()?
@@ -89,8 +103,8 @@ fn options() -> anyhow::Result<Options> {
             "--scenarios" => options.scenarios = value()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "-h" | "--help" => {
                 println!(
-                    "usage: batchd-bench [--quick] [--runs 3] [--modes off,aof] [--scenarios 1,2,3,4,5] [--n 20000] \
-                     [--backlog 100000] [--out target/bench/report.json]"
+                    "usage: batchd-bench [--quick] [--runs 3] [--modes off,aof] [--scenarios 1,2,3,4,5,6,7] [--n 20000] \
+                     [--backlog 100000] [--latency-n 20000] [--events-n 300] [--out target/bench/report.json]"
                 );
                 std::process::exit(0);
             }
@@ -238,6 +252,12 @@ async fn main() -> anyhow::Result<()> {
                 report.add(s, &label, "peak RSS / result", "×", m, b.hwm_mib * 1048576.0 / b.result_bytes as f64);
             }
         }
+        if options.scenarios.contains(&6) {
+            scenario_api_latency(&options, mode, &work, &logs, &mut report).await?;
+        }
+        if options.scenarios.contains(&7) {
+            scenario_batch_events(&options, mode, &work, &logs, &mut report).await?;
+        }
     }
 
     report.finish();
@@ -251,7 +271,8 @@ async fn main() -> anyhow::Result<()> {
         "load_average_start": load_start,
         "load_average_end": load_end,
         "options": {"runs": options.runs, "n": options.n, "backlog": options.backlog,
-                    "poll_window_secs": options.poll_window.as_secs()},
+                    "poll_window_secs": options.poll_window.as_secs(), "latency_n": options.latency_n,
+                    "events_n": options.events_n},
         "load_average_per_run": RUN_LOADS.lock().expect("lock").iter()
             .map(|(what, load)| json!({"run": what, "load_average": load})).collect::<Vec<_>>(),
         "rows": report.rows,
@@ -412,5 +433,86 @@ async fn scenario_lifecycle(
         &format!("2 full lifecycle / {m} / MONITOR per job ({monitored_n} jobs)"),
         json!({"client": scaled(&seen.client, monitored_n), "lua": scaled(&seen.lua, monitored_n)}),
     );
+    Ok(())
+}
+
+/// Scenario 6: default settings, every API call answered after 100 ms.
+async fn scenario_api_latency(
+    options: &Options,
+    mode: Persistence,
+    work: &std::path::Path,
+    logs: &std::path::Path,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let s = "6 API latency";
+    let m = mode.label();
+    let n = options.latency_n;
+    let label = format!(
+        "batchd defaults, API answering in {} ms, {} one-item jobs at once",
+        api_latency::LATENCY_MS,
+        fmt(n as f64)
+    );
+    for run in 0..options.runs {
+        progress(&format!("[{m}] scenario 6, run {}: {n} jobs", run + 1));
+        let redis = RedisServer::start(mode, work).await?;
+        let mut r = api_latency::run(&redis, n, logs, &format!("latency-{m}-{run}")).await?;
+        report.add(s, &label, "throughput, first XADD to last result", "jobs/s", m, r.jobs_per_sec);
+        report.add(s, &label, "throughput, 10th to 90th percentile result", "jobs/s", m, r.steady_jobs_per_sec);
+        report.add(s, &label, "XADD → result p50", "ms", m, percentile(&mut r.latencies_ms, 50.0));
+        report.add(s, &label, "XADD → result p99", "ms", m, percentile(&mut r.latencies_ms, 99.0));
+        report.add(s, &label, "daemon peak RSS (VmHWM)", "MiB", m, r.hwm_mib);
+        report.add(s, &label, "daemon RSS before the burst", "MiB", m, r.rss_before_mib);
+        report.add(s, &label, "peak RSS / byte budget (256 MiB)", "×", m, r.hwm_mib / api_latency::BUDGET_MIB);
+        for (kind, calls) in ["submits", "polls", "rejected calls"].iter().zip(r.calls_per_job) {
+            report.add(s, &label, &format!("API {kind} per job"), "calls", m, calls);
+        }
+        report.add(s, &label, "jobs not completed", "jobs", m, r.not_completed as f64);
+        for (i, process) in ["daemon", "emulator", "redis-server"].iter().enumerate() {
+            report.add(s, &label, &format!("CPU per job, {process}"), "µs", m, r.cpu_us_per_job[i]);
+            report.add(s, &label, &format!("CPU used, {process}"), "cores", m, r.cores[i]);
+        }
+    }
+    Ok(())
+}
+
+/// Scenario 7: polling only, events on, events on with every event dropped, on time-compressed 5-minute batches.
+async fn scenario_batch_events(
+    options: &Options,
+    mode: Persistence,
+    work: &std::path::Path,
+    logs: &std::path::Path,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let s = "7 batch events";
+    let m = mode.label();
+    let n = options.events_n;
+    let scale = batch_events::TIME_SCALE;
+    for run in 0..options.runs {
+        for events_mode in [batch_events::Mode::Polling, batch_events::Mode::Events, batch_events::Mode::EventsDropped]
+        {
+            progress(&format!("[{m}] scenario 7, run {}: {n} jobs, {}", run + 1, events_mode.label()));
+            let redis = RedisServer::start(mode, work).await?;
+            let tag = format!("events-{m}-{run}-{events_mode:?}").to_lowercase();
+            let mut r = batch_events::run(&redis, events_mode, n, logs, &tag).await?;
+            let label = format!(
+                "{}, {n} one-item jobs, 5-minute batches at 1/{scale} time ({} s)",
+                events_mode.label(),
+                batch_events::BATCH_MS / 1000
+            );
+            report.add(s, &label, "polls per completed batch", "polls", m, r.polls_per_batch);
+            report.add(s, &label, "queue pulls per completed batch", "pulls", m, r.pulls_per_batch);
+            let p50 = percentile(&mut r.latencies_ms, 50.0) / 1000.0;
+            let p99 = percentile(&mut r.latencies_ms, 99.0) / 1000.0;
+            report.add(s, &label, "batch finish → result p50, as measured", "s", m, p50);
+            report.add(s, &label, "batch finish → result p99, as measured", "s", m, p99);
+            // A latency set by polls scales with the batch; one set by the event puller is real time already.
+            let to_real = if events_mode == batch_events::Mode::Events { 1.0 } else { scale as f64 };
+            report.add(s, &label, "batch finish → result p50, at real scale", "s", m, p50 * to_real);
+            report.add(s, &label, "batch finish → result p99, at real scale", "s", m, p99 * to_real);
+            report.add(s, &label, "jobs completed", "jobs", m, r.completed as f64);
+            report.add(s, &label, "events published", "events", m, r.events_published_dropped.0 as f64);
+            report.add(s, &label, "events dropped", "events", m, r.events_published_dropped.1 as f64);
+        }
+    }
     Ok(())
 }

@@ -84,8 +84,9 @@ impl Emulator {
     }
 }
 
-/// Starts the release emulator on a free port with the given batch timing; logs go to `log`.
-pub fn start_emulator(queued_ms: u64, running_ms: u64, log: &Path) -> anyhow::Result<Emulator> {
+/// Starts the release emulator on a free port with the given batch timing and `extra_args` (`--latency-min-ms`,
+/// `--events`, ...); logs go to `log`.
+pub fn start_emulator(queued_ms: u64, running_ms: u64, extra_args: &[String], log: &Path) -> anyhow::Result<Emulator> {
     let mut child = Command::new(sibling_binary("batchd-emulator")?)
         .args([
             "--listen",
@@ -95,6 +96,7 @@ pub fn start_emulator(queued_ms: u64, running_ms: u64, log: &Path) -> anyhow::Re
             "--running-ms",
             &running_ms.to_string(),
         ])
+        .args(extra_args)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(log)?)
