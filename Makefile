@@ -47,7 +47,7 @@ bench: deps ## Benchmarks side by side with BullMQ and apalis-redis (release bui
 	@scripts/bench.sh $(BENCH_ARGS)
 
 .PHONY: chaos
-chaos: deps ## Chaos suite: kill -9, Redis restarts and outages, rolling SIGTERM, 100,000-job backlog (~10 min; CHAOS="1-kill9 ..." picks scenarios); target/chaos/report.json
+chaos: deps ## Chaos suite: kill -9, Redis restarts and outages, rolling SIGTERM, 100,000-job backlog, clocks ±300 s apart, hostile entries (~12 min; CHAOS="1-kill9 ..." picks scenarios); target/chaos/report.json
 	$(CARGO) build --workspace --bins
 	$(CARGO) run --quiet -p batchd-tests --bin chaos -- $(CHAOS)
 

@@ -107,6 +107,8 @@ pub struct Cluster {
     vars: Vec<(String, String)>,
     /// Where the daemons' logs go.
     log_dir: PathBuf,
+    /// Environment of the daemons of one slot on top of `vars` (a faked clock), kept across restarts.
+    slot_vars: HashMap<usize, Vec<(String, String)>>,
     /// Running processes by index into `incarnations`.
     running: HashMap<usize, Child>,
 }
@@ -170,6 +172,7 @@ impl Cluster {
             bin,
             vars: all_vars,
             log_dir,
+            slot_vars: HashMap::new(),
             running: HashMap::new(),
         })
     }
@@ -187,6 +190,12 @@ impl Cluster {
         self.vars.iter().rev().find(|(name, _)| name == key).map(|(_, value)| value.as_str())
     }
 
+    /// Gives every daemon started in `slot` from now on these variables on top of the run's (`LD_PRELOAD` of a
+    /// faked clock, ...).
+    pub fn set_slot_vars(&mut self, slot: usize, vars: Vec<(String, String)>) {
+        self.slot_vars.insert(slot, vars);
+    }
+
     /// Starts a daemon process in `slot`; returns its incarnation index.
     pub async fn start_daemon(&mut self, slot: usize) -> anyhow::Result<usize> {
         let port = self.emulator.listen_also("127.0.0.1:0".parse()?).await?.port();
@@ -199,6 +208,7 @@ impl Cluster {
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .envs(self.vars.iter().map(|(key, value)| (key.as_str(), value.as_str())))
+            .envs(self.slot_vars.get(&slot).into_iter().flatten().map(|(key, value)| (key.as_str(), value.as_str())))
             .env("BATCHD__CLOUDFLARE__BASE_URL", EmulatorHandle::base_url_of(SocketAddr::from(([127, 0, 0, 1], port))))
             .env("BATCHD__ADMIN__LISTEN", admin.to_string())
             .stdin(Stdio::null())
@@ -296,6 +306,19 @@ impl Cluster {
                 _ => None,
             })
             .collect()
+    }
+
+    /// A size field of a running daemon's `/proc/<pid>/status` (`VmRSS`, `VmHWM`: peak RSS), in bytes.
+    pub fn status_bytes(&self, index: usize, field: &str) -> anyhow::Result<u64> {
+        anyhow::ensure!(self.running.contains_key(&index), "daemon #{index} is not running");
+        let path = format!("/proc/{}/status", self.incarnations[index].pid);
+        let status = std::fs::read_to_string(&path).with_context(|| format!("read {path}"))?;
+        let line = status
+            .lines()
+            .find(|line| line.strip_prefix(field).is_some_and(|rest| rest.starts_with(':')))
+            .with_context(|| format!("no {field} in {path}"))?;
+        let kib: u64 = line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).context("a size in kB")?;
+        Ok(kib * 1024)
     }
 
     /// `GET /readyz` of a daemon.

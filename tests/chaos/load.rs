@@ -6,7 +6,7 @@
 //! and notes when it arrived, which gives "work resumed" times after a fault and catches a result that is
 //! published twice even if something later removed one of the entries.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -53,6 +53,9 @@ pub struct Produced {
     pub failed_attempts: u64,
     /// When the last job was acknowledged, in Unix ms.
     pub finished_ms: u64,
+    /// The job ids under which hostile entries (scenario 8) get their `failed` results: the final check leaves
+    /// them to their scenario and only waits for them.
+    pub hostile: HashSet<String>,
 }
 
 /// Enqueues `ids` in pipelines of `batch`, one every `every`, retrying a failed pipeline (a resent job id is

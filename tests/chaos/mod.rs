@@ -1,6 +1,7 @@
 //! The chaos suite: real `batchd` processes sharing a real `redis-server`, the Batch API emulator with random
 //! batch durations and random transient faults, and faults from outside (`kill -9` of daemons, Redis killed,
-//! restarted, frozen with SIGSTOP, rolling SIGTERM restarts, a 100,000-job backlog).
+//! restarted, frozen with SIGSTOP, rolling SIGTERM restarts, a 100,000-job backlog), and from inside (replicas whose
+//! wall clocks disagree by minutes, hostile entries mixed into the job stream).
 //!
 //! Every scenario ends the same way ([`check`]): a drain, then a check over every job id that was acknowledged
 //! by `XADD` — exactly one result entry each, none lost, every duplicate remote submit (from the emulator's call
@@ -9,7 +10,9 @@
 //! short ones ([`Size::Short`]) from `tests/it/chaos.rs`. The figures go to `docs/reliability.md`.
 
 pub mod check;
+pub mod clock;
 pub mod cluster;
+pub mod hostile;
 pub mod load;
 pub mod report;
 pub mod scenarios;

@@ -4,7 +4,7 @@
 //! without a cause, work never taken over, daemons that exited, ...).
 
 use batchd_tests::chaos::check::Outcome;
-use batchd_tests::chaos::{Size, scenarios};
+use batchd_tests::chaos::{Size, hostile, scenarios};
 
 async fn short(name: &str) -> Outcome {
     let outcome =
@@ -58,6 +58,46 @@ async fn chaos_backlog_enqueued_before_any_daemon_is_drained() {
     let outcome = short("5-backlog").await;
     assert_eq!(outcome.jobs, 3_000);
     assert!(figure(&outcome, "drain_ms").is_some(), "{}", outcome.explain());
+}
+
+/// Issue 12: replicas at +0 s, +300 s and -300 s wall clock (one jumping to +600 s mid-run), every reply 0.7–1.3 s
+/// late: one remote batch per job, and no poll sooner than its interval allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_replicas_whose_clocks_disagree_submit_each_batch_once_and_never_poll_early() {
+    let outcome = short("7-clock-skew").await;
+    assert_eq!(outcome.duplicate_submits, 0, "{}", outcome.explain());
+    assert_eq!(figure(&outcome, "api_submits_accepted"), Some(outcome.jobs as u64), "one remote batch per job");
+    assert_eq!(figure(&outcome, "early_polls"), Some(0), "{}", outcome.explain());
+    assert!(figure(&outcome, "polls_checked_for_earliness").unwrap_or(0) >= outcome.jobs as u64);
+}
+
+/// Issue 11: good jobs with every hostile entry of `tests/chaos/hostile.rs` mixed in: each hostile entry gets one
+/// `failed` result (and a dead-letter copy when it is not a job), no replica exits, peak RSS within the formula.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_hostile_entries_among_good_jobs_are_refused_and_no_replica_exits() {
+    let outcome = short("8-hostile-entries").await;
+    assert_eq!((outcome.kills, outcome.restarts), (0, 0), "{}", outcome.explain());
+    let keys = batchd_core::Keys::new("any").expect("keys");
+    let catalogue = hostile::catalogue(0, Size::Short, 4 * 1024 * 1024, &keys);
+    let kinds = outcome.figures["hostile"].as_array().expect("a table of hostile kinds");
+    assert_eq!(kinds.len(), catalogue.len(), "{kinds:?}");
+    assert_eq!(figure(&outcome, "hostile_entries"), Some(kinds.len() as u64));
+    for kind in kinds {
+        let results = kind["results"].as_object().expect("results by status and code");
+        assert_eq!(results.len(), 1, "{kind}");
+        let (status_code, n) = results.iter().next().expect("one");
+        assert!(status_code.starts_with("failed "), "{kind}");
+        assert_eq!(n.as_u64(), kind["sent"].as_u64(), "{kind}");
+    }
+    let dead: u64 = kinds.iter().filter_map(|kind| kind["dead_lettered"].as_u64()).sum();
+    let not_jobs = catalogue.iter().filter(|entry| entry.dead).count() as u64;
+    assert!(not_jobs >= 8, "{not_jobs}");
+    assert_eq!(dead, not_jobs, "every entry that is not a job is in the dead-letter stream: {kinds:?}");
+    let peaks = outcome.figures["peak_rss"].as_array().expect("peak RSS per replica");
+    assert_eq!(peaks.len(), 3);
+    for peak in peaks {
+        assert!(peak["peak_mib"].as_f64() <= peak["bound_mib"].as_f64(), "{peak}");
+    }
 }
 
 /// Regression for chaos finding f1: a submit answered while Redis is down for 2.5 s used to be submitted again

@@ -1,0 +1,85 @@
+//! Scenario 7's tools: daemons whose wall clock is faked (libfaketime, as in `tests/it/clock.rs`: `LD_PRELOAD`,
+//! the monotonic clock left alone, a spec file re-read at every clock read so a run can make a clock jump), and
+//! the check that no batch was polled earlier than its poll interval allows, from the emulator's call log.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use batchd_emulator::{CallKind, CallRecord};
+
+/// Where Debian's `faketime` package (`make deps`) puts the library.
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// Writes libfaketime's spec (`+300s`, `-300s`, ...) to `file`; a daemon started with [`faked_clock`] on that file
+/// reads it at its next clock read, so rewriting it makes the clock jump.
+pub fn set_clock(file: &Path, spec: &str) -> anyhow::Result<()> {
+    // Written aside and renamed over, so a daemon never reads a half-written spec.
+    let next = file.with_extension("next");
+    std::fs::write(&next, spec).with_context(|| format!("write {}", next.display()))?;
+    std::fs::rename(&next, file).with_context(|| format!("rename to {}", file.display()))
+}
+
+/// The environment that gives a daemon the wall clock of `file` (see [`set_clock`]), with its monotonic clock real.
+pub fn faked_clock(file: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    anyhow::ensure!(
+        Path::new(LIBFAKETIME).exists(),
+        "{LIBFAKETIME} is missing: run `make deps` (installs Debian's faketime package)"
+    );
+    Ok(vec![
+        ("LD_PRELOAD".to_owned(), LIBFAKETIME.to_owned()),
+        ("FAKETIME_TIMESTAMP_FILE".to_owned(), file.display().to_string()),
+        ("FAKETIME_NO_CACHE".to_owned(), "1".to_owned()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC".to_owned(), "1".to_owned()),
+    ])
+}
+
+/// The clock file of a slot in `dir`.
+pub fn clock_file(dir: &Path, slot: usize) -> PathBuf {
+    dir.join(format!("clock-slot{slot}"))
+}
+
+/// The shortest wait before a poll, per kind of previous call, measured from the arrival of the batch's submit or
+/// previous poll (in the emulator's call log) to the arrival of the poll.
+#[derive(Debug, Clone, Default)]
+pub struct PollGaps {
+    /// Polls that followed an answered submit or poll (the ones the bound applies to).
+    pub checked: usize,
+    /// The shortest of those waits.
+    pub shortest: Option<Duration>,
+    /// Those shorter than the bound: `(request id, wait)`.
+    pub early: Vec<(String, Duration)>,
+}
+
+/// Checks every poll in `calls` that followed an answered (HTTP 200, no fault) submit or poll of the same batch:
+/// it may not arrive sooner than `bound` after that call arrived. A poll after a faulted call is a retry
+/// (`retry.*` backoff) and is not checked.
+pub fn poll_gaps(calls: &[CallRecord], bound: Duration) -> PollGaps {
+    let mut by_batch: HashMap<&str, Vec<&CallRecord>> = HashMap::new();
+    for call in calls {
+        let Some(request_id) = call.request_id.as_deref() else { continue };
+        let accepted_submit = call.kind == CallKind::Submit && (200..300).contains(&call.http_status);
+        if accepted_submit || call.kind == CallKind::Poll {
+            by_batch.entry(request_id).or_default().push(call);
+        }
+    }
+    let mut gaps = PollGaps::default();
+    for (request_id, mut batch) in by_batch {
+        batch.sort_by_key(|call| call.seq);
+        for pair in batch.windows(2) {
+            let (previous, poll) = (pair[0], pair[1]);
+            let answered = previous.fault.is_none() && (200..300).contains(&previous.http_status);
+            if poll.kind != CallKind::Poll || !answered {
+                continue;
+            }
+            let wait = Duration::from_millis(poll.at_ms.saturating_sub(previous.at_ms));
+            gaps.checked += 1;
+            gaps.shortest = Some(gaps.shortest.map_or(wait, |shortest| shortest.min(wait)));
+            if wait < bound {
+                gaps.early.push((request_id.to_owned(), wait));
+            }
+        }
+    }
+    gaps
+}
