@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure what the tests and the demo need from the system is installed: redis-server (every storage test
 # starts private ones), faketime (replicas with a shifted wall clock, tests/it/clock.rs), promtool (the alerting
-# rules' checks and unit tests in make lint-deploy; Debian's prometheus package). As root with apt-get it
+# rules' checks and unit tests in make lint-deploy; Debian's prometheus package), chromium and chromedriver (the
+# dashboard's browser tests, tests/it/ui_browser.rs; Debian's chromium and chromium-driver). As root with apt-get it
 # installs what is missing; otherwise it names, in one line per package, what to install.
 set -euo pipefail
 
@@ -10,6 +11,8 @@ needs=(
   "redis-server:redis-server"
   "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1:faketime"
   "promtool:prometheus"
+  "chromium:chromium"
+  "chromedriver:chromium-driver"
 )
 
 missing=()

@@ -31,3 +31,4 @@ mod scripts;
 mod secrets;
 mod store;
 mod topologies;
+mod ui_browser;

@@ -8,6 +8,12 @@ use crate::ids::JobId;
 /// The consumer group every replica reads the ingress stream through.
 pub const CONSUMER_GROUP: &str = "batchd";
 
+/// How long a per-minute stats hash ([`Keys::stats_minute`]) is kept: two hours, so the last hour is always whole.
+pub const STATS_MINUTE_TTL_SECS: u64 = 2 * 3600;
+
+/// How long a per-hour stats hash ([`Keys::stats_hour`]) is kept: eight days, so the last week is always whole.
+pub const STATS_HOUR_TTL_SECS: u64 = 8 * 86_400;
+
 /// Why a namespace was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("namespace {namespace:?} is invalid: use 1-64 characters of A-Z a-z 0-9 . _ -")]
@@ -100,6 +106,20 @@ impl Keys {
         format!("{}:ratelimit:{}", self.prefix, bucket)
     }
 
+    /// HASH of the jobs that finished in one minute (`minute` = Unix ms / 60,000, Redis's clock): field
+    /// `finished:<status>` counts results published with that status, `tokens:<kind>:<model>` the tokens of
+    /// their `usage` (`prompt`, `completion`). Written after each publish; expires after [`STATS_MINUTE_TTL_SECS`].
+    /// The dashboard's "finished per minute" reads the last 60 of them.
+    pub fn stats_minute(&self, minute: u64) -> String {
+        format!("{}:stats:m:{minute}", self.prefix)
+    }
+
+    /// HASH with the same fields as [`Self::stats_minute`], for one hour (`hour` = Unix ms / 3,600,000); expires
+    /// after [`STATS_HOUR_TTL_SECS`]. The dashboard's "last day" reads the last 24 of them.
+    pub fn stats_hour(&self, hour: u64) -> String {
+        format!("{}:stats:h:{hour}", self.prefix)
+    }
+
     /// Whether `key` is a results stream a job may name in `reply_to`: the default results stream or
     /// `<results>:<suffix>` with a suffix of `[A-Za-z0-9._:-]`.
     pub fn is_results_stream(&self, key: &str) -> bool {
@@ -133,6 +153,8 @@ mod tests {
         assert_eq!(keys.cancel(&id), "{batchd}:cancel:inv-42");
         assert_eq!(keys.paused(), "{batchd}:paused");
         assert_eq!(keys.rate_limit("acct:embeddings"), "{batchd}:ratelimit:acct:embeddings");
+        assert_eq!(keys.stats_minute(29_000_000), "{batchd}:stats:m:29000000");
+        assert_eq!(keys.stats_hour(483_000), "{batchd}:stats:h:483000");
         assert_eq!(CONSUMER_GROUP, "batchd");
     }
 

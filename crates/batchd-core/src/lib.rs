@@ -10,6 +10,7 @@ pub mod job;
 pub mod keys;
 pub mod ledger;
 pub mod result;
+pub mod stats;
 
 pub use ids::{ChunkRef, JobId, ModelName, RequestId};
 pub use job::{DecodeError, Job, JobLimits};

@@ -820,7 +820,12 @@ impl Store {
                 }
             }
         }
-        self.run(&cmd).await
+        let verdict: String = self.run(&cmd).await?;
+        if verdict == "rejected" {
+            let counts = batchd_core::stats::increments(batchd_core::ResultStatus::Failed.as_str(), model, None);
+            self.count_finished(job_id, &counts, now).await;
+        }
+        Ok(verdict)
     }
 
     /// Claims up to `limit` (at most [`MAX_CLAIM`]) due schedule members (re-scored to now + lease).
@@ -1196,6 +1201,11 @@ impl Store {
         // merged result can be tens of MB, and each copy held at the same time counts.
         let fields = entry.to_fields();
         let error = entry.error.as_ref().map(JobError::to_json).unwrap_or_default();
+        let counts = batchd_core::stats::increments(
+            entry.status.as_str(),
+            &entry.model,
+            entry.result.as_ref().map(|output| &output.usage),
+        );
         drop(entry);
         let mut cmd = ScriptCall::new(
             &self.scripts.publish,
@@ -1213,7 +1223,30 @@ impl Store {
         }
         drop(fields);
         let published: i64 = self.run(&cmd).await?;
+        if published == 1 {
+            self.count_finished(job_id, &counts, now).await;
+        }
         Ok(published == 1)
+    }
+
+    /// Adds a finished job's `counts` ([`batchd_core::stats::increments`]) to the minute's and the hour's counters
+    /// (`now` is Redis's time). Runs after the publish, not inside its script: a replica that dies between the two
+    /// leaves one job uncounted, which the dashboard's rates can bear, and the publish script's layout stays the
+    /// one every replica speaks. A failure is logged, never returned: the result is out already.
+    async fn count_finished(&self, job_id: &JobId, counts: &[(String, u64)], now: UnixMillis) {
+        use batchd_core::keys::{STATS_HOUR_TTL_SECS, STATS_MINUTE_TTL_SECS};
+        let minute = self.keys.stats_minute(now / 60_000);
+        let hour = self.keys.stats_hour(now / 3_600_000);
+        let mut pipe = redis::pipe();
+        for (key, ttl) in [(&minute, STATS_MINUTE_TTL_SECS), (&hour, STATS_HOUR_TTL_SECS)] {
+            for (name, n) in counts {
+                pipe.hincr(key, name, *n).ignore();
+            }
+            pipe.expire(key, ttl as i64).ignore();
+        }
+        if let Err(error) = pipe.query_async::<()>(&mut self.conn.clone()).await {
+            tracing::warn!(job_id = %job_id, error = %error, "finished-jobs counters not updated");
+        }
     }
 
     /// The whole ledger of a job, as stored (for `batchd status`). `None` when there is none.

@@ -226,7 +226,19 @@ pub const MAX_REQUEST_HEAD_BYTES: usize = 16 * 1024;
 /// Serves the admin routes on `listener` until `stop` is cancelled, within the limits above; then stops accepting,
 /// lets requests in flight finish (idle connections close at once) and returns once every connection is closed.
 pub async fn serve(listener: TcpListener, router: Router, stop: CancellationToken) -> std::io::Result<()> {
-    tracing::info!(addr = %listener.local_addr()?, "admin server listening (/livez, /readyz, /metrics)");
+    serve_limited(listener, router, stop, "admin server listening (/livez, /readyz, /metrics)").await
+}
+
+/// Serves `router` on `listener` with the admin server's limits (header-read and idle timeouts, a connection cap,
+/// a bounded request head) until `stop` is cancelled; logs `what` with the bound address first. The dashboard
+/// (`batchd ui`) is served the same way.
+pub async fn serve_limited(
+    listener: TcpListener,
+    router: Router,
+    stop: CancellationToken,
+    what: &str,
+) -> std::io::Result<()> {
+    tracing::info!(addr = %listener.local_addr()?, "{what}");
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT).max_buf_size(MAX_REQUEST_HEAD_BYTES);

@@ -27,8 +27,8 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow};
-use batchd_core::JobId;
 use batchd_core::ledger::field;
+use batchd_core::{JobId, Keys};
 use batchd_queue::Conn;
 use redis::AsyncCommands;
 
@@ -182,31 +182,46 @@ pub fn result_json(fields: &HashMap<String, String>) -> serde_json::Value {
     serde_json::Value::Object(object)
 }
 
-/// `batchd status <id>`: the job's ledger as a timeline.
-pub async fn status(settings: &Settings, id: &str, json: bool) -> anyhow::Result<()> {
-    let job_id = parse_job_id(id)?;
-    let keys = settings.keys();
-    let mut conn = connect(settings).await?;
-    let mut ledger: HashMap<String, String> = conn.hgetall(keys.job(&job_id)).await.context("read ledger")?;
+/// A job's ledger without its payloads (chunk outputs and request items can be megabytes; the timeline is what
+/// `status` and the dashboard show). A job without a ledger is "not found" (exit code 5).
+pub(crate) async fn read_ledger(
+    conn: &mut Conn,
+    keys: &Keys,
+    job_id: &JobId,
+) -> anyhow::Result<HashMap<String, String>> {
+    let mut ledger: HashMap<String, String> = conn.hgetall(keys.job(job_id)).await.context("read ledger")?;
     if ledger.is_empty() {
         return Err(Exit::not_found(format!(
             "no job {job_id} in namespace {} (never enqueued, not taken in yet, or its ledger expired)",
             keys.namespace()
         )));
     }
-    // Chunk outputs and request items can be megabytes; status shows the timeline, not the payloads.
     ledger.retain(|name, _| !name.ends_with(":output") && !name.ends_with(":requests"));
+    Ok(ledger)
+}
+
+/// A ledger as `status --json` prints it: `job_id` and every field, JSON-valued fields (errors) decoded.
+pub(crate) fn status_json(job_id: &JobId, ledger: &HashMap<String, String>) -> serde_json::Value {
+    let mut object = serde_json::Map::new();
+    object.insert("job_id".into(), job_id.as_str().into());
+    for (name, value) in ledger {
+        let decoded = serde_json::from_str::<serde_json::Value>(value)
+            .ok()
+            .filter(|v| v.is_object() || v.is_array())
+            .unwrap_or_else(|| value.clone().into());
+        object.insert(name.clone(), decoded);
+    }
+    serde_json::Value::Object(object)
+}
+
+/// `batchd status <id>`: the job's ledger as a timeline.
+pub async fn status(settings: &Settings, id: &str, json: bool) -> anyhow::Result<()> {
+    let job_id = parse_job_id(id)?;
+    let keys = settings.keys();
+    let mut conn = connect(settings).await?;
+    let ledger = read_ledger(&mut conn, &keys, &job_id).await?;
     if json {
-        let mut object = serde_json::Map::new();
-        object.insert("job_id".into(), job_id.as_str().into());
-        for (name, value) in &ledger {
-            let decoded = serde_json::from_str::<serde_json::Value>(value)
-                .ok()
-                .filter(|v| v.is_object() || v.is_array())
-                .unwrap_or_else(|| value.clone().into());
-            object.insert(name.clone(), decoded);
-        }
-        return print_json(&serde_json::Value::Object(object));
+        return print_json(&status_json(&job_id, &ledger));
     }
     print!("{}", status_text(&job_id, keys.namespace(), &ledger));
     Ok(())

@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod policy;
 pub mod settings;
+pub mod ui;
 
 pub use daemon::run;
 pub use settings::Settings;

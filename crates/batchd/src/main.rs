@@ -127,6 +127,14 @@ line on stderr and exit code 1."
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Serve the web dashboard: queue depths, jobs, a job's chunks and result, dead letters (read-only unless
+    /// --allow-actions).
+    #[command(after_help = "Reads the same Redis as the daemons (every namespace of redis.namespace and
+redis.extra_namespaces); nothing in it is needed for jobs to run, and any number can run. Every page has a
+JSON twin under /api/ (or the page with Accept: application/json), shaped like the CLI's JSON output.
+With --allow-actions it offers cancel, dead-letter retry and purge, each guarded against cross-site
+requests and logged. See docs/ui.md.")]
+    Ui(batchd::ui::UiArgs),
     /// Print a shell completion script: `batchd completions bash > /etc/bash_completion.d/batchd`.
     #[command(after_help = "bash: source it, or put it in /etc/bash_completion.d/batchd (or
 ~/.local/share/bash-completion/completions/batchd). zsh: put it in a directory of $fpath as _batchd.
@@ -221,6 +229,15 @@ fn main() -> ExitCode {
             Command::Resume(args) => cli::pause::resume(&settings, args).await,
             Command::Dead { command } => cli::dead::dead(&settings, command).await,
             Command::Probe(args) => cli::probe::probe(&settings, args).await,
+            Command::Ui(args) => {
+                let stop = tokio_util::sync::CancellationToken::new();
+                let signals = stop.clone();
+                tokio::spawn(async move {
+                    wait_for_signal().await;
+                    signals.cancel();
+                });
+                batchd::ui::ui(settings, args, stop).await
+            }
             Command::Config { command: ConfigCommand::Check { json } } => {
                 settings.check_for_run()?;
                 let text = settings.to_redacted_toml();

@@ -159,6 +159,9 @@ pub fn workspace_binary(name: &str) -> anyhow::Result<PathBuf> {
     binary(name)
 }
 
+/// A real browser and a real `batchd ui`, for the dashboard's tests.
+pub mod browser;
+
 /// The chaos suite (`make chaos`; short versions run in `tests/it/chaos.rs`).
 #[path = "../../chaos/mod.rs"]
 pub mod chaos;

@@ -173,12 +173,19 @@ fn is_entry_id(id: &str) -> bool {
         && seq.bytes().all(|b| b.is_ascii_digit())
 }
 
+/// The newest `limit` dead-letter entries as `dead list --json` prints them (and the dashboard lists them): ids,
+/// source, error, time and the original fields' sizes, never their values.
+pub(crate) async fn list_json(conn: &mut Conn, keys: &Keys, limit: usize) -> anyhow::Result<Vec<serde_json::Value>> {
+    let entries = read_range(conn, "XREVRANGE", &keys.dead(), "+", "-", limit.max(1)).await?;
+    Ok(entries.iter().take(limit).map(DeadEntry::summary_json).collect())
+}
+
 async fn list(conn: &mut Conn, keys: &Keys, limit: usize, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(&serde_json::Value::Array(list_json(conn, keys, limit).await?));
+    }
     let entries = read_range(conn, "XREVRANGE", &keys.dead(), "+", "-", limit.max(1)).await?;
     let entries = &entries[..entries.len().min(limit)];
-    if json {
-        return print_json(&serde_json::Value::Array(entries.iter().map(DeadEntry::summary_json).collect()));
-    }
     let total: u64 = redis::cmd("XLEN").arg(keys.dead()).query_async(conn).await.context("count dead letters")?;
     let width = entries.iter().map(|e| e.id.len()).max().unwrap_or(0).max(8);
     let source_width = entries.iter().map(|e| e.shown("source_id").chars().count()).max().unwrap_or(0).max(9);
@@ -196,18 +203,25 @@ async fn list(conn: &mut Conn, keys: &Keys, limit: usize, json: bool) -> anyhow:
     Ok(())
 }
 
-async fn show(conn: &mut Conn, keys: &Keys, entry_id: &str, json: bool) -> anyhow::Result<()> {
+/// One dead-letter entry as `dead show --json` prints it (and the dashboard shows it): the summary and the
+/// original fields' values as text.
+pub(crate) async fn show_json(conn: &mut Conn, keys: &Keys, entry_id: &str) -> anyhow::Result<serde_json::Value> {
     let entry = read_one(conn, keys, entry_id).await?;
+    let mut object = entry.summary_json();
+    let fields: serde_json::Map<String, serde_json::Value> = entry
+        .original()
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), String::from_utf8_lossy(value).into_owned().into()))
+        .collect();
+    object["fields"] = fields.into();
+    Ok(object)
+}
+
+async fn show(conn: &mut Conn, keys: &Keys, entry_id: &str, json: bool) -> anyhow::Result<()> {
     if json {
-        let mut object = entry.summary_json();
-        let fields: serde_json::Map<String, serde_json::Value> = entry
-            .original()
-            .into_iter()
-            .map(|(name, value)| (name.to_owned(), String::from_utf8_lossy(value).into_owned().into()))
-            .collect();
-        object["fields"] = fields.into();
-        return print_json(&object);
+        return print_json(&show_json(conn, keys, entry_id).await?);
     }
+    let entry = read_one(conn, keys, entry_id).await?;
     println!("dead-letter entry {} (namespace {})", entry.id, keys.namespace());
     println!("  {:<12} {}", "source id", entry.shown("source_id"));
     println!("  {:<12} {}", "dead at", entry.dead_at());
@@ -219,7 +233,32 @@ async fn show(conn: &mut Conn, keys: &Keys, entry_id: &str, json: bool) -> anyho
     Ok(())
 }
 
-async fn retry(conn: &mut Conn, keys: &Keys, settings: &Settings, entry_id: &str, json: bool) -> anyhow::Result<()> {
+/// What re-enqueueing a dead letter did.
+#[derive(Debug, Clone)]
+pub(crate) struct Requeued {
+    /// The new submit entry's id.
+    pub submit_entry_id: String,
+    /// The job id the daemon will run it as.
+    pub job_id: String,
+    /// The state of a ledger that already has this job id (the daemon then counts the entry as a duplicate).
+    pub existing_state: Option<String>,
+}
+
+impl Requeued {
+    /// As `dead retry --json` prints it.
+    pub fn to_json(&self, entry_id: &str) -> serde_json::Value {
+        serde_json::json!({"entry_id": entry_id, "submit_entry_id": self.submit_entry_id, "job_id": self.job_id})
+    }
+}
+
+/// Re-enqueues dead-letter entry `entry_id`'s `job` field after checking it with the daemon's rules, and deletes
+/// the entry in the same `MULTI`/`EXEC`; an entry without a valid job is refused and kept.
+pub(crate) async fn requeue(
+    conn: &mut Conn,
+    keys: &Keys,
+    settings: &Settings,
+    entry_id: &str,
+) -> anyhow::Result<Requeued> {
     let entry = read_one(conn, keys, entry_id).await?;
     let Some(job) = entry.fields.get(&format!("{FIELD_PREFIX}{JOB_FIELD}")) else {
         let names: Vec<&str> = entry.original().into_iter().map(|(name, _)| name).collect();
@@ -233,7 +272,7 @@ async fn retry(conn: &mut Conn, keys: &Keys, settings: &Settings, entry_id: &str
         let reason = escape_for_terminal(&e.to_string()).into_owned();
         anyhow!("dead-letter entry {entry_id} is still not a valid job: {reason}; kept")
     })?;
-    let (new_entry_id, _deleted): (String, u64) = redis::pipe()
+    let (submit_entry_id, _deleted): (String, u64) = redis::pipe()
         .atomic()
         .xadd(keys.submit(), "*", &[(JOB_FIELD, job.as_slice())])
         .xdel(keys.dead(), &[entry_id])
@@ -241,29 +280,40 @@ async fn retry(conn: &mut Conn, keys: &Keys, settings: &Settings, entry_id: &str
         .await
         .context("re-enqueue")?;
     let has_id = std::str::from_utf8(job).is_ok_and(super::submit::has_id);
-    let job_id = if has_id { validated.id.to_string() } else { new_entry_id.clone() };
-    if json {
-        let line = serde_json::json!({"entry_id": entry_id, "submit_entry_id": new_entry_id, "job_id": job_id});
-        println!("{}", json_text(&line, false)?);
+    let job_id = if has_id { validated.id.to_string() } else { submit_entry_id.clone() };
+    let existing_state = if has_id {
+        redis::cmd("HGET").arg(keys.job(&validated.id)).arg("state").query_async(conn).await.context("read ledger")?
     } else {
-        println!("requeued dead-letter entry {entry_id} as submit entry {new_entry_id} (job {job_id})");
+        None
+    };
+    Ok(Requeued { submit_entry_id, job_id, existing_state })
+}
+
+async fn retry(conn: &mut Conn, keys: &Keys, settings: &Settings, entry_id: &str, json: bool) -> anyhow::Result<()> {
+    let requeued = requeue(conn, keys, settings, entry_id).await?;
+    let Requeued { submit_entry_id, job_id, existing_state } = &requeued;
+    if json {
+        println!("{}", json_text(&requeued.to_json(entry_id), false)?);
+    } else {
+        println!("requeued dead-letter entry {entry_id} as submit entry {submit_entry_id} (job {job_id})");
     }
-    if has_id {
-        let state: Option<String> = redis::cmd("HGET")
-            .arg(keys.job(&validated.id))
-            .arg("state")
-            .query_async(conn)
-            .await
-            .context("read ledger")?;
-        if let Some(state) = state {
-            eprintln!(
-                "batchd: note: job {job_id} already has a ledger ({}); the daemon counts this entry as a duplicate \
-                 of it and does not run it again",
-                escape_for_terminal(&state)
-            );
-        }
+    if let Some(state) = existing_state {
+        eprintln!(
+            "batchd: note: job {job_id} already has a ledger ({}); the daemon counts this entry as a duplicate of it \
+             and does not run it again",
+            escape_for_terminal(state)
+        );
     }
     Ok(())
+}
+
+/// Deletes dead-letter entries `entry_ids`, all or none: every id is checked to exist first. Returns how many
+/// were deleted.
+pub(crate) async fn delete(conn: &mut Conn, keys: &Keys, entry_ids: &[String]) -> anyhow::Result<u64> {
+    for entry_id in entry_ids {
+        read_one(conn, keys, entry_id).await?;
+    }
+    redis::cmd("XDEL").arg(keys.dead()).arg(entry_ids).query_async(conn).await.context("purge")
 }
 
 /// How `purge` confirms and reports.
@@ -286,7 +336,7 @@ async fn purge(conn: &mut Conn, keys: &Keys, entry_ids: &[String], all: bool, co
             redis::pipe().atomic().xlen(keys.dead()).del(keys.dead()).query_async(conn).await.context("purge")?;
         n
     } else {
-        // All or nothing: check every id first.
+        // All or nothing: check every id before asking.
         for entry_id in entry_ids {
             read_one(conn, keys, entry_id).await?;
         }
@@ -295,7 +345,7 @@ async fn purge(conn: &mut Conn, keys: &Keys, entry_ids: &[String], all: bool, co
             &format!("delete {} dead-letter entries of namespace {}?", entry_ids.len(), keys.namespace()),
         )
         .await?;
-        redis::cmd("XDEL").arg(keys.dead()).arg(entry_ids).query_async(conn).await.context("purge")?
+        delete(conn, keys, entry_ids).await?
     };
     if confirm.json {
         return print_json(&serde_json::json!({"namespace": keys.namespace(), "purged": n}));

@@ -11,9 +11,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use batchd_core::JobState;
 use batchd_core::keys::CONSUMER_GROUP;
 use batchd_core::ledger::field;
+use batchd_core::{JobState, Keys};
 use batchd_queue::Conn;
 use serde::Serialize;
 use serde_json::json;
@@ -39,7 +39,8 @@ pub struct JobsArgs {
     /// Show at most this many jobs, the most recently accepted first.
     #[arg(long, default_value_t = 50, value_name = "N")]
     pub limit: usize,
-    /// Print JSON: `{"jobs":[..],"matching":N,"scanned":N}`.
+    /// Print JSON: `{"jobs":[..],"matching":N,"scanned":N,"next_cursor":null}` (the dashboard's `/api/jobs` pages
+    /// the same shape, with `next_cursor` set while the walk goes on).
     #[arg(long)]
     pub json: bool,
 }
@@ -49,33 +50,77 @@ fn parse_state(text: &str) -> Result<JobState, String> {
         .map_err(|_| "expected one of accepted, running, completed, failed, expired, cancelled".to_owned())
 }
 
-/// One ledger, as `batchd jobs` lists it.
+/// One ledger, as `batchd jobs` (and the dashboard) lists it.
 #[derive(Debug, Clone, Serialize)]
-struct JobRow {
+pub(crate) struct JobRow {
     /// The job id.
-    job_id: String,
+    pub job_id: String,
     /// The job's state (as stored).
-    state: String,
+    pub state: String,
     /// The model.
-    model: String,
+    pub model: String,
     /// Request items.
-    n_items: Option<u64>,
+    pub n_items: Option<u64>,
     /// Chunks (remote batches).
-    n_chunks: Option<u64>,
+    pub n_chunks: Option<u64>,
     /// Acceptance time, Unix ms.
-    accepted_at: Option<u64>,
+    pub accepted_at: Option<u64>,
     /// Last change, Unix ms.
-    updated_at: Option<u64>,
+    pub updated_at: Option<u64>,
     /// Finish time, Unix ms.
-    finished_at: Option<u64>,
+    pub finished_at: Option<u64>,
 }
 
-/// `batchd jobs`.
-pub async fn jobs(settings: &Settings, args: &JobsArgs) -> anyhow::Result<()> {
-    let keys = settings.keys();
-    let mut conn = connect(settings).await?;
+/// Which ledgers a jobs page keeps (every filter is optional).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct JobFilter {
+    /// Only these states (any when empty).
+    pub states: Vec<JobState>,
+    /// Only this model.
+    pub model: Option<String>,
+    /// Only ids starting with this (checked as a job id: no glob characters reach `SCAN MATCH`).
+    pub id_prefix: Option<String>,
+    /// Only jobs accepted at or after this time, Unix ms.
+    pub accepted_since: Option<u64>,
+}
+
+impl JobFilter {
+    fn keeps(&self, row: &JobRow) -> bool {
+        (self.states.is_empty() || self.states.iter().any(|wanted| wanted.as_str() == row.state))
+            && self.model.as_ref().is_none_or(|model| *model == row.model)
+            && self.accepted_since.is_none_or(|since| row.accepted_at.is_some_and(|at| at >= since))
+    }
+}
+
+/// One page of a bounded walk over the ledgers.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(crate) struct JobsPage {
+    /// Matching jobs read on this page, the most recently accepted first.
+    pub jobs: Vec<JobRow>,
+    /// Ledgers that matched the filter on this page (more than `jobs` holds when the page was cut to its limit).
+    pub matching: usize,
+    /// Ledgers read on this page.
+    pub scanned: usize,
+    /// The `SCAN` cursor to continue from; `None` when the walk is complete.
+    pub next_cursor: Option<u64>,
+}
+
+/// Reads ledgers with `SCAN` from `cursor` (1,000 keys a step, one pipelined `HMGET` per step) until `limit`
+/// matching jobs are found, `max_scanned` ledgers were read, or the walk ends. Each page's cost is bounded by
+/// `max_scanned` whatever the number of ledgers; the order is `SCAN`'s, and each page is sorted newest first.
+pub(crate) async fn jobs_page(
+    conn: &mut Conn,
+    keys: &Keys,
+    filter: &JobFilter,
+    cursor: u64,
+    limit: usize,
+    max_scanned: usize,
+) -> anyhow::Result<JobsPage> {
     let prefix = format!("{}:job:", keys.prefix());
-    let pattern = format!("{prefix}*");
+    let pattern = match &filter.id_prefix {
+        Some(id) => format!("{prefix}{}*", super::parse_job_id(id)?),
+        None => format!("{prefix}*"),
+    };
     let columns = [
         field::STATE,
         field::MODEL,
@@ -85,8 +130,8 @@ pub async fn jobs(settings: &Settings, args: &JobsArgs) -> anyhow::Result<()> {
         field::UPDATED_AT,
         field::FINISHED_AT,
     ];
-    let (mut rows, mut matching, mut scanned) = (Vec::<JobRow>::new(), 0usize, 0usize);
-    let mut cursor = 0u64;
+    let mut page = JobsPage::default();
+    let mut cursor = cursor;
     loop {
         let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
             .arg(cursor)
@@ -94,7 +139,7 @@ pub async fn jobs(settings: &Settings, args: &JobsArgs) -> anyhow::Result<()> {
             .arg(&pattern)
             .arg("COUNT")
             .arg(SCAN_COUNT)
-            .query_async(&mut conn)
+            .query_async(conn)
             .await
             .context("scan ledgers")?;
         if !batch.is_empty() {
@@ -102,17 +147,12 @@ pub async fn jobs(settings: &Settings, args: &JobsArgs) -> anyhow::Result<()> {
             for key in &batch {
                 pipe.cmd("HMGET").arg(key).arg(&columns[..]);
             }
-            let values: Vec<Vec<Option<String>>> = pipe.query_async(&mut conn).await.context("read ledgers")?;
+            let values: Vec<Vec<Option<String>>> = pipe.query_async(conn).await.context("read ledgers")?;
             for (key, values) in batch.iter().zip(values) {
-                scanned += 1;
+                page.scanned += 1;
                 let Some(state) = values[0].clone() else { continue };
-                let state_matches = args.state.is_empty() || args.state.iter().any(|wanted| wanted.as_str() == state);
-                if !state_matches {
-                    continue;
-                }
-                matching += 1;
                 let number = |index: usize| values[index].as_deref().and_then(|v| v.parse::<u64>().ok());
-                rows.push(JobRow {
+                let row = JobRow {
                     job_id: key.strip_prefix(&prefix).unwrap_or(key).to_owned(),
                     state,
                     model: values[1].clone().unwrap_or_default(),
@@ -121,25 +161,54 @@ pub async fn jobs(settings: &Settings, args: &JobsArgs) -> anyhow::Result<()> {
                     accepted_at: number(4),
                     updated_at: number(5),
                     finished_at: number(6),
-                });
-                if rows.len() > args.limit.saturating_mul(2).max(SCAN_COUNT) {
-                    newest_first(&mut rows, args.limit);
+                };
+                if !filter.keeps(&row) {
+                    continue;
+                }
+                page.matching += 1;
+                page.jobs.push(row);
+                if page.jobs.len() > limit.saturating_mul(2).max(SCAN_COUNT) {
+                    newest_first(&mut page.jobs, limit);
                 }
             }
         }
         cursor = next;
-        if cursor == 0 {
+        if cursor == 0 || page.matching >= limit || page.scanned >= max_scanned {
             break;
         }
     }
-    newest_first(&mut rows, args.limit);
-    if args.json {
-        return print_json(&json!({"jobs": rows, "matching": matching, "scanned": scanned}));
+    newest_first(&mut page.jobs, limit);
+    page.next_cursor = (cursor != 0).then_some(cursor);
+    Ok(page)
+}
+
+/// `batchd jobs`: every ledger, walked page after page.
+pub async fn jobs(settings: &Settings, args: &JobsArgs) -> anyhow::Result<()> {
+    let keys = settings.keys();
+    let mut conn = connect(settings).await?;
+    let filter = JobFilter { states: args.state.clone(), ..JobFilter::default() };
+    let mut all = JobsPage::default();
+    let mut cursor = 0;
+    loop {
+        let page = jobs_page(&mut conn, &keys, &filter, cursor, usize::MAX, SCAN_COUNT).await?;
+        all.matching += page.matching;
+        all.scanned += page.scanned;
+        all.jobs.extend(page.jobs);
+        newest_first(&mut all.jobs, args.limit);
+        match page.next_cursor {
+            Some(next) => cursor = next,
+            None => break,
+        }
     }
-    print!("{}", jobs_table(&rows));
+    if args.json {
+        return print_json(&serde_json::to_value(&all).context("encode jobs")?);
+    }
+    print!("{}", jobs_table(&all.jobs));
     println!(
-        "{} of {matching} matching jobs shown ({scanned} ledgers scanned in namespace {})",
-        rows.len(),
+        "{} of {} matching jobs shown ({} ledgers scanned in namespace {})",
+        all.jobs.len(),
+        all.matching,
+        all.scanned,
         keys.namespace()
     );
     Ok(())
@@ -189,11 +258,15 @@ pub struct StatsArgs {
 /// entry, and the first schedule member with its score.
 type DepthsReply = (u64, u64, u64, u64, u64, Vec<(String, HashMap<String, redis::Value>)>, Vec<(String, f64)>);
 
-/// `batchd stats`.
-pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> {
-    let keys = settings.keys();
-    let mut conn = connect(settings).await?;
-    let now = now_ms();
+/// What `batchd stats --json` prints (and the dashboard's overview holds per namespace): queue depths, work in
+/// flight, the oldest waiting entry, throughput from the newest `scan_limit` result entries, the result streams'
+/// reader groups and the pause flag. Bounded commands only, but for the throughput's bounded page reads.
+pub(crate) async fn stats_report(
+    conn: &mut Conn,
+    keys: &Keys,
+    now: u64,
+    scan_limit: usize,
+) -> anyhow::Result<serde_json::Value> {
     let (submit_entries, scheduled, due, dead, results, first_entry, first_step): DepthsReply = redis::pipe()
         .cmd("XLEN")
         .arg(keys.submit())
@@ -218,18 +291,17 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
         .arg(0)
         .arg(0)
         .arg("WITHSCORES")
-        .query_async(&mut conn)
+        .query_async(conn)
         .await
         .context("read queue depths")?;
-    let in_flight = pending_count(&mut conn, &keys.submit(), CONSUMER_GROUP).await?;
+    let in_flight = pending_count(conn, &keys.submit(), CONSUMER_GROUP).await?;
     let oldest_waiting_ms =
         first_entry.first().and_then(|(id, _)| batchd_producer::entry_millis(id)).map(|ms| now.saturating_sub(ms));
     let schedule_lag_ms = first_step.first().map(|(_, due)| now.saturating_sub(due.max(0.0) as u64));
-    let throughput = throughput(&mut conn, &keys.results(), now, args.scan_limit).await?;
-    let readers = result_groups(&mut conn, &keys.results()).await?;
-    let paused = super::pause::read(&mut conn, &keys).await?;
-
-    let report = json!({
+    let throughput = throughput(conn, &keys.results(), now, scan_limit).await?;
+    let readers = result_groups(conn, &keys.results()).await?;
+    let paused = super::pause::read(conn, keys).await?;
+    Ok(json!({
         "namespace": keys.namespace(),
         "at": now,
         "paused": paused.as_ref().map(super::pause::PauseRecord::to_json),
@@ -242,7 +314,22 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
         "schedule": {"chunks_in_flight": scheduled, "due": due, "lag_ms": schedule_lag_ms},
         "results": {"entries": results, "throughput": throughput, "groups": readers},
         "dead": {"entries": dead},
-    });
+    }))
+}
+
+/// `batchd stats`.
+pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> {
+    let keys = settings.keys();
+    let mut conn = connect(settings).await?;
+    let now = now_ms();
+    let report = stats_report(&mut conn, &keys, now, args.scan_limit).await?;
+    let number = |value: &serde_json::Value| value.as_u64().unwrap_or(0);
+    let (submit_entries, in_flight) = (number(&report["submit"]["entries"]), number(&report["submit"]["in_flight"]));
+    let (scheduled, due) = (number(&report["schedule"]["chunks_in_flight"]), number(&report["schedule"]["due"]));
+    let (results, dead) = (number(&report["results"]["entries"]), number(&report["dead"]["entries"]));
+    let throughput = &report["results"]["throughput"];
+    let readers = &report["results"]["groups"];
+    let paused = super::pause::PauseRecord::from_json(&report["paused"]);
     if args.json {
         return print_json(&report);
     }

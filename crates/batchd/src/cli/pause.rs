@@ -74,6 +74,11 @@ impl PauseRecord {
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::to_value(self).unwrap_or_default()
     }
+
+    /// The record back from [`Self::to_json`]; `None` for `null` (intake running).
+    pub fn from_json(value: &serde_json::Value) -> Option<Self> {
+        serde_json::from_value(value.clone()).ok()
+    }
 }
 
 /// `text` escaped for a terminal and cut to [`MAX_SHOWN_CHARS`] characters.
@@ -106,7 +111,7 @@ fn operator() -> String {
 }
 
 /// Redis's clock, Unix ms (the time that orders work between replicas).
-async fn redis_now_ms(conn: &mut Conn) -> anyhow::Result<u64> {
+pub(crate) async fn redis_now_ms(conn: &mut Conn) -> anyhow::Result<u64> {
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await.context("read Redis's clock")?;
     Ok(secs * 1000 + micros / 1000)
 }

@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use batchd_core::Keys;
 use batchd_core::keys::CONSUMER_GROUP;
+use batchd_queue::Conn;
 use serde::Serialize;
 use serde_json::json;
 
@@ -30,7 +32,7 @@ pub struct WorkersArgs {
 }
 
 /// One consumer of the ingress group.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 struct Consumer {
     /// Its name (the replica's, per process start).
     name: String,
@@ -42,14 +44,13 @@ struct Consumer {
     inactive_ms: Option<i64>,
 }
 
-/// `batchd workers`.
-pub async fn workers(settings: &Settings, args: &WorkersArgs) -> anyhow::Result<()> {
-    let keys = settings.keys();
+/// What `batchd workers --json` prints (and the dashboard's overview shows per namespace): the ingress group, its
+/// consumers with their idle times (the least idle first), and the pause flag.
+pub(crate) async fn report(conn: &mut Conn, keys: &Keys) -> anyhow::Result<serde_json::Value> {
     let stream = keys.submit();
-    let mut conn = connect(settings).await?;
-    let paused = super::pause::read(&mut conn, &keys).await?;
+    let paused = super::pause::read(conn, keys).await?;
     let groups: Vec<HashMap<String, redis::Value>> =
-        match redis::cmd("XINFO").arg("GROUPS").arg(&stream).query_async(&mut conn).await {
+        match redis::cmd("XINFO").arg("GROUPS").arg(&stream).query_async(conn).await {
             Ok(groups) => groups,
             Err(error) if error.to_string().contains("no such key") => Vec::new(),
             Err(error) => return Err(error).with_context(|| format!("read the groups of {stream}")),
@@ -61,7 +62,7 @@ pub async fn workers(settings: &Settings, args: &WorkersArgs) -> anyhow::Result<
             .arg("CONSUMERS")
             .arg(&stream)
             .arg(CONSUMER_GROUP)
-            .query_async(&mut conn)
+            .query_async(conn)
             .await
             .with_context(|| format!("read the consumers of {stream}"))?;
         consumers = replies
@@ -75,25 +76,37 @@ pub async fn workers(settings: &Settings, args: &WorkersArgs) -> anyhow::Result<
             .collect();
         consumers.sort_by(|a, b| a.idle_ms.cmp(&b.idle_ms).then_with(|| a.name.cmp(&b.name)));
     }
-    let pending = group.and_then(|group| number(group, "pending"));
-    let lag = group.and_then(|group| number(group, "lag"));
+    Ok(json!({
+        "namespace": keys.namespace(),
+        "stream": stream,
+        "group": CONSUMER_GROUP,
+        "group_exists": group.is_some(),
+        "pending": group.and_then(|group| number(group, "pending")),
+        "lag": group.and_then(|group| number(group, "lag")),
+        "paused": paused.as_ref().map(super::pause::PauseRecord::to_json),
+        "consumers": consumers,
+    }))
+}
+
+/// `batchd workers`.
+pub async fn workers(settings: &Settings, args: &WorkersArgs) -> anyhow::Result<()> {
+    let keys = settings.keys();
+    let stream = keys.submit();
+    let mut conn = connect(settings).await?;
+    let report = report(&mut conn, &keys).await?;
     if args.json {
-        return print_json(&json!({
-            "namespace": keys.namespace(),
-            "stream": stream,
-            "group": CONSUMER_GROUP,
-            "group_exists": group.is_some(),
-            "pending": pending,
-            "lag": lag,
-            "paused": paused.as_ref().map(super::pause::PauseRecord::to_json),
-            "consumers": consumers,
-        }));
+        return print_json(&report);
     }
+    let paused = super::pause::PauseRecord::from_json(&report["paused"]);
+    let group_exists = report["group_exists"].as_bool() == Some(true);
+    let pending = report["pending"].as_i64();
+    let lag = report["lag"].as_i64();
+    let consumers: Vec<Consumer> = serde_json::from_value(report["consumers"].clone()).context("read consumers")?;
     let intake = match &paused {
         Some(record) => format!("intake {}", record.describe()),
         None => "intake running".to_owned(),
     };
-    if group.is_none() {
+    if !group_exists {
         println!(
             "namespace {}: no consumer group {CONSUMER_GROUP} on {stream} yet (no replica has started here); {intake}",
             keys.namespace()

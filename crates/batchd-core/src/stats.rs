@@ -1,0 +1,80 @@
+//! The fields of the finished-jobs counters ([`crate::Keys::stats_minute`], [`crate::Keys::stats_hour`]): built
+//! here for the storage that writes them and read back here for the dashboard, so the two cannot disagree.
+
+/// Token kinds counted from a result's `usage`, as `(kind, usage key)`.
+pub const TOKEN_KINDS: [(&str, &str); 2] = [("prompt", "prompt_tokens"), ("completion", "completion_tokens")];
+
+/// Most characters of a model name kept in a counter's field name (a rejected entry's model is a producer's text).
+const MAX_MODEL_CHARS: usize = 64;
+
+/// The counter of results published with `status` (`completed`, `failed`, `expired`, `cancelled`).
+pub fn finished_field(status: &str) -> String {
+    format!("finished:{status}")
+}
+
+/// The counter of `kind` tokens (`prompt`, `completion`) used by `model`.
+pub fn tokens_field(kind: &str, model: &str) -> String {
+    let model: String = model.chars().take(MAX_MODEL_CHARS).collect();
+    format!("tokens:{kind}:{model}")
+}
+
+/// The increments one finished job makes: one `finished:<status>`, plus the positive token counts of its `usage`.
+pub fn increments(status: &str, model: &str, usage: Option<&serde_json::Value>) -> Vec<(String, u64)> {
+    let mut fields = vec![(finished_field(status), 1)];
+    for (kind, key) in TOKEN_KINDS {
+        if let Some(n) = usage.and_then(|usage| usage.get(key)).and_then(serde_json::Value::as_u64).filter(|n| *n > 0) {
+            fields.push((tokens_field(kind, model), n));
+        }
+    }
+    fields
+}
+
+/// One counter field, read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatField<'a> {
+    /// Results published with this status.
+    Finished(&'a str),
+    /// Tokens of this kind used by this model.
+    Tokens {
+        /// `prompt` or `completion`.
+        kind: &'a str,
+        /// The model's name.
+        model: &'a str,
+    },
+}
+
+impl<'a> StatField<'a> {
+    /// Reads a field name written by [`finished_field`] or [`tokens_field`]; `None` for anything else.
+    pub fn parse(name: &'a str) -> Option<Self> {
+        if let Some(status) = name.strip_prefix("finished:") {
+            return Some(Self::Finished(status));
+        }
+        let (kind, model) = name.strip_prefix("tokens:")?.split_once(':')?;
+        Some(Self::Tokens { kind, model })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Golden: the fields are part of the documented key layout (docs/wire-format.md).
+    #[test]
+    fn fields_are_stable_and_read_back() {
+        let usage = serde_json::json!({"prompt_tokens": 12, "completion_tokens": 0, "total_tokens": 12});
+        let fields = increments("completed", "@cf/baai/bge-m3", Some(&usage));
+        assert_eq!(fields, [("finished:completed".to_owned(), 1), ("tokens:prompt:@cf/baai/bge-m3".to_owned(), 12)]);
+        assert_eq!(StatField::parse(&fields[0].0), Some(StatField::Finished("completed")));
+        assert_eq!(
+            StatField::parse(&fields[1].0),
+            Some(StatField::Tokens { kind: "prompt", model: "@cf/baai/bge-m3" })
+        );
+        assert_eq!(StatField::parse("other"), None);
+        assert_eq!(increments("failed", "", None), [("finished:failed".to_owned(), 1)]);
+    }
+
+    #[test]
+    fn a_long_model_name_is_cut() {
+        assert_eq!(tokens_field("prompt", &"m".repeat(500)).len(), "tokens:prompt:".len() + MAX_MODEL_CHARS);
+    }
+}

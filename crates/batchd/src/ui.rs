@@ -1,0 +1,629 @@
+//! `batchd ui`: a web dashboard for operators, reading the same Redis as the daemons. Nothing in it is needed for
+//! jobs to run; any number of instances can run beside the daemons, and it is read-only unless started with
+//! `--allow-actions`.
+//!
+//! Pages are rendered on the server (maud) with one stylesheet and one small script, both files of this crate
+//! served from `/assets/`; nothing is fetched from elsewhere, and the Content-Security-Policy says so. The script
+//! only refreshes the page's `<main>` every few seconds; every page works without it. Every page has a JSON twin:
+//! `/api/<page>`, or the page's own URL with `Accept: application/json`; its shape is the CLI's `--json` output
+//! for the same thing (`stats`, `workers`, `jobs`, `status`, `dead list|show`), see [`data`].
+//!
+//! Actions (cancel a job; retry or purge a dead letter) exist only with `--allow-actions`. Each is a `POST` that
+//! must come from a page of the dashboard itself: the browser's `Origin` (or `Sec-Fetch-Site`) must say same
+//! origin, and the form's token must equal the session's (a random token in a `SameSite=Strict`, `HttpOnly`
+//! cookie, the double-submit pattern). Every action is logged with what it did. Without the flag the buttons are
+//! absent and the endpoints answer 403.
+
+mod data;
+mod pages;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::extract::{Form, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use batchd_core::{JobId, JobState, Keys};
+use batchd_queue::Conn;
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::inspect::JobFilter;
+use crate::cli::{Exit, dead};
+use crate::settings::Settings;
+
+/// Options of `batchd ui`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UiArgs {
+    /// Address to serve the dashboard on.
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
+    pub listen: SocketAddr,
+    /// Offer the actions (cancel a job, retry or purge dead letters). Without it the dashboard is read-only.
+    #[arg(long)]
+    pub allow_actions: bool,
+    /// Seconds between the pages' refreshes (0: never).
+    #[arg(long, default_value_t = 5, value_name = "SECS")]
+    pub refresh_secs: u64,
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+struct Ui {
+    /// The Redis connection (shared, reconnecting).
+    conn: Conn,
+    /// The namespaces shown: `redis.namespace` first, then `redis.extra_namespaces`.
+    namespaces: Arc<Vec<Keys>>,
+    /// The daemon's settings (job limits for `dead retry`, the store's settings for `cancel`).
+    settings: Arc<Settings>,
+    /// Whether actions are offered.
+    allow_actions: bool,
+    /// Seconds between refreshes.
+    refresh_secs: u64,
+}
+
+impl Ui {
+    /// The namespace a request names with `?ns=` (the first one when it names none); 404 for an unknown one.
+    fn keys(&self, ns: Option<&str>) -> Result<Keys, UiError> {
+        match ns {
+            None | Some("") => Ok(self.namespaces[0].clone()),
+            Some(name) => self
+                .namespaces
+                .iter()
+                .find(|keys| keys.namespace() == name)
+                .cloned()
+                .ok_or_else(|| UiError::NotFound(format!("namespace {name:?} is not served by this dashboard"))),
+        }
+    }
+
+    /// A connection for one request.
+    fn conn(&self) -> Conn {
+        self.conn.clone()
+    }
+}
+
+/// `batchd ui`: serves the dashboard until `stop` is cancelled (by SIGTERM or SIGINT in `main`).
+pub async fn ui(settings: Settings, args: &UiArgs, stop: CancellationToken) -> anyhow::Result<()> {
+    crate::logging::init(&settings.log).map_err(crate::settings::ConfigError)?;
+    let conn = crate::cli::connect(&settings).await?;
+    let listener =
+        crate::admin::bind(args.listen).await.with_context(|| format!("--listen: cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr().context("read the bound address")?;
+    let state = Ui {
+        conn,
+        namespaces: Arc::new(settings.all_keys()),
+        settings: Arc::new(settings),
+        allow_actions: args.allow_actions,
+        refresh_secs: args.refresh_secs,
+    };
+    // One line on stdout for people and scripts, beside the log.
+    println!(
+        "batchd ui: serving http://{addr}/ ({})",
+        if args.allow_actions { "actions allowed" } else { "read-only" }
+    );
+    let what = format!(
+        "dashboard listening ({}, namespaces {})",
+        if args.allow_actions { "actions allowed" } else { "read-only" },
+        state.namespaces.iter().map(Keys::namespace).collect::<Vec<_>>().join(", ")
+    );
+    crate::admin::serve_limited(listener, router(state), stop, &what).await.context("serve the dashboard")
+}
+
+fn router(state: Ui) -> Router {
+    Router::new()
+        .route("/", get(overview))
+        .route("/api/overview", get(overview_json))
+        .route("/jobs", get(jobs))
+        .route("/api/jobs", get(jobs_json))
+        .route("/jobs/{id}", get(job))
+        .route("/api/jobs/{id}", get(job_json))
+        .route("/jobs/{id}/cancel", post(cancel))
+        .route("/dead", get(dead_list))
+        .route("/api/dead", get(dead_list_json))
+        .route("/dead/{entry}", get(dead_entry))
+        .route("/api/dead/{entry}", get(dead_entry_json))
+        .route("/dead/{entry}/retry", post(dead_retry))
+        .route("/dead/{entry}/purge", post(dead_purge))
+        .route("/assets/ui.css", get(|| async { asset("text/css; charset=utf-8", include_str!("ui/ui.css")) }))
+        .route("/assets/ui.js", get(|| async { asset("text/javascript; charset=utf-8", include_str!("ui/ui.js")) }))
+        .fallback(|| async { UiError::NotFound("no such page".to_owned()) })
+        .layer(axum::middleware::map_response(security_headers))
+        .with_state(state)
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+}
+
+/// Headers on every answer: nothing but this origin's own files may run or load, no framing, no sniffing.
+async fn security_headers(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; \
+             form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+        ),
+    );
+    headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    response
+}
+
+/// Why a request failed, as the page (or JSON) shows it.
+#[derive(Debug)]
+enum UiError {
+    /// 404: no such job, entry, namespace or page.
+    NotFound(String),
+    /// 400: a bad parameter.
+    BadRequest(String),
+    /// 403: actions are off, or the request is not from the dashboard's own page.
+    Forbidden(String),
+    /// 502: Redis failed.
+    Redis(String),
+}
+
+impl From<anyhow::Error> for UiError {
+    fn from(error: anyhow::Error) -> Self {
+        match error.downcast_ref::<Exit>() {
+            Some(exit) if exit.code == crate::cli::EXIT_NOT_FOUND => Self::NotFound(exit.message.clone()),
+            _ if error.chain().any(|cause| cause.downcast_ref::<redis::RedisError>().is_some()) => {
+                Self::Redis(format!("{error:#}"))
+            }
+            _ => Self::BadRequest(format!("{error:#}")),
+        }
+    }
+}
+
+impl IntoResponse for UiError {
+    fn into_response(self) -> Response {
+        let (status, message) = match self {
+            Self::NotFound(message) => (StatusCode::NOT_FOUND, message),
+            Self::BadRequest(message) => (StatusCode::BAD_REQUEST, message),
+            Self::Forbidden(message) => (StatusCode::FORBIDDEN, message),
+            Self::Redis(message) => (StatusCode::BAD_GATEWAY, message),
+        };
+        let message = crate::cli::escape_for_terminal(&message).into_owned();
+        (status, pages::error_page(status, &message)).into_response()
+    }
+}
+
+/// Whether the client asked for JSON (`Accept: application/json`).
+fn wants_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|accept| accept.contains("application/json") && !accept.contains("text/html"))
+}
+
+/// A JSON answer (API routes, and pages asked for JSON).
+fn json(value: serde_json::Value) -> Response {
+    axum::Json(value).into_response()
+}
+
+/// The session's action token, from its cookie; a new one (with the cookie to set) when it has none.
+fn session_token(headers: &HeaderMap) -> (String, Option<HeaderValue>) {
+    if let Some(token) = cookie(headers, SESSION_COOKIE).filter(|token| token.len() == 32) {
+        return (token.to_owned(), None);
+    }
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let cookie = format!("{SESSION_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict");
+    (token, HeaderValue::from_str(&cookie).ok())
+}
+
+/// The cookie that holds a session's action token.
+const SESSION_COOKIE: &str = "batchd_ui_session";
+
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find_map(|(key, value)| (key == name).then_some(value))
+}
+
+/// Renders an HTML page, setting the session cookie when the browser has none yet.
+fn html(markup: maud::Markup, new_cookie: Option<HeaderValue>) -> Response {
+    let mut response = markup.into_response();
+    if let Some(cookie) = new_cookie {
+        response.headers_mut().insert(header::SET_COOKIE, cookie);
+    }
+    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// What a page needs besides its data.
+pub(crate) struct Frame<'a> {
+    /// The namespace shown, for links and the title.
+    pub namespace: &'a str,
+    /// Every namespace served, for the switcher.
+    pub namespaces: Vec<&'a str>,
+    /// The session's token for action forms; `None` when actions are off.
+    pub token: Option<&'a str>,
+    /// Seconds between refreshes (0: none).
+    pub refresh_secs: u64,
+    /// A message to show on top (an action's outcome).
+    pub notice: Option<&'a str>,
+}
+
+#[derive(Debug, Deserialize)]
+struct NsQuery {
+    ns: Option<String>,
+    notice: Option<String>,
+}
+
+/// Redis's clock, for every age and window a page shows.
+async fn redis_now(conn: &mut Conn) -> Result<u64, UiError> {
+    Ok(crate::cli::pause::redis_now_ms(conn).await?)
+}
+
+async fn overview_value(ui: &Ui) -> Result<serde_json::Value, UiError> {
+    let mut conn = ui.conn();
+    let now = redis_now(&mut conn).await?;
+    let mut namespaces = Vec::new();
+    for keys in ui.namespaces.iter() {
+        namespaces.push(data::overview(&mut conn, keys, now).await?);
+    }
+    Ok(serde_json::json!({"at": now, "namespaces": namespaces}))
+}
+
+async fn overview(State(ui): State<Ui>, Query(query): Query<NsQuery>, headers: HeaderMap) -> Result<Response, UiError> {
+    let value = overview_value(&ui).await?;
+    if wants_json(&headers) {
+        return Ok(json(value));
+    }
+    let keys = ui.keys(query.ns.as_deref())?;
+    let (token, cookie) = session_token(&headers);
+    let frame = frame(&ui, &keys, &token, query.notice.as_deref());
+    Ok(html(pages::overview(&frame, &value), cookie))
+}
+
+async fn overview_json(State(ui): State<Ui>) -> Result<Response, UiError> {
+    Ok(json(overview_value(&ui).await?))
+}
+
+fn frame<'a>(ui: &'a Ui, keys: &'a Keys, token: &'a str, notice: Option<&'a str>) -> Frame<'a> {
+    Frame {
+        namespace: keys.namespace(),
+        namespaces: ui.namespaces.iter().map(Keys::namespace).collect(),
+        token: ui.allow_actions.then_some(token),
+        refresh_secs: ui.refresh_secs,
+        notice,
+    }
+}
+
+/// The jobs list's filters and position, as query parameters.
+#[derive(Debug, Default, Deserialize)]
+struct JobsQuery {
+    ns: Option<String>,
+    /// A job state.
+    state: Option<String>,
+    /// A model name.
+    model: Option<String>,
+    /// A job id prefix.
+    prefix: Option<String>,
+    /// Accepted within this long: `30m`, `2h`, `1d` (or seconds).
+    since: Option<String>,
+    /// The `SCAN` cursor of the page.
+    cursor: Option<u64>,
+}
+
+/// A query parameter's value, trimmed; `None` when absent or empty.
+fn nonempty(value: &Option<String>) -> Option<&str> {
+    value.as_deref().map(str::trim).filter(|v| !v.is_empty())
+}
+
+impl JobsQuery {
+    fn filter(&self, now: u64) -> Result<JobFilter, UiError> {
+        let states = match nonempty(&self.state) {
+            Some(state) => {
+                vec![state.parse::<JobState>().map_err(|_| UiError::BadRequest(format!("no job state {state:?}")))?]
+            }
+            None => Vec::new(),
+        };
+        let accepted_since = match nonempty(&self.since) {
+            Some(since) => Some(now.saturating_sub(parse_age(since)?)),
+            None => None,
+        };
+        Ok(JobFilter {
+            states,
+            model: nonempty(&self.model).map(str::to_owned),
+            id_prefix: nonempty(&self.prefix).map(str::to_owned),
+            accepted_since,
+        })
+    }
+}
+
+/// `30m`, `2h`, `1d`, `45s` or plain seconds, as milliseconds.
+fn parse_age(text: &str) -> Result<u64, UiError> {
+    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let n: u64 = number.parse().map_err(|_| UiError::BadRequest(format!("since {text:?}: expected 30m, 2h, 1d")))?;
+    let unit_ms = match unit {
+        "" | "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(UiError::BadRequest(format!("since {text:?}: the unit is s, m, h or d"))),
+    };
+    Ok(n.saturating_mul(unit_ms))
+}
+
+async fn jobs_value(ui: &Ui, query: &JobsQuery) -> Result<(Keys, serde_json::Value), UiError> {
+    let keys = ui.keys(query.ns.as_deref())?;
+    let mut conn = ui.conn();
+    let now = redis_now(&mut conn).await?;
+    let filter = query.filter(now)?;
+    let page = data::jobs(&mut conn, &keys, &filter, query.cursor.unwrap_or(0)).await?;
+    let value = serde_json::to_value(&page).map_err(|e| UiError::BadRequest(e.to_string()))?;
+    Ok((keys, value))
+}
+
+async fn jobs(State(ui): State<Ui>, Query(query): Query<JobsQuery>, headers: HeaderMap) -> Result<Response, UiError> {
+    let (keys, value) = jobs_value(&ui, &query).await?;
+    if wants_json(&headers) {
+        return Ok(json(value));
+    }
+    let (token, cookie) = session_token(&headers);
+    let frame = frame(&ui, &keys, &token, None);
+    let filters = pages::JobsFilters {
+        state: query.state.as_deref().unwrap_or(""),
+        model: query.model.as_deref().unwrap_or(""),
+        prefix: query.prefix.as_deref().unwrap_or(""),
+        since: query.since.as_deref().unwrap_or(""),
+    };
+    Ok(html(pages::jobs(&frame, &filters, &value), cookie))
+}
+
+async fn jobs_json(State(ui): State<Ui>, Query(query): Query<JobsQuery>) -> Result<Response, UiError> {
+    Ok(json(jobs_value(&ui, &query).await?.1))
+}
+
+#[derive(Debug, Deserialize)]
+struct JobQuery {
+    ns: Option<String>,
+    /// The page of responses (from 0).
+    page: Option<usize>,
+    notice: Option<String>,
+}
+
+async fn job_value(ui: &Ui, id: &str, query: &JobQuery) -> Result<(Keys, serde_json::Value), UiError> {
+    let keys = ui.keys(query.ns.as_deref())?;
+    let job_id = crate::cli::parse_job_id(id).map_err(|e| UiError::BadRequest(format!("{e:#}")))?;
+    let mut conn = ui.conn();
+    let now = redis_now(&mut conn).await?;
+    let mut value = data::job(&mut conn, &keys, &job_id, query.page.unwrap_or(0)).await?;
+    value["at"] = now.into();
+    Ok((keys, value))
+}
+
+async fn job(
+    State(ui): State<Ui>,
+    Path(id): Path<String>,
+    Query(query): Query<JobQuery>,
+    headers: HeaderMap,
+) -> Result<Response, UiError> {
+    let (keys, value) = job_value(&ui, &id, &query).await?;
+    if wants_json(&headers) {
+        return Ok(json(value));
+    }
+    let (token, cookie) = session_token(&headers);
+    let frame = frame(&ui, &keys, &token, query.notice.as_deref());
+    Ok(html(pages::job(&frame, &value), cookie))
+}
+
+async fn job_json(
+    State(ui): State<Ui>,
+    Path(id): Path<String>,
+    Query(query): Query<JobQuery>,
+) -> Result<Response, UiError> {
+    Ok(json(job_value(&ui, &id, &query).await?.1))
+}
+
+async fn dead_list_value(ui: &Ui, ns: Option<&str>) -> Result<(Keys, serde_json::Value), UiError> {
+    let keys = ui.keys(ns)?;
+    let value = data::dead_list(&mut ui.conn(), &keys).await?;
+    Ok((keys, value))
+}
+
+async fn dead_list(
+    State(ui): State<Ui>,
+    Query(query): Query<NsQuery>,
+    headers: HeaderMap,
+) -> Result<Response, UiError> {
+    let (keys, value) = dead_list_value(&ui, query.ns.as_deref()).await?;
+    if wants_json(&headers) {
+        return Ok(json(value));
+    }
+    let (token, cookie) = session_token(&headers);
+    let frame = frame(&ui, &keys, &token, query.notice.as_deref());
+    Ok(html(pages::dead_list(&frame, &value), cookie))
+}
+
+async fn dead_list_json(State(ui): State<Ui>, Query(query): Query<NsQuery>) -> Result<Response, UiError> {
+    Ok(json(dead_list_value(&ui, query.ns.as_deref()).await?.1))
+}
+
+async fn dead_entry_value(ui: &Ui, ns: Option<&str>, entry: &str) -> Result<(Keys, serde_json::Value), UiError> {
+    let keys = ui.keys(ns)?;
+    let value = data::dead_entry(&mut ui.conn(), &keys, entry).await?;
+    Ok((keys, value))
+}
+
+async fn dead_entry(
+    State(ui): State<Ui>,
+    Path(entry): Path<String>,
+    Query(query): Query<NsQuery>,
+    headers: HeaderMap,
+) -> Result<Response, UiError> {
+    let (keys, value) = dead_entry_value(&ui, query.ns.as_deref(), &entry).await?;
+    if wants_json(&headers) {
+        return Ok(json(value));
+    }
+    let (token, cookie) = session_token(&headers);
+    let frame = frame(&ui, &keys, &token, query.notice.as_deref());
+    Ok(html(pages::dead_entry(&frame, &value), cookie))
+}
+
+async fn dead_entry_json(
+    State(ui): State<Ui>,
+    Path(entry): Path<String>,
+    Query(query): Query<NsQuery>,
+) -> Result<Response, UiError> {
+    Ok(json(dead_entry_value(&ui, query.ns.as_deref(), &entry).await?.1))
+}
+
+/// The form of every action: the session's token and the namespace.
+#[derive(Debug, Deserialize)]
+struct ActionForm {
+    /// Must equal the session cookie's token.
+    token: String,
+    /// The namespace acted on.
+    ns: Option<String>,
+}
+
+/// Refuses an action unless actions are on and the request comes from a page of this dashboard: same origin by the
+/// browser's own headers, and the form's token equal to the session cookie's.
+fn check_action(ui: &Ui, headers: &HeaderMap, form: &ActionForm) -> Result<(), UiError> {
+    if !ui.allow_actions {
+        return Err(UiError::Forbidden(
+            "actions are off: this dashboard is read-only (start it with --allow-actions)".to_owned(),
+        ));
+    }
+    let host = headers.get(header::HOST).and_then(|value| value.to_str().ok()).unwrap_or("");
+    let origin = headers.get(header::ORIGIN).and_then(|value| value.to_str().ok());
+    let fetch_site = headers.get("sec-fetch-site").and_then(|value| value.to_str().ok());
+    let same_origin = match (origin, fetch_site) {
+        (Some(origin), _) if origin != "null" => {
+            origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://")) == Some(host)
+        }
+        (_, Some(site)) => site == "same-origin",
+        _ => false,
+    };
+    if !same_origin {
+        return Err(UiError::Forbidden("refused: the request does not come from this dashboard's pages".to_owned()));
+    }
+    match cookie(headers, SESSION_COOKIE) {
+        Some(token) if !token.is_empty() && token == form.token => Ok(()),
+        _ => Err(UiError::Forbidden("refused: the form's token is not this session's (reload the page)".to_owned())),
+    }
+}
+
+/// Where an action's outcome is shown: back to `path` with a notice, or as JSON when asked.
+fn after_action(headers: &HeaderMap, path: &str, ns: &str, notice: &str, value: serde_json::Value) -> Response {
+    if wants_json(headers) {
+        return json(value);
+    }
+    let query = serde_urlencoded_pair(&[("ns", ns), ("notice", notice)]);
+    Redirect::to(&format!("{path}?{query}")).into_response()
+}
+
+/// `name=value&...`, form-encoded.
+fn serde_urlencoded_pair(pairs: &[(&str, &str)]) -> String {
+    pairs
+        .iter()
+        .map(|(name, value)| {
+            format!("{name}={}", percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC))
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+async fn cancel(
+    State(ui): State<Ui>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Form(form): Form<ActionForm>,
+) -> Result<Response, UiError> {
+    check_action(&ui, &headers, &form)?;
+    let keys = ui.keys(form.ns.as_deref())?;
+    let job_id = JobId::parse(&id).map_err(|e| UiError::BadRequest(format!("job id {id:?} {e}")))?;
+    let store = batchd_queue::Store::new(ui.conn(), keys.clone(), ui.settings.store_settings());
+    let state = store
+        .cancel(&job_id, "cancelled from the dashboard")
+        .await
+        .map_err(|e| UiError::Redis(format!("cancel job {job_id}: {e}")))?;
+    let notice = match state.parse::<JobState>() {
+        Ok(state) if state.is_terminal() => format!("job {job_id} already ended {state}; nothing to cancel"),
+        Ok(_) => format!("cancellation of job {job_id} requested"),
+        Err(_) => format!("cancellation of job {job_id} requested (not taken in yet)"),
+    };
+    tracing::info!(action = "cancel", namespace = keys.namespace(), job_id = %job_id, state = %state, "dashboard action");
+    let value = serde_json::json!({"job_id": job_id.as_str(), "state": state, "notice": notice});
+    Ok(after_action(&headers, &format!("/jobs/{job_id}"), keys.namespace(), &notice, value))
+}
+
+async fn dead_retry(
+    State(ui): State<Ui>,
+    Path(entry): Path<String>,
+    headers: HeaderMap,
+    Form(form): Form<ActionForm>,
+) -> Result<Response, UiError> {
+    check_action(&ui, &headers, &form)?;
+    let keys = ui.keys(form.ns.as_deref())?;
+    let requeued = dead::requeue(&mut ui.conn(), &keys, &ui.settings, &entry).await?;
+    tracing::info!(
+        action = "dead retry",
+        namespace = keys.namespace(),
+        entry_id = %entry,
+        submit_entry_id = %requeued.submit_entry_id,
+        job_id = %requeued.job_id,
+        "dashboard action"
+    );
+    let notice = format!(
+        "dead-letter entry {entry} requeued as submit entry {} (job {})",
+        requeued.submit_entry_id, requeued.job_id
+    );
+    Ok(after_action(&headers, "/dead", keys.namespace(), &notice, requeued.to_json(&entry)))
+}
+
+async fn dead_purge(
+    State(ui): State<Ui>,
+    Path(entry): Path<String>,
+    headers: HeaderMap,
+    Form(form): Form<ActionForm>,
+) -> Result<Response, UiError> {
+    check_action(&ui, &headers, &form)?;
+    let keys = ui.keys(form.ns.as_deref())?;
+    let purged = dead::delete(&mut ui.conn(), &keys, std::slice::from_ref(&entry)).await?;
+    tracing::info!(action = "dead purge", namespace = keys.namespace(), entry_id = %entry, purged, "dashboard action");
+    let notice = format!("dead-letter entry {entry} purged");
+    let value = serde_json::json!({"namespace": keys.namespace(), "purged": purged});
+    Ok(after_action(&headers, "/dead", keys.namespace(), &notice, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_parse_with_units() {
+        assert_eq!(parse_age("30m").unwrap(), 1_800_000);
+        assert_eq!(parse_age("2h").unwrap(), 7_200_000);
+        assert_eq!(parse_age("1d").unwrap(), 86_400_000);
+        assert_eq!(parse_age("45").unwrap(), 45_000);
+        assert!(parse_age("2w").is_err());
+        assert!(parse_age("m").is_err());
+    }
+
+    #[test]
+    fn the_session_cookie_is_read_among_others() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::COOKIE, HeaderValue::from_static("a=1; batchd_ui_session=abc; b=2"));
+        assert_eq!(cookie(&headers, SESSION_COOKIE), Some("abc"));
+        assert_eq!(cookie(&headers, "c"), None);
+    }
+
+    #[test]
+    fn json_is_what_is_asked_for() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::ACCEPT, HeaderValue::from_static("application/json"));
+        assert!(wants_json(&headers));
+        headers.insert(header::ACCEPT, HeaderValue::from_static("text/html,application/json;q=0.9"));
+        assert!(!wants_json(&headers));
+    }
+}

@@ -1,0 +1,195 @@
+//! What the dashboard's pages show, read from Redis as JSON: the same reports the CLI prints with `--json`
+//! (`stats`, `workers`, `jobs`, `status`, `dead list|show`), plus what only the dashboard needs (chunk states of
+//! the work in flight, finished jobs per minute and tokens from the stats counters, a job's result entry).
+//!
+//! Every read is bounded whatever the backlog: the overview reads a fixed number of keys (the counters of the
+//! last 60 minutes and 24 hours, at most [`CHUNK_SAMPLE`] schedule members), the jobs list pages with a `SCAN`
+//! cursor ([`JOBS_PAGE_SCAN`] ledgers a page at most), and a job's responses are shown [`RESPONSES_PAGE`] at a time.
+
+use std::collections::{BTreeMap, HashMap};
+
+use anyhow::Context as _;
+use batchd_core::ledger::field;
+use batchd_core::stats::StatField;
+use batchd_core::{ChunkRef, JobId, Keys};
+use batchd_queue::Conn;
+use serde_json::{Value, json};
+
+use crate::cli::inspect::{self, JobFilter, JobsPage};
+use crate::cli::{self, dead, workers};
+
+/// Most schedule members whose chunk state the overview reads (the soonest due first).
+pub const CHUNK_SAMPLE: usize = 1_000;
+
+/// Most ledgers one jobs page reads.
+pub const JOBS_PAGE_SCAN: usize = 5_000;
+
+/// Jobs shown per page.
+pub const JOBS_PAGE_SIZE: usize = 50;
+
+/// Responses of a job's result shown per page.
+pub const RESPONSES_PAGE: usize = 50;
+
+/// Dead-letter entries listed.
+pub const DEAD_LIST_LIMIT: usize = 200;
+
+/// The statuses a result entry can have, in the order the overview shows them.
+pub const STATUSES: [&str; 4] = ["completed", "failed", "expired", "cancelled"];
+
+/// One namespace's overview: `stats --json`, `workers --json`, the chunk states of the work in flight (sampled),
+/// finished jobs per minute over the last hour by status, and tokens by model over the last hour and day.
+pub async fn overview(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<Value> {
+    // The overview counts throughput from the counters, so the stats report reads no result entries.
+    let stats = inspect::stats_report(conn, keys, now, 0).await?;
+    let workers = workers::report(conn, keys).await?;
+    let chunks = chunk_states(conn, keys).await?;
+    let (per_minute, tokens_hour) = minutes(conn, keys, now).await?;
+    let tokens_day = hours(conn, keys, now).await?;
+    Ok(json!({
+        "namespace": keys.namespace(),
+        "at": now,
+        "stats": stats,
+        "workers": workers,
+        "chunks": chunks,
+        "finished_per_minute": per_minute,
+        "tokens": {"last_hour": tokens_hour, "last_day": tokens_day},
+    }))
+}
+
+/// The states of the chunks behind the first [`CHUNK_SAMPLE`] schedule members (the soonest due):
+/// `{"sampled":N,"of":M,"by_state":{"polling":..,..}}`; `of` is the schedule's size.
+async fn chunk_states(conn: &mut Conn, keys: &Keys) -> anyhow::Result<Value> {
+    let (members, total): (Vec<String>, u64) = redis::pipe()
+        .cmd("ZRANGE")
+        .arg(keys.schedule())
+        .arg(0)
+        .arg(CHUNK_SAMPLE - 1)
+        .cmd("ZCARD")
+        .arg(keys.schedule())
+        .query_async(conn)
+        .await
+        .context("read the schedule")?;
+    let chunks: Vec<ChunkRef> = members.iter().filter_map(|member| ChunkRef::parse(member).ok()).collect();
+    let mut by_state: BTreeMap<String, u64> = BTreeMap::new();
+    if !chunks.is_empty() {
+        let mut pipe = redis::pipe();
+        for chunk in &chunks {
+            pipe.cmd("HGET").arg(keys.job(&chunk.job_id)).arg(field::chunk(chunk.index, field::CHUNK_STATE));
+        }
+        let states: Vec<Option<String>> = pipe.query_async(conn).await.context("read chunk states")?;
+        for state in states {
+            *by_state.entry(state.unwrap_or_else(|| "unknown".to_owned())).or_default() += 1;
+        }
+    }
+    Ok(json!({"sampled": chunks.len(), "of": total, "by_state": by_state}))
+}
+
+/// Tokens by model and kind, summed over counters.
+type Tokens = BTreeMap<String, BTreeMap<String, u64>>;
+
+/// Adds one counter hash to the per-status counts and the token sums.
+fn add_counters(hash: &HashMap<String, u64>, statuses: &mut BTreeMap<String, u64>, tokens: &mut Tokens) {
+    for (name, n) in hash {
+        match StatField::parse(name) {
+            Some(StatField::Finished(status)) => *statuses.entry(status.to_owned()).or_default() += n,
+            Some(StatField::Tokens { kind, model }) => {
+                *tokens.entry(model.to_owned()).or_default().entry(kind.to_owned()).or_default() += n;
+            }
+            None => {}
+        }
+    }
+}
+
+/// The last 60 minutes' counters (the current minute last): one `{"minute":<Unix ms>,"<status>":n,..}` each, and
+/// the hour's tokens.
+async fn minutes(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<(Vec<Value>, Tokens)> {
+    let current = now / 60_000;
+    let first = current.saturating_sub(59);
+    let mut pipe = redis::pipe();
+    for minute in first..=current {
+        pipe.hgetall(keys.stats_minute(minute));
+    }
+    let hashes: Vec<HashMap<String, u64>> = pipe.query_async(conn).await.context("read the minute counters")?;
+    let mut tokens = Tokens::new();
+    let mut per_minute = Vec::with_capacity(hashes.len());
+    for (minute, hash) in (first..=current).zip(&hashes) {
+        let mut statuses: BTreeMap<String, u64> = STATUSES.iter().map(|s| ((*s).to_owned(), 0)).collect();
+        add_counters(hash, &mut statuses, &mut tokens);
+        let mut row = json!({"minute": minute * 60_000});
+        for (status, n) in statuses {
+            row[status] = n.into();
+        }
+        per_minute.push(row);
+    }
+    Ok((per_minute, tokens))
+}
+
+/// Tokens of the last 24 hours (the current hour included).
+async fn hours(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<Tokens> {
+    let current = now / 3_600_000;
+    let mut pipe = redis::pipe();
+    for hour in current.saturating_sub(23)..=current {
+        pipe.hgetall(keys.stats_hour(hour));
+    }
+    let hashes: Vec<HashMap<String, u64>> = pipe.query_async(conn).await.context("read the hour counters")?;
+    let mut tokens = Tokens::new();
+    for hash in &hashes {
+        add_counters(hash, &mut BTreeMap::new(), &mut tokens);
+    }
+    Ok(tokens)
+}
+
+/// One page of jobs, as `batchd jobs --json` shapes it (with `next_cursor` while the walk goes on).
+pub async fn jobs(conn: &mut Conn, keys: &Keys, filter: &JobFilter, cursor: u64) -> anyhow::Result<JobsPage> {
+    inspect::jobs_page(conn, keys, filter, cursor, JOBS_PAGE_SIZE, JOBS_PAGE_SCAN).await
+}
+
+/// A job for its page: `{"job": <status --json>, "result": <the result entry, responses paged> | null,
+/// "responses_page": {"page":..,"pages":..,"total":..}}`.
+pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> anyhow::Result<Value> {
+    let ledger = cli::read_ledger(conn, keys, job_id).await?;
+    let status = cli::status_json(job_id, &ledger);
+    let mut result = Value::Null;
+    let mut paging = json!({"page": 0, "pages": 0, "total": 0});
+    let entry_id = ledger.get(field::RESULT_ENTRY);
+    let stream = ledger.get(field::REPLY_TO).filter(|stream| keys.is_results_stream(stream));
+    if let (Some(entry_id), Some(stream)) = (entry_id, stream) {
+        let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg(entry_id)
+            .arg(entry_id)
+            .arg("COUNT")
+            .arg(1)
+            .query_async(conn)
+            .await
+            .with_context(|| format!("read result entry {entry_id}"))?;
+        if let Some((id, fields)) = entries.into_iter().next() {
+            result = cli::result_json(&fields);
+            result["entry_id"] = id.into();
+            if let Some(responses) = result.pointer_mut("/result/responses").and_then(Value::as_array_mut) {
+                let total = responses.len();
+                let pages = total.div_ceil(RESPONSES_PAGE);
+                let page = page.min(pages.saturating_sub(1));
+                let start = page * RESPONSES_PAGE;
+                let shown: Vec<Value> = responses.drain(..).skip(start).take(RESPONSES_PAGE).collect();
+                *responses = shown;
+                paging = json!({"page": page, "pages": pages, "total": total, "first_index": start});
+            }
+        } else {
+            result = json!({"entry_id": entry_id, "trimmed": true});
+        }
+    }
+    Ok(json!({"job": status, "result": result, "responses_page": paging}))
+}
+
+/// Dead-letter entries, newest first, as `batchd dead list --json` shapes them, with the stream's length.
+pub async fn dead_list(conn: &mut Conn, keys: &Keys) -> anyhow::Result<Value> {
+    let entries = dead::list_json(conn, keys, DEAD_LIST_LIMIT).await?;
+    let total: u64 = redis::cmd("XLEN").arg(keys.dead()).query_async(conn).await.context("count dead letters")?;
+    Ok(json!({"namespace": keys.namespace(), "total": total, "entries": entries}))
+}
+
+/// One dead-letter entry, as `batchd dead show --json` shapes it.
+pub async fn dead_entry(conn: &mut Conn, keys: &Keys, entry_id: &str) -> anyhow::Result<Value> {
+    dead::show_json(conn, keys, entry_id).await
+}

@@ -1,0 +1,513 @@
+//! The dashboard's HTML, rendered from the JSON the pages' twins answer (so a page can show nothing its JSON does
+//! not hold). maud escapes every value for HTML; on top of that, text from producers and the API goes through
+//! [`shown`], which makes control and bidi characters visible (`\u{202e}`) and cuts long values, as the CLI does.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use maud::{DOCTYPE, Markup, html};
+use serde_json::Value;
+
+use super::Frame;
+use super::data::{RESPONSES_PAGE, STATUSES};
+use crate::cli::{escape_for_terminal, format_age, format_utc};
+
+/// Most characters of one value a page shows (the JSON twin has the whole value).
+const MAX_SHOWN: usize = 300;
+
+/// `text` safe to show: control and bidi characters escaped, cut to `max` characters.
+fn shown(text: &str, max: usize) -> String {
+    let cut: String = text.chars().take(max).collect();
+    let ellipsis = if cut.len() < text.len() { "…" } else { "" };
+    format!("{}{ellipsis}", escape_for_terminal(&cut))
+}
+
+/// A JSON value as text: strings as they are, numbers, `-` for null or absent.
+fn text(value: &Value) -> String {
+    match value {
+        Value::Null => "-".to_owned(),
+        Value::String(text) => shown(text, MAX_SHOWN),
+        other => shown(&other.to_string(), MAX_SHOWN),
+    }
+}
+
+/// Unix ms as an RFC 3339 time, `-` when absent.
+fn time(value: &Value) -> String {
+    value.as_u64().map(format_utc).unwrap_or_else(|| "-".to_owned())
+}
+
+/// Milliseconds as an age (`4m05s`), `-` when absent.
+fn age(value: &Value) -> String {
+    value.as_u64().map(|ms| format_age(Duration::from_millis(ms))).unwrap_or_else(|| "-".to_owned())
+}
+
+/// A link inside the dashboard, keeping the namespace.
+fn link(frame: &Frame<'_>, path: &str) -> String {
+    let separator = if path.contains('?') { '&' } else { '?' };
+    format!("{path}{separator}ns={}", encode(frame.namespace))
+}
+
+/// What a path segment or query value keeps as it is: letters, digits and `-._` (job ids read naturally).
+const COMPONENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_');
+
+fn encode(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, COMPONENT).to_string()
+}
+
+/// The page around `body`: navigation, namespace switcher, notice, and the refresh hook.
+fn layout(frame: &Frame<'_>, title: &str, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { "batchd · " (title) " · " (frame.namespace) }
+                link rel="stylesheet" href="/assets/ui.css";
+                script src="/assets/ui.js" defer {}
+            }
+            body data-refresh-secs=(frame.refresh_secs) {
+                header {
+                    nav {
+                        a.brand href=(link(frame, "/")) { "batchd" }
+                        a href=(link(frame, "/")) { "Overview" }
+                        a href=(link(frame, "/jobs")) { "Jobs" }
+                        a href=(link(frame, "/dead")) { "Dead letters" }
+                    }
+                    div.meta {
+                        span { "namespace " }
+                        @for namespace in &frame.namespaces {
+                            @if *namespace == frame.namespace {
+                                strong.ns { (namespace) }
+                            } @else {
+                                a.ns href=(format!("/?ns={}", encode(namespace))) { (namespace) }
+                            }
+                        }
+                        span #mode { @if frame.token.is_some() { "actions allowed" } @else { "read-only" } }
+                        @if frame.refresh_secs > 0 {
+                            label { input #auto-refresh type="checkbox" checked; " refresh every " (frame.refresh_secs) " s" }
+                        }
+                    }
+                }
+                main #content {
+                    @if let Some(notice) = frame.notice {
+                        p #notice.notice { (shown(notice, MAX_SHOWN)) }
+                    }
+                    (body)
+                }
+            }
+        }
+    }
+}
+
+/// A page for an error (404, 403, Redis down).
+pub fn error_page(status: StatusCode, message: &str) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head { meta charset="utf-8"; title { "batchd · " (status) } link rel="stylesheet" href="/assets/ui.css"; }
+            body { main #content { h1 { (status) } p #error.error { (shown(message, 2_000)) } p { a href="/" { "Overview" } } } }
+        }
+    }
+}
+
+/// A hidden-field form that posts an action.
+fn action(frame: &Frame<'_>, path: &str, label: &str, id: &str, confirm: &str) -> Markup {
+    let Some(token) = frame.token else { return html! {} };
+    html! {
+        form.action method="post" action=(path) data-confirm=(confirm) {
+            input type="hidden" name="token" value=(token);
+            input type="hidden" name="ns" value=(frame.namespace);
+            button id=(id) type="submit" { (label) }
+        }
+    }
+}
+
+/// The overview: every namespace's depths, chunk states, finished jobs per minute, consumers and tokens.
+pub fn overview(frame: &Frame<'_>, value: &Value) -> Markup {
+    let body = html! {
+        h1 { "Overview" }
+        @for ns in value["namespaces"].as_array().into_iter().flatten() {
+            (namespace_overview(ns))
+        }
+        p.updated { "Redis time " (time(&value["at"])) }
+    };
+    layout(frame, "Overview", body)
+}
+
+fn namespace_overview(ns: &Value) -> Markup {
+    let name = ns["namespace"].as_str().unwrap_or("");
+    let stats = &ns["stats"];
+    let workers = &ns["workers"];
+    let chunks = &ns["chunks"];
+    let jobs_link = |state: &str| format!("/jobs?ns={}&state={state}", encode(name));
+    html! {
+        section.namespace id=(format!("ns-{name}")) {
+            h2 { "Namespace " (name) }
+            @if !stats["paused"].is_null() {
+                p.warning.paused { "Intake paused by " (text(&stats["paused"]["by"])) " at " (time(&stats["paused"]["at"])) }
+            }
+            div.cards {
+                (card("waiting", "Waiting", &stats["submit"]["waiting"], None))
+                (card("taking-in", "Being taken in", &stats["submit"]["in_flight"], None))
+                (card("in-flight", "Chunks in flight", &stats["schedule"]["chunks_in_flight"], Some(jobs_link("running"))))
+                (card("due", "Due now", &stats["schedule"]["due"], None))
+                (card("dead", "Dead letters", &stats["dead"]["entries"], Some(format!("/dead?ns={}", encode(name)))))
+                div.card { div.label { "Oldest waiting" } div.value id=(format!("oldest-{name}")) { (age(&stats["submit"]["oldest_waiting_ms"])) } }
+                div.card { div.label { "Schedule lag" } div.value { (age(&stats["schedule"]["lag_ms"])) } }
+            }
+            h3 { "Chunks in flight by state" }
+            @if chunks["of"] == 0 {
+                p.note { "None: nothing is submitted or waiting for a poll." }
+            } @else {
+            p.note { "The " (text(&chunks["sampled"])) " soonest due of " (text(&chunks["of"])) " scheduled chunks." }
+            table.chunk-states {
+                thead { tr { th { "state" } th { "chunks" } } }
+                tbody {
+                    @for (state, n) in chunks["by_state"].as_object().into_iter().flatten() {
+                        tr { td { (shown(state, 40)) } td.num { (text(n)) } }
+                    }
+                }
+            }
+            }
+            h3 { "Finished in the last hour" }
+            (finished(name, &ns["finished_per_minute"]))
+            h3 { "Replicas reading the submit stream" }
+            @let consumers = workers["consumers"].as_array().cloned().unwrap_or_default();
+            @if consumers.is_empty() {
+                p.note { "No consumer in group " (text(&workers["group"])) " yet: no replica has started here." }
+            } @else {
+                table.consumers {
+                    thead { tr { th { "consumer" } th { "holding" } th { "idle" } } }
+                    tbody {
+                        @for consumer in &consumers {
+                            tr { td { (text(&consumer["name"])) } td.num { (text(&consumer["pending"])) } td { (age(&consumer["idle_ms"])) } }
+                        }
+                    }
+                }
+            }
+            h3 { "Tokens by model" }
+            (tokens(&ns["tokens"]))
+        }
+    }
+}
+
+fn card(id: &str, label: &str, value: &Value, href: Option<String>) -> Markup {
+    html! {
+        div.card {
+            div.label { (label) }
+            @if let Some(href) = href {
+                a.value id=(id) href=(href) { (text(value)) }
+            } @else {
+                div.value id=(id) { (text(value)) }
+            }
+        }
+    }
+}
+
+/// Finished jobs per minute as stacked bars (inline SVG), with the hour's totals by status.
+fn finished(name: &str, minutes: &Value) -> Markup {
+    let minutes = minutes.as_array().cloned().unwrap_or_default();
+    let count = |row: &Value, status: &str| row[status].as_u64().unwrap_or(0);
+    let peak = minutes.iter().map(|row| STATUSES.iter().map(|s| count(row, s)).sum::<u64>()).max().unwrap_or(0).max(1);
+    let (width, height, bar) = (600.0, 80.0, 10.0);
+    html! {
+        div.finished {
+            table.totals id=(format!("finished-{name}")) {
+                tr {
+                    @for status in STATUSES {
+                        td class=(format!("status-{status}")) {
+                            span.label { (status) } " "
+                            span.value data-status=(status) { (minutes.iter().map(|row| count(row, status)).sum::<u64>()) }
+                        }
+                    }
+                }
+            }
+            svg.chart viewBox=(format!("0 0 {width} {height}")) width="100%" height="80" role="img" {
+                title { "Jobs finished per minute, last 60 minutes (peak " (peak) ")" }
+                @for (i, row) in minutes.iter().enumerate() {
+                    @let mut y = height;
+                    @for status in STATUSES {
+                        @let n = count(row, status);
+                        @if n > 0 {
+                            @let h = n as f64 / peak as f64 * (height - 2.0);
+                            @let top = { y -= h; y };
+                            rect class=(format!("status-{status}")) x=(i as f64 * bar) y=(format!("{top:.1}")) width=(bar - 1.0) height=(format!("{h:.1}")) {
+                                title { (format_utc(row["minute"].as_u64().unwrap_or(0))) ": " (n) " " (status) }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn tokens(tokens: &Value) -> Markup {
+    let hour = tokens["last_hour"].as_object().cloned().unwrap_or_default();
+    let day = tokens["last_day"].as_object().cloned().unwrap_or_default();
+    let number = |value: Option<&Value>, kind: &str| value.and_then(|v| v[kind].as_u64()).unwrap_or(0);
+    html! {
+        @if day.is_empty() {
+            p.note { "No token usage reported in the last day." }
+        } @else {
+            table.tokens {
+                thead { tr { th { "model" } th { "prompt, hour" } th { "completion, hour" } th { "prompt, day" } th { "completion, day" } } }
+                tbody {
+                    @for (model, usage) in &day {
+                        tr {
+                            td { (shown(model, 80)) }
+                            td.num { (number(hour.get(model), "prompt")) }
+                            td.num { (number(hour.get(model), "completion")) }
+                            td.num { (number(Some(usage), "prompt")) }
+                            td.num { (number(Some(usage), "completion")) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The jobs list's current filters, to fill the form again.
+#[derive(Debug)]
+pub struct JobsFilters<'a> {
+    /// A job state, or empty.
+    pub state: &'a str,
+    /// A model, or empty.
+    pub model: &'a str,
+    /// A job id prefix, or empty.
+    pub prefix: &'a str,
+    /// An age (`30m`), or empty.
+    pub since: &'a str,
+}
+
+/// The jobs list: filters, one page of ledgers, and the link to the next page.
+pub fn jobs(frame: &Frame<'_>, filters: &JobsFilters<'_>, page: &Value) -> Markup {
+    let states = ["", "accepted", "running", "completed", "failed", "expired", "cancelled"];
+    let next = page["next_cursor"].as_u64().map(|cursor| {
+        format!(
+            "/jobs?ns={}&state={}&model={}&prefix={}&since={}&cursor={cursor}",
+            encode(frame.namespace),
+            encode(filters.state),
+            encode(filters.model),
+            encode(filters.prefix),
+            encode(filters.since)
+        )
+    });
+    let body = html! {
+        h1 { "Jobs" }
+        form #filters.filters method="get" action="/jobs" {
+            input type="hidden" name="ns" value=(frame.namespace);
+            label { "state " select name="state" {
+                @for state in states {
+                    option value=(state) selected[state == filters.state] { @if state.is_empty() { "any" } @else { (state) } }
+                }
+            } }
+            label { "model " input type="text" name="model" value=(filters.model) placeholder="@cf/baai/bge-m3"; }
+            label { "id prefix " input type="text" name="prefix" value=(filters.prefix); }
+            label { "accepted within " input type="text" name="since" value=(filters.since) placeholder="2h" size="5"; }
+            button type="submit" { "Filter" }
+        }
+        p.note #page-note {
+            (text(&page["matching"])) " matching of " (text(&page["scanned"])) " ledgers read on this page"
+            @if next.is_none() { " (the walk is complete)" }
+            "; newest first within the page."
+        }
+        table #jobs.jobs {
+            thead { tr { th { "job" } th { "state" } th { "model" } th { "items" } th { "chunks" } th { "accepted" } th { "updated" } } }
+            tbody {
+                @for job in page["jobs"].as_array().into_iter().flatten() {
+                    @let id = job["job_id"].as_str().unwrap_or("");
+                    tr {
+                        td { a.job-link href=(link(frame, &format!("/jobs/{}", encode(id)))) { (shown(id, 120)) } }
+                        td { span class=(format!("state state-{}", job["state"].as_str().unwrap_or(""))) { (text(&job["state"])) } }
+                        td { (text(&job["model"])) }
+                        td.num { (text(&job["n_items"])) }
+                        td.num { (text(&job["n_chunks"])) }
+                        td { (time(&job["accepted_at"])) }
+                        td { (time(&job["updated_at"])) }
+                    }
+                }
+            }
+        }
+        @if let Some(next) = next {
+            p { a #next-page href=(next) { "Next page →" } }
+        }
+    };
+    layout(frame, "Jobs", body)
+}
+
+/// One job: its ledger, chunks, timeline, and result with responses paged.
+pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
+    let job = &value["job"];
+    let id = job["job_id"].as_str().unwrap_or("");
+    let state = job["state"].as_str().unwrap_or("");
+    let terminal = state.parse::<batchd_core::JobState>().is_ok_and(batchd_core::JobState::is_terminal);
+    let n_chunks = job["n_chunks"].as_str().and_then(|n| n.parse::<u32>().ok()).unwrap_or(0);
+    let chunk = |index: u32, name: &str| &job[batchd_core::ledger::field::chunk(index, name)];
+    let number = |value: &Value| value.as_str().and_then(|n| n.parse::<u64>().ok());
+    let mut timeline: Vec<(u64, String)> = Vec::new();
+    if let Some(at) = number(&job["accepted_at"]) {
+        timeline.push((at, "accepted".to_owned()));
+    }
+    for index in 0..n_chunks {
+        if let Some(at) = number(chunk(index, "submitted_at")) {
+            let polls = chunk(index, "n_polls").as_str().unwrap_or("0");
+            timeline.push((
+                at,
+                format!("chunk {index} submitted (request {}); {polls} polls since", text(chunk(index, "request_id"))),
+            ));
+        }
+    }
+    if let Some(at) = number(&job["finished_at"]) {
+        timeline.push((at, format!("finished {state}")));
+    } else if let Some(at) = number(&job["updated_at"]) {
+        timeline.push((at, "last change".to_owned()));
+    }
+    timeline.sort();
+    let result = &value["result"];
+    let paging = &value["responses_page"];
+    let body = html! {
+        h1 { "Job " span #job-id { (shown(id, 120)) } }
+        p { span #job-state class=(format!("state state-{state}")) { (shown(state, 40)) } }
+        @if !terminal {
+            (action(frame, &format!("/jobs/{}/cancel", encode(id)), "Cancel job", "cancel-job", "Cancel this job? Batches already submitted keep running remotely; their results are discarded."))
+        }
+        table.summary {
+            tr { th { "model" } td { (text(&job["model"])) } }
+            tr { th { "items" } td { (text(&job["n_items"])) } }
+            tr { th { "chunks" } td { (n_chunks) } }
+            tr { th { "accepted" } td { (time(&number(&job["accepted_at"]).into())) } }
+            tr { th { "updated" } td { (time(&number(&job["updated_at"]).into())) } }
+            @if job["finished_at"].is_null() {
+                tr { th { "deadline" } td { (time(&number(&job["deadline_at"]).into())) } }
+            } @else {
+                tr { th { "finished" } td { (time(&number(&job["finished_at"]).into())) } }
+            }
+            tr { th { "results to" } td { (text(&job["reply_to"])) } }
+            @if !job["error"].is_null() {
+                tr { th { "error" } td #job-error.error { (text(&job["error"]["code"])) ": " (text(&job["error"]["message"])) } }
+            }
+            @if !job["possible_duplicate_submits"].is_null() {
+                tr { th { "resubmits" } td { (text(&job["possible_duplicate_submits"])) } }
+            }
+        }
+        h2 { "Chunks" }
+        table #chunks.chunks {
+            thead { tr { th { "#" } th { "state" } th { "items" } th { "request id" } th { "remote" } th { "polls" } th { "attempts" } th { "submitted" } th { "last error" } } }
+            tbody {
+                @for index in 0..n_chunks {
+                    tr {
+                        td.num { (index) }
+                        td { (text(chunk(index, "state"))) }
+                        td { (text(chunk(index, "items"))) }
+                        td.mono { (text(chunk(index, "request_id"))) }
+                        td { (text(chunk(index, "remote_status"))) }
+                        td.num { (text(chunk(index, "n_polls"))) }
+                        td.num { (text(chunk(index, "attempts"))) }
+                        td { (time(&number(chunk(index, "submitted_at")).into())) }
+                        td.error { (text(chunk(index, "last_error"))) }
+                    }
+                }
+            }
+        }
+        h2 { "Timeline" }
+        ol #timeline.timeline {
+            @for (at, what) in &timeline { li { span.time { (format_utc(*at)) } " " (what) } }
+        }
+        h2 { "Result" }
+        @if result.is_null() {
+            p.note #no-result { "Not published yet." }
+        } @else if result["trimmed"] == true {
+            p.note { "The result entry " (text(&result["entry_id"])) " is no longer in its stream (trimmed)." }
+        } @else {
+            table.summary #result {
+                tr { th { "status" } td #result-status { (text(&result["status"])) } }
+                tr { th { "entry" } td.mono { (text(&result["entry_id"])) } }
+                tr { th { "items failed" } td { (text(&result["items_failed"])) " of " (text(&result["items_total"])) } }
+                tr { th { "usage" } td.mono { (text(&result["result"]["usage"])) } }
+                @if !result["error"].is_null() {
+                    tr { th { "error" } td.error { (text(&result["error"]["code"])) ": " (text(&result["error"]["message"])) } }
+                }
+            }
+            @let first = paging["first_index"].as_u64().unwrap_or(0);
+            @let page = paging["page"].as_u64().unwrap_or(0);
+            @let pages = paging["pages"].as_u64().unwrap_or(0);
+            @if pages > 0 {
+                h3 { "Responses " (first) "–" ((first + result["result"]["responses"].as_array().map_or(0, Vec::len) as u64).saturating_sub(1)) " of " (text(&paging["total"])) }
+                table #responses.responses {
+                    thead { tr { th { "#" } th { "ok" } th { "response or error" } } }
+                    tbody {
+                        @for (offset, response) in result["result"]["responses"].as_array().into_iter().flatten().enumerate() {
+                            tr {
+                                td.num { (first + offset as u64) }
+                                td { @if response["success"] == true { "yes" } @else { span.error { "no" } } }
+                                td.mono { @if response["success"] == true { (text(&response["result"])) } @else { (text(&response["error"])) } }
+                            }
+                        }
+                    }
+                }
+                p.pager {
+                    @if page > 0 { a href=(link(frame, &format!("/jobs/{}?page={}", encode(id), page - 1))) { "← previous" } " " }
+                    "page " (page + 1) " of " (pages) " (" (RESPONSES_PAGE) " a page)"
+                    @if page + 1 < pages { " " a #next-responses href=(link(frame, &format!("/jobs/{}?page={}", encode(id), page + 1))) { "next →" } }
+                }
+            }
+        }
+    };
+    layout(frame, &format!("job {}", shown(id, 60)), body)
+}
+
+/// The dead-letter stream, newest first.
+pub fn dead_list(frame: &Frame<'_>, value: &Value) -> Markup {
+    let entries = value["entries"].as_array().cloned().unwrap_or_default();
+    let body = html! {
+        h1 { "Dead letters" }
+        p.note #dead-note { (entries.len()) " of " (text(&value["total"])) " entries shown, newest first." }
+        table #dead.dead {
+            thead { tr { th { "entry" } th { "dead at" } th { "source" } th { "error" } th { "fields" } @if frame.token.is_some() { th { "actions" } } } }
+            tbody {
+                @for entry in &entries {
+                    @let id = entry["entry_id"].as_str().unwrap_or("");
+                    tr id=(format!("dead-{id}")) {
+                        td.mono { a href=(link(frame, &format!("/dead/{}", encode(id)))) { (shown(id, 41)) } }
+                        td { (time(&entry["dead_at"])) }
+                        td.mono { (text(&entry["source_id"])) }
+                        td.error { (text(&entry["error"])) }
+                        td { @for (name, size) in entry["field_bytes"].as_object().into_iter().flatten().take(8) { span.field { (shown(name, 40)) " (" (text(size)) " B)" } " " } }
+                        @if frame.token.is_some() {
+                            td.actions {
+                                (action(frame, &format!("/dead/{}/retry", encode(id)), "Retry", &format!("retry-{id}"), ""))
+                                (action(frame, &format!("/dead/{}/purge", encode(id)), "Purge", &format!("purge-{id}"), "Delete this dead-letter entry for good?"))
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    layout(frame, "Dead letters", body)
+}
+
+/// One dead-letter entry with its original fields.
+pub fn dead_entry(frame: &Frame<'_>, value: &Value) -> Markup {
+    let id = value["entry_id"].as_str().unwrap_or("");
+    let body = html! {
+        h1 { "Dead letter " span.mono { (shown(id, 41)) } }
+        (action(frame, &format!("/dead/{}/retry", encode(id)), "Retry", "retry", ""))
+        (action(frame, &format!("/dead/{}/purge", encode(id)), "Purge", "purge", "Delete this dead-letter entry for good?"))
+        table.summary {
+            tr { th { "source entry" } td.mono { (text(&value["source_id"])) } }
+            tr { th { "dead at" } td { (time(&value["dead_at"])) } }
+            tr { th { "error" } td #dead-error.error { (text(&value["error"])) } }
+        }
+        h2 { "Original fields" }
+        @for (name, field) in value["fields"].as_object().into_iter().flatten() {
+            h3.mono { (shown(name, 120)) }
+            pre.field { (shown(field.as_str().unwrap_or(""), 20_000)) }
+        }
+    };
+    layout(frame, "Dead letter", body)
+}

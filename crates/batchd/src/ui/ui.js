@@ -1,0 +1,37 @@
+// The dashboard's one script (batchd ui), served from /assets/ui.js. Pages work without it; it only
+// (1) refreshes the page's <main> every data-refresh-secs seconds without reloading the page, unless the
+// "refresh" box is unticked, the tab is hidden or a form field has the focus, and (2) asks before an action
+// whose form carries data-confirm.
+(function () {
+  "use strict";
+  var secs = Number(document.body.getAttribute("data-refresh-secs") || "0");
+  var box = document.getElementById("auto-refresh");
+
+  function busy() {
+    var active = document.activeElement;
+    return active && active.closest && active.closest("main form") !== null && active.tagName !== "BUTTON";
+  }
+
+  function refresh() {
+    if ((box && !box.checked) || document.hidden || busy()) return;
+    fetch(window.location.href, { headers: { "Accept": "text/html" }, credentials: "same-origin" })
+      .then(function (response) { return response.ok ? response.text() : null; })
+      .then(function (text) {
+        if (text === null) return;
+        var fresh = new DOMParser().parseFromString(text, "text/html").getElementById("content");
+        var current = document.getElementById("content");
+        if (fresh && current && !busy()) {
+          current.replaceWith(fresh);
+          document.body.setAttribute("data-refreshed", String(Date.now()));
+        }
+      })
+      .catch(function () { /* Redis or the dashboard away: the next round tries again. */ });
+  }
+
+  document.addEventListener("submit", function (event) {
+    var question = event.target.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) event.preventDefault();
+  });
+
+  if (secs > 0) window.setInterval(refresh, secs * 1000);
+})();
