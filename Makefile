@@ -9,7 +9,7 @@ SHELL := /bin/bash
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-deps: ## Install (as root, with apt-get) or name what the tests need from the system: redis-server, faketime, promtool
+deps: ## Install (as root, with apt-get) or name what the tests need from the system: redis-server, faketime, promtool, chromium, chromedriver
 	@scripts/deps.sh
 
 build: ## Build the batchd and batchd-emulator binaries
@@ -50,6 +50,11 @@ bench: deps ## Benchmarks side by side with BullMQ and apalis-redis (release bui
 chaos: deps ## Chaos suite: kill -9, Redis restarts and outages, rolling SIGTERM, 100,000-job backlog, clocks ±300 s apart, hostile entries (~12 min; CHAOS="1-kill9 ..." picks scenarios); target/chaos/report.json
 	$(CARGO) build --workspace --bins
 	$(CARGO) run --quiet -p batchd-tests --bin chaos -- $(CHAOS)
+
+.PHONY: ui-screenshots
+ui-screenshots: deps ## Refresh the dashboard screenshots of docs/ui.md (a private Redis, the emulator, a daemon, batchd ui, headless Chromium)
+	$(CARGO) build --workspace --bins
+	$(CARGO) run --quiet -p batchd-tests --bin ui-screenshots -- docs/ui
 
 lint: ## rustfmt check and clippy with warnings denied
 	$(CARGO) fmt --all --check

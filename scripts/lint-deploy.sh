@@ -69,7 +69,7 @@ if ! "$venv/bin/python" -c "import kubernetes_validate, yaml; assert kubernetes_
         "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" "pyyaml==$PYYAML_VERSION"
 fi
 rendered=()
-for dir in deploy/kubernetes/base deploy/kubernetes/overlays/*/; do
+for dir in deploy/kubernetes/base deploy/kubernetes/ui deploy/kubernetes/overlays/*/; do
     dir=${dir%/}
     out="$WORK/$(echo "$dir" | tr '/' '_').yaml"
     "$venv/bin/python" deploy/lint/kustomize.py "$dir" > "$out.py"
