@@ -5,6 +5,7 @@
 //! the keys in Redis) is defined here once and pinned by golden tests, so the daemon, the CLI and the tests
 //! cannot disagree about it.
 
+pub mod backoff;
 pub mod ids;
 pub mod job;
 pub mod keys;
@@ -12,6 +13,7 @@ pub mod ledger;
 pub mod result;
 pub mod stats;
 
+pub use backoff::Backoff;
 pub use ids::{ChunkRef, JobId, ModelName, RequestId};
 pub use job::{DecodeError, Job, JobLimits};
 pub use keys::Keys;

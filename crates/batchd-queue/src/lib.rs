@@ -1,6 +1,7 @@
 //! batchd's durable storage on Redis, and the apalis backends that feed the daemon's workers from it.
 //!
 //! - [`Store`]: the job ledger, the schedule and result publishing, each transition one Lua script.
+//! - [`inspect`]: read-only looks for operators and producers (depths, ledgers, consumers, entries, counters).
 //! - [`fetch`]: the apalis `Backend` both workers read from, fed by a fetcher task that reads Redis in bounded
 //!   batches, never gives up on a Redis error, and hands unstarted work back at shutdown.
 //! - [`ingress`] and [`schedule`]: the two fetchers (the ingress stream's consumer group, and the schedule's due
@@ -15,12 +16,13 @@ pub mod connection;
 pub mod fetch;
 pub mod heartbeat;
 pub mod ingress;
+pub mod inspect;
 pub mod schedule;
 pub mod store;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use batchd_core::UnixMillis;
+use batchd_core::{Backoff, UnixMillis};
 
 pub use clock::RedisClock;
 pub use connection::{Conn, Endpoint, RedisSettings, Topology};
@@ -68,43 +70,21 @@ pub fn connect(client: redis::Client, response_timeout: Duration) -> Result<Conn
     Ok(Conn::Managed(redis::aio::ConnectionManager::new_lazy_with_config(client, config)?))
 }
 
-/// Exponential backoff for retrying Redis operations inside the fetchers: 100 ms doubling to 5 s.
+/// The backoff for retrying Redis operations inside the fetchers: 100 ms doubling to 5 s.
 #[derive(Debug, Clone)]
-pub(crate) struct RetryDelay {
-    /// The delay to wait after the next failure.
-    next: Duration,
-}
+pub(crate) struct RetryDelay(Backoff);
 
 impl RetryDelay {
-    const FIRST: Duration = Duration::from_millis(100);
-    const MAX: Duration = Duration::from_secs(5);
-
     pub(crate) fn new() -> Self {
-        Self { next: Self::FIRST }
+        Self(Backoff::new(Duration::from_millis(100), Duration::from_secs(5)))
     }
 
-    /// The delay to wait now, doubling the next one.
+    /// The delay to wait now; the next one is twice as long.
     pub(crate) fn failed(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = (self.next * 2).min(Self::MAX);
-        delay
+        self.0.failed()
     }
 
     pub(crate) fn succeeded(&mut self) {
-        self.next = Self::FIRST;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn retry_delay_doubles_to_a_cap_and_resets() {
-        let mut delay = RetryDelay::new();
-        let seen: Vec<u64> = (0..8).map(|_| delay.failed().as_millis() as u64).collect();
-        assert_eq!(seen, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
-        delay.succeeded();
-        assert_eq!(delay.failed(), Duration::from_millis(100));
+        self.0.succeeded();
     }
 }

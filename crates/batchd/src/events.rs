@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use batchd_cloudflare::{EventKind, QueueClient, QueueMessage};
+use batchd_core::Backoff;
 use batchd_queue::Store;
 use tokio_util::sync::CancellationToken;
 
@@ -24,13 +25,13 @@ const FIRST_IDLE: Duration = Duration::from_millis(100);
 pub async fn run_puller(client: QueueClient, stores: Vec<Store>, settings: EventSettings, stop: CancellationToken) {
     let max_idle = Duration::from_millis(settings.max_idle_ms);
     let visibility = Duration::from_millis(settings.visibility_timeout_ms);
-    let mut idle = FIRST_IDLE;
+    let mut idle = Backoff::new(FIRST_IDLE, max_idle);
     tracing::info!(queue_id = %settings.queue_id, "batch event puller started");
     while !stop.is_cancelled() {
         let wait = match client.pull(settings.batch_size, visibility).await {
-            Ok(pulled) if pulled.messages.is_empty() => next_idle(&mut idle, max_idle),
+            Ok(pulled) if pulled.messages.is_empty() => idle.failed(),
             Ok(pulled) => {
-                idle = FIRST_IDLE;
+                idle.succeeded();
                 let acks = wake_all(&stores, pulled.messages).await;
                 if !acks.is_empty()
                     && let Err(error) = client.ack(&acks).await
@@ -46,7 +47,7 @@ pub async fn run_puller(client: QueueClient, stores: Vec<Store>, settings: Event
                 wait
             }
             Err(error) => {
-                let wait = next_idle(&mut idle, max_idle);
+                let wait = idle.failed();
                 tracing::warn!(error = %error, retry_in = ?wait, "pulling batch events failed; retrying (polls go on meanwhile)");
                 wait
             }
@@ -59,13 +60,6 @@ pub async fn run_puller(client: QueueClient, stores: Vec<Store>, settings: Event
         }
     }
     tracing::info!("batch event puller stopped");
-}
-
-/// The wait after an empty pull or a failure: the current one, then doubled up to `max`.
-fn next_idle(idle: &mut Duration, max: Duration) -> Duration {
-    let wait = (*idle).min(max);
-    *idle = (*idle * 2).min(max);
-    wait
 }
 
 /// Wakes the chunk of every event; returns the lease ids to acknowledge (all but those whose wake-up could not be
@@ -120,17 +114,4 @@ async fn wake(stores: &[Store], request_id: &str) -> Result<&'static str, batchd
         }
     }
     Ok("unknown")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn idle_waits_double_up_to_the_cap() {
-        let mut idle = FIRST_IDLE;
-        let max = Duration::from_millis(500);
-        let waits: Vec<u64> = (0..5).map(|_| next_idle(&mut idle, max).as_millis() as u64).collect();
-        assert_eq!(waits, [100, 200, 400, 500, 500]);
-    }
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use batchd_cloudflare::submit_body_bytes;
-use batchd_core::{FailedBatch, ItemResponse, JobError, JobOutput};
+use batchd_core::{FailedBatch, ItemResponse, JobError, JobOutput, backoff};
 use batchd_queue::Placement;
 use serde_json::value::RawValue;
 
@@ -29,18 +29,22 @@ pub fn poll_delay(n_polls: u64, settings: &PollSettings, events: bool, unit_rand
     Duration::from_millis((settings.max_interval_ms_with_events as f64 * spread).max(1.0) as u64)
 }
 
-/// Backoff before retry number `attempt` (1-based) of a failed step: exponential with full jitter
-/// (uniform in `[0, min(max, initial × 2^(attempt-1))]`), and never shorter than the API's `Retry-After`, which is
-/// itself clamped to `max_backoff_ms` (a server asking for hours must not park a step for hours).
+/// Backoff before retry number `attempt` (1-based) of a failed step: exponential with full jitter (uniform in
+/// `[0, min(max, initial × 2^(attempt-1))]`, the ceiling from [`backoff::doubling`]), and never shorter than the
+/// API's `Retry-After`, which is itself clamped to `max_backoff_ms` (a server asking for hours must not park a step
+/// for hours).
 pub fn retry_delay(
     attempt: u64,
     settings: &RetrySettings,
     retry_after: Option<Duration>,
     unit_random: f64,
 ) -> Duration {
-    let exponent = attempt.saturating_sub(1).min(32) as u32;
-    let ceiling = (settings.initial_backoff_ms as f64 * 2f64.powi(exponent as i32)).min(settings.max_backoff_ms as f64);
-    let jittered = Duration::from_millis((ceiling * unit_random) as u64);
+    let ceiling = backoff::doubling(
+        attempt,
+        Duration::from_millis(settings.initial_backoff_ms),
+        Duration::from_millis(settings.max_backoff_ms),
+    );
+    let jittered = Duration::from_millis((ceiling.as_millis() as f64 * unit_random) as u64);
     match retry_after {
         Some(after) => jittered.max(after.min(Duration::from_millis(settings.max_backoff_ms))),
         None => jittered,
