@@ -67,7 +67,12 @@ impl Keys {
     /// HASH: the ledger of one job (state, job body, per-chunk request ids, attempts, timestamps, errors).
     /// Expires `retention.ledger_ttl_secs` after the job finished.
     pub fn job(&self, id: &JobId) -> String {
-        format!("{}:job:{}", self.prefix, id)
+        format!("{}{}", self.job_prefix(), id)
+    }
+
+    /// What every ledger key starts with, `{<namespace>}:job:` (for `SCAN MATCH` over the ledgers).
+    pub fn job_prefix(&self) -> String {
+        format!("{}:job:", self.prefix)
     }
 
     /// STREAM of result entries, one per finished job (the default `reply_to`). Trimmed with `MAXLEN ~`.

@@ -30,7 +30,6 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use batchd_core::Keys;
-use batchd_core::keys::CONSUMER_GROUP;
 use batchd_queue::Conn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -406,59 +405,18 @@ pub struct QueueSample {
 }
 
 impl QueueSample {
-    /// Reads one sample; every command is bounded, whatever the backlog.
-    pub async fn read(conn: &mut Conn, keys: &Keys, now_ms: u64) -> redis::RedisResult<Self> {
-        let submit = keys.submit();
-        let schedule = keys.schedule();
-        #[allow(clippy::type_complexity)]
-        let (submit_entries, scheduled, due, dead, first_entry, first_step): (
-            u64,
-            u64,
-            u64,
-            u64,
-            Vec<(String, redis::Value)>,
-            Vec<(String, f64)>,
-        ) = redis::pipe()
-            .cmd("XLEN")
-            .arg(&submit)
-            .cmd("ZCARD")
-            .arg(&schedule)
-            .cmd("ZCOUNT")
-            .arg(&schedule)
-            .arg("-inf")
-            .arg(now_ms)
-            .cmd("XLEN")
-            .arg(keys.dead())
-            .cmd("XRANGE")
-            .arg(&submit)
-            .arg("-")
-            .arg("+")
-            .arg("COUNT")
-            .arg(1)
-            .cmd("ZRANGE")
-            .arg(&schedule)
-            .arg(0)
-            .arg(0)
-            .arg("WITHSCORES")
-            .query_async(conn)
-            .await?;
-        // Summary form: [count, smallest id, greatest id, consumers]. No group yet means nothing in flight.
-        let submit_in_flight = match redis::cmd("XPENDING").arg(&submit).arg(CONSUMER_GROUP).query_async(conn).await {
-            Ok(redis::Value::Array(items)) => {
-                items.first().and_then(|count| redis::from_redis_value::<u64>(count.clone()).ok()).unwrap_or(0)
-            }
-            Ok(_) => 0,
-            Err(error) if error.code() == Some("NOGROUP") => 0,
-            Err(error) => return Err(error),
-        };
+    /// Reads one sample through the storage's [`batchd_queue::inspect::depths`]; every command is bounded,
+    /// whatever the backlog.
+    pub async fn read(conn: &mut Conn, keys: &Keys, now_ms: u64) -> Result<Self, batchd_queue::StoreError> {
+        let depths = batchd_queue::inspect::depths(conn, keys, now_ms).await?;
         Ok(Self {
-            submit_entries,
-            submit_in_flight,
-            scheduled,
-            due,
-            dead,
-            oldest_entry_id: first_entry.into_iter().next().map(|(id, _)| id),
-            earliest_due_ms: first_step.first().map(|(_, score)| score.max(0.0) as u64),
+            submit_entries: depths.submit_entries,
+            submit_in_flight: depths.submit_in_flight,
+            scheduled: depths.scheduled,
+            due: depths.due,
+            dead: depths.dead,
+            oldest_entry_id: depths.oldest_entry_id,
+            earliest_due_ms: depths.earliest_due_ms,
         })
     }
 
@@ -488,11 +446,6 @@ pub fn lag(due_ms: u64, now_ms: u64) -> Duration {
     Duration::from_millis(now_ms.saturating_sub(due_ms))
 }
 
-/// The pause flag of a namespace (`batchd pause`), as it is: `None` while intake runs.
-pub async fn read_pause_flag(conn: &mut Conn, keys: &Keys) -> redis::RedisResult<Option<String>> {
-    redis::cmd("GET").arg(keys.paused()).query_async(conn).await
-}
-
 /// The `/readyz` detail of a paused namespace: `intake paused in namespace batchd (paused by ops@host at ...)`,
 /// escaped and capped (the flag's value is whatever was written to Redis).
 pub fn pause_detail(namespace: &str, flag: &str) -> String {
@@ -519,7 +472,7 @@ pub async fn run_sampler(
         for keys in &namespaces {
             let sample = async {
                 let sample = QueueSample::read(&mut conn, keys, now_ms).await?;
-                Ok::<_, redis::RedisError>((sample, read_pause_flag(&mut conn, keys).await?))
+                Ok::<_, batchd_queue::StoreError>((sample, batchd_queue::inspect::pause_flag(&mut conn, keys).await?))
             };
             match tokio::time::timeout(timeout, sample).await {
                 Ok(Ok((sample, flag))) => {

@@ -30,7 +30,6 @@ use anyhow::{Context as _, anyhow};
 use batchd_core::ledger::field;
 use batchd_core::{JobId, Keys};
 use batchd_queue::Conn;
-use redis::AsyncCommands;
 
 use crate::settings::Settings;
 
@@ -189,15 +188,12 @@ pub(crate) async fn read_ledger(
     keys: &Keys,
     job_id: &JobId,
 ) -> anyhow::Result<HashMap<String, String>> {
-    let mut ledger: HashMap<String, String> = conn.hgetall(keys.job(job_id)).await.context("read ledger")?;
-    if ledger.is_empty() {
-        return Err(Exit::not_found(format!(
+    batchd_queue::inspect::ledger(conn, keys, job_id).await.context("read ledger")?.ok_or_else(|| {
+        Exit::not_found(format!(
             "no job {job_id} in namespace {} (never enqueued, not taken in yet, or its ledger expired)",
             keys.namespace()
-        )));
-    }
-    ledger.retain(|name, _| !name.ends_with(":output") && !name.ends_with(":requests"));
-    Ok(ledger)
+        ))
+    })
 }
 
 /// A ledger as `status --json` prints it: `job_id` and every field, JSON-valued fields (errors) decoded.

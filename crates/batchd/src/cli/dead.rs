@@ -138,21 +138,16 @@ pub async fn dead(settings: &Settings, command: &DeadCommand) -> anyhow::Result<
 
 async fn read_range(
     conn: &mut Conn,
-    command: &str,
     key: &str,
     from: &str,
     to: &str,
     count: usize,
+    newest_first: bool,
 ) -> anyhow::Result<Vec<DeadEntry>> {
-    let entries: Vec<(String, HashMap<String, Vec<u8>>)> = redis::cmd(command)
-        .arg(key)
-        .arg(from)
-        .arg(to)
-        .arg("COUNT")
-        .arg(count)
-        .query_async(conn)
-        .await
-        .with_context(|| format!("read {key}"))?;
+    let entries: batchd_queue::inspect::Entries<Vec<u8>> =
+        batchd_queue::inspect::entries(conn, key, from, to, count, newest_first)
+            .await
+            .with_context(|| format!("read {key}"))?;
     Ok(entries.into_iter().map(|(id, fields)| DeadEntry { id, fields }).collect())
 }
 
@@ -160,7 +155,7 @@ async fn read_one(conn: &mut Conn, keys: &Keys, entry_id: &str) -> anyhow::Resul
     if !is_entry_id(entry_id) {
         bail!("{entry_id:?} is not a stream entry id (<ms>-<seq>, as `batchd dead list` shows)");
     }
-    read_range(conn, "XRANGE", &keys.dead(), entry_id, entry_id, 1).await?.into_iter().next().ok_or_else(|| {
+    read_range(conn, &keys.dead(), entry_id, entry_id, 1, false).await?.into_iter().next().ok_or_else(|| {
         Exit::not_found(format!("no dead-letter entry {entry_id} in {} (see `batchd dead list`)", keys.dead()))
     })
 }
@@ -176,7 +171,7 @@ fn is_entry_id(id: &str) -> bool {
 /// The newest `limit` dead-letter entries as `dead list --json` prints them (and the dashboard lists them): ids,
 /// source, error, time and the original fields' sizes, never their values.
 pub(crate) async fn list_json(conn: &mut Conn, keys: &Keys, limit: usize) -> anyhow::Result<Vec<serde_json::Value>> {
-    let entries = read_range(conn, "XREVRANGE", &keys.dead(), "+", "-", limit.max(1)).await?;
+    let entries = read_range(conn, &keys.dead(), "-", "+", limit.max(1), true).await?;
     Ok(entries.iter().take(limit).map(DeadEntry::summary_json).collect())
 }
 
@@ -184,9 +179,9 @@ async fn list(conn: &mut Conn, keys: &Keys, limit: usize, json: bool) -> anyhow:
     if json {
         return print_json(&serde_json::Value::Array(list_json(conn, keys, limit).await?));
     }
-    let entries = read_range(conn, "XREVRANGE", &keys.dead(), "+", "-", limit.max(1)).await?;
+    let entries = read_range(conn, &keys.dead(), "-", "+", limit.max(1), true).await?;
     let entries = &entries[..entries.len().min(limit)];
-    let total: u64 = redis::cmd("XLEN").arg(keys.dead()).query_async(conn).await.context("count dead letters")?;
+    let total = batchd_queue::inspect::stream_len(conn, &keys.dead()).await.context("count dead letters")?;
     let width = entries.iter().map(|e| e.id.len()).max().unwrap_or(0).max(8);
     let source_width = entries.iter().map(|e| e.shown("source_id").chars().count()).max().unwrap_or(0).max(9);
     println!("{:<width$}  {:<24}  {:<source_width$}  ERROR", "ENTRY ID", "DEAD AT", "SOURCE ID");
@@ -272,17 +267,13 @@ pub(crate) async fn requeue(
         let reason = escape_for_terminal(&e.to_string()).into_owned();
         anyhow!("dead-letter entry {entry_id} is still not a valid job: {reason}; kept")
     })?;
-    let (submit_entry_id, _deleted): (String, u64) = redis::pipe()
-        .atomic()
-        .xadd(keys.submit(), "*", &[(JOB_FIELD, job.as_slice())])
-        .xdel(keys.dead(), &[entry_id])
-        .query_async(conn)
-        .await
-        .context("re-enqueue")?;
+    let submit_entry_id =
+        batchd_queue::inspect::requeue_dead_letter(conn, keys, entry_id, job).await.context("re-enqueue")?;
     let has_id = std::str::from_utf8(job).is_ok_and(super::submit::has_id);
     let job_id = if has_id { validated.id.to_string() } else { submit_entry_id.clone() };
     let existing_state = if has_id {
-        redis::cmd("HGET").arg(keys.job(&validated.id)).arg("state").query_async(conn).await.context("read ledger")?
+        let ledger = batchd_queue::inspect::ledger(conn, keys, &validated.id).await.context("read ledger")?;
+        ledger.and_then(|mut ledger| ledger.remove(batchd_core::ledger::field::STATE))
     } else {
         None
     };
@@ -313,7 +304,7 @@ pub(crate) async fn delete(conn: &mut Conn, keys: &Keys, entry_ids: &[String]) -
     for entry_id in entry_ids {
         read_one(conn, keys, entry_id).await?;
     }
-    redis::cmd("XDEL").arg(keys.dead()).arg(entry_ids).query_async(conn).await.context("purge")
+    batchd_queue::inspect::delete_dead_letters(conn, keys, entry_ids).await.context("purge")
 }
 
 /// How `purge` confirms and reports.
@@ -327,14 +318,12 @@ struct Confirm {
 
 async fn purge(conn: &mut Conn, keys: &Keys, entry_ids: &[String], all: bool, confirm: Confirm) -> anyhow::Result<()> {
     let n = if all {
-        let total: u64 = redis::cmd("XLEN").arg(keys.dead()).query_async(conn).await.context("count dead letters")?;
+        let total = batchd_queue::inspect::stream_len(conn, &keys.dead()).await.context("count dead letters")?;
         if total > 0 {
             confirmed(confirm, &format!("delete all {total} dead-letter entries of namespace {}?", keys.namespace()))
                 .await?;
         }
-        let (n, _): (u64, u64) =
-            redis::pipe().atomic().xlen(keys.dead()).del(keys.dead()).query_async(conn).await.context("purge")?;
-        n
+        batchd_queue::inspect::purge_dead_letters(conn, keys).await.context("purge")?
     } else {
         // All or nothing: check every id before asking.
         for entry_id in entry_ids {

@@ -7,12 +7,9 @@
 //! is paused (`batchd pause`). Names read from Redis
 //! (job ids, states, models, statuses, consumer groups) are printed escaped (`escape_for_terminal`).
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use batchd_core::keys::CONSUMER_GROUP;
-use batchd_core::ledger::field;
 use batchd_core::{JobState, Keys};
 use batchd_queue::Conn;
 use serde::Serialize;
@@ -51,25 +48,7 @@ fn parse_state(text: &str) -> Result<JobState, String> {
 }
 
 /// One ledger, as `batchd jobs` (and the dashboard) lists it.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct JobRow {
-    /// The job id.
-    pub job_id: String,
-    /// The job's state (as stored).
-    pub state: String,
-    /// The model.
-    pub model: String,
-    /// Request items.
-    pub n_items: Option<u64>,
-    /// Chunks (remote batches).
-    pub n_chunks: Option<u64>,
-    /// Acceptance time, Unix ms.
-    pub accepted_at: Option<u64>,
-    /// Last change, Unix ms.
-    pub updated_at: Option<u64>,
-    /// Finish time, Unix ms.
-    pub finished_at: Option<u64>,
-}
+pub(crate) type JobRow = batchd_queue::inspect::LedgerRow;
 
 /// Which ledgers a jobs page keeps (every filter is optional).
 #[derive(Debug, Clone, Default)]
@@ -116,63 +95,25 @@ pub(crate) async fn jobs_page(
     limit: usize,
     max_scanned: usize,
 ) -> anyhow::Result<JobsPage> {
-    let prefix = format!("{}:job:", keys.prefix());
-    let pattern = match &filter.id_prefix {
-        Some(id) => format!("{prefix}{}*", super::parse_job_id(id)?),
-        None => format!("{prefix}*"),
-    };
-    let columns = [
-        field::STATE,
-        field::MODEL,
-        field::N_ITEMS,
-        field::N_CHUNKS,
-        field::ACCEPTED_AT,
-        field::UPDATED_AT,
-        field::FINISHED_AT,
-    ];
+    let id_prefix = filter.id_prefix.as_deref().map(super::parse_job_id).transpose()?;
     let mut page = JobsPage::default();
     let mut cursor = cursor;
     loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(SCAN_COUNT)
-            .query_async(conn)
+        let step = batchd_queue::inspect::scan_ledgers(conn, keys, id_prefix.as_ref(), cursor, SCAN_COUNT)
             .await
-            .context("scan ledgers")?;
-        if !batch.is_empty() {
-            let mut pipe = redis::pipe();
-            for key in &batch {
-                pipe.cmd("HMGET").arg(key).arg(&columns[..]);
+            .context("read ledgers")?;
+        page.scanned += step.scanned;
+        for row in step.rows {
+            if !filter.keeps(&row) {
+                continue;
             }
-            let values: Vec<Vec<Option<String>>> = pipe.query_async(conn).await.context("read ledgers")?;
-            for (key, values) in batch.iter().zip(values) {
-                page.scanned += 1;
-                let Some(state) = values[0].clone() else { continue };
-                let number = |index: usize| values[index].as_deref().and_then(|v| v.parse::<u64>().ok());
-                let row = JobRow {
-                    job_id: key.strip_prefix(&prefix).unwrap_or(key).to_owned(),
-                    state,
-                    model: values[1].clone().unwrap_or_default(),
-                    n_items: number(2),
-                    n_chunks: number(3),
-                    accepted_at: number(4),
-                    updated_at: number(5),
-                    finished_at: number(6),
-                };
-                if !filter.keeps(&row) {
-                    continue;
-                }
-                page.matching += 1;
-                page.jobs.push(row);
-                if page.jobs.len() > limit.saturating_mul(2).max(SCAN_COUNT) {
-                    newest_first(&mut page.jobs, limit);
-                }
+            page.matching += 1;
+            page.jobs.push(row);
+            if page.jobs.len() > limit.saturating_mul(2).max(SCAN_COUNT) {
+                newest_first(&mut page.jobs, limit);
             }
         }
-        cursor = next;
+        cursor = step.next_cursor.unwrap_or(0);
         if cursor == 0 || page.matching >= limit || page.scanned >= max_scanned {
             break;
         }
@@ -254,10 +195,6 @@ pub struct StatsArgs {
     pub json: bool,
 }
 
-/// The depths pipeline's reply: XLEN submit, ZCARD and ZCOUNT schedule, XLEN dead and results, the first submit
-/// entry, and the first schedule member with its score.
-type DepthsReply = (u64, u64, u64, u64, u64, Vec<(String, HashMap<String, redis::Value>)>, Vec<(String, f64)>);
-
 /// What `batchd stats --json` prints (and the dashboard's overview holds per namespace): queue depths, work in
 /// flight, the oldest waiting entry, throughput from the newest `scan_limit` result entries, the result streams'
 /// reader groups and the pause flag. Bounded commands only, but for the throughput's bounded page reads.
@@ -267,37 +204,10 @@ pub(crate) async fn stats_report(
     now: u64,
     scan_limit: usize,
 ) -> anyhow::Result<serde_json::Value> {
-    let (submit_entries, scheduled, due, dead, results, first_entry, first_step): DepthsReply = redis::pipe()
-        .cmd("XLEN")
-        .arg(keys.submit())
-        .cmd("ZCARD")
-        .arg(keys.schedule())
-        .cmd("ZCOUNT")
-        .arg(keys.schedule())
-        .arg("-inf")
-        .arg(now)
-        .cmd("XLEN")
-        .arg(keys.dead())
-        .cmd("XLEN")
-        .arg(keys.results())
-        .cmd("XRANGE")
-        .arg(keys.submit())
-        .arg("-")
-        .arg("+")
-        .arg("COUNT")
-        .arg(1)
-        .cmd("ZRANGE")
-        .arg(keys.schedule())
-        .arg(0)
-        .arg(0)
-        .arg("WITHSCORES")
-        .query_async(conn)
-        .await
-        .context("read queue depths")?;
-    let in_flight = pending_count(conn, &keys.submit(), CONSUMER_GROUP).await?;
+    let depths = batchd_queue::inspect::depths(conn, keys, now).await.context("read queue depths")?;
     let oldest_waiting_ms =
-        first_entry.first().and_then(|(id, _)| batchd_producer::entry_millis(id)).map(|ms| now.saturating_sub(ms));
-    let schedule_lag_ms = first_step.first().map(|(_, due)| now.saturating_sub(due.max(0.0) as u64));
+        depths.oldest_entry_id.as_deref().and_then(batchd_producer::entry_millis).map(|ms| now.saturating_sub(ms));
+    let schedule_lag_ms = depths.earliest_due_ms.map(|due| now.saturating_sub(due));
     let throughput = throughput(conn, &keys.results(), now, scan_limit).await?;
     let readers = result_groups(conn, &keys.results()).await?;
     let paused = super::pause::read(conn, keys).await?;
@@ -306,14 +216,14 @@ pub(crate) async fn stats_report(
         "at": now,
         "paused": paused.as_ref().map(super::pause::PauseRecord::to_json),
         "submit": {
-            "entries": submit_entries,
-            "waiting": submit_entries.saturating_sub(in_flight),
-            "in_flight": in_flight,
+            "entries": depths.submit_entries,
+            "waiting": depths.submit_waiting(),
+            "in_flight": depths.submit_in_flight,
             "oldest_waiting_ms": oldest_waiting_ms,
         },
-        "schedule": {"chunks_in_flight": scheduled, "due": due, "lag_ms": schedule_lag_ms},
-        "results": {"entries": results, "throughput": throughput, "groups": readers},
-        "dead": {"entries": dead},
+        "schedule": {"chunks_in_flight": depths.scheduled, "due": depths.due, "lag_ms": schedule_lag_ms},
+        "results": {"entries": depths.results, "throughput": throughput, "groups": readers},
+        "dead": {"entries": depths.dead},
     }))
 }
 
@@ -379,18 +289,6 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Entries read by a group's consumers and not yet acknowledged (0 when the stream or group does not exist).
-async fn pending_count(conn: &mut Conn, stream: &str, group: &str) -> anyhow::Result<u64> {
-    match redis::cmd("XPENDING").arg(stream).arg(group).query_async::<redis::Value>(conn).await {
-        Ok(redis::Value::Array(items)) => {
-            Ok(items.first().and_then(|count| redis::from_redis_value::<u64>(count.clone()).ok()).unwrap_or(0))
-        }
-        Ok(_) => Ok(0),
-        Err(error) if error.code() == Some("NOGROUP") => Ok(0),
-        Err(error) => Err(error).with_context(|| format!("read pending entries of {stream}")),
-    }
-}
-
 /// Result entries published in the last 1, 5 and 15 minutes, counted from their ids (newest first, at most
 /// `scan_limit` entries read), and the last 15 minutes by status.
 async fn throughput(conn: &mut Conn, stream: &str, now: u64, scan_limit: usize) -> anyhow::Result<serde_json::Value> {
@@ -404,15 +302,10 @@ async fn throughput(conn: &mut Conn, stream: &str, now: u64, scan_limit: usize) 
             capped = true;
             break;
         }
-        let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XREVRANGE")
-            .arg(stream)
-            .arg(&end)
-            .arg(oldest)
-            .arg("COUNT")
-            .arg(page)
-            .query_async(conn)
-            .await
-            .with_context(|| format!("read {stream}"))?;
+        let entries: batchd_queue::inspect::Entries<String> =
+            batchd_queue::inspect::entries(conn, stream, &oldest.to_string(), &end, page, true)
+                .await
+                .with_context(|| format!("read {stream}"))?;
         read += entries.len();
         for (id, fields) in &entries {
             let Some(ms) = batchd_producer::entry_millis(id) else { continue };
@@ -435,21 +328,9 @@ async fn throughput(conn: &mut Conn, stream: &str, now: u64, scan_limit: usize) 
 
 /// The consumer groups reading the results stream, with their pending entries and lag (Redis 7).
 async fn result_groups(conn: &mut Conn, stream: &str) -> anyhow::Result<serde_json::Value> {
-    let groups: Vec<HashMap<String, redis::Value>> =
-        match redis::cmd("XINFO").arg("GROUPS").arg(stream).query_async(conn).await {
-            Ok(groups) => groups,
-            Err(error) if error.to_string().contains("no such key") => Vec::new(),
-            Err(error) => return Err(error).with_context(|| format!("read the groups of {stream}")),
-        };
-    let groups: Vec<serde_json::Value> = groups
-        .iter()
-        .map(|group| {
-            let text = |name: &str| group.get(name).and_then(|v| redis::from_redis_value::<String>(v.clone()).ok());
-            let number = |name: &str| group.get(name).and_then(|v| redis::from_redis_value::<u64>(v.clone()).ok());
-            json!({"name": text("name"), "consumers": number("consumers"), "pending": number("pending"), "lag": number("lag")})
-        })
-        .collect();
-    Ok(serde_json::Value::Array(groups))
+    let groups =
+        batchd_queue::inspect::groups(conn, stream).await.with_context(|| format!("read the groups of {stream}"))?;
+    serde_json::to_value(groups).context("encode groups")
 }
 
 #[cfg(test)]

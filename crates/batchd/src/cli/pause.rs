@@ -90,8 +90,7 @@ fn shown(text: &str) -> String {
 
 /// The namespace's pause record, `None` while intake runs.
 pub async fn read(conn: &mut Conn, keys: &Keys) -> anyhow::Result<Option<PauseRecord>> {
-    let value: Option<String> =
-        redis::cmd("GET").arg(keys.paused()).query_async(conn).await.context("read the pause flag")?;
+    let value = batchd_queue::inspect::pause_flag(conn, keys).await.context("read the pause flag")?;
     Ok(value.as_deref().map(PauseRecord::parse))
 }
 
@@ -112,8 +111,7 @@ fn operator() -> String {
 
 /// Redis's clock, Unix ms (the time that orders work between replicas).
 pub(crate) async fn redis_now_ms(conn: &mut Conn) -> anyhow::Result<u64> {
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await.context("read Redis's clock")?;
-    Ok(secs * 1000 + micros / 1000)
+    batchd_queue::inspect::redis_now(conn).await.context("read Redis's clock")
 }
 
 /// `batchd pause`: sets the pause key unless it is set already (the first pause is kept, so its time stays true).
@@ -122,14 +120,8 @@ pub async fn pause(settings: &Settings, args: &PauseArgs) -> anyhow::Result<()> 
     let mut conn = connect(settings).await?;
     let record = PauseRecord { by: operator(), at: Some(redis_now_ms(&mut conn).await?), reason: args.reason.clone() };
     let value = serde_json::to_string(&record).context("encode the pause record")?;
-    let set: Option<String> = redis::cmd("SET")
-        .arg(keys.paused())
-        .arg(&value)
-        .arg("NX")
-        .query_async(&mut conn)
-        .await
-        .context("set the pause flag")?;
-    let changed = set.is_some();
+    let changed =
+        batchd_queue::inspect::set_pause_flag(&mut conn, &keys, &value).await.context("set the pause flag")?;
     let current = if changed { record } else { read(&mut conn, &keys).await?.unwrap_or(record) };
     if args.json {
         return print_json(&json!({
@@ -157,8 +149,7 @@ pub async fn pause(settings: &Settings, args: &PauseArgs) -> anyhow::Result<()> 
 pub async fn resume(settings: &Settings, args: &ResumeArgs) -> anyhow::Result<()> {
     let keys = settings.keys();
     let mut conn = connect(settings).await?;
-    let was: Option<String> =
-        redis::cmd("GETDEL").arg(keys.paused()).query_async(&mut conn).await.context("clear the pause flag")?;
+    let was = batchd_queue::inspect::clear_pause_flag(&mut conn, &keys).await.context("clear the pause flag")?;
     let was = was.as_deref().map(PauseRecord::parse);
     if args.json {
         let was = was.as_ref().map(PauseRecord::to_json).unwrap_or(serde_json::Value::Null);

@@ -9,14 +9,12 @@
 //! `ingress.reclaim_idle_secs`. Consumer names are the replicas' own (`<host>-<pid>-<random>`) and are printed
 //! escaped.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use batchd_core::Keys;
 use batchd_core::keys::CONSUMER_GROUP;
 use batchd_queue::Conn;
-use serde::Serialize;
 use serde_json::json;
 
 use super::{connect, escape_for_terminal, format_age, print_json};
@@ -32,57 +30,29 @@ pub struct WorkersArgs {
 }
 
 /// One consumer of the ingress group.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-struct Consumer {
-    /// Its name (the replica's, per process start).
-    name: String,
-    /// Entries it read and has not taken in yet.
-    pending: u64,
-    /// Milliseconds since its last read (attempt, on Redis 7.2+).
-    idle_ms: u64,
-    /// Milliseconds since its last successful read (Redis 7.2+ only); `None` when it never read one.
-    inactive_ms: Option<i64>,
-}
+type Consumer = batchd_queue::inspect::Consumer;
 
 /// What `batchd workers --json` prints (and the dashboard's overview shows per namespace): the ingress group, its
 /// consumers with their idle times (the least idle first), and the pause flag.
 pub(crate) async fn report(conn: &mut Conn, keys: &Keys) -> anyhow::Result<serde_json::Value> {
     let stream = keys.submit();
     let paused = super::pause::read(conn, keys).await?;
-    let groups: Vec<HashMap<String, redis::Value>> =
-        match redis::cmd("XINFO").arg("GROUPS").arg(&stream).query_async(conn).await {
-            Ok(groups) => groups,
-            Err(error) if error.to_string().contains("no such key") => Vec::new(),
-            Err(error) => return Err(error).with_context(|| format!("read the groups of {stream}")),
-        };
-    let group = groups.iter().find(|group| text(group, "name").as_deref() == Some(CONSUMER_GROUP));
-    let mut consumers: Vec<Consumer> = Vec::new();
-    if group.is_some() {
-        let replies: Vec<HashMap<String, redis::Value>> = redis::cmd("XINFO")
-            .arg("CONSUMERS")
-            .arg(&stream)
-            .arg(CONSUMER_GROUP)
-            .query_async(conn)
+    let groups =
+        batchd_queue::inspect::groups(conn, &stream).await.with_context(|| format!("read the groups of {stream}"))?;
+    let group = groups.into_iter().find(|group| group.name.as_deref() == Some(CONSUMER_GROUP));
+    let consumers = match group {
+        Some(_) => batchd_queue::inspect::ingress_consumers(conn, keys)
             .await
-            .with_context(|| format!("read the consumers of {stream}"))?;
-        consumers = replies
-            .iter()
-            .map(|reply| Consumer {
-                name: text(reply, "name").unwrap_or_default(),
-                pending: number(reply, "pending").unwrap_or(0).max(0) as u64,
-                idle_ms: number(reply, "idle").unwrap_or(0).max(0) as u64,
-                inactive_ms: number(reply, "inactive").filter(|ms| *ms >= 0),
-            })
-            .collect();
-        consumers.sort_by(|a, b| a.idle_ms.cmp(&b.idle_ms).then_with(|| a.name.cmp(&b.name)));
-    }
+            .with_context(|| format!("read the consumers of {stream}"))?,
+        None => Vec::new(),
+    };
     Ok(json!({
         "namespace": keys.namespace(),
         "stream": stream,
         "group": CONSUMER_GROUP,
         "group_exists": group.is_some(),
-        "pending": group.and_then(|group| number(group, "pending")),
-        "lag": group.and_then(|group| number(group, "lag")),
+        "pending": group.as_ref().and_then(|group| group.pending),
+        "lag": group.as_ref().and_then(|group| group.lag),
         "paused": paused.as_ref().map(super::pause::PauseRecord::to_json),
         "consumers": consumers,
     }))
@@ -138,14 +108,6 @@ fn table(consumers: &[Consumer]) -> String {
         ));
     }
     out
-}
-
-fn text(reply: &HashMap<String, redis::Value>, name: &str) -> Option<String> {
-    reply.get(name).and_then(|value| redis::from_redis_value::<String>(value.clone()).ok())
-}
-
-fn number(reply: &HashMap<String, redis::Value>, name: &str) -> Option<i64> {
-    reply.get(name).and_then(|value| redis::from_redis_value::<i64>(value.clone()).ok())
 }
 
 #[cfg(test)]

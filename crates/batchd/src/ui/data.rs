@@ -11,11 +11,12 @@ use std::collections::{BTreeMap, HashMap};
 use anyhow::Context as _;
 use batchd_core::ledger::field;
 use batchd_core::stats::StatField;
-use batchd_core::{ChunkRef, JobId, Keys};
+use batchd_core::{JobId, Keys};
 use batchd_queue::Conn;
+use batchd_queue::inspect;
 use serde_json::{Value, json};
 
-use crate::cli::inspect::{self, JobFilter, JobsPage};
+use crate::cli::inspect::{JobFilter, JobsPage};
 use crate::cli::{self, dead, workers};
 
 /// Most schedule members whose chunk state the overview reads (the soonest due first).
@@ -40,7 +41,7 @@ pub const STATUSES: [&str; 4] = ["completed", "failed", "expired", "cancelled"];
 /// finished jobs per minute over the last hour by status, and tokens by model over the last hour and day.
 pub async fn overview(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<Value> {
     // The overview counts throughput from the counters, so the stats report reads no result entries.
-    let stats = inspect::stats_report(conn, keys, now, 0).await?;
+    let stats = crate::cli::inspect::stats_report(conn, keys, now, 0).await?;
     let workers = workers::report(conn, keys).await?;
     let chunks = chunk_states(conn, keys).await?;
     let (per_minute, tokens_hour) = minutes(conn, keys, now).await?;
@@ -59,29 +60,13 @@ pub async fn overview(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<
 /// The states of the chunks behind the first [`CHUNK_SAMPLE`] schedule members (the soonest due):
 /// `{"sampled":N,"of":M,"by_state":{"polling":..,..}}`; `of` is the schedule's size.
 async fn chunk_states(conn: &mut Conn, keys: &Keys) -> anyhow::Result<Value> {
-    let (members, total): (Vec<String>, u64) = redis::pipe()
-        .cmd("ZRANGE")
-        .arg(keys.schedule())
-        .arg(0)
-        .arg(CHUNK_SAMPLE - 1)
-        .cmd("ZCARD")
-        .arg(keys.schedule())
-        .query_async(conn)
-        .await
-        .context("read the schedule")?;
-    let chunks: Vec<ChunkRef> = members.iter().filter_map(|member| ChunkRef::parse(member).ok()).collect();
+    let (states, total) =
+        inspect::scheduled_chunk_states(conn, keys, CHUNK_SAMPLE).await.context("read chunk states")?;
     let mut by_state: BTreeMap<String, u64> = BTreeMap::new();
-    if !chunks.is_empty() {
-        let mut pipe = redis::pipe();
-        for chunk in &chunks {
-            pipe.cmd("HGET").arg(keys.job(&chunk.job_id)).arg(field::chunk(chunk.index, field::CHUNK_STATE));
-        }
-        let states: Vec<Option<String>> = pipe.query_async(conn).await.context("read chunk states")?;
-        for state in states {
-            *by_state.entry(state.unwrap_or_else(|| "unknown".to_owned())).or_default() += 1;
-        }
+    for state in &states {
+        *by_state.entry(state.clone().unwrap_or_else(|| "unknown".to_owned())).or_default() += 1;
     }
-    Ok(json!({"sampled": chunks.len(), "of": total, "by_state": by_state}))
+    Ok(json!({"sampled": states.len(), "of": total, "by_state": by_state}))
 }
 
 /// Tokens by model and kind, summed over counters.
@@ -105,11 +90,7 @@ fn add_counters(hash: &HashMap<String, u64>, statuses: &mut BTreeMap<String, u64
 async fn minutes(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<(Vec<Value>, Tokens)> {
     let current = now / 60_000;
     let first = current.saturating_sub(59);
-    let mut pipe = redis::pipe();
-    for minute in first..=current {
-        pipe.hgetall(keys.stats_minute(minute));
-    }
-    let hashes: Vec<HashMap<String, u64>> = pipe.query_async(conn).await.context("read the minute counters")?;
+    let hashes = inspect::minute_counters(conn, keys, first..=current).await.context("read the minute counters")?;
     let mut tokens = Tokens::new();
     let mut per_minute = Vec::with_capacity(hashes.len());
     for (minute, hash) in (first..=current).zip(&hashes) {
@@ -127,11 +108,9 @@ async fn minutes(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<(Vec<
 /// Tokens of the last 24 hours (the current hour included).
 async fn hours(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<Tokens> {
     let current = now / 3_600_000;
-    let mut pipe = redis::pipe();
-    for hour in current.saturating_sub(23)..=current {
-        pipe.hgetall(keys.stats_hour(hour));
-    }
-    let hashes: Vec<HashMap<String, u64>> = pipe.query_async(conn).await.context("read the hour counters")?;
+    let hashes = inspect::hour_counters(conn, keys, current.saturating_sub(23)..=current)
+        .await
+        .context("read the hour counters")?;
     let mut tokens = Tokens::new();
     for hash in &hashes {
         add_counters(hash, &mut BTreeMap::new(), &mut tokens);
@@ -141,7 +120,7 @@ async fn hours(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<Tokens>
 
 /// One page of jobs, as `batchd jobs --json` shapes it (with `next_cursor` while the walk goes on).
 pub async fn jobs(conn: &mut Conn, keys: &Keys, filter: &JobFilter, cursor: u64) -> anyhow::Result<JobsPage> {
-    inspect::jobs_page(conn, keys, filter, cursor, JOBS_PAGE_SIZE, JOBS_PAGE_SCAN).await
+    crate::cli::inspect::jobs_page(conn, keys, filter, cursor, JOBS_PAGE_SIZE, JOBS_PAGE_SCAN).await
 }
 
 /// A job for its page: `{"job": <status --json>, "result": <the result entry, responses paged> | null,
@@ -154,13 +133,7 @@ pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> a
     let entry_id = ledger.get(field::RESULT_ENTRY);
     let stream = ledger.get(field::REPLY_TO).filter(|stream| keys.is_results_stream(stream));
     if let (Some(entry_id), Some(stream)) = (entry_id, stream) {
-        let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
-            .arg(stream)
-            .arg(entry_id)
-            .arg(entry_id)
-            .arg("COUNT")
-            .arg(1)
-            .query_async(conn)
+        let entries: inspect::Entries<String> = inspect::entries(conn, stream, entry_id, entry_id, 1, false)
             .await
             .with_context(|| format!("read result entry {entry_id}"))?;
         if let Some((id, fields)) = entries.into_iter().next() {
@@ -185,7 +158,7 @@ pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> a
 /// Dead-letter entries, newest first, as `batchd dead list --json` shapes them, with the stream's length.
 pub async fn dead_list(conn: &mut Conn, keys: &Keys) -> anyhow::Result<Value> {
     let entries = dead::list_json(conn, keys, DEAD_LIST_LIMIT).await?;
-    let total: u64 = redis::cmd("XLEN").arg(keys.dead()).query_async(conn).await.context("count dead letters")?;
+    let total = inspect::stream_len(conn, &keys.dead()).await.context("count dead letters")?;
     Ok(json!({"namespace": keys.namespace(), "total": total, "entries": entries}))
 }
 

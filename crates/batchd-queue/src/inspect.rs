@@ -1,0 +1,430 @@
+//! Read-only looks at a namespace, for operators and producers: queue depths, ledgers (one, or a bounded page of
+//! them), the ingress group's consumers, result and dead-letter entries, the finished-jobs counters. The CLI, the
+//! dashboard, the admin sampler and the producer library read batchd's keys through these and nothing else.
+//!
+//! Every function is bounded whatever the backlog: single-key commands, `COUNT`-limited ranges, and `SCAN` pages
+//! with a caller-given ceiling. None of them writes but the operator actions at the end (enqueue, dead-letter
+//! retry and purge, the pause flag), which are kept apart.
+
+use std::collections::HashMap;
+
+use batchd_core::keys::CONSUMER_GROUP;
+use batchd_core::ledger::field;
+use batchd_core::{ChunkRef, JobId, Keys, UnixMillis};
+use serde::{Deserialize, Serialize};
+
+use crate::{Conn, StoreError};
+
+/// Redis's clock, Unix ms: the time every age and window shown to people is measured in.
+pub async fn redis_now(conn: &mut Conn) -> Result<UnixMillis, StoreError> {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
+    Ok(secs * 1000 + micros / 1000)
+}
+
+/// A namespace's queue depths, read in one round trip plus one `XPENDING` summary.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Depths {
+    /// Entries in the submit stream (not yet taken in: unread plus being taken in).
+    pub submit_entries: u64,
+    /// Of those, entries read by a replica and not yet acknowledged (`XPENDING` of the ingress group).
+    pub submit_in_flight: u64,
+    /// Steps in the schedule (polls and submit retries): chunks in flight.
+    pub scheduled: u64,
+    /// Of those, steps whose due time has passed at the `now` given.
+    pub due: u64,
+    /// Entries in the dead-letter stream.
+    pub dead: u64,
+    /// Entries in the default results stream.
+    pub results: u64,
+    /// Id of the first entry of the submit stream (the oldest waiting one), if any.
+    pub oldest_entry_id: Option<String>,
+    /// Due time (Unix ms) of the first step of the schedule, if any.
+    pub earliest_due_ms: Option<u64>,
+}
+
+impl Depths {
+    /// Entries waiting to be read by a replica.
+    pub fn submit_waiting(&self) -> u64 {
+        self.submit_entries.saturating_sub(self.submit_in_flight)
+    }
+}
+
+/// Reads `keys`' depths at `now` (Unix ms, for what is due).
+pub async fn depths(conn: &mut Conn, keys: &Keys, now: UnixMillis) -> Result<Depths, StoreError> {
+    let submit = keys.submit();
+    let schedule = keys.schedule();
+    #[allow(clippy::type_complexity)]
+    let (submit_entries, scheduled, due, dead, results, first_entry, first_step): (
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        Vec<(String, redis::Value)>,
+        Vec<(String, f64)>,
+    ) = redis::pipe()
+        .cmd("XLEN")
+        .arg(&submit)
+        .cmd("ZCARD")
+        .arg(&schedule)
+        .cmd("ZCOUNT")
+        .arg(&schedule)
+        .arg("-inf")
+        .arg(now)
+        .cmd("XLEN")
+        .arg(keys.dead())
+        .cmd("XLEN")
+        .arg(keys.results())
+        .cmd("XRANGE")
+        .arg(&submit)
+        .arg("-")
+        .arg("+")
+        .arg("COUNT")
+        .arg(1)
+        .cmd("ZRANGE")
+        .arg(&schedule)
+        .arg(0)
+        .arg(0)
+        .arg("WITHSCORES")
+        .query_async(conn)
+        .await?;
+    Ok(Depths {
+        submit_entries,
+        submit_in_flight: pending_count(conn, &submit, CONSUMER_GROUP).await?,
+        scheduled,
+        due,
+        dead,
+        results,
+        oldest_entry_id: first_entry.into_iter().next().map(|(id, _)| id),
+        earliest_due_ms: first_step.first().map(|(_, score)| score.max(0.0) as u64),
+    })
+}
+
+/// Entries read by `group`'s consumers and not yet acknowledged (0 when the stream or the group does not exist).
+pub async fn pending_count(conn: &mut Conn, stream: &str, group: &str) -> Result<u64, StoreError> {
+    // Summary form: [count, smallest id, greatest id, consumers].
+    match redis::cmd("XPENDING").arg(stream).arg(group).query_async(conn).await {
+        Ok(redis::Value::Array(items)) => {
+            Ok(items.first().and_then(|count| redis::from_redis_value::<u64>(count.clone()).ok()).unwrap_or(0))
+        }
+        Ok(_) => Ok(0),
+        Err(error) if error.code() == Some("NOGROUP") => Ok(0),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// The value of the namespace's pause flag (`batchd pause`) as written; `None` while intake runs.
+pub async fn pause_flag(conn: &mut Conn, keys: &Keys) -> Result<Option<String>, StoreError> {
+    Ok(redis::cmd("GET").arg(keys.paused()).query_async(conn).await?)
+}
+
+/// A job's ledger without its payloads (chunk outputs and request items can be megabytes; people and producers
+/// read the timeline). `None` when the job has no ledger.
+pub async fn ledger(
+    conn: &mut Conn,
+    keys: &Keys,
+    job_id: &JobId,
+) -> Result<Option<HashMap<String, String>>, StoreError> {
+    let mut ledger: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.job(job_id)).query_async(conn).await?;
+    if ledger.is_empty() {
+        return Ok(None);
+    }
+    let payload = [format!(":{}", field::CHUNK_OUTPUT), format!(":{}", field::CHUNK_REQUESTS)];
+    ledger.retain(|name, _| !payload.iter().any(|suffix| name.ends_with(suffix.as_str())));
+    Ok(Some(ledger))
+}
+
+/// One ledger as a list of jobs shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LedgerRow {
+    /// The job id.
+    pub job_id: String,
+    /// The job's state (as stored).
+    pub state: String,
+    /// The model.
+    pub model: String,
+    /// Request items.
+    pub n_items: Option<u64>,
+    /// Chunks (remote batches).
+    pub n_chunks: Option<u64>,
+    /// Acceptance time, Unix ms.
+    pub accepted_at: Option<u64>,
+    /// Last change, Unix ms.
+    pub updated_at: Option<u64>,
+    /// Finish time, Unix ms.
+    pub finished_at: Option<u64>,
+}
+
+/// One step of a walk over the ledgers.
+#[derive(Debug, Clone, Default)]
+pub struct LedgerScan {
+    /// The ledgers read in this step (at most `count`, often fewer: `SCAN` gives no guarantee).
+    pub rows: Vec<LedgerRow>,
+    /// Keys `SCAN` returned (ledgers that vanished meanwhile are counted but have no row).
+    pub scanned: usize,
+    /// The cursor to continue from; `None` once the walk is complete.
+    pub next_cursor: Option<u64>,
+}
+
+/// One `SCAN` step over the namespace's ledgers from `cursor` (`COUNT` = `count`), whose ids start with
+/// `id_prefix` (a parsed job id, so no glob character reaches `MATCH`), and one pipelined `HMGET` of their
+/// summary fields.
+pub async fn scan_ledgers(
+    conn: &mut Conn,
+    keys: &Keys,
+    id_prefix: Option<&JobId>,
+    cursor: u64,
+    count: usize,
+) -> Result<LedgerScan, StoreError> {
+    let prefix = keys.job_prefix();
+    let pattern = format!("{prefix}{}*", id_prefix.map_or("", JobId::as_str));
+    let (next, batch): (u64, Vec<String>) =
+        redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(count).query_async(conn).await?;
+    let columns = [
+        field::STATE,
+        field::MODEL,
+        field::N_ITEMS,
+        field::N_CHUNKS,
+        field::ACCEPTED_AT,
+        field::UPDATED_AT,
+        field::FINISHED_AT,
+    ];
+    let mut rows = Vec::with_capacity(batch.len());
+    if !batch.is_empty() {
+        let mut pipe = redis::pipe();
+        for key in &batch {
+            pipe.cmd("HMGET").arg(key).arg(&columns[..]);
+        }
+        let values: Vec<Vec<Option<String>>> = pipe.query_async(conn).await?;
+        for (key, values) in batch.iter().zip(values) {
+            let Some(state) = values[0].clone() else { continue };
+            let number = |index: usize| values[index].as_deref().and_then(|v| v.parse::<u64>().ok());
+            rows.push(LedgerRow {
+                job_id: key.strip_prefix(&prefix).unwrap_or(key).to_owned(),
+                state,
+                model: values[1].clone().unwrap_or_default(),
+                n_items: number(2),
+                n_chunks: number(3),
+                accepted_at: number(4),
+                updated_at: number(5),
+                finished_at: number(6),
+            });
+        }
+    }
+    Ok(LedgerScan { rows, scanned: batch.len(), next_cursor: (next != 0).then_some(next) })
+}
+
+/// The chunk states behind the first `sample` schedule members (the soonest due), and the schedule's size.
+/// A member whose ledger has no such chunk reads as `None`.
+pub async fn scheduled_chunk_states(
+    conn: &mut Conn,
+    keys: &Keys,
+    sample: usize,
+) -> Result<(Vec<Option<String>>, u64), StoreError> {
+    let (members, total): (Vec<String>, u64) = redis::pipe()
+        .cmd("ZRANGE")
+        .arg(keys.schedule())
+        .arg(0)
+        .arg(sample.saturating_sub(1))
+        .cmd("ZCARD")
+        .arg(keys.schedule())
+        .query_async(conn)
+        .await?;
+    let chunks: Vec<ChunkRef> = members.iter().filter_map(|member| ChunkRef::parse(member).ok()).collect();
+    if chunks.is_empty() {
+        return Ok((Vec::new(), total));
+    }
+    let mut pipe = redis::pipe();
+    for chunk in &chunks {
+        pipe.cmd("HGET").arg(keys.job(&chunk.job_id)).arg(field::chunk(chunk.index, field::CHUNK_STATE));
+    }
+    Ok((pipe.query_async(conn).await?, total))
+}
+
+/// The finished-jobs counters ([`Keys::stats_minute`]) of `minutes` (minute numbers, Unix ms / 60,000), in order.
+pub async fn minute_counters(
+    conn: &mut Conn,
+    keys: &Keys,
+    minutes: std::ops::RangeInclusive<u64>,
+) -> Result<Vec<HashMap<String, u64>>, StoreError> {
+    let mut pipe = redis::pipe();
+    for minute in minutes {
+        pipe.hgetall(keys.stats_minute(minute));
+    }
+    Ok(pipe.query_async(conn).await?)
+}
+
+/// The finished-jobs counters ([`Keys::stats_hour`]) of `hours` (hour numbers, Unix ms / 3,600,000), in order.
+pub async fn hour_counters(
+    conn: &mut Conn,
+    keys: &Keys,
+    hours: std::ops::RangeInclusive<u64>,
+) -> Result<Vec<HashMap<String, u64>>, StoreError> {
+    let mut pipe = redis::pipe();
+    for hour in hours {
+        pipe.hgetall(keys.stats_hour(hour));
+    }
+    Ok(pipe.query_async(conn).await?)
+}
+
+/// Stream entries as field maps.
+pub type Entries<V> = Vec<(String, HashMap<String, V>)>;
+
+/// Up to `count` entries of `stream` from `from` to `to` (`XRANGE`), or from `to` down to `from` when `newest_first`
+/// (`XREVRANGE`). Ids take `-`, `+` and the exclusive `(` form.
+pub async fn entries<V: redis::FromRedisValue>(
+    conn: &mut Conn,
+    stream: &str,
+    from: &str,
+    to: &str,
+    count: usize,
+    newest_first: bool,
+) -> Result<Entries<V>, StoreError> {
+    let (command, first, second) = if newest_first { ("XREVRANGE", to, from) } else { ("XRANGE", from, to) };
+    Ok(redis::cmd(command).arg(stream).arg(first).arg(second).arg("COUNT").arg(count).query_async(conn).await?)
+}
+
+/// The length of a stream (0 when it does not exist).
+pub async fn stream_len(conn: &mut Conn, stream: &str) -> Result<u64, StoreError> {
+    Ok(redis::cmd("XLEN").arg(stream).query_async(conn).await?)
+}
+
+/// A consumer group of a stream, as `XINFO GROUPS` reports it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GroupInfo {
+    /// The group's name.
+    pub name: Option<String>,
+    /// Its consumers.
+    pub consumers: Option<u64>,
+    /// Entries delivered and not acknowledged.
+    pub pending: Option<u64>,
+    /// Entries not delivered yet (Redis 7).
+    pub lag: Option<u64>,
+}
+
+/// The consumer groups of `stream` (empty when the stream does not exist).
+pub async fn groups(conn: &mut Conn, stream: &str) -> Result<Vec<GroupInfo>, StoreError> {
+    let replies: Vec<HashMap<String, redis::Value>> =
+        match redis::cmd("XINFO").arg("GROUPS").arg(stream).query_async(conn).await {
+            Ok(replies) => replies,
+            Err(error) if error.to_string().contains("no such key") => Vec::new(),
+            Err(error) => return Err(error.into()),
+        };
+    Ok(replies
+        .iter()
+        .map(|reply| GroupInfo {
+            name: text(reply, "name"),
+            consumers: number(reply, "consumers").map(|n| n.max(0) as u64),
+            pending: number(reply, "pending").map(|n| n.max(0) as u64),
+            lag: number(reply, "lag").map(|n| n.max(0) as u64),
+        })
+        .collect())
+}
+
+/// One consumer of the ingress group (one per replica start).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Consumer {
+    /// Its name (the replica's, per process start).
+    pub name: String,
+    /// Entries it read and has not taken in yet.
+    pub pending: u64,
+    /// Milliseconds since its last read (attempt, on Redis 7.2+).
+    pub idle_ms: u64,
+    /// Milliseconds since its last successful read (Redis 7.2+ only); `None` when it never read one.
+    pub inactive_ms: Option<i64>,
+}
+
+/// The ingress group's consumers, the least idle first (empty when the group does not exist).
+pub async fn ingress_consumers(conn: &mut Conn, keys: &Keys) -> Result<Vec<Consumer>, StoreError> {
+    let replies: Vec<HashMap<String, redis::Value>> =
+        match redis::cmd("XINFO").arg("CONSUMERS").arg(keys.submit()).arg(CONSUMER_GROUP).query_async(conn).await {
+            Ok(replies) => replies,
+            Err(error) if error.code() == Some("NOGROUP") || error.to_string().contains("no such key") => Vec::new(),
+            Err(error) => return Err(error.into()),
+        };
+    let mut consumers: Vec<Consumer> = replies
+        .iter()
+        .map(|reply| Consumer {
+            name: text(reply, "name").unwrap_or_default(),
+            pending: number(reply, "pending").unwrap_or(0).max(0) as u64,
+            idle_ms: number(reply, "idle").unwrap_or(0).max(0) as u64,
+            inactive_ms: number(reply, "inactive").filter(|ms| *ms >= 0),
+        })
+        .collect();
+    consumers.sort_by(|a, b| a.idle_ms.cmp(&b.idle_ms).then_with(|| a.name.cmp(&b.name)));
+    Ok(consumers)
+}
+
+fn text(reply: &HashMap<String, redis::Value>, name: &str) -> Option<String> {
+    reply.get(name).and_then(|value| redis::from_redis_value::<String>(value.clone()).ok())
+}
+
+fn number(reply: &HashMap<String, redis::Value>, name: &str) -> Option<i64> {
+    reply.get(name).and_then(|value| redis::from_redis_value::<i64>(value.clone()).ok())
+}
+
+/// Enqueues one job the way every producer does: one `XADD` of its `job` field to the submit stream. Returns the
+/// entry id (the job's id when the job names none).
+pub async fn enqueue(conn: &mut Conn, keys: &Keys, job: &[u8]) -> Result<String, StoreError> {
+    Ok(redis::cmd("XADD")
+        .arg(keys.submit())
+        .arg("*")
+        .arg(batchd_core::job::JOB_FIELD)
+        .arg(job)
+        .query_async(conn)
+        .await?)
+}
+
+/// Enqueues several jobs in one pipeline, in order; returns their entry ids.
+pub async fn enqueue_many(conn: &mut Conn, keys: &Keys, jobs: &[&[u8]]) -> Result<Vec<String>, StoreError> {
+    let mut pipe = redis::pipe();
+    for job in jobs {
+        pipe.cmd("XADD").arg(keys.submit()).arg("*").arg(batchd_core::job::JOB_FIELD).arg(*job);
+    }
+    Ok(pipe.query_async(conn).await?)
+}
+
+/// Re-enqueues a dead letter's `job` value and deletes dead-letter entry `entry_id`, in one `MULTI`/`EXEC`
+/// (both keys share the namespace's hash tag). Returns the new submit entry's id.
+pub async fn requeue_dead_letter(
+    conn: &mut Conn,
+    keys: &Keys,
+    entry_id: &str,
+    job: &[u8],
+) -> Result<String, StoreError> {
+    let (submit_entry_id, _deleted): (String, u64) = redis::pipe()
+        .atomic()
+        .cmd("XADD")
+        .arg(keys.submit())
+        .arg("*")
+        .arg(batchd_core::job::JOB_FIELD)
+        .arg(job)
+        .cmd("XDEL")
+        .arg(keys.dead())
+        .arg(entry_id)
+        .query_async(conn)
+        .await?;
+    Ok(submit_entry_id)
+}
+
+/// Deletes dead-letter entries; returns how many existed.
+pub async fn delete_dead_letters(conn: &mut Conn, keys: &Keys, entry_ids: &[String]) -> Result<u64, StoreError> {
+    Ok(redis::cmd("XDEL").arg(keys.dead()).arg(entry_ids).query_async(conn).await?)
+}
+
+/// Deletes the whole dead-letter stream, in one `MULTI`/`EXEC` with its length; returns how many entries it held.
+pub async fn purge_dead_letters(conn: &mut Conn, keys: &Keys) -> Result<u64, StoreError> {
+    let (n, _): (u64, u64) = redis::pipe().atomic().xlen(keys.dead()).del(keys.dead()).query_async(conn).await?;
+    Ok(n)
+}
+
+/// Sets the pause flag to `value` unless it is set already (the first pause is kept); returns whether it was set.
+pub async fn set_pause_flag(conn: &mut Conn, keys: &Keys, value: &str) -> Result<bool, StoreError> {
+    let set: Option<String> = redis::cmd("SET").arg(keys.paused()).arg(value).arg("NX").query_async(conn).await?;
+    Ok(set.is_some())
+}
+
+/// Deletes the pause flag (`GETDEL`); returns the value it had.
+pub async fn clear_pause_flag(conn: &mut Conn, keys: &Keys) -> Result<Option<String>, StoreError> {
+    Ok(redis::cmd("GETDEL").arg(keys.paused()).query_async(conn).await?)
+}
