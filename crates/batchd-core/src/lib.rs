@@ -10,6 +10,7 @@ pub mod ids;
 pub mod job;
 pub mod keys;
 pub mod ledger;
+pub mod redact;
 pub mod result;
 pub mod stats;
 
@@ -18,6 +19,7 @@ pub use ids::{ChunkRef, JobId, ModelName, RequestId};
 pub use job::{DecodeError, Job, JobLimits};
 pub use keys::Keys;
 pub use ledger::{ChunkState, JobState};
+pub use redact::redact_url;
 pub use result::{FailedBatch, ItemResponse, JobError, JobOutput, ResultEntry, ResultStatus};
 
 /// Milliseconds since the Unix epoch, the one timestamp unit used in Redis and in result entries.

@@ -12,7 +12,7 @@ pub enum ProducerError {
     /// Redis could not be reached at all (retry later, or fix the URL).
     #[error("cannot reach Redis at {url}: {source}")]
     Connect {
-        /// The URL without its credentials.
+        /// The URL without its password (`batchd_core::redact_url`).
         url: String,
         /// The client's error.
         source: redis::RedisError,
@@ -44,24 +44,5 @@ impl ProducerError {
     /// Whether the error is a failed Redis command or connection, which a retry may cure.
     pub fn is_transient(&self) -> bool {
         matches!(self, Self::Redis(_) | Self::Connect { .. })
-    }
-}
-
-/// The URL without its password, for messages.
-pub(crate) fn redacted_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => format!("{}://[credentials]@{}", &url[..scheme], &url[at + 1..]),
-        _ => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_are_not_shown() {
-        assert_eq!(redacted_url("redis://user:secret@host:6379/0"), "redis://[credentials]@host:6379/0");
-        assert_eq!(redacted_url("rediss://host:6380"), "rediss://host:6380");
     }
 }

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use batchd_core::job::JOB_FIELD;
 use batchd_core::ledger::field;
-use batchd_core::{ChunkState, Job, JobError, JobId, JobLimits, JobState, Keys, ResultEntry, UnixMillis};
+use batchd_core::{ChunkState, Job, JobError, JobId, JobLimits, JobState, Keys, ResultEntry, UnixMillis, redact_url};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use serde::Serialize;
 
-use crate::error::{ProducerError, redacted_url};
+use crate::error::ProducerError;
 use crate::reader::{ReaderOptions, ResultReader};
 use crate::reply;
 
@@ -263,7 +263,7 @@ impl Producer {
     /// namespace `namespace` (the daemon's `redis.namespace`, default `batchd`).
     pub async fn connect(url: &str, namespace: &str) -> Result<Self, ProducerError> {
         let keys = Keys::new(namespace)?;
-        let connect_error = |source| ProducerError::Connect { url: redacted_url(url), source };
+        let connect_error = |source| ProducerError::Connect { url: redact_url(url), source };
         let client = redis::Client::open(url).map_err(connect_error)?;
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(5)))

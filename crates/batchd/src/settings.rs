@@ -13,6 +13,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+/// The one URL mask (also shown by `cli::connect`).
+pub use batchd_core::redact_url;
+
 /// The built-in defaults; the same file documents every key.
 pub const DEFAULTS: &str = include_str!("../../../config/default.toml");
 
@@ -828,18 +831,6 @@ fn check_base_url(base_url: &str) -> Result<(), ConfigError> {
 fn file_mode(path: &str) -> Option<u32> {
     use std::os::unix::fs::PermissionsExt;
     (!path.is_empty()).then(|| std::fs::metadata(path).ok()).flatten().map(|meta| meta.permissions().mode())
-}
-
-/// A Redis URL with its password (if any) replaced, for display.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let credentials = &url[scheme + 3..at];
-            let user = credentials.split_once(':').map_or("", |(user, _)| user);
-            format!("{}://{user}:[redacted]@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
 }
 
 #[cfg(test)]
