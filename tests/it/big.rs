@@ -297,15 +297,23 @@ async fn cancel_during_polling_publishes_one_cancelled_result_with_the_finished_
     assert_eq!(successes, [true, false, false]);
     assert_eq!(result.items_failed, 2);
 
-    // Nothing is published or submitted after the cancelled result.
+    // Nothing is published or submitted after the cancelled result. Batches 1 and 2 were waiting for the rate
+    // limiter; a later job of the same model waits for it too, and its result shows the daemon worked on past the
+    // point where they would have gone. Stopping the daemon then finishes whatever was in flight, and with the
+    // schedule empty no step is left that could still submit them.
     let submits_at_cancel = world.emulator.submits().len();
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(world.results().await.len(), 1);
-    assert_eq!(world.emulator.submits().len(), submits_at_cancel);
+    world.enqueue(&bge_m3_job("after-cancel", 1)).await;
+    let later = world.wait_for_result("after-cancel", WAIT).await;
+    assert_eq!(later.status, ResultStatus::Completed);
+    world.wait_until_settled(WAIT).await;
+    daemon.stop().await.unwrap();
+    assert_eq!(world.results().await.len(), 2, "the cancelled result and the later job's");
+    let submits = world.emulator.submits();
+    assert_eq!(submits.len(), submits_at_cancel + 1, "only the later job was submitted");
+    assert_eq!(submits.last().and_then(|call| call.request_id.as_ref()), later.request_ids.first());
     assert!(world.emulator.calls().iter().all(|call| call.kind != CallKind::Rejected));
     assert_eq!(world.ledger("cancel-me").await["state"], "cancelled");
     assert_eq!(world.scheduled().await, 0);
-    daemon.stop().await.unwrap();
 }
 
 #[tokio::test]

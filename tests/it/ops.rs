@@ -398,13 +398,14 @@ async fn systemd_hears_ready_watchdog_and_stopping_and_sigterm_hands_work_back()
     }
 
     sigterm(&child);
-    let stopped_at = Instant::now();
     let stopping_from = seen.len();
     receive_until(&socket, "STOPPING=1", 1, stopping_from, &mut seen).await;
-    let output = wait_with_output(child).await;
+    let output = tokio::time::timeout(WAIT, wait_with_output(child)).await.expect("batchd exits after SIGTERM");
     let logs = String::from_utf8_lossy(&output.stderr).into_owned();
     assert_eq!(output.status.code(), Some(0), "SIGTERM drains and exits 0:\n{logs}");
-    assert!(stopped_at.elapsed() < Duration::from_secs(5 + 3), "exit within the 5 s grace (plus start-up slack)");
+    // The daemon times its own drain: the work in flight finished within the 5 s grace, none was abandoned.
+    assert!(logs.contains("finishing work in flight") && logs.contains("batchd stopped"), "{logs}");
+    assert!(!logs.contains("grace period over"), "the drain fits in the grace period:\n{logs}");
     assert!(logs.contains("systemd watchdog enabled"), "{logs}");
 
     // Whatever was in flight finished or was handed back: a successor publishes every job exactly once.
@@ -413,9 +414,10 @@ async fn systemd_hears_ready_watchdog_and_stopping_and_sigterm_hands_work_back()
         let result = world.wait_for_result(id, WAIT).await;
         assert_eq!(result.status, ResultStatus::Completed, "{id}");
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(world.results().await.len(), ids.len(), "one result per job");
+    // With no work left and the successor stopped, no late duplicate can still come.
+    world.wait_until_settled(WAIT).await;
     successor.stop().await.expect("stop");
+    assert_eq!(world.results().await.len(), ids.len(), "one result per job");
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use batchd_core::ResultStatus;
 use batchd_emulator::{Calls, EmulatorConfig, Fault};
-use batchd_tests::{World, bge_m3_job, binary};
+use batchd_tests::{Daemon, World, bge_m3_job, binary, wait_for_http, with_admin};
 use redis::AsyncCommands;
 use redis::streams::{StreamReadOptions, StreamReadReply};
 
@@ -32,15 +32,21 @@ async fn wait_until_polling(world: &World, ids: &[String]) {
     }
 }
 
-/// Checks that every job has exactly one completed result and was submitted exactly once.
+/// Waits until every job in `ids` has a result and no work is left (see [`World::wait_until_settled`]): no chunk
+/// is scheduled or leased and no entry is unacknowledged, so no late duplicate can still be on its way.
+async fn wait_until_done(world: &World, ids: &[String]) {
+    world.wait_for_results(ids.len(), WAIT).await;
+    world.wait_until_settled(WAIT).await;
+}
+
+/// Checks that every job has exactly one completed result and was submitted exactly once. Call it once the
+/// daemons have stopped, after [`wait_until_done`].
 async fn assert_exactly_once(world: &World, ids: &[String]) {
-    let results = world.wait_for_results(ids.len(), WAIT).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let results_after = world.results().await;
-    assert_eq!(results_after.len(), results.len(), "no late duplicate results");
+    let results = world.results().await;
     let seen: Vec<&str> = results.iter().map(|r| r["job_id"].as_str()).collect();
     let unique: HashSet<&str> = seen.iter().copied().collect();
     assert_eq!(seen.len(), unique.len(), "a job was published twice: {seen:?}");
+    assert_eq!(seen.len(), ids.len(), "one result per job: {seen:?}");
     for id in ids {
         assert!(unique.contains(id.as_str()), "job {id} has no result");
     }
@@ -70,8 +76,9 @@ async fn a_daemon_aborted_while_polling_is_resumed_by_its_successor() {
     daemon.crash().await;
 
     let successor = world.daemon();
-    assert_exactly_once(&world, &ids).await;
+    wait_until_done(&world, &ids).await;
     successor.stop().await.unwrap();
+    assert_exactly_once(&world, &ids).await;
 }
 
 #[tokio::test]
@@ -108,9 +115,10 @@ async fn a_daemon_process_killed_with_sigkill_loses_nothing() {
     first.wait().expect("reaped");
 
     let mut second = spawn();
-    assert_exactly_once(&world, &ids).await;
+    wait_until_done(&world, &ids).await;
     second.kill().ok();
     second.wait().ok();
+    assert_exactly_once(&world, &ids).await;
 }
 
 #[tokio::test]
@@ -142,12 +150,24 @@ async fn entries_held_by_a_dead_replica_are_reclaimed_after_the_idle_timeout() {
 #[tokio::test]
 async fn the_daemon_survives_a_redis_restart_and_carries_on() {
     let mut world = World::new().await;
-    let daemon = world.daemon();
+    let mut settings = world.settings.clone();
+    let admin = with_admin(&mut settings);
+    let daemon = Daemon::start(settings, &world.emulator);
     world.enqueue(&bge_m3_job("before", 1)).await;
     world.wait_for_result("before", WAIT).await;
 
+    // The outage lasts until the daemon has lived through it: readiness says why it is down, and the sampler
+    // (every 100 ms) has failed several times in a row, while the fetchers kept retrying (every 20 ms and 200 ms).
     world.redis.kill();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    wait_for_http(admin, "/readyz", WAIT, |status, body| status == 503 && body.starts_with("redis unreachable")).await;
+    let failed_samples = |metrics: &str| {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("batchd_redis_errors_total{operation=\"sample\"} "))
+            .and_then(|value| value.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    wait_for_http(admin, "/metrics", WAIT, |status, body| status == 200 && failed_samples(body) >= 5.0).await;
     assert!(daemon.is_running(), "a Redis outage must not stop the daemon");
     world.redis.restart().await;
 
@@ -166,7 +186,7 @@ async fn a_stop_signal_lets_a_submit_in_flight_finish_and_record_its_request_id(
     world.emulator.inject(Fault::delay(Duration::from_millis(2500)).on(Calls::Submit));
     let mut settings = world.settings.clone();
     settings.shutdown.grace_secs = 10; // above cloudflare.request_timeout_secs (5 in tests), as the defaults are
-    let daemon = batchd_tests::Daemon::start(settings, &world.emulator);
+    let daemon = Daemon::start(settings, &world.emulator);
     world.enqueue(&bge_m3_job("in-flight", 1)).await;
     let started = Instant::now();
     loop {

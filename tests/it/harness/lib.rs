@@ -303,6 +303,16 @@ impl World {
     pub async fn scheduled(&self) -> usize {
         self.conn.clone().zcard(self.keys.schedule()).await.expect("zcard")
     }
+
+    /// Waits until no work is left anywhere: the schedule is empty (no chunk is due, waiting or leased by a
+    /// worker) and the ingress group holds no unacknowledged entry. Past that point nothing can publish a result or
+    /// submit a batch until a new job arrives, so "nothing more happens" can be checked at once.
+    pub async fn wait_until_settled(&self, timeout: Duration) {
+        wait_until("the schedule to empty and every entry to be acknowledged", timeout, async || {
+            self.scheduled().await == 0 && self.ingress_pending().await == 0
+        })
+        .await;
+    }
 }
 
 /// A connection for the test's own commands, patient enough for reading 20,000-entry streams.
@@ -434,26 +444,29 @@ pub fn with_admin(settings: &mut Settings) -> SocketAddr {
     addr
 }
 
-/// `GET http://<addr><path>` on a fresh connection: the status code and the body. HTTP/1.1 with
-/// `Connection: close`, which is all the admin endpoints need (the test crate carries no HTTP client).
+/// `GET http://<addr><path>` on a fresh connection (no pooling, no proxy): the status code and the body. Fails when
+/// the connection is refused or no complete answer arrives within 10 s.
 pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
-        .await
-        .context("connect timed out")??;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await?;
-    let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
-        .await
-        .context("read timed out")??;
-    let response = String::from_utf8(response).context("response is not UTF-8")?;
-    let (head, body) = response.split_once("\r\n\r\n").context("no end of headers")?;
-    let status = head.split(' ').nth(1).context("no status")?.parse::<u16>()?;
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        bail!("chunked response; http_get reads only bodies with a length");
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(10))
+        .build()
+        .context("build the HTTP client")?;
+    let response = client.get(format!("http://{addr}{path}")).send().await.with_context(|| format!("GET {path}"))?;
+    let status = response.status().as_u16();
+    let body = response.text().await.with_context(|| format!("read the body of GET {path}"))?;
+    Ok((status, body))
+}
+
+/// Polls `condition` every 25 ms until it holds; panics after `timeout`, naming `what` was awaited.
+pub async fn wait_until(what: &str, timeout: Duration, mut condition: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !condition().await {
+        assert!(started.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    Ok((status, body.to_owned()))
 }
 
 /// Repeats `GET path` until `accept(status, body)` holds; panics after `timeout` with the last answer.
