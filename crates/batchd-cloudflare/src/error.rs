@@ -5,7 +5,7 @@
 //! "retry or give up" from [`ErrorKind`] alone and never looks at status codes itself.
 
 use std::fmt;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use batchd_core::JobError;
 use batchd_core::result::code;
@@ -390,59 +390,23 @@ fn one_line(text: &str, max_chars: usize) -> String {
     cut
 }
 
-/// Reads a `Retry-After` value: delay seconds (`120`) or an HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`); a date
-/// in the past means "now". `None` when the value is neither.
+/// Reads a `Retry-After` value: delay seconds (`120`) or an HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`, or one of
+/// the two obsolete formats RFC 9110 §5.6.7 asks recipients to accept); a date in the past means "now". `None` when
+/// the value is neither.
 pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
     if let Ok(seconds) = value.parse::<u64>() {
         return Some(Duration::from_secs(seconds));
     }
-    let at = parse_imf_fixdate(value)?;
+    let at = httpdate::parse_http_date(value).ok()?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
-}
-
-/// Parses the HTTP date format servers must send (IMF-fixdate, RFC 9110 §5.6.7): `Sun, 06 Nov 1994 08:49:37 GMT`.
-fn parse_imf_fixdate(value: &str) -> Option<SystemTime> {
-    let parts: Vec<&str> = value.split_ascii_whitespace().collect();
-    let [weekday, day, month, year, time, "GMT"] = parts.as_slice() else {
-        return None;
-    };
-    if !weekday.ends_with(',') || weekday.len() != 4 {
-        return None;
-    }
-    let day: u32 = day.parse().ok().filter(|day| (1..=31).contains(day))?;
-    let month = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
-        .iter()
-        .position(|name| name == month)? as u32
-        + 1;
-    let year: i64 = year.parse().ok().filter(|year| *year >= 1970)?;
-    let mut clock = time.split(':').map(|part| part.parse::<u64>().ok());
-    let (Some(Some(hour)), Some(Some(minute)), Some(Some(second)), None) =
-        (clock.next(), clock.next(), clock.next(), clock.next())
-    else {
-        return None;
-    };
-    if hour > 23 || minute > 59 || second > 60 {
-        return None;
-    }
-    let days = u64::try_from(days_from_civil(year, month, day)).ok()?;
-    Some(UNIX_EPOCH + Duration::from_secs(days * 86_400 + hour * 3_600 + minute * 60 + second))
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's `days_from_civil`).
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let year_of_era = year - era * 400;
-    let month = i64::from(month);
-    let day_of_year = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::time::UNIX_EPOCH;
 
     use Operation::{Poll, Submit};
 
@@ -671,19 +635,21 @@ mod tests {
         assert_eq!(parse_retry_after(" 0 ", now), Some(Duration::ZERO));
         assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now), Some(Duration::from_secs(77)));
         assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:00:00 GMT", now), Some(Duration::ZERO));
-        assert_eq!(parse_imf_fixdate("Thu, 01 Jan 1970 00:00:00 GMT"), Some(UNIX_EPOCH), "the epoch itself");
-        assert_eq!(
-            parse_imf_fixdate("Sat, 29 Feb 2020 12:00:00 GMT"),
-            Some(UNIX_EPOCH + Duration::from_secs(1_582_977_600))
-        );
+        let leap_day = UNIX_EPOCH + Duration::from_secs(1_582_977_000); // Sat, 29 Feb 2020 11:50:00 GMT
+        assert_eq!(parse_retry_after("Sat, 29 Feb 2020 12:00:00 GMT", leap_day), Some(Duration::from_secs(600)));
+        assert_eq!(parse_retry_after("Thu, 01 Jan 1970 00:00:00 GMT", now), Some(Duration::ZERO), "the epoch itself");
+        // The obsolete RFC 850 and asctime forms, which RFC 9110 asks recipients to read too.
+        assert_eq!(parse_retry_after("Sunday, 06-Nov-94 08:49:37 GMT", now), Some(Duration::from_secs(77)));
+        assert_eq!(parse_retry_after("Sun Nov  6 08:49:37 1994", now), Some(Duration::from_secs(77)));
         for bad in [
             "",
             "-5",
             "1.5",
             "soon",
             "Sun, 06 Nov 1994 08:49:37 UTC",
-            "Sunday, 06-Nov-94 08:49:37 GMT",
             "Sun, 06 Nov 1994 25:00:00 GMT",
+            "Mon, 06 Nov 1994 08:49:37 GMT",
+            "Sun, 31 Nov 1994 08:49:37 GMT",
         ] {
             assert_eq!(parse_retry_after(bad, now), None, "{bad:?}");
         }
