@@ -17,13 +17,10 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::{
-    FOREVER, LLAMA, Reply,
+    DEADLINE, FOREVER, LLAMA, Reply,
     control::{control_get, control_post, control_url},
     poll, post_raw, start, submit,
 };
-
-/// How long a test waits for a condition before failing.
-const DEADLINE: Duration = Duration::from_secs(10);
 
 /// An emulator with events on (`events`) whose batches stay pending until the test changes the timing.
 async fn start_events(events: EventsConfig) -> EmulatorHandle {
@@ -57,7 +54,7 @@ async fn pull(emulator: &EmulatorHandle, batch_size: u64, visibility_timeout_ms:
 }
 
 /// Pulls until `n` messages came (leasing each for `visibility_timeout_ms`), failing after [`DEADLINE`].
-async fn pull_until(emulator: &EmulatorHandle, n: usize, visibility_timeout_ms: u64) -> Vec<Value> {
+pub(crate) async fn pull_until(emulator: &EmulatorHandle, n: usize, visibility_timeout_ms: u64) -> Vec<Value> {
     let started = Instant::now();
     let mut messages = Vec::new();
     while messages.len() < n {
@@ -77,18 +74,18 @@ async fn ack(emulator: &EmulatorHandle, body: &Value) -> Reply {
 }
 
 /// The event a base64 `json` message carries.
-fn event_of(message: &Value) -> Value {
+pub(crate) fn event_of(message: &Value) -> Value {
     assert_eq!(message["metadata"]["CF-Content-Type"], "json", "{message}");
     let body = message["body"].as_str().expect("body is a string");
     let bytes = STANDARD.decode(body).expect("body is base64");
     serde_json::from_slice(&bytes).expect("body decodes to JSON")
 }
 
-fn event_type(message: &Value) -> String {
+pub(crate) fn event_type(message: &Value) -> String {
     event_of(message)["type"].as_str().expect("type").to_owned()
 }
 
-fn request_id_of(message: &Value) -> String {
+pub(crate) fn request_id_of(message: &Value) -> String {
     event_of(message)["payload"]["requestId"].as_str().expect("requestId").to_owned()
 }
 

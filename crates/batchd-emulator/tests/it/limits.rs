@@ -7,9 +7,9 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::{
-    FOREVER, LLAMA,
+    DEADLINE, FOREVER, LLAMA,
     control::{control_get, control_post},
-    poll, post, post_raw, run_url, start, start_paused, submit,
+    poll, post, post_raw, run_url, start, start_paused, submit, wait_until,
 };
 
 const BGE_SMALL: &str = "@cf/baai/bge-small-en-v1.5";
@@ -119,20 +119,33 @@ async fn rate_limit_is_429_3040_with_retry_after_per_account_and_model() {
 #[tokio::test]
 async fn rate_limit_changes_at_runtime_and_frees_after_its_window() {
     let emulator = start_paused().await;
+    // An hour-long window: the second call is refused however slow the machine is, and told to wait for the rest
+    // of the hour.
     let (status, view) =
-        control_post(&emulator, "config", json!({ "rate_limit": { "requests": 1, "per_ms": 300 } })).await;
+        control_post(&emulator, "config", json!({ "rate_limit": { "requests": 1, "per_ms": 3_600_000 } })).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(view["rate_limit"], json!({ "requests": 1, "per_ms": 300 }));
+    assert_eq!(view["rate_limit"], json!({ "requests": 1, "per_ms": 3_600_000 }));
     assert_eq!(view["limit_polls"], false);
-    let started = Instant::now();
     submit(&emulator, LLAMA, prompts(1)).await;
     let reply = post(&emulator, LLAMA, &json!({ "requests": prompts(1) })).await;
-    if started.elapsed() < Duration::from_millis(300) {
-        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(retry_after(&reply), Some("1"));
-    }
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    let wait: u64 = retry_after(&reply).expect("Retry-After").parse().expect("seconds");
+    assert!((3_600 - DEADLINE.as_secs()..=3_600).contains(&wait), "{wait}");
+
+    // A 300 ms window (a new limit starts with empty windows): calls are refused, each told to retry in 1 s (the
+    // wait rounded up), until the window has passed; then one is admitted.
+    control_post(&emulator, "config", json!({ "rate_limit": { "requests": 1, "per_ms": 300 } })).await;
+    let first_sent = Instant::now();
     submit(&emulator, LLAMA, prompts(1)).await;
+    wait_until("the 300 ms window to free", async || {
+        let reply = post(&emulator, LLAMA, &json!({ "requests": prompts(1) })).await;
+        if reply.status == StatusCode::TOO_MANY_REQUESTS {
+            assert_eq!(retry_after(&reply), Some("1"));
+        }
+        reply.status == StatusCode::OK
+    })
+    .await;
+    assert!(first_sent.elapsed() >= Duration::from_millis(300), "admitted again only after the window");
 
     emulator.set_rate_limit(None);
     for _ in 0..5 {
@@ -163,9 +176,15 @@ async fn finished_batches_are_forgotten_after_the_retention() {
     assert_eq!(reply.status, StatusCode::OK);
     assert!(reply.body["result"]["responses"].is_array());
 
-    // With zero timing the batch has been done since its submit: 250 ms is past a 150 ms retention.
+    // With zero timing the batch has been done since its submit: an hour's retention keeps it, a 150 ms one
+    // forgets it once 150 ms have passed since then.
+    emulator.set_retention(Some(Duration::from_secs(3600)));
+    assert_eq!(poll(&emulator, LLAMA, &request_id).await.status, StatusCode::OK);
     emulator.set_retention(Some(Duration::from_millis(150)));
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    wait_until("the batch to be forgotten", async || {
+        poll(&emulator, LLAMA, &request_id).await.status == StatusCode::NOT_FOUND
+    })
+    .await;
     for _ in 0..2 {
         let reply = poll(&emulator, LLAMA, &request_id).await;
         assert_eq!(reply.status, StatusCode::NOT_FOUND);

@@ -19,6 +19,18 @@ use serde_json::{Value, json};
 /// Timing that keeps batches pending until a test changes it.
 const FOREVER: Duration = Duration::from_secs(3600);
 
+/// How long a test waits for a condition before failing.
+const DEADLINE: Duration = Duration::from_secs(10);
+
+/// Checks `condition` every 10 ms until it holds; panics after [`DEADLINE`], naming `what` was awaited.
+async fn wait_until(what: &str, mut condition: impl AsyncFnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !condition().await {
+        assert!(started.elapsed() < DEADLINE, "timed out after {DEADLINE:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn start(config: EmulatorConfig) -> EmulatorHandle {
     let addr: SocketAddr = "127.0.0.1:0".parse().expect("address");
     Emulator::start(config, addr).await.expect("start emulator")

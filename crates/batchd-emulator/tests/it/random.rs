@@ -1,14 +1,18 @@
 //! Chaos helpers: per-batch random durations, random transient faults, extra listeners and the call log's
 //! `first_reference` and `port`.
 
-use std::time::Duration;
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
-use batchd_emulator::{CallKind, DurationRange, Emulator, EmulatorConfig, EmulatorHandle, RandomFaults};
+use batchd_emulator::{CallKind, DurationRange, Emulator, EmulatorConfig, EmulatorHandle, EventsConfig, RandomFaults};
 use reqwest::StatusCode;
 use serde_json::json;
 
 use crate::control::{control_get, control_post};
-use crate::{LLAMA, poll, post, post_raw, run_url, start, submit};
+use crate::events::{event_type, pull_until, request_id_of};
+use crate::{DEADLINE, LLAMA, poll, post, post_raw, run_url, start, submit, wait_until};
 
 async fn phases(emulator: &EmulatorHandle, ids: &[String]) -> Vec<String> {
     let mut statuses = Vec::new();
@@ -29,6 +33,7 @@ async fn each_batch_draws_its_own_duration_from_the_range() {
     let emulator = start(EmulatorConfig {
         random_durations: Some(DurationRange::new(Duration::from_millis(400), Duration::from_millis(2_400))),
         seed: 7,
+        events: Some(EventsConfig::default()),
         ..EmulatorConfig::default()
     })
     .await;
@@ -36,17 +41,57 @@ async fn each_batch_draws_its_own_duration_from_the_range() {
     for i in 0..20 {
         ids.push(submit(&emulator, LLAMA, json!([{ "prompt": format!("p{i}") }])).await);
     }
-    // Before the shortest duration nothing is done; a quarter in, every batch has started.
-    let early = phases(&emulator, &ids).await;
-    assert!(early.iter().all(|s| s != "done"), "{early:?}");
-    tokio::time::sleep(Duration::from_millis(1_300)).await;
-    let middle = phases(&emulator, &ids).await;
-    let done = middle.iter().filter(|s| *s == "done").count();
-    assert!(done > 0 && done < ids.len(), "durations differ per batch: {middle:?}");
-    assert!(middle.iter().any(|s| s == "running"), "{middle:?}");
-    tokio::time::sleep(Duration::from_millis(1_300)).await;
-    let late = phases(&emulator, &ids).await;
-    assert!(late.iter().all(|s| s == "done"), "{late:?}");
+    // Poll until every batch is done, keeping the phases each one went through.
+    let mut paths: HashMap<String, Vec<String>> = HashMap::new();
+    let started = Instant::now();
+    loop {
+        for (id, phase) in ids.iter().zip(phases(&emulator, &ids).await) {
+            let path = paths.entry(id.clone()).or_default();
+            if path.last() != Some(&phase) {
+                path.push(phase);
+            }
+        }
+        if paths.values().all(|path| path.last().is_some_and(|phase| phase == "done")) {
+            break;
+        }
+        assert!(started.elapsed() < DEADLINE, "not every batch finished: {paths:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let order = ["queued", "running", "done"];
+    for (id, path) in &paths {
+        let ranks: Vec<usize> =
+            path.iter().map(|phase| order.iter().position(|o| o == phase).expect("a phase")).collect();
+        assert!(ranks.is_sorted(), "{id} went back: {path:?}");
+    }
+    // Every batch runs for three quarters of its duration (at least 300 ms), at different times: polled every few
+    // milliseconds, some batch is caught running.
+    assert!(paths.values().any(|path| path.iter().any(|phase| phase == "running")), "{paths:?}");
+
+    // The emulator's own record of each duration: the `queued` event carries the submit time, the `succeeded`
+    // event the done time (both in whole milliseconds, so a difference may be off by one or two).
+    let mut times: HashMap<String, (Option<u64>, Option<u64>)> = HashMap::new();
+    for message in pull_until(&emulator, 2 * ids.len(), 60_000).await {
+        let at = message["timestamp_ms"].as_u64().expect("timestamp_ms");
+        let entry = times.entry(request_id_of(&message)).or_default();
+        match event_type(&message).as_str() {
+            "cf.workersAi.model.batch.queued" => entry.0 = Some(at),
+            "cf.workersAi.model.batch.succeeded" => entry.1 = Some(at),
+            other => panic!("unexpected event {other}"),
+        }
+    }
+    let durations: Vec<u64> = ids
+        .iter()
+        .map(|id| match times.get(id) {
+            Some(&(Some(queued), Some(done))) => done - queued,
+            other => panic!("{id} lacks an event: {other:?}"),
+        })
+        .collect();
+    assert!(durations.iter().all(|ms| (398..=2_402).contains(ms)), "every duration is in the range: {durations:?}");
+    let (shortest, longest) = (durations.iter().min().expect("some"), durations.iter().max().expect("some"));
+    assert!(longest - shortest >= 1_000, "durations differ per batch: {durations:?}");
+    let distinct: std::collections::HashSet<u64> = durations.iter().map(|ms| ms / 10).collect();
+    assert!(distinct.len() >= 10, "durations differ per batch: {durations:?}");
+
     // The global timing does not move a batch that drew its own duration.
     emulator.set_timing(Duration::from_secs(3600), Duration::from_secs(3600));
     assert!(phases(&emulator, &ids).await.iter().all(|s| s == "done"));
@@ -150,28 +195,36 @@ async fn the_call_log_names_the_port_and_the_first_reference() {
 
 #[tokio::test]
 async fn random_latency_delays_the_reply_after_the_batch_exists() {
-    let emulator = start(EmulatorConfig {
-        random_latency: Some(DurationRange::new(Duration::from_millis(400), Duration::from_millis(500))),
-        ..EmulatorConfig::default()
-    })
-    .await;
+    // An hour of latency: the reply cannot come while the test looks, however slow the machine is.
+    let hour = DurationRange::new(Duration::from_secs(3600), Duration::from_secs(3600));
+    let emulator = start(EmulatorConfig { random_latency: Some(hour), ..EmulatorConfig::default() }).await;
     let url = run_url(&emulator, LLAMA);
     let token = emulator.token().to_owned();
-    let started = std::time::Instant::now();
     let pending =
         tokio::spawn(
             async move { post_raw(&url, &token, json!({ "requests": [{ "prompt": "x" }] }).to_string()).await },
         );
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(emulator.batch_count(), 1, "the batch exists before its reply leaves");
+    wait_until("the batch to exist", async || emulator.batch_count() == 1).await;
     assert!(!pending.is_finished(), "the reply is still on its way");
-    let reply = pending.await.expect("join").expect("reply");
-    assert_eq!(reply.status, StatusCode::OK);
-    assert!(started.elapsed() >= Duration::from_millis(400));
+    let submits = emulator.submits();
+    assert_eq!(submits.len(), 1);
+    assert!(submits[0].request_id.is_some(), "the submit is logged with its batch before the reply leaves");
+    // A client that gives up waiting does not undo the batch.
+    pending.abort();
+    assert!(pending.await.is_err_and(|error| error.is_cancelled()));
+    assert_eq!(emulator.batch_count(), 1);
+
+    // Switched off, replies come at once: with the hour still on, this would time out.
     emulator.set_random_latency(None);
-    let started = std::time::Instant::now();
-    submit(&emulator, LLAMA, json!([{ "prompt": "y" }])).await;
-    assert!(started.elapsed() < Duration::from_millis(300), "latency off again");
+    tokio::time::timeout(DEADLINE, submit(&emulator, LLAMA, json!([{ "prompt": "y" }])))
+        .await
+        .expect("latency off again");
+
+    // A drawn latency is at least the lower bound of its range.
+    emulator.set_random_latency(Some(DurationRange::new(Duration::from_millis(400), Duration::from_millis(500))));
+    let started = Instant::now();
+    submit(&emulator, LLAMA, json!([{ "prompt": "z" }])).await;
+    assert!(started.elapsed() >= Duration::from_millis(400));
 }
 
 #[tokio::test]
