@@ -1,0 +1,281 @@
+//! Finish: every way a job ends, and its one result entry. Every ending (rejected at take-in, finished, failed,
+//! expired, cancelled) goes through [`Pipeline::conclude`], the only caller of the storage's publish and reject
+//! transitions. A finished job may first resubmit its failed items once; then `conclude` assembles what the
+//! chunks produced and publishes it, exactly once.
+
+use std::time::Duration;
+
+use batchd_core::ledger::field;
+use batchd_core::result::code;
+use batchd_core::{ChunkRef, ChunkState, JobError, JobId, JobOutput, JobState, ResultEntry, ResultStatus, UnixMillis};
+use batchd_queue::{AddOutcome, ChunkView, NewChunk, Placement, PublishContext, Rejection, StoreError};
+use serde_json::value::RawValue;
+
+use super::Pipeline;
+use crate::metrics::{self};
+use crate::policy::{ChunkOutcome, assemble, plan_chunks};
+
+/// How a job ends.
+#[derive(Debug)]
+pub(super) enum Ending<'a> {
+    /// Refused at take-in before anything was submitted (not a job, an invalid job, or one batchd cannot split):
+    /// a `failed` result, a finished ledger, the entry acknowledged (and copied to the dead-letter stream when it
+    /// is not a job at all).
+    Rejected(Rejection<'a>),
+    /// Every batch finished (if one failed as a whole, the job ends `failed`, listing it).
+    Finished,
+    /// The job's only batch finished with every item answered: published from what the poll read, without
+    /// storing the output or reading the ledger again (the common case).
+    FinishedOneBatch {
+        /// The job's context, from the chunk's view.
+        context: PublishContext,
+        /// The batch's output.
+        output: JobOutput,
+    },
+    /// The job cannot go on.
+    Failed(JobError),
+    /// The deadline passed.
+    Expired(JobError),
+    /// Cancelled on request.
+    Cancelled(JobError),
+}
+
+impl Pipeline {
+    /// Every chunk has finished: resubmit failed items once if asked to, otherwise publish.
+    pub(super) async fn finish(&self, job_id: &JobId) -> Result<(), StoreError> {
+        let Some(context) = self.store.publish_context(job_id).await? else {
+            return Ok(());
+        };
+        if context.chunks.iter().any(|chunk| !matches!(chunk.state, Some(ChunkState::Done | ChunkState::Failed))) {
+            return Ok(()); // not every chunk has finished yet
+        }
+        if context.retry_failed_items && !context.retried && self.retry_failed_items(job_id, &context).await? {
+            return Ok(());
+        }
+        self.conclude_with(job_id, context, Ending::Finished).await
+    }
+
+    /// Adds one more round of chunks carrying the items that came back `success:false`; returns whether it did.
+    async fn retry_failed_items(&self, job_id: &JobId, context: &PublishContext) -> Result<bool, StoreError> {
+        let mut indices = Vec::new();
+        let mut requests = Vec::new();
+        for chunk in &context.chunks {
+            let Some(output) = chunk.output.as_deref().and_then(|text| serde_json::from_str::<JobOutput>(text).ok())
+            else {
+                continue;
+            };
+            let failed: Vec<usize> = output.responses.iter().filter(|r| !r.success).map(|r| r.index).collect();
+            if failed.is_empty() {
+                continue;
+            }
+            let stored = self.store.chunk_requests(&ChunkRef::new(job_id.clone(), chunk.index)).await?;
+            for local in failed {
+                if let (Some(index), Some(item)) = (chunk.placement.job_index(local), stored.get(local)) {
+                    indices.push(index);
+                    requests.push(item.clone());
+                }
+            }
+        }
+        if indices.is_empty() {
+            return Ok(false);
+        }
+        let sizes: Vec<usize> = requests.iter().map(|item| item.get().len()).collect();
+        let Ok(plan) = plan_chunks(&sizes, self.split.max_payload_bytes, self.split.max_batch_items) else {
+            return Ok(false);
+        };
+        let chunks: Vec<NewChunk> = plan
+            .into_iter()
+            .map(|(start, len)| NewChunk {
+                placement: Placement::Indices(indices[start..start + len].to_vec()),
+                requests: requests[start..start + len].to_vec(),
+            })
+            .collect();
+        let n = indices.len();
+        match self.store.add_chunks(job_id, self.store.now().await?, None, Some(field::RETRIED), &chunks).await? {
+            AddOutcome::Added => {
+                tracing::info!(job_id = %job_id, n_items = n, "resubmitting failed items once");
+                Ok(true)
+            }
+            AddOutcome::AlreadyDone | AddOutcome::Gone => Ok(false),
+        }
+    }
+
+    pub(super) async fn cancel(&self, job_id: &JobId, reason: &str) -> Result<(), StoreError> {
+        let why = if reason.is_empty() || reason == "cancelled" { String::new() } else { format!(" ({reason})") };
+        let error = JobError::new(
+            code::CANCELLED,
+            format!(
+                "cancelled on request{why}; the Batch API has no cancel, so batches already submitted keep running \
+                 remotely (and may be billed), and their results are discarded"
+            ),
+        );
+        tracing::info!(job_id = %job_id, "job cancelled");
+        self.conclude(job_id, Ending::Cancelled(error)).await
+    }
+
+    pub(super) async fn expire(&self, job_id: &JobId, view: &ChunkView, now: UnixMillis) -> Result<(), StoreError> {
+        let waited = Duration::from_millis(now.saturating_sub(view.accepted_at));
+        let error = JobError::new(
+            code::DEADLINE_EXCEEDED,
+            format!(
+                "the job's deadline passed after {}s before the Batch API finished; batches still running remotely \
+                 may complete, but their results are not collected",
+                waited.as_secs()
+            ),
+        );
+        tracing::warn!(job_id = %job_id, "job expired");
+        self.conclude(job_id, Ending::Expired(error)).await
+    }
+
+    /// Ends the job, whichever way: records a rejection, or assembles whatever its chunks produced and publishes
+    /// the one result entry. The only way a job ends.
+    pub(super) async fn conclude(&self, job_id: &JobId, ending: Ending<'_>) -> Result<(), StoreError> {
+        match ending {
+            Ending::Rejected(rejection) => self.record_rejection(&rejection).await,
+            Ending::FinishedOneBatch { context, output } => {
+                self.publish(job_id, &context, JobState::Completed, Some(output), None).await
+            }
+            ending => {
+                let Some(context) = self.store.publish_context(job_id).await? else {
+                    return Ok(());
+                };
+                self.conclude_with(job_id, context, ending).await
+            }
+        }
+    }
+
+    /// Records a rejection; a job id that already has a ledger is a duplicate (acknowledged only).
+    async fn record_rejection(&self, rejection: &Rejection<'_>) -> Result<(), StoreError> {
+        let now = self.store.now().await?;
+        let job_id = rejection.job_id;
+        if self.store.reject(rejection, now).await? {
+            // The metric's label takes the known rejection codes only.
+            let reason = [code::INVALID_ENTRY, code::INVALID_JOB, code::ITEM_TOO_LARGE]
+                .into_iter()
+                .find(|known| *known == rejection.error.code)
+                .unwrap_or(code::INVALID_JOB);
+            metrics::job_rejected(reason);
+            tracing::warn!(
+                job_id = %job_id,
+                error = %rejection.error.message,
+                dead_lettered = rejection.dead.is_some(),
+                "job rejected; nothing was submitted"
+            );
+        } else {
+            metrics::job_duplicate();
+            tracing::warn!(job_id = %job_id, "rejected entry repeats an existing job id; acknowledged only");
+        }
+        Ok(())
+    }
+
+    async fn conclude_with(
+        &self,
+        job_id: &JobId,
+        mut context: PublishContext,
+        ending: Ending<'_>,
+    ) -> Result<(), StoreError> {
+        let mut chunks = Vec::with_capacity(context.chunks.len());
+        for chunk in &mut context.chunks {
+            // Each stored output is dropped as soon as it is parsed.
+            let output = chunk.output.take();
+            let outcome = match chunk.state {
+                Some(ChunkState::Done) => match output.as_deref().map(serde_json::from_str::<JobOutput>) {
+                    Some(Ok(output)) => ChunkOutcome::Done(output),
+                    _ => {
+                        return Err(StoreError::Corrupt {
+                            job_id: job_id.to_string(),
+                            detail: format!("chunk {} is done without a readable output", chunk.index),
+                        });
+                    }
+                },
+                Some(ChunkState::Failed) => ChunkOutcome::Failed {
+                    error: chunk
+                        .last_error
+                        .as_deref()
+                        .and_then(|text| serde_json::from_str(text).ok())
+                        .unwrap_or_else(|| JobError::new(code::API_ERROR, "the batch failed")),
+                    request_id: chunk.request_id.clone(),
+                },
+                _ => ChunkOutcome::Unfinished,
+            };
+            chunks.push((chunk.index, chunk.placement.clone(), outcome));
+        }
+        let (state, error, unanswered) = match ending {
+            Ending::Finished | Ending::FinishedOneBatch { .. } | Ending::Rejected(_) => {
+                (JobState::Completed, None, JobError::new("missing", "no response for this item"))
+            }
+            Ending::Failed(error) => (JobState::Failed, Some(error.clone()), error),
+            Ending::Expired(error) => (JobState::Expired, Some(error.clone()), error),
+            Ending::Cancelled(error) => (JobState::Cancelled, Some(error.clone()), error),
+        };
+        let any_done = chunks.iter().any(|(_, _, outcome)| matches!(outcome, ChunkOutcome::Done(_)));
+        let output = assemble(context.n_items, chunks, &unanswered);
+        let (state, error) = match (state, error) {
+            (JobState::Completed, None) if !output.failed_batches.is_empty() && context.chunks.len() == 1 => {
+                (JobState::Failed, Some(output.failed_batches[0].error.clone()))
+            }
+            (JobState::Completed, None) if !output.failed_batches.is_empty() => {
+                let first = &output.failed_batches[0].error;
+                let message = format!(
+                    "{} of {} batches failed; their items have success:false (first: {})",
+                    output.failed_batches.len(),
+                    context.chunks.len(),
+                    first.message
+                );
+                (JobState::Failed, Some(JobError { message, ..first.clone() }))
+            }
+            other => other,
+        };
+        let include_result = state == JobState::Completed || any_done;
+        self.publish(job_id, &context, state, include_result.then_some(output), error).await
+    }
+
+    /// Publishes the result entry (exactly once per job, guarded by the ledger state). `output` is left out when
+    /// no batch of a job that did not complete had finished.
+    async fn publish(
+        &self,
+        job_id: &JobId,
+        context: &PublishContext,
+        state: JobState,
+        output: Option<JobOutput>,
+        error: Option<JobError>,
+    ) -> Result<(), StoreError> {
+        let status = match state {
+            JobState::Completed => ResultStatus::Completed,
+            JobState::Expired => ResultStatus::Expired,
+            JobState::Cancelled => ResultStatus::Cancelled,
+            _ => ResultStatus::Failed,
+        };
+        let now = self.store.now().await?;
+        let entry = ResultEntry {
+            job_id: job_id.to_string(),
+            status,
+            model: context.model.clone(),
+            items_total: context.n_items,
+            items_failed: output.as_ref().map_or(context.n_items, JobOutput::n_failed),
+            result: output,
+            error,
+            metadata: context.metadata.as_ref().and_then(|text| RawValue::from_string(text.clone()).ok()),
+            request_ids: context.chunks.iter().filter_map(|chunk| chunk.request_id.clone()).collect(),
+            accepted_at: context.accepted_at,
+            finished_at: now,
+        };
+        let items_failed = entry.items_failed;
+        let usage = entry.result.as_ref().map(|output| output.usage.clone());
+        if self.store.publish(job_id, entry, state, &context.reply_to, now).await? {
+            let turnaround = Duration::from_millis(now.saturating_sub(context.accepted_at));
+            metrics::job_finished(status.as_str(), turnaround);
+            if let Some(usage) = usage {
+                metrics::tokens(&context.model, &usage);
+            }
+            tracing::info!(
+                job_id = %job_id,
+                status = %status,
+                items_failed,
+                turnaround_ms = turnaround.as_millis() as u64,
+                "result published"
+            );
+        }
+        Ok(())
+    }
+}

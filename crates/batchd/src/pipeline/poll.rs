@@ -1,0 +1,161 @@
+//! Poll: a submitted chunk's remote batch is asked for its status; an answer finishes the chunk, anything else
+//! schedules the next poll (or decides what a failed poll means).
+
+use std::time::Instant;
+
+use batchd_cloudflare::{ApiError, ErrorKind, PendingStatus, PollStatus};
+use batchd_core::ledger::field;
+use batchd_core::{ChunkRef, ChunkState, JobError, ModelName, RequestId};
+use batchd_queue::{ChunkView, StoreError};
+use tracing::Instrument;
+
+use super::{Ending, Pipeline, exhausted, unit_random};
+use crate::metrics::{self, ApiCall};
+use crate::policy::{poll_delay, retry_delay};
+
+impl Pipeline {
+    /// Polls one chunk's remote batch.
+    pub(super) async fn poll(&self, chunk: &ChunkRef, view: &ChunkView) -> Result<(), StoreError> {
+        let (Some(request_id), Ok(model)) =
+            (view.request_id.as_deref().and_then(|id| RequestId::parse(id).ok()), ModelName::parse(&view.model))
+        else {
+            return Err(StoreError::Corrupt {
+                job_id: chunk.job_id.to_string(),
+                detail: format!("chunk {} is polling without a request id", chunk.index),
+            });
+        };
+        if self.throttle(chunk, &model, ApiCall::Poll).await?.is_some() {
+            return Ok(());
+        }
+        let span = tracing::debug_span!("poll", request_id = %request_id, model = %model, n_polls = view.n_polls);
+        let started = Instant::now();
+        // The reply's room in the budget (taken as it was read) is held until its outcome is stored or published.
+        let (polled, _room) = match self.client.poll_held(&model, &request_id, view.items_len).instrument(span).await {
+            Ok((status, room)) => (Ok(status), room),
+            Err(error) => (Err(error), Vec::new()),
+        };
+        let elapsed = started.elapsed();
+        match &polled {
+            Ok(PollStatus::Done(_)) => metrics::api_request(ApiCall::Poll, "done", Some(200), elapsed),
+            Ok(_) => metrics::api_request(ApiCall::Poll, "pending", Some(200), elapsed),
+            Err(error) => metrics::api_request(ApiCall::Poll, error.kind.as_str(), error.http_status, elapsed),
+        }
+        match polled {
+            Ok(PollStatus::Pending(status)) => self.still_pending(chunk, view, &status).await,
+            Ok(PollStatus::Done(output)) => {
+                metrics::polls_per_batch(view.n_polls + 1);
+                tracing::debug!(request_id = %request_id, n_polls = view.n_polls + 1, n_failed = output.n_failed(), "batch finished");
+                if view.n_chunks <= 1 && output.n_failed() == 0 {
+                    // The common case: one batch, nothing to retry: publish straight from what the poll read,
+                    // without storing the output or reading the ledger again.
+                    let context = view.single_chunk_context(chunk.index);
+                    return self.conclude(&chunk.job_id, Ending::FinishedOneBatch { context, output }).await;
+                }
+                let payload = serde_json::to_string(&output).expect("output serialises");
+                match self.store.chunk_done(chunk, ChunkState::Done, &payload, self.store.now().await?).await? {
+                    Some(0) => self.finish(&chunk.job_id).await,
+                    _ => Ok(()),
+                }
+            }
+            Err(error) => self.poll_failed(chunk, view, error).await,
+        }
+    }
+
+    /// Schedules the next poll of a batch that has not answered yet, whatever status it reports: only the job's
+    /// deadline bounds how long it may stay pending. A status the docs do not list is logged once per batch (when
+    /// it first appears) and counted at every poll.
+    async fn still_pending(
+        &self,
+        chunk: &ChunkRef,
+        view: &ChunkView,
+        pending: &PendingStatus,
+    ) -> Result<(), StoreError> {
+        let status = pending.as_str();
+        if !pending.is_documented() {
+            metrics::unknown_poll_status();
+            if view.remote_status.as_deref() != Some(status) {
+                tracing::warn!(
+                    job_id = %chunk.job_id,
+                    chunk = chunk.index,
+                    request_id = view.request_id.as_deref().unwrap_or_default(),
+                    status,
+                    "the Batch API reports a status its docs do not list; the batch is treated as pending until it \
+                     answers or the job's deadline passes"
+                );
+            }
+        }
+        let now = self.store.now().await?;
+        let delay = poll_delay(view.n_polls + 1, &self.poll, self.events, unit_random());
+        // Never sleep past the deadline: the job expires on time.
+        let due = (now + delay.as_millis() as u64).min(view.deadline_at);
+        self.store
+            .update_chunk(
+                chunk,
+                Some(due),
+                Some(field::CHUNK_N_POLLS),
+                &[(field::CHUNK_REMOTE_STATUS, status.to_owned()), (field::CHUNK_POLL_FAILURES, "0".to_owned())],
+                &[],
+            )
+            .await?;
+        tracing::debug!(status, next_poll_in = ?delay, "batch not finished yet");
+        Ok(())
+    }
+
+    async fn poll_failed(&self, chunk: &ChunkRef, view: &ChunkView, error: ApiError) -> Result<(), StoreError> {
+        let now = self.store.now().await?;
+        match error.kind {
+            ErrorKind::Transient | ErrorKind::QuotaExhausted => {
+                let rate_limited = error.http_status == Some(429);
+                let failures = if rate_limited { view.poll_failures } else { view.poll_failures + 1 };
+                if failures >= self.retry.max_attempts {
+                    return self.chunk_failed(chunk, exhausted(&error, failures)).await;
+                }
+                let wait = retry_delay(failures.max(1), &self.retry, error.retry_after, unit_random());
+                if rate_limited {
+                    metrics::throttled_wait(ApiCall::Poll);
+                } else {
+                    metrics::retry(ApiCall::Poll);
+                }
+                tracing::warn!(
+                    job_id = %chunk.job_id,
+                    chunk = chunk.index,
+                    error = %error,
+                    failures,
+                    retry_in = ?wait,
+                    "poll failed; retrying"
+                );
+                let due = (now + wait.as_millis() as u64).min(view.deadline_at);
+                self.store
+                    .update_chunk(
+                        chunk,
+                        Some(due),
+                        None,
+                        &[
+                            (field::CHUNK_POLL_FAILURES, failures.to_string()),
+                            (field::CHUNK_LAST_ERROR, error.to_job_error().to_json()),
+                        ],
+                        &[],
+                    )
+                    .await?;
+                Ok(())
+            }
+            ErrorKind::BatchFailed | ErrorKind::NotFound | ErrorKind::TooLarge | ErrorKind::ReplyTooLarge => {
+                tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "the remote batch failed");
+                self.chunk_failed(chunk, error.to_job_error()).await
+            }
+            ErrorKind::Permanent | ErrorKind::InvalidInput | ErrorKind::NotBatchable => {
+                tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "polling was refused permanently");
+                self.conclude(&chunk.job_id, Ending::Failed(error.to_job_error())).await
+            }
+        }
+    }
+
+    /// Records a chunk that cannot finish; the job goes on with its other chunks and ends `failed`, listing it.
+    pub(super) async fn chunk_failed(&self, chunk: &ChunkRef, error: JobError) -> Result<(), StoreError> {
+        tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error.message, "batch failed");
+        match self.store.chunk_done(chunk, ChunkState::Failed, &error.to_json(), self.store.now().await?).await? {
+            Some(0) => self.finish(&chunk.job_id).await,
+            _ => Ok(()),
+        }
+    }
+}

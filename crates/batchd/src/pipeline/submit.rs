@@ -1,0 +1,390 @@
+//! Submit: a chunk is posted to the Batch API, its request id recorded with its first poll, or the failure
+//! decided (retry, split around a refused item, answer the item alone, fail the chunk or the job).
+
+use std::time::{Duration, Instant};
+
+use batchd_cloudflare::{ApiError, ErrorKind};
+use batchd_core::ledger::field;
+use batchd_core::{ChunkRef, ChunkState, JobOutput, JobState, ModelName, RequestId, UnixMillis};
+use batchd_queue::{NewChunk, Placement, StoreError, SubmitTicket};
+use serde_json::value::RawValue;
+use tracing::Instrument;
+
+use super::{Ending, Item, Pipeline, exhausted, unit_random};
+use crate::metrics::{self, ApiCall};
+use crate::policy::{isolate_cuts, poll_delay, retry_delay, split_placement};
+
+impl Pipeline {
+    /// Submits one chunk from the schedule: mark `submitting` (reading its items back), then [`Pipeline::post`].
+    pub(super) async fn submit(
+        &self,
+        chunk: &ChunkRef,
+        model: &ModelName,
+        deadline_at: UnixMillis,
+    ) -> Result<(), StoreError> {
+        if self.throttle(chunk, model, ApiCall::Submit).await?.is_some() {
+            return Ok(());
+        }
+        // Room for the items read back and the body built from them (each at most max_payload_bytes), before either
+        // exists; then only what this chunk needs is kept until the submit is done.
+        let mut room = self.budget.hold(2 * self.split.max_payload_bytes).await;
+        let ticket = self.store.begin_submit(chunk, self.store.now().await?).await?;
+        match ticket {
+            SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => {
+                let body = batchd_cloudflare::submit_body_bytes(requests.iter().map(|item| item.get().len()));
+                room.shrink_to(2 * body);
+                self.post(chunk, model, attempt, resubmit, &requests, placement, deadline_at).await
+            }
+            SubmitTicket::Cancelled => {
+                let reason = self.store.cancel_requested(&chunk.job_id).await?.unwrap_or_default();
+                self.cancel(&chunk.job_id, &reason).await
+            }
+            SubmitTicket::Skip { chunk_state } => {
+                tracing::debug!(chunk_state = %chunk_state, "chunk already submitted");
+                Ok(())
+            }
+            SubmitTicket::Gone => Ok(()),
+        }
+    }
+
+    /// POSTs a chunk already marked `submitting` (attempt `attempt`), then records the request id and schedules
+    /// the first poll, or decides what the failure means. `deadline_at` is the job's: no retry is due after it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn post<R: Item>(
+        &self,
+        chunk: &ChunkRef,
+        model: &ModelName,
+        attempt: u64,
+        resubmit: bool,
+        requests: &[R],
+        placement: Placement,
+        deadline_at: UnixMillis,
+    ) -> Result<(), StoreError> {
+        if resubmit {
+            metrics::possible_duplicate_submit();
+            tracing::warn!(
+                job_id = %chunk.job_id,
+                chunk = chunk.index,
+                attempt,
+                "resubmitting a chunk whose previous submit was interrupted; the remote batch may be duplicated"
+            );
+        }
+        let span = tracing::debug_span!("submit", model = %model, attempt, request_id = tracing::field::Empty);
+        let started = Instant::now();
+        let submitted = self.client.submit(model, requests).instrument(span.clone()).await;
+        match &submitted {
+            Ok(_) => metrics::api_request(ApiCall::Submit, "ok", Some(200), started.elapsed()),
+            Err(error) => {
+                metrics::api_request(ApiCall::Submit, error.kind.as_str(), error.http_status, started.elapsed())
+            }
+        }
+        match submitted {
+            Ok(submitted) => {
+                span.record("request_id", tracing::field::display(&submitted.request_id));
+                if self.events {
+                    // Before the record: an event that arrives right after it must find the chunk. A failure
+                    // here costs only latency (the fallback poll still comes).
+                    let indexed = match self.store.now().await {
+                        Ok(now) => {
+                            self.store.index_request(submitted.request_id.as_str(), chunk, deadline_at, now).await
+                        }
+                        Err(error) => Err(error),
+                    };
+                    if let Err(error) = indexed {
+                        metrics::redis_error("index_request");
+                        tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "could not index the request id for events; the batch is found by its fallback poll");
+                    }
+                }
+                let recorded = self.record_submitted(chunk, &submitted.request_id).await?;
+                tracing::debug!(
+                    parent: &span,
+                    request_id = %submitted.request_id,
+                    n_items = placement.len(),
+                    bytes = submitted.body_bytes,
+                    recorded,
+                    "batch submitted"
+                );
+                Ok(())
+            }
+            Err(error) => {
+                let failed = FailedSubmit { attempt, placement, deadline_at };
+                self.submit_failed(chunk, model, failed, requests, error).await
+            }
+        }
+    }
+
+    /// Records a submitted chunk's request id and schedules its first poll. The remote batch exists now, so a
+    /// Redis error here must not lose the id (the chunk would be submitted again after its lease): the step is
+    /// retried with backoff for as long as this replica holds the lease.
+    async fn record_submitted(&self, chunk: &ChunkRef, request_id: &RequestId) -> Result<bool, StoreError> {
+        let started = Instant::now();
+        let mut wait = Duration::from_millis(100);
+        loop {
+            let now = self.store.now().await?;
+            let due = now + poll_delay(0, &self.poll, self.events, unit_random()).as_millis() as u64;
+            let recorded = self
+                .store
+                .update_chunk(
+                    chunk,
+                    Some(due),
+                    None,
+                    &[
+                        (field::CHUNK_STATE, ChunkState::Polling.as_str().to_owned()),
+                        (field::CHUNK_REQUEST_ID, request_id.to_string()),
+                        (field::CHUNK_SUBMITTED_AT, now.to_string()),
+                        (field::CHUNK_REMOTE_STATUS, "queued".to_owned()),
+                    ],
+                    &[(field::STATE, JobState::Running.as_str().to_owned()), (field::UPDATED_AT, now.to_string())],
+                )
+                .await;
+            match recorded {
+                Ok(recorded) => return Ok(recorded),
+                Err(error) if started.elapsed() + wait < self.lease => {
+                    metrics::redis_error("record_submitted");
+                    tracing::warn!(
+                        job_id = %chunk.job_id,
+                        chunk = chunk.index,
+                        request_id = %request_id,
+                        error = %error,
+                        retry_in = ?wait,
+                        "cannot record the request id of a submitted batch; retrying"
+                    );
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
+                Err(error) => {
+                    tracing::error!(
+                        job_id = %chunk.job_id,
+                        chunk = chunk.index,
+                        request_id = %request_id,
+                        error = %error,
+                        "gave up recording the request id of a submitted batch; the chunk will be submitted again"
+                    );
+                    return Err(error);
+                }
+            }
+        }
+    }
+
+    async fn submit_failed<R: Item>(
+        &self,
+        chunk: &ChunkRef,
+        model: &ModelName,
+        failed: FailedSubmit,
+        requests: &[R],
+        error: ApiError,
+    ) -> Result<(), StoreError> {
+        let FailedSubmit { attempt, placement, deadline_at } = failed;
+        let now = self.store.now().await?;
+        let retry = match after_failed_submit(&error, placement.len(), attempt, self.retry.max_attempts) {
+            SubmitDecision::Split(cuts) => {
+                let owned = requests.iter().map(|item| item.borrow().to_owned()).collect();
+                return self.split(chunk, placement, owned, &cuts, &error).await;
+            }
+            SubmitDecision::AnswerItemAlone => return self.item_refused(chunk, &error).await,
+            SubmitDecision::FailChunk => return self.chunk_failed(chunk, error.to_job_error()).await,
+            SubmitDecision::GiveUp => return self.chunk_failed(chunk, exhausted(&error, attempt)).await,
+            SubmitDecision::FailJob => {
+                tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, model = %model, error = %error, "the Batch API refused the batch");
+                return self.conclude(&chunk.job_id, Ending::Failed(error.to_job_error())).await;
+            }
+            SubmitDecision::Retry(retry) => retry,
+        };
+        let wait = retry_delay(attempt.max(1), &self.retry, error.retry_after, unit_random());
+        let mut fields = vec![
+            (field::CHUNK_STATE, retry.state.as_str().to_owned()),
+            (field::CHUNK_LAST_ERROR, error.to_job_error().to_json()),
+        ];
+        if retry.give_attempt_back {
+            // Rate limiting is not a failure of the job: give the attempt back.
+            fields.push((field::CHUNK_ATTEMPTS, attempt.saturating_sub(1).to_string()));
+            metrics::throttled_wait(ApiCall::Submit);
+        } else {
+            metrics::retry(ApiCall::Submit);
+        }
+        tracing::warn!(
+            job_id = %chunk.job_id,
+            chunk = chunk.index,
+            model = %model,
+            attempt,
+            error = %error,
+            retry_in = ?wait,
+            "submit failed; retrying"
+        );
+        // Never due past the deadline (a long Retry-After included): the job expires on time.
+        let due = (now + wait.as_millis() as u64).min(deadline_at);
+        self.store.update_chunk(chunk, Some(due), None, &fields, &[]).await?;
+        Ok(())
+    }
+
+    /// The API refused a one-item batch because of its input: the item is answered `success:false` with the API's
+    /// error (code, message, HTTP status), and the chunk is done, so the job goes on and can still complete.
+    async fn item_refused(&self, chunk: &ChunkRef, error: &ApiError) -> Result<(), StoreError> {
+        tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "the Batch API refused one request item");
+        metrics::item_refused();
+        let output = JobOutput {
+            responses: vec![batchd_core::ItemResponse::failure(0, Some(api_error_item(error)))],
+            usage: serde_json::json!({}),
+            failed_batches: Vec::new(),
+        };
+        let payload = serde_json::to_string(&output).expect("output serialises");
+        match self.store.chunk_done(chunk, ChunkState::Done, &payload, self.store.now().await?).await? {
+            Some(0) => self.finish(&chunk.job_id).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Replaces the chunk by its pieces, cut before each of the chunk-local positions `cuts` (ascending, inside
+    /// the chunk), all due now: the first piece takes the chunk's place, the others are appended.
+    async fn split(
+        &self,
+        chunk: &ChunkRef,
+        placement: Placement,
+        mut requests: Vec<Box<RawValue>>,
+        cuts: &[usize],
+        error: &ApiError,
+    ) -> Result<(), StoreError> {
+        let placements = split_placement(placement, cuts);
+        let mut pieces = Vec::with_capacity(placements.len());
+        for placement in placements.into_iter().rev() {
+            let rest = requests.split_off(requests.len() - placement.len());
+            pieces.push(NewChunk { placement, requests: rest });
+        }
+        pieces.reverse();
+        let reason = if error.kind == ErrorKind::TooLarge { "too_large" } else { "invalid_input" };
+        metrics::extra_submits(reason, pieces.len());
+        tracing::warn!(
+            job_id = %chunk.job_id,
+            chunk = chunk.index,
+            error = %error,
+            pieces = ?pieces.iter().map(|piece| piece.placement.len()).collect::<Vec<_>>(),
+            reason,
+            "the API refused the batch; splitting it"
+        );
+        self.store.add_chunks(&chunk.job_id, self.store.now().await?, Some(chunk.index), None, &pieces).await?;
+        Ok(())
+    }
+}
+
+/// What a failed submit's handling needs besides the error.
+#[derive(Debug)]
+struct FailedSubmit {
+    /// The attempt that failed (1-based).
+    attempt: u64,
+    /// Where the chunk's items sit in the job.
+    placement: Placement,
+    /// The job's deadline.
+    deadline_at: UnixMillis,
+}
+
+/// A refused item's error, as its response carries it: the API's code, message and HTTP status.
+fn api_error_item(error: &ApiError) -> Box<RawValue> {
+    let job_error = error.to_job_error();
+    let text = serde_json::json!({
+        "code": job_error.code,
+        "message": job_error.message,
+        "api_code": job_error.api_code,
+        "http_status": job_error.http_status,
+    })
+    .to_string();
+    RawValue::from_string(text).expect("a serialised value is valid JSON")
+}
+
+/// What a failed submit means for its chunk (decided from the error alone, without Redis).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum SubmitDecision {
+    /// Split the batch before these chunk-local positions: it was too large (in halves), or one item refused it
+    /// (around the item the API names, in halves otherwise), so every valid item is still answered.
+    Split(Vec<usize>),
+    /// A one-item batch was refused for its input: answer the item `success:false`, the job goes on.
+    AnswerItemAlone,
+    /// The batch cannot be submitted (too large alone, failed as a whole, a reply too large to read).
+    FailChunk,
+    /// A transient error, but the attempts are used up.
+    GiveUp,
+    /// The API refused in a way that no other batch of the job can escape (auth, unknown or unbatchable model).
+    FailJob,
+    /// Try again later.
+    Retry(SubmitRetry),
+}
+
+/// How a submit is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SubmitRetry {
+    /// `submitting` when the failed submit may have reached the API (its retry counts as a possible duplicate),
+    /// `pending` when it certainly created nothing.
+    pub state: ChunkState,
+    /// Rate limiting is not a failure of the job: the attempt is given back.
+    pub give_attempt_back: bool,
+}
+
+/// Decides what a failed submit of a `n_items`-item batch at attempt `attempt` (of `max_attempts`) means.
+pub(super) fn after_failed_submit(error: &ApiError, n_items: usize, attempt: u64, max_attempts: u64) -> SubmitDecision {
+    match error.kind {
+        ErrorKind::TooLarge if n_items > 1 => SubmitDecision::Split(vec![n_items / 2]),
+        ErrorKind::InvalidInput if n_items > 1 => SubmitDecision::Split(isolate_cuts(n_items, error.refused_item())),
+        ErrorKind::InvalidInput => SubmitDecision::AnswerItemAlone,
+        ErrorKind::TooLarge | ErrorKind::BatchFailed | ErrorKind::ReplyTooLarge => SubmitDecision::FailChunk,
+        ErrorKind::Permanent | ErrorKind::NotFound | ErrorKind::NotBatchable => SubmitDecision::FailJob,
+        ErrorKind::Transient | ErrorKind::QuotaExhausted => {
+            let rate_limited = error.http_status == Some(429);
+            if !rate_limited && attempt >= max_attempts {
+                return SubmitDecision::GiveUp;
+            }
+            let state = if error.is_ambiguous_submit() { ChunkState::Submitting } else { ChunkState::Pending };
+            SubmitDecision::Retry(SubmitRetry { state, give_attempt_back: rate_limited })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(kind: ErrorKind, http_status: Option<u16>, message: &str, maybe_delivered: bool) -> ApiError {
+        ApiError { kind, http_status, api_code: None, message: message.to_owned(), retry_after: None, maybe_delivered }
+    }
+
+    #[test]
+    fn a_refused_batch_is_split_to_isolate_the_item() {
+        let named = error(ErrorKind::InvalidInput, Some(400), "oneOf at '/requests/5' not met", false);
+        assert_eq!(after_failed_submit(&named, 10, 1, 5), SubmitDecision::Split(isolate_cuts(10, Some(5))));
+        let unnamed = error(ErrorKind::InvalidInput, Some(400), "bad input", false);
+        assert_eq!(after_failed_submit(&unnamed, 10, 1, 5), SubmitDecision::Split(vec![5]));
+        assert_eq!(after_failed_submit(&unnamed, 1, 1, 5), SubmitDecision::AnswerItemAlone);
+        let too_large = error(ErrorKind::TooLarge, Some(413), "too large", false);
+        assert_eq!(after_failed_submit(&too_large, 9, 1, 5), SubmitDecision::Split(vec![4]));
+        assert_eq!(after_failed_submit(&too_large, 1, 1, 5), SubmitDecision::FailChunk);
+    }
+
+    #[test]
+    fn transient_errors_retry_until_the_attempts_run_out_but_rate_limits_never_use_one() {
+        let timeout = error(ErrorKind::Transient, None, "timed out", true);
+        assert_eq!(
+            after_failed_submit(&timeout, 3, 1, 5),
+            SubmitDecision::Retry(SubmitRetry { state: ChunkState::Submitting, give_attempt_back: false }),
+            "a submit that may have arrived stays submitting"
+        );
+        let refused = error(ErrorKind::Transient, Some(503), "unavailable", false);
+        assert_eq!(
+            after_failed_submit(&refused, 3, 4, 5),
+            SubmitDecision::Retry(SubmitRetry { state: ChunkState::Pending, give_attempt_back: false })
+        );
+        assert_eq!(after_failed_submit(&refused, 3, 5, 5), SubmitDecision::GiveUp);
+        let limited = error(ErrorKind::Transient, Some(429), "slow down", false);
+        assert_eq!(
+            after_failed_submit(&limited, 3, 9, 5),
+            SubmitDecision::Retry(SubmitRetry { state: ChunkState::Pending, give_attempt_back: true })
+        );
+    }
+
+    #[test]
+    fn refusals_no_batch_can_escape_fail_the_job() {
+        for kind in [ErrorKind::Permanent, ErrorKind::NotFound, ErrorKind::NotBatchable] {
+            assert_eq!(after_failed_submit(&error(kind, Some(400), "no", false), 3, 1, 5), SubmitDecision::FailJob);
+        }
+        for kind in [ErrorKind::BatchFailed, ErrorKind::ReplyTooLarge] {
+            assert_eq!(after_failed_submit(&error(kind, Some(200), "no", false), 3, 1, 5), SubmitDecision::FailChunk);
+        }
+    }
+}

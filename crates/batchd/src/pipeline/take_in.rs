@@ -1,0 +1,161 @@
+//! Take-in: an ingress entry becomes a job (its batches planned, its first one posted at once) or a rejection
+//! with a result that says why.
+
+use std::time::Duration;
+
+use batchd_core::result::code;
+use batchd_core::{ChunkRef, DecodeError, Job, JobError, JobId};
+use batchd_queue::ingress::IngressEntry;
+use batchd_queue::{Accepted, DeadLetter, Intake, MAX_CHUNKS_PER_JOB, Placement, Rejection, StoreError};
+
+use super::{Ending, Pipeline};
+use crate::metrics::{self, ApiCall};
+use crate::policy::plan_chunks;
+
+impl Pipeline {
+    /// Decodes an ingress entry, plans its batches and accepts it as a job (or rejects it with a result that
+    /// says why), then submits its first batch straight away.
+    // Spans are debug-level: at info they cost ~12% of the daemon's CPU per job (docs/benchmarks.md), so every
+    // warn and error event names its job (and chunk) itself.
+    #[tracing::instrument(level = "debug", skip_all, fields(entry_id = %entry.id, job_id = tracing::field::Empty))]
+    pub async fn take_in(&self, entry: IngressEntry) -> Result<(), StoreError> {
+        let now = self.store.now().await?;
+        // The items stay views into the entry's `job` field: a big job is held once, not twice.
+        let job = match Job::decode_borrowed(&entry.fields, &entry.id, &self.limits, self.store.keys()) {
+            Ok(job) => job,
+            Err(error) => return self.reject(&entry, error).await,
+        };
+        let entry_id = entry.id.as_str();
+        tracing::Span::current().record("job_id", tracing::field::display(&job.id));
+        let sizes: Vec<usize> = job.requests.iter().map(|item| item.get().len()).collect();
+        let planned = plan_chunks(&sizes, self.split.max_payload_bytes, self.split.max_batch_items);
+        let refusal = match &planned {
+            Err(too_large) => Some((
+                code::ITEM_TOO_LARGE,
+                format!(
+                    "request item {} is {} bytes: sent alone it makes a {}-byte body, over the payload limit of {} \
+                     bytes (jobs.max_payload_bytes); nothing was submitted",
+                    too_large.index, too_large.bytes, too_large.body_bytes, self.split.max_payload_bytes
+                ),
+            )),
+            Ok(plan) if plan.len() > MAX_CHUNKS_PER_JOB as usize => Some((
+                code::INVALID_JOB,
+                format!(
+                    "the job needs {} batches, more than the {MAX_CHUNKS_PER_JOB} one job may have: split it into \
+                     smaller jobs (or raise jobs.max_batch_items); nothing was submitted",
+                    plan.len()
+                ),
+            )),
+            Ok(_) => None,
+        };
+        if let Some((reason, message)) = refusal {
+            let error = JobError::new(reason, message);
+            let rejection = Rejection {
+                entry_id,
+                job_id: &job.id,
+                model: job.model.as_str(),
+                error: &error,
+                dead: None,
+                items_total: job.requests.len(),
+            };
+            return self.conclude(&job.id, Ending::Rejected(rejection)).await;
+        }
+        let plan = planned.expect("a refused plan returned above");
+        let deadline = job.deadline_secs.map(Duration::from_secs).unwrap_or(self.default_deadline);
+        // Saturating: a producer may ask for a deadline centuries away.
+        let deadline_at = now.saturating_add(u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX));
+        // The first batch's body is posted from the items in hand; it needs room of its own in the budget. The
+        // entry already holds room, so this never waits: short of room, the batch goes through the schedule
+        // (which waits for room holding nothing), like a throttled one.
+        let first_body = batchd_cloudflare::submit_body_bytes(sizes[..plan[0].1].iter().copied());
+        let body_room = self.budget.try_hold(first_body);
+        // Ask the shared limiter before the job exists: a throttled first batch is accepted `pending`, due when
+        // its slot comes; otherwise it is accepted already `submitting` and posted at once, under its lease.
+        let wait = match &body_room {
+            Some(_) => self.rate_wait(&job.model, ApiCall::Submit).await?,
+            None => {
+                tracing::debug!(first_body, "no room in workers.inflight_bytes for the first batch now; scheduling it");
+                Some(Duration::ZERO)
+            }
+        };
+        let first_due = match wait {
+            Some(wait) => now + wait.as_millis() as u64,
+            None => now + self.lease.as_millis() as u64,
+        };
+        let retry_failed_items = job.retry_failed_items.unwrap_or(self.split.retry_failed_items);
+        let intake = Intake {
+            entry_id,
+            plan: &plan,
+            now,
+            deadline_at,
+            first_due,
+            retry_failed_items,
+            submit_first: wait.is_none(),
+        };
+        match self.store.accept(&job, &intake).await? {
+            Accepted::New => {
+                metrics::job_accepted();
+                tracing::debug!(model = %job.model, n_items = job.requests.len(), n_chunks = plan.len(), "job accepted");
+                if wait.is_some() {
+                    return Ok(());
+                }
+                // Post the first chunk with the items in hand instead of reading them back.
+                let first = &job.requests[..plan[0].1];
+                let chunk = ChunkRef::new(job.id.clone(), 0);
+                let placement = Placement::Range { start: 0, len: plan[0].1 };
+                if let Err(error) = self.post(&chunk, &job.model, 1, false, first, placement, deadline_at).await {
+                    // The entry is taken in (acknowledged); what is retried is the chunk, from the schedule.
+                    metrics::redis_error("submit");
+                    tracing::error!(
+                        job_id = %job.id,
+                        error = %error,
+                        "submitting the first batch failed; it is retried after its lease"
+                    );
+                }
+                Ok(())
+            }
+            Accepted::CancelRequested => {
+                metrics::job_accepted();
+                tracing::debug!("job accepted with its cancellation already requested; it is concluded next");
+                Ok(())
+            }
+            Accepted::Duplicate { state } => {
+                metrics::job_duplicate();
+                tracing::warn!(
+                    job_id = %job.id,
+                    state = %state,
+                    "job id seen before: entry acknowledged and not run again (the existing job keeps its one result)"
+                );
+                Ok(())
+            }
+        }
+    }
+
+    async fn reject(&self, entry: &IngressEntry, error: DecodeError) -> Result<(), StoreError> {
+        let (job_id, job_error, dead) = match &error {
+            DecodeError::Undecodable { reason } => {
+                let job_id = JobId::parse(&entry.id)
+                    .map_err(|e| StoreError::Corrupt { job_id: entry.id.clone(), detail: e.to_string() })?;
+                let dead = DeadLetter { fields: entry.fields.clone(), reason: reason.clone() };
+                (job_id, JobError::new(code::INVALID_ENTRY, reason.clone()), Some(dead))
+            }
+            DecodeError::Invalid { job_id, .. } => {
+                (job_id.clone(), JobError::new(code::INVALID_JOB, error.to_string()), None)
+            }
+        };
+        // The model the decoder read, when valid: a rejected entry is never parsed a second time to find it.
+        let model = match &error {
+            DecodeError::Invalid { model: Some(model), .. } => model.as_str(),
+            _ => "",
+        };
+        let rejection = Rejection {
+            entry_id: &entry.id,
+            job_id: &job_id,
+            model,
+            error: &job_error,
+            dead: dead.as_ref(),
+            items_total: 0,
+        };
+        self.conclude(&job_id, Ending::Rejected(rejection)).await
+    }
+}
