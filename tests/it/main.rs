@@ -27,6 +27,7 @@ mod memory;
 mod ops;
 mod producer;
 mod recovery;
+mod schema;
 mod scripts;
 mod secrets;
 mod store;

@@ -174,6 +174,10 @@ impl<'de> Deserialize<'de> for RequestId {
     }
 }
 
+/// What separates the job id from the chunk index in a [`ChunkRef`]'s text (`<job_id>#<index>`). The storage
+/// scripts build schedule members with the same separator (generated into their prelude from this constant).
+pub const MEMBER_SEPARATOR: &str = "#";
+
 /// One chunk of one job: the unit that is submitted and polled. Rendered as `<job_id>#<index>`, the member
 /// of the schedule sorted set (`#` cannot occur in a job id, so the split is unambiguous).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -193,7 +197,7 @@ impl ChunkRef {
     /// Parses the `<job_id>#<index>` form.
     pub fn parse(raw: &str) -> Result<Self, InvalidId> {
         let (job, index) = raw
-            .rsplit_once('#')
+            .rsplit_once(MEMBER_SEPARATOR)
             .ok_or_else(|| InvalidId::new(format!("{raw:?} is not a chunk reference (<job_id>#<index>)")))?;
         let index =
             index.parse().map_err(|_| InvalidId::new(format!("{raw:?} has a chunk index that is not a number")))?;
@@ -203,7 +207,7 @@ impl ChunkRef {
 
 impl fmt::Display for ChunkRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}#{}", self.job_id, self.index)
+        write!(f, "{}{MEMBER_SEPARATOR}{}", self.job_id, self.index)
     }
 }
 
@@ -262,5 +266,6 @@ mod tests {
         assert_eq!(ChunkRef::parse("inv-42#3").unwrap(), chunk);
         assert!(ChunkRef::parse("inv-42").is_err());
         assert!(ChunkRef::parse("inv-42#x").is_err());
+        assert!(MEMBER_SEPARATOR.chars().all(|c| !is_job_id_char(c)), "the separator cannot occur in a job id");
     }
 }

@@ -24,6 +24,10 @@ pub enum JobState {
 }
 
 impl JobState {
+    /// Every job state, in life order.
+    pub const ALL: [Self; 6] =
+        [Self::Accepted, Self::Running, Self::Completed, Self::Failed, Self::Expired, Self::Cancelled];
+
     /// The state as stored in the ledger and shown to users.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -58,6 +62,14 @@ pub enum ChunkState {
 }
 
 impl ChunkState {
+    /// Every chunk state, in life order.
+    pub const ALL: [Self; 5] = [Self::Pending, Self::Submitting, Self::Polling, Self::Done, Self::Failed];
+
+    /// Whether the chunk has finished (`done` or `failed`): it counts no longer in the job's `open_chunks`.
+    pub fn is_finished(self) -> bool {
+        matches!(self, Self::Done | Self::Failed)
+    }
+
     /// The state as stored in the ledger.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -78,20 +90,14 @@ pub struct UnknownState(pub String);
 impl FromStr for JobState {
     type Err = UnknownState;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [Self::Accepted, Self::Running, Self::Completed, Self::Failed, Self::Expired, Self::Cancelled]
-            .into_iter()
-            .find(|state| state.as_str() == s)
-            .ok_or_else(|| UnknownState(s.to_owned()))
+        Self::ALL.into_iter().find(|state| state.as_str() == s).ok_or_else(|| UnknownState(s.to_owned()))
     }
 }
 
 impl FromStr for ChunkState {
     type Err = UnknownState;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [Self::Pending, Self::Submitting, Self::Polling, Self::Done, Self::Failed]
-            .into_iter()
-            .find(|state| state.as_str() == s)
-            .ok_or_else(|| UnknownState(s.to_owned()))
+        Self::ALL.into_iter().find(|state| state.as_str() == s).ok_or_else(|| UnknownState(s.to_owned()))
     }
 }
 
@@ -108,6 +114,10 @@ impl fmt::Display for ChunkState {
 }
 
 /// Names of the ledger HASH fields.
+///
+/// The storage scripts get every name from here: `batchd_queue::store` generates a Lua local for each one into
+/// every script's prelude (`F_<NAME>` for a job field, `C_<NAME>` for a per-chunk name), and a test fails on a
+/// quoted field name in a script.
 pub mod field {
     /// Job state ([`super::JobState`]).
     pub const STATE: &str = "state";
@@ -143,10 +153,42 @@ pub mod field {
     pub const POSSIBLE_DUPLICATE_SUBMITS: &str = "possible_duplicate_submits";
     /// The job's error (JSON `{code, message, ...}`), once failed or expired.
     pub const ERROR: &str = "error";
+    /// How many of the job's chunks are not finished yet (`done` or `failed`), kept by the scripts so that a
+    /// chunk's completion costs the same whatever the job's chunk count. Ledgers written before it existed lack
+    /// it; `chunk_done.lua` counts them once and then keeps it.
+    pub const OPEN_CHUNKS: &str = "open_chunks";
+
+    /// Every job-level field name, as `(constant name, field name)`: what the storage scripts' prelude is
+    /// generated from.
+    pub const JOB_FIELDS: [(&str, &str); 18] = [
+        ("STATE", STATE),
+        ("METADATA", METADATA),
+        ("RETRY_FAILED_ITEMS", RETRY_FAILED_ITEMS),
+        ("RETRIED", RETRIED),
+        ("RESULT_ENTRY", RESULT_ENTRY),
+        ("MODEL", MODEL),
+        ("ENTRY_ID", ENTRY_ID),
+        ("N_CHUNKS", N_CHUNKS),
+        ("N_ITEMS", N_ITEMS),
+        ("ACCEPTED_AT", ACCEPTED_AT),
+        ("UPDATED_AT", UPDATED_AT),
+        ("FINISHED_AT", FINISHED_AT),
+        ("DEADLINE_AT", DEADLINE_AT),
+        ("REPLY_TO", REPLY_TO),
+        ("DUPLICATES", DUPLICATES),
+        ("POSSIBLE_DUPLICATE_SUBMITS", POSSIBLE_DUPLICATE_SUBMITS),
+        ("ERROR", ERROR),
+        ("OPEN_CHUNKS", OPEN_CHUNKS),
+    ];
+
+    /// What a per-chunk field name starts with, before the chunk index.
+    pub const CHUNK_PREFIX: &str = "c";
+    /// What separates a per-chunk field's index from its name.
+    pub const CHUNK_SEPARATOR: &str = ":";
 
     /// A per-chunk field: `c<index>:<name>`.
     pub fn chunk(index: u32, name: &str) -> String {
-        format!("c{index}:{name}")
+        format!("{CHUNK_PREFIX}{index}{CHUNK_SEPARATOR}{name}")
     }
 
     /// Per-chunk: state ([`super::ChunkState`]).
@@ -173,6 +215,23 @@ pub mod field {
     pub const CHUNK_LAST_ERROR: &str = "last_error";
     /// Per-chunk: time the remote batch was accepted, Unix ms.
     pub const CHUNK_SUBMITTED_AT: &str = "submitted_at";
+
+    /// Every per-chunk name (the part after `c<index>:`), as `(constant name without `CHUNK_`, name)`: what the
+    /// storage scripts' prelude is generated from.
+    pub const CHUNK_FIELDS: [(&str, &str); 12] = [
+        ("STATE", CHUNK_STATE),
+        ("REQUEST_ID", CHUNK_REQUEST_ID),
+        ("ATTEMPTS", CHUNK_ATTEMPTS),
+        ("POLL_FAILURES", CHUNK_POLL_FAILURES),
+        ("N_POLLS", CHUNK_N_POLLS),
+        ("REMOTE_STATUS", CHUNK_REMOTE_STATUS),
+        ("ITEMS", CHUNK_ITEMS),
+        ("INDICES", CHUNK_INDICES),
+        ("REQUESTS", CHUNK_REQUESTS),
+        ("OUTPUT", CHUNK_OUTPUT),
+        ("LAST_ERROR", CHUNK_LAST_ERROR),
+        ("SUBMITTED_AT", CHUNK_SUBMITTED_AT),
+    ];
 }
 
 #[cfg(test)]
@@ -181,24 +240,27 @@ mod tests {
 
     #[test]
     fn states_round_trip_through_their_names() {
-        for state in [
-            JobState::Accepted,
-            JobState::Running,
-            JobState::Completed,
-            JobState::Failed,
-            JobState::Expired,
-            JobState::Cancelled,
-        ] {
+        for state in JobState::ALL {
             assert_eq!(state.as_str().parse::<JobState>().unwrap(), state);
         }
-        for state in
-            [ChunkState::Pending, ChunkState::Submitting, ChunkState::Polling, ChunkState::Done, ChunkState::Failed]
-        {
+        for state in ChunkState::ALL {
             assert_eq!(state.as_str().parse::<ChunkState>().unwrap(), state);
         }
         assert!("bogus".parse::<JobState>().is_err());
         assert!(JobState::Expired.is_terminal());
         assert!(!JobState::Running.is_terminal());
         assert_eq!(field::chunk(3, field::CHUNK_STATE), "c3:state");
+        assert!(ChunkState::Failed.is_finished() && !ChunkState::Polling.is_finished());
+    }
+
+    #[test]
+    fn the_field_lists_name_every_field_once() {
+        for list in [&field::JOB_FIELDS[..], &field::CHUNK_FIELDS[..]] {
+            let names: std::collections::HashSet<&str> = list.iter().map(|(_, name)| *name).collect();
+            assert_eq!(names.len(), list.len(), "a field is listed twice: {list:?}");
+            for (constant, name) in list {
+                assert_eq!(constant.to_ascii_lowercase(), *name, "constant names follow field names");
+            }
+        }
     }
 }

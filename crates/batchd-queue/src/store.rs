@@ -339,10 +339,8 @@ struct Scripts {
     wake: Script,
 }
 
-/// Ledger field (job level): how many of the job's chunks are not finished yet (`done` or `failed`), kept by the
-/// scripts so that a chunk's completion costs the same whatever the job's chunk count. Ledgers written before it
-/// existed lack it; `chunk_done.lua` counts them once and then keeps it.
-pub const OPEN_CHUNKS: &str = "open_chunks";
+/// Ledger field (job level): how many of the job's chunks are not finished yet (see [`field::OPEN_CHUNKS`]).
+pub const OPEN_CHUNKS: &str = field::OPEN_CHUNKS;
 
 /// Most chunks one job can have; `accept.lua` and `add_chunks.lua` refuse more before writing anything.
 ///
@@ -373,14 +371,186 @@ pub const DEFAULT_DEAD_ENTRY_BYTES: usize = 64 * 1024;
 /// The dead-letter `error` of an entry that was delivered more than `ingress.max_deliveries` times.
 pub const TOO_MANY_DELIVERIES: &str = "too many delivery attempts";
 
-/// A script as Redis runs it: the names and limits it shares with Rust (so a Lua literal can never drift from the
-/// Rust one), then the shared prelude (`refuse`, the checks, `call_sliced`), then the script itself.
+/// Defines a word a script and Rust exchange (a verdict a script returns, or an argument it takes): an enum with
+/// its text, parsed once here, and a Lua local per variant (`<lua_prefix><TEXT>`) generated into every script's
+/// prelude, so the word is written once.
+macro_rules! script_words {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident ($script:literal, $lua_prefix:literal) {
+            $($(#[$variant_meta:meta])* $variant:ident = $text:literal,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        $vis enum $name {
+            $($(#[$variant_meta])* $variant,)+
+        }
+
+        impl $name {
+            /// Every variant.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+            /// The script that speaks this word.
+            pub const SCRIPT: &'static str = $script;
+            /// What the Lua local of a variant is called before its text in upper case.
+            const LUA_PREFIX: &'static str = $lua_prefix;
+
+            /// The word as the script writes it.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)+
+                }
+            }
+
+            /// Parses a script's word; an unknown word is an error (a script and a binary of different versions).
+            #[allow(dead_code, reason = "argument words are sent, never read back")]
+            fn parse(text: &str, job_id: &impl std::fmt::Display) -> Result<Self, StoreError> {
+                Self::ALL.iter().copied().find(|word| word.as_str() == text).ok_or_else(|| StoreError::Corrupt {
+                    job_id: job_id.to_string(),
+                    detail: format!(
+                        "{}.lua answered {:?}, which is not one of {:?}",
+                        Self::SCRIPT,
+                        text.chars().take(64).collect::<String>(),
+                        Self::ALL.iter().map(|word| word.as_str()).collect::<Vec<_>>()
+                    ),
+                })
+            }
+
+            /// `(Lua local, text)` for every variant.
+            fn lua_locals() -> impl Iterator<Item = (String, &'static str)> {
+                Self::ALL
+                    .iter()
+                    .map(|word| (format!("{}{}", Self::LUA_PREFIX, word.as_str().to_uppercase()), word.as_str()))
+            }
+        }
+    };
+}
+
+script_words! {
+    /// The verdict of `accept.lua`.
+    pub enum AcceptVerdict ("accept", "ACCEPT_") {
+        /// A new job: ledger created, chunks scheduled, entry acknowledged.
+        Accepted = "accepted",
+        /// A new job whose cancellation was requested before it arrived (its first chunk is left pending).
+        Cancelled = "cancelled",
+        /// The job id already had a ledger; the entry was acknowledged and counted.
+        Duplicate = "duplicate",
+        /// The entry is gone or not what the caller read (items copied from the entry); nothing was done.
+        Missing = "missing",
+    }
+}
+
+script_words! {
+    /// Where `accept.lua` takes the chunks' request items from.
+    pub enum ItemsSource ("accept", "SOURCE_") {
+        /// Copied inside Redis from the ingress entry, at the byte spans the caller gives.
+        Entry = "entry",
+        /// Sent in the arguments.
+        Inline = "inline",
+    }
+}
+
+script_words! {
+    /// The verdict of `reject.lua`.
+    pub enum RejectVerdict ("reject", "REJECT_") {
+        /// A `failed` result was published and a finished ledger recorded.
+        Rejected = "rejected",
+        /// The job id already had a ledger: only counted (and dead-lettered when asked).
+        Duplicate = "duplicate",
+        /// With a delivery guard: the entry is no longer pending with too many deliveries; nothing was done.
+        Gone = "gone",
+    }
+}
+
+script_words! {
+    /// The verdict of `begin_submit.lua`.
+    pub enum SubmitVerdict ("begin_submit", "SUBMIT_") {
+        /// The job has finished or has no ledger.
+        Gone = "gone",
+        /// The job's cancellation was requested.
+        Cancelled = "cancelled",
+        /// The chunk is past submitting.
+        Skip = "skip",
+        /// The chunk is marked `submitting`: post it.
+        Submit = "submit",
+        /// As `Submit`, but a previous submit was interrupted (its remote batch may exist).
+        Resubmit = "resubmit",
+    }
+}
+
+/// The marker in `accept.lua`'s arguments between the ledger pairs and the chunks.
+const CHUNKS_MARKER: &str = "--chunks";
+
+/// `text` as a Lua string literal.
+fn lua_quote(text: &str) -> String {
+    let mut quoted = String::from("'");
+    for byte in text.bytes() {
+        match byte {
+            b'\'' | b'\\' => quoted.extend(['\\', byte as char]),
+            0x20..=0x7e => quoted.push(byte as char),
+            _ => quoted.push_str(&format!("\\{byte:03}")),
+        }
+    }
+    quoted.push('\'');
+    quoted
+}
+
+/// What every script gets from Rust before the shared prelude, generated so that no script writes a name of its
+/// own: a local per ledger field (`F_STATE`, ..., `F_OPEN_CHUNKS`), per per-chunk name (`C_STATE`, ...), per job
+/// state (`JOB_RUNNING`, ...) and chunk state (`CHUNK_POLLING`, ...), per script word (verdicts such as
+/// `ACCEPT_DUPLICATE`, the items sources `SOURCE_ENTRY`/`SOURCE_INLINE`, `CHUNKS_MARKER`), the ingress entry's
+/// job field (`ENTRY_JOB_FIELD`), the limits (`MAX_CHUNKS`, `MAX_PAIRS`, `MAX_LIMIT`), and the functions
+/// `is_terminal(state)` and `is_finished(chunk_state)` (from [`JobState::is_terminal`] and
+/// [`ChunkState::is_finished`] over every state), `chunk_field(index, name)` (the format of [`field::chunk`])
+/// and `member(job_id, index)` (the format of [`ChunkRef`]).
+fn script_constants() -> String {
+    use std::fmt::Write as _;
+    let mut strings: Vec<(String, &str)> = Vec::new();
+    strings.extend(field::JOB_FIELDS.iter().map(|(name, value)| (format!("F_{name}"), *value)));
+    strings.extend(field::CHUNK_FIELDS.iter().map(|(name, value)| (format!("C_{name}"), *value)));
+    strings
+        .extend(JobState::ALL.iter().map(|state| (format!("JOB_{}", state.as_str().to_uppercase()), state.as_str())));
+    strings.extend(
+        ChunkState::ALL.iter().map(|state| (format!("CHUNK_{}", state.as_str().to_uppercase()), state.as_str())),
+    );
+    strings.extend(AcceptVerdict::lua_locals());
+    strings.extend(ItemsSource::lua_locals());
+    strings.extend(RejectVerdict::lua_locals());
+    strings.extend(SubmitVerdict::lua_locals());
+    strings.push(("CHUNKS_MARKER".to_owned(), CHUNKS_MARKER));
+    strings.push(("ENTRY_JOB_FIELD".to_owned(), batchd_core::job::JOB_FIELD));
+
+    let mut text = String::from("-- Generated from batchd-core by batchd_queue::store::script_constants.\n");
+    for (name, value) in &strings {
+        writeln!(text, "local {name} = {}", lua_quote(value)).expect("writing into memory");
+    }
+    writeln!(text, "local MAX_CHUNKS = {MAX_CHUNKS_PER_JOB}").expect("writing into memory");
+    writeln!(text, "local MAX_PAIRS = {MAX_SCRIPT_PAIRS}").expect("writing into memory");
+    writeln!(text, "local MAX_LIMIT = {MAX_CLAIM}").expect("writing into memory");
+    let set =
+        |states: Vec<&str>| states.iter().map(|state| format!("[{}] = true", lua_quote(state))).collect::<Vec<_>>();
+    let terminal = set(JobState::ALL.iter().filter(|state| state.is_terminal()).map(|state| state.as_str()).collect());
+    let finished =
+        set(ChunkState::ALL.iter().filter(|state| state.is_finished()).map(|state| state.as_str()).collect());
+    writeln!(text, "local TERMINAL_JOB_STATES = {{{}}}", terminal.join(", ")).expect("writing into memory");
+    writeln!(text, "local FINISHED_CHUNK_STATES = {{{}}}", finished.join(", ")).expect("writing into memory");
+    text.push_str(&format!(
+        "local function is_terminal(state) return TERMINAL_JOB_STATES[state] == true end\n\
+         local function is_finished(chunk_state) return FINISHED_CHUNK_STATES[chunk_state] == true end\n\
+         local function chunk_field(index, name) return {} .. index .. {} .. name end\n\
+         local function member(job_id, index) return job_id .. {} .. index end\n",
+        lua_quote(field::CHUNK_PREFIX),
+        lua_quote(field::CHUNK_SEPARATOR),
+        lua_quote(batchd_core::ids::MEMBER_SEPARATOR),
+    ));
+    text
+}
+
+/// A script as Redis runs it: the names, words and limits it shares with Rust ([`script_constants`], so a Lua
+/// literal can never drift from the Rust one), then the shared prelude (`refuse`, the checks, `call_sliced`), then
+/// the script itself.
 fn script_text(body: &str) -> String {
-    format!(
-        "local OPEN_CHUNKS = '{OPEN_CHUNKS}'\nlocal MAX_CHUNKS = {MAX_CHUNKS_PER_JOB}\nlocal MAX_PAIRS = \
-         {MAX_SCRIPT_PAIRS}\nlocal MAX_LIMIT = {MAX_CLAIM}\n{}\n{body}",
-        include_str!("lua/prelude.lua")
-    )
+    format!("{}{}\n{body}", script_constants(), include_str!("lua/prelude.lua"))
 }
 
 /// The full text of a storage script by its file name without `.lua` (`accept`, `reject`, ...), as Redis runs
@@ -621,27 +791,30 @@ impl Store {
     pub async fn accept<R: Borrow<RawValue>>(&self, job: &Job<R>, intake: &Intake<'_>) -> Result<Accepted, StoreError> {
         // The chunks' items are copied inside Redis from the entry (which is still in the stream) when their
         // byte spans are known: a big job then never travels back. If the entry is gone, they are sent along.
-        let mut reply = self.accept_with(job, intake, !job.item_spans.is_empty()).await?;
-        if reply.0 == "missing" {
-            reply = self.accept_with(job, intake, false).await?;
+        let source = if job.item_spans.is_empty() { ItemsSource::Inline } else { ItemsSource::Entry };
+        let mut reply = self.accept_with(job, intake, source).await?;
+        if reply.0 == AcceptVerdict::Missing {
+            reply = self.accept_with(job, intake, ItemsSource::Inline).await?;
         }
         let (verdict, state) = reply;
-        if matches!(verdict.as_str(), "accepted" | "cancelled") {
-            if intake.plan.len() > 1 || verdict == "cancelled" {
+        if matches!(verdict, AcceptVerdict::Accepted | AcceptVerdict::Cancelled) {
+            if intake.plan.len() > 1 || verdict == AcceptVerdict::Cancelled {
                 self.scheduled(intake.now); // chunks due at once
             }
             if !intake.submit_first {
                 self.scheduled(intake.first_due); // a first chunk the caller does not post (throttled)
             }
         }
-        Ok(match verdict.as_str() {
-            "accepted" => Accepted::New,
-            "cancelled" => Accepted::CancelRequested,
-            "duplicate" => Accepted::Duplicate { state },
-            other => {
+        Ok(match verdict {
+            AcceptVerdict::Accepted => Accepted::New,
+            AcceptVerdict::Cancelled => Accepted::CancelRequested,
+            AcceptVerdict::Duplicate => Accepted::Duplicate { state },
+            AcceptVerdict::Missing => {
                 return Err(StoreError::Corrupt {
                     job_id: job.id.to_string(),
-                    detail: format!("accept answered {other:?}: the ingress entry vanished while it was taken in"),
+                    detail: "accept answered \"missing\" for items sent inline: the ingress entry vanished while it \
+                             was taken in"
+                        .to_owned(),
                 });
             }
         })
@@ -651,8 +824,8 @@ impl Store {
         &self,
         job: &Job<R>,
         intake: &Intake<'_>,
-        from_entry: bool,
-    ) -> Result<(String, String), StoreError> {
+        source: ItemsSource,
+    ) -> Result<(AcceptVerdict, String), StoreError> {
         let Intake { entry_id, plan, now, deadline_at, first_due, retry_failed_items, submit_first } = *intake;
         let reply_to = job.reply_to.clone().unwrap_or_else(|| self.keys.results());
         let mut cmd = ScriptCall::new(
@@ -665,8 +838,8 @@ impl Store {
             .arg(plan.len())
             .arg(first_due)
             .arg(now)
-            .arg(if submit_first { "submitting" } else { "pending" })
-            .arg(if from_entry { "entry" } else { "inline" });
+            .arg(if submit_first { ChunkState::Submitting } else { ChunkState::Pending }.as_str())
+            .arg(source.as_str());
         let mut ledger: Vec<(&str, String)> = vec![
             (field::STATE, JobState::Accepted.as_str().to_owned()),
             (field::MODEL, job.model.to_string()),
@@ -687,15 +860,16 @@ impl Store {
         for (name, value) in &ledger {
             cmd.arg(*name).arg(value);
         }
-        cmd.arg("--chunks");
+        cmd.arg(CHUNKS_MARKER);
         for &(start, len) in plan {
             cmd.arg(format!("{start}:{len}"));
-            match (from_entry, job.item_spans.get(start), job.item_spans.get(start + len - 1)) {
+            match (source == ItemsSource::Entry, job.item_spans.get(start), job.item_spans.get(start + len - 1)) {
                 (true, Some((from, _)), Some((_, to))) => cmd.arg(format!("{from}:{to}")),
                 _ => cmd.arg(RequestsArg(&job.requests[start..start + len])),
             };
         }
-        self.run(&cmd).await
+        let (verdict, state): (String, String) = self.run(&cmd).await?;
+        Ok((AcceptVerdict::parse(&verdict, &job.id)?, state))
     }
 
     /// Finishes ingress entry `entry_id` as a failed job `job_id` without running it: one `failed` result entry
@@ -704,8 +878,16 @@ impl Store {
     /// entry was a duplicate: only acknowledged, and copied to the dead-letter stream if it had to be).
     pub async fn reject(&self, rejection: &Rejection<'_>, now: UnixMillis) -> Result<bool, StoreError> {
         let dead = rejection.dead.map(|dead| DeadCopy { fields: &dead.fields, reason: &dead.reason, deliveries: None });
-        let verdict = self.finish_entry(rejection, dead, 0, now).await?;
-        Ok(verdict == "rejected")
+        Ok(match self.finish_entry(rejection, dead, 0, now).await? {
+            RejectVerdict::Rejected => true,
+            RejectVerdict::Duplicate => false,
+            RejectVerdict::Gone => {
+                return Err(StoreError::Corrupt {
+                    job_id: rejection.job_id.to_string(),
+                    detail: "reject answered \"gone\" without a delivery guard".to_owned(),
+                });
+            }
+        })
     }
 
     /// Moves an ingress entry that was delivered more than `max_deliveries` times (`deliveries`, the consumer
@@ -732,11 +914,10 @@ impl Store {
         );
         let rejection = Rejection { entry_id, job_id: &job_id, model: "", error: &error, dead: None, items_total: 0 };
         let dead = DeadCopy { fields, reason: TOO_MANY_DELIVERIES, deliveries: Some(deliveries) };
-        let verdict = self.finish_entry(&rejection, Some(dead), max_deliveries.max(1), now).await?;
-        Ok(match verdict.as_str() {
-            "rejected" => Undeliverable::Moved { published: true },
-            "duplicate" => Undeliverable::Moved { published: false },
-            _ => Undeliverable::Gone,
+        Ok(match self.finish_entry(&rejection, Some(dead), max_deliveries.max(1), now).await? {
+            RejectVerdict::Rejected => Undeliverable::Moved { published: true },
+            RejectVerdict::Duplicate => Undeliverable::Moved { published: false },
+            RejectVerdict::Gone => Undeliverable::Gone,
         })
     }
 
@@ -748,7 +929,7 @@ impl Store {
         dead: Option<DeadCopy<'_>>,
         guard: u64,
         now: UnixMillis,
-    ) -> Result<String, StoreError> {
+    ) -> Result<RejectVerdict, StoreError> {
         let Rejection { entry_id, job_id, model, error, dead: _, items_total } = *rejection;
         let entry = ResultEntry {
             job_id: job_id.to_string(),
@@ -821,7 +1002,8 @@ impl Store {
             }
         }
         let verdict: String = self.run(&cmd).await?;
-        if verdict == "rejected" {
+        let verdict = RejectVerdict::parse(&verdict, job_id)?;
+        if verdict == RejectVerdict::Rejected {
             let counts = batchd_core::stats::increments(batchd_core::ResultStatus::Failed.as_str(), model, None);
             self.count_finished(job_id, &counts, now).await;
         }
@@ -873,8 +1055,9 @@ impl Store {
             String,
             String,
         ) = self.run(&cmd).await?;
-        Ok(match verdict.as_str() {
-            "submit" | "resubmit" => {
+        let verdict = SubmitVerdict::parse(&verdict, &chunk.job_id)?;
+        Ok(match verdict {
+            SubmitVerdict::Submit | SubmitVerdict::Resubmit => {
                 let corrupt = |what: &str| StoreError::Corrupt {
                     job_id: chunk.job_id.to_string(),
                     detail: format!("chunk {}: {what}", chunk.index),
@@ -884,11 +1067,11 @@ impl Store {
                 if requests.len() != placement.len() {
                     return Err(corrupt("requests do not match items"));
                 }
-                SubmitTicket::Go { attempt, resubmit: verdict == "resubmit", model, requests, placement }
+                SubmitTicket::Go { attempt, resubmit: verdict == SubmitVerdict::Resubmit, model, requests, placement }
             }
-            "cancelled" => SubmitTicket::Cancelled,
-            "skip" => SubmitTicket::Skip { chunk_state: previous },
-            _ => SubmitTicket::Gone,
+            SubmitVerdict::Cancelled => SubmitTicket::Cancelled,
+            SubmitVerdict::Skip => SubmitTicket::Skip { chunk_state: previous },
+            SubmitVerdict::Gone => SubmitTicket::Gone,
         })
     }
 
@@ -915,10 +1098,11 @@ impl Store {
             cmd.arg(*name).arg(value);
         }
         let updated: i64 = self.run(&cmd).await?;
-        if let (Some(due), 1) = (due, updated) {
+        let updated = script_flag("update_chunk", updated, &chunk.job_id)?;
+        if let (Some(due), true) = (due, updated) {
             self.scheduled(due);
         }
-        Ok(updated == 1)
+        Ok(updated)
     }
 
     /// Reads what a poll of `chunk` needs. `None` when the ledger does not exist (expired or never created).
@@ -987,7 +1171,10 @@ impl Store {
             .arg(now)
             .arg(now + self.settings.lease.as_millis() as u64);
         let open: i64 = self.run(&cmd).await?;
-        Ok(u32::try_from(open).ok())
+        match open {
+            -1 => Ok(None),
+            open => u32::try_from(open).map(Some).map_err(|_| unknown_answer("chunk_done", open, &chunk.job_id)),
+        }
     }
 
     /// Reads everything needed to build a job's result entry (or decide on a failed-items retry).
@@ -1100,7 +1287,8 @@ impl Store {
         Ok(match outcome {
             1 => AddOutcome::Added,
             0 => AddOutcome::AlreadyDone,
-            _ => AddOutcome::Gone,
+            -1 => AddOutcome::Gone,
+            other => return Err(unknown_answer("add_chunks", other, job_id)),
         })
     }
 
@@ -1154,10 +1342,11 @@ impl Store {
         let mut cmd = ScriptCall::new(&self.scripts.wake, &[self.keys.job(&chunk.job_id), self.keys.schedule()]);
         cmd.arg(chunk.to_string()).arg(chunk.index).arg(now);
         let woken: i64 = self.run(&cmd).await?;
-        if woken == 1 {
+        let woken = script_flag("wake", woken, &chunk.job_id)?;
+        if woken {
             self.soon_due.notify_one();
         }
-        Ok(Some((chunk, woken == 1)))
+        Ok(Some((chunk, woken)))
     }
 
     /// Requests cancellation of a job (see `cancel.lua`); returns its state (empty when no ledger exists yet:
@@ -1173,6 +1362,9 @@ impl Store {
             reason
         });
         let state: String = self.run(&cmd).await?;
+        if !state.is_empty() && state.parse::<JobState>().is_err() {
+            return Err(unknown_answer("cancel", &state, job_id));
+        }
         Ok(state)
     }
 
@@ -1223,10 +1415,11 @@ impl Store {
         }
         drop(fields);
         let published: i64 = self.run(&cmd).await?;
-        if published == 1 {
+        let published = script_flag("publish", published, job_id)?;
+        if published {
             self.count_finished(job_id, &counts, now).await;
         }
-        Ok(published == 1)
+        Ok(published)
     }
 
     /// Adds a finished job's `counts` ([`batchd_core::stats::increments`]) to the minute's and the hour's counters
@@ -1273,6 +1466,20 @@ impl<R: Borrow<RawValue>> redis::ToRedisArgs for RequestsArg<'_, R> {
             write(item.borrow().get().as_bytes());
         }
         write(b"]");
+    }
+}
+
+/// The error for a script answer outside what the script documents (a script and a binary of different versions).
+fn unknown_answer(script: &str, answer: impl std::fmt::Debug, job_id: &impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt { job_id: job_id.to_string(), detail: format!("{script}.lua answered {answer:?}") }
+}
+
+/// A script's 1 (done) or 0 (nothing done) as a bool; anything else is an error.
+fn script_flag(script: &str, answer: i64, job_id: &impl std::fmt::Display) -> Result<bool, StoreError> {
+    match answer {
+        1 => Ok(true),
+        0 => Ok(false),
+        other => Err(unknown_answer(script, other, job_id)),
     }
 }
 
@@ -1324,8 +1531,9 @@ mod tests {
     fn every_script_is_known_by_name_and_gets_the_shared_names_from_rust() {
         for name in SCRIPT_NAMES {
             let text = script_source(name).expect(name);
-            assert!(text.starts_with(&format!("local OPEN_CHUNKS = '{OPEN_CHUNKS}'\n")), "{name}");
-            assert!(text.contains(&format!("local MAX_CHUNKS = {MAX_CHUNKS_PER_JOB}\n")), "{name}");
+            assert!(text.starts_with(&script_constants()), "{name}");
+            assert!(text.contains(&format!("\nlocal F_OPEN_CHUNKS = '{OPEN_CHUNKS}'\n")), "{name}");
+            assert!(text.contains(&format!("\nlocal MAX_CHUNKS = {MAX_CHUNKS_PER_JOB}\n")), "{name}");
         }
         assert!(script_source("nonesuch").is_none());
         let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src/lua")).expect("lua dir");
@@ -1337,5 +1545,36 @@ mod tests {
         let mut known: Vec<&str> = SCRIPT_NAMES.to_vec();
         known.sort_unstable();
         assert_eq!(on_disk, known, "every script file is loaded");
+    }
+
+    #[test]
+    fn the_generated_names_are_quoted_for_lua_and_unique() {
+        assert_eq!(lua_quote("c"), "'c'");
+        assert_eq!(lua_quote("it's \\ \n"), "'it\\'s \\\\ \\010'");
+        let constants = script_constants();
+        let names: Vec<&str> = constants
+            .lines()
+            .filter_map(|line| line.strip_prefix("local "))
+            .map(|rest| rest.strip_prefix("function ").unwrap_or(rest))
+            .filter_map(|rest| rest.split([' ', '(']).next())
+            .collect();
+        let unique: std::collections::HashSet<&&str> = names.iter().collect();
+        assert_eq!(unique.len(), names.len(), "a generated name is defined twice");
+        assert!(constants.contains("local JOB_CANCELLED = 'cancelled'\n"));
+        assert!(constants.contains("local SUBMIT_RESUBMIT = 'resubmit'\n"));
+        assert!(constants.contains(
+            "local TERMINAL_JOB_STATES = {['completed'] = true, ['failed'] = true, ['expired'] = true, \
+             ['cancelled'] = true}\n"
+        ));
+    }
+
+    #[test]
+    fn script_words_parse_their_own_text_and_refuse_others() {
+        for verdict in SubmitVerdict::ALL {
+            assert_eq!(SubmitVerdict::parse(verdict.as_str(), &"j").unwrap(), *verdict);
+        }
+        let error = AcceptVerdict::parse("acepted", &"j").unwrap_err().to_string();
+        assert!(error.contains("accept.lua answered \"acepted\""), "{error}");
+        assert!(RejectVerdict::parse("", &"j").is_err());
     }
 }

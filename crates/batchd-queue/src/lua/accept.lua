@@ -15,11 +15,11 @@
 -- Returns {verdict, state}; verdict: accepted | cancelled | duplicate | missing (the entry is gone or not what
 -- the caller read, with "entry": nothing was done, the caller retries "inline")
 -- Everything is checked before the first write (key types, every argument, at most MAX_CHUNKS chunks), so an
--- error reply means nothing was written. The ledger starts its count of unfinished chunks (OPEN_CHUNKS).
+-- error reply means nothing was written. The ledger starts its count of unfinished chunks (F_OPEN_CHUNKS).
 local ledger, stream, schedule = KEYS[1], KEYS[2], KEYS[3]
 local group, entry_id, job_id = ARGV[1], ARGV[2], ARGV[3]
 check_entry_id(entry_id)
-local n_chunks = uint(ARGV[4], 'n_chunks')
+local n_chunks = uint(ARGV[4], F_N_CHUNKS)
 if n_chunks < 1 or n_chunks > MAX_CHUNKS then
   refuse('a job has 1 to ' .. MAX_CHUNKS .. ' chunks, got ' .. n_chunks)
 end
@@ -27,55 +27,60 @@ local first_due, other_due = ARGV[5], ARGV[6]
 uint(first_due, 'first-chunk due time')
 uint(other_due, 'other-chunks due time')
 local first_state, source = ARGV[7], ARGV[8]
-if first_state ~= 'submitting' and first_state ~= 'pending' then refuse('first chunk state must be submitting or pending') end
-if source ~= 'entry' and source ~= 'inline' then refuse('items source must be entry or inline') end
+if first_state ~= CHUNK_SUBMITTING and first_state ~= CHUNK_PENDING then
+  refuse('first chunk state must be ' .. CHUNK_SUBMITTING .. ' or ' .. CHUNK_PENDING)
+end
+if source ~= SOURCE_ENTRY and source ~= SOURCE_INLINE then
+  refuse('items source must be ' .. SOURCE_ENTRY .. ' or ' .. SOURCE_INLINE)
+end
 local ledger_exists = check_type(ledger, 'hash')
 check_type(stream, 'stream')
 check_type(schedule, 'zset')
 
 if ledger_exists then
-  check_counter(redis.call('HGET', ledger, 'duplicates'), 'the ledger\'s duplicates')
+  check_counter(redis.call('HGET', ledger, F_DUPLICATES), 'the ledger\'s ' .. F_DUPLICATES)
   redis.call('XACK', stream, group, entry_id)
   redis.call('XDEL', stream, entry_id)
-  redis.call('HINCRBY', ledger, 'duplicates', 1)
-  return {'duplicate', redis.call('HGET', ledger, 'state') or ''}
+  redis.call('HINCRBY', ledger, F_DUPLICATES, 1)
+  return {ACCEPT_DUPLICATE, redis.call('HGET', ledger, F_STATE) or ''}
 end
 
 local i = 9
 local fields = {}
-while ARGV[i] ~= '--chunks' do
-  if i + 1 > #ARGV then refuse('the ledger pairs must be followed by the --chunks marker') end
+while ARGV[i] ~= CHUNKS_MARKER do
+  if i + 1 > #ARGV then refuse('the ledger pairs must be followed by the ' .. CHUNKS_MARKER .. ' marker') end
   fields[#fields + 1] = ARGV[i]
   fields[#fields + 1] = ARGV[i + 1]
   i = i + 2
 end
-if #ARGV ~= i + 2 * n_chunks then refuse('expected ' .. n_chunks .. ' chunk argument pairs after --chunks') end
-fields[#fields + 1] = OPEN_CHUNKS
+if #ARGV ~= i + 2 * n_chunks then
+  refuse('expected ' .. n_chunks .. ' chunk argument pairs after ' .. CHUNKS_MARKER)
+end
+fields[#fields + 1] = F_OPEN_CHUNKS
 fields[#fields + 1] = n_chunks
 
 local body
-if source == 'entry' then
+if source == SOURCE_ENTRY then
   local entry = redis.call('XRANGE', stream, entry_id, entry_id)[1]
   if entry then
     local values = entry[2]
     for k = 1, #values, 2 do
-      if values[k] == 'job' then
+      if values[k] == ENTRY_JOB_FIELD then
         body = values[k + 1]
         break
       end
     end
   end
-  if not body then return {'missing', ''} end
+  if not body then return {ACCEPT_MISSING, ''} end
 end
 
-local verdict = 'accepted'
-if first_state == 'submitting' and redis.call('EXISTS', KEYS[4]) == 1 then
-  verdict, first_state, first_due = 'cancelled', 'pending', other_due
+local verdict = ACCEPT_ACCEPTED
+if first_state == CHUNK_SUBMITTING and redis.call('EXISTS', KEYS[4]) == 1 then
+  verdict, first_state, first_due = ACCEPT_CANCELLED, CHUNK_PENDING, other_due
 end
 
 local members = {}
 for chunk = 0, n_chunks - 1 do
-  local prefix = 'c' .. chunk .. ':'
   local items, source_arg = ARGV[i + 1 + 2 * chunk], ARGV[i + 2 + 2 * chunk]
   check_items(items)
   local requests = source_arg
@@ -83,23 +88,24 @@ for chunk = 0, n_chunks - 1 do
     local from, to = string.match(source_arg, '^(%d+):(%d+)$')
     -- A run of items starts with the first one's '{' and ends with the last one's '}'; anything else means
     -- the entry is not the text the caller decoded.
-    if not from or #from > 15 or #to > 15 then return {'missing', ''} end
+    if not from or #from > 15 or #to > 15 then return {ACCEPT_MISSING, ''} end
     local run = string.sub(body, tonumber(from) + 1, tonumber(to))
-    if string.sub(run, 1, 1) ~= '{' or string.sub(run, -1) ~= '}' then return {'missing', ''} end
+    if string.sub(run, 1, 1) ~= '{' or string.sub(run, -1) ~= '}' then return {ACCEPT_MISSING, ''} end
     requests = '[' .. run .. ']'
   elseif string.sub(requests, 1, 1) ~= '[' then
     refuse('chunk ' .. chunk .. ': requests must be a JSON array')
   end
-  local state, attempts, due = 'pending', 0, other_due
+  local state, attempts, due = CHUNK_PENDING, 0, other_due
   if chunk == 0 then
     state, due = first_state, first_due
-    if state == 'submitting' then attempts = 1 end
+    if state == CHUNK_SUBMITTING then attempts = 1 end
   end
-  local chunk_fields = {prefix .. 'state', state, prefix .. 'items', items, prefix .. 'requests', requests,
-    prefix .. 'attempts', attempts, prefix .. 'n_polls', 0, prefix .. 'poll_failures', 0}
+  local chunk_fields = {chunk_field(chunk, C_STATE), state, chunk_field(chunk, C_ITEMS), items,
+    chunk_field(chunk, C_REQUESTS), requests, chunk_field(chunk, C_ATTEMPTS), attempts,
+    chunk_field(chunk, C_N_POLLS), 0, chunk_field(chunk, C_POLL_FAILURES), 0}
   for _, value in ipairs(chunk_fields) do fields[#fields + 1] = value end
   members[#members + 1] = due
-  members[#members + 1] = job_id .. '#' .. chunk
+  members[#members + 1] = member(job_id, chunk)
 end
 call_sliced('HSET', ledger, {}, fields)
 call_sliced('ZADD', schedule, {}, members)

@@ -1,7 +1,7 @@
 -- Adds chunks to a running job and schedules them, in one atomic step. Used to split a chunk the API found too
 -- large (the chunk is replaced by its first half, the rest becomes new chunks) and to resubmit failed items once
 -- (guarded by the `retried` flag, so it happens at most once per job). The job stays within MAX_CHUNKS chunks,
--- and its count of unfinished chunks (OPEN_CHUNKS, when the ledger has one) follows. Everything is checked
+-- and its count of unfinished chunks (F_OPEN_CHUNKS, when the ledger has one) follows. Everything is checked
 -- before the first write.
 -- KEYS: 1 ledger, 2 schedule
 -- ARGV: 1 job id, 2 due ms, 3 replaced chunk index or "" , 4 guard field or "", then per chunk:
@@ -25,32 +25,32 @@ for i = 5, #ARGV, 3 do
 end
 check_type(ledger, 'hash')
 check_type(schedule, 'zset')
-local head = redis.call('HMGET', ledger, 'state', 'n_chunks', OPEN_CHUNKS)
+local head = redis.call('HMGET', ledger, F_STATE, F_N_CHUNKS, F_OPEN_CHUNKS)
 local state = head[1]
 if not state or is_terminal(state) then return -1 end
 if guard ~= '' and redis.call('HEXISTS', ledger, guard) == 1 then return 0 end
-local n = uint(head[2], 'the ledger\'s n_chunks')
-if head[3] then uint(head[3], 'the ledger\'s ' .. OPEN_CHUNKS) end
+local n = uint(head[2], 'the ledger\'s ' .. F_N_CHUNKS)
+if head[3] then uint(head[3], 'the ledger\'s ' .. F_OPEN_CHUNKS) end
 local added = n_triples
 local reopened = 0
 if replaced ~= '' then
   added = added - 1
   if replaced_index >= n then refuse('chunk ' .. replaced_index .. ' is not one of the job\'s ' .. n) end
-  local old = redis.call('HGET', ledger, 'c' .. replaced_index .. ':state')
-  if old == 'done' or old == 'failed' then reopened = 1 end
+  local old = redis.call('HGET', ledger, chunk_field(replaced_index, C_STATE))
+  if is_finished(old) then reopened = 1 end
 end
 if n + added > MAX_CHUNKS then
   refuse('the job would have ' .. (n + added) .. ' chunks, more than ' .. MAX_CHUNKS)
 end
 
 local function write(chunk, items, indices, requests)
-  local prefix = 'c' .. chunk .. ':'
-  redis.call('HDEL', ledger, prefix .. 'request_id', prefix .. 'output', prefix .. 'last_error', prefix .. 'indices',
-    prefix .. 'remote_status', prefix .. 'submitted_at')
-  redis.call('HSET', ledger, prefix .. 'state', 'pending', prefix .. 'items', items, prefix .. 'requests', requests,
-    prefix .. 'attempts', 0, prefix .. 'n_polls', 0, prefix .. 'poll_failures', 0)
-  if indices ~= '' then redis.call('HSET', ledger, prefix .. 'indices', indices) end
-  redis.call('ZADD', schedule, due, job_id .. '#' .. chunk)
+  local function f(name) return chunk_field(chunk, name) end
+  redis.call('HDEL', ledger, f(C_REQUEST_ID), f(C_OUTPUT), f(C_LAST_ERROR), f(C_INDICES), f(C_REMOTE_STATUS),
+    f(C_SUBMITTED_AT))
+  redis.call('HSET', ledger, f(C_STATE), CHUNK_PENDING, f(C_ITEMS), items, f(C_REQUESTS), requests,
+    f(C_ATTEMPTS), 0, f(C_N_POLLS), 0, f(C_POLL_FAILURES), 0)
+  if indices ~= '' then redis.call('HSET', ledger, f(C_INDICES), indices) end
+  redis.call('ZADD', schedule, due, member(job_id, chunk))
 end
 if guard ~= '' then redis.call('HSET', ledger, guard, 1) end
 local i = 5
@@ -62,6 +62,6 @@ for k = 0, added - 1 do
   write(n + k, ARGV[i], ARGV[i + 1], ARGV[i + 2])
   i = i + 3
 end
-redis.call('HSET', ledger, 'n_chunks', n + added, 'updated_at', due)
-if head[3] then redis.call('HINCRBY', ledger, OPEN_CHUNKS, added + reopened) end
+redis.call('HSET', ledger, F_N_CHUNKS, n + added, F_UPDATED_AT, due)
+if head[3] then redis.call('HINCRBY', ledger, F_OPEN_CHUNKS, added + reopened) end
 return 1

@@ -9,26 +9,27 @@ local ledger = KEYS[1]
 local chunk = uint(ARGV[1], 'chunk index')
 uint(ARGV[2], 'now')
 check_type(ledger, 'hash')
-local prefix = 'c' .. chunk .. ':'
-local values = redis.call('HMGET', ledger, 'state', prefix .. 'state', prefix .. 'attempts', prefix .. 'items',
-  prefix .. 'indices', 'model', prefix .. 'requests', 'possible_duplicate_submits')
+local values = redis.call('HMGET', ledger, F_STATE, chunk_field(chunk, C_STATE), chunk_field(chunk, C_ATTEMPTS),
+  chunk_field(chunk, C_ITEMS), chunk_field(chunk, C_INDICES), F_MODEL, chunk_field(chunk, C_REQUESTS),
+  F_POSSIBLE_DUPLICATE_SUBMITS)
 local state, chunk_state = values[1], values[2]
 if not state or is_terminal(state) then
-  return {'gone', 0, state or '', '', '', '', ''}
+  return {SUBMIT_GONE, 0, state or '', '', '', '', ''}
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
-  return {'cancelled', 0, state, '', '', '', ''}
+  return {SUBMIT_CANCELLED, 0, state, '', '', '', ''}
 end
-if chunk_state ~= 'pending' and chunk_state ~= 'submitting' then
-  return {'skip', 0, chunk_state or '', '', '', '', ''}
+if chunk_state ~= CHUNK_PENDING and chunk_state ~= CHUNK_SUBMITTING then
+  return {SUBMIT_SKIP, 0, chunk_state or '', '', '', '', ''}
 end
-local attempts = uint(values[3] or '0', 'the chunk\'s attempts') + 1
-check_counter(values[8], 'the ledger\'s possible_duplicate_submits')
+local attempts = uint(values[3] or '0', 'the chunk\'s ' .. C_ATTEMPTS) + 1
+check_counter(values[8], 'the ledger\'s ' .. F_POSSIBLE_DUPLICATE_SUBMITS)
 
-local verdict = 'submit'
-if chunk_state == 'submitting' then
-  verdict = 'resubmit'
-  redis.call('HINCRBY', ledger, 'possible_duplicate_submits', 1)
+local verdict = SUBMIT_SUBMIT
+if chunk_state == CHUNK_SUBMITTING then
+  verdict = SUBMIT_RESUBMIT
+  redis.call('HINCRBY', ledger, F_POSSIBLE_DUPLICATE_SUBMITS, 1)
 end
-redis.call('HSET', ledger, prefix .. 'state', 'submitting', prefix .. 'attempts', attempts, 'updated_at', ARGV[2])
+redis.call('HSET', ledger, chunk_field(chunk, C_STATE), CHUNK_SUBMITTING, chunk_field(chunk, C_ATTEMPTS), attempts,
+  F_UPDATED_AT, ARGV[2])
 return {verdict, attempts, chunk_state, values[4] or '', values[5] or '', values[7] or '', values[6] or ''}

@@ -1,13 +1,12 @@
--- Shared by every script (prepended when the script is built, after the names and limits that come from Rust:
--- OPEN_CHUNKS, MAX_CHUNKS, MAX_PAIRS, MAX_LIMIT).
+-- Shared by every script (prepended when the script is built, after the names, words and limits that are
+-- generated from Rust by `script_constants` in store.rs: F_<field> and C_<chunk field> for every ledger field,
+-- JOB_<state> and CHUNK_<state>, the verdicts and argument words, ENTRY_JOB_FIELD, MAX_CHUNKS, MAX_PAIRS,
+-- MAX_LIMIT, and is_terminal, is_finished, chunk_field and member). A script never writes a ledger field name,
+-- a state or the member format itself; a test fails on one.
 --
 -- Scripts check, then write: Redis keeps the writes a script made before an error, so everything that can fail
 -- (key types, argument formats, counts, the ledger's own numbers) is checked with the helpers below before a
 -- script's first write, and no `unpack` sees more than ~1,000 values.
-
-local function is_terminal(state)
-  return state == 'completed' or state == 'failed' or state == 'expired' or state == 'cancelled'
-end
 
 -- Ends the script with an error reply. Only ever called before the script's first write.
 local function refuse(message)

@@ -5,7 +5,10 @@
 -- ARGV: 1 final state, 2 now ms, 3 results maxlen, 4 ledger ttl secs, 5 job id, 6 error json (or ""),
 --       7 n result pairs, then result field/value pairs
 local ledger, results, schedule = KEYS[1], KEYS[2], KEYS[3]
-if not is_terminal(ARGV[1]) then refuse('final state must be completed, failed, expired or cancelled') end
+if not is_terminal(ARGV[1]) then
+  refuse('final state must be ' .. JOB_COMPLETED .. ', ' .. JOB_FAILED .. ', ' .. JOB_EXPIRED .. ' or '
+    .. JOB_CANCELLED)
+end
 uint(ARGV[2], 'now')
 uint(ARGV[3], 'results maxlen')
 if uint(ARGV[4], 'ledger ttl') < 1 then refuse('ledger ttl must be at least 1 second') end
@@ -16,29 +19,28 @@ if #entry_fields == 0 then refuse('a result entry needs fields') end
 check_type(ledger, 'hash')
 check_type(results, 'stream')
 check_type(schedule, 'zset')
-local head = redis.call('HMGET', ledger, 'state', 'n_chunks')
+local head = redis.call('HMGET', ledger, F_STATE, F_N_CHUNKS)
 local state = head[1]
 if not state or is_terminal(state) then return 0 end
-local n_chunks = uint(head[2] or '0', 'the ledger\'s n_chunks')
+local n_chunks = uint(head[2] or '0', 'the ledger\'s ' .. F_N_CHUNKS)
 if n_chunks > MAX_CHUNKS then refuse('the ledger has ' .. n_chunks .. ' chunks, more than ' .. MAX_CHUNKS) end
 
 local entry = redis.call('XADD', results, 'MAXLEN', '~', ARGV[3], '*', unpack(entry_fields))
-local fields = {'state', ARGV[1], 'finished_at', ARGV[2], 'updated_at', ARGV[2], 'result_entry', entry}
+local fields = {F_STATE, ARGV[1], F_FINISHED_AT, ARGV[2], F_UPDATED_AT, ARGV[2], F_RESULT_ENTRY, entry}
 if ARGV[6] ~= '' then
-  fields[#fields + 1] = 'error'
+  fields[#fields + 1] = F_ERROR
   fields[#fields + 1] = ARGV[6]
 end
 local dropped, members = {}, {}
 for c = 0, n_chunks - 1 do
-  local prefix = 'c' .. c .. ':'
-  dropped[#dropped + 1] = prefix .. 'output'
+  dropped[#dropped + 1] = chunk_field(c, C_OUTPUT)
   -- A job that did not complete keeps its request items until the ledger expires, so `batchd retry` can run it
   -- again; a completed job's are dropped at once.
-  if ARGV[1] == 'completed' then dropped[#dropped + 1] = prefix .. 'requests' end
-  members[#members + 1] = ARGV[5] .. '#' .. c
-  if ARGV[1] == 'completed' then
-    fields[#fields + 1] = prefix .. 'state'
-    fields[#fields + 1] = 'done'
+  if ARGV[1] == JOB_COMPLETED then dropped[#dropped + 1] = chunk_field(c, C_REQUESTS) end
+  members[#members + 1] = member(ARGV[5], c)
+  if ARGV[1] == JOB_COMPLETED then
+    fields[#fields + 1] = chunk_field(c, C_STATE)
+    fields[#fields + 1] = CHUNK_DONE
   end
 end
 call_sliced('HSET', ledger, {}, fields)
@@ -46,5 +48,5 @@ call_sliced('HDEL', ledger, {}, dropped)
 call_sliced('ZREM', schedule, {}, members)
 redis.call('EXPIRE', ledger, ARGV[4])
 -- A cancellation flag outlives its job only when it arrived after the job's last step; it expires on its own.
-if ARGV[1] == 'cancelled' then redis.call('DEL', KEYS[4]) end
+if ARGV[1] == JOB_CANCELLED then redis.call('DEL', KEYS[4]) end
 return 1

@@ -31,18 +31,18 @@ check_type(results, 'stream')
 check_type(dead, 'stream')
 
 if guard > 0 then
-  if not stream_exists then return 'gone' end
+  if not stream_exists then return REJECT_GONE end
   local pending = redis.call('XPENDING', stream, group, entry_id, entry_id, 1)[1]
-  if not pending or pending[4] <= guard then return 'gone' end
+  if not pending or pending[4] <= guard then return REJECT_GONE end
 end
 if ledger_exists then
-  check_counter(redis.call('HGET', ledger, 'duplicates'), 'the ledger\'s duplicates')
+  check_counter(redis.call('HGET', ledger, F_DUPLICATES), 'the ledger\'s ' .. F_DUPLICATES)
 end
 
-local verdict = 'rejected'
+local verdict = REJECT_REJECTED
 if ledger_exists then
-  verdict = 'duplicate'
-  redis.call('HINCRBY', ledger, 'duplicates', 1)
+  verdict = REJECT_DUPLICATE
+  redis.call('HINCRBY', ledger, F_DUPLICATES, 1)
 else
   redis.call('XADD', results, 'MAXLEN', '~', ARGV[3], '*', unpack(result_fields))
   redis.call('HSET', ledger, unpack(ledger_fields))

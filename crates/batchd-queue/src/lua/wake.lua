@@ -6,8 +6,8 @@ local now = uint(ARGV[3], 'now')
 uint(ARGV[2], 'chunk index')
 check_type(KEYS[1], 'hash')
 check_type(KEYS[2], 'zset')
-local state = redis.call('HGET', KEYS[1], 'c' .. ARGV[2] .. ':state')
-if state ~= 'polling' then
+local state = redis.call('HGET', KEYS[1], chunk_field(ARGV[2], C_STATE))
+if state ~= CHUNK_POLLING then
   return 0
 end
 local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
