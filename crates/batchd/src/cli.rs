@@ -306,22 +306,14 @@ pub async fn cancel(settings: &Settings, id: &str, reason: &str, json: bool) -> 
     Ok(())
 }
 
-/// Formats Unix milliseconds as an RFC 3339 UTC timestamp with milliseconds.
+/// Formats Unix milliseconds as an RFC 3339 UTC timestamp with milliseconds (`2025-11-22T00:00:05.250Z`). A time
+/// past the year 9999, which batchd never writes but a hand-edited ledger may hold, is shown as its Unix ms.
 pub fn format_utc(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = (secs / 86_400) as i64;
-    let (hour, minute, second) = ((secs % 86_400) / 3600, (secs % 3600) / 60, secs % 60);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{:03}Z", ms % 1000)
+    let mut text = String::new();
+    match std::time::UNIX_EPOCH.checked_add(Duration::from_millis(ms)) {
+        Some(time) if write!(text, "{}", humantime::format_rfc3339_millis(time)).is_ok() => text,
+        _ => ms.to_string(),
+    }
 }
 
 /// A duration for humans: `850ms`, `12.3s`, `4m05s`, `2h03m`.
@@ -335,10 +327,8 @@ pub fn format_age(age: Duration) -> String {
     }
 }
 
-/// Milliseconds since the Unix epoch.
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+/// This machine's wall clock in Unix ms, for ages shown to people.
+pub(crate) use batchd_queue::now_ms;
 
 /// The results stream `--stream SUFFIX` names (`{ns}:results:<suffix>`), or the namespace's default one.
 pub(crate) fn results_stream(keys: &batchd_core::Keys, suffix: Option<&str>) -> anyhow::Result<String> {
@@ -361,6 +351,8 @@ mod tests {
         assert_eq!(format_utc(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(format_utc(1_763_769_605_250), "2025-11-22T00:00:05.250Z");
         assert_eq!(format_utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(format_utc(253_402_300_799_999), "9999-12-31T23:59:59.999Z");
+        assert_eq!(format_utc(u64::MAX), "18446744073709551615", "past the year 9999: the number");
     }
 
     #[test]

@@ -125,48 +125,24 @@ pub fn parse_time(text: &str) -> Result<TimeArg, String> {
     parse_utc(text).map(TimeArg::At).ok_or_else(|| expected.to_owned())
 }
 
-/// `YYYY-MM-DD` or `YYYY-MM-DDTHH:MM[:SS[.fff]]Z` as Unix ms.
+/// `YYYY-MM-DD` (midnight UTC) or an RFC 3339 UTC time `YYYY-MM-DDTHH:MM[:SS[.fff]]Z` (`T` may be a space, letters
+/// any case) as Unix ms.
 fn parse_utc(text: &str) -> Option<u64> {
-    let (date, time) = match text.split_once(['T', 't', ' ']) {
-        Some((date, time)) => (date, Some(time.strip_suffix(['Z', 'z'])?)),
-        None => (text, None),
-    };
-    let number = |part: &str, digits: usize| -> Option<u64> {
-        (part.len() == digits && part.bytes().all(|b| b.is_ascii_digit())).then(|| part.parse().ok()).flatten()
-    };
-    let mut date_parts = date.split('-');
-    let (year, month, day) =
-        (number(date_parts.next()?, 4)?, number(date_parts.next()?, 2)?, number(date_parts.next()?, 2)?);
-    if date_parts.next().is_some() || !(1..=12).contains(&month) || !(1..=31).contains(&day) || year < 1970 {
+    if !text.is_ascii() {
         return None;
     }
-    let mut ms = days_from_civil(year as i64, month as i64, day as i64) as u64 * 86_400_000;
-    if let Some(time) = time {
-        let (clock, fraction) = time.split_once('.').unwrap_or((time, ""));
-        let mut clock_parts = clock.split(':');
-        let hour = number(clock_parts.next()?, 2)?;
-        let minute = number(clock_parts.next()?, 2)?;
-        let second = clock_parts.next().map_or(Some(0), |s| number(s, 2))?;
-        if clock_parts.next().is_some() || hour > 23 || minute > 59 || second > 60 {
-            return None;
-        }
-        if !fraction.bytes().all(|b| b.is_ascii_digit()) || (time.contains('.') && fraction.is_empty()) {
-            return None;
-        }
-        let millis: u64 = format!("{fraction:0<3}")[..3].parse().ok()?;
-        ms += (hour * 3600 + minute * 60 + second) * 1000 + millis;
+    let text = text.to_ascii_uppercase().replacen(' ', "T", 1);
+    let full = match text.len() {
+        10 => format!("{text}T00:00:00Z"),
+        17 if text.ends_with('Z') => format!("{}:00Z", &text[..16]),
+        _ => text,
+    };
+    // One zone designator, `Z` at the end: humantime reads past junk after it (`...05ZZ`).
+    if !full.ends_with('Z') || full.matches(['Z', '+']).count() != 1 {
+        return None;
     }
-    Some(ms)
-}
-
-/// Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm, the inverse of the one in `format_utc`).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let yoe = year - era * 400;
-    let doy = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    let at = humantime::parse_rfc3339(&full).ok()?;
+    Some(at.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as u64)
 }
 
 /// The id a retry of `job_id` gets: `<id>.retry-1`, or for `<base>.retry-<n>` the next number, `<base>.retry-<n+1>`.
@@ -603,7 +579,22 @@ mod tests {
         assert_eq!(parse_time("1763769600000"), Ok(TimeArg::At(1_763_769_600_000)));
         assert_eq!(parse_time("30m"), Ok(TimeArg::Ago(Duration::from_secs(1800))));
         assert_eq!(parse_time("2d"), Ok(TimeArg::Ago(Duration::from_secs(172_800))));
-        for bad in ["", "yesterday", "2025-13-01", "2025-11-22T25:00Z", "2025-11-22T10:00", "m", "-5m", "1.5h"] {
+        assert_eq!(parse_time("2025-11-22 00:00:05.25z"), Ok(TimeArg::At(1_763_769_605_250)));
+        for bad in [
+            "",
+            "yesterday",
+            "2025-13-01",
+            "2025-02-30",
+            "1969-12-31",
+            "2025-11-22T25:00Z",
+            "2025-11-22T10:00",
+            "2025-11-22T00:00:05+00:00",
+            "2025-11-22T00:00:05ZZ",
+            "2025-11-22T10:00é",
+            "m",
+            "-5m",
+            "1.5h",
+        ] {
             assert!(parse_time(bad).is_err(), "{bad}");
         }
         assert_eq!(TimeArg::Ago(Duration::from_secs(2)).resolve(5_000), 3_000);
