@@ -5,6 +5,7 @@
 mod acl;
 mod admin_limits;
 mod api_variants;
+mod architecture;
 mod backlog;
 mod bad_input;
 mod big;
