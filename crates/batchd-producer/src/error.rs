@@ -14,8 +14,8 @@ pub enum ProducerError {
     Connect {
         /// The URL without its password (`batchd_core::redact_url`).
         url: String,
-        /// The client's error.
-        source: redis::RedisError,
+        /// The storage's error (the client's, or a TLS file that cannot be read).
+        source: batchd_queue::StoreError,
     },
     /// The job breaks a rule of the v1 wire format; nothing was written (fix the job).
     #[error("invalid job: {0}")]
@@ -38,6 +38,15 @@ pub enum ProducerError {
     /// Redis answered with something that is not what batchd's key layout promises.
     #[error("unexpected reply from Redis: {0}")]
     Reply(String),
+}
+
+impl From<batchd_queue::StoreError> for ProducerError {
+    fn from(error: batchd_queue::StoreError) -> Self {
+        match error {
+            batchd_queue::StoreError::Redis(error) => Self::Redis(error),
+            other => Self::Reply(other.to_string()),
+        }
+    }
 }
 
 impl ProducerError {

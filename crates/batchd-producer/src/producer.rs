@@ -10,13 +10,11 @@ use std::time::Duration;
 use batchd_core::job::JOB_FIELD;
 use batchd_core::ledger::field;
 use batchd_core::{ChunkState, Job, JobError, JobId, JobLimits, JobState, Keys, ResultEntry, UnixMillis, redact_url};
-use redis::AsyncCommands;
-use redis::aio::MultiplexedConnection;
+use batchd_queue::{Conn, Endpoint, RedisSettings, Store, StoreSettings, Topology, inspect};
 use serde::Serialize;
 
 use crate::error::ProducerError;
 use crate::reader::{ReaderOptions, ResultReader};
-use crate::reply;
 
 /// Jobs written per round trip by [`Producer::enqueue_many`].
 const PIPELINE_CHUNK: usize = 500;
@@ -237,13 +235,15 @@ pub enum CancelOutcome {
 /// How long a cancellation request lasts by default: the daemon's default `retention.ledger_ttl_secs`.
 const DEFAULT_CANCEL_TTL: Duration = Duration::from_secs(604_800);
 
-/// Enqueues jobs into one batchd namespace and reads their state. Cheap to clone (one multiplexed connection).
+/// Enqueues jobs into one batchd namespace and reads their state, through batchd's storage (`batchd_queue`), so it
+/// reaches every deployment the daemon does: a standalone server, TLS and ACL users, Redis Cluster and Sentinel.
+/// Cheap to clone (one shared connection).
 #[derive(Clone)]
 pub struct Producer {
-    /// The client, for opening dedicated connections (each results reader has its own).
-    client: redis::Client,
+    /// How to reach Redis, for the connections of results readers (each has its own).
+    endpoint: Endpoint,
     /// The shared connection for short commands.
-    conn: MultiplexedConnection,
+    conn: Conn,
     /// Keys of the namespace.
     keys: Keys,
     /// The limits jobs are validated against (the daemon's defaults unless set).
@@ -258,18 +258,54 @@ impl std::fmt::Debug for Producer {
     }
 }
 
+/// How long [`Producer::connect`] waits for Redis to answer before it gives up.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl Producer {
-    /// Connects to Redis at `url` (`redis://[user:password@]host:port[/db]`, or `rediss://`) for the batchd
-    /// namespace `namespace` (the daemon's `redis.namespace`, default `batchd`).
+    /// Connects to one Redis server at `url` (`redis://[user:password@]host:port[/db]`, or `rediss://` with the
+    /// system's trust store) for the batchd namespace `namespace` (the daemon's `redis.namespace`, default
+    /// `batchd`). For Cluster, Sentinel or a private CA, use [`Producer::with_endpoint`].
     pub async fn connect(url: &str, namespace: &str) -> Result<Self, ProducerError> {
         let keys = Keys::new(namespace)?;
-        let connect_error = |source| ProducerError::Connect { url: redact_url(url), source };
-        let client = redis::Client::open(url).map_err(connect_error)?;
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(Duration::from_secs(30)));
-        let conn = client.get_multiplexed_async_connection_with_config(&config).await.map_err(connect_error)?;
-        Ok(Self { client, conn, keys, limits: JobLimits::default(), cancel_ttl: DEFAULT_CANCEL_TTL })
+        let settings = RedisSettings {
+            url: url.to_owned(),
+            topology: Topology::Standalone,
+            nodes: Vec::new(),
+            sentinel_master: String::new(),
+            tls_ca_file: None,
+            tls_client: None,
+            response_timeout: Duration::from_secs(30),
+        };
+        let endpoint =
+            Endpoint::new(&settings).map_err(|source| ProducerError::Connect { url: redact_url(url), source })?;
+        Self::open(endpoint, keys, &redact_url(url)).await
+    }
+
+    /// Connects through `endpoint` (built from the same `RedisSettings` as the daemon's, so any deployment the
+    /// daemon reaches) for the batchd namespace `namespace`. Fails at once when Redis does not answer.
+    pub async fn with_endpoint(endpoint: Endpoint, namespace: &str) -> Result<Self, ProducerError> {
+        let keys = Keys::new(namespace)?;
+        Self::open(endpoint, keys, "the configured endpoint").await
+    }
+
+    async fn open(endpoint: Endpoint, keys: Keys, shown: &str) -> Result<Self, ProducerError> {
+        let connect_error = |source| ProducerError::Connect { url: shown.to_owned(), source };
+        let mut conn = endpoint.shared().map_err(connect_error)?;
+        match tokio::time::timeout(CONNECT_TIMEOUT, redis::cmd("PING").query_async::<String>(&mut conn)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => return Err(connect_error(error.into())),
+            Err(_) => {
+                let error =
+                    redis::RedisError::from((redis::ErrorKind::Io, "no answer", format!("{CONNECT_TIMEOUT:?}")));
+                return Err(connect_error(error.into()));
+            }
+        }
+        Ok(Self { endpoint, conn, keys, limits: JobLimits::default(), cancel_ttl: DEFAULT_CANCEL_TTL })
+    }
+
+    /// A producer on a connection the caller already has (the CLI's, whose reachability it checked).
+    pub fn with_connection(endpoint: Endpoint, conn: Conn, keys: Keys) -> Self {
+        Self { endpoint, conn, keys, limits: JobLimits::default(), cancel_ttl: DEFAULT_CANCEL_TTL }
     }
 
     /// Validates against these limits instead of the daemon's defaults (set them to the daemon's `jobs.*`).
@@ -298,7 +334,7 @@ impl Producer {
     /// Like [`Producer::enqueue`], for a job that is already JSON text (sent byte for byte).
     pub async fn enqueue_json(&self, job: &str) -> Result<JobId, ProducerError> {
         let validated = self.validate(job).map_err(ProducerError::Invalid)?;
-        let entry_id: String = self.conn.clone().xadd(self.keys.submit(), "*", &[(JOB_FIELD, job)]).await?;
+        let entry_id = inspect::enqueue(&mut self.conn.clone(), &self.keys, job.as_bytes()).await?;
         job_id(validated, &entry_id)
     }
 
@@ -315,11 +351,8 @@ impl Producer {
         let mut ids = Vec::with_capacity(jobs.len());
         let mut conn = self.conn.clone();
         for (texts, validated) in texts.chunks(PIPELINE_CHUNK).zip(validated.chunks(PIPELINE_CHUNK)) {
-            let mut pipe = redis::pipe();
-            for text in texts {
-                pipe.xadd(self.keys.submit(), "*", &[(JOB_FIELD, text)]);
-            }
-            let entry_ids: Vec<String> = pipe.query_async(&mut conn).await?;
+            let bodies: Vec<&[u8]> = texts.iter().map(|text| text.as_bytes()).collect();
+            let entry_ids = inspect::enqueue_many(&mut conn, &self.keys, &bodies).await?;
             for (validated, entry_id) in validated.iter().zip(entry_ids) {
                 ids.push(job_id(validated.clone(), &entry_id)?);
             }
@@ -344,8 +377,8 @@ impl Producer {
     /// What the ledger says about job `id`; `None` when there is no ledger: the id is unknown, the daemon has not
     /// taken the job in yet, or the ledger expired (`retention.ledger_ttl_secs` after the job finished).
     pub async fn status(&self, id: &JobId) -> Result<Option<JobStatus>, ProducerError> {
-        let ledger: HashMap<String, String> = self.conn.clone().hgetall(self.keys.job(id)).await?;
-        Ok(JobStatus::from_ledger(id, &ledger))
+        let ledger = inspect::ledger(&mut self.conn.clone(), &self.keys, id).await?;
+        Ok(ledger.and_then(|ledger| JobStatus::from_ledger(id, &ledger)))
     }
 
     /// The result entry of job `id`, once it finished and while both its ledger and the entry are kept.
@@ -353,33 +386,45 @@ impl Producer {
     pub async fn result(&self, id: &JobId) -> Result<Option<ResultEntry>, ProducerError> {
         let Some(status) = self.status(id).await? else { return Ok(None) };
         let (Some(stream), Some(entry_id)) = (status.reply_to, status.result_entry) else { return Ok(None) };
-        let value: redis::Value =
-            redis::cmd("XRANGE").arg(&stream).arg(&entry_id).arg(&entry_id).query_async(&mut self.conn.clone()).await?;
-        let Some(fields) = reply::entries(&value)?.into_iter().next().and_then(|entry| entry.fields) else {
+        if !self.keys.is_results_stream(&stream) {
+            return Err(ProducerError::Reply(format!("job {id}: reply_to {stream:?} is outside the namespace")));
+        }
+        let entries: inspect::Entries<String> =
+            inspect::entries(&mut self.conn.clone(), &stream, &entry_id, &entry_id, 1, false).await?;
+        let Some((_, fields)) = entries.into_iter().next() else {
             return Ok(None);
         };
         ResultEntry::from_fields(&fields).map(Some).map_err(|e| ProducerError::Reply(format!("{entry_id}: {e}")))
     }
 
-    /// Requests the cancellation of job `id` the documented way (docs/wire-format.md, "Cancelling a job"): it sets
-    /// `{ns}:cancel:<id>` to `reason`. The daemon notices at the job's next step (at most its
-    /// `poll.max_interval_ms` later) and publishes one `cancelled` result with the responses of the batches that had
-    /// finished; a job not taken in yet is never submitted. A job that already ended is left alone.
+    /// Requests the cancellation of job `id` with the daemon's own `cancel` transition (one atomic script): it
+    /// sets the documented flag `{ns}:cancel:<id>` to `reason` (docs/wire-format.md, "Cancelling a job") and makes
+    /// the job's steps due at once, so a replica publishes one `cancelled` result right away, with the responses of
+    /// the batches that had finished; a job not taken in yet is never submitted if it arrives while the request
+    /// lasts. A job that already ended is left alone. Needs a Redis user that may run batchd's scripts (`EVALSHA`:
+    /// the operator's rules, deploy/redis/operator.acl).
     pub async fn cancel(&self, id: &JobId, reason: &str) -> Result<CancelOutcome, ProducerError> {
+        let settings = StoreSettings { ledger_ttl: self.cancel_ttl, ..StoreSettings::default() };
+        let store = Store::new(self.conn.clone(), self.keys.clone(), settings);
+        let state = store.cancel(id, reason).await?;
+        Ok(match state.parse::<JobState>() {
+            Ok(state) if state.is_terminal() => CancelOutcome::AlreadyFinished(state),
+            Ok(state) => CancelOutcome::Requested(Some(state)),
+            Err(_) => CancelOutcome::Requested(None),
+        })
+    }
+
+    /// The namespace's queue depths now (Redis's clock): entries waiting and being taken in, chunks in flight and
+    /// due, dead letters and results.
+    pub async fn depths(&self) -> Result<inspect::Depths, ProducerError> {
         let mut conn = self.conn.clone();
-        let state: Option<String> = conn.hget(self.keys.job(id), field::STATE).await?;
-        let state = state.and_then(|state| state.parse::<JobState>().ok());
-        if let Some(state) = state.filter(|state| state.is_terminal()) {
-            return Ok(CancelOutcome::AlreadyFinished(state));
-        }
-        let reason = if reason.is_empty() { "cancelled" } else { reason };
-        let _: () = conn.set_ex(self.keys.cancel(id), reason, self.cancel_ttl.as_secs()).await?;
-        Ok(CancelOutcome::Requested(state))
+        let now = inspect::redis_now(&mut conn).await?;
+        Ok(inspect::depths(&mut conn, &self.keys, now).await?)
     }
 
     /// Opens a results reader on a connection of its own (its blocking reads would hold up this producer's).
     pub async fn results_reader(&self, options: ReaderOptions) -> Result<ResultReader, ProducerError> {
-        ResultReader::open(&self.client, &self.keys, options).await
+        ResultReader::open(&self.endpoint, &self.keys, options).await
     }
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use batchd_core::result::MalformedResult;
 use batchd_core::{Keys, ResultEntry};
-use redis::aio::MultiplexedConnection;
+use batchd_queue::{Conn, Endpoint};
 
 use crate::error::ProducerError;
 use crate::reply::{self, RawEntry};
@@ -95,7 +95,7 @@ impl Delivery {
 #[derive(Debug)]
 pub struct ResultReader {
     /// A connection of its own: a blocking read would hold up every other command on a shared one.
-    conn: MultiplexedConnection,
+    conn: Conn,
     /// The results stream.
     stream: String,
     /// The options it was opened with.
@@ -116,7 +116,7 @@ pub struct ResultReader {
 
 impl ResultReader {
     /// Opens a reader on its own connection and creates the group if it does not exist.
-    pub async fn open(client: &redis::Client, keys: &Keys, options: ReaderOptions) -> Result<Self, ProducerError> {
+    pub async fn open(endpoint: &Endpoint, keys: &Keys, options: ReaderOptions) -> Result<Self, ProducerError> {
         let stream = match &options.stream {
             None => keys.results(),
             Some(stream) if keys.is_results_stream(stream) => stream.clone(),
@@ -133,10 +133,8 @@ impl ResultReader {
         if options.count == 0 {
             return Err(ProducerError::Option("count must be at least 1".to_owned()));
         }
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(options.block + Duration::from_secs(10)));
-        let conn = client.get_multiplexed_async_connection_with_config(&config).await?;
+        // Its own connection, patient enough for its blocking reads; it heals after connection errors.
+        let conn = endpoint.dedicated(options.block + Duration::from_secs(10));
         let mut reader = Self {
             conn,
             stream,

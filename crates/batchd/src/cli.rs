@@ -94,6 +94,14 @@ pub(crate) async fn connect(settings: &Settings) -> anyhow::Result<Conn> {
     }
 }
 
+/// A producer (the library services use) on a connection to the configured Redis, checked like [`connect`]'s.
+pub(crate) async fn producer(settings: &Settings) -> anyhow::Result<batchd_producer::Producer> {
+    let conn = connect(settings).await?;
+    let producer = batchd_producer::Producer::with_connection(settings.redis_endpoint()?, conn, settings.keys());
+    let ledger_ttl = Duration::from_secs(settings.retention.ledger_ttl_secs);
+    Ok(producer.with_limits(settings.job_limits()).with_cancel_ttl(ledger_ttl))
+}
+
 /// Parses a job id given on the command line.
 pub(crate) fn parse_job_id(id: &str) -> anyhow::Result<JobId> {
     JobId::parse(id).map_err(|e| anyhow!("job id {id:?} {e}"))
@@ -280,24 +288,24 @@ fn status_text(job_id: &JobId, namespace: &str, ledger: &HashMap<String, String>
 ///
 /// With `json`: `{"job_id":..,"outcome":"requested"|"already_finished"|"not_taken_in","state":..}`.
 pub async fn cancel(settings: &Settings, id: &str, reason: &str, json: bool) -> anyhow::Result<()> {
+    use batchd_producer::CancelOutcome;
     let job_id = parse_job_id(id)?;
-    let conn = connect(settings).await?;
-    let store = batchd_queue::Store::new(conn, settings.keys(), settings.store_settings());
-    let state = store.cancel(&job_id, reason).await.map_err(|e| anyhow!("cancel job {job_id}: {e}"))?;
+    let producer = producer(settings).await?;
+    let outcome = producer.cancel(&job_id, reason).await.map_err(|e| anyhow!("cancel job {job_id}: {e}"))?;
     if json {
-        let (outcome, state) = match state.parse::<batchd_core::JobState>() {
-            Ok(state) if state.is_terminal() => ("already_finished", Some(state.as_str())),
-            Ok(state) => ("requested", Some(state.as_str())),
-            Err(_) => ("not_taken_in", None),
+        let (outcome, state) = match outcome {
+            CancelOutcome::AlreadyFinished(state) => ("already_finished", Some(state.as_str())),
+            CancelOutcome::Requested(Some(state)) => ("requested", Some(state.as_str())),
+            CancelOutcome::Requested(None) => ("not_taken_in", None),
         };
         return print_json(&serde_json::json!({"job_id": job_id.as_str(), "outcome": outcome, "state": state}));
     }
-    match state.parse::<batchd_core::JobState>() {
-        Ok(state) if state.is_terminal() => println!("job {job_id} already ended {state}; nothing to cancel"),
-        Ok(state) => println!(
+    match outcome {
+        CancelOutcome::AlreadyFinished(state) => println!("job {job_id} already ended {state}; nothing to cancel"),
+        CancelOutcome::Requested(Some(state)) => println!(
             "cancellation of job {job_id} ({state}) requested; the daemon publishes its cancelled result at once"
         ),
-        Err(_) => println!(
+        CancelOutcome::Requested(None) => println!(
             "cancellation of job {job_id} requested; it is not taken in yet, and is never submitted if it arrives \
              within {}s",
             settings.retention.ledger_ttl_secs

@@ -27,6 +27,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use batchd_core::{JobId, JobState, Keys};
+use batchd_producer::CancelOutcome;
 use batchd_queue::Conn;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
@@ -542,16 +543,22 @@ async fn cancel(
     check_action(&ui, &headers, &form)?;
     let keys = ui.keys(form.ns.as_deref())?;
     let job_id = JobId::parse(&id).map_err(|e| UiError::BadRequest(format!("job id {id:?} {e}")))?;
-    let store = batchd_queue::Store::new(ui.conn(), keys.clone(), ui.settings.store_settings());
-    let state = store
+    let endpoint = ui.settings.redis_endpoint().map_err(|e| UiError::Redis(format!("{e:#}")))?;
+    let ledger_ttl = std::time::Duration::from_secs(ui.settings.retention.ledger_ttl_secs);
+    let producer =
+        batchd_producer::Producer::with_connection(endpoint, ui.conn(), keys.clone()).with_cancel_ttl(ledger_ttl);
+    let outcome = producer
         .cancel(&job_id, "cancelled from the dashboard")
         .await
         .map_err(|e| UiError::Redis(format!("cancel job {job_id}: {e}")))?;
-    let notice = match state.parse::<JobState>() {
-        Ok(state) if state.is_terminal() => format!("job {job_id} already ended {state}; nothing to cancel"),
-        Ok(_) => format!("cancellation of job {job_id} requested"),
-        Err(_) => format!("cancellation of job {job_id} requested (not taken in yet)"),
+    let (state, notice) = match outcome {
+        CancelOutcome::AlreadyFinished(state) => {
+            (Some(state), format!("job {job_id} already ended {state}; nothing to cancel"))
+        }
+        CancelOutcome::Requested(Some(state)) => (Some(state), format!("cancellation of job {job_id} requested")),
+        CancelOutcome::Requested(None) => (None, format!("cancellation of job {job_id} requested (not taken in yet)")),
     };
+    let state = state.map_or("", JobState::as_str);
     tracing::info!(action = "cancel", namespace = keys.namespace(), job_id = %job_id, state = %state, "dashboard action");
     let value = serde_json::json!({"job_id": job_id.as_str(), "state": state, "notice": notice});
     Ok(after_action(&headers, &format!("/jobs/{job_id}"), keys.namespace(), &notice, value))
