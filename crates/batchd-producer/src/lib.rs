@@ -26,7 +26,9 @@
 //! Delivery of results is at least once; the rule for duplicates is in [`reader`]. See `docs/producers.md` for
 //! the same from other languages, and `examples/enqueue_and_read.rs` for a runnable program.
 //!
-//! [`Producer::cancel`] requests a job's cancellation with the documented flag key; the daemon does the rest.
+//! The producer speaks to Redis only through batchd's storage crate (`batchd_queue`): [`Producer::with_endpoint`]
+//! reaches whatever the daemon reaches (Cluster, Sentinel, TLS), and [`Producer::cancel`] runs the daemon's own
+//! atomic `cancel` transition.
 
 mod error;
 mod producer;
