@@ -204,7 +204,7 @@ impl JobStatus {
             duplicates: number(field::DUPLICATES).unwrap_or(0),
             possible_duplicate_submits: number(field::POSSIBLE_DUPLICATE_SUBMITS).unwrap_or(0),
             error: text(field::ERROR).and_then(|error| serde_json::from_str(&error).ok()),
-            result_entry: text("result_entry"),
+            result_entry: text(field::RESULT_ENTRY),
         })
     }
 

@@ -21,8 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
-use anyhow::{Context as _, anyhow, bail};
-use batchd_core::job::JOB_FIELD;
+use anyhow::{Context as _, bail};
 use batchd_core::ledger::field;
 use batchd_core::{Job, JobId, Keys};
 use batchd_queue::Conn;
@@ -347,8 +346,7 @@ pub async fn retry(settings: &Settings, args: &RetryArgs) -> anyhow::Result<()> 
         bail!("--limit must be at least 1");
     }
     let mut conn = connect(settings).await?;
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.context("read Redis's clock")?;
-    let now_ms = secs * 1000 + micros / 1000;
+    let now_ms = batchd_queue::inspect::redis_now(&mut conn).await.context("read Redis's clock")?;
     let since = args.since.map(|time| time.resolve(now_ms));
     let until = args.until.map(|time| time.resolve(now_ms));
     if let (Some(since), Some(until)) = (since, until)
@@ -369,15 +367,10 @@ pub async fn retry(settings: &Settings, args: &RetryArgs) -> anyhow::Result<()> 
     let mut seen: HashSet<String> = HashSet::new();
     let limits = settings.job_limits();
     'pages: loop {
-        let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
-            .arg(&stream)
-            .arg(&start)
-            .arg(&end)
-            .arg("COUNT")
-            .arg(PAGE)
-            .query_async(&mut conn)
-            .await
-            .with_context(|| format!("read {stream}"))?;
+        let entries: batchd_queue::inspect::Entries<String> =
+            batchd_queue::inspect::entries(&mut conn, &stream, &start, &end, PAGE, false)
+                .await
+                .with_context(|| format!("read {stream}"))?;
         let full_page = entries.len() == PAGE;
         let mut page: Vec<Matched> = Vec::new();
         for (entry_id, fields) in &entries {
@@ -458,14 +451,8 @@ async fn handle(
     if dry_run {
         return Ok(Outcome::WouldRetry);
     }
-    let submit_entry_id: String = redis::cmd("XADD")
-        .arg(keys.submit())
-        .arg("*")
-        .arg(JOB_FIELD)
-        .arg(&text)
-        .query_async(conn)
+    let submit_entry_id = batchd_queue::inspect::enqueue(conn, keys, text.as_bytes())
         .await
-        .map_err(|e| anyhow!(e))
         .with_context(|| format!("enqueue the retry of {job_id}"))?;
     Ok(Outcome::Retried { submit_entry_id })
 }

@@ -10,13 +10,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
-use batchd_core::job::JOB_FIELD;
 use batchd_core::ledger::field;
 use batchd_core::{Job, JobId, JobOutput, JobState, Keys, ResultEntry};
 use batchd_producer::JobStatus;
 use batchd_queue::Conn;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use redis::AsyncCommands;
 use serde_json::value::RawValue;
 
 use super::{EXIT_JOB_FAILED, EXIT_WAIT_TIMEOUT, Exit, connect, result_json};
@@ -97,7 +95,7 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
     };
 
     let mut conn = connect(settings).await?;
-    let entry_id: String = conn.xadd(keys.submit(), "*", &[(JOB_FIELD, text.as_str())]).await.context("enqueue job")?;
+    let entry_id = batchd_queue::inspect::enqueue(&mut conn, &keys, text.as_bytes()).await.context("enqueue job")?;
     let job_id = if explicit_id { job.id.clone() } else { JobId::parse(&entry_id).context("entry id")? };
     if args.json {
         println!("{}", super::json_text(&serde_json::json!({"job_id": job_id.as_str(), "entry_id": entry_id}), false)?);
@@ -108,8 +106,8 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
         return Ok(());
     }
     let state = follow(&mut conn, &keys, &job_id, Duration::from_secs(args.timeout)).await?;
-    let ledger: HashMap<String, String> = conn.hgetall(keys.job(&job_id)).await.context("read ledger")?;
-    let fields = read_result(&mut conn, &ledger).await?;
+    let ledger = batchd_queue::inspect::ledger(&mut conn, &keys, &job_id).await.context("read ledger")?;
+    let fields = read_result(&mut conn, &ledger.unwrap_or_default()).await?;
     let mut shown = result_json(&fields);
     if let Some(out) = &args.out {
         match fields.get("result") {
@@ -299,7 +297,8 @@ async fn follow(conn: &mut Conn, keys: &Keys, job_id: &JobId, timeout: Duration)
     let started = Instant::now();
     let mut progress = Progress::new(job_id);
     loop {
-        let ledger: HashMap<String, String> = conn.hgetall(keys.job(job_id)).await.context("read ledger")?;
+        let ledger =
+            batchd_queue::inspect::ledger(conn, keys, job_id).await.context("read ledger")?.unwrap_or_default();
         progress.update(job_id, &ledger);
         let state = ledger.get(field::STATE).and_then(|s| s.parse::<JobState>().ok());
         if let Some(state) = state.filter(|state| state.is_terminal()) {
@@ -356,11 +355,11 @@ fn progress_line(job_id: &JobId, ledger: &HashMap<String, String>) -> String {
 
 /// Reads the job's published result entry (its fields).
 async fn read_result(conn: &mut Conn, ledger: &HashMap<String, String>) -> anyhow::Result<HashMap<String, String>> {
-    let (Some(stream), Some(entry_id)) = (ledger.get(field::REPLY_TO), ledger.get("result_entry")) else {
+    let (Some(stream), Some(entry_id)) = (ledger.get(field::REPLY_TO), ledger.get(field::RESULT_ENTRY)) else {
         bail!("the job finished but its ledger does not say where its result entry is");
     };
-    let entries: Vec<(String, HashMap<String, String>)> =
-        redis::cmd("XRANGE").arg(stream).arg(entry_id).arg(entry_id).query_async(conn).await.context("read result")?;
+    let entries: batchd_queue::inspect::Entries<String> =
+        batchd_queue::inspect::entries(conn, stream, entry_id, entry_id, 1, false).await.context("read result")?;
     let Some((_, fields)) = entries.into_iter().next() else {
         bail!("result entry {entry_id} is no longer in {stream} (trimmed by retention.results_maxlen)");
     };

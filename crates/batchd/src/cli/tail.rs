@@ -99,13 +99,7 @@ pub async fn tail(settings: &Settings, args: &TailArgs) -> anyhow::Result<()> {
 
 /// The id of the stream's last entry, `0-0` when it is empty or missing.
 async fn last_entry_id(conn: &mut Conn, stream: &str) -> anyhow::Result<String> {
-    let last: Vec<(String, HashMap<String, String>)> = redis::cmd("XREVRANGE")
-        .arg(stream)
-        .arg("+")
-        .arg("-")
-        .arg("COUNT")
-        .arg(1)
-        .query_async(conn)
+    let last: batchd_queue::inspect::Entries<String> = batchd_queue::inspect::entries(conn, stream, "-", "+", 1, true)
         .await
         .with_context(|| format!("read {stream}"))?;
     Ok(last.into_iter().next().map_or_else(|| "0-0".to_owned(), |(id, _)| id))

@@ -5,11 +5,13 @@
 use std::time::Duration;
 
 use axum::http::StatusCode;
+use batchd_core::ledger::field;
 use maud::{DOCTYPE, Markup, html};
 use serde_json::Value;
 
 use super::Frame;
 use super::data::{RESPONSES_PAGE, STATUSES};
+
 use crate::cli::{escape_for_terminal, format_age, format_utc};
 
 /// Most characters of one value a page shows (the JSON twin has the whole value).
@@ -343,27 +345,30 @@ pub fn jobs(frame: &Frame<'_>, filters: &JobsFilters<'_>, page: &Value) -> Marku
 pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
     let job = &value["job"];
     let id = job["job_id"].as_str().unwrap_or("");
-    let state = job["state"].as_str().unwrap_or("");
+    let state = job[field::STATE].as_str().unwrap_or("");
     let terminal = state.parse::<batchd_core::JobState>().is_ok_and(batchd_core::JobState::is_terminal);
-    let n_chunks = job["n_chunks"].as_str().and_then(|n| n.parse::<u32>().ok()).unwrap_or(0);
-    let chunk = |index: u32, name: &str| &job[batchd_core::ledger::field::chunk(index, name)];
+    let n_chunks = job[field::N_CHUNKS].as_str().and_then(|n| n.parse::<u32>().ok()).unwrap_or(0);
+    let chunk = |index: u32, name: &str| &job[field::chunk(index, name)];
     let number = |value: &Value| value.as_str().and_then(|n| n.parse::<u64>().ok());
     let mut timeline: Vec<(u64, String)> = Vec::new();
-    if let Some(at) = number(&job["accepted_at"]) {
+    if let Some(at) = number(&job[field::ACCEPTED_AT]) {
         timeline.push((at, "accepted".to_owned()));
     }
     for index in 0..n_chunks {
-        if let Some(at) = number(chunk(index, "submitted_at")) {
-            let polls = chunk(index, "n_polls").as_str().unwrap_or("0");
+        if let Some(at) = number(chunk(index, field::CHUNK_SUBMITTED_AT)) {
+            let polls = chunk(index, field::CHUNK_N_POLLS).as_str().unwrap_or("0");
             timeline.push((
                 at,
-                format!("chunk {index} submitted (request {}); {polls} polls since", text(chunk(index, "request_id"))),
+                format!(
+                    "chunk {index} submitted (request {}); {polls} polls since",
+                    text(chunk(index, field::CHUNK_REQUEST_ID))
+                ),
             ));
         }
     }
-    if let Some(at) = number(&job["finished_at"]) {
+    if let Some(at) = number(&job[field::FINISHED_AT]) {
         timeline.push((at, format!("finished {state}")));
-    } else if let Some(at) = number(&job["updated_at"]) {
+    } else if let Some(at) = number(&job[field::UPDATED_AT]) {
         timeline.push((at, "last change".to_owned()));
     }
     timeline.sort();
@@ -376,22 +381,22 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
             (action(frame, &format!("/jobs/{}/cancel", encode(id)), "Cancel job", "cancel-job", "Cancel this job? Batches already submitted keep running remotely; their results are discarded."))
         }
         table.summary {
-            tr { th { "model" } td { (text(&job["model"])) } }
-            tr { th { "items" } td { (text(&job["n_items"])) } }
+            tr { th { "model" } td { (text(&job[field::MODEL])) } }
+            tr { th { "items" } td { (text(&job[field::N_ITEMS])) } }
             tr { th { "chunks" } td { (n_chunks) } }
-            tr { th { "accepted" } td { (time(&number(&job["accepted_at"]).into())) } }
-            tr { th { "updated" } td { (time(&number(&job["updated_at"]).into())) } }
-            @if job["finished_at"].is_null() {
-                tr { th { "deadline" } td { (time(&number(&job["deadline_at"]).into())) } }
+            tr { th { "accepted" } td { (time(&number(&job[field::ACCEPTED_AT]).into())) } }
+            tr { th { "updated" } td { (time(&number(&job[field::UPDATED_AT]).into())) } }
+            @if job[field::FINISHED_AT].is_null() {
+                tr { th { "deadline" } td { (time(&number(&job[field::DEADLINE_AT]).into())) } }
             } @else {
-                tr { th { "finished" } td { (time(&number(&job["finished_at"]).into())) } }
+                tr { th { "finished" } td { (time(&number(&job[field::FINISHED_AT]).into())) } }
             }
-            tr { th { "results to" } td { (text(&job["reply_to"])) } }
-            @if !job["error"].is_null() {
-                tr { th { "error" } td #job-error.error { (text(&job["error"]["code"])) ": " (text(&job["error"]["message"])) } }
+            tr { th { "results to" } td { (text(&job[field::REPLY_TO])) } }
+            @if !job[field::ERROR].is_null() {
+                tr { th { "error" } td #job-error.error { (text(&job[field::ERROR]["code"])) ": " (text(&job[field::ERROR]["message"])) } }
             }
-            @if !job["possible_duplicate_submits"].is_null() {
-                tr { th { "resubmits" } td { (text(&job["possible_duplicate_submits"])) } }
+            @if !job[field::POSSIBLE_DUPLICATE_SUBMITS].is_null() {
+                tr { th { "resubmits" } td { (text(&job[field::POSSIBLE_DUPLICATE_SUBMITS])) } }
             }
         }
         h2 { "Chunks" }
@@ -401,14 +406,14 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
                 @for index in 0..n_chunks {
                     tr {
                         td.num { (index) }
-                        td { (text(chunk(index, "state"))) }
-                        td { (text(chunk(index, "items"))) }
-                        td.mono { (text(chunk(index, "request_id"))) }
-                        td { (text(chunk(index, "remote_status"))) }
-                        td.num { (text(chunk(index, "n_polls"))) }
-                        td.num { (text(chunk(index, "attempts"))) }
-                        td { (time(&number(chunk(index, "submitted_at")).into())) }
-                        td.error { (text(chunk(index, "last_error"))) }
+                        td { (text(chunk(index, field::CHUNK_STATE))) }
+                        td { (text(chunk(index, field::CHUNK_ITEMS))) }
+                        td.mono { (text(chunk(index, field::CHUNK_REQUEST_ID))) }
+                        td { (text(chunk(index, field::CHUNK_REMOTE_STATUS))) }
+                        td.num { (text(chunk(index, field::CHUNK_N_POLLS))) }
+                        td.num { (text(chunk(index, field::CHUNK_ATTEMPTS))) }
+                        td { (time(&number(chunk(index, field::CHUNK_SUBMITTED_AT)).into())) }
+                        td.error { (text(chunk(index, field::CHUNK_LAST_ERROR))) }
                     }
                 }
             }
