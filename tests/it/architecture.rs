@@ -180,3 +180,42 @@ fn the_code_map_reader_follows_the_crate_bullets() {
     let arrows: Vec<String> = documented_arrows(doc).into_iter().collect();
     assert_eq!(arrows, ["a -> b", "c -> d (dev)"]);
 }
+
+/// What builds or sends a Redis command in Rust source.
+const REDIS_COMMAND_MARKERS: [&str; 4] = ["redis::cmd(", "redis::pipe(", "AsyncCommands", ".query_async("];
+
+/// The crates that may send Redis commands to batchd's keys: the storage alone.
+const REDIS_SPEAKERS: [&str; 1] = ["crates/batchd-queue/"];
+
+/// Every source line outside the storage crate that builds or sends a Redis command, as `file:line: text`.
+fn redis_commands_outside_storage() -> Vec<String> {
+    let root = workspace_root();
+    let mut found = Vec::new();
+    for file in source_files() {
+        if !file.ends_with(".rs") || REDIS_SPEAKERS.iter().any(|speaker| file.starts_with(speaker)) {
+            continue;
+        }
+        let text = std::fs::read_to_string(root.join(&file)).unwrap_or_else(|e| panic!("read {file}: {e}"));
+        for (number, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if REDIS_COMMAND_MARKERS.iter().any(|marker| code.contains(marker)) {
+                found.push(format!("{file}:{}: {}", number + 1, line.trim()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn only_the_storage_crate_sends_redis_commands() {
+    let found = redis_commands_outside_storage();
+    assert!(
+        found.is_empty(),
+        "{DOC}, \"Who sends Redis commands\": only batchd-queue sends Redis commands; move these into \
+         crates/batchd-queue (inspect.rs, results.rs or store.rs) and call them:\n  {}",
+        found.join("\n  ")
+    );
+    // The check finds what it looks for: the storage crate itself is full of commands.
+    let storage = std::fs::read_to_string(workspace_root().join("crates/batchd-queue/src/inspect.rs")).expect("read");
+    assert!(REDIS_COMMAND_MARKERS.iter().any(|marker| storage.contains(marker)));
+}

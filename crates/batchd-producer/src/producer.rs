@@ -291,9 +291,9 @@ impl Producer {
     async fn open(endpoint: Endpoint, keys: Keys, shown: &str) -> Result<Self, ProducerError> {
         let connect_error = |source| ProducerError::Connect { url: shown.to_owned(), source };
         let mut conn = endpoint.shared().map_err(connect_error)?;
-        match tokio::time::timeout(CONNECT_TIMEOUT, redis::cmd("PING").query_async::<String>(&mut conn)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(error)) => return Err(connect_error(error.into())),
+        match tokio::time::timeout(CONNECT_TIMEOUT, batchd_queue::results::ping(&mut conn)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => return Err(connect_error(error)),
             Err(_) => {
                 let error =
                     redis::RedisError::from((redis::ErrorKind::Io, "no answer", format!("{CONNECT_TIMEOUT:?}")));

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use batchd_core::result::MalformedResult;
 use batchd_core::{Keys, ResultEntry};
+use batchd_queue::results::{self, GroupRead};
 use batchd_queue::{Conn, Endpoint};
 
 use crate::error::ProducerError;
@@ -197,8 +198,7 @@ impl ResultReader {
         if ids.is_empty() {
             return Ok(());
         }
-        let _: i64 =
-            redis::cmd("XACK").arg(&self.stream).arg(&self.options.group).arg(ids).query_async(&mut self.conn).await?;
+        results::ack(&mut self.conn, &self.stream, &self.options.group, ids).await?;
         Ok(())
     }
 
@@ -207,24 +207,13 @@ impl ResultReader {
             GroupStart::Beginning => "0",
             GroupStart::End => "$",
         };
-        let created: redis::RedisResult<()> = redis::cmd("XGROUP")
-            .arg("CREATE")
-            .arg(&self.stream)
-            .arg(&self.options.group)
-            .arg(start)
-            .arg("MKSTREAM")
-            .query_async(&mut self.conn)
-            .await;
-        match created {
-            Err(error) if error.code() == Some("BUSYGROUP") => Ok(()),
-            other => Ok(other?),
-        }
+        Ok(results::create_group(&mut self.conn, &self.stream, &self.options.group, start).await?)
     }
 
     async fn fetch(&mut self) -> Result<Vec<Delivery>, ProducerError> {
         // 1. This consumer's own pending entries, left by a previous run (or a cancelled read).
         while let Some(cursor) = self.backlog.clone() {
-            let reply: redis::Value = self.read_group(&cursor, None).await?;
+            let reply = self.read_group(GroupRead::Pending(&cursor)).await?;
             let entries = reply::read_reply(&reply)?;
             let Some(last) = entries.last() else {
                 self.backlog = None;
@@ -240,16 +229,16 @@ impl ResultReader {
         let sweep_due = self.last_sweep.is_none_or(|at| at.elapsed() >= self.options.claim_interval);
         if self.claim_cursor.is_some() || sweep_due {
             let cursor = self.claim_cursor.take().unwrap_or_else(|| "0-0".to_owned());
-            let reply: redis::Value = redis::cmd("XAUTOCLAIM")
-                .arg(&self.stream)
-                .arg(&self.options.group)
-                .arg(&self.options.consumer)
-                .arg(self.options.claim_min_idle.as_millis() as u64)
-                .arg(&cursor)
-                .arg("COUNT")
-                .arg(self.options.count)
-                .query_async(&mut self.conn)
-                .await?;
+            let reply = results::autoclaim(
+                &mut self.conn,
+                &self.stream,
+                &self.options.group,
+                &self.options.consumer,
+                self.options.claim_min_idle,
+                &cursor,
+                self.options.count,
+            )
+            .await?;
             let (next, claimed, deleted) = reply::autoclaim_reply(&reply)?;
             self.n_trimmed += deleted.len() as u64;
             if next == "0-0" {
@@ -263,18 +252,14 @@ impl ResultReader {
             }
         }
         // 3. New entries.
-        let reply = self.read_group(">", Some(self.options.block)).await?;
+        let reply = self.read_group(GroupRead::New(self.options.block)).await?;
         self.deliveries(reply::read_reply(&reply)?, false).await
     }
 
-    async fn read_group(&mut self, id: &str, block: Option<Duration>) -> Result<redis::Value, ProducerError> {
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP").arg(&self.options.group).arg(&self.options.consumer).arg("COUNT").arg(self.options.count);
-        if let Some(block) = block {
-            cmd.arg("BLOCK").arg(block.as_millis().max(1) as u64);
-        }
-        cmd.arg("STREAMS").arg(&self.stream).arg(id);
-        Ok(cmd.query_async(&mut self.conn).await?)
+    async fn read_group(&mut self, read: GroupRead<'_>) -> Result<redis::Value, ProducerError> {
+        let options = &self.options;
+        Ok(results::read_group(&mut self.conn, &self.stream, &options.group, &options.consumer, options.count, read)
+            .await?)
     }
 
     /// Turns read entries into deliveries; entries deleted from the stream meanwhile are acknowledged and counted.

@@ -2,6 +2,7 @@
 //!
 //! - [`Store`]: the job ledger, the schedule and result publishing, each transition one Lua script.
 //! - [`inspect`]: read-only looks for operators and producers (depths, ledgers, consumers, entries, counters).
+//! - [`results`]: following a results stream, and a results reader's consumer-group commands.
 //! - [`fetch`]: the apalis `Backend` both workers read from, fed by a fetcher task that reads Redis in bounded
 //!   batches, never gives up on a Redis error, and hands unstarted work back at shutdown.
 //! - [`ingress`] and [`schedule`]: the two fetchers (the ingress stream's consumer group, and the schedule's due
@@ -17,6 +18,7 @@ pub mod fetch;
 pub mod heartbeat;
 pub mod ingress;
 pub mod inspect;
+pub mod results;
 pub mod schedule;
 pub mod store;
 

@@ -1368,6 +1368,13 @@ impl Store {
         Ok(state)
     }
 
+    /// Takes `member` off the schedule (a member batchd did not write, or whose ledger is corrupt).
+    pub async fn drop_member(&self, member: &str) -> Result<(), StoreError> {
+        let _: i64 =
+            redis::cmd("ZREM").arg(self.keys.schedule()).arg(member).query_async(&mut self.conn.clone()).await?;
+        Ok(())
+    }
+
     /// The cancellation reason, when a cancellation was requested for the job.
     pub async fn cancel_requested(&self, job_id: &JobId) -> Result<Option<String>, StoreError> {
         Ok(self.conn.clone().get(self.keys.cancel(job_id)).await?)

@@ -84,8 +84,7 @@ pub fn no_color() -> bool {
 pub(crate) async fn connect(settings: &Settings) -> anyhow::Result<Conn> {
     let mut conn =
         settings.redis_endpoint()?.dedicated(Duration::from_secs(settings.redis.response_timeout_secs.max(5)));
-    let reached =
-        tokio::time::timeout(Duration::from_secs(5), redis::cmd("PING").query_async::<String>(&mut conn)).await;
+    let reached = tokio::time::timeout(Duration::from_secs(5), batchd_queue::results::ping(&mut conn)).await;
     let url = crate::settings::redact_url(settings.redis.url.expose());
     match reached {
         Ok(Ok(_)) => Ok(conn),

@@ -415,23 +415,17 @@ async fn handle(
     if !seen.insert(retry_id.to_string()) {
         return Ok(Outcome::AlreadyRetried);
     }
-    let ledger = keys.job(&job_id);
-    let chunk0 = field::chunk(0, field::CHUNK_REQUESTS);
-    let (retry_exists, exists, n_chunks, has_requests): (bool, bool, Option<u64>, bool) = redis::pipe()
-        .exists(keys.job(&retry_id))
-        .exists(&ledger)
-        .hget(&ledger, field::N_CHUNKS)
-        .hexists(&ledger, &chunk0)
-        .query_async(conn)
+    let check = batchd_queue::inspect::rerun_check(conn, keys, &job_id, &retry_id)
         .await
         .with_context(|| format!("read the ledgers of {job_id} and {retry_id}"))?;
+    let batchd_queue::inspect::RerunCheck { retry_exists, exists, n_chunks, has_requests } = check;
     if retry_exists {
         return Ok(Outcome::AlreadyRetried);
     }
     if !exists {
         return not_retryable("its ledger expired (retention.ledger_ttl_secs), and its request items with it");
     }
-    if n_chunks.unwrap_or(0) == 0 {
+    if n_chunks == 0 {
         return not_retryable("it was refused before it ran (nothing of it was stored); fix it and enqueue it again");
     }
     if !has_requests {
@@ -439,8 +433,9 @@ async fn handle(
             "its request items are no longer stored (a finished job's ledger keeps only its timeline)",
         );
     }
-    let fields: HashMap<String, String> =
-        redis::cmd("HGETALL").arg(&ledger).query_async(conn).await.with_context(|| format!("read {ledger}"))?;
+    let fields = batchd_queue::inspect::ledger_with_items(conn, keys, &job_id)
+        .await
+        .with_context(|| format!("read the ledger of {job_id}"))?;
     let text = match rebuild_job(&fields, &retry_id, keys) {
         Ok(text) => text,
         Err(reason) => return not_retryable(&reason),

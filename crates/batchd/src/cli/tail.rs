@@ -17,9 +17,6 @@ const BLOCK: Duration = Duration::from_millis(1000);
 /// Entries read at once.
 const BATCH: usize = 100;
 
-/// An `XREAD` reply: per stream, its entries as (id, fields).
-type ReadReply = Option<Vec<(String, Vec<(String, HashMap<String, String>)>)>>;
-
 /// Options of `batchd tail`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct TailArgs {
@@ -70,29 +67,19 @@ pub async fn tail(settings: &Settings, args: &TailArgs) -> anyhow::Result<()> {
         let want = args.count.map_or(BATCH as u64, |count| (count - seen).min(BATCH as u64));
         let block = timeout
             .map_or(BLOCK, |timeout| timeout.saturating_sub(started.elapsed()).clamp(Duration::from_millis(1), BLOCK));
-        let reply: ReadReply = redis::cmd("XREAD")
-            .arg("COUNT")
-            .arg(want)
-            .arg("BLOCK")
-            .arg(block.as_millis() as u64)
-            .arg("STREAMS")
-            .arg(&stream)
-            .arg(&last_id)
-            .query_async(&mut conn)
+        let entries = batchd_queue::results::read_after(&mut conn, &stream, &last_id, want, block)
             .await
             .with_context(|| format!("read {stream}"))?;
-        for (_, entries) in reply.unwrap_or_default() {
-            for (entry_id, fields) in entries {
-                if args.json {
-                    let mut object = result_json(&fields);
-                    object["entry_id"] = entry_id.clone().into();
-                    println!("{}", json_text(&object, false)?);
-                } else {
-                    println!("{}", entry_line(&entry_id, &fields));
-                }
-                last_id = entry_id;
-                seen += 1;
+        for (entry_id, fields) in entries {
+            if args.json {
+                let mut object = result_json(&fields);
+                object["entry_id"] = entry_id.clone().into();
+                println!("{}", json_text(&object, false)?);
+            } else {
+                println!("{}", entry_line(&entry_id, &fields));
             }
+            last_id = entry_id;
+            seen += 1;
         }
     }
 }

@@ -118,9 +118,7 @@ pub async fn handle_due(member: String, pipeline: Data<Arc<Pipeline>>) -> Result
 }
 
 async fn drop_member(store: &Store, member: &str) {
-    let removed: Result<i64, redis::RedisError> =
-        redis::AsyncCommands::zrem(&mut store.connection(), store.keys().schedule(), member).await;
-    if let Err(error) = removed {
+    if let Err(error) = store.drop_member(member).await {
         tracing::warn!(error = %error, "could not drop schedule member");
     }
 }
