@@ -243,15 +243,16 @@ async fn fetch_loop(
                     }
                 }
                 drop(room);
-                let mut bytes = 0;
-                for (permit, entry) in permits.zip(entries) {
-                    bytes += entry.size();
-                    permit.send(entry);
-                }
+                let bytes = entries.iter().fold(0usize, |sum, entry| sum.saturating_add(entry.size()));
                 if bytes > BIG_READ {
-                    // The connection's read buffer grew to hold this reply and never shrinks: start afresh rather
-                    // than keep megabytes around for the daemon's lifetime.
+                    // redis-rs reads a reply into one buffer that grows by doubling until the largest value in it
+                    // is whole, copies each value out, and never shrinks it: that buffer is a second copy of the
+                    // entry, resident for as long as the connection lives. Dropping the connection frees it; it
+                    // goes before the entries are handed out, so no handler's work overlaps with it.
                     conn = endpoint.dedicated(settings.block + Duration::from_secs(10));
+                }
+                for (permit, entry) in permits.zip(entries) {
+                    permit.send(entry);
                 }
             }
             Err(error) => {

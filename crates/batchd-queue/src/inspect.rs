@@ -50,65 +50,75 @@ impl Depths {
 }
 
 /// Reads `keys`' depths at `now` (Unix ms, for what is due).
+///
+/// The oldest entry's id comes from the `XPENDING` summary whenever anything is pending: the group delivers in id
+/// order and an entry is deleted when it is acknowledged, so the smallest pending id is the stream's first. Only
+/// with nothing pending is the first entry read (`XRANGE - + COUNT 1`), and that returns the whole entry: a
+/// 90 MB entry being read by a replica would be read by the admin sampler too, doubling what it costs the daemon
+/// (docs/reliability.md, finding f2).
 pub async fn depths(conn: &mut Conn, keys: &Keys, now: UnixMillis) -> Result<Depths, StoreError> {
     let submit = keys.submit();
     let schedule = keys.schedule();
-    #[allow(clippy::type_complexity)]
-    let (submit_entries, scheduled, due, dead, results, first_entry, first_step): (
-        u64,
-        u64,
-        u64,
-        u64,
-        u64,
-        Vec<(String, redis::Value)>,
-        Vec<(String, f64)>,
-    ) = redis::pipe()
-        .cmd("XLEN")
-        .arg(&submit)
-        .cmd("ZCARD")
-        .arg(&schedule)
-        .cmd("ZCOUNT")
-        .arg(&schedule)
-        .arg("-inf")
-        .arg(now)
-        .cmd("XLEN")
-        .arg(keys.dead())
-        .cmd("XLEN")
-        .arg(keys.results())
-        .cmd("XRANGE")
-        .arg(&submit)
-        .arg("-")
-        .arg("+")
-        .arg("COUNT")
-        .arg(1)
-        .cmd("ZRANGE")
-        .arg(&schedule)
-        .arg(0)
-        .arg(0)
-        .arg("WITHSCORES")
-        .query_async(conn)
-        .await?;
+    let (submit_entries, scheduled, due, dead, results, first_step): (u64, u64, u64, u64, u64, Vec<(String, f64)>) =
+        redis::pipe()
+            .cmd("XLEN")
+            .arg(&submit)
+            .cmd("ZCARD")
+            .arg(&schedule)
+            .cmd("ZCOUNT")
+            .arg(&schedule)
+            .arg("-inf")
+            .arg(now)
+            .cmd("XLEN")
+            .arg(keys.dead())
+            .cmd("XLEN")
+            .arg(keys.results())
+            .cmd("ZRANGE")
+            .arg(&schedule)
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES")
+            .query_async(conn)
+            .await?;
+    let (submit_in_flight, oldest_pending) = pending_summary(conn, &submit, CONSUMER_GROUP).await?;
+    let oldest_entry_id = match oldest_pending {
+        Some(id) => Some(id),
+        None if submit_entries > 0 => {
+            let first: Vec<(String, redis::Value)> =
+                redis::cmd("XRANGE").arg(&submit).arg("-").arg("+").arg("COUNT").arg(1).query_async(conn).await?;
+            first.into_iter().next().map(|(id, _)| id)
+        }
+        None => None,
+    };
     Ok(Depths {
         submit_entries,
-        submit_in_flight: pending_count(conn, &submit, CONSUMER_GROUP).await?,
+        submit_in_flight,
         scheduled,
         due,
         dead,
         results,
-        oldest_entry_id: first_entry.into_iter().next().map(|(id, _)| id),
+        oldest_entry_id,
         earliest_due_ms: first_step.first().map(|(_, score)| score.max(0.0) as u64),
     })
 }
 
 /// Entries read by `group`'s consumers and not yet acknowledged (0 when the stream or the group does not exist).
 pub async fn pending_count(conn: &mut Conn, stream: &str, group: &str) -> Result<u64, StoreError> {
-    // Summary form: [count, smallest id, greatest id, consumers].
+    Ok(pending_summary(conn, stream, group).await?.0)
+}
+
+/// [`pending_count`] and the smallest pending entry id, from the `XPENDING` summary (ids only, never an entry).
+async fn pending_summary(conn: &mut Conn, stream: &str, group: &str) -> Result<(u64, Option<String>), StoreError> {
+    // Summary form: [count, smallest id, greatest id, consumers]; the ids are nil when nothing is pending.
     match redis::cmd("XPENDING").arg(stream).arg(group).query_async(conn).await {
         Ok(redis::Value::Array(items)) => {
-            Ok(items.first().and_then(|count| redis::from_redis_value::<u64>(count.clone()).ok()).unwrap_or(0))
+            let mut items = items.into_iter();
+            let count = items.next().and_then(|count| redis::from_redis_value::<u64>(count).ok()).unwrap_or(0);
+            let smallest = items.next().and_then(|id| redis::from_redis_value::<String>(id).ok());
+            Ok((count, smallest.filter(|_| count > 0)))
         }
-        Ok(_) => Ok(0),
-        Err(error) if error.code() == Some("NOGROUP") => Ok(0),
+        Ok(_) => Ok((0, None)),
+        Err(error) if error.code() == Some("NOGROUP") => Ok((0, None)),
         Err(error) => Err(error.into()),
     }
 }
@@ -427,45 +437,4 @@ pub async fn set_pause_flag(conn: &mut Conn, keys: &Keys, value: &str) -> Result
 /// Deletes the pause flag (`GETDEL`); returns the value it had.
 pub async fn clear_pause_flag(conn: &mut Conn, keys: &Keys) -> Result<Option<String>, StoreError> {
     Ok(redis::cmd("GETDEL").arg(keys.paused()).query_async(conn).await?)
-}
-
-/// What a finished job's ledger still holds for running it again (`batchd retry`), read in one round trip.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RerunCheck {
-    /// The retry's own id already has a ledger (retried before).
-    pub retry_exists: bool,
-    /// The job's ledger still exists.
-    pub exists: bool,
-    /// Its chunk count (0 for a job refused before it ran).
-    pub n_chunks: u64,
-    /// Its first chunk still stores its request items.
-    pub has_requests: bool,
-}
-
-/// Checks whether `job_id` can be run again as `retry_id`.
-pub async fn rerun_check(
-    conn: &mut Conn,
-    keys: &Keys,
-    job_id: &JobId,
-    retry_id: &JobId,
-) -> Result<RerunCheck, StoreError> {
-    let ledger = keys.job(job_id);
-    let (retry_exists, exists, n_chunks, has_requests): (bool, bool, Option<u64>, bool) = redis::pipe()
-        .exists(keys.job(retry_id))
-        .exists(&ledger)
-        .hget(&ledger, field::N_CHUNKS)
-        .hexists(&ledger, field::chunk(0, field::CHUNK_REQUESTS))
-        .query_async(conn)
-        .await?;
-    Ok(RerunCheck { retry_exists, exists, n_chunks: n_chunks.unwrap_or(0), has_requests })
-}
-
-/// A job's whole ledger, its stored request items included (what `batchd retry` rebuilds the job from); empty
-/// when it has none.
-pub async fn ledger_with_items(
-    conn: &mut Conn,
-    keys: &Keys,
-    job_id: &JobId,
-) -> Result<HashMap<String, String>, StoreError> {
-    Ok(redis::cmd("HGETALL").arg(keys.job(job_id)).query_async(conn).await?)
 }
