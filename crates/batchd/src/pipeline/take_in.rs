@@ -23,7 +23,7 @@ impl Pipeline {
         // The items stay views into the entry's `job` field: a big job is held once, not twice.
         let job = match Job::decode_borrowed(&entry.fields, &entry.id, &self.limits, self.store.keys()) {
             Ok(job) => job,
-            Err(error) => return self.reject(&entry, error).await,
+            Err(error) => return self.reject(entry, error).await,
         };
         let entry_id = entry.id.as_str();
         tracing::Span::current().record("job_id", tracing::field::display(&job.id));
@@ -131,12 +131,14 @@ impl Pipeline {
         }
     }
 
-    async fn reject(&self, entry: &IngressEntry, error: DecodeError) -> Result<(), StoreError> {
+    async fn reject(&self, mut entry: IngressEntry, error: DecodeError) -> Result<(), StoreError> {
         let (job_id, job_error, dead) = match &error {
             DecodeError::Undecodable { reason } => {
                 let job_id = JobId::parse(&entry.id)
                     .map_err(|e| StoreError::Corrupt { job_id: entry.id.clone(), detail: e.to_string() })?;
-                let dead = DeadLetter { fields: entry.fields.clone(), reason: reason.clone() };
+                // Moved, not copied: the entry can be tens of MB (an oversize one is refused here unparsed), and the
+                // dead-letter stream keeps a bounded prefix of it.
+                let dead = DeadLetter { fields: std::mem::take(&mut entry.fields), reason: reason.clone() };
                 (job_id, JobError::new(code::INVALID_ENTRY, reason.clone()), Some(dead))
             }
             DecodeError::Invalid { job_id, .. } => {
