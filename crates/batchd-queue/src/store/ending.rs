@@ -1,0 +1,176 @@
+//! A job's end: what publishing needs, the one publish transition (exactly once per job, guarded by the ledger
+//! state) with the finished-jobs counters, and cancellation.
+
+use super::*;
+
+impl Store {
+    /// Reads everything needed to build a job's result entry (or decide on a failed-items retry).
+    pub async fn publish_context(&self, job_id: &JobId) -> Result<Option<PublishContext>, StoreError> {
+        let key = self.keys.job(job_id);
+        let head: Vec<Option<String>> = self
+            .conn
+            .clone()
+            .hmget(
+                &key,
+                &[
+                    field::MODEL,
+                    field::REPLY_TO,
+                    field::METADATA,
+                    field::ACCEPTED_AT,
+                    field::N_ITEMS,
+                    field::N_CHUNKS,
+                    field::RETRY_FAILED_ITEMS,
+                    field::RETRIED,
+                ][..],
+            )
+            .await?;
+        let Some(n_chunks) = head[5].as_deref().and_then(|n| n.parse::<u32>().ok()) else {
+            return Ok(None);
+        };
+        const PER_CHUNK: [&str; 6] = [
+            field::CHUNK_REQUEST_ID,
+            field::CHUNK_STATE,
+            field::CHUNK_OUTPUT,
+            field::CHUNK_LAST_ERROR,
+            field::CHUNK_ITEMS,
+            field::CHUNK_INDICES,
+        ];
+        let mut chunks = Vec::with_capacity(n_chunks as usize);
+        // Read chunk fields a few chunks at a time: outputs can be large.
+        for first in (0..n_chunks).step_by(16) {
+            let last = (first + 16).min(n_chunks);
+            let names: Vec<String> =
+                (first..last).flat_map(|index| PER_CHUNK.iter().map(move |name| field::chunk(index, name))).collect();
+            let values: Vec<Option<String>> = self.conn.clone().hmget(&key, &names[..]).await?;
+            // Moved out of the reply, not cloned: outputs can be tens of MB.
+            let mut values = values.into_iter();
+            for index in first..last {
+                let mut next = || values.next().flatten();
+                let (request_id, state, output, last_error, items, indices) =
+                    (next(), next(), next(), next(), next(), next());
+                let placement = Placement::parse(items.as_deref().unwrap_or(""), indices.as_deref().unwrap_or(""))
+                    .ok_or_else(|| StoreError::Corrupt {
+                        job_id: job_id.to_string(),
+                        detail: format!("chunk {index} has no valid items"),
+                    })?;
+                chunks.push(ChunkRecord {
+                    index,
+                    request_id,
+                    state: state.as_deref().and_then(|s| s.parse().ok()),
+                    output,
+                    last_error,
+                    placement,
+                });
+            }
+        }
+        Ok(Some(PublishContext {
+            model: head[0].clone().unwrap_or_default(),
+            reply_to: head[1].clone().unwrap_or_else(|| self.keys.results()),
+            metadata: head[2].clone(),
+            accepted_at: head[3].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0),
+            n_items: head[4].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0),
+            retry_failed_items: head[6].as_deref() == Some("1"),
+            retried: head[7].as_deref() == Some("1"),
+            chunks,
+        }))
+    }
+
+    /// Requests cancellation of a job (see `cancel.lua`); returns its state (empty when no ledger exists yet:
+    /// the request then waits for the job to arrive, for `ledger_ttl`).
+    pub async fn cancel(&self, job_id: &JobId, reason: &str) -> Result<String, StoreError> {
+        let mut cmd = ScriptCall::new(
+            &self.scripts.cancel,
+            &[self.keys.job(job_id), self.keys.cancel(job_id), self.keys.schedule()],
+        );
+        cmd.arg(job_id.as_str()).arg(self.settings.ledger_ttl.as_secs().max(1)).arg(if reason.is_empty() {
+            "cancelled"
+        } else {
+            reason
+        });
+        let state: String = self.run(&cmd).await?;
+        if !state.is_empty() && state.parse::<JobState>().is_err() {
+            return Err(unknown_answer("cancel", &state, job_id));
+        }
+        Ok(state)
+    }
+
+    /// The cancellation reason, when a cancellation was requested for the job.
+    pub async fn cancel_requested(&self, job_id: &JobId) -> Result<Option<String>, StoreError> {
+        Ok(self.conn.clone().get(self.keys.cancel(job_id)).await?)
+    }
+
+    /// Publishes `entry` to `reply_to` and closes the ledger with `state`, atomically and at most once per job.
+    /// Returns false when the job had already finished (nothing was published).
+    pub async fn publish(
+        &self,
+        job_id: &JobId,
+        entry: ResultEntry,
+        state: JobState,
+        reply_to: &str,
+        now: UnixMillis,
+    ) -> Result<bool, StoreError> {
+        if !self.keys.is_results_stream(reply_to) {
+            return Err(StoreError::Corrupt {
+                job_id: job_id.to_string(),
+                detail: format!("reply_to {reply_to:?} is outside the namespace"),
+            });
+        }
+        // The entry is serialised once and dropped, and the fields are dropped once copied into the command: a
+        // merged result can be tens of MB, and each copy held at the same time counts.
+        let fields = entry.to_fields();
+        let error = entry.error.as_ref().map(JobError::to_json).unwrap_or_default();
+        let counts = batchd_core::stats::increments(
+            entry.status.as_str(),
+            &entry.model,
+            entry.result.as_ref().map(|output| &output.usage),
+        );
+        drop(entry);
+        let mut cmd = ScriptCall::new(
+            &self.scripts.publish,
+            &[self.keys.job(job_id), reply_to.to_owned(), self.keys.schedule(), self.keys.cancel(job_id)],
+        );
+        cmd.arg(state.as_str())
+            .arg(now)
+            .arg(self.settings.results_maxlen)
+            .arg(self.settings.ledger_ttl.as_secs().max(1))
+            .arg(job_id.as_str())
+            .arg(error)
+            .arg(fields.len());
+        for (name, value) in &fields {
+            cmd.arg(*name).arg(value);
+        }
+        drop(fields);
+        let published: i64 = self.run(&cmd).await?;
+        let published = script_flag("publish", published, job_id)?;
+        if published {
+            self.count_finished(job_id, &counts, now).await;
+        }
+        Ok(published)
+    }
+
+    /// Adds a finished job's `counts` ([`batchd_core::stats::increments`]) to the minute's and the hour's counters
+    /// (`now` is Redis's time). Runs after the publish, not inside its script: a replica that dies between the two
+    /// leaves one job uncounted, which the dashboard's rates can bear, and the publish script's layout stays the
+    /// one every replica speaks. A failure is logged, never returned: the result is out already.
+    pub(super) async fn count_finished(&self, job_id: &JobId, counts: &[(String, u64)], now: UnixMillis) {
+        use batchd_core::keys::{STATS_HOUR_TTL_SECS, STATS_MINUTE_TTL_SECS};
+        let minute = self.keys.stats_minute(now / 60_000);
+        let hour = self.keys.stats_hour(now / 3_600_000);
+        let mut pipe = redis::pipe();
+        for (key, ttl) in [(&minute, STATS_MINUTE_TTL_SECS), (&hour, STATS_HOUR_TTL_SECS)] {
+            for (name, n) in counts {
+                pipe.hincr(key, name, *n).ignore();
+            }
+            pipe.expire(key, ttl as i64).ignore();
+        }
+        if let Err(error) = pipe.query_async::<()>(&mut self.conn.clone()).await {
+            tracing::warn!(job_id = %job_id, error = %error, "finished-jobs counters not updated");
+        }
+    }
+
+    /// The whole ledger of a job, as stored (for `batchd status`). `None` when there is none.
+    pub async fn ledger(&self, job_id: &JobId) -> Result<Option<HashMap<String, String>>, StoreError> {
+        let ledger: HashMap<String, String> = self.conn.clone().hgetall(self.keys.job(job_id)).await?;
+        Ok((!ledger.is_empty()).then_some(ledger))
+    }
+}

@@ -1,0 +1,345 @@
+//! The storage's Lua scripts as Redis runs them: each gets, before the shared prelude, the names, words and limits
+//! it shares with Rust (ledger fields, states, verdicts, the member format), generated here from batchd-core, so a
+//! Lua literal cannot drift from the Rust one; and one `EVALSHA` call per transition.
+
+use super::*;
+
+pub(super) struct Scripts {
+    pub(super) accept: Script,
+    pub(super) reject: Script,
+    pub(super) claim: Script,
+    pub(super) begin_submit: Script,
+    pub(super) update_chunk: Script,
+    pub(super) chunk_done: Script,
+    pub(super) add_chunks: Script,
+    pub(super) publish: Script,
+    pub(super) rate_limit: Script,
+    pub(super) cancel: Script,
+    pub(super) wake: Script,
+}
+
+/// Defines a word a script and Rust exchange (a verdict a script returns, or an argument it takes): an enum with
+/// its text, parsed once here, and a Lua local per variant (`<lua_prefix><TEXT>`) generated into every script's
+/// prelude, so the word is written once.
+macro_rules! script_words {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident ($script:literal, $lua_prefix:literal) {
+            $($(#[$variant_meta:meta])* $variant:ident = $text:literal,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        $vis enum $name {
+            $($(#[$variant_meta])* $variant,)+
+        }
+
+        impl $name {
+            /// Every variant.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+            /// The script that speaks this word.
+            pub const SCRIPT: &'static str = $script;
+            /// What the Lua local of a variant is called before its text in upper case.
+            const LUA_PREFIX: &'static str = $lua_prefix;
+
+            /// The word as the script writes it.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $text,)+
+                }
+            }
+
+            /// Parses a script's word; an unknown word is an error (a script and a binary of different versions).
+            #[allow(dead_code, reason = "argument words are sent, never read back")]
+            pub(super) fn parse(text: &str, job_id: &impl std::fmt::Display) -> Result<Self, StoreError> {
+                Self::ALL.iter().copied().find(|word| word.as_str() == text).ok_or_else(|| StoreError::Corrupt {
+                    job_id: job_id.to_string(),
+                    detail: format!(
+                        "{}.lua answered {:?}, which is not one of {:?}",
+                        Self::SCRIPT,
+                        text.chars().take(64).collect::<String>(),
+                        Self::ALL.iter().map(|word| word.as_str()).collect::<Vec<_>>()
+                    ),
+                })
+            }
+
+            /// `(Lua local, text)` for every variant.
+            fn lua_locals() -> impl Iterator<Item = (String, &'static str)> {
+                Self::ALL
+                    .iter()
+                    .map(|word| (format!("{}{}", Self::LUA_PREFIX, word.as_str().to_uppercase()), word.as_str()))
+            }
+        }
+    };
+}
+
+script_words! {
+    /// The verdict of `accept.lua`.
+    pub enum AcceptVerdict ("accept", "ACCEPT_") {
+        /// A new job: ledger created, chunks scheduled, entry acknowledged.
+        Accepted = "accepted",
+        /// A new job whose cancellation was requested before it arrived (its first chunk is left pending).
+        Cancelled = "cancelled",
+        /// The job id already had a ledger; the entry was acknowledged and counted.
+        Duplicate = "duplicate",
+        /// The entry is gone or not what the caller read (items copied from the entry); nothing was done.
+        Missing = "missing",
+    }
+}
+
+script_words! {
+    /// Where `accept.lua` takes the chunks' request items from.
+    pub enum ItemsSource ("accept", "SOURCE_") {
+        /// Copied inside Redis from the ingress entry, at the byte spans the caller gives.
+        Entry = "entry",
+        /// Sent in the arguments.
+        Inline = "inline",
+    }
+}
+
+script_words! {
+    /// The verdict of `reject.lua`.
+    pub enum RejectVerdict ("reject", "REJECT_") {
+        /// A `failed` result was published and a finished ledger recorded.
+        Rejected = "rejected",
+        /// The job id already had a ledger: only counted (and dead-lettered when asked).
+        Duplicate = "duplicate",
+        /// With a delivery guard: the entry is no longer pending with too many deliveries; nothing was done.
+        Gone = "gone",
+    }
+}
+
+script_words! {
+    /// The verdict of `begin_submit.lua`.
+    pub enum SubmitVerdict ("begin_submit", "SUBMIT_") {
+        /// The job has finished or has no ledger.
+        Gone = "gone",
+        /// The job's cancellation was requested.
+        Cancelled = "cancelled",
+        /// The chunk is past submitting.
+        Skip = "skip",
+        /// The chunk is marked `submitting`: post it.
+        Submit = "submit",
+        /// As `Submit`, but a previous submit was interrupted (its remote batch may exist).
+        Resubmit = "resubmit",
+    }
+}
+
+/// The marker in `accept.lua`'s arguments between the ledger pairs and the chunks.
+pub(super) const CHUNKS_MARKER: &str = "--chunks";
+
+/// `text` as a Lua string literal.
+fn lua_quote(text: &str) -> String {
+    let mut quoted = String::from("'");
+    for byte in text.bytes() {
+        match byte {
+            b'\'' | b'\\' => quoted.extend(['\\', byte as char]),
+            0x20..=0x7e => quoted.push(byte as char),
+            _ => quoted.push_str(&format!("\\{byte:03}")),
+        }
+    }
+    quoted.push('\'');
+    quoted
+}
+
+/// What every script gets from Rust before the shared prelude, generated so that no script writes a name of its
+/// own: a local per ledger field (`F_STATE`, ..., `F_OPEN_CHUNKS`), per per-chunk name (`C_STATE`, ...), per job
+/// state (`JOB_RUNNING`, ...) and chunk state (`CHUNK_POLLING`, ...), per script word (verdicts such as
+/// `ACCEPT_DUPLICATE`, the items sources `SOURCE_ENTRY`/`SOURCE_INLINE`, `CHUNKS_MARKER`), the ingress entry's
+/// job field (`ENTRY_JOB_FIELD`), the limits (`MAX_CHUNKS`, `MAX_PAIRS`, `MAX_LIMIT`), and the functions
+/// `is_terminal(state)` and `is_finished(chunk_state)` (from [`JobState::is_terminal`] and
+/// [`ChunkState::is_finished`] over every state), `chunk_field(index, name)` (the format of [`field::chunk`])
+/// and `member(job_id, index)` (the format of [`ChunkRef`]).
+fn script_constants() -> String {
+    use std::fmt::Write as _;
+    let mut strings: Vec<(String, &str)> = Vec::new();
+    strings.extend(field::JOB_FIELDS.iter().map(|(name, value)| (format!("F_{name}"), *value)));
+    strings.extend(field::CHUNK_FIELDS.iter().map(|(name, value)| (format!("C_{name}"), *value)));
+    strings
+        .extend(JobState::ALL.iter().map(|state| (format!("JOB_{}", state.as_str().to_uppercase()), state.as_str())));
+    strings.extend(
+        ChunkState::ALL.iter().map(|state| (format!("CHUNK_{}", state.as_str().to_uppercase()), state.as_str())),
+    );
+    strings.extend(AcceptVerdict::lua_locals());
+    strings.extend(ItemsSource::lua_locals());
+    strings.extend(RejectVerdict::lua_locals());
+    strings.extend(SubmitVerdict::lua_locals());
+    strings.push(("CHUNKS_MARKER".to_owned(), CHUNKS_MARKER));
+    strings.push(("ENTRY_JOB_FIELD".to_owned(), batchd_core::job::JOB_FIELD));
+
+    let mut text = String::from("-- Generated from batchd-core by batchd_queue::store::script_constants.\n");
+    for (name, value) in &strings {
+        writeln!(text, "local {name} = {}", lua_quote(value)).expect("writing into memory");
+    }
+    writeln!(text, "local MAX_CHUNKS = {MAX_CHUNKS_PER_JOB}").expect("writing into memory");
+    writeln!(text, "local MAX_PAIRS = {MAX_SCRIPT_PAIRS}").expect("writing into memory");
+    writeln!(text, "local MAX_LIMIT = {MAX_CLAIM}").expect("writing into memory");
+    let set =
+        |states: Vec<&str>| states.iter().map(|state| format!("[{}] = true", lua_quote(state))).collect::<Vec<_>>();
+    let terminal = set(JobState::ALL.iter().filter(|state| state.is_terminal()).map(|state| state.as_str()).collect());
+    let finished =
+        set(ChunkState::ALL.iter().filter(|state| state.is_finished()).map(|state| state.as_str()).collect());
+    writeln!(text, "local TERMINAL_JOB_STATES = {{{}}}", terminal.join(", ")).expect("writing into memory");
+    writeln!(text, "local FINISHED_CHUNK_STATES = {{{}}}", finished.join(", ")).expect("writing into memory");
+    text.push_str(&format!(
+        "local function is_terminal(state) return TERMINAL_JOB_STATES[state] == true end\n\
+         local function is_finished(chunk_state) return FINISHED_CHUNK_STATES[chunk_state] == true end\n\
+         local function chunk_field(index, name) return {} .. index .. {} .. name end\n\
+         local function member(job_id, index) return job_id .. {} .. index end\n",
+        lua_quote(field::CHUNK_PREFIX),
+        lua_quote(field::CHUNK_SEPARATOR),
+        lua_quote(batchd_core::ids::MEMBER_SEPARATOR),
+    ));
+    text
+}
+
+/// A script as Redis runs it: the names, words and limits it shares with Rust ([`script_constants`], so a Lua
+/// literal can never drift from the Rust one), then the shared prelude (`refuse`, the checks, `call_sliced`), then
+/// the script itself.
+pub(super) fn script_text(body: &str) -> String {
+    format!("{}{}\n{body}", script_constants(), include_str!("../lua/prelude.lua"))
+}
+
+/// The full text of a storage script by its file name without `.lua` (`accept`, `reject`, ...), as Redis runs
+/// it: for tests that drive a script with arguments [`Store`] never sends (error paths, malformed input).
+pub fn script_source(name: &str) -> Option<String> {
+    let body = match name {
+        "accept" => include_str!("../lua/accept.lua"),
+        "reject" => include_str!("../lua/reject.lua"),
+        "claim" => include_str!("../lua/claim.lua"),
+        "begin_submit" => include_str!("../lua/begin_submit.lua"),
+        "update_chunk" => include_str!("../lua/update_chunk.lua"),
+        "chunk_done" => include_str!("../lua/chunk_done.lua"),
+        "add_chunks" => include_str!("../lua/add_chunks.lua"),
+        "publish" => include_str!("../lua/publish.lua"),
+        "rate_limit" => include_str!("../lua/rate_limit.lua"),
+        "cancel" => include_str!("../lua/cancel.lua"),
+        "wake" => include_str!("../lua/wake.lua"),
+        _ => return None,
+    };
+    Some(script_text(body))
+}
+
+/// The file names (without `.lua`) of every storage script, for [`script_source`].
+pub const SCRIPT_NAMES: [&str; 11] = [
+    "accept",
+    "reject",
+    "claim",
+    "begin_submit",
+    "update_chunk",
+    "chunk_done",
+    "add_chunks",
+    "publish",
+    "rate_limit",
+    "cancel",
+    "wake",
+];
+
+/// One script call: `EVALSHA <script> <n keys> <keys>`, the caller adding the arguments through the command it
+/// derefs to. Built as one [`redis::Cmd`] (not redis-rs's `ScriptInvocation`, which holds the arguments and then
+/// copies them all into a command): a job's items can be tens of MB, and each copy of them counts. It keeps its
+/// script, so [`Store::run`] can load it into a Redis that lost it.
+pub(super) struct ScriptCall<'s> {
+    pub(super) script: &'s Script,
+    pub(super) cmd: redis::Cmd,
+}
+
+impl<'s> ScriptCall<'s> {
+    pub(super) fn new(script: &'s Script, keys: &[String]) -> Self {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys.len());
+        for key in keys {
+            cmd.arg(key);
+        }
+        Self { script, cmd }
+    }
+}
+
+impl std::ops::Deref for ScriptCall<'_> {
+    type Target = redis::Cmd;
+
+    fn deref(&self) -> &redis::Cmd {
+        &self.cmd
+    }
+}
+
+impl std::ops::DerefMut for ScriptCall<'_> {
+    fn deref_mut(&mut self) -> &mut redis::Cmd {
+        &mut self.cmd
+    }
+}
+
+impl Scripts {
+    pub(super) fn load() -> Self {
+        let load = |name: &str| Script::new(&script_source(name).expect("a known script"));
+        Self {
+            accept: load("accept"),
+            reject: load("reject"),
+            claim: load("claim"),
+            begin_submit: load("begin_submit"),
+            update_chunk: load("update_chunk"),
+            chunk_done: load("chunk_done"),
+            add_chunks: load("add_chunks"),
+            publish: load("publish"),
+            rate_limit: load("rate_limit"),
+            cancel: load("cancel"),
+            wake: load("wake"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_script_is_known_by_name_and_gets_the_shared_names_from_rust() {
+        for name in SCRIPT_NAMES {
+            let text = script_source(name).expect(name);
+            assert!(text.starts_with(&script_constants()), "{name}");
+            assert!(text.contains(&format!("\nlocal F_OPEN_CHUNKS = '{OPEN_CHUNKS}'\n")), "{name}");
+            assert!(text.contains(&format!("\nlocal MAX_CHUNKS = {MAX_CHUNKS_PER_JOB}\n")), "{name}");
+        }
+        assert!(script_source("nonesuch").is_none());
+        let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src/lua")).expect("lua dir");
+        let mut on_disk: Vec<String> = files
+            .map(|file| file.expect("entry").file_name().to_string_lossy().trim_end_matches(".lua").to_owned())
+            .filter(|name| name != "prelude")
+            .collect();
+        on_disk.sort();
+        let mut known: Vec<&str> = SCRIPT_NAMES.to_vec();
+        known.sort_unstable();
+        assert_eq!(on_disk, known, "every script file is loaded");
+    }
+
+    #[test]
+    fn the_generated_names_are_quoted_for_lua_and_unique() {
+        assert_eq!(lua_quote("c"), "'c'");
+        assert_eq!(lua_quote("it's \\ \n"), "'it\\'s \\\\ \\010'");
+        let constants = script_constants();
+        let names: Vec<&str> = constants
+            .lines()
+            .filter_map(|line| line.strip_prefix("local "))
+            .map(|rest| rest.strip_prefix("function ").unwrap_or(rest))
+            .filter_map(|rest| rest.split([' ', '(']).next())
+            .collect();
+        let unique: std::collections::HashSet<&&str> = names.iter().collect();
+        assert_eq!(unique.len(), names.len(), "a generated name is defined twice");
+        assert!(constants.contains("local JOB_CANCELLED = 'cancelled'\n"));
+        assert!(constants.contains("local SUBMIT_RESUBMIT = 'resubmit'\n"));
+        assert!(constants.contains(
+            "local TERMINAL_JOB_STATES = {['completed'] = true, ['failed'] = true, ['expired'] = true, \
+             ['cancelled'] = true}\n"
+        ));
+    }
+
+    #[test]
+    fn script_words_parse_their_own_text_and_refuse_others() {
+        for verdict in SubmitVerdict::ALL {
+            assert_eq!(SubmitVerdict::parse(verdict.as_str(), &"j").unwrap(), *verdict);
+        }
+        let error = AcceptVerdict::parse("acepted", &"j").unwrap_err().to_string();
+        assert!(error.contains("accept.lua answered \"acepted\""), "{error}");
+        assert!(RejectVerdict::parse("", &"j").is_err());
+    }
+}

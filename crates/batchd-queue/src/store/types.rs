@@ -1,0 +1,284 @@
+//! The values the storage's transitions take and give: what an intake records, what a chunk's view and a job's
+//! publish context hold, where a chunk's items sit, and what each transition answered.
+
+use super::*;
+
+/// What [`Store::accept`] did with an entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Accepted {
+    /// A new job: its ledger exists and its chunks are scheduled; the entry is acknowledged. With
+    /// [`Intake::submit_first`], the first chunk is marked `submitting` (attempt 1) and the caller posts it now.
+    New,
+    /// A new job whose cancellation was requested before it arrived: accepted, but its first chunk is left
+    /// `pending` and due at once, so the schedule concludes the job; the caller submits nothing.
+    CancelRequested,
+    /// The job id already had a ledger (in the given state); the entry was acknowledged and counted, nothing else.
+    Duplicate {
+        /// State of the existing job.
+        state: String,
+    },
+}
+
+/// What [`Store::begin_submit`] decided for a chunk.
+#[derive(Debug, Clone)]
+pub enum SubmitTicket {
+    /// Submit the chunk now; what to send is returned so no second read is needed.
+    Go {
+        /// Attempts made so far, this one included.
+        attempt: u64,
+        /// True when a previous submit of this chunk was interrupted (its remote batch may exist).
+        resubmit: bool,
+        /// The job's model.
+        model: String,
+        /// The chunk's request items, byte for byte.
+        requests: Vec<Box<serde_json::value::RawValue>>,
+        /// Where the chunk's items sit in the job.
+        placement: Placement,
+    },
+    /// The job's cancellation was requested; nothing is submitted.
+    Cancelled,
+    /// The chunk is past submitting (in the given state); nothing to submit.
+    Skip {
+        /// The chunk's current state.
+        chunk_state: String,
+    },
+    /// The job has finished or no longer exists.
+    Gone,
+}
+
+/// The part of the ledger a poll needs.
+#[derive(Debug, Clone)]
+pub struct ChunkView {
+    /// Job state.
+    pub job_state: JobState,
+    /// The job's model.
+    pub model: String,
+    /// Chunk state.
+    pub chunk_state: ChunkState,
+    /// Remote request id, once submitted.
+    pub request_id: Option<String>,
+    /// First item index of the chunk.
+    pub items_start: usize,
+    /// Number of items in the chunk.
+    pub items_len: usize,
+    /// Polls answered so far.
+    pub n_polls: u64,
+    /// Consecutive failed polls.
+    pub poll_failures: u64,
+    /// The job's deadline, Unix ms.
+    pub deadline_at: UnixMillis,
+    /// When the job was accepted, Unix ms.
+    pub accepted_at: UnixMillis,
+    /// Number of chunks of the job.
+    pub n_chunks: u32,
+    /// Number of items of the job.
+    pub n_items: usize,
+    /// Results stream the job publishes to.
+    pub reply_to: String,
+    /// The job's metadata JSON, if any.
+    pub metadata: Option<String>,
+    /// The cancellation reason, when a cancellation was requested.
+    pub cancel_requested: Option<String>,
+    /// The status the Batch API reported at the chunk's last poll (`queued`, `running`, or an undocumented one).
+    pub remote_status: Option<String>,
+}
+
+impl ChunkView {
+    /// What publishing a one-chunk job needs, from this view alone (no second read of the ledger).
+    pub fn single_chunk_context(&self, index: u32) -> PublishContext {
+        PublishContext {
+            model: self.model.clone(),
+            reply_to: self.reply_to.clone(),
+            metadata: self.metadata.clone(),
+            accepted_at: self.accepted_at,
+            n_items: self.n_items,
+            retry_failed_items: false,
+            retried: false,
+            chunks: vec![ChunkRecord {
+                index,
+                request_id: self.request_id.clone(),
+                state: Some(ChunkState::Done),
+                output: None,
+                last_error: None,
+                placement: Placement::Range { start: self.items_start, len: self.items_len },
+            }],
+        }
+    }
+}
+
+/// A job's fields needed to publish its result.
+#[derive(Debug, Clone)]
+pub struct PublishContext {
+    /// The job's model.
+    pub model: String,
+    /// Results stream to publish to.
+    pub reply_to: String,
+    /// The job's metadata JSON, if any.
+    pub metadata: Option<String>,
+    /// When the job was accepted, Unix ms.
+    pub accepted_at: UnixMillis,
+    /// Number of items of the job.
+    pub n_items: usize,
+    /// Whether failed items are to be resubmitted once.
+    pub retry_failed_items: bool,
+    /// Whether that resubmission already happened.
+    pub retried: bool,
+    /// Every chunk's stored outcome, in chunk order.
+    pub chunks: Vec<ChunkRecord>,
+}
+
+/// One chunk's stored outcome.
+#[derive(Debug, Clone)]
+pub struct ChunkRecord {
+    /// The chunk's position in the job.
+    pub index: u32,
+    /// Remote request id, if the chunk was submitted.
+    pub request_id: Option<String>,
+    /// The chunk's state.
+    pub state: Option<ChunkState>,
+    /// The stored normalised output JSON, when done.
+    pub output: Option<String>,
+    /// The stored error JSON, when failed.
+    pub last_error: Option<String>,
+    /// Which of the job's items the chunk carries.
+    pub placement: Placement,
+}
+
+/// Which of a job's items a chunk carries: a contiguous range (a planned or split chunk) or a list of indices
+/// (a chunk of retried items).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// Items `start..start + len`.
+    Range {
+        /// First item index.
+        start: usize,
+        /// Number of items.
+        len: usize,
+    },
+    /// These item indices, in this order.
+    Indices(Vec<usize>),
+}
+
+impl Placement {
+    /// Number of items.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Range { len, .. } => *len,
+            Self::Indices(indices) => indices.len(),
+        }
+    }
+
+    /// Whether the chunk carries no item.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The job-wide index of the chunk's item `local`.
+    pub fn job_index(&self, local: usize) -> Option<usize> {
+        match self {
+            Self::Range { start, len } => (local < *len).then_some(start + local),
+            Self::Indices(indices) => indices.get(local).copied(),
+        }
+    }
+
+    /// All job-wide indices, in chunk order.
+    pub fn job_indices(&self) -> Vec<usize> {
+        (0..self.len()).filter_map(|local| self.job_index(local)).collect()
+    }
+
+    pub(super) fn parse(items: &str, indices: &str) -> Option<Self> {
+        if !indices.is_empty() {
+            return serde_json::from_str(indices).ok().map(Self::Indices);
+        }
+        parse_items(Some(items)).map(|(start, len)| Self::Range { start, len })
+    }
+
+    /// The ledger encoding: (`start:len`, indices JSON or "").
+    pub(super) fn encode(&self) -> (String, String) {
+        match self {
+            Self::Range { start, len } => (format!("{start}:{len}"), String::new()),
+            Self::Indices(indices) => {
+                (format!("0:{}", indices.len()), serde_json::to_string(indices).expect("indices serialise"))
+            }
+        }
+    }
+}
+
+/// A chunk to add to a running job.
+#[derive(Debug, Clone)]
+pub struct NewChunk {
+    /// Which of the job's items it carries.
+    pub placement: Placement,
+    /// Its request items, in placement order.
+    pub requests: Vec<Box<serde_json::value::RawValue>>,
+}
+
+/// What [`Store::add_chunks`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddOutcome {
+    /// The chunks were added and scheduled.
+    Added,
+    /// The once-only flag was already set; nothing changed.
+    AlreadyDone,
+    /// The job has finished or no longer exists.
+    Gone,
+}
+
+/// How an accepted job is recorded (see [`Store::accept`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Intake<'a> {
+    /// The ingress entry the job came from (acknowledged in the same step).
+    pub entry_id: &'a str,
+    /// The job's chunks.
+    pub plan: &'a ChunkPlan,
+    /// Acceptance time, Unix ms.
+    pub now: UnixMillis,
+    /// When the job expires, Unix ms.
+    pub deadline_at: UnixMillis,
+    /// When the first chunk becomes due if the accepting replica does not submit it (its lease).
+    pub first_due: UnixMillis,
+    /// Whether failed items are resubmitted once.
+    pub retry_failed_items: bool,
+    /// Mark the first chunk `submitting` with attempt 1, for a caller that posts it right away (saves the
+    /// separate [`Store::begin_submit`] step); otherwise it is `pending`, due at `first_due`.
+    pub submit_first: bool,
+}
+
+/// An ingress entry finished as a failed job without running (see [`Store::reject`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Rejection<'a> {
+    /// The ingress entry (acknowledged in the same step).
+    pub entry_id: &'a str,
+    /// The id the failure is published under.
+    pub job_id: &'a JobId,
+    /// The job's model, when known.
+    pub model: &'a str,
+    /// Why.
+    pub error: &'a JobError,
+    /// A copy for the dead-letter stream, for entries that are not jobs at all.
+    pub dead: Option<&'a DeadLetter>,
+    /// Number of request items of the job (0 when unknown).
+    pub items_total: usize,
+}
+
+/// A copy of an undecodable entry for the dead-letter stream.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    /// The entry's fields as they were (the stored copy is bounded: see [`Store::with_dead_entry_bytes`]).
+    pub fields: Vec<(String, Vec<u8>)>,
+    /// Why it could not be decoded.
+    pub reason: String,
+}
+
+/// What [`Store::dead_letter_undeliverable`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Undeliverable {
+    /// The entry is in the dead-letter stream and acknowledged; `published` tells whether its entry id got a
+    /// `failed` result (false: that id already had a ledger).
+    Moved {
+        /// Whether a `failed` result was published under the entry id.
+        published: bool,
+    },
+    /// The entry was no longer pending with too many deliveries (another replica finished it): nothing changed.
+    Gone,
+}
