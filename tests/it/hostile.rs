@@ -93,7 +93,7 @@ fn empty_items_job(n_items: usize) -> Vec<u8> {
 const MIB: f64 = 1024.0 * 1024.0;
 
 #[tokio::test]
-async fn thirty_million_empty_items_are_refused_within_three_times_the_entry_size() {
+async fn thirty_million_empty_items_are_refused_for_about_twice_the_entry_size_above_idle() {
     let world = World::new().await;
     let n_items = 30_000_000;
     let job = empty_items_job(n_items);
@@ -124,13 +124,13 @@ async fn thirty_million_empty_items_are_refused_within_three_times_the_entry_siz
     assert!(world.emulator.calls().is_empty(), "nothing reached the API");
 
     let figures = format!(
-        "entry {:.1} MiB, idle RSS {:.1} MiB, peak RSS {:.1} MiB ({:.2}× the entry), refused after {took:.1?}",
+        "entry {:.1} MiB, idle RSS {:.1} MiB, peak RSS {:.1} MiB ({:.2}× the entry above idle), refused after {took:.1?}",
         entry_bytes as f64 / MIB,
         idle_rss as f64 / MIB,
         peak_rss as f64 / MIB,
-        peak_rss as f64 / entry_bytes as f64,
+        peak_rss.saturating_sub(idle_rss) as f64 / entry_bytes as f64,
     );
     eprintln!("{figures}");
-    assert!(peak_rss <= 3 * entry_bytes, "peak RSS over 3× the entry: {figures}");
-    assert!(peak_rss <= 3 * entry_bytes + idle_rss, "peak RSS over 3× the entry plus idle: {figures}");
+    // Measured: 2.00 × (redis-rs's read buffer and the value copied out of it; counting the items borrows).
+    assert!(peak_rss <= idle_rss + entry_bytes * 9 / 4, "peak RSS over idle + 2.25 × the entry: {figures}");
 }
