@@ -1,0 +1,259 @@
+//! Validation: the relations between values that the types cannot express (checked at every load), the
+//! warnings the daemon logs at start, and `check_for_run`, shared by `batchd run` and `batchd config check`.
+
+use std::net::SocketAddr;
+
+use super::{ConfigError, Settings};
+
+impl Settings {
+    /// Checks relations between values that the types cannot express.
+    pub(super) fn check(&self) -> Result<(), ConfigError> {
+        let fail = |key: &str, why: &str| Err(ConfigError(format!("{key}: {why}")));
+        batchd_core::Keys::new(&self.redis.namespace).map_err(|e| ConfigError(format!("redis.namespace: {e}")))?;
+        for extra in &self.redis.extra_namespaces {
+            batchd_core::Keys::new(extra).map_err(|e| ConfigError(format!("redis.extra_namespaces: {e}")))?;
+            if *extra == self.redis.namespace || self.redis.extra_namespaces.iter().filter(|n| *n == extra).count() > 1
+            {
+                return Err(ConfigError(format!("redis.extra_namespaces: {extra:?} is listed twice")));
+            }
+        }
+        if self.workers.submit_concurrency == 0 {
+            return fail("workers.submit_concurrency", "must be at least 1");
+        }
+        if self.workers.poll_concurrency == 0 {
+            return fail("workers.poll_concurrency", "must be at least 1");
+        }
+        if self.workers.inflight_bytes < 1024 * 1024 {
+            return fail("workers.inflight_bytes", "must be at least 1048576 (1 MiB)");
+        }
+        if self.workers.inflight_bytes < self.jobs.max_entry_bytes {
+            return fail(
+                "workers.inflight_bytes",
+                "must be at least jobs.max_entry_bytes (an idle replica holds room for one entry of that size)",
+            );
+        }
+        if self.workers.runtime_threads > 1024 {
+            return fail("workers.runtime_threads", "must be at most 1024 (0 means one per CPU)");
+        }
+        if self.ingress.batch == 0 || self.schedule.batch == 0 {
+            return fail("ingress.batch / schedule.batch", "must be at least 1");
+        }
+        if self.schedule.lease_secs <= self.cloudflare.request_timeout_secs {
+            return fail("schedule.lease_secs", "must exceed cloudflare.request_timeout_secs");
+        }
+        if self.poll.multiplier.is_nan() || self.poll.multiplier < 1.0 {
+            return fail("poll.multiplier", "must be at least 1.0");
+        }
+        if !(0.0..1.0).contains(&self.poll.jitter) {
+            return fail("poll.jitter", "must be in [0, 1)");
+        }
+        if self.poll.initial_interval_ms == 0 || self.poll.max_interval_ms < self.poll.initial_interval_ms {
+            return fail("poll.max_interval_ms", "must be at least poll.initial_interval_ms, which must be positive");
+        }
+        if self.retry.max_attempts == 0 {
+            return fail("retry.max_attempts", "must be at least 1");
+        }
+        if self.jobs.default_deadline_secs == 0 {
+            return fail("jobs.default_deadline_secs", "must be at least 1");
+        }
+        if self.jobs.max_payload_bytes < 1024 {
+            return fail("jobs.max_payload_bytes", "must be at least 1024");
+        }
+        if self.rate_limits.window_secs == 0 {
+            return fail("rate_limits.window_secs", "must be at least 1");
+        }
+        if self.rate_limits.burst == 0 {
+            return fail("rate_limits.burst", "must be at least 1");
+        }
+        if let Some(bad) =
+            self.rate_limits.models.iter().find(|limit| batchd_core::ModelName::parse(&limit.model).is_err())
+        {
+            return Err(ConfigError(format!("rate_limits.models: {:?} is not a model name", bad.model)));
+        }
+        if self.retention.results_maxlen == 0 {
+            return fail("retention.results_maxlen", "must be at least 1");
+        }
+        if self.ingress.max_deliveries == 0 {
+            return fail("ingress.max_deliveries", "must be at least 1");
+        }
+        if self.retention.dead_entry_bytes > 64 * 1024 * 1024 {
+            return fail("retention.dead_entry_bytes", "must be at most 67108864 (64 MiB)");
+        }
+        if !self.admin.listen.is_empty() && self.admin.listen.parse::<SocketAddr>().is_err() {
+            return fail("admin.listen", "must be IP:port (e.g. 127.0.0.1:9090 or 0.0.0.0:9090), or empty");
+        }
+        if self.admin.sample_interval_ms < 10 {
+            return fail("admin.sample_interval_ms", "must be at least 10");
+        }
+        if self.admin.stall_secs == 0 {
+            return fail("admin.stall_secs", "must be at least 1");
+        }
+        if self.cloudflare.max_reply_bytes < 64 * 1024 {
+            return fail("cloudflare.max_reply_bytes", "must be at least 65536");
+        }
+        check_base_url(&self.cloudflare.base_url)?;
+        if self.events.enabled() {
+            if !(1..=batchd_cloudflare::MAX_PULL_BATCH).contains(&self.events.batch_size) {
+                return fail("events.batch_size", "must be 1-100 (the Queues limit)");
+            }
+            if !(1000..=43_200_000).contains(&self.events.visibility_timeout_ms) {
+                return fail("events.visibility_timeout_ms", "must be 1000-43200000 (1 s to 12 h, the Queues limits)");
+            }
+            if self.events.max_idle_ms == 0 {
+                return fail("events.max_idle_ms", "must be at least 1");
+            }
+            if self.poll.max_interval_ms_with_events < self.poll.initial_interval_ms {
+                return fail("poll.max_interval_ms_with_events", "must be at least poll.initial_interval_ms");
+            }
+        }
+        let insecure = |url: &str| url.trim_end().ends_with("#insecure");
+        if !self.redis.tls_insecure
+            && (insecure(self.redis.url.expose()) || self.redis.nodes.iter().any(|node| insecure(node.expose())))
+        {
+            return fail(
+                "redis.url / redis.nodes",
+                "a TLS URL ending in #insecure turns certificate checks off; set redis.tls_insecure = true to allow \
+                 it (not for production), or give the CA with redis.tls_ca_file",
+            );
+        }
+        Ok(())
+    }
+
+    /// What is allowed but unsafe, for the daemon to log at start as warnings: certificate checks turned off, a
+    /// token file other users can read.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.shutdown.grace_secs <= self.cloudflare.request_timeout_secs {
+            warnings.push(format!(
+                "shutdown.grace_secs ({}) is not longer than cloudflare.request_timeout_secs ({}): a submit in flight \
+                 at shutdown may be cut, then resubmitted and counted as a possible duplicate",
+                self.shutdown.grace_secs, self.cloudflare.request_timeout_secs
+            ));
+        }
+        if self.redis.tls_insecure {
+            warnings.push(
+                "redis.tls_insecure is set: TLS connections to Redis may skip certificate checks (#insecure URLs)"
+                    .to_owned(),
+            );
+        }
+        // Group read is allowed: Kubernetes mounts Secrets 0440 for the pod's fsGroup.
+        if let Some(mode) = file_mode(&self.cloudflare.api_token_file).filter(|mode| mode & 0o027 != 0) {
+            warnings.push(format!(
+                "cloudflare.api_token_file {} is writable by its group or readable by others (mode {:o}); chmod 600 it",
+                self.cloudflare.api_token_file,
+                mode & 0o777
+            ));
+        }
+        warnings
+    }
+
+    /// Everything `run` checks before it starts work, short of connecting, and the one function both `batchd run`
+    /// and `batchd config check` call: the tokens can be read, the API clients can be built from these settings
+    /// (account id, base URL, token, queue id), the Redis deployment (TLS files included) is usable, the log filter
+    /// (`log.level`, or `RUST_LOG` when set) parses.
+    pub fn check_for_run(&self) -> Result<(), ConfigError> {
+        let token = self.api_token()?;
+        batchd_cloudflare::BatchClient::new(self.client_settings(&token))
+            .map_err(|e| ConfigError(format!("cloudflare: {e}")))?;
+        if self.events.enabled() {
+            let token = self.events_token()?.unwrap_or(token);
+            batchd_cloudflare::QueueClient::new(self.client_settings(&token), &self.events.queue_id)
+                .map_err(|e| ConfigError(format!("events: {e}")))?;
+        }
+        self.redis_endpoint()?;
+        crate::logging::check(&self.log, std::env::var("RUST_LOG").ok().as_deref()).map_err(ConfigError)?;
+        Ok(())
+    }
+}
+
+/// Refuses a plain-HTTP API base URL that is not on this machine: the token would cross the network in clear.
+fn check_base_url(base_url: &str) -> Result<(), ConfigError> {
+    let Some(rest) = base_url.trim().strip_prefix("http://") else {
+        return Ok(()); // https, or a URL the client itself refuses with a clearer message
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),
+    };
+    let loopback =
+        host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        Ok(())
+    } else {
+        Err(ConfigError(format!(
+            "cloudflare.base_url: {base_url:?} is plain http to another host, which would send the API token in \
+             clear; use https (http is allowed only for loopback, e.g. the emulator on 127.0.0.1)"
+        )))
+    }
+}
+
+/// Permission bits of a file, when it exists (Unix).
+fn file_mode(path: &str) -> Option<u32> {
+    use std::os::unix::fs::PermissionsExt;
+    (!path.is_empty()).then(|| std::fs::metadata(path).ok()).flatten().map(|meta| meta.permissions().mode())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::settings::test_env as env;
+
+    #[test]
+    fn plain_http_is_refused_unless_the_api_is_on_this_machine() {
+        let load = |url: &str| Settings::load_from(None, &env(&[("BATCHD__CLOUDFLARE__BASE_URL", url)]));
+        for allowed in [
+            "https://api.cloudflare.com/client/v4",
+            "http://127.0.0.1:8787/client/v4",
+            "http://127.9.0.1:1",
+            "http://localhost:8787",
+            "http://[::1]:8787/x",
+        ] {
+            assert!(load(allowed).is_ok(), "{allowed}");
+        }
+        for refused in ["http://api.cloudflare.com/client/v4", "http://10.0.0.5:8787", "http://[2001:db8::1]:80"] {
+            let error = load(refused).expect_err(refused).to_string();
+            assert!(error.contains("cloudflare.base_url") && error.contains("in clear"), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_token_file_others_can_read_is_warned_about() {
+        use std::os::unix::fs::PermissionsExt;
+        let file = std::env::temp_dir().join(format!("batchd-token-mode-{}", std::process::id()));
+        std::fs::write(&file, "tok\n").unwrap();
+        let path = file.display().to_string();
+        let settings = Settings::load_from(None, &env(&[("BATCHD__CLOUDFLARE__API_TOKEN_FILE", &path)])).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let warnings = settings.warnings();
+        assert!(warnings.iter().any(|w| w.contains("readable by others (mode 644)")), "{warnings:?}");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o440)).unwrap();
+        assert!(settings.warnings().is_empty(), "group read is how Kubernetes mounts Secrets");
+        std::fs::remove_file(&file).unwrap();
+    }
+
+    #[test]
+    fn insecure_tls_urls_need_an_explicit_setting() {
+        let url = "rediss://10.0.0.1:6380/#insecure";
+        let error = Settings::load_from(None, &env(&[("REDIS_URL", url)])).expect_err("refused").to_string();
+        assert!(error.contains("redis.tls_insecure"), "{error}");
+        let settings =
+            Settings::load_from(None, &env(&[("REDIS_URL", url), ("BATCHD__REDIS__TLS_INSECURE", "true")])).unwrap();
+        assert!(settings.warnings().iter().any(|w| w.contains("certificate checks")));
+    }
+
+    #[test]
+    fn admin_settings_are_checked() {
+        let settings = Settings::load_from(None, &env(&[])).unwrap();
+        assert_eq!(settings.admin.listen_addr(), Some("127.0.0.1:9090".parse().unwrap()));
+        assert_eq!(settings.admin.sample_interval(), Duration::from_secs(5));
+        let off = Settings::load_from(None, &env(&[("BATCHD__ADMIN__LISTEN", "")])).unwrap();
+        assert_eq!(off.admin.listen_addr(), None);
+        let err = Settings::load_from(None, &env(&[("BATCHD__ADMIN__LISTEN", "localhost")])).unwrap_err();
+        assert!(err.to_string().contains("admin.listen"), "{err}");
+        let err = Settings::load_from(None, &env(&[("BATCHD__ADMIN__SAMPLE_INTERVAL_MS", "0")])).unwrap_err();
+        assert!(err.to_string().contains("admin.sample_interval_ms"), "{err}");
+    }
+}

@@ -1,0 +1,74 @@
+//! What the other crates are handed, built from the settings: the API client settings, the Redis endpoint, the
+//! key builders, job limits and storage settings.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{ConfigError, RedisMode, Secret, Settings};
+
+impl Settings {
+    /// How to reach the Cloudflare API with `token`.
+    pub fn client_settings(&self, token: &Secret) -> batchd_cloudflare::ClientSettings {
+        let mut settings = batchd_cloudflare::ClientSettings::new(
+            self.cloudflare.account_id.clone(),
+            batchd_cloudflare::ApiToken::new(token.expose().to_owned()),
+        );
+        settings.base_url = self.cloudflare.base_url.clone();
+        settings.request_timeout = Duration::from_secs(self.cloudflare.request_timeout_secs);
+        settings.connect_timeout = Duration::from_secs(self.cloudflare.connect_timeout_secs);
+        settings.max_reply_bytes = self.cloudflare.max_reply_bytes;
+        settings
+    }
+
+    /// The key builder of the configured namespace (validated at load).
+    pub fn keys(&self) -> batchd_core::Keys {
+        batchd_core::Keys::new(&self.redis.namespace).expect("namespace checked at load")
+    }
+
+    /// Keys of every namespace the daemon serves: `redis.namespace` first, then `redis.extra_namespaces`.
+    pub fn all_keys(&self) -> Vec<batchd_core::Keys> {
+        std::iter::once(&self.redis.namespace)
+            .chain(&self.redis.extra_namespaces)
+            .map(|namespace| batchd_core::Keys::new(namespace).expect("namespaces checked at load"))
+            .collect()
+    }
+
+    /// Job limits.
+    pub fn job_limits(&self) -> batchd_core::JobLimits {
+        batchd_core::JobLimits { max_entry_bytes: self.jobs.max_entry_bytes, max_items: self.jobs.max_items }
+    }
+
+    /// Storage settings.
+    pub fn store_settings(&self) -> batchd_queue::StoreSettings {
+        batchd_queue::StoreSettings {
+            results_maxlen: self.retention.results_maxlen,
+            dead_maxlen: self.retention.dead_maxlen,
+            ledger_ttl: Duration::from_secs(self.retention.ledger_ttl_secs),
+            lease: Duration::from_secs(self.schedule.lease_secs),
+        }
+    }
+
+    /// The configured Redis deployment, ready to connect (no connection is opened yet).
+    pub fn redis_endpoint(&self) -> Result<batchd_queue::Endpoint, ConfigError> {
+        let path = |value: &str| (!value.is_empty()).then(|| PathBuf::from(value));
+        let tls_client = match (path(&self.redis.tls_cert_file), path(&self.redis.tls_key_file)) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => return Err(ConfigError("redis.tls_cert_file and redis.tls_key_file go together".into())),
+        };
+        let settings = batchd_queue::RedisSettings {
+            url: self.redis.url.expose().to_owned(),
+            topology: match self.redis.mode {
+                RedisMode::Standalone => batchd_queue::Topology::Standalone,
+                RedisMode::Cluster => batchd_queue::Topology::Cluster,
+                RedisMode::Sentinel => batchd_queue::Topology::Sentinel,
+            },
+            nodes: self.redis.nodes.iter().map(|node| node.expose().to_owned()).collect(),
+            sentinel_master: self.redis.sentinel_master.clone(),
+            tls_ca_file: path(&self.redis.tls_ca_file),
+            tls_client,
+            response_timeout: Duration::from_secs(self.redis.response_timeout_secs),
+        };
+        batchd_queue::Endpoint::new(&settings).map_err(|e| ConfigError(format!("redis: {e}")))
+    }
+}

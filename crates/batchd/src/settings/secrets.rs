@@ -1,0 +1,178 @@
+//! Secrets: the `Secret` type that never prints its value, and where the API tokens come from (the environment,
+//! a token file or a systemd credential, never a config file).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, Settings, TOKEN_CREDENTIAL};
+
+/// A string that never appears in `Debug` output (tokens, URLs that may carry passwords).
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret text; call only where it is used.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Serialize for Secret {
+    /// Secrets serialise as `[redacted]` (for `batchd config check`), never as their value.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str("[redacted]")
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl Settings {
+    /// The API token from the environment or `api_token_file`. Only the daemon needs it.
+    pub fn api_token(&self) -> Result<Secret, ConfigError> {
+        if let Some(token) = self.cloudflare.api_token.as_ref().filter(|token| !token.expose().is_empty()) {
+            return Ok(token.clone());
+        }
+        let file = &self.cloudflare.api_token_file;
+        if file.is_empty() {
+            return Err(ConfigError(
+                "cloudflare.api_token: not set; set CLOUDFLARE_API_TOKEN or cloudflare.api_token_file".into(),
+            ));
+        }
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| ConfigError(format!("cloudflare.api_token_file: cannot read {file}: {e}")))?;
+        let token = text.trim();
+        if token.is_empty() {
+            return Err(ConfigError(format!("cloudflare.api_token_file: {file} is empty")));
+        }
+        Ok(Secret::new(token))
+    }
+
+    /// The queue's own token for `[events]` (from the environment or `events.api_token_file`); `None` when the
+    /// Workers AI API token is to be used.
+    pub fn events_token(&self) -> Result<Option<Secret>, ConfigError> {
+        if let Some(token) = self.events.api_token.as_ref().filter(|token| !token.expose().is_empty()) {
+            return Ok(Some(token.clone()));
+        }
+        let file = &self.events.api_token_file;
+        if file.is_empty() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| ConfigError(format!("events.api_token_file: cannot read {file}: {e}")))?;
+        match text.trim() {
+            "" => Err(ConfigError(format!("events.api_token_file: {file} is empty"))),
+            token => Ok(Some(Secret::new(token))),
+        }
+    }
+
+    /// Points `cloudflare.api_token_file` at the systemd credential `cloudflare-api-token` when the token is
+    /// given no other way and systemd passed credentials (`LoadCredential=` sets `$CREDENTIALS_DIRECTORY`).
+    pub(super) fn use_systemd_credential(&mut self, env: &HashMap<String, String>) {
+        let token_given = self.cloudflare.api_token.as_ref().is_some_and(|token| !token.expose().is_empty());
+        if token_given || !self.cloudflare.api_token_file.is_empty() {
+            return;
+        }
+        if let Some(dir) = env.get("CREDENTIALS_DIRECTORY").filter(|dir| !dir.is_empty()) {
+            let file = Path::new(dir).join(TOKEN_CREDENTIAL);
+            if file.exists() {
+                self.cloudflare.api_token_file = file.display().to_string();
+            }
+        }
+    }
+}
+
+/// Refuses a config file that sets `cloudflare.api_token`: a config file is often world-readable and checked in;
+/// the token comes from the environment, `cloudflare.api_token_file` or a systemd credential.
+pub(super) fn refuse_token_in_file(file: &Path) -> Result<(), ConfigError> {
+    let Ok(text) = std::fs::read_to_string(file) else {
+        return Ok(()); // the config layer reports an unreadable file with its own message
+    };
+    let Ok(value) = text.parse::<toml::Table>() else {
+        return Ok(()); // likewise for a file that is not TOML
+    };
+    let holds_token = |section: &str| value.get(section).and_then(|section| section.get("api_token")).is_some();
+    if holds_token("events") {
+        return Err(ConfigError(format!(
+            "events.api_token: not allowed in a config file ({}); give it through BATCHD__EVENTS__API_TOKEN or \
+             events.api_token_file",
+            file.display()
+        )));
+    }
+    if holds_token("cloudflare") {
+        return Err(ConfigError(format!(
+            "cloudflare.api_token: not allowed in a config file ({}); give the token through CLOUDFLARE_API_TOKEN, \
+             cloudflare.api_token_file or the systemd credential `{TOKEN_CREDENTIAL}`",
+            file.display()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::test_env as env;
+
+    #[test]
+    fn a_config_file_may_not_hold_the_api_token() {
+        let dir = std::env::temp_dir().join(format!("batchd-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("batchd.toml");
+        std::fs::write(&file, "[cloudflare]\naccount_id = \"a\"\napi_token = \"tok-in-file\"\n").unwrap();
+        let error = Settings::load_from(Some(&file), &env(&[])).expect_err("refused").to_string();
+        assert!(error.contains("cloudflare.api_token: not allowed in a config file"), "{error}");
+        assert!(!error.contains("tok-in-file"));
+        std::fs::write(&file, "[cloudflare]\naccount_id = \"a\"\n").unwrap();
+        let settings = Settings::load_from(Some(&file), &env(&[("CLOUDFLARE_API_TOKEN", "tok-env")])).unwrap();
+        assert_eq!(settings.api_token().unwrap().expose(), "tok-env", "the environment still gives it");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_token_comes_from_a_file_when_not_in_the_environment() {
+        let dir = std::env::temp_dir().join(format!("batchd-token-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "file-token\n").unwrap();
+        let settings =
+            Settings::load_from(None, &env(&[("BATCHD__CLOUDFLARE__API_TOKEN_FILE", file.to_str().unwrap())])).unwrap();
+        assert_eq!(settings.api_token().unwrap().expose(), "file-token");
+        let missing = Settings::load_from(None, &env(&[])).unwrap().api_token().unwrap_err();
+        std::fs::remove_dir_all(&dir).ok();
+        assert_eq!(
+            missing.to_string(),
+            "configuration: cloudflare.api_token: not set; set CLOUDFLARE_API_TOKEN or cloudflare.api_token_file"
+        );
+    }
+
+    #[test]
+    fn the_token_comes_from_a_systemd_credential_last() {
+        let dir = std::env::temp_dir().join(format!("batchd-credentials-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(TOKEN_CREDENTIAL), "credential-token\n").unwrap();
+        let credentials = ("CREDENTIALS_DIRECTORY", dir.to_str().unwrap());
+        let settings = Settings::load_from(None, &env(&[credentials])).unwrap();
+        assert_eq!(settings.api_token().unwrap().expose(), "credential-token");
+        let settings = Settings::load_from(None, &env(&[credentials, ("CLOUDFLARE_API_TOKEN", "env-token")])).unwrap();
+        assert_eq!(settings.api_token().unwrap().expose(), "env-token", "the environment wins");
+        std::fs::remove_dir_all(&dir).ok();
+        let empty = std::env::temp_dir().join(format!("batchd-no-credentials-{}", std::process::id()));
+        std::fs::create_dir_all(&empty).unwrap();
+        let settings = Settings::load_from(None, &env(&[("CREDENTIALS_DIRECTORY", empty.to_str().unwrap())])).unwrap();
+        assert!(settings.api_token().is_err(), "no such credential: the token is not set");
+        std::fs::remove_dir_all(&empty).ok();
+    }
+}

@@ -1,0 +1,261 @@
+//! The sections of the configuration: one struct per `[table]` of `config/default.toml` (which holds their
+//! defaults and documents every key), and the small helpers that read them.
+//!
+//! `[rate_limits]` and its model tables are in `rate_limits.rs`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::Secret;
+
+/// `[events]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventSettings {
+    /// The Cloudflare Queue the event subscription delivers to; empty turns events off.
+    pub queue_id: String,
+    /// A token for the queue (Queues Edit), from the environment only; the API token when unset.
+    #[serde(default)]
+    pub api_token: Option<Secret>,
+    /// A file holding the queue's token.
+    pub api_token_file: String,
+    /// Messages asked for per pull (at most 100).
+    pub batch_size: u32,
+    /// How long a pulled message stays leased to this replica before the queue offers it again.
+    pub visibility_timeout_ms: u64,
+    /// Longest wait between two pulls while the queue stays empty (the wait starts short and doubles).
+    pub max_idle_ms: u64,
+}
+
+impl EventSettings {
+    /// Whether events are on.
+    pub fn enabled(&self) -> bool {
+        !self.queue_id.is_empty()
+    }
+}
+
+/// `[redis]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    /// Redis URL (`redis://` or `rediss://`).
+    pub url: Secret,
+    /// Key namespace.
+    pub namespace: String,
+    /// More namespaces served by the same daemon.
+    pub extra_namespaces: Vec<String>,
+    /// Longest wait for one reply on the shared connection.
+    pub response_timeout_secs: u64,
+    /// `standalone`, `cluster` or `sentinel`.
+    pub mode: RedisMode,
+    /// Cluster seed nodes or sentinel addresses (URLs, which may carry passwords).
+    pub nodes: Vec<Secret>,
+    /// The master's name for Sentinel.
+    pub sentinel_master: String,
+    /// CA certificate (PEM) for TLS.
+    pub tls_ca_file: String,
+    /// Client certificate (PEM) for mutual TLS.
+    pub tls_cert_file: String,
+    /// Client key (PEM) for mutual TLS.
+    pub tls_key_file: String,
+    /// Allow TLS URLs that turn certificate checks off (`rediss://...#insecure`); logged as a warning.
+    pub tls_insecure: bool,
+}
+
+/// The kind of Redis deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisMode {
+    /// One server.
+    Standalone,
+    /// Redis Cluster.
+    Cluster,
+    /// A master behind Redis Sentinel.
+    Sentinel,
+}
+
+/// `[cloudflare]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloudflareSettings {
+    /// Account id.
+    pub account_id: String,
+    /// The API token, from the environment only.
+    #[serde(default)]
+    pub api_token: Option<Secret>,
+    /// A file holding the API token.
+    pub api_token_file: String,
+    /// Base URL of the API.
+    pub base_url: String,
+    /// Longest wait for one request.
+    pub request_timeout_secs: u64,
+    /// Longest wait to connect.
+    pub connect_timeout_secs: u64,
+    /// Largest reply body read from the API, in bytes.
+    pub max_reply_bytes: usize,
+}
+
+/// `[workers]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSettings {
+    /// Ingress entries handled at once.
+    pub submit_concurrency: usize,
+    /// Scheduled steps handled at once.
+    pub poll_concurrency: usize,
+    /// Threads of the async runtime; 0 means one per CPU the process may use.
+    pub runtime_threads: usize,
+    /// Bytes of work in flight one process may hold (entries being read and taken in, submit bodies, poll
+    /// replies), shared by every namespace; what the memory limit is sized by (docs/operations.md).
+    pub inflight_bytes: usize,
+}
+
+/// `[ingress]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct IngressConfig {
+    /// Most entries read at once.
+    pub batch: usize,
+    /// Blocking read duration.
+    pub block_ms: u64,
+    /// Idle time after which another replica's entry is taken over.
+    pub reclaim_idle_secs: u64,
+    /// How often to look for abandoned entries.
+    pub reclaim_interval_secs: u64,
+    /// An entry delivered more than this many times is moved to the dead-letter stream instead of taken in again.
+    pub max_deliveries: u64,
+}
+
+/// `[schedule]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleConfig {
+    /// Most steps claimed at once.
+    pub batch: usize,
+    /// Lease of a claimed step.
+    pub lease_secs: u64,
+    /// Longest idle sleep.
+    pub idle_poll_ms: u64,
+}
+
+/// `[poll]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PollSettings {
+    /// First delay between submit and poll.
+    pub initial_interval_ms: u64,
+    /// Growth factor of the delay.
+    pub multiplier: f64,
+    /// Upper bound for the delay.
+    pub max_interval_ms: u64,
+    /// The delay between polls when batch events are on: polls are then only the fallback for a lost event.
+    pub max_interval_ms_with_events: u64,
+    /// Random spread, as a fraction of the delay.
+    pub jitter: f64,
+}
+
+/// `[retry]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrySettings {
+    /// Attempts per step before the job fails.
+    pub max_attempts: u64,
+    /// First backoff.
+    pub initial_backoff_ms: u64,
+    /// Largest backoff.
+    pub max_backoff_ms: u64,
+}
+
+/// `[jobs]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSettings {
+    /// Default deadline of a job.
+    pub default_deadline_secs: u64,
+    /// Largest accepted `job` field.
+    pub max_entry_bytes: usize,
+    /// Largest accepted number of items.
+    pub max_items: usize,
+    /// Largest submit body of one batch, in bytes.
+    pub max_payload_bytes: usize,
+    /// Most items per batch (0: no cap).
+    pub max_batch_items: usize,
+    /// Default for a job's `retry_failed_items`.
+    pub retry_failed_items: bool,
+}
+
+/// `[retention]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionSettings {
+    /// Approximate maximum length of a results stream.
+    pub results_maxlen: u64,
+    /// Approximate maximum length of the dead-letter stream.
+    pub dead_maxlen: u64,
+    /// Most bytes of an entry's fields copied into its dead-letter entry.
+    pub dead_entry_bytes: usize,
+    /// Lifetime of a finished job's ledger.
+    pub ledger_ttl_secs: u64,
+}
+
+/// `[shutdown]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownSettings {
+    /// Time given to work in flight after a stop signal.
+    pub grace_secs: u64,
+}
+
+/// `[log]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    /// `text` or `json`.
+    pub format: LogFormat,
+    /// Default level filter.
+    pub level: String,
+}
+
+/// `[admin]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSettings {
+    /// Address of the admin HTTP server (`/livez`, `/readyz`, `/metrics`); empty turns it off.
+    pub listen: String,
+    /// How often queue depths and Redis reachability are sampled, in milliseconds.
+    pub sample_interval_ms: u64,
+    /// A fetch loop silent this long is stuck: `/livez` answers 503 and the systemd watchdog pings stop.
+    pub stall_secs: u64,
+}
+
+impl AdminSettings {
+    /// The address to listen on, or `None` when the server is off (validated at load).
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        if self.listen.is_empty() { None } else { self.listen.parse().ok() }
+    }
+
+    /// How long a fetch loop may stay silent before the process counts as stuck.
+    pub fn stall(&self) -> Duration {
+        Duration::from_secs(self.stall_secs)
+    }
+
+    /// The sampling interval.
+    pub fn sample_interval(&self) -> Duration {
+        Duration::from_millis(self.sample_interval_ms)
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+    /// Straight to journald (its native protocol): each event with its priority (error 3, warn 4, info 5,
+    /// debug 6) and its fields as journal fields (`JOB_ID`, `REQUEST_ID`, ...).
+    Journald,
+}
