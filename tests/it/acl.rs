@@ -5,6 +5,9 @@
 //! The rules are the shipped files themselves, with the namespace and the password placeholder substituted as
 //! `deploy/redis/README.md` says, so the files cannot drift from what is tested. The test's own connection is the
 //! server's `default` user (not in the files), which plays the Redis administrator.
+//!
+//! Long because each role's test walks that role's whole list of allowed and refused commands, all on the one
+//! ACL set-up at the top.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;

@@ -4,6 +4,9 @@
 //! the writes a script made before an error, so this holds only if every check comes before the first write.
 //!
 //! Also here: the ledger's count of unfinished chunks, including ledgers written before it existed.
+//!
+//! Long because `cases` is the table of every script's error paths, one entry each, so a new check is added
+//! beside its siblings.
 
 use std::collections::BTreeMap;
 

@@ -3,6 +3,9 @@
 //! Every HTTP status, API error code, transport failure and unreadable reply is mapped here, by
 //! [`classify`] and the constructors below, following the error table of the API reference. The daemon then decides
 //! "retry or give up" from [`ErrorKind`] alone and never looks at status codes itself.
+//!
+//! Long because its tests walk the reference's error table row by row, with the transport failures and unreadable
+//! replies beside them: the table is one concern and reads best whole.
 
 use std::fmt;
 use std::time::{Duration, SystemTime};

@@ -6,6 +6,9 @@
 //! `results[]` keyed by `index`) with shuffled, duplicated, missing, out-of-range, negative, fractional and
 //! stringly indices, and checked against a model of the documented rules; then as arbitrary JSON and arbitrary or
 //! damaged bytes, checked for the invariants only. `PROPTEST_CASES` raises the number of cases (default 256).
+//!
+//! Long because the generators and the model of the documented rules have to sit beside the properties that use
+//! them; it is test code only.
 
 use proptest::prelude::*;
 use proptest::sample::select;

@@ -5,6 +5,9 @@
 //! Decoding separates two kinds of bad input, because they are reported differently:
 //! an entry that cannot be read at all goes to the dead-letter stream, while a readable job with a bad field gets
 //! a `failed` result entry naming the field, so the producer waiting for that id hears about it.
+//!
+//! Long because the decoder is its own serde visitors (members, item count, items), which check sizes and counts
+//! before anything is built per item, and its tests pin the message of each kind of bad input.
 
 use std::borrow::Cow;
 use std::fmt;

@@ -7,6 +7,9 @@
 //! its done time (every pull, ack, poll, submit, batch listing and queue-stats read starts with that sweep), stamped
 //! with the done time itself. So a pull made after the done time always sees the event (unless a fault drops or
 //! delays it), and the queue looks exactly as if a background task had published it on time.
+//!
+//! Long because every operation on that state is a method here that takes the one lock, so the invariants tying
+//! batches, pending faults, call logs and the events queue together are read in one file.
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},

@@ -16,6 +16,8 @@
 //! `retry_failed_items`, and the request items stored per chunk (`c<i>:requests`), put back in request order. It is
 //! checked with the daemon's own rules before it is enqueued. A job whose ledger expired, which was refused before
 //! it ran, or whose request items are no longer stored is reported as not retryable (exit code 1).
+//!
+//! Long because one command carries the three rules above and the unit tests that pin them (a fifth of the file).
 
 use std::collections::{HashMap, HashSet};
 use std::io::IsTerminal as _;

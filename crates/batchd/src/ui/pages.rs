@@ -1,6 +1,9 @@
 //! The dashboard's HTML, rendered from the JSON the pages' twins answer (so a page can show nothing its JSON does
 //! not hold). maud escapes every value for HTML; on top of that, text from producers and the API goes through
 //! [`shown`], which makes control and bidi characters visible (`\u{202e}`) and cuts long values, as the CLI does.
+//!
+//! Long because it holds the markup of every page, one function each, all sharing the layout and the escaping
+//! helpers at the top.
 
 use std::time::Duration;
 
