@@ -1,25 +1,20 @@
-//! batchd's durable storage on Redis, and the apalis backends that feed the daemon's workers from it.
+//! batchd's durable storage on Redis: the only crate that sends Redis commands to batchd's keys (the daemon's
+//! runtime, the CLI, the dashboard and the producer library all go through it).
 //!
 //! - [`Store`]: the job ledger, the schedule and result publishing, each transition one Lua script.
+//! - [`ingress`]: the submit stream as the ingress fetcher reads it (group reads, reclaims, delivery counts).
 //! - [`inspect`]: read-only looks for operators and producers (depths, ledgers, consumers, entries, counters).
 //! - [`results`]: following a results stream, and a results reader's consumer-group commands.
-//! - [`fetch`]: the apalis `Backend` both workers read from, fed by a fetcher task that reads Redis in bounded
-//!   batches, never gives up on a Redis error, and hands unstarted work back at shutdown.
-//! - [`ingress`] and [`schedule`]: the two fetchers (the ingress stream's consumer group, and the schedule's due
-//!   members).
-//! - [`ByteBudget`]: the bytes of work in flight one process may hold; the ingress fetcher holds room for what it
-//!   reads before it reads it.
+//! - [`connection`] and [`clock`]: one connection type for every deployment, and Redis's clock.
 //!
-//! Nothing here knows the Batch API; the daemon wires storage and API together.
+//! Nothing here knows the Batch API or runs workers: the fetchers and the apalis backend are the daemon's
+//! (`crates/batchd/src/runtime/`).
 
 pub mod clock;
 pub mod connection;
-pub mod fetch;
-pub mod heartbeat;
 pub mod ingress;
 pub mod inspect;
 pub mod results;
-pub mod schedule;
 pub mod store;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -28,9 +23,7 @@ use batchd_core::{Backoff, UnixMillis};
 
 pub use clock::RedisClock;
 pub use connection::{Conn, Endpoint, RedisSettings, Topology};
-pub use fetch::{BudgetHold, ByteBudget, FetchBackend};
-pub use ingress::{DeliveryLimit, EntryBudget, IngressEntry, IngressSettings};
-pub use schedule::ScheduleSettings;
+pub use ingress::SubmitEntry;
 pub use store::{
     Accepted, AddOutcome, ChunkPlan, ChunkRecord, ChunkView, DeadLetter, Intake, MAX_CHUNKS_PER_JOB, NewChunk,
     Placement, PublishContext, Rejection, Store, StoreSettings, SubmitTicket, TOO_MANY_DELIVERIES, Undeliverable,
@@ -62,7 +55,7 @@ pub fn now_ms() -> UnixMillis {
 /// daemon goes through [`Endpoint`], which also speaks Cluster and Sentinel).
 ///
 /// The response timeout is generous because a script can carry a whole job (tens of MB); blocking reads use
-/// their own connections (see [`ingress`]).
+/// their own connections ([`Endpoint::dedicated`]).
 pub fn connect(client: redis::Client, response_timeout: Duration) -> Result<Conn, StoreError> {
     let config = redis::aio::ConnectionManagerConfig::new()
         .set_response_timeout(Some(response_timeout))
@@ -74,19 +67,27 @@ pub fn connect(client: redis::Client, response_timeout: Duration) -> Result<Conn
 
 /// The backoff for retrying Redis operations inside the fetchers: 100 ms doubling to 5 s.
 #[derive(Debug, Clone)]
-pub(crate) struct RetryDelay(Backoff);
+pub struct RetryDelay(Backoff);
+
+impl Default for RetryDelay {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl RetryDelay {
-    pub(crate) fn new() -> Self {
+    /// 100 ms, doubling to 5 s.
+    pub fn new() -> Self {
         Self(Backoff::new(Duration::from_millis(100), Duration::from_secs(5)))
     }
 
     /// The delay to wait now; the next one is twice as long.
-    pub(crate) fn failed(&mut self) -> Duration {
+    pub fn failed(&mut self) -> Duration {
         self.0.failed()
     }
 
-    pub(crate) fn succeeded(&mut self) {
+    /// Back to the first delay.
+    pub fn succeeded(&mut self) {
         self.0.succeeded();
     }
 }

@@ -15,7 +15,7 @@
 //! moves for [`IDLE_TIMEOUT`] is closed, and at most [`MAX_CONNECTIONS`] are served at once (further ones wait in
 //! the listen backlog, using no descriptor of the process, until one closes).
 
-use batchd_queue::heartbeat::Heartbeat;
+use crate::runtime::heartbeat::Heartbeat;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;

@@ -16,7 +16,9 @@ use anyhow::{Context as _, bail};
 use apalis::layers::WorkerBuilderExt;
 use apalis_core::worker::builder::WorkerBuilder;
 use batchd_cloudflare::{BatchClient, QueueClient};
-use batchd_queue::{ByteBudget, DeliveryLimit, EntryBudget, IngressSettings, ScheduleSettings, Store};
+use batchd_queue::Store;
+
+use crate::runtime::{ByteBudget, DeliveryLimit, EntryBudget, IngressSettings, ScheduleSettings};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
@@ -219,7 +221,7 @@ fn spawn_workers(
         max_entry_bytes,
         charge: Arc::new(move |fields: &[(String, Vec<u8>)]| entry_charge(fields, max_entry_bytes, max_items)),
     };
-    let ingress = batchd_queue::ingress::backend_with_limits(
+    let ingress = crate::runtime::ingress::backend_with_limits(
         endpoint.clone(),
         keys,
         IngressSettings {
@@ -233,7 +235,7 @@ fn spawn_workers(
         Some(budget),
         fetch_stop.clone(),
     );
-    let schedule = batchd_queue::schedule::backend(
+    let schedule = crate::runtime::schedule::backend(
         pipeline.store.clone(),
         ScheduleSettings {
             batch: settings.schedule.batch,

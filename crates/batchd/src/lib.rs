@@ -9,6 +9,7 @@ pub mod logging;
 pub mod metrics;
 pub mod pipeline;
 pub mod policy;
+pub mod runtime;
 pub mod settings;
 pub mod ui;
 

@@ -14,14 +14,14 @@ use apalis_core::task::data::Data;
 use batchd_cloudflare::{ApiError, BatchClient};
 use batchd_core::result::code;
 use batchd_core::{ChunkRef, ChunkState, JobError, JobLimits, ModelName};
-use batchd_queue::ingress::IngressEntry;
-use batchd_queue::{ByteBudget, Store, StoreError};
+use batchd_queue::{Store, StoreError};
 use futures::FutureExt;
 
 use self::finish::Ending;
 use serde_json::value::RawValue;
 
 use crate::metrics::{self, ApiCall};
+use crate::runtime::{ByteBudget, IngressEntry};
 use crate::policy::rate_bucket;
 use crate::settings::{PollSettings, RateLimitSettings, RetrySettings};
 

@@ -1,7 +1,7 @@
 //! Submit: a chunk is posted to the Batch API, its request id recorded with its first poll, or the failure
 //! decided (retry, split around a refused item, answer the item alone, fail the chunk or the job).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use batchd_cloudflare::{ApiError, ErrorKind};
 use batchd_core::ledger::field;
@@ -118,7 +118,7 @@ impl Pipeline {
     /// retried with backoff for as long as this replica holds the lease.
     async fn record_submitted(&self, chunk: &ChunkRef, request_id: &RequestId) -> Result<bool, StoreError> {
         let started = Instant::now();
-        let mut wait = Duration::from_millis(100);
+        let mut delay = batchd_queue::RetryDelay::new();
         loop {
             let now = self.store.now().await?;
             let due = now + poll_delay(0, &self.poll, self.events, unit_random()).as_millis() as u64;
@@ -137,32 +137,31 @@ impl Pipeline {
                     &[(field::STATE, JobState::Running.as_str().to_owned()), (field::UPDATED_AT, now.to_string())],
                 )
                 .await;
-            match recorded {
+            let error = match recorded {
                 Ok(recorded) => return Ok(recorded),
-                Err(error) if started.elapsed() + wait < self.lease => {
-                    metrics::redis_error("record_submitted");
-                    tracing::warn!(
-                        job_id = %chunk.job_id,
-                        chunk = chunk.index,
-                        request_id = %request_id,
-                        error = %error,
-                        retry_in = ?wait,
-                        "cannot record the request id of a submitted batch; retrying"
-                    );
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(5));
-                }
-                Err(error) => {
-                    tracing::error!(
-                        job_id = %chunk.job_id,
-                        chunk = chunk.index,
-                        request_id = %request_id,
-                        error = %error,
-                        "gave up recording the request id of a submitted batch; the chunk will be submitted again"
-                    );
-                    return Err(error);
-                }
+                Err(error) => error,
+            };
+            let wait = delay.failed();
+            if started.elapsed() + wait >= self.lease {
+                tracing::error!(
+                    job_id = %chunk.job_id,
+                    chunk = chunk.index,
+                    request_id = %request_id,
+                    error = %error,
+                    "gave up recording the request id of a submitted batch; the chunk will be submitted again"
+                );
+                return Err(error);
             }
+            metrics::redis_error("record_submitted");
+            tracing::warn!(
+                job_id = %chunk.job_id,
+                chunk = chunk.index,
+                request_id = %request_id,
+                error = %error,
+                retry_in = ?wait,
+                "cannot record the request id of a submitted batch; retrying"
+            );
+            tokio::time::sleep(wait).await;
         }
     }
 

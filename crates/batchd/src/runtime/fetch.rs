@@ -40,8 +40,8 @@ pub struct FetchBackend<T> {
     hand_back: Arc<dyn HandBack<T>>,
     /// The shutdown sequence, once started.
     closing: Option<BoxFuture<'static, ()>>,
-    /// The fetch loop's heartbeat (see [`crate::heartbeat`]).
-    heartbeat: Arc<crate::heartbeat::Heartbeat>,
+    /// The fetch loop's heartbeat (see [`crate::runtime::heartbeat`]).
+    heartbeat: Arc<crate::runtime::heartbeat::Heartbeat>,
 }
 
 impl<T> fmt::Debug for FetchBackend<T> {
@@ -59,13 +59,13 @@ impl<T: Send + 'static> FetchBackend<T> {
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        let heartbeat = crate::heartbeat::Heartbeat::new();
+        let heartbeat = crate::runtime::heartbeat::Heartbeat::new();
         let fetcher = tokio::spawn(Arc::clone(&heartbeat).scope(fetch(tx, stop.clone())));
         Self { rx: Some(rx), stop, fetcher: Some(fetcher), hand_back, closing: None, heartbeat }
     }
 
     /// The fetch loop's heartbeat: stamped every time the loop goes round or waits for room.
-    pub fn heartbeat(&self) -> Arc<crate::heartbeat::Heartbeat> {
+    pub fn heartbeat(&self) -> Arc<crate::runtime::heartbeat::Heartbeat> {
         Arc::clone(&self.heartbeat)
     }
 }
@@ -148,12 +148,12 @@ impl<T> Drop for FetchBackend<T> {
 
 /// Sleeps for `duration` unless `stop` is cancelled first; returns false when stopped.
 pub(crate) async fn pause(duration: std::time::Duration, stop: &CancellationToken) -> bool {
-    crate::heartbeat::beat();
+    crate::runtime::heartbeat::beat();
     let slept = tokio::select! {
         () = tokio::time::sleep(duration) => true,
         () = stop.cancelled() => false,
     };
-    crate::heartbeat::beat();
+    crate::runtime::heartbeat::beat();
     slept
 }
 
@@ -167,7 +167,7 @@ pub(crate) async fn reserve<'a, T>(
     let n = tx.capacity().clamp(1, batch);
     loop {
         // Waiting for the workers to make room is not being stuck: stamp the heartbeat every second meanwhile.
-        crate::heartbeat::beat();
+        crate::runtime::heartbeat::beat();
         tokio::select! {
             permits = tx.reserve_many(n) => return permits.ok().map(|permits| (n, permits)),
             () = stop.cancelled() => return None,
@@ -247,7 +247,7 @@ impl ByteBudget {
         let held = self.hold(bytes);
         tokio::pin!(held);
         loop {
-            crate::heartbeat::beat();
+            crate::runtime::heartbeat::beat();
             tokio::select! {
                 hold = &mut held => return Some(hold),
                 () = stop.cancelled() => return None,

@@ -9,8 +9,8 @@ use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::fetch::{FetchBackend, HandBack, pause, reserve};
-use crate::{RetryDelay, Store};
+use super::fetch::{FetchBackend, HandBack, pause, reserve};
+use batchd_queue::{RetryDelay, Store};
 
 /// Settings of the schedule fetcher.
 #[derive(Debug, Clone)]
@@ -39,7 +39,7 @@ async fn fetch_loop(store: Store, settings: ScheduleSettings, tx: mpsc::Sender<S
             let now = store.now().await?;
             let members = store.claim_due(now, n).await?;
             let next_due = if members.len() < n { store.next_due().await? } else { None };
-            Ok::<_, crate::StoreError>((members, next_due, now))
+            Ok::<_, batchd_queue::StoreError>((members, next_due, now))
         }
         .await;
         match claimed {
