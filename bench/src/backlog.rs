@@ -1,7 +1,9 @@
 //! Scenario 3, the backlog: 100,000 jobs waiting in the submit stream when the daemon starts, taken in until all
 //! 100,000 are in flight with a poll scheduled (the emulator keeps every batch `queued` for an hour and the
 //! first poll is 10 minutes out). Measures the daemon's RSS (`/proc/<pid>/status`), Redis memory per job, and
-//! the time of one schedule claim (`Store::claim_due` of 256, called directly) at 1,000 and at 100,000 members.
+//! the time of one schedule claim (`Store::claim_due` of 256, called directly) at 1,000 and at 100,000 members,
+//! and how long the dashboard (`batchd ui`, release) takes to answer its overview and the first jobs page with
+//! all of them in flight (issue 15's 200 ms).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -11,7 +13,7 @@ use batchd_core::Keys;
 use batchd_queue::{Store, StoreSettings};
 
 use crate::lifecycle::start_stack;
-use crate::procs::{Proc, status_mib};
+use crate::procs::{Proc, start_batchd, status_mib};
 use crate::queue_layer::enqueue;
 use crate::redis_server::{RedisServer, used_memory};
 
@@ -28,6 +30,51 @@ pub struct Backlog {
     pub daemon_hwm_mib: f64,
     /// Take-in rate (submit path only: accept + POST + first poll scheduled), jobs/s.
     pub take_in_per_sec: f64,
+    /// The dashboard's answer times with every job in flight, ms: (page, p50, max) for the overview's HTML, its
+    /// JSON, and the first jobs page.
+    pub ui_ms: Vec<(&'static str, f64, f64)>,
+}
+
+/// Requests per dashboard page timed.
+const UI_SAMPLES: usize = 30;
+
+/// Starts `batchd ui` on `redis`, asks each page [`UI_SAMPLES`] times one after the other (after one warm-up
+/// request), and returns (page, p50, max) in ms.
+async fn time_dashboard(redis: &RedisServer, logs: &Path, tag: &str) -> anyhow::Result<Vec<(&'static str, f64, f64)>> {
+    let port = crate::redis_server::free_port()?;
+    let env = vec![("REDIS_URL".to_owned(), redis.url())];
+    let listen = format!("127.0.0.1:{port}");
+    let mut ui = start_batchd(&["ui", "--listen", &listen], &env, &logs.join(format!("{tag}-ui.log")))?;
+    let http = reqwest::Client::new();
+    let base = format!("http://{listen}");
+    let started = Instant::now();
+    while http.get(format!("{base}/assets/ui.css")).send().await.is_err() {
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!("batchd ui did not answer within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut figures = Vec::new();
+    for (page, path) in [("overview (HTML)", "/"), ("overview (JSON)", "/api/overview"), ("jobs, first page", "/jobs")]
+    {
+        let mut times = Vec::with_capacity(UI_SAMPLES);
+        for sample in 0..=UI_SAMPLES {
+            let asked = Instant::now();
+            let response = http.get(format!("{base}{path}")).send().await?;
+            let status = response.status();
+            let body = response.bytes().await?;
+            if !status.is_success() {
+                bail!("GET {path}: {status}: {}", String::from_utf8_lossy(&body));
+            }
+            if sample > 0 {
+                times.push(asked.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        figures.push((page, times[times.len() / 2], times[times.len() - 1]));
+    }
+    ui.terminate(Duration::from_secs(10));
+    Ok(figures)
 }
 
 /// Runs the backlog with `n` jobs.
@@ -67,6 +114,7 @@ pub async fn run(redis: &RedisServer, n: usize, logs: &Path, tag: &str) -> anyho
     let rss = status_mib(pid, "VmRSS");
     let hwm = status_mib(pid, "VmHWM");
     let m2 = used_memory(&mut conn).await?;
+    let ui_ms = time_dashboard(redis, logs, tag).await?;
     stop(stack.daemon);
     Ok(Backlog {
         redis_bytes_per_waiting_job: (m1.saturating_sub(m0)) as f64 / n as f64,
@@ -74,6 +122,7 @@ pub async fn run(redis: &RedisServer, n: usize, logs: &Path, tag: &str) -> anyho
         daemon_rss_mib: rss,
         daemon_hwm_mib: hwm,
         take_in_per_sec: n as f64 / take_in,
+        ui_ms,
     })
 }
 

@@ -207,6 +207,11 @@ async fn main() -> anyhow::Result<()> {
                 report.add(s, &label, "Redis memory per waiting job", "bytes", m, b.redis_bytes_per_waiting_job);
                 report.add(s, &label, "Redis memory per job in flight", "bytes", m, b.redis_bytes_per_job_in_flight);
                 report.add(s, &label, "take-in (accept + submit + schedule)", "jobs/s", m, b.take_in_per_sec);
+                for (page, p50, max) in &b.ui_ms {
+                    let label = format!("batchd ui, {} jobs in flight", fmt(options.backlog as f64));
+                    report.add(s, &label, &format!("{page} p50"), "ms", m, *p50);
+                    report.add(s, &label, &format!("{page} max"), "ms", m, *max);
+                }
                 for members in [1_000usize, 100_000] {
                     let mut times = backlog::claim_times(&redis, members, 200).await?;
                     let p50 = percentile(&mut times, 50.0);

@@ -147,8 +147,13 @@ pub fn daemon_env(redis_url: &str, emulator: &Emulator, extra: &[(&str, String)]
 
 /// Starts `batchd run` (release) with `env`; logs go to `log`.
 pub fn start_daemon(env: &[(String, String)], log: &Path) -> anyhow::Result<Proc> {
+    start_batchd(&["run"], env, log)
+}
+
+/// Starts `batchd <args>` (release) with `env` only; logs go to `log`.
+pub fn start_batchd(args: &[&str], env: &[(String, String)], log: &Path) -> anyhow::Result<Proc> {
     let mut command = Command::new(sibling_binary("batchd")?);
-    command.arg("run").env_clear();
+    command.args(args).env_clear();
     for key in ["PATH", "HOME"] {
         if let Ok(value) = std::env::var(key) {
             command.env(key, value);
