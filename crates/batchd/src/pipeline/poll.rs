@@ -103,51 +103,46 @@ impl Pipeline {
 
     async fn poll_failed(&self, chunk: &ChunkRef, view: &ChunkView, error: ApiError) -> Result<(), StoreError> {
         let now = self.store.now().await?;
-        match error.kind {
-            ErrorKind::Transient | ErrorKind::QuotaExhausted => {
-                let rate_limited = error.http_status == Some(429);
-                let failures = if rate_limited { view.poll_failures } else { view.poll_failures + 1 };
-                if failures >= self.retry.max_attempts {
-                    return self.chunk_failed(chunk, exhausted(&error, failures)).await;
-                }
-                let wait = retry_delay(failures.max(1), &self.retry, error.retry_after, unit_random());
-                if rate_limited {
-                    metrics::throttled_wait(ApiCall::Poll);
-                } else {
-                    metrics::retry(ApiCall::Poll);
-                }
-                tracing::warn!(
-                    job_id = %chunk.job_id,
-                    chunk = chunk.index,
-                    error = %error,
-                    failures,
-                    retry_in = ?wait,
-                    "poll failed; retrying"
-                );
-                let due = (now + wait.as_millis() as u64).min(view.deadline_at);
-                self.store
-                    .update_chunk(
-                        chunk,
-                        Some(due),
-                        None,
-                        &[
-                            (field::CHUNK_POLL_FAILURES, failures.to_string()),
-                            (field::CHUNK_LAST_ERROR, error.to_job_error().to_json()),
-                        ],
-                        &[],
-                    )
-                    .await?;
-                Ok(())
-            }
-            ErrorKind::BatchFailed | ErrorKind::NotFound | ErrorKind::TooLarge | ErrorKind::ReplyTooLarge => {
+        let failures = match after_failed_poll(&error, view.poll_failures, self.retry.max_attempts) {
+            PollDecision::GiveUp { failures } => return self.chunk_failed(chunk, exhausted(&error, failures)).await,
+            PollDecision::FailChunk => {
                 tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "the remote batch failed");
-                self.chunk_failed(chunk, error.to_job_error()).await
+                return self.chunk_failed(chunk, error.to_job_error()).await;
             }
-            ErrorKind::Permanent | ErrorKind::InvalidInput | ErrorKind::NotBatchable => {
+            PollDecision::FailJob => {
                 tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "polling was refused permanently");
-                self.conclude(&chunk.job_id, Ending::Failed(error.to_job_error())).await
+                return self.conclude(&chunk.job_id, Ending::Failed(error.to_job_error())).await;
             }
+            PollDecision::Retry { failures } => failures,
+        };
+        let wait = retry_delay(failures.max(1), &self.retry, error.retry_after, unit_random());
+        if error.http_status == Some(429) {
+            metrics::throttled_wait(ApiCall::Poll);
+        } else {
+            metrics::retry(ApiCall::Poll);
         }
+        tracing::warn!(
+            job_id = %chunk.job_id,
+            chunk = chunk.index,
+            error = %error,
+            failures,
+            retry_in = ?wait,
+            "poll failed; retrying"
+        );
+        let due = (now + wait.as_millis() as u64).min(view.deadline_at);
+        self.store
+            .update_chunk(
+                chunk,
+                Some(due),
+                None,
+                &[
+                    (field::CHUNK_POLL_FAILURES, failures.to_string()),
+                    (field::CHUNK_LAST_ERROR, error.to_job_error().to_json()),
+                ],
+                &[],
+            )
+            .await?;
+        Ok(())
     }
 
     /// Records a chunk that cannot finish; the job goes on with its other chunks and ends `failed`, listing it.
@@ -156,6 +151,76 @@ impl Pipeline {
         match self.store.chunk_done(chunk, ChunkState::Failed, &error.to_json(), self.store.now().await?).await? {
             Some(0) => self.finish(&chunk.job_id).await,
             _ => Ok(()),
+        }
+    }
+}
+
+/// What a failed poll means for its chunk (decided from the error alone, without Redis).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PollDecision {
+    /// Poll again later, with this many consecutive failures recorded (a rate limit does not count as one).
+    Retry {
+        /// Consecutive failed polls, this one included unless it was rate-limited.
+        failures: u64,
+    },
+    /// Transient errors, but `max_attempts` polls in a row failed.
+    GiveUp {
+        /// Consecutive failed polls.
+        failures: u64,
+    },
+    /// The remote batch failed, is gone, or answered too much to read: the chunk fails, the job goes on.
+    FailChunk,
+    /// Polling was refused in a way no other batch of the job escapes (auth, an unbatchable model).
+    FailJob,
+}
+
+/// Decides what a failed poll means after `poll_failures` consecutive failed polls (of `max_attempts`).
+pub(super) fn after_failed_poll(error: &ApiError, poll_failures: u64, max_attempts: u64) -> PollDecision {
+    match error.kind {
+        ErrorKind::Transient | ErrorKind::QuotaExhausted => {
+            let rate_limited = error.http_status == Some(429);
+            let failures = if rate_limited { poll_failures } else { poll_failures + 1 };
+            if failures >= max_attempts { PollDecision::GiveUp { failures } } else { PollDecision::Retry { failures } }
+        }
+        ErrorKind::BatchFailed | ErrorKind::NotFound | ErrorKind::TooLarge | ErrorKind::ReplyTooLarge => {
+            PollDecision::FailChunk
+        }
+        ErrorKind::Permanent | ErrorKind::InvalidInput | ErrorKind::NotBatchable => PollDecision::FailJob,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(kind: ErrorKind, http_status: Option<u16>) -> ApiError {
+        ApiError {
+            kind,
+            http_status,
+            api_code: None,
+            message: "x".to_owned(),
+            retry_after: None,
+            maybe_delivered: false,
+        }
+    }
+
+    #[test]
+    fn failed_polls_retry_until_max_attempts_in_a_row_and_rate_limits_do_not_count() {
+        let unavailable = error(ErrorKind::Transient, Some(503));
+        assert_eq!(after_failed_poll(&unavailable, 0, 5), PollDecision::Retry { failures: 1 });
+        assert_eq!(after_failed_poll(&unavailable, 3, 5), PollDecision::Retry { failures: 4 });
+        assert_eq!(after_failed_poll(&unavailable, 4, 5), PollDecision::GiveUp { failures: 5 });
+        let limited = error(ErrorKind::Transient, Some(429));
+        assert_eq!(after_failed_poll(&limited, 3, 5), PollDecision::Retry { failures: 3 });
+    }
+
+    #[test]
+    fn a_failed_or_vanished_batch_fails_its_chunk_and_a_refusal_fails_the_job() {
+        for kind in [ErrorKind::BatchFailed, ErrorKind::NotFound, ErrorKind::TooLarge, ErrorKind::ReplyTooLarge] {
+            assert_eq!(after_failed_poll(&error(kind, Some(200)), 0, 5), PollDecision::FailChunk, "{kind:?}");
+        }
+        for kind in [ErrorKind::Permanent, ErrorKind::InvalidInput, ErrorKind::NotBatchable] {
+            assert_eq!(after_failed_poll(&error(kind, Some(401)), 0, 5), PollDecision::FailJob, "{kind:?}");
         }
     }
 }
