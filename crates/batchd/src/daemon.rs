@@ -209,11 +209,7 @@ fn spawn_workers(
     let keys = pipeline.store.keys().clone();
     let namespace = keys.namespace().to_owned();
     // An entry whose take-in keeps failing (or crashing the replica) ends in the dead-letter stream.
-    let limit = DeliveryLimit {
-        max_deliveries: settings.ingress.max_deliveries,
-        store: pipeline.store.clone(),
-        on_dead_letter: crate::metrics::entry_undeliverable,
-    };
+    let limit = DeliveryLimit { max_deliveries: settings.ingress.max_deliveries, pipeline: Arc::clone(&pipeline) };
     // Reads are bounded by bytes; each entry holds room for what taking it in builds until its handler is done.
     let (max_entry_bytes, max_items) = (settings.jobs.max_entry_bytes, settings.jobs.max_items);
     let budget = EntryBudget {

@@ -1,6 +1,6 @@
-//! Finish: every way a job ends, and its one result entry. Every ending (rejected at take-in, finished, failed,
-//! expired, cancelled) goes through [`Pipeline::conclude`], the only caller of the storage's publish and reject
-//! transitions. A finished job may first resubmit its failed items once; then `conclude` assembles what the
+//! Finish: every way a job ends, and its one result entry. Every ending (rejected at take-in, dead-lettered after
+//! too many deliveries, finished, failed, expired, cancelled) goes through [`Pipeline::conclude`], the only caller
+//! of the storage's publish, reject and dead-letter transitions. A finished job may first resubmit its failed items once; then `conclude` assembles what the
 //! chunks produced and publishes it, exactly once.
 
 use std::time::Duration;
@@ -8,7 +8,7 @@ use std::time::Duration;
 use batchd_core::ledger::field;
 use batchd_core::result::code;
 use batchd_core::{ChunkRef, ChunkState, JobError, JobId, JobOutput, JobState, ResultEntry, ResultStatus, UnixMillis};
-use batchd_queue::{AddOutcome, ChunkView, NewChunk, Placement, PublishContext, Rejection, StoreError};
+use batchd_queue::{AddOutcome, ChunkView, NewChunk, Placement, PublishContext, Rejection, StoreError, Undeliverable};
 use serde_json::value::RawValue;
 
 use super::Pipeline;
@@ -17,11 +17,24 @@ use crate::policy::{ChunkOutcome, assemble, plan_chunks};
 
 /// How a job ends.
 #[derive(Debug)]
-pub(super) enum Ending<'a> {
+pub(crate) enum Ending<'a> {
     /// Refused at take-in before anything was submitted (not a job, an invalid job, or one batchd cannot split):
     /// a `failed` result, a finished ledger, the entry acknowledged (and copied to the dead-letter stream when it
     /// is not a job at all).
     Rejected(Rejection<'a>),
+    /// An ingress entry the consumer group delivered more than `ingress.max_deliveries` times without it being
+    /// taken in (its take-in fails, or crashes the replica, every time): moved to the dead-letter stream unread, its
+    /// entry id's job `failed`. Done only while the entry is still pending with that many deliveries.
+    Undeliverable {
+        /// The entry's id (also its job id: the entry is never read as a job).
+        entry_id: &'a str,
+        /// Its fields, copied (bounded) to the dead-letter stream.
+        fields: &'a [(String, Vec<u8>)],
+        /// The consumer group's delivery count.
+        deliveries: u64,
+        /// `ingress.max_deliveries`.
+        max_deliveries: u64,
+    },
     /// Every batch finished (if one failed as a whole, the job ends `failed`, listing it).
     Finished,
     /// The job's only batch finished with every item answered: published from what the poll read, without
@@ -129,9 +142,28 @@ impl Pipeline {
 
     /// Ends the job, whichever way: records a rejection, or assembles whatever its chunks produced and publishes
     /// the one result entry. The only way a job ends.
-    pub(super) async fn conclude(&self, job_id: &JobId, ending: Ending<'_>) -> Result<(), StoreError> {
+    pub(crate) async fn conclude(&self, job_id: &JobId, ending: Ending<'_>) -> Result<(), StoreError> {
         match ending {
             Ending::Rejected(rejection) => self.record_rejection(&rejection).await,
+            Ending::Undeliverable { entry_id, fields, deliveries, max_deliveries } => {
+                let now = self.store.now().await?;
+                let moved =
+                    self.store.dead_letter_undeliverable(entry_id, fields, deliveries, max_deliveries, now).await?;
+                match moved {
+                    Undeliverable::Moved { published } => {
+                        metrics::entry_undeliverable(published);
+                        tracing::error!(
+                            entry_id = %entry_id,
+                            deliveries,
+                            max_deliveries,
+                            failed_result = published,
+                            "ingress entry delivered too many times; moved to the dead-letter stream"
+                        );
+                    }
+                    Undeliverable::Gone => tracing::debug!(entry_id = %entry_id, "entry finished meanwhile"),
+                }
+                Ok(())
+            }
             Ending::FinishedOneBatch { context, output } => {
                 self.publish(job_id, &context, JobState::Completed, Some(output), None).await
             }
@@ -201,7 +233,7 @@ impl Pipeline {
             chunks.push((chunk.index, chunk.placement.clone(), outcome));
         }
         let (state, error, unanswered) = match ending {
-            Ending::Finished | Ending::FinishedOneBatch { .. } | Ending::Rejected(_) => {
+            Ending::Finished | Ending::FinishedOneBatch { .. } | Ending::Rejected(_) | Ending::Undeliverable { .. } => {
                 (JobState::Completed, None, JobError::new("missing", "no response for this item"))
             }
             Ending::Failed(error) => (JobState::Failed, Some(error.clone()), error),

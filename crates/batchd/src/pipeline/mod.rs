@@ -17,12 +17,12 @@ use batchd_core::{ChunkRef, ChunkState, JobError, JobLimits, ModelName};
 use batchd_queue::{Store, StoreError};
 use futures::FutureExt;
 
-use self::finish::Ending;
+pub(crate) use self::finish::Ending;
 use serde_json::value::RawValue;
 
 use crate::metrics::{self, ApiCall};
-use crate::runtime::{ByteBudget, IngressEntry};
 use crate::policy::rate_bucket;
+use crate::runtime::{ByteBudget, IngressEntry};
 use crate::settings::{PollSettings, RateLimitSettings, RetrySettings};
 
 /// How jobs are split into batches.

@@ -18,9 +18,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use batchd_core::Keys;
+use batchd_core::{JobId, Keys};
 use batchd_queue::ingress::{self as submit, SubmitEntry};
-use batchd_queue::{Endpoint, RetryDelay, Store, StoreError, Undeliverable};
+use batchd_queue::{Endpoint, RetryDelay, StoreError};
+
+use crate::pipeline::Ending;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
@@ -106,10 +108,8 @@ pub struct DeliveryLimit {
     /// An entry the consumer group has delivered more than this many times is moved to the dead-letter stream
     /// (`ingress.max_deliveries`).
     pub max_deliveries: u64,
-    /// The namespace's storage, which moves it.
-    pub store: Store,
-    /// Called once for each entry moved, with whether its entry id got a `failed` result (the daemon counts them).
-    pub on_dead_letter: fn(bool),
+    /// The pipeline, through whose one ending path ([`crate::pipeline::Ending::Undeliverable`]) it is moved.
+    pub pipeline: Arc<crate::pipeline::Pipeline>,
 }
 
 /// Starts the ingress fetcher and returns the backend the submit worker reads from. Every entry is handed out
@@ -275,32 +275,24 @@ async fn drop_undeliverable(
     for (entry, deliveries) in claimed.into_iter().zip(counts) {
         match deliveries {
             Some(deliveries) if deliveries > limit.max_deliveries => {
-                let moved = match limit.store.now().await {
-                    Ok(now) => {
-                        limit
-                            .store
-                            .dead_letter_undeliverable(&entry.id, &entry.fields, deliveries, limit.max_deliveries, now)
-                            .await
-                    }
-                    Err(error) => Err(error),
-                };
-                match moved {
-                    Ok(Undeliverable::Moved { published }) => {
-                        (limit.on_dead_letter)(published);
-                        tracing::error!(
-                            entry_id = %entry.id,
+                let moved = match JobId::parse(&entry.id) {
+                    Ok(job_id) => {
+                        let ending = Ending::Undeliverable {
+                            entry_id: &entry.id,
+                            fields: &entry.fields,
                             deliveries,
-                            max_deliveries = limit.max_deliveries,
-                            failed_result = published,
-                            "ingress entry delivered too many times; moved to the dead-letter stream"
-                        );
+                            max_deliveries: limit.max_deliveries,
+                        };
+                        limit.pipeline.conclude(&job_id, ending).await
                     }
-                    Ok(Undeliverable::Gone) => tracing::debug!(entry_id = %entry.id, "entry finished meanwhile"),
-                    Err(error) => tracing::warn!(
+                    Err(error) => Err(StoreError::Corrupt { job_id: entry.id.clone(), detail: error.to_string() }),
+                };
+                if let Err(error) = moved {
+                    tracing::warn!(
                         entry_id = %entry.id,
                         error = %error,
                         "could not dead-letter an entry delivered too many times; it is tried again when reclaimed"
-                    ),
+                    );
                 }
             }
             _ => keep.push(entry),
