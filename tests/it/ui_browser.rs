@@ -4,7 +4,6 @@
 //! twin has the CLI's `--json` shape, and act: without `--allow-actions` the buttons are absent and the endpoints
 //! refuse; with it, a dead letter is retried and a job cancelled, and the effect is checked in Redis.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use batchd_core::{JobId, ResultStatus};
@@ -52,13 +51,7 @@ async fn poison_dead_letter(world: &World, job_id: &str) -> String {
     let _: () = world.conn.clone().set(&poisoned, "not a ledger").await.expect("redis");
     let source = world.enqueue(&bge_m3_job(job_id, 2)).await;
     wait_for("the dead letter", || async {
-        let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
-            .arg(world.keys.dead())
-            .arg("-")
-            .arg("+")
-            .query_async(&mut world.conn.clone())
-            .await
-            .expect("xrange");
+        let entries = world.entries(&world.keys.dead()).await;
         entries.into_iter().find(|(_, fields)| fields.get("source_id") == Some(&source)).map(|(id, _)| id)
     })
     .await
@@ -137,13 +130,7 @@ async fn the_dashboard_shows_what_the_daemon_did_and_is_read_only_without_the_fl
     assert!(browser.all("form.action").await.expect("forms").is_empty());
 
     // Without --allow-actions the endpoints refuse, whatever the request carries.
-    let dead_ids: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
-        .arg(world.keys.dead())
-        .arg("-")
-        .arg("+")
-        .query_async(&mut world.conn.clone())
-        .await
-        .expect("xrange");
+    let dead_ids = world.entries(&world.keys.dead()).await;
     let http = reqwest::Client::new();
     for path in [
         format!("/dead/{}/retry", dead_ids[0].0),

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use axum::Router;
 use axum::extract::{Form, Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use batchd_core::{JobId, JobState, Keys};
@@ -114,17 +114,18 @@ pub async fn ui(settings: Settings, args: &UiArgs, stop: CancellationToken) -> a
 
 fn router(state: Ui) -> Router {
     Router::new()
+        // Each page and its JSON twin are one handler (see `answer`).
         .route("/", get(overview))
-        .route("/api/overview", get(overview_json))
+        .route("/api/overview", get(overview))
         .route("/jobs", get(jobs))
-        .route("/api/jobs", get(jobs_json))
+        .route("/api/jobs", get(jobs))
         .route("/jobs/{id}", get(job))
-        .route("/api/jobs/{id}", get(job_json))
+        .route("/api/jobs/{id}", get(job))
         .route("/jobs/{id}/cancel", post(cancel))
         .route("/dead", get(dead_list))
-        .route("/api/dead", get(dead_list_json))
+        .route("/api/dead", get(dead_list))
         .route("/dead/{entry}", get(dead_entry))
-        .route("/api/dead/{entry}", get(dead_entry_json))
+        .route("/api/dead/{entry}", get(dead_entry))
         .route("/dead/{entry}/retry", post(dead_retry))
         .route("/dead/{entry}/purge", post(dead_purge))
         .route("/assets/ui.css", get(|| async { asset("text/css; charset=utf-8", include_str!("ui/ui.css")) }))
@@ -238,6 +239,40 @@ fn html(markup: maud::Markup, new_cookie: Option<HeaderValue>) -> Response {
     response
 }
 
+/// A page's answer: its JSON as it is, under `/api/` or when asked for (`Accept: application/json`); otherwise
+/// `render`ed as HTML for the namespace of `keys`, with `notice` on top.
+fn answer(
+    ui: &Ui,
+    request: &Request,
+    keys: &Keys,
+    notice: Option<&str>,
+    value: serde_json::Value,
+    render: impl FnOnce(&Frame<'_>, &serde_json::Value) -> maud::Markup,
+) -> Response {
+    if request.uri.path().starts_with("/api/") || wants_json(&request.headers) {
+        return json(value);
+    }
+    let (token, cookie) = session_token(&request.headers);
+    let frame = frame(ui, keys, &token, notice);
+    html(render(&frame, &value), cookie)
+}
+
+/// What [`answer`] needs of a request.
+struct Request {
+    /// Its URI (`/api/...` answers JSON).
+    uri: Uri,
+    /// Its headers (`Accept`, the session cookie).
+    headers: HeaderMap,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Request {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self { uri: parts.uri.clone(), headers: parts.headers.clone() })
+    }
+}
+
 /// What a page needs besides its data.
 pub(crate) struct Frame<'a> {
     /// The namespace shown, for links and the title.
@@ -273,19 +308,10 @@ async fn overview_value(ui: &Ui) -> Result<serde_json::Value, UiError> {
     Ok(serde_json::json!({"at": now, "namespaces": namespaces}))
 }
 
-async fn overview(State(ui): State<Ui>, Query(query): Query<NsQuery>, headers: HeaderMap) -> Result<Response, UiError> {
+async fn overview(State(ui): State<Ui>, Query(query): Query<NsQuery>, request: Request) -> Result<Response, UiError> {
     let value = overview_value(&ui).await?;
-    if wants_json(&headers) {
-        return Ok(json(value));
-    }
     let keys = ui.keys(query.ns.as_deref())?;
-    let (token, cookie) = session_token(&headers);
-    let frame = frame(&ui, &keys, &token, query.notice.as_deref());
-    Ok(html(pages::overview(&frame, &value), cookie))
-}
-
-async fn overview_json(State(ui): State<Ui>) -> Result<Response, UiError> {
-    Ok(json(overview_value(&ui).await?))
+    Ok(answer(&ui, &request, &keys, query.notice.as_deref(), value, pages::overview))
 }
 
 fn frame<'a>(ui: &'a Ui, keys: &'a Keys, token: &'a str, notice: Option<&'a str>) -> Frame<'a> {
@@ -354,34 +380,20 @@ fn parse_age(text: &str) -> Result<u64, UiError> {
     Ok(n.saturating_mul(unit_ms))
 }
 
-async fn jobs_value(ui: &Ui, query: &JobsQuery) -> Result<(Keys, serde_json::Value), UiError> {
+async fn jobs(State(ui): State<Ui>, Query(query): Query<JobsQuery>, request: Request) -> Result<Response, UiError> {
     let keys = ui.keys(query.ns.as_deref())?;
     let mut conn = ui.conn();
     let now = redis_now(&mut conn).await?;
     let filter = query.filter(now)?;
     let page = data::jobs(&mut conn, &keys, &filter, query.cursor.unwrap_or(0)).await?;
     let value = serde_json::to_value(&page).map_err(|e| UiError::BadRequest(e.to_string()))?;
-    Ok((keys, value))
-}
-
-async fn jobs(State(ui): State<Ui>, Query(query): Query<JobsQuery>, headers: HeaderMap) -> Result<Response, UiError> {
-    let (keys, value) = jobs_value(&ui, &query).await?;
-    if wants_json(&headers) {
-        return Ok(json(value));
-    }
-    let (token, cookie) = session_token(&headers);
-    let frame = frame(&ui, &keys, &token, None);
     let filters = pages::JobsFilters {
         state: query.state.as_deref().unwrap_or(""),
         model: query.model.as_deref().unwrap_or(""),
         prefix: query.prefix.as_deref().unwrap_or(""),
         since: query.since.as_deref().unwrap_or(""),
     };
-    Ok(html(pages::jobs(&frame, &filters, &value), cookie))
-}
-
-async fn jobs_json(State(ui): State<Ui>, Query(query): Query<JobsQuery>) -> Result<Response, UiError> {
-    Ok(json(jobs_value(&ui, &query).await?.1))
+    Ok(answer(&ui, &request, &keys, None, value, |frame, value| pages::jobs(frame, &filters, value)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -392,90 +404,36 @@ struct JobQuery {
     notice: Option<String>,
 }
 
-async fn job_value(ui: &Ui, id: &str, query: &JobQuery) -> Result<(Keys, serde_json::Value), UiError> {
-    let keys = ui.keys(query.ns.as_deref())?;
-    let job_id = crate::cli::parse_job_id(id).map_err(|e| UiError::BadRequest(format!("{e:#}")))?;
-    let mut conn = ui.conn();
-    let now = redis_now(&mut conn).await?;
-    let mut value = data::job(&mut conn, &keys, &job_id, query.page.unwrap_or(0)).await?;
-    value["at"] = now.into();
-    Ok((keys, value))
-}
-
 async fn job(
     State(ui): State<Ui>,
     Path(id): Path<String>,
     Query(query): Query<JobQuery>,
-    headers: HeaderMap,
+    request: Request,
 ) -> Result<Response, UiError> {
-    let (keys, value) = job_value(&ui, &id, &query).await?;
-    if wants_json(&headers) {
-        return Ok(json(value));
-    }
-    let (token, cookie) = session_token(&headers);
-    let frame = frame(&ui, &keys, &token, query.notice.as_deref());
-    Ok(html(pages::job(&frame, &value), cookie))
+    let keys = ui.keys(query.ns.as_deref())?;
+    let job_id = crate::cli::parse_job_id(&id).map_err(|e| UiError::BadRequest(format!("{e:#}")))?;
+    let mut conn = ui.conn();
+    let now = redis_now(&mut conn).await?;
+    let mut value = data::job(&mut conn, &keys, &job_id, query.page.unwrap_or(0)).await?;
+    value["at"] = now.into();
+    Ok(answer(&ui, &request, &keys, query.notice.as_deref(), value, pages::job))
 }
 
-async fn job_json(
-    State(ui): State<Ui>,
-    Path(id): Path<String>,
-    Query(query): Query<JobQuery>,
-) -> Result<Response, UiError> {
-    Ok(json(job_value(&ui, &id, &query).await?.1))
-}
-
-async fn dead_list_value(ui: &Ui, ns: Option<&str>) -> Result<(Keys, serde_json::Value), UiError> {
-    let keys = ui.keys(ns)?;
+async fn dead_list(State(ui): State<Ui>, Query(query): Query<NsQuery>, request: Request) -> Result<Response, UiError> {
+    let keys = ui.keys(query.ns.as_deref())?;
     let value = data::dead_list(&mut ui.conn(), &keys).await?;
-    Ok((keys, value))
-}
-
-async fn dead_list(
-    State(ui): State<Ui>,
-    Query(query): Query<NsQuery>,
-    headers: HeaderMap,
-) -> Result<Response, UiError> {
-    let (keys, value) = dead_list_value(&ui, query.ns.as_deref()).await?;
-    if wants_json(&headers) {
-        return Ok(json(value));
-    }
-    let (token, cookie) = session_token(&headers);
-    let frame = frame(&ui, &keys, &token, query.notice.as_deref());
-    Ok(html(pages::dead_list(&frame, &value), cookie))
-}
-
-async fn dead_list_json(State(ui): State<Ui>, Query(query): Query<NsQuery>) -> Result<Response, UiError> {
-    Ok(json(dead_list_value(&ui, query.ns.as_deref()).await?.1))
-}
-
-async fn dead_entry_value(ui: &Ui, ns: Option<&str>, entry: &str) -> Result<(Keys, serde_json::Value), UiError> {
-    let keys = ui.keys(ns)?;
-    let value = data::dead_entry(&mut ui.conn(), &keys, entry).await?;
-    Ok((keys, value))
+    Ok(answer(&ui, &request, &keys, query.notice.as_deref(), value, pages::dead_list))
 }
 
 async fn dead_entry(
     State(ui): State<Ui>,
     Path(entry): Path<String>,
     Query(query): Query<NsQuery>,
-    headers: HeaderMap,
+    request: Request,
 ) -> Result<Response, UiError> {
-    let (keys, value) = dead_entry_value(&ui, query.ns.as_deref(), &entry).await?;
-    if wants_json(&headers) {
-        return Ok(json(value));
-    }
-    let (token, cookie) = session_token(&headers);
-    let frame = frame(&ui, &keys, &token, query.notice.as_deref());
-    Ok(html(pages::dead_entry(&frame, &value), cookie))
-}
-
-async fn dead_entry_json(
-    State(ui): State<Ui>,
-    Path(entry): Path<String>,
-    Query(query): Query<NsQuery>,
-) -> Result<Response, UiError> {
-    Ok(json(dead_entry_value(&ui, query.ns.as_deref(), &entry).await?.1))
+    let keys = ui.keys(query.ns.as_deref())?;
+    let value = data::dead_entry(&mut ui.conn(), &keys, &entry).await?;
+    Ok(answer(&ui, &request, &keys, query.notice.as_deref(), value, pages::dead_entry))
 }
 
 /// The form of every action: the session's token and the namespace.

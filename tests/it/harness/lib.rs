@@ -228,9 +228,12 @@ impl World {
 
     /// All entries of a stream, as field maps.
     pub async fn stream(&self, key: &str) -> Vec<HashMap<String, String>> {
-        let entries: Vec<(String, HashMap<String, String>)> =
-            redis::cmd("XRANGE").arg(key).arg("-").arg("+").query_async(&mut self.conn.clone()).await.expect("xrange");
-        entries.into_iter().map(|(_, fields)| fields).collect()
+        self.entries(key).await.into_iter().map(|(_, fields)| fields).collect()
+    }
+
+    /// All entries of a stream with their ids, oldest first.
+    pub async fn entries(&self, key: &str) -> Vec<(String, HashMap<String, String>)> {
+        redis::cmd("XRANGE").arg(key).arg("-").arg("+").query_async(&mut self.conn.clone()).await.expect("xrange")
     }
 
     /// Waits until the results stream holds at least `n` entries; returns them.
