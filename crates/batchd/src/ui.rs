@@ -14,6 +14,7 @@
 //! cookie, the double-submit pattern). Every action is logged with what it did. Without the flag the buttons are
 //! absent and the endpoints answer 403.
 
+mod actions;
 mod data;
 mod pages;
 
@@ -22,18 +23,17 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use axum::Router;
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use batchd_core::{JobId, JobState, Keys};
-use batchd_producer::CancelOutcome;
+use batchd_core::{JobState, Keys};
 use batchd_queue::Conn;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::cli::Exit;
 use crate::cli::inspect::JobFilter;
-use crate::cli::{Exit, dead};
 use crate::settings::Settings;
 
 /// Options of `batchd ui`.
@@ -121,13 +121,13 @@ fn router(state: Ui) -> Router {
         .route("/api/jobs", get(jobs))
         .route("/jobs/{id}", get(job))
         .route("/api/jobs/{id}", get(job))
-        .route("/jobs/{id}/cancel", post(cancel))
+        .route("/jobs/{id}/cancel", post(actions::cancel))
         .route("/dead", get(dead_list))
         .route("/api/dead", get(dead_list))
         .route("/dead/{entry}", get(dead_entry))
         .route("/api/dead/{entry}", get(dead_entry))
-        .route("/dead/{entry}/retry", post(dead_retry))
-        .route("/dead/{entry}/purge", post(dead_purge))
+        .route("/dead/{entry}/retry", post(actions::dead_retry))
+        .route("/dead/{entry}/purge", post(actions::dead_purge))
         .route("/assets/ui.css", get(|| async { asset("text/css; charset=utf-8", include_str!("ui/ui.css")) }))
         .route("/assets/ui.js", get(|| async { asset("text/javascript; charset=utf-8", include_str!("ui/ui.js")) }))
         .fallback(|| async { UiError::NotFound("no such page".to_owned()) })
@@ -334,7 +334,7 @@ struct JobsQuery {
     model: Option<String>,
     /// A job id prefix.
     prefix: Option<String>,
-    /// Accepted within this long: `30m`, `2h`, `1d` (or seconds).
+    /// Accepted within this long (`30m`, `2h`, `1d`) or since this time (`2025-11-22T08:00:00Z`, Unix ms).
     since: Option<String>,
     /// The `SCAN` cursor of the page.
     cursor: Option<u64>,
@@ -353,8 +353,13 @@ impl JobsQuery {
             }
             None => Vec::new(),
         };
+        // The CLI's own reading of a time (`batchd retry --since`): an age (`30m`, `2h`, `1d`) or a time.
         let accepted_since = match nonempty(&self.since) {
-            Some(since) => Some(now.saturating_sub(parse_age(since)?)),
+            Some(since) => Some(
+                crate::cli::retry::parse_time(since)
+                    .map_err(|e| UiError::BadRequest(format!("accepted within {since:?}: {e}")))?
+                    .resolve(now),
+            ),
             None => None,
         };
         Ok(JobFilter {
@@ -364,20 +369,6 @@ impl JobsQuery {
             accepted_since,
         })
     }
-}
-
-/// `30m`, `2h`, `1d`, `45s` or plain seconds, as milliseconds.
-fn parse_age(text: &str) -> Result<u64, UiError> {
-    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
-    let n: u64 = number.parse().map_err(|_| UiError::BadRequest(format!("since {text:?}: expected 30m, 2h, 1d")))?;
-    let unit_ms = match unit {
-        "" | "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return Err(UiError::BadRequest(format!("since {text:?}: the unit is s, m, h or d"))),
-    };
-    Ok(n.saturating_mul(unit_ms))
 }
 
 async fn jobs(State(ui): State<Ui>, Query(query): Query<JobsQuery>, request: Request) -> Result<Response, UiError> {
@@ -436,144 +427,9 @@ async fn dead_entry(
     Ok(answer(&ui, &request, &keys, query.notice.as_deref(), value, pages::dead_entry))
 }
 
-/// The form of every action: the session's token and the namespace.
-#[derive(Debug, Deserialize)]
-struct ActionForm {
-    /// Must equal the session cookie's token.
-    token: String,
-    /// The namespace acted on.
-    ns: Option<String>,
-}
-
-/// Refuses an action unless actions are on and the request comes from a page of this dashboard: same origin by the
-/// browser's own headers, and the form's token equal to the session cookie's.
-fn check_action(ui: &Ui, headers: &HeaderMap, form: &ActionForm) -> Result<(), UiError> {
-    if !ui.allow_actions {
-        return Err(UiError::Forbidden(
-            "actions are off: this dashboard is read-only (start it with --allow-actions)".to_owned(),
-        ));
-    }
-    let host = headers.get(header::HOST).and_then(|value| value.to_str().ok()).unwrap_or("");
-    let origin = headers.get(header::ORIGIN).and_then(|value| value.to_str().ok());
-    let fetch_site = headers.get("sec-fetch-site").and_then(|value| value.to_str().ok());
-    let same_origin = match (origin, fetch_site) {
-        (Some(origin), _) if origin != "null" => {
-            origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://")) == Some(host)
-        }
-        (_, Some(site)) => site == "same-origin",
-        _ => false,
-    };
-    if !same_origin {
-        return Err(UiError::Forbidden("refused: the request does not come from this dashboard's pages".to_owned()));
-    }
-    match cookie(headers, SESSION_COOKIE) {
-        Some(token) if !token.is_empty() && token == form.token => Ok(()),
-        _ => Err(UiError::Forbidden("refused: the form's token is not this session's (reload the page)".to_owned())),
-    }
-}
-
-/// Where an action's outcome is shown: back to `path` with a notice, or as JSON when asked.
-fn after_action(headers: &HeaderMap, path: &str, ns: &str, notice: &str, value: serde_json::Value) -> Response {
-    if wants_json(headers) {
-        return json(value);
-    }
-    let query = serde_urlencoded_pair(&[("ns", ns), ("notice", notice)]);
-    Redirect::to(&format!("{path}?{query}")).into_response()
-}
-
-/// `name=value&...`, form-encoded.
-fn serde_urlencoded_pair(pairs: &[(&str, &str)]) -> String {
-    pairs
-        .iter()
-        .map(|(name, value)| {
-            format!("{name}={}", percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC))
-        })
-        .collect::<Vec<_>>()
-        .join("&")
-}
-
-async fn cancel(
-    State(ui): State<Ui>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    Form(form): Form<ActionForm>,
-) -> Result<Response, UiError> {
-    check_action(&ui, &headers, &form)?;
-    let keys = ui.keys(form.ns.as_deref())?;
-    let job_id = JobId::parse(&id).map_err(|e| UiError::BadRequest(format!("job id {id:?} {e}")))?;
-    let endpoint = ui.settings.redis_endpoint().map_err(|e| UiError::Redis(format!("{e:#}")))?;
-    let ledger_ttl = std::time::Duration::from_secs(ui.settings.retention.ledger_ttl_secs);
-    let producer =
-        batchd_producer::Producer::with_connection(endpoint, ui.conn(), keys.clone()).with_cancel_ttl(ledger_ttl);
-    let outcome = producer
-        .cancel(&job_id, "cancelled from the dashboard")
-        .await
-        .map_err(|e| UiError::Redis(format!("cancel job {job_id}: {e}")))?;
-    let (state, notice) = match outcome {
-        CancelOutcome::AlreadyFinished(state) => {
-            (Some(state), format!("job {job_id} already ended {state}; nothing to cancel"))
-        }
-        CancelOutcome::Requested(Some(state)) => (Some(state), format!("cancellation of job {job_id} requested")),
-        CancelOutcome::Requested(None) => (None, format!("cancellation of job {job_id} requested (not taken in yet)")),
-    };
-    let state = state.map_or("", JobState::as_str);
-    tracing::info!(action = "cancel", namespace = keys.namespace(), job_id = %job_id, state = %state, "dashboard action");
-    let value = serde_json::json!({"job_id": job_id.as_str(), "state": state, "notice": notice});
-    Ok(after_action(&headers, &format!("/jobs/{job_id}"), keys.namespace(), &notice, value))
-}
-
-async fn dead_retry(
-    State(ui): State<Ui>,
-    Path(entry): Path<String>,
-    headers: HeaderMap,
-    Form(form): Form<ActionForm>,
-) -> Result<Response, UiError> {
-    check_action(&ui, &headers, &form)?;
-    let keys = ui.keys(form.ns.as_deref())?;
-    let requeued = dead::requeue(&mut ui.conn(), &keys, &ui.settings, &entry).await?;
-    tracing::info!(
-        action = "dead retry",
-        namespace = keys.namespace(),
-        entry_id = %entry,
-        submit_entry_id = %requeued.submit_entry_id,
-        job_id = %requeued.job_id,
-        "dashboard action"
-    );
-    let notice = format!(
-        "dead-letter entry {entry} requeued as submit entry {} (job {})",
-        requeued.submit_entry_id, requeued.job_id
-    );
-    Ok(after_action(&headers, "/dead", keys.namespace(), &notice, requeued.to_json(&entry)))
-}
-
-async fn dead_purge(
-    State(ui): State<Ui>,
-    Path(entry): Path<String>,
-    headers: HeaderMap,
-    Form(form): Form<ActionForm>,
-) -> Result<Response, UiError> {
-    check_action(&ui, &headers, &form)?;
-    let keys = ui.keys(form.ns.as_deref())?;
-    let purged = dead::delete(&mut ui.conn(), &keys, std::slice::from_ref(&entry)).await?;
-    tracing::info!(action = "dead purge", namespace = keys.namespace(), entry_id = %entry, purged, "dashboard action");
-    let notice = format!("dead-letter entry {entry} purged");
-    let value = serde_json::json!({"namespace": keys.namespace(), "purged": purged});
-    Ok(after_action(&headers, "/dead", keys.namespace(), &notice, value))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ages_parse_with_units() {
-        assert_eq!(parse_age("30m").unwrap(), 1_800_000);
-        assert_eq!(parse_age("2h").unwrap(), 7_200_000);
-        assert_eq!(parse_age("1d").unwrap(), 86_400_000);
-        assert_eq!(parse_age("45").unwrap(), 45_000);
-        assert!(parse_age("2w").is_err());
-        assert!(parse_age("m").is_err());
-    }
 
     #[test]
     fn the_session_cookie_is_read_among_others() {

@@ -54,7 +54,8 @@ pub enum TimeArg {
 }
 
 impl TimeArg {
-    fn resolve(self, now_ms: u64) -> u64 {
+    /// The time in Unix ms, an age counted back from `now_ms`.
+    pub(crate) fn resolve(self, now_ms: u64) -> u64 {
         match self {
             Self::At(ms) => ms,
             Self::Ago(ago) => now_ms.saturating_sub(ago.as_millis() as u64),
