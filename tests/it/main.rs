@@ -17,6 +17,7 @@ mod cli_ops;
 mod clock;
 mod config_check;
 mod dead_letters;
+mod deploy;
 mod events;
 mod examples;
 mod failures;

@@ -1,15 +1,12 @@
 //! Running it in production: the admin endpoints (`/livez`, `/readyz`, `/metrics`), the queue-depth sampler,
-//! systemd notifications and SIGTERM, the token never leaking, and the deployment files (configs that load,
-//! supervisor timeouts longer than the drain, a Grafana dashboard over metrics that exist).
+//! systemd notifications and SIGTERM, and the token never leaking. The deployment files are tested in `deploy.rs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use batchd::admin::QueueSample;
-use batchd::settings::{LogFormat, Settings};
 use batchd_core::ResultStatus;
 use batchd_emulator::EmulatorConfig;
 use batchd_tests::{World, bge_m3_job, free_port, http_get, wait_for_http, with_admin};
@@ -17,15 +14,6 @@ use redis::AsyncCommands;
 use tokio::net::UnixDatagram;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-/// The repository root (the test package lives in `tests/`).
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo root").to_path_buf()
-}
-
-fn read(path: &str) -> String {
-    std::fs::read_to_string(repo_root().join(path)).unwrap_or_else(|e| panic!("read {path}: {e}"))
-}
 
 /// Parses Prometheus text exposition format 0.0.4 strictly and returns every sample, keyed by
 /// `name{label="value",..}` with labels sorted. Panics on any line that is not a `# HELP`, a `# TYPE` or a
@@ -444,113 +432,5 @@ async fn the_api_token_never_appears_in_output_logs_metrics_or_results() {
     let stored = format!("{:?}{:?}", world.results().await, world.ledger("leak-1").await);
     for (what, text) in [("stdout", &*stdout), ("stderr", &*stderr), ("/metrics", &*metrics), ("redis", &*stored)] {
         assert!(!text.contains(&token), "the token leaked into {what}");
-    }
-}
-
-/// Loads a deployment's config file the way `batchd --config FILE run` would (no environment).
-fn load_config(path: &str) -> Settings {
-    Settings::load_from(Some(&repo_root().join(path)), &HashMap::new()).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-/// The first `key: <number>` / `key=<number>` in `text`.
-fn number_after(text: &str, key: &str) -> u64 {
-    let at = text.find(key).unwrap_or_else(|| panic!("{key} not found")) + key.len();
-    let digits: String =
-        text[at..].trim_start_matches([':', '=', ' ', '"']).chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().unwrap_or_else(|_| panic!("{key} has no number"))
-}
-
-#[test]
-fn deployment_configs_load_and_supervisors_outwait_the_drain() {
-    for path in ["deploy/kubernetes/base/batchd.toml", "deploy/kubernetes/overlays/example/batchd.toml"] {
-        let settings = load_config(path);
-        assert_eq!(settings.admin.listen, "0.0.0.0:9090", "{path}: probes and Prometheus reach the pod");
-        assert_eq!(settings.log.format, LogFormat::Json, "{path}");
-        assert_eq!(settings.cloudflare.api_token_file, "/var/run/secrets/batchd/cloudflare-api-token", "{path}");
-        let deployment = read("deploy/kubernetes/base/deployment.yaml");
-        assert!(
-            deployment.contains("mountPath: /var/run/secrets/batchd"),
-            "the token file is where the Secret is mounted"
-        );
-        assert!(deployment.contains("path: /livez") && deployment.contains("path: /readyz"));
-        let termination = number_after(&deployment, "terminationGracePeriodSeconds:");
-        assert!(termination >= settings.shutdown.grace_secs + 10, "{path}: pods get longer than the drain");
-        assert!(
-            settings.shutdown.grace_secs > settings.cloudflare.request_timeout_secs,
-            "{path}: a submit in flight at SIGTERM can finish"
-        );
-        let keda = read("deploy/kubernetes/base/scaledobject.yaml");
-        assert!(
-            keda.contains(&format!("stream: \"{{{}}}:submit\"", settings.redis.namespace)),
-            "KEDA watches the submit stream"
-        );
-        assert!(keda.contains("consumerGroup: batchd"));
-        let address = keda.split("address: ").nth(1).and_then(|rest| rest.lines().next()).expect("KEDA address");
-        assert!(settings.redis.url.expose().ends_with(&format!("//{address}")), "{path}: KEDA reads the same Redis");
-    }
-    let settings = load_config("deploy/systemd/batchd.toml");
-    let unit = read("deploy/systemd/batchd.service");
-    assert!(
-        number_after(&unit, "\nTimeoutStopSec=") >= settings.shutdown.grace_secs + 10,
-        "systemd outwaits the drain"
-    );
-    assert!(settings.shutdown.grace_secs > settings.cloudflare.request_timeout_secs, "a submit in flight can finish");
-    let watchdog = number_after(&unit, "\nWatchdogSec=");
-    assert!(watchdog * 1000 >= settings.admin.sample_interval_ms * 2 && watchdog >= 10);
-    assert!(unit.contains("RestartPreventExitStatus=78"));
-    assert!(unit.contains("LoadCredential=cloudflare-api-token:"));
-}
-
-/// Every PromQL expression of the dashboard.
-fn dashboard_exprs(node: &serde_json::Value, out: &mut Vec<String>) {
-    match node {
-        serde_json::Value::Object(map) => {
-            for (key, value) in map {
-                match (key.as_str(), value) {
-                    ("expr", serde_json::Value::String(expr)) => out.push(expr.clone()),
-                    _ => dashboard_exprs(value, out),
-                }
-            }
-        }
-        serde_json::Value::Array(items) => items.iter().for_each(|item| dashboard_exprs(item, out)),
-        _ => {}
-    }
-}
-
-#[test]
-fn the_grafana_dashboard_parses_and_queries_only_exported_metrics() {
-    let dashboard: serde_json::Value = serde_json::from_str(&read("deploy/grafana/batchd.json")).expect("valid JSON");
-    let panels = dashboard["panels"].as_array().expect("panels");
-    let titles: Vec<&str> = panels.iter().filter_map(|panel| panel["title"].as_str()).collect();
-    for question in ["Is work flowing?", "Is anything stuck?", "Is the API refusing us?", "What does it cost?"] {
-        assert!(titles.contains(&question), "a row answers {question:?}; titles: {titles:?}");
-    }
-    let mut exprs = Vec::new();
-    dashboard_exprs(&dashboard, &mut exprs);
-    assert!(exprs.len() >= 8, "{exprs:?}");
-    let mut used = Vec::new();
-    for expr in &exprs {
-        for (at, _) in expr.match_indices("batchd_") {
-            let name: String = expr[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-            let base = ["_bucket", "_sum", "_count"]
-                .iter()
-                .find_map(|suffix| name.strip_suffix(suffix).filter(|base| batchd::metrics::NAMES.contains(base)))
-                .unwrap_or(&name)
-                .to_owned();
-            assert!(batchd::metrics::NAMES.contains(&base.as_str()), "{name} (in {expr}) is not a batchd metric");
-            used.push(base);
-        }
-    }
-    for panel in panels.iter().filter(|panel| panel["type"] != "row") {
-        assert!(
-            panel["targets"].as_array().is_some_and(|targets| !targets.is_empty()),
-            "panel {} has a query",
-            panel["title"]
-        );
-    }
-    for essential in
-        ["batchd_jobs_finished_total", "batchd_oldest_waiting_job_age_seconds", "batchd_api_requests_total"]
-    {
-        assert!(used.iter().any(|name| name == essential), "{essential} is on the dashboard");
     }
 }
