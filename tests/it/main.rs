@@ -11,6 +11,7 @@ mod bad_input;
 mod big;
 mod chaos;
 mod cli;
+mod cli_docs;
 mod cli_escaping;
 mod cli_operator;
 mod cli_ops;
