@@ -1,16 +1,14 @@
 //! The operator commands against live daemons and a real Redis, run as the real `batchd` binary: `pause`/`resume`
 //! (intake stops on every replica, work in flight finishes, `stats` and `/readyz` say so), `workers`, `retry` by
-//! filter (with `--dry-run`), `dead purge` confirmation, `completions`, `probe`, `NO_COLOR`, `--json` on every
-//! command, and the container image's health check.
+//! filter (with `--dry-run`), `probe`, and the container image's health check. What needs a terminal is in
+//! `cli_terminal.rs`, `--json` on every command in `cli_json.rs`.
 
-use std::io::Write as _;
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use batchd_core::ResultStatus;
 use batchd_emulator::{Calls, Fault};
-use batchd_tests::{Daemon, World, bge_m3_job, binary, free_port, wait_for_http, with_admin};
+use batchd_tests::{Daemon, World, bge_m3_job, free_port, wait_for_http, with_admin};
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 
@@ -19,12 +17,12 @@ use crate::cli_ops::{run, text};
 const WAIT: Duration = Duration::from_secs(30);
 
 /// `batchd <args>` with the world's environment: (exit code, stdout, stderr).
-async fn cli(world: &World, args: &[&str]) -> (i32, String, String) {
+pub(crate) async fn cli(world: &World, args: &[&str]) -> (i32, String, String) {
     cli_with(world, args, &[]).await
 }
 
 /// `batchd <args>` with the world's environment and `env` added.
-async fn cli_with(world: &World, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+pub(crate) async fn cli_with(world: &World, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut command = world.batchd();
     command.args(args).envs(env.iter().copied());
     let output = run(command).await;
@@ -32,7 +30,7 @@ async fn cli_with(world: &World, args: &[&str], env: &[(&str, &str)]) -> (i32, S
 }
 
 /// `batchd <args> --json`, which must exit `code` and print JSON.
-async fn cli_json(world: &World, args: &[&str], code: i32) -> Value {
+pub(crate) async fn cli_json(world: &World, args: &[&str], code: i32) -> Value {
     let (actual, stdout, stderr) = cli(world, args).await;
     assert_eq!(actual, code, "{args:?}: {stderr}");
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {stdout}"))
@@ -339,110 +337,6 @@ async fn retry_lists_with_dry_run_and_requeues_failed_jobs_matching_each_filter(
 }
 
 #[tokio::test]
-async fn dead_purge_asks_on_a_terminal_and_refuses_without_one_unless_told_yes() {
-    let world = World::new().await;
-    let daemon = world.daemon();
-    for i in 0..3 {
-        world.enqueue_raw(&[("payload", format!("not a job {i}"))]).await;
-    }
-    world.wait_for_results(3, WAIT).await;
-    daemon.stop().await.unwrap();
-    let dead_len = || {
-        let mut conn = world.conn.clone();
-        let key = world.keys.dead();
-        async move { conn.xlen::<_, usize>(key).await.unwrap() }
-    };
-    assert_eq!(dead_len().await, 3);
-    let listed = cli_json(&world, &["dead", "list", "--json"], 0).await;
-    let first = listed[0]["entry_id"].as_str().unwrap().to_owned();
-
-    // Standard input is not a terminal here: no one to ask, so no purge without --yes.
-    for args in [vec!["dead", "purge", "--all"], vec!["dead", "purge", first.as_str()]] {
-        let (code, stdout, stderr) = cli(&world, &args).await;
-        assert_eq!(code, 2, "{args:?}: {stderr}");
-        assert_eq!(
-            stderr.trim_end(),
-            "batchd: dead purge deletes for good: give --yes to confirm (standard input is not a terminal, so there is no one to ask)"
-        );
-        assert!(stdout.is_empty());
-    }
-    assert_eq!(dead_len().await, 3, "nothing deleted");
-
-    // On a terminal it asks: "n" keeps everything, "y" deletes.
-    for (answer, code, left) in [("n", 1, 3), ("y", 0, 2)] {
-        let screen = on_terminal(&world, &format!("dead purge {first}"), &format!("{answer}\n")).await;
-        assert!(
-            screen.contains(&format!(
-                "delete 1 dead-letter entries of namespace {}? [y/N]",
-                world.settings.redis.namespace
-            )),
-            "{screen}"
-        );
-        assert_eq!(screen_exit(&screen), code, "{answer}: {screen}");
-        assert_eq!(dead_len().await, left, "{answer}: {screen}");
-    }
-    let purged = cli_json(&world, &["dead", "purge", "--all", "--yes", "--json"], 0).await;
-    assert_eq!(purged, json!({"namespace": world.settings.redis.namespace, "purged": 2}));
-    assert_eq!(dead_len().await, 0);
-}
-
-/// Runs `batchd <command>; echo exit=$?` on a pseudo-terminal (`script`, as an operator's shell would), typing
-/// `input`; returns what the terminal showed.
-async fn on_terminal(world: &World, command: &str, input: &str) -> String {
-    let batchd = binary("batchd").expect("batchd binary");
-    let mut script = Command::new("script");
-    script
-        .env_clear()
-        .envs(world.batchd_env())
-        .env("TERM", "xterm")
-        .args(["-qfec", &format!("{} {command}; echo exit=$?", batchd.display()), "/dev/null"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let input = input.to_owned();
-    tokio::task::spawn_blocking(move || {
-        let mut child = script.spawn().expect("script");
-        let mut stdin = child.stdin.take().expect("stdin");
-        stdin.write_all(input.as_bytes()).expect("type the answer");
-        let output = child.wait_with_output().expect("script");
-        drop(stdin);
-        text(&output.stdout)
-    })
-    .await
-    .expect("join")
-}
-
-/// The `exit=N` a command run by [`on_terminal`] ended with.
-fn screen_exit(screen: &str) -> i32 {
-    screen.lines().rev().find_map(|line| line.trim().strip_prefix("exit=")?.parse().ok()).expect("exit=N on screen")
-}
-
-#[tokio::test]
-async fn completions_print_a_script_for_each_shell() {
-    let world = World::new().await;
-    for (shell, marker) in [("bash", "complete -F _batchd"), ("zsh", "#compdef batchd"), ("fish", "complete -c batchd")]
-    {
-        // No Redis or configuration needed: a broken config file does not matter.
-        let (code, stdout, stderr) =
-            cli_with(&world, &["completions", shell], &[("BATCHD_CONFIG", "/nonexistent")]).await;
-        assert_eq!(code, 0, "{shell}: {stderr}");
-        assert!(stdout.contains(marker), "{shell}: {stdout}");
-        for command in ["retry", "pause", "resume", "workers", "probe", "dry-run"] {
-            assert!(stdout.contains(command), "{shell} completes {command}");
-        }
-        if shell == "bash" {
-            let path = world.redis.dir.join("batchd.bash");
-            std::fs::write(&path, &stdout).unwrap();
-            let status = Command::new("bash").arg("-n").arg(&path).status().expect("bash");
-            assert!(status.success(), "the bash script parses");
-        }
-    }
-    let (code, _, stderr) = cli(&world, &["completions", "tcsh"]).await;
-    assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.starts_with("batchd: invalid value 'tcsh' for '<SHELL>'"), "{stderr}");
-}
-
-#[tokio::test]
 async fn probe_exits_0_against_a_running_daemon_and_1_against_a_closed_port() {
     let world = World::new().await;
     let mut settings = world.settings.clone();
@@ -529,160 +423,4 @@ async fn the_container_image_probes_itself_on_the_port_it_exposes() {
     daemon.stop().await.unwrap();
     let (code, _, _) = cli_with(&world, &args, &[("BATCHD__ADMIN__LISTEN", &listen)]).await;
     assert_eq!(code, 1, "unhealthy once the daemon is gone");
-}
-
-#[tokio::test]
-async fn no_color_turns_every_styling_off_on_a_terminal() {
-    let world = World::new().await;
-    let daemon = world.daemon();
-    let styled = on_terminal(&world, "--help", "").await;
-    assert!(styled.contains('\u{1b}'), "help is styled on a terminal by default: {styled:?}");
-    let plain = with_env_on_terminal(&world, "NO_COLOR=1", "--help").await;
-    assert!(!plain.contains('\u{1b}'), "{plain:?}");
-    assert!(plain.contains("Usage: batchd"), "{plain}");
-    let error = with_env_on_terminal(&world, "NO_COLOR=1", "jobs --state bogus").await;
-    assert!(!error.contains('\u{1b}') && error.contains("batchd: invalid value 'bogus'"), "{error:?}");
-
-    // submit --wait: plain progress lines instead of an animated bar.
-    let job = world.redis.dir.join("job.json");
-    std::fs::write(&job, bge_m3_job("nc-1", 2).to_string()).unwrap();
-    let screen =
-        with_env_on_terminal(&world, "NO_COLOR=1", &format!("submit --wait --timeout 60 {}", job.display())).await;
-    assert!(!screen.contains('\u{1b}'), "{screen:?}");
-    assert!(screen.lines().any(|line| line.trim_end() == "nc-1: completed"), "{screen}");
-    assert_eq!(screen_exit(&screen), 0, "{screen}");
-    daemon.stop().await.unwrap();
-}
-
-/// Like [`on_terminal`], with an environment assignment (`NAME=value`) before the command.
-async fn with_env_on_terminal(world: &World, assignment: &str, command: &str) -> String {
-    let batchd = binary("batchd").expect("batchd binary");
-    let mut script = Command::new("script");
-    script.env_clear().envs(world.batchd_env()).env("TERM", "xterm").args([
-        "-qfec",
-        &format!("env {assignment} {} {command}; echo exit=$?", batchd.display()),
-        "/dev/null",
-    ]);
-    text(&run(script).await.stdout)
-}
-
-/// Every command that prints a result has `--json` (all but `run` and `completions`), and what each prints parses.
-#[tokio::test]
-async fn json_output_parses_for_every_command() {
-    let world = World::new().await;
-    let mut settings = world.settings.clone();
-    let admin = with_admin(&mut settings);
-    let daemon = Daemon::start(settings, &world.emulator);
-    let job = world.redis.dir.join("job.json");
-    std::fs::write(&job, bge_m3_job("j-1", 1).to_string()).unwrap();
-    let job = job.display().to_string();
-
-    let submitted = cli_json(&world, &["submit", &job, "--json"], 0).await;
-    assert_eq!(submitted["job_id"], "j-1");
-    world.wait_for_result("j-1", WAIT).await;
-    world.enqueue_raw(&[("payload", "not a job".to_owned())]).await;
-    world.wait_for_results(2, WAIT).await;
-    wait_for_http(admin, "/readyz", WAIT, |status, _| status == 200).await;
-    let dead = cli_json(&world, &["dead", "list", "--json"], 0).await;
-    let dead_id = dead[0]["entry_id"].as_str().expect("dead entry").to_owned();
-
-    let addr = admin.to_string();
-    let commands: Vec<Vec<&str>> = vec![
-        vec!["status", "j-1", "--json"],
-        vec!["cancel", "j-1", "--json"],
-        vec!["retry", "--dry-run", "--json"],
-        vec!["jobs", "--json"],
-        vec!["stats", "--json"],
-        vec!["workers", "--json"],
-        vec!["pause", "--json"],
-        vec!["resume", "--json"],
-        vec!["dead", "list", "--json"],
-        vec!["dead", "show", &dead_id, "--json"],
-        vec!["probe", "--addr", &addr, "--json"],
-        vec!["dead", "purge", &dead_id, "--yes", "--json"],
-    ];
-    let mut covered: Vec<String> = vec!["submit".into(), "tail".into(), "dead retry".into(), "config check".into()];
-    for args in &commands {
-        let value = cli_json(&world, args, 0).await;
-        assert!(value.is_object() || value.is_array(), "{args:?}: {value}");
-        covered.push(
-            args.iter()
-                .take_while(|arg| !arg.starts_with('-') && **arg != "j-1" && **arg != dead_id)
-                .copied()
-                .collect::<Vec<_>>()
-                .join(" "),
-        );
-    }
-    let cancelled = cli_json(&world, &["cancel", "j-1", "--json"], 0).await;
-    assert_eq!(cancelled, json!({"job_id": "j-1", "outcome": "already_finished", "state": "completed"}));
-
-    // tail and dead retry print one object per line.
-    let (code, stdout, _) = cli(&world, &["tail", "--from-start", "--count", "2", "--json"]).await;
-    assert_eq!(code, 0);
-    let lines: Vec<Value> =
-        stdout.lines().map(|line| serde_json::from_str::<Value>(line).expect("JSON line")).collect();
-    assert_eq!(lines.len(), 2);
-    // A job too big for a daemon with a tiny entry limit becomes a dead letter that `dead retry` can requeue.
-    daemon.stop().await.unwrap();
-    world.enqueue(&bge_m3_job("too-big", 3)).await;
-    let mut small = world.settings.clone();
-    small.jobs.max_entry_bytes = 200;
-    let daemon = Daemon::start(small, &world.emulator);
-    world.wait_for_results(3, WAIT).await;
-    daemon.stop().await.unwrap();
-    let dead = cli_json(&world, &["dead", "list", "--json"], 0).await;
-    let dead_id = dead[0]["entry_id"].as_str().unwrap().to_owned();
-    let (code, stdout, stderr) = cli(&world, &["dead", "retry", &dead_id, "--json"]).await;
-    assert_eq!(code, 0, "{stderr}");
-    let line: Value = serde_json::from_str(stdout.trim_end()).expect("one JSON line");
-    assert_eq!((line["entry_id"].as_str(), line["job_id"].as_str()), (Some(dead_id.as_str()), Some("too-big")));
-    let (code, stdout, stderr) =
-        cli_with(&world, &["config", "check", "--json"], &[("CLOUDFLARE_API_TOKEN", "t0ken-for-the-check")]).await;
-    assert_eq!(code, 0, "{stderr}");
-    let config: Value = serde_json::from_str(&stdout).expect("config check --json");
-    assert_eq!(config["redis"]["namespace"], world.settings.redis.namespace);
-    assert!(!stdout.contains("t0ken-for-the-check"), "secrets stay redacted");
-
-    // Every leaf command's help offers --json, but `run`, `ui` (servers; the dashboard's JSON is its /api/ routes,
-    // tests/it/ui_browser.rs) and `completions`.
-    let mut leaves = Vec::new();
-    let (_, help, _) = cli(&world, &["--help"]).await;
-    for name in subcommands(&help) {
-        let (_, sub_help, _) = cli(&world, &[name.as_str(), "--help"]).await;
-        let nested = subcommands(&sub_help);
-        if nested.is_empty() {
-            leaves.push((name.clone(), sub_help));
-        }
-        for inner in nested {
-            let (_, inner_help, _) = cli(&world, &[name.as_str(), inner.as_str(), "--help"]).await;
-            leaves.push((format!("{name} {inner}"), inner_help));
-        }
-    }
-    for (path, help) in &leaves {
-        if path == "run" || path == "ui" || path == "completions" {
-            assert!(!help.contains("--json"), "{path}");
-            continue;
-        }
-        assert!(help.contains("      --json "), "`batchd {path}` has no --json");
-        assert!(covered.contains(path), "`batchd {path} --json` is not exercised here");
-    }
-}
-
-/// The command names under "Commands:" in a help text (without `help`).
-fn subcommands(help: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    let mut in_commands = false;
-    for line in help.lines() {
-        if line == "Commands:" {
-            in_commands = true;
-        } else if in_commands && line.starts_with("  ") && !line.starts_with("   ") {
-            let name = line.split_whitespace().next().unwrap_or_default();
-            if name != "help" {
-                names.push(name.to_owned());
-            }
-        } else if in_commands && !line.starts_with(' ') {
-            in_commands = false;
-        }
-    }
-    names
 }
