@@ -12,6 +12,7 @@
 
 mod calls;
 mod config;
+mod control;
 mod events;
 mod fault;
 mod hub;

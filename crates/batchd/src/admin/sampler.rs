@@ -1,0 +1,155 @@
+//! The sampler: reads each namespace's queue depths and pause flag from Redis with bounded commands, sets the
+//! queue gauges, and records Redis reachability and paused namespaces in [`Health`] for `/readyz`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use batchd_core::Keys;
+use batchd_queue::Conn;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::Health;
+use super::systemd::notify_status;
+use crate::metrics;
+
+/// Queue depths read from Redis in one sample.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueSample {
+    /// Entries in the submit stream (not yet taken in: unread plus in flight).
+    pub submit_entries: u64,
+    /// Of those, entries read by a replica and not yet acknowledged (`XPENDING` of the group).
+    pub submit_in_flight: u64,
+    /// Steps in the schedule (polls and submit retries).
+    pub scheduled: u64,
+    /// Of those, steps whose due time has passed.
+    pub due: u64,
+    /// Entries in the dead-letter stream.
+    pub dead: u64,
+    /// Id of the first entry of the submit stream (the oldest waiting one), if any.
+    pub oldest_entry_id: Option<String>,
+    /// Due time (Unix ms) of the first step of the schedule, if any.
+    pub earliest_due_ms: Option<u64>,
+}
+
+impl QueueSample {
+    /// Reads one sample through the storage's [`batchd_queue::inspect::depths`]; every command is bounded,
+    /// whatever the backlog.
+    pub async fn read(conn: &mut Conn, keys: &Keys, now_ms: u64) -> Result<Self, batchd_queue::StoreError> {
+        let depths = batchd_queue::inspect::depths(conn, keys, now_ms).await?;
+        Ok(Self {
+            submit_entries: depths.submit_entries,
+            submit_in_flight: depths.submit_in_flight,
+            scheduled: depths.scheduled,
+            due: depths.due,
+            dead: depths.dead,
+            oldest_entry_id: depths.oldest_entry_id,
+            earliest_due_ms: depths.earliest_due_ms,
+        })
+    }
+
+    /// Sets the gauges of `namespace` from this sample.
+    pub fn record(&self, namespace: &str, now_ms: u64) {
+        let depth = |stream, state, depth| metrics::queue_depth(namespace, stream, state, depth);
+        depth("submit", "pending", self.submit_entries.saturating_sub(self.submit_in_flight));
+        depth("submit", "in_flight", self.submit_in_flight);
+        depth("schedule", "scheduled", self.scheduled);
+        depth("schedule", "due", self.due);
+        depth("dead", "dead", self.dead);
+        let age = self.oldest_entry_id.as_deref().map_or(Duration::ZERO, |id| entry_age(id, now_ms));
+        metrics::oldest_waiting_job_age(namespace, age);
+        metrics::schedule_lag(namespace, self.earliest_due_ms.map_or(Duration::ZERO, |due| lag(due, now_ms)));
+    }
+}
+
+/// Age of a stream entry from the millisecond part of its id (`<ms>-<seq>`); zero for ids in the future or
+/// not of that form (a producer that chose its own ids).
+pub fn entry_age(entry_id: &str, now_ms: u64) -> Duration {
+    let ms = entry_id.split_once('-').map_or(entry_id, |(ms, _)| ms);
+    ms.parse::<u64>().map_or(Duration::ZERO, |ms| Duration::from_millis(now_ms.saturating_sub(ms)))
+}
+
+/// How long a step due at `due_ms` has been overdue at `now_ms` (zero if not due yet).
+pub fn lag(due_ms: u64, now_ms: u64) -> Duration {
+    Duration::from_millis(now_ms.saturating_sub(due_ms))
+}
+
+/// The `/readyz` detail of a paused namespace: `intake paused in namespace batchd (paused by ops@host at ...)`,
+/// escaped and capped (the flag's value is whatever was written to Redis).
+pub fn pause_detail(namespace: &str, flag: &str) -> String {
+    let record = crate::cli::pause::PauseRecord::parse(flag);
+    format!("intake paused in namespace {namespace} ({})", record.describe())
+}
+
+/// The sampler: every `interval`, reads a [`QueueSample`] and the pause flag of each namespace, sets the gauges and
+/// records Redis reachability and paused namespaces in `health`; also runs the Prometheus recorder's upkeep. Runs
+/// until `stop` is cancelled.
+pub async fn run_sampler(
+    mut conn: Conn,
+    namespaces: Vec<Keys>,
+    interval: Duration,
+    health: Arc<Health>,
+    recorder: PrometheusHandle,
+    stop: CancellationToken,
+) {
+    let timeout = interval.max(Duration::from_secs(2));
+    loop {
+        let now_ms = batchd_queue::now_ms();
+        let mut outcome = Ok(());
+        let mut paused = Vec::new();
+        for keys in &namespaces {
+            let sample = async {
+                let sample = QueueSample::read(&mut conn, keys, now_ms).await?;
+                Ok::<_, batchd_queue::StoreError>((sample, batchd_queue::inspect::pause_flag(&mut conn, keys).await?))
+            };
+            match tokio::time::timeout(timeout, sample).await {
+                Ok(Ok((sample, flag))) => {
+                    sample.record(keys.namespace(), now_ms);
+                    paused.extend(flag.map(|flag| pause_detail(keys.namespace(), &flag)));
+                }
+                Ok(Err(error)) => outcome = Err(format!("redis unreachable: {error}")),
+                Err(_) => outcome = Err(format!("redis unreachable: no answer within {timeout:?}")),
+            }
+            if outcome.is_err() {
+                break;
+            }
+        }
+        if outcome.is_ok() && health.set_paused(paused.clone()) {
+            if paused.is_empty() {
+                tracing::info!("intake running");
+            } else {
+                tracing::warn!(paused = %paused.join("; "), "intake paused; work in flight goes on");
+            }
+        }
+        metrics::redis_up(outcome.is_ok());
+        if let Err(reason) = &outcome {
+            metrics::redis_error("sample");
+            if health.set_redis(outcome.clone()) {
+                tracing::warn!(reason = %reason, "not ready: redis unreachable");
+                notify_status(&format!("running; {reason}"));
+            }
+        } else if health.set_redis(Ok(())) {
+            tracing::info!("ready: redis reachable");
+            notify_status("running; redis reachable");
+        }
+        recorder.run_upkeep();
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_age_comes_from_the_id() {
+        assert_eq!(entry_age("1000-0", 4500), Duration::from_millis(3500));
+        assert_eq!(entry_age("5000-3", 4500), Duration::ZERO, "clock skew: never negative");
+        assert_eq!(entry_age("not-an-id", 4500), Duration::ZERO);
+        assert_eq!(lag(1000, 1500), Duration::from_millis(500));
+        assert_eq!(lag(2000, 1500), Duration::ZERO);
+    }
+}
