@@ -9,6 +9,7 @@
 //! schedule. `make chaos` runs the full scenarios ([`Size::Full`]) through the `chaos` binary; `make test` runs the
 //! short ones ([`Size::Short`]) from `tests/it/chaos.rs`. The figures go to `docs/reliability.md`.
 
+pub mod abandoned;
 pub mod check;
 pub mod clock;
 pub mod cluster;

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use batchd_emulator::{CallKind, DurationRange, EmulatorConfig, RandomFaults};
 
-use super::check::{Abandoned, Outcome, drain, judge_abandoned, track_abandoned, verify};
+use super::abandoned::{Abandoned, judge_abandoned, track_abandoned};
+use super::check::{Outcome, drain, verify};
 use super::cluster::{Cluster, End};
 use super::load::{self, Collected, Collector, Produced, spawn_producer};
 use super::{Size, human, unix_ms};
