@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole flow on one machine: a private redis-server on a free port, the Batch API emulator, the daemon, and
-# two sample jobs submitted with `batchd submit --wait`. Everything is stopped and removed on exit.
+# The whole flow on one machine: a private redis-server on a free port, the Batch API emulator, the daemon, two
+# sample jobs submitted with `batchd submit --wait`, and the dashboard (`batchd ui`; DEMO_KEEP_UI=1 keeps it up
+# until Enter). Everything is stopped and removed on exit.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin="$root/target/debug"
@@ -53,6 +54,9 @@ export CLOUDFLARE_ACCOUNT_ID="emulator-account"
 export CLOUDFLARE_API_TOKEN="emulator-token"
 export BATCHD__POLL__INITIAL_INTERVAL_MS=500
 export BATCHD__POLL__MAX_INTERVAL_MS=1000
+# The admin server on a free port too, so a daemon already running on this machine (on 9090) does not stop the demo.
+admin_port=$(free_port)
+export BATCHD__ADMIN__LISTEN="127.0.0.1:$admin_port"
 
 step "starting the daemon (logs in $work/daemon.log)"
 "$bin/batchd" run 2>"$work/daemon.log" &
@@ -65,6 +69,19 @@ done
 
 step "batchd status demo-bge-m3"
 "$bin/batchd" status demo-bge-m3
+
+ui_port=$(free_port)
+step "batchd ui on http://127.0.0.1:$ui_port/ (the dashboard; read-only)"
+"$bin/batchd" ui --listen "127.0.0.1:$ui_port" >"$work/ui.out" 2>"$work/ui.log" &
+pids+=($!)
+wait_for_port "$ui_port"
+echo "its overview as JSON (GET /api/overview), the finished jobs of the last hour:"
+curl -fsS "http://127.0.0.1:$ui_port/api/overview" \
+  | python3 -c 'import json,sys; ns=json.load(sys.stdin)["namespaces"][0]; print({s: sum(m[s] for m in ns["finished_per_minute"]) for s in ("completed","failed","expired","cancelled")}, "tokens:", ns["tokens"]["last_hour"])'
+if [ -n "${DEMO_KEEP_UI:-}" ]; then
+  echo "DEMO_KEEP_UI is set: open http://127.0.0.1:$ui_port/ in a browser; press Enter to stop everything"
+  read -r _
+fi
 
 step "the daemon's log"
 cat "$work/daemon.log"

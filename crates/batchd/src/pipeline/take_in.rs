@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use crate::runtime::IngressEntry;
 use batchd_core::result::code;
 use batchd_core::{ChunkRef, DecodeError, Job, JobError, JobId};
-use crate::runtime::IngressEntry;
 use batchd_queue::{Accepted, DeadLetter, Intake, MAX_CHUNKS_PER_JOB, Placement, Rejection, StoreError};
 
 use super::{Ending, Pipeline};
