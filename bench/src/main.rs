@@ -10,6 +10,9 @@
 //!
 //! Needs the release binaries `batchd` and `batchd-emulator` next to this one, `node` with bench/peers/node_modules,
 //! and target/bench-peers/release/apalis-redis-bench: scripts/bench.sh builds and installs all of them.
+//!
+//! Over 500 lines because it runs every scenario and is the one place where their measurements become rows of the
+//! report table; the scenario modules only measure and know nothing of the report.
 
 mod api_latency;
 mod backlog;
