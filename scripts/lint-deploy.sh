@@ -5,7 +5,7 @@
 #               exists, and they must agree), validate built-in kinds with kubernetes-validate (strict, offline
 #               schemas) and the ServiceMonitor/ScaledObject with validators generated from their published CRDs
 #   Prometheus: promtool check rules + promtool test rules, and the PrometheusRule holds the plain file's rules
-#   Grafana:    the dashboard is valid JSON (tests/it/ops.rs checks its queries against the exported metrics)
+#   Grafana:    the dashboard is valid JSON (tests/it/deploy.rs checks its queries against the exported metrics)
 # Tools it installs go under target/lint-deploy/ (a Python venv, npm packages), pinned below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
