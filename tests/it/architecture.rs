@@ -212,7 +212,7 @@ fn only_the_storage_crate_sends_redis_commands() {
     assert!(
         found.is_empty(),
         "{DOC}, \"Who sends Redis commands\": only batchd-queue sends Redis commands; move these into \
-         crates/batchd-queue (inspect.rs, results.rs or store.rs) and call them:\n  {}",
+         crates/batchd-queue (inspect.rs, results.rs, ingress.rs or store/) and call them:\n  {}",
         found.join("\n  ")
     );
     // The check finds what it looks for: the storage crate itself is full of commands.
