@@ -265,6 +265,13 @@ async fn with_actions_allowed_a_dead_letter_is_retried_and_a_job_cancelled_from_
     .await;
     assert!(browser.all("#cancel-job").await.expect("buttons").is_empty(), "a finished job offers no cancel");
 
+    // Every action is logged with what it did; the refused ones did nothing and are not.
+    let log = dashboard.log();
+    let actions: Vec<&str> = log.lines().filter(|line| line.contains("dashboard action")).collect();
+    assert_eq!(actions.len(), 2, "{log}");
+    assert!(actions[0].contains("dead retry") && actions[0].contains(&dead_id), "{}", actions[0]);
+    assert!(actions[1].contains("cancel") && actions[1].contains("ui-long"), "{}", actions[1]);
+
     browser.close().await;
     daemon.stop().await.expect("clean stop");
 }

@@ -138,12 +138,15 @@ pub struct Dashboard {
     /// Its address.
     pub addr: SocketAddr,
     child: Child,
+    /// Where its log (stderr) goes.
+    log: PathBuf,
 }
 
 impl Dashboard {
     /// Starts `batchd ui` with `args` (e.g. `--allow-actions`) on a free port and waits until it answers.
     pub async fn start(world: &World, args: &[&str]) -> anyhow::Result<Self> {
         let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let log = std::env::temp_dir().join(format!("batchd-ui-{}.log", uuid::Uuid::new_v4().simple()));
         let child = Command::new(workspace_binary("batchd")?)
             .env_clear()
             .envs(world.batchd_env())
@@ -152,12 +155,17 @@ impl Dashboard {
             .arg(addr.to_string())
             .args(args)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).context("create the dashboard's log")?)
             .spawn()
             .context("start batchd ui")?;
-        let dashboard = Self { addr, child };
+        let dashboard = Self { addr, child, log };
         answers(&dashboard.url("/assets/ui.css"), "batchd ui").await?;
         Ok(dashboard)
+    }
+
+    /// What it has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// `http://<addr><path>`.
@@ -170,5 +178,6 @@ impl Drop for Dashboard {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
     }
 }
