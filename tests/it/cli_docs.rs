@@ -4,6 +4,7 @@
 
 use batchd_tests::World;
 
+use crate::cli_json::subcommands;
 use crate::cli_ops::{batchd, run, text};
 
 /// Every command path of the CLI (`[]`, `["submit"]`, `["dead", "list"]`, ...), found from the "Commands:" sections
@@ -14,18 +15,8 @@ async fn command_paths(world: &World) -> Vec<Vec<String>> {
     while index < paths.len() {
         let path = paths[index].clone();
         let help = help_text(world, &path).await;
-        let mut in_commands = false;
-        for line in help.lines() {
-            if line == "Commands:" {
-                in_commands = true;
-            } else if in_commands && line.starts_with("  ") && !line.starts_with("   ") {
-                let name = line.split_whitespace().next().unwrap_or_default();
-                if name != "help" {
-                    paths.push(path.iter().cloned().chain([name.to_owned()]).collect());
-                }
-            } else if in_commands && !line.starts_with(' ') {
-                in_commands = false;
-            }
+        for name in subcommands(&help) {
+            paths.push(path.iter().cloned().chain([name]).collect());
         }
         index += 1;
     }

@@ -113,7 +113,7 @@ async fn json_output_parses_for_every_command() {
 }
 
 /// The command names under "Commands:" in a help text (without `help`).
-fn subcommands(help: &str) -> Vec<String> {
+pub(crate) fn subcommands(help: &str) -> Vec<String> {
     let mut names = Vec::new();
     let mut in_commands = false;
     for line in help.lines() {

@@ -251,28 +251,15 @@ pub async fn scheduled_chunk_states(
     Ok((pipe.query_async(conn).await?, total))
 }
 
-/// The finished-jobs counters ([`Keys::stats_minute`]) of `minutes` (minute numbers, Unix ms / 60,000), in order.
-pub async fn minute_counters(
+/// The finished-jobs counter hashes named by `keys` (built with [`Keys::stats_minute`] or [`Keys::stats_hour`]),
+/// in order, in one round trip; a missing hash reads as empty.
+pub async fn counters(
     conn: &mut Conn,
-    keys: &Keys,
-    minutes: std::ops::RangeInclusive<u64>,
+    keys: impl IntoIterator<Item = String>,
 ) -> Result<Vec<HashMap<String, u64>>, StoreError> {
     let mut pipe = redis::pipe();
-    for minute in minutes {
-        pipe.hgetall(keys.stats_minute(minute));
-    }
-    Ok(pipe.query_async(conn).await?)
-}
-
-/// The finished-jobs counters ([`Keys::stats_hour`]) of `hours` (hour numbers, Unix ms / 3,600,000), in order.
-pub async fn hour_counters(
-    conn: &mut Conn,
-    keys: &Keys,
-    hours: std::ops::RangeInclusive<u64>,
-) -> Result<Vec<HashMap<String, u64>>, StoreError> {
-    let mut pipe = redis::pipe();
-    for hour in hours {
-        pipe.hgetall(keys.stats_hour(hour));
+    for key in keys {
+        pipe.hgetall(key);
     }
     Ok(pipe.query_async(conn).await?)
 }

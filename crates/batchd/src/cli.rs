@@ -96,7 +96,12 @@ pub(crate) async fn connect(settings: &Settings) -> anyhow::Result<Conn> {
 /// A producer (the library services use) on a connection to the configured Redis, checked like [`connect`]'s.
 pub(crate) async fn producer(settings: &Settings) -> anyhow::Result<batchd_producer::Producer> {
     let conn = connect(settings).await?;
-    let producer = batchd_producer::Producer::with_connection(settings.redis_endpoint()?, conn, settings.keys());
+    producer_on(settings, conn, settings.keys())
+}
+
+/// A producer for namespace `keys` on `conn`, with the daemon's job limits and cancellation lifetime.
+pub(crate) fn producer_on(settings: &Settings, conn: Conn, keys: Keys) -> anyhow::Result<batchd_producer::Producer> {
+    let producer = batchd_producer::Producer::with_connection(settings.redis_endpoint()?, conn, keys);
     let ledger_ttl = Duration::from_secs(settings.retention.ledger_ttl_secs);
     Ok(producer.with_limits(settings.job_limits()).with_cancel_ttl(ledger_ttl))
 }

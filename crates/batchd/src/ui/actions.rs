@@ -53,19 +53,8 @@ fn after_action(headers: &HeaderMap, path: &str, ns: &str, notice: &str, value: 
     if wants_json(headers) {
         return json(value);
     }
-    let query = serde_urlencoded_pair(&[("ns", ns), ("notice", notice)]);
-    Redirect::to(&format!("{path}?{query}")).into_response()
-}
-
-/// `name=value&...`, form-encoded.
-fn serde_urlencoded_pair(pairs: &[(&str, &str)]) -> String {
-    pairs
-        .iter()
-        .map(|(name, value)| {
-            format!("{name}={}", percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC))
-        })
-        .collect::<Vec<_>>()
-        .join("&")
+    Redirect::to(&format!("{path}?ns={}&notice={}", super::pages::encode(ns), super::pages::encode(notice)))
+        .into_response()
 }
 
 pub(super) async fn cancel(
@@ -77,10 +66,8 @@ pub(super) async fn cancel(
     check_action(&ui, &headers, &form)?;
     let keys = ui.keys(form.ns.as_deref())?;
     let job_id = JobId::parse(&id).map_err(|e| UiError::BadRequest(format!("job id {id:?} {e}")))?;
-    let endpoint = ui.settings.redis_endpoint().map_err(|e| UiError::Redis(format!("{e:#}")))?;
-    let ledger_ttl = std::time::Duration::from_secs(ui.settings.retention.ledger_ttl_secs);
     let producer =
-        batchd_producer::Producer::with_connection(endpoint, ui.conn(), keys.clone()).with_cancel_ttl(ledger_ttl);
+        crate::cli::producer_on(&ui.settings, ui.conn(), keys.clone()).map_err(|e| UiError::Redis(format!("{e:#}")))?;
     let outcome = producer
         .cancel(&job_id, "cancelled from the dashboard")
         .await

@@ -90,7 +90,9 @@ fn add_counters(hash: &HashMap<String, u64>, statuses: &mut BTreeMap<String, u64
 async fn minutes(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<(Vec<Value>, Tokens)> {
     let current = now / 60_000;
     let first = current.saturating_sub(59);
-    let hashes = inspect::minute_counters(conn, keys, first..=current).await.context("read the minute counters")?;
+    let hashes = inspect::counters(conn, (first..=current).map(|minute| keys.stats_minute(minute)))
+        .await
+        .context("read the minute counters")?;
     let mut tokens = Tokens::new();
     let mut per_minute = Vec::with_capacity(hashes.len());
     for (minute, hash) in (first..=current).zip(&hashes) {
@@ -108,9 +110,8 @@ async fn minutes(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<(Vec<
 /// Tokens of the last 24 hours (the current hour included).
 async fn hours(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<Tokens> {
     let current = now / 3_600_000;
-    let hashes = inspect::hour_counters(conn, keys, current.saturating_sub(23)..=current)
-        .await
-        .context("read the hour counters")?;
+    let hours = (current.saturating_sub(23)..=current).map(|hour| keys.stats_hour(hour));
+    let hashes = inspect::counters(conn, hours).await.context("read the hour counters")?;
     let mut tokens = Tokens::new();
     for hash in &hashes {
         add_counters(hash, &mut BTreeMap::new(), &mut tokens);

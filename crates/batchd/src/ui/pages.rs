@@ -56,7 +56,8 @@ fn link(frame: &Frame<'_>, path: &str) -> String {
 const COMPONENT: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_');
 
-fn encode(text: &str) -> String {
+/// `text` for a URL's path segment or query value.
+pub(super) fn encode(text: &str) -> String {
     percent_encoding::utf8_percent_encode(text, COMPONENT).to_string()
 }
 
