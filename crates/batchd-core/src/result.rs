@@ -29,8 +29,11 @@ pub enum ResultStatus {
 }
 
 impl ResultStatus {
+    /// Every status, in the order people read them.
+    pub const ALL: [Self; 4] = [Self::Completed, Self::Failed, Self::Expired, Self::Cancelled];
+
     /// The status as published.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::Completed => "completed",
             Self::Failed => "failed",

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use anyhow::Context as _;
 use batchd_core::ledger::field;
 use batchd_core::stats::StatField;
-use batchd_core::{JobId, Keys};
+use batchd_core::{JobId, Keys, ResultStatus};
 use batchd_queue::Conn;
 use batchd_queue::inspect;
 use serde_json::{Value, json};
@@ -35,7 +35,10 @@ pub const RESPONSES_PAGE: usize = 50;
 pub const DEAD_LIST_LIMIT: usize = 200;
 
 /// The statuses a result entry can have, in the order the overview shows them.
-pub const STATUSES: [&str; 4] = ["completed", "failed", "expired", "cancelled"];
+pub const STATUSES: [&str; 4] = {
+    let [a, b, c, d] = ResultStatus::ALL;
+    [a.as_str(), b.as_str(), c.as_str(), d.as_str()]
+};
 
 /// One namespace's overview: `stats --json`, `workers --json`, the chunk states of the work in flight (sampled),
 /// finished jobs per minute over the last hour by status, and tokens by model over the last hour and day.
