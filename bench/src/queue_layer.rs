@@ -4,7 +4,7 @@
 //! reports the CPU time its worker process and redis-server spent per drained job.
 //!
 //! batchd's side runs in this process, on `batchd_queue` directly: the daemon's ingress fetcher
-//! (`batchd::runtime::ingress::backend`, the apalis `FetchBackend` over `XREADGROUP`) feeds an apalis worker with
+//! (`batchd_engine::runtime::ingress::backend`, the apalis `FetchBackend` over `XREADGROUP`) feeds an apalis worker with
 //! `concurrency(50)`, as in `batchd run`. Two handlers:
 //! - **ack**: `XACK` + `XDEL` of the entry in one pipeline: the queue round trip alone, like BullMQ's and
 //!   apalis-redis's completion of a no-op job;
@@ -22,10 +22,10 @@ use apalis::layers::WorkerBuilderExt;
 use apalis_core::error::BoxDynError;
 use apalis_core::task::data::Data;
 use apalis_core::worker::builder::WorkerBuilder;
-use batchd::runtime::IngressEntry;
-use batchd::runtime::IngressSettings;
 use batchd_core::keys::CONSUMER_GROUP;
 use batchd_core::{Job, JobLimits, Keys};
+use batchd_engine::runtime::IngressEntry;
+use batchd_engine::runtime::IngressSettings;
 use batchd_queue::store::Intake;
 use batchd_queue::{Store, StoreSettings};
 use redis::aio::MultiplexedConnection;
@@ -183,7 +183,7 @@ pub async fn batchd(redis: &RedisServer, n: usize, handler: Handler) -> anyhow::
     });
     let stop = CancellationToken::new();
     let started = Instant::now();
-    let backend = batchd::runtime::ingress::backend(
+    let backend = batchd_engine::runtime::ingress::backend(
         endpoint,
         keys.clone(),
         IngressSettings {

@@ -102,10 +102,15 @@ fn the_grafana_dashboard_parses_and_queries_only_exported_metrics() {
             let name: String = expr[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
             let base = ["_bucket", "_sum", "_count"]
                 .iter()
-                .find_map(|suffix| name.strip_suffix(suffix).filter(|base| batchd::metrics::NAMES.contains(base)))
+                .find_map(|suffix| {
+                    name.strip_suffix(suffix).filter(|base| batchd_engine::metrics::NAMES.contains(base))
+                })
                 .unwrap_or(&name)
                 .to_owned();
-            assert!(batchd::metrics::NAMES.contains(&base.as_str()), "{name} (in {expr}) is not a batchd metric");
+            assert!(
+                batchd_engine::metrics::NAMES.contains(&base.as_str()),
+                "{name} (in {expr}) is not a batchd metric"
+            );
             used.push(base);
         }
     }

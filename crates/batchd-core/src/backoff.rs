@@ -1,5 +1,5 @@
 //! Exponential backoff, written once: the doubling delay of every retry loop (the fetchers, the event puller) and
-//! the ceiling of the jittered retry decision (`batchd::policy::retry_delay`).
+//! the ceiling of the jittered retry decision (`batchd_engine::policy::retry_delay`).
 //!
 //! Not `backon` (already compiled in through `redis`): it is a retry-loop library whose jitter is added on top of
 //! the delay and drawn from its own random source, so the unit-tested decision "delay before retry `attempt`, full

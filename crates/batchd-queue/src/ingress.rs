@@ -1,5 +1,5 @@
 //! The submit stream as the ingress fetcher reads it (the fetcher itself is the daemon's runtime,
-//! `crates/batchd/src/runtime/ingress.rs`): the consumer group's reads, reclaims of abandoned entries, delivery
+//! `crates/batchd-engine/src/runtime/ingress.rs`): the consumer group's reads, reclaims of abandoned entries, delivery
 //! counts, and handing entries back; each entry's values moved out of the reply rather than copied.
 
 use std::collections::HashMap;

@@ -8,7 +8,7 @@
 //! - [`connection`] and [`clock`]: one connection type for every deployment, and Redis's clock.
 //!
 //! Nothing here knows the Batch API or runs workers: the fetchers and the apalis backend are the daemon's
-//! (`crates/batchd/src/runtime/`).
+//! (`crates/batchd-engine/src/runtime/`).
 
 pub mod clock;
 pub mod connection;

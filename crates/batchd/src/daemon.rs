@@ -18,13 +18,13 @@ use apalis_core::worker::builder::WorkerBuilder;
 use batchd_cloudflare::{BatchClient, QueueClient};
 use batchd_queue::Store;
 
-use crate::runtime::{ByteBudget, DeliveryLimit, EntryBudget, IngressSettings, ScheduleSettings};
+use batchd_engine::runtime::{ByteBudget, DeliveryLimit, EntryBudget, IngressSettings, ScheduleSettings};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Health};
-use crate::pipeline::{Pipeline, SplitSettings, handle_due, handle_entry};
 use crate::settings::{Secret, Settings};
+use batchd_engine::pipeline::{Pipeline, SplitSettings, handle_due, handle_entry};
 
 /// Room in the budget that a poll reply holds (the client's `ReplyHold`).
 type ReplyHold = Box<dyn Send + Sync>;
@@ -43,7 +43,7 @@ const BACKGROUND_STOP: Duration = Duration::from_secs(2);
 /// Runs the daemon until `shutdown` is cancelled (then drains within the grace period and returns `Ok`), or
 /// until a worker stops on its own (returns an error).
 pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let recorder = crate::metrics::install().map_err(anyhow::Error::msg)?;
+    let recorder = batchd_engine::metrics::install().map_err(anyhow::Error::msg)?;
     let health = Arc::new(Health::default());
     // The admin port first: one that is taken fails the start at once, before any work is taken.
     let admin_listener = match settings.admin.listen_addr() {
@@ -88,13 +88,13 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
         recorder,
         background_stop.clone(),
     )));
-    crate::metrics::known_models(settings.rate_limits.task_types.iter().map(|entry| entry.model.as_str()));
+    batchd_engine::metrics::known_models(settings.rate_limits.task_types.iter().map(|entry| entry.model.as_str()));
     {
         // The process metrics (RSS, CPU, open fds) are read on the sampler's rhythm.
         let (interval, stop) = (settings.admin.sample_interval(), background_stop.clone());
         background.push(tokio::spawn(async move {
             loop {
-                crate::metrics::collect_process();
+                batchd_engine::metrics::collect_process();
                 tokio::select! {
                     () = tokio::time::sleep(interval) => {}
                     () = stop.cancelled() => break,
@@ -140,10 +140,10 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
         // A pull brings at most 100 small event messages.
         queue_settings.max_reply_bytes = 16 * 1024 * 1024;
         let queue = QueueClient::new(queue_settings, &settings.events.queue_id).context("events settings")?;
-        background.push(tokio::spawn(crate::events::run_puller(
+        background.push(tokio::spawn(batchd_engine::events::run_puller(
             queue,
             stores,
-            settings.events.clone(),
+            settings.event_pull(),
             fetch_stop.clone(),
         )));
     }
@@ -217,7 +217,7 @@ fn spawn_workers(
         max_entry_bytes,
         charge: Arc::new(move |fields: &[(String, Vec<u8>)]| entry_charge(fields, max_entry_bytes, max_items)),
     };
-    let ingress = crate::runtime::ingress::backend_with_limits(
+    let ingress = batchd_engine::runtime::ingress::backend_with_limits(
         endpoint.clone(),
         keys,
         IngressSettings {
@@ -231,7 +231,7 @@ fn spawn_workers(
         Some(budget),
         fetch_stop.clone(),
     );
-    let schedule = crate::runtime::schedule::backend(
+    let schedule = batchd_engine::runtime::schedule::backend(
         pipeline.store.clone(),
         ScheduleSettings {
             batch: settings.schedule.batch,

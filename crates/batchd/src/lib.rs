@@ -4,12 +4,7 @@
 pub mod admin;
 pub mod cli;
 pub mod daemon;
-pub mod events;
 pub mod logging;
-pub mod metrics;
-pub mod pipeline;
-pub mod policy;
-pub mod runtime;
 pub mod settings;
 pub mod ui;
 

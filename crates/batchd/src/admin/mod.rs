@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::runtime::heartbeat::Heartbeat;
+use batchd_engine::runtime::heartbeat::Heartbeat;
 
 pub use http::{
     HEADER_READ_TIMEOUT, IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_REQUEST_HEAD_BYTES, bind, router, serve, serve_limited,

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Health;
 use super::systemd::notify_status;
-use crate::metrics;
+use batchd_engine::metrics;
 
 /// Queue depths read from Redis in one sample.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1,5 +1,5 @@
-//! What the other crates are handed, built from the settings: the API client settings, the Redis endpoint, the
-//! key builders, job limits and storage settings.
+//! What the other crates are handed, built from the settings: the API client settings, the event puller's
+//! settings, the Redis endpoint, the key builders, job limits and storage settings.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,6 +18,16 @@ impl Settings {
         settings.connect_timeout = Duration::from_secs(self.cloudflare.connect_timeout_secs);
         settings.max_reply_bytes = self.cloudflare.max_reply_bytes;
         settings
+    }
+
+    /// How the batch event puller reads the queue (`[events]`).
+    pub fn event_pull(&self) -> batchd_engine::events::PullSettings {
+        batchd_engine::events::PullSettings {
+            queue_id: self.events.queue_id.clone(),
+            batch_size: self.events.batch_size,
+            visibility_timeout: Duration::from_millis(self.events.visibility_timeout_ms),
+            max_idle: Duration::from_millis(self.events.max_idle_ms),
+        }
     }
 
     /// The key builder of the configured namespace (validated at load).

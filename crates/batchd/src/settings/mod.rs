@@ -11,7 +11,6 @@
 mod check;
 mod conversions;
 mod load;
-mod rate_limits;
 mod redacted;
 mod secrets;
 mod sections;
@@ -20,11 +19,12 @@ use serde::{Deserialize, Serialize};
 
 /// The one URL mask (also shown by `cli::connect`).
 pub use batchd_core::redact_url;
-pub use rate_limits::{ModelLimit, ModelTask, RateLimitSettings, TaskType};
+pub use batchd_engine::rate_limits::{ModelLimit, ModelTask, RateLimitSettings, TaskType};
+pub use batchd_engine::settings::{PollSettings, RetrySettings};
 pub use secrets::Secret;
 pub use sections::{
-    AdminSettings, CloudflareSettings, EventSettings, IngressConfig, JobSettings, LogFormat, LogSettings, PollSettings,
-    RedisMode, RedisSettings, RetentionSettings, RetrySettings, ScheduleConfig, ShutdownSettings, WorkerSettings,
+    AdminSettings, CloudflareSettings, EventSettings, IngressConfig, JobSettings, LogFormat, LogSettings, RedisMode,
+    RedisSettings, RetentionSettings, ScheduleConfig, ShutdownSettings, WorkerSettings,
 };
 
 /// The built-in defaults; the same file documents every key.

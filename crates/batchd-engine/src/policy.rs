@@ -8,7 +8,8 @@ use batchd_core::{FailedBatch, ItemResponse, JobError, JobOutput, backoff};
 use batchd_queue::Placement;
 use serde_json::value::RawValue;
 
-use crate::settings::{PollSettings, RateLimitSettings, RetrySettings};
+use crate::rate_limits::RateLimitSettings;
+use crate::settings::{PollSettings, RetrySettings};
 
 /// Delay before poll number `n_polls + 1` of a batch: `initial × multiplier^n_polls`, capped at `max`,
 /// then spread by ±`jitter`. `unit_random` is a number in [0, 1).
@@ -208,7 +209,7 @@ pub fn rate_bucket(account: &str, model: &str, limits: &RateLimitSettings) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings::{ModelTask, TaskType};
+    use crate::rate_limits::{ModelTask, TaskType};
 
     fn poll() -> PollSettings {
         PollSettings {
@@ -446,7 +447,7 @@ mod tests {
             window_secs: 60,
             burst: 1,
             limit_polls: false,
-            models: vec![crate::settings::ModelLimit { model: "@cf/baai/bge-large-en-v1.5".into(), limit: 1500 }],
+            models: vec![crate::rate_limits::ModelLimit { model: "@cf/baai/bge-large-en-v1.5".into(), limit: 1500 }],
             task_types: vec![
                 ModelTask { model: "@cf/baai/bge-m3".into(), task: TaskType::Embeddings },
                 ModelTask { model: "@cf/meta/m2m100-1.2b".into(), task: TaskType::Translation },

@@ -16,19 +16,30 @@ use batchd_queue::Store;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics;
-use crate::settings::EventSettings;
 
 /// First wait after an empty pull or an error; it doubles up to `events.max_idle_ms`.
 const FIRST_IDLE: Duration = Duration::from_millis(100);
 
+/// How the puller reads the queue (from the daemon's `[events]`).
+#[derive(Debug, Clone)]
+pub struct PullSettings {
+    /// The queue's id, for logs.
+    pub queue_id: String,
+    /// Messages asked for per pull (at most 100).
+    pub batch_size: u32,
+    /// How long a pulled message stays leased to this replica before the queue offers it again.
+    pub visibility_timeout: Duration,
+    /// Longest wait between two pulls while the queue stays empty (the wait starts short and doubles).
+    pub max_idle: Duration,
+}
+
 /// Pulls events until `stop`, waking chunks in any of `stores` (one per namespace the daemon serves).
-pub async fn run_puller(client: QueueClient, stores: Vec<Store>, settings: EventSettings, stop: CancellationToken) {
-    let max_idle = Duration::from_millis(settings.max_idle_ms);
-    let visibility = Duration::from_millis(settings.visibility_timeout_ms);
+pub async fn run_puller(client: QueueClient, stores: Vec<Store>, settings: PullSettings, stop: CancellationToken) {
+    let max_idle = settings.max_idle;
     let mut idle = Backoff::new(FIRST_IDLE, max_idle);
     tracing::info!(queue_id = %settings.queue_id, "batch event puller started");
     while !stop.is_cancelled() {
-        let wait = match client.pull(settings.batch_size, visibility).await {
+        let wait = match client.pull(settings.batch_size, settings.visibility_timeout).await {
             Ok(pulled) if pulled.messages.is_empty() => idle.failed(),
             Ok(pulled) => {
                 idle.succeeded();

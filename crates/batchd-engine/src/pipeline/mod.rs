@@ -22,8 +22,9 @@ use serde_json::value::RawValue;
 
 use crate::metrics::{self, ApiCall};
 use crate::policy::rate_bucket;
+use crate::rate_limits::RateLimitSettings;
 use crate::runtime::{ByteBudget, IngressEntry};
-use crate::settings::{PollSettings, RateLimitSettings, RetrySettings};
+use crate::settings::{PollSettings, RetrySettings};
 
 /// How jobs are split into batches.
 #[derive(Debug, Clone)]
