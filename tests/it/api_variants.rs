@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use batchd_core::ApiCode;
 use batchd_core::{ItemResponse, ResultStatus};
 use batchd_emulator::{CallKind, EmulatorConfig, Fault};
 use batchd_tests::{World, bge_m3_job};
@@ -124,8 +125,8 @@ async fn a_model_that_cannot_queue_fails_the_job_at_once_with_its_own_code() {
     assert_eq!(result.status, ResultStatus::Failed);
     let error = result.error.expect("error");
     assert_eq!(
-        (error.code.as_str(), error.api_code, error.http_status),
-        ("model_not_batchable", Some(8007), Some(400))
+        (error.code.as_str(), error.api_code.clone(), error.http_status),
+        ("model_not_batchable", Some(ApiCode::Number(8007)), Some(400))
     );
     assert!(error.message.contains("does not support batch requests"), "{}", error.message);
     assert_eq!(submit_calls(&world), 1, "no retry, no split");
@@ -147,7 +148,7 @@ async fn a_failed_batch_keeps_the_apis_cause_in_the_result_and_the_ledger() {
     let output = result.result.expect("the finished batch's responses are kept");
     assert_eq!(output.failed_batches.len(), 1);
     let failed = &output.failed_batches[0];
-    assert_eq!((failed.error.api_code, failed.error.http_status), (Some(5001), Some(500)));
+    assert_eq!((failed.error.api_code.clone(), failed.error.http_status), (Some(ApiCode::Number(5001)), Some(500)));
     assert!(failed.error.message.contains("Model execution failed"), "{}", failed.error.message);
     assert!(failed.request_id.is_some());
     let ledger = world.ledger("cause").await;

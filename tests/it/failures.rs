@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use batchd_core::ApiCode;
 use batchd_core::ResultStatus;
 use batchd_emulator::{CallKind, Calls, EmulatorConfig, Fault};
 use batchd_tests::{World, bge_m3_job};
@@ -77,7 +78,7 @@ async fn a_bad_token_fails_the_job_with_the_apis_code() {
     assert_eq!(result.status, ResultStatus::Failed);
     let error = result.error.expect("error");
     assert_eq!(error.code, "api_error");
-    assert_eq!(error.api_code, Some(10000));
+    assert_eq!(error.api_code.clone(), Some(ApiCode::Number(10000)));
     assert_eq!(error.http_status, Some(401));
     assert!(error.message.contains("Authentication error"), "{}", error.message);
     assert!(!error.message.contains("wrong-token"));
@@ -96,7 +97,10 @@ async fn a_whole_batch_failure_ends_the_job_failed() {
     let result = world.wait_for_result("doomed", WAIT).await;
     assert_eq!(result.status, ResultStatus::Failed);
     let error = result.error.expect("error");
-    assert_eq!((error.code.as_str(), error.api_code, error.http_status), ("batch_failed", Some(5001), Some(500)));
+    assert_eq!(
+        (error.code.as_str(), error.api_code.clone(), error.http_status),
+        ("batch_failed", Some(ApiCode::Number(5001)), Some(500))
+    );
     assert_eq!(result.request_ids.len(), 1, "the failed batch's request id is reported");
     daemon.stop().await.unwrap();
 }
@@ -147,7 +151,7 @@ async fn an_unknown_model_fails_with_the_apis_code() {
     let result = world.wait_for_result("nomodel", WAIT).await;
     assert_eq!(result.status, ResultStatus::Failed);
     let error = result.error.expect("error");
-    assert_eq!((error.api_code, error.http_status), (Some(5007), Some(400)));
+    assert_eq!((error.api_code.clone(), error.http_status), (Some(ApiCode::Number(5007)), Some(400)));
     assert!(error.message.contains("@cf/nobody/nothing"), "{}", error.message);
     assert!(daemon.is_running());
     daemon.stop().await.unwrap();

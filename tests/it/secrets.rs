@@ -14,6 +14,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use batchd::settings::{Secret, Settings};
+use batchd_core::ApiCode;
 use batchd_core::{Keys, ResultEntry, ResultStatus};
 use batchd_emulator::{Calls, EmulatorConfig, Fault};
 use batchd_tests::{World, bge_m3_job, free_port, http_get, wait_for_http};
@@ -261,7 +262,10 @@ async fn the_token_never_leaves_the_authorization_header() {
     let refused = wait_for_entry(&world, &wrong_keys.results(), "sec-401").await;
     assert_eq!(refused.status, ResultStatus::Failed);
     let error = refused.error.expect("error");
-    assert_eq!((error.code.as_str(), error.api_code, error.http_status), ("api_error", Some(10000), Some(401)));
+    assert_eq!(
+        (error.code.as_str(), error.api_code.clone(), error.http_status),
+        ("api_error", Some(ApiCode::Number(10000)), Some(401))
+    );
     assert!(error.message.contains("Authentication error"), "{}", error.message);
     let (status, metrics) = http_get(wrong_admin, "/metrics").await.expect("GET /metrics");
     assert_eq!(status, 200);

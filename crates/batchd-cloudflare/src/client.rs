@@ -3,17 +3,16 @@
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use batchd_core::{ModelName, RequestId};
+use batchd_provider::{ReplyBudget, ReplyHold};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::Url;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use serde_json::value::RawValue;
 
-use crate::error::{ApiError, Operation, parse_retry_after};
+use crate::error::{ApiError, Build as _, Operation, parse_retry_after};
 use crate::reply::{PollStatus, Submitted, read_poll, read_submit};
 use crate::settings::{ApiToken, ClientBuildError, ClientSettings, validate_account_id};
 use crate::wire;
@@ -22,26 +21,8 @@ use crate::wire;
 /// path character that model scopes such as `@cf` start with, sent literally as Cloudflare's own clients do).
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~').remove(b'@');
 
-/// Room held in the caller's memory budget for a reply's bytes; given back when dropped.
-pub type ReplyHold = Box<dyn Send + Sync>;
-
-/// Waits for room for that many bytes in the caller's memory budget.
-type HoldFn = dyn Fn(usize) -> Pin<Box<dyn Future<Output = ReplyHold> + Send>> + Send + Sync;
-
-/// Takes room for that many bytes if it is free right now.
-type TryHoldFn = dyn Fn(usize) -> Option<ReplyHold> + Send + Sync;
-
 /// A reply without a declared length is counted as it arrives, this many bytes at a time.
 const REPLY_STEP: usize = 1024 * 1024;
-
-/// Counts poll replies against the caller's memory budget while they are read ([`BatchClient::with_reply_budget`]).
-#[derive(Clone)]
-struct ReplyBudget {
-    /// Waits for room.
-    hold: Arc<HoldFn>,
-    /// Takes room that is free now.
-    try_hold: Arc<TryHoldFn>,
-}
 
 /// The `User-Agent` the client sends.
 const USER_AGENT: &str = concat!("batchd/", env!("CARGO_PKG_VERSION"));
@@ -135,8 +116,7 @@ impl BatchClient {
         F: Future<Output = ReplyHold> + Send + 'static,
         T: Fn(usize) -> Option<ReplyHold> + Send + Sync + 'static,
     {
-        self.transport.reply_budget =
-            Some(ReplyBudget { hold: Arc::new(move |bytes| Box::pin(hold(bytes))), try_hold: Arc::new(try_hold) });
+        self.transport.reply_budget = Some(ReplyBudget::new(hold, try_hold));
         self
     }
 
@@ -171,7 +151,7 @@ impl BatchClient {
                     body_bytes,
                     kind = %error.kind,
                     http_status = error.http_status,
-                    api_code = error.api_code,
+                    api_code = ?error.api_code,
                     maybe_delivered = error.maybe_delivered,
                     error = %error,
                     "batch submit failed"
@@ -222,7 +202,7 @@ impl BatchClient {
                 tracing::debug!(
                     kind = %error.kind,
                     http_status = error.http_status,
-                    api_code = error.api_code,
+                    api_code = ?error.api_code,
                     error = %error,
                     "batch poll failed"
                 );
@@ -300,7 +280,7 @@ impl Transport {
         let mut held: Vec<ReplyHold> = Vec::new();
         let mut held_bytes = 0;
         if let (Some(budget), Some(declared)) = (budget, declared) {
-            held.push((budget.hold)(declared as usize).await);
+            held.push(budget.hold(declared as usize).await);
             held_bytes = declared as usize;
         }
         // Sized from the declared length when there is one (checked above), so a big result is not re-grown.
@@ -311,11 +291,11 @@ impl Transport {
             {
                 // Room for the bytes so far and the next step; never waiting while holding room.
                 let want = (body.len() + chunk.len()).next_multiple_of(REPLY_STEP);
-                match (budget.try_hold)(want - held_bytes) {
+                match budget.try_hold(want - held_bytes) {
                     Some(more) => held.push(more),
                     None => {
                         held.clear();
-                        held.push((budget.hold)(want).await);
+                        held.push(budget.hold(want).await);
                     }
                 }
                 held_bytes = want;

@@ -7,83 +7,13 @@
 //! Long because its tests walk the reference's error table row by row, with the transport failures and unreadable
 //! replies beside them: the table is one concern and reads best whole.
 
-use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use batchd_core::JobError;
-use batchd_core::result::code;
+use batchd_core::ApiCode;
 
 use crate::wire;
 
-/// What the caller should do about a failed request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
-    /// Try again after a backoff (honouring `retry_after`): 408, 429 with code 3040, 5xx other than code 5001,
-    /// unreadable replies, connection errors and timeouts.
-    Transient,
-    /// The account's daily free allocation is used up (429 with code 3036): try again much later.
-    QuotaExhausted,
-    /// The batch is too large (413 or code 3006): split it, or fail the job if it cannot be split.
-    TooLarge,
-    /// A poll got 404: the API no longer has the batch or its results. Resubmitting is the only way forward.
-    NotFound,
-    /// The remote batch as a whole failed (code 5001, "Model execution failed"); permanent for that batch.
-    BatchFailed,
-    /// A submit was refused because of its input (a 4xx with code 5004 or 5006, or a schema message such as
-    /// `oneOf at '/requests/3' not met`): one bad item refuses the whole batch, so the batch can be split to
-    /// isolate it. [`ApiError::refused_item`] names the item when the message does.
-    InvalidInput,
-    /// The model cannot run batch requests (code 8007, "does not support request queuing"): no retry or split
-    /// can help, the job fails.
-    NotBatchable,
-    /// The reply was larger than `max_reply_bytes`; it was not read. Permanent for that batch.
-    ReplyTooLarge,
-    /// The API refused the request and will refuse it again: bad token (10000), unknown model, invalid input,
-    /// account blocked or not entitled, bad route (404/7003 on submit), any other 4xx.
-    Permanent,
-}
-
-impl ErrorKind {
-    /// A stable snake_case name, for logs and metric labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Transient => "transient",
-            Self::QuotaExhausted => "quota_exhausted",
-            Self::TooLarge => "too_large",
-            Self::NotFound => "not_found",
-            Self::BatchFailed => "batch_failed",
-            Self::InvalidInput => "invalid_input",
-            Self::NotBatchable => "not_batchable",
-            Self::ReplyTooLarge => "reply_too_large",
-            Self::Permanent => "permanent",
-        }
-    }
-}
-
-impl fmt::Display for ErrorKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A failed submit or poll.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiError {
-    /// What the caller should do about it.
-    pub kind: ErrorKind,
-    /// The HTTP status of the reply; `None` when no reply arrived (connection error, timeout).
-    pub http_status: Option<u16>,
-    /// The API's own error code (the first of `errors[]`), when the reply carried one.
-    pub api_code: Option<i64>,
-    /// The API's own message, or a description of the failure for humans.
-    pub message: String,
-    /// How long the API asked us to wait (`Retry-After`, in seconds or as an HTTP date), when it did.
-    pub retry_after: Option<Duration>,
-    /// Whether a submit that failed may nevertheless have been accepted by the API: the request was sent and no
-    /// refusal came back (timeout or connection reset after sending, a gateway error page, a 2xx reply that could
-    /// not be read). Retrying such a submit may run the batch twice. Always `false` for polls.
-    pub maybe_delivered: bool,
-}
+pub use batchd_provider::{ApiError, ErrorKind};
 
 /// API error codes the classification depends on.
 mod api_code {
@@ -133,7 +63,7 @@ const MESSAGE_CHARS: usize = 4096;
 ///
 /// The code wins over the status where it is specific (5001, 3006, 3036, 3040, 3007, 3008, 8007); a submit refused
 /// with a 4xx because of its input (5004, 5006, or a schema message `oneOf ... not met`; 3003 is the batch as a
-/// whole) is invalid input, to be split; otherwise 408 and 429 are transient, 413 is too large, 404 on a poll
+/// whole) is invalid input, to be split; otherwise 429 is a rate limit, 408 is transient, 413 is too large, 404 on a poll
 /// means the results are gone, 5xx is transient and everything else (401, 403, 400, 404 on submit, unexpected
 /// 3xx, a 2xx with `success:false`) is permanent.
 pub(crate) fn classify(operation: Operation, http_status: u16, api_code: Option<i64>, message: &str) -> ErrorKind {
@@ -146,9 +76,8 @@ pub(crate) fn classify(operation: Operation, http_status: u16, api_code: Option<
         (413, _) | (_, Some(api_code::TOO_LARGE)) => ErrorKind::TooLarge,
         _ if not_batchable && operation == Operation::Submit => ErrorKind::NotBatchable,
         (_, Some(api_code::DAILY_ALLOCATION)) => ErrorKind::QuotaExhausted,
-        (408 | 429, _) | (_, Some(api_code::OUT_OF_CAPACITY | api_code::TIMEOUT | api_code::ABORTED)) => {
-            ErrorKind::Transient
-        }
+        (429, _) => ErrorKind::RateLimited,
+        (408, _) | (_, Some(api_code::OUT_OF_CAPACITY | api_code::TIMEOUT | api_code::ABORTED)) => ErrorKind::Transient,
         (404, _) if operation == Operation::Poll => ErrorKind::NotFound,
         (400..=499, code)
             if operation == Operation::Submit && names_input && code != Some(api_code::INCOMPLETE_REQUEST) =>
@@ -171,23 +100,30 @@ fn submit_maybe_delivered(http_status: u16, api_code: Option<i64>) -> bool {
     }
 }
 
-impl ApiError {
-    /// Whether the same request may succeed later (transient failures and an exhausted daily quota).
-    pub fn is_retryable(&self) -> bool {
-        matches!(self.kind, ErrorKind::Transient | ErrorKind::QuotaExhausted)
-    }
-
-    /// The index of the request item an [`ErrorKind::InvalidInput`] refusal names (`/requests/N` in a schema
-    /// message such as `oneOf at '/requests/3' not met`), when it names one.
-    pub fn refused_item(&self) -> Option<usize> {
-        let at = self.message.find("/requests/")? + "/requests/".len();
-        let digits: String = self.message[at..].chars().take_while(char::is_ascii_digit).take(12).collect();
-        digits.parse().ok()
-    }
-
+/// The constructors of the provider-neutral [`ApiError`] from what the Cloudflare API answered.
+pub(crate) trait Build: Sized {
     /// The error for a reply larger than the client accepts (`cloudflare.max_reply_bytes`); `bytes` is what the
     /// reply declared or what had arrived when reading stopped.
-    pub(crate) fn reply_too_large(operation: Operation, http_status: u16, bytes: u64, limit: usize) -> Self {
+    fn reply_too_large(operation: Operation, http_status: u16, bytes: u64, limit: usize) -> Self;
+    /// The error for a non-2xx reply, or a 2xx reply whose envelope says `success:false`.
+    fn from_reply(operation: Operation, http_status: u16, retry_after: Option<Duration>, body: &[u8]) -> Self;
+    /// The error for a 2xx reply that is not what the API documents (unreadable JSON, unexpected shape).
+    /// A submit with such a reply may well have been accepted.
+    fn unreadable_reply(operation: Operation, http_status: u16, what: &str, body: &[u8]) -> Self;
+    /// The error for a request that got no complete reply: connection refused or reset, timeout, unreadable body.
+    /// `http_status` is the reply's status when the failure happened while reading its body.
+    fn from_transport(
+        operation: Operation,
+        error: &reqwest::Error,
+        http_status: Option<u16>,
+        timeout: Duration,
+    ) -> Self;
+}
+
+impl Build for ApiError {
+    /// The error for a reply larger than the client accepts (`cloudflare.max_reply_bytes`); `bytes` is what the
+    /// reply declared or what had arrived when reading stopped.
+    fn reply_too_large(operation: Operation, http_status: u16, bytes: u64, limit: usize) -> Self {
         let message = format!(
             "the reply is {bytes} bytes or more, over the limit of {limit} bytes (cloudflare.max_reply_bytes); \
              raise the limit to read it"
@@ -204,56 +140,8 @@ impl ApiError {
         }
     }
 
-    /// Whether this failed submit may have reached the API anyway, so a retry may duplicate the batch.
-    pub fn is_ambiguous_submit(&self) -> bool {
-        self.maybe_delivered
-    }
-
-    /// The job's error when the caller gives up on this failure: `api_error`, `batch_failed`, `results_gone`, or
-    /// `retries_exhausted` for kinds that were worth retrying, with the API's code and status attached.
-    pub fn to_job_error(&self) -> JobError {
-        let (job_code, preface) = match self.kind {
-            ErrorKind::Permanent => (code::API_ERROR, "the Batch API refused the batch"),
-            ErrorKind::TooLarge => (code::API_ERROR, "the Batch API refused the batch as too large"),
-            ErrorKind::BatchFailed => (code::BATCH_FAILED, "the remote batch failed"),
-            ErrorKind::InvalidInput => (code::API_ERROR, "the Batch API refused the batch's input"),
-            ErrorKind::NotBatchable => (
-                code::MODEL_NOT_BATCHABLE,
-                "the model does not support batch requests (asynchronous queueing), so nothing was run; use a model \
-                 with the Batch capability",
-            ),
-            ErrorKind::ReplyTooLarge => (code::REPLY_TOO_LARGE, "the batch's reply was not read"),
-            ErrorKind::NotFound => (code::RESULTS_GONE, "the Batch API no longer has the batch's results"),
-            ErrorKind::QuotaExhausted => {
-                (code::RETRIES_EXHAUSTED, "the Batch API quota stayed exhausted until batchd gave up")
-            }
-            ErrorKind::Transient => (code::RETRIES_EXHAUSTED, "the Batch API kept failing; the last error was"),
-        };
-        JobError {
-            code: job_code.to_owned(),
-            message: format!("{preface}: {}{}", self.message, self.details()),
-            api_code: self.api_code,
-            http_status: self.http_status,
-        }
-    }
-
-    /// ` (code 10000, HTTP 401)`, ` (HTTP 502)` or nothing.
-    fn details(&self) -> String {
-        match (self.api_code, self.http_status) {
-            (Some(api_code), Some(status)) => format!(" (code {api_code}, HTTP {status})"),
-            (Some(api_code), None) => format!(" (code {api_code})"),
-            (None, Some(status)) => format!(" (HTTP {status})"),
-            (None, None) => String::new(),
-        }
-    }
-
     /// The error for a non-2xx reply, or a 2xx reply whose envelope says `success:false`.
-    pub(crate) fn from_reply(
-        operation: Operation,
-        http_status: u16,
-        retry_after: Option<Duration>,
-        body: &[u8],
-    ) -> Self {
+    fn from_reply(operation: Operation, http_status: u16, retry_after: Option<Duration>, body: &[u8]) -> Self {
         let (api_code, message, kind) = match serde_json::from_slice::<wire::ErrorEnvelope>(body) {
             Ok(envelope) => {
                 let (api_code, message) = wire::first_error(envelope.errors.as_ref());
@@ -277,7 +165,7 @@ impl ApiError {
         Self {
             kind,
             http_status: Some(http_status),
-            api_code,
+            api_code: api_code.map(ApiCode::Number),
             message: one_line(&message, MESSAGE_CHARS),
             retry_after,
             maybe_delivered: operation == Operation::Submit && submit_maybe_delivered(http_status, api_code),
@@ -286,7 +174,7 @@ impl ApiError {
 
     /// The error for a 2xx reply that is not what the API documents (unreadable JSON, unexpected shape).
     /// A submit with such a reply may well have been accepted.
-    pub(crate) fn unreadable_reply(operation: Operation, http_status: u16, what: &str, body: &[u8]) -> Self {
+    fn unreadable_reply(operation: Operation, http_status: u16, what: &str, body: &[u8]) -> Self {
         Self {
             kind: ErrorKind::Transient,
             http_status: Some(http_status),
@@ -299,7 +187,7 @@ impl ApiError {
 
     /// The error for a request that got no complete reply: connection refused or reset, timeout, unreadable body.
     /// `http_status` is the reply's status when the failure happened while reading its body.
-    pub(crate) fn from_transport(
+    fn from_transport(
         operation: Operation,
         error: &reqwest::Error,
         http_status: Option<u16>,
@@ -325,25 +213,6 @@ impl ApiError {
         }
     }
 }
-
-impl fmt::Display for ApiError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let what = match self.kind {
-            ErrorKind::Transient => "transient batch api error",
-            ErrorKind::QuotaExhausted => "batch api quota exhausted",
-            ErrorKind::TooLarge => "batch too large",
-            ErrorKind::NotFound => "batch not found",
-            ErrorKind::BatchFailed => "batch failed",
-            ErrorKind::InvalidInput => "batch api refused the batch's input",
-            ErrorKind::NotBatchable => "model does not support batch requests",
-            ErrorKind::ReplyTooLarge => "batch api reply too large",
-            ErrorKind::Permanent => "batch api refused the request",
-        };
-        write!(f, "{what}{}: {}", self.details(), self.message)
-    }
-}
-
-impl std::error::Error for ApiError {}
 
 /// An error and its causes, joined by `: ` (repeated texts once), without the URL (it holds the account id and
 /// is in the span anyway).
@@ -440,8 +309,8 @@ mod tests {
             (408, Some(3007), ErrorKind::Transient, ErrorKind::Transient),
             (408, Some(3008), ErrorKind::Transient, ErrorKind::Transient),
             (408, None, ErrorKind::Transient, ErrorKind::Transient),
-            (429, Some(3040), ErrorKind::Transient, ErrorKind::Transient),
-            (429, None, ErrorKind::Transient, ErrorKind::Transient),
+            (429, Some(3040), ErrorKind::RateLimited, ErrorKind::RateLimited),
+            (429, None, ErrorKind::RateLimited, ErrorKind::RateLimited),
             (429, Some(3036), ErrorKind::QuotaExhausted, ErrorKind::QuotaExhausted),
             (500, Some(5001), ErrorKind::BatchFailed, ErrorKind::BatchFailed),
             (500, None, ErrorKind::Transient, ErrorKind::Transient),
@@ -481,8 +350,8 @@ mod tests {
             br#"{"result":{},"success":false,"errors":{"message":"AiError: Bad input: Error: oneOf at '/requests/7' not met","code":5006},"messages":[]}"#,
         );
         assert_eq!(
-            (error.kind, error.api_code),
-            (ErrorKind::InvalidInput, Some(5006)),
+            (error.kind, error.api_code.clone()),
+            (ErrorKind::InvalidInput, Some(ApiCode::Number(5006))),
             "errors as one object (seen live)"
         );
         assert_eq!(error.refused_item(), Some(7));
@@ -493,7 +362,7 @@ mod tests {
             ApiError::from_reply(Submit, 400, None, br#"{"errors":[{"code":"8007","message":"no queue"}]}"#)
                 .to_job_error();
         assert_eq!(job_error.code, "model_not_batchable");
-        assert_eq!((job_error.api_code, job_error.http_status), (Some(8007), Some(400)));
+        assert_eq!((job_error.api_code.clone(), job_error.http_status), (Some(ApiCode::Number(8007)), Some(400)));
         assert!(job_error.message.contains("does not support batch requests"), "{}", job_error.message);
     }
 
@@ -536,7 +405,7 @@ mod tests {
         let body = br#"{"result":null,"success":false,"errors":[{"code":10000,"message":"Authentication error"},{"code":1,"message":"second"}],"messages":[]}"#;
         let error = ApiError::from_reply(Submit, 401, None, body);
         assert_eq!(error.kind, ErrorKind::Permanent);
-        assert_eq!(error.api_code, Some(10000));
+        assert_eq!(error.api_code.clone(), Some(ApiCode::Number(10000)));
         assert_eq!(error.http_status, Some(401));
         assert_eq!(error.message, "Authentication error");
         assert!(!error.is_ambiguous_submit());
@@ -544,7 +413,7 @@ mod tests {
         let job_error = error.to_job_error();
         assert_eq!(job_error.code, "api_error");
         assert_eq!(job_error.message, "the Batch API refused the batch: Authentication error (code 10000, HTTP 401)");
-        assert_eq!(job_error.api_code, Some(10000));
+        assert_eq!(job_error.api_code.clone(), Some(ApiCode::Number(10000)));
         assert_eq!(job_error.http_status, Some(401));
     }
 
@@ -552,7 +421,7 @@ mod tests {
     fn codes_given_as_strings_are_read_too() {
         let body = br#"{"success":false,"errors":[{"code":"3040","message":"Capacity temporarily exceeded, please try again."}]}"#;
         let error = ApiError::from_reply(Poll, 429, Some(Duration::from_secs(3)), body);
-        assert_eq!((error.kind, error.api_code), (ErrorKind::Transient, Some(3040)));
+        assert_eq!((error.kind, error.api_code.clone()), (ErrorKind::RateLimited, Some(ApiCode::Number(3040))));
         assert_eq!(error.retry_after, Some(Duration::from_secs(3)));
     }
 
@@ -580,7 +449,7 @@ mod tests {
         );
         let error = ApiError::from_reply(Submit, 502, None, page.as_bytes());
         assert_eq!(error.kind, ErrorKind::Transient);
-        assert_eq!(error.api_code, None);
+        assert_eq!(error.api_code.clone(), None);
         assert_eq!(error.message, "HTTP 502 with a non-JSON body: api.cloudflare.com | 502: Bad gateway");
         assert!(error.is_ambiguous_submit(), "a gateway page does not say the batch was refused");
         assert!(!ApiError::from_reply(Poll, 502, None, page.as_bytes()).is_ambiguous_submit());

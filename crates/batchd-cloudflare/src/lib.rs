@@ -4,10 +4,13 @@
 //! cannot hide in both. The API's JSON stays private (`wire`); callers see [`Submitted`], [`PollStatus`] with
 //! responses already in request order, and [`ApiError`] whose [`ErrorKind`] is the only thing they need to decide
 //! whether to retry. The API token never leaves [`ApiToken`] except in the `Authorization` header.
+//! [`CloudflareProvider`] puts the client behind the engine's provider seam (`batchd_provider::Provider`).
 
 mod client;
 mod error;
+mod provider;
 mod queues;
+mod rate_limits;
 mod reply;
 mod settings;
 mod wire;
@@ -17,7 +20,9 @@ mod proptests;
 
 pub use client::BatchClient;
 pub use error::{ApiError, ErrorKind};
+pub use provider::{BODY_SHAPE, CloudflareProvider};
 pub use queues::{BatchEvent, EventKind, MAX_PULL_BATCH, Pulled, QueueClient, QueueMessage};
+pub use rate_limits::{ModelLimit, ModelTask, RateLimitSettings, TaskType, rate_bucket};
 pub use reply::{PendingStatus, PollStatus, Submitted};
 pub use settings::{
     ApiToken, ClientBuildError, ClientSettings, DEFAULT_BASE_URL, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_REPLY_BYTES,

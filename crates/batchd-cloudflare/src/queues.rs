@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::client::{Transport, join};
-use crate::error::{ApiError, Operation};
+use crate::error::{ApiError, Build as _, Operation};
 use crate::settings::{ClientBuildError, ClientSettings};
 use crate::wire;
 

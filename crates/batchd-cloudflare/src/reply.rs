@@ -8,7 +8,7 @@
 use batchd_core::{ItemResponse, JobOutput, RequestId};
 use serde_json::value::RawValue;
 
-use crate::error::{ApiError, ErrorKind, Operation};
+use crate::error::{ApiError, Build as _, ErrorKind, Operation};
 use crate::wire;
 
 /// The error given to a request item the API returned no response for.
@@ -274,6 +274,7 @@ fn restore_order(items: Vec<wire::Shape<wire::Item>>, key: IndexKey, n_items: us
 #[cfg(test)]
 mod tests {
     use super::*;
+    use batchd_core::ApiCode;
 
     fn done(body: &str, n_items: usize) -> JobOutput {
         match read_poll(200, body.as_bytes(), n_items) {
@@ -470,7 +471,7 @@ mod tests {
         assert!(unreadable.is_ambiguous_submit());
         let refused = read_submit(200, br#"{"success":false,"errors":[{"code":5007,"message":"No such model"}]}"#, 1);
         let refused = refused.expect_err("should fail");
-        assert_eq!((refused.kind, refused.api_code), (ErrorKind::Permanent, Some(5007)));
+        assert_eq!((refused.kind, refused.api_code.clone()), (ErrorKind::Permanent, Some(ApiCode::Number(5007))));
         assert!(!refused.is_ambiguous_submit());
     }
 }

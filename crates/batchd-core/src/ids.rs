@@ -70,9 +70,11 @@ impl<'de> Deserialize<'de> for JobId {
     }
 }
 
-/// A Workers AI model name such as `@cf/baai/bge-m3`: a scope starting with `@`, then one or more
-/// path segments of `[A-Za-z0-9._-]`, none of them `.` or `..`. Nothing in it can escape the URL path
-/// it is placed in (no `?`, `#`, `%`, `\` or whitespace).
+/// A model name, which also picks the provider that runs it (LiteLLM's convention): a Workers AI name such as
+/// `@cf/baai/bge-m3` (a scope starting with `@`, then two or more segments) is Cloudflare's; any other name is
+/// `<provider>/<model>` (`openai/gpt-4o-mini`, `anthropic/claude-sonnet-4-5`), the provider in `[a-z0-9-]`. Every
+/// segment is `[A-Za-z0-9._-]`, none of them `.` or `..`, so nothing in it can escape the URL path it is placed in
+/// (no `?`, `#`, `%`, `\` or whitespace).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(transparent)]
 pub struct ModelName(String);
@@ -87,9 +89,16 @@ impl ModelName {
             return Err(InvalidId::new(format!("is longer than {MAX_MODEL_LEN} bytes")));
         }
         let segments: Vec<&str> = raw.split('/').collect();
-        let expected = "expected the shape @cf/<author>/<model>";
-        if !raw.starts_with('@') || segments.len() < 3 {
+        let expected = "expected the shape @cf/<author>/<model>, openai/<model> or anthropic/<model>";
+        let scoped = raw.starts_with('@');
+        if (scoped && segments.len() < 3) || (!scoped && segments.len() < 2) {
             return Err(InvalidId::new(format!("{raw:?} is not a model name; {expected}")));
+        }
+        if !scoped && !is_provider_name(segments[0]) {
+            return Err(InvalidId::new(format!(
+                "{raw:?} does not start with a provider name (lower-case letters, digits and -, at most \
+                 {MAX_PROVIDER_LEN}); {expected}"
+            )));
         }
         for (position, segment) in segments.iter().enumerate() {
             let body = if position == 0 { &segment[1..] } else { segment };
@@ -119,6 +128,31 @@ impl ModelName {
     pub fn segments(&self) -> impl Iterator<Item = &str> {
         self.0.split('/')
     }
+
+    /// The provider the model routes to: [`CLOUDFLARE`] for a scoped name (`@cf/...`, `@hf/...`), else the
+    /// name's first segment (`openai`, `anthropic`, ...).
+    pub fn provider(&self) -> &str {
+        if self.0.starts_with('@') { CLOUDFLARE } else { self.0.split_once('/').map_or("", |(provider, _)| provider) }
+    }
+
+    /// The name the provider knows the model by: the whole name for Cloudflare, what follows the provider's
+    /// segment otherwise (`openai/gpt-4o-mini` → `gpt-4o-mini`).
+    pub fn remote_name(&self) -> &str {
+        if self.0.starts_with('@') { &self.0 } else { self.0.split_once('/').map_or(self.0.as_str(), |(_, rest)| rest) }
+    }
+}
+
+/// The provider name of Workers AI's scoped model names (`@cf/...`, `@hf/...`).
+pub const CLOUDFLARE: &str = "cloudflare";
+
+/// Longest provider name, in bytes.
+pub const MAX_PROVIDER_LEN: usize = 32;
+
+/// Whether `name` can name a provider: 1 to [`MAX_PROVIDER_LEN`] of `[a-z0-9-]`.
+pub fn is_provider_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_PROVIDER_LEN
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
 fn is_model_char(c: char) -> bool {
@@ -236,7 +270,13 @@ mod tests {
 
     #[test]
     fn model_names_cannot_escape_the_url_path() {
-        for good in ["@cf/baai/bge-m3", "@cf/meta/llama-3.3-70b-instruct-fp8-fast", "@hf/thebloke/x"] {
+        for good in [
+            "@cf/baai/bge-m3",
+            "@cf/meta/llama-3.3-70b-instruct-fp8-fast",
+            "@hf/thebloke/x",
+            "openai/gpt-4o-mini",
+            "anthropic/claude-sonnet-4-5",
+        ] {
             assert!(ModelName::parse(good).is_ok(), "{good}");
         }
         assert_eq!(
@@ -254,9 +294,26 @@ mod tests {
             "@/baai/bge",
             "@cf/baai/bge/",
             "@cf/baai\\bge/x",
+            "OpenAI/gpt-4o",
+            "openai/",
+            "openai/../x",
+            "/gpt-4o",
         ] {
             assert!(ModelName::parse(bad).is_err(), "{bad} should be refused");
         }
+    }
+
+    #[test]
+    fn a_model_name_routes_to_its_provider() {
+        let route = |name: &str| {
+            let model = ModelName::parse(name).expect("valid");
+            (model.provider().to_owned(), model.remote_name().to_owned())
+        };
+        assert_eq!(route("@cf/baai/bge-m3"), (CLOUDFLARE.to_owned(), "@cf/baai/bge-m3".to_owned()));
+        assert_eq!(route("@hf/thebloke/x"), (CLOUDFLARE.to_owned(), "@hf/thebloke/x".to_owned()));
+        assert_eq!(route("openai/gpt-4o-mini"), ("openai".to_owned(), "gpt-4o-mini".to_owned()));
+        assert_eq!(route("anthropic/claude-sonnet-4-5"), ("anthropic".to_owned(), "claude-sonnet-4-5".to_owned()));
+        assert_eq!(route("openai/ft/gpt-4o/x"), ("openai".to_owned(), "ft/gpt-4o/x".to_owned()));
     }
 
     #[test]

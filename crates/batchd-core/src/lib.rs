@@ -15,12 +15,12 @@ pub mod result;
 pub mod stats;
 
 pub use backoff::Backoff;
-pub use ids::{ChunkRef, JobId, ModelName, RequestId};
+pub use ids::{ChunkRef, JobId, ModelName, RequestId, is_provider_name};
 pub use job::{DecodeError, Job, JobLimits};
 pub use keys::Keys;
 pub use ledger::{ChunkState, JobState};
 pub use redact::redact_url;
-pub use result::{FailedBatch, ItemResponse, JobError, JobOutput, ResultEntry, ResultStatus};
+pub use result::{ApiCode, FailedBatch, ItemResponse, JobError, JobOutput, ResultEntry, ResultStatus};
 
 /// Milliseconds since the Unix epoch, the one timestamp unit used in Redis and in result entries.
 pub type UnixMillis = u64;

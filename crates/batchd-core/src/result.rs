@@ -57,9 +57,10 @@ pub struct JobError {
     pub code: String,
     /// A sentence for humans.
     pub message: String,
-    /// The Batch API's own error code (e.g. 10000, 5007), when it answered with one.
+    /// The provider's own error code, when it answered with one: Cloudflare's numbers (e.g. 10000, 5007), other
+    /// providers' strings (`token_limit_exceeded`, `rate_limit_error`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_code: Option<i64>,
+    pub api_code: Option<ApiCode>,
     /// The HTTP status the Batch API answered with, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_status: Option<u16>,
@@ -74,6 +75,32 @@ impl JobError {
     /// The error as JSON text.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("an error always serialises")
+    }
+}
+
+/// A provider's own error code, as it gave it: a number (Cloudflare's `errors[].code`) or a string (OpenAI's
+/// `error.code`, Anthropic's `error.type`). Written to JSON as it came, so Cloudflare's codes stay numbers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ApiCode {
+    /// A numeric code.
+    Number(i64),
+    /// A textual code.
+    Text(String),
+}
+
+impl From<i64> for ApiCode {
+    fn from(code: i64) -> Self {
+        Self::Number(code)
+    }
+}
+
+impl fmt::Display for ApiCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Number(code) => write!(f, "{code}"),
+            Self::Text(code) => f.write_str(code),
+        }
     }
 }
 
@@ -338,7 +365,7 @@ mod tests {
             error: Some(JobError {
                 code: code::API_ERROR.into(),
                 message: "the Batch API refused the batch: Authentication error".into(),
-                api_code: Some(10000),
+                api_code: Some(ApiCode::Number(10000)),
                 http_status: Some(401),
             }),
             metadata: None,

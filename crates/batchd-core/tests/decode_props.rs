@@ -440,8 +440,15 @@ fn parts(job: &Job) -> JobParts {
 
 fn check_model(model: &ModelName) -> Result<(), TestCaseError> {
     let segments: Vec<&str> = model.segments().collect();
-    prop_assert!(segments.len() >= 3, "{model}");
-    prop_assert!(segments[0].starts_with('@') && segments[0].len() > 1, "{model}");
+    if segments[0].starts_with('@') {
+        // A Workers AI name: a scope and at least two more segments.
+        prop_assert!(segments.len() >= 3 && segments[0].len() > 1, "{model}");
+    } else {
+        // `<provider>/<model>`: the provider in [a-z0-9-], routed by its name.
+        prop_assert!(segments.len() >= 2, "{model}");
+        prop_assert!(batchd_core::is_provider_name(segments[0]), "{model}");
+        prop_assert_eq!(model.provider(), segments[0]);
+    }
     for segment in segments {
         prop_assert!(!segment.is_empty() && segment != "." && segment != "..", "{model}: segment {segment:?}");
         prop_assert!(

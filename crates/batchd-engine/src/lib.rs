@@ -7,6 +7,6 @@ pub mod events;
 pub mod metrics;
 pub mod pipeline;
 pub mod policy;
-pub mod rate_limits;
+pub mod providers;
 pub mod runtime;
 pub mod settings;

@@ -3,12 +3,11 @@
 
 use std::time::Duration;
 
-use batchd_cloudflare::submit_body_bytes;
 use batchd_core::{FailedBatch, ItemResponse, JobError, JobOutput, backoff};
+use batchd_provider::BodyShape;
 use batchd_queue::Placement;
 use serde_json::value::RawValue;
 
-use crate::rate_limits::RateLimitSettings;
 use crate::settings::{PollSettings, RetrySettings};
 
 /// Delay before poll number `n_polls + 1` of a batch: `initial × multiplier^n_polls`, capped at `max`,
@@ -63,11 +62,12 @@ pub struct ItemTooLarge {
     pub body_bytes: usize,
 }
 
-/// Splits a job's items (given by their sizes in bytes) into consecutive chunks whose exact submit body stays
-/// under `max_payload_bytes` and that hold at most `max_items` items (when set). Greedy and order-preserving.
-/// An item whose body alone reaches the limit makes the whole job unsubmittable.
+/// Splits a job's items (given by their sizes in bytes) into consecutive chunks whose submit body (the
+/// provider's `shape`) stays under `max_payload_bytes` and that hold at most `max_items` items (when set). Greedy
+/// and order-preserving. An item whose body alone reaches the limit makes the whole job unsubmittable.
 pub fn plan_chunks(
     item_sizes: &[usize],
+    shape: BodyShape,
     max_payload_bytes: usize,
     max_items: Option<usize>,
 ) -> Result<Vec<(usize, usize)>, ItemTooLarge> {
@@ -75,12 +75,12 @@ pub fn plan_chunks(
     let mut plan = Vec::new();
     let (mut start, mut len, mut items_bytes) = (0usize, 0usize, 0usize);
     for (index, &bytes) in item_sizes.iter().enumerate() {
-        let alone = submit_body_bytes([bytes]);
+        let alone = shape.bytes([bytes]);
         if alone >= max_payload_bytes {
             return Err(ItemTooLarge { index, bytes, body_bytes: alone });
         }
-        // Body with this item added: envelope + items + one comma per neighbour pair.
-        let with_item = submit_body_bytes([items_bytes + bytes]) + len;
+        // Body with this item added: the envelope, the items with their overheads, the separators.
+        let with_item = shape.bytes([items_bytes + bytes]) + len * (shape.per_item + shape.separator);
         if len > 0 && (with_item >= max_payload_bytes || len == max_items) {
             plan.push((start, len));
             (start, len, items_bytes) = (index, 0, 0);
@@ -194,22 +194,10 @@ fn add_usage(total: &mut serde_json::Map<String, serde_json::Value>, usage: serd
     }
 }
 
-/// The shared limiter bucket (`<account>:<task type or model>`) and its limit per window for `model`, or `None`
-/// when submits of that model are not limited. A per-model limit has its own bucket; otherwise the model's task
-/// type (from the configured table, with its fallback for unknown models) picks the bucket.
-pub fn rate_bucket(account: &str, model: &str, limits: &RateLimitSettings) -> Option<(String, u32)> {
-    if let Some(own) = limits.models.iter().find(|limit| limit.model == model) {
-        return (own.limit > 0).then(|| (format!("{account}:{model}"), own.limit));
-    }
-    let task = limits.task_of(model);
-    let limit = limits.limit_of(task);
-    (limit > 0).then(|| (format!("{account}:{}", task.as_str()), limit))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rate_limits::{ModelTask, TaskType};
+    use batchd_cloudflare::BODY_SHAPE;
 
     fn poll() -> PollSettings {
         PollSettings {
@@ -331,26 +319,34 @@ mod tests {
     }
 
     fn body(sizes: &[usize]) -> usize {
-        submit_body_bytes(sizes.iter().copied())
+        BODY_SHAPE.bytes(sizes.iter().copied())
+    }
+
+    fn plan(
+        sizes: &[usize],
+        max_payload_bytes: usize,
+        max_items: Option<usize>,
+    ) -> Result<Vec<(usize, usize)>, ItemTooLarge> {
+        plan_chunks(sizes, BODY_SHAPE, max_payload_bytes, max_items)
     }
 
     #[test]
     fn chunks_cover_the_job_in_order_under_both_limits() {
-        assert_eq!(plan_chunks(&[10; 5], 1000, None), Ok(vec![(0, 5)]));
-        assert_eq!(plan_chunks(&[10; 5], 1000, Some(2)), Ok(vec![(0, 2), (2, 2), (4, 1)]));
-        assert_eq!(plan_chunks(&[10; 4], 1000, Some(2)), Ok(vec![(0, 2), (2, 2)]));
-        assert_eq!(plan_chunks(&[10], 1000, Some(0)), Ok(vec![(0, 1)]));
+        assert_eq!(plan(&[10; 5], 1000, None), Ok(vec![(0, 5)]));
+        assert_eq!(plan(&[10; 5], 1000, Some(2)), Ok(vec![(0, 2), (2, 2), (4, 1)]));
+        assert_eq!(plan(&[10; 4], 1000, Some(2)), Ok(vec![(0, 2), (2, 2)]));
+        assert_eq!(plan(&[10], 1000, Some(0)), Ok(vec![(0, 1)]));
         // Three items of 10 bytes make a 47-byte body; a limit of 47 (must stay under) allows two per chunk.
         assert_eq!(body(&[10, 10, 10]), 47);
-        assert_eq!(plan_chunks(&[10, 10, 10], 47, None), Ok(vec![(0, 2), (2, 1)]));
-        assert_eq!(plan_chunks(&[10, 10, 10], 48, None), Ok(vec![(0, 3)]));
+        assert_eq!(plan(&[10, 10, 10], 47, None), Ok(vec![(0, 2), (2, 1)]));
+        assert_eq!(plan(&[10, 10, 10], 48, None), Ok(vec![(0, 3)]));
     }
 
     #[test]
     fn every_chunk_stays_under_the_payload_limit() {
         let sizes: Vec<usize> = (0..500).map(|i| 100 + (i * 7919) % 900).collect();
         for limit in [1200, 5000, 20_000] {
-            let plan = plan_chunks(&sizes, limit, Some(37)).unwrap();
+            let plan = plan(&sizes, limit, Some(37)).unwrap();
             let covered: Vec<usize> = plan.iter().flat_map(|(start, len)| *start..start + len).collect();
             assert_eq!(covered, (0..500).collect::<Vec<_>>());
             for (start, len) in plan {
@@ -362,10 +358,7 @@ mod tests {
 
     #[test]
     fn an_item_too_large_alone_is_named() {
-        assert_eq!(
-            plan_chunks(&[10, 2000, 10], 1000, None),
-            Err(ItemTooLarge { index: 1, bytes: 2000, body_bytes: 2015 })
-        );
+        assert_eq!(plan(&[10, 2000, 10], 1000, None), Err(ItemTooLarge { index: 1, bytes: 2000, body_bytes: 2015 }));
     }
 
     fn response(index: usize, success: bool) -> ItemResponse {
@@ -435,46 +428,5 @@ mod tests {
             assemble(3, vec![(0, Placement::Range { start: 0, len: 3 }, ChunkOutcome::Unfinished)], &unanswered);
         assert_eq!(merged.n_failed(), 3);
         assert!(merged.responses[0].error.as_ref().unwrap().get().contains("cancelled"));
-    }
-
-    #[test]
-    fn models_map_to_rate_limit_buckets() {
-        let limits = RateLimitSettings {
-            text_generation: 300,
-            embeddings: 3000,
-            translation: 0,
-            speech_recognition: 720,
-            window_secs: 60,
-            burst: 1,
-            limit_polls: false,
-            models: vec![crate::rate_limits::ModelLimit { model: "@cf/baai/bge-large-en-v1.5".into(), limit: 1500 }],
-            task_types: vec![
-                ModelTask { model: "@cf/baai/bge-m3".into(), task: TaskType::Embeddings },
-                ModelTask { model: "@cf/meta/m2m100-1.2b".into(), task: TaskType::Translation },
-                ModelTask { model: "@cf/acme/embedder".into(), task: TaskType::Embeddings },
-            ],
-            extra_task_types: vec![ModelTask { model: "@cf/acme/embedder".into(), task: TaskType::SpeechRecognition }],
-            unknown_model_task: TaskType::TextGeneration,
-        };
-        assert_eq!(rate_bucket("a", "@cf/baai/bge-m3", &limits), Some(("a:embeddings".into(), 3000)));
-        assert_eq!(
-            rate_bucket("a", "@cf/meta/llama-3.3-70b-instruct-fp8-fast", &limits),
-            Some(("a:text_generation".into(), 300))
-        );
-        assert_eq!(
-            rate_bucket("a", "@cf/baai/bge-large-en-v1.5", &limits),
-            Some(("a:@cf/baai/bge-large-en-v1.5".into(), 1500))
-        );
-        assert_eq!(rate_bucket("a", "@cf/meta/m2m100-1.2b", &limits), None, "0 disables");
-        assert_eq!(
-            rate_bucket("a", "@cf/acme/embedder", &limits),
-            Some(("a:speech_recognition".into(), 720)),
-            "the operator's table wins"
-        );
-        assert_eq!(
-            rate_bucket("a", "@cf/acme/bge-embed-unknown", &limits),
-            Some(("a:text_generation".into(), 300)),
-            "an unknown model takes the fallback, whatever its name suggests"
-        );
     }
 }

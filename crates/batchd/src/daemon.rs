@@ -15,7 +15,9 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use apalis::layers::WorkerBuilderExt;
 use apalis_core::worker::builder::WorkerBuilder;
-use batchd_cloudflare::{BatchClient, QueueClient};
+use batchd_cloudflare::{BatchClient, CloudflareProvider, QueueClient};
+use batchd_engine::providers::Providers;
+use batchd_provider::{Provider, ReplyHold};
 use batchd_queue::Store;
 
 use batchd_engine::runtime::{ByteBudget, DeliveryLimit, EntryBudget, IngressSettings, ScheduleSettings};
@@ -25,9 +27,6 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::{self, Health};
 use crate::settings::{Secret, Settings};
 use batchd_engine::pipeline::{Pipeline, SplitSettings, handle_due, handle_entry};
-
-/// Room in the budget that a poll reply holds (the client's `ReplyHold`).
-type ReplyHold = Box<dyn Send + Sync>;
 
 /// Bytes per request item that taking a job in builds besides the entry (a view of the item and its size, 24
 /// bytes, rounded up); measured in `tests/it/memory.rs`.
@@ -43,6 +42,17 @@ const BACKGROUND_STOP: Duration = Duration::from_secs(2);
 /// Runs the daemon until `shutdown` is cancelled (then drains within the grace period and returns `Ok`), or
 /// until a worker stops on its own (returns an error).
 pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_with_providers(settings, token, Vec::new(), shutdown).await
+}
+
+/// [`run`], with providers of the embedder's own beside the configured ones (routed by their names; one with a
+/// configured provider's name replaces it). Tests use it to drive the real pipeline through a test provider.
+pub async fn run_with_providers(
+    settings: Settings,
+    token: Secret,
+    extra: Vec<Arc<dyn Provider>>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let recorder = batchd_engine::metrics::install().map_err(anyhow::Error::msg)?;
     let health = Arc::new(Health::default());
     // The admin port first: one that is taken fails the start at once, before any work is taken.
@@ -66,6 +76,15 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
             move |bytes| try_hold.try_hold(bytes.saturating_mul(REPLY_COPIES)).map(|room| Box::new(room) as ReplyHold),
         )
     };
+    let cloudflare = CloudflareProvider::new(
+        client,
+        settings.cloudflare.account_id.clone(),
+        settings.rate_limits.clone(),
+        settings.jobs.max_payload_bytes,
+        Some(settings.jobs.max_batch_items).filter(|max| *max > 0),
+    );
+    let providers =
+        extra.into_iter().fold(Providers::new().with(Arc::new(cloudflare)), |providers, extra| providers.with(extra));
 
     // Stopped last, after the drain, so probes and scrapes are answered while work in flight finishes.
     let background_stop = CancellationToken::new();
@@ -116,16 +135,10 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
         stores.push(store.clone());
         let pipeline = Arc::new(Pipeline {
             store: store.clone(),
-            client: client.clone(),
-            account_id: settings.cloudflare.account_id.clone(),
+            providers: providers.clone(),
             poll: settings.poll.clone(),
             retry: settings.retry.clone(),
-            split: SplitSettings {
-                max_payload_bytes: settings.jobs.max_payload_bytes,
-                max_batch_items: Some(settings.jobs.max_batch_items).filter(|max| *max > 0),
-                retry_failed_items: settings.jobs.retry_failed_items,
-            },
-            rate_limits: settings.rate_limits.clone(),
+            split: SplitSettings { retry_failed_items: settings.jobs.retry_failed_items },
             limits: settings.job_limits(),
             default_deadline: Duration::from_secs(settings.jobs.default_deadline_secs),
             lease: Duration::from_secs(settings.schedule.lease_secs),

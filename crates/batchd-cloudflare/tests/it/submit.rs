@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use batchd_cloudflare::ErrorKind;
+use batchd_core::ApiCode;
 
 use crate::fake::{self, Canned, FakeApi};
 
@@ -34,16 +35,16 @@ async fn a_202_is_accepted_too() {
 }
 
 #[tokio::test]
-async fn capacity_errors_are_transient_and_honour_retry_after() {
+async fn capacity_errors_are_rate_limits_and_honour_retry_after() {
     let api = FakeApi::start(vec![
         Canned::new(429, fake::error_body(3040, "Capacity temporarily exceeded, please try again."))
             .header("retry-after", "7"),
     ])
     .await;
     let error = api.client().submit(&fake::model(), &fake::items(&["{}"])).await.expect_err("should fail");
-    assert_eq!(error.kind, ErrorKind::Transient);
+    assert_eq!(error.kind, ErrorKind::RateLimited);
     assert!(error.is_retryable());
-    assert_eq!((error.http_status, error.api_code), (Some(429), Some(3040)));
+    assert_eq!((error.http_status, error.api_code.clone()), (Some(429), Some(ApiCode::Number(3040))));
     assert_eq!(error.retry_after, Some(Duration::from_secs(7)));
     assert_eq!(error.message, "Capacity temporarily exceeded, please try again.");
     assert!(!error.is_ambiguous_submit());
@@ -67,7 +68,7 @@ async fn an_html_gateway_page_is_transient_with_a_snippet() {
     let api = FakeApi::start(vec![Canned::new(502, page).header("content-type", "text/html")]).await;
     let error = api.client().submit(&fake::model(), &fake::items(&["{}"])).await.expect_err("should fail");
     assert_eq!(error.kind, ErrorKind::Transient);
-    assert_eq!((error.http_status, error.api_code), (Some(502), None));
+    assert_eq!((error.http_status, error.api_code.clone()), (Some(502), None));
     assert_eq!(error.message, "HTTP 502 with a non-JSON body: api.cloudflare.com | 502: Bad gateway");
     assert!(error.is_ambiguous_submit(), "a gateway may have forwarded the batch");
 }
@@ -81,7 +82,7 @@ async fn a_bad_token_fails_the_job_with_the_apis_code() {
     let job_error = error.to_job_error();
     assert_eq!(job_error.code, "api_error");
     assert_eq!(job_error.message, "the Batch API refused the batch: Authentication error (code 10000, HTTP 401)");
-    assert_eq!((job_error.api_code, job_error.http_status), (Some(10000), Some(401)));
+    assert_eq!((job_error.api_code.clone(), job_error.http_status), (Some(ApiCode::Number(10000)), Some(401)));
 }
 
 #[tokio::test]
@@ -89,7 +90,7 @@ async fn an_oversized_batch_is_too_large() {
     let api = FakeApi::start(vec![Canned::new(413, fake::error_body(3006, "Request is too large"))]).await;
     let error = api.client().submit(&fake::model(), &fake::items(&["{}"])).await.expect_err("should fail");
     assert_eq!(error.kind, ErrorKind::TooLarge);
-    assert_eq!(error.api_code, Some(3006));
+    assert_eq!(error.api_code.clone(), Some(ApiCode::Number(3006)));
     assert!(!error.is_retryable());
 }
 

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use batchd_core::ledger::field;
 use batchd_core::result::code;
-use batchd_core::{ChunkRef, ChunkState, JobError, JobId, JobOutput, JobState, ResultEntry, ResultStatus, UnixMillis};
+use batchd_core::{
+    ChunkRef, ChunkState, JobError, JobId, JobOutput, JobState, ModelName, ResultEntry, ResultStatus, UnixMillis,
+};
 use batchd_queue::{AddOutcome, ChunkView, NewChunk, Placement, PublishContext, Rejection, StoreError, Undeliverable};
 use serde_json::value::RawValue;
 
@@ -93,7 +95,14 @@ impl Pipeline {
             return Ok(false);
         }
         let sizes: Vec<usize> = requests.iter().map(|item| item.get().len()).collect();
-        let Ok(plan) = plan_chunks(&sizes, self.split.max_payload_bytes, self.split.max_batch_items) else {
+        let Ok(model) = ModelName::parse(&context.model) else {
+            return Ok(false);
+        };
+        let Ok(provider) = self.providers.for_model(&model) else {
+            return Ok(false);
+        };
+        let limits = provider.limits();
+        let Ok(plan) = plan_chunks(&sizes, limits.body, limits.max_body_bytes, limits.max_items) else {
             return Ok(false);
         };
         let chunks: Vec<NewChunk> = plan

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use apalis_core::error::BoxDynError;
 use apalis_core::task::data::Data;
-use batchd_cloudflare::{ApiError, BatchClient};
 use batchd_core::result::code;
 use batchd_core::{ChunkRef, ChunkState, JobError, JobLimits, ModelName};
+use batchd_provider::{ApiError, Call, Provider};
 use batchd_queue::{Store, StoreError};
 use futures::FutureExt;
 
@@ -21,18 +21,13 @@ pub(crate) use self::finish::Ending;
 use serde_json::value::RawValue;
 
 use crate::metrics::{self, ApiCall};
-use crate::policy::rate_bucket;
-use crate::rate_limits::RateLimitSettings;
+use crate::providers::Providers;
 use crate::runtime::{ByteBudget, IngressEntry};
 use crate::settings::{PollSettings, RetrySettings};
 
-/// How jobs are split into batches.
+/// How jobs are split into batches (within each provider's [`batchd_provider::BatchLimits`]).
 #[derive(Debug, Clone)]
 pub struct SplitSettings {
-    /// Largest submit body, in bytes.
-    pub max_payload_bytes: usize,
-    /// Most items per batch.
-    pub max_batch_items: Option<usize>,
     /// Default for a job's `retry_failed_items`.
     pub retry_failed_items: bool,
 }
@@ -42,18 +37,14 @@ pub struct SplitSettings {
 pub struct Pipeline {
     /// Redis storage of the namespace.
     pub store: Store,
-    /// The Batch API client.
-    pub client: BatchClient,
-    /// The Cloudflare account (part of every rate-limit bucket).
-    pub account_id: String,
+    /// The batch APIs this daemon drives; a job's model name picks one.
+    pub providers: Providers,
     /// Poll timing.
     pub poll: PollSettings,
     /// Retry policy for transient errors.
     pub retry: RetrySettings,
     /// Splitting of big jobs.
     pub split: SplitSettings,
-    /// Shared submit rate limits.
-    pub rate_limits: RateLimitSettings,
     /// Limits applied when decoding jobs.
     pub limits: JobLimits,
     /// Deadline of jobs that set none.
@@ -63,7 +54,7 @@ pub struct Pipeline {
     /// Whether batch events wake polls (`[events]`): request ids are then indexed, and polls are the fallback.
     pub events: bool,
     /// The process's memory budget (`workers.inflight_bytes`): submits hold room for their items and body; the
-    /// client counts poll replies in it (see `daemon.rs`).
+    /// providers count poll replies and result downloads in it (see `daemon.rs`).
     pub budget: ByteBudget,
 }
 
@@ -149,31 +140,48 @@ impl Pipeline {
         if now >= view.deadline_at {
             return self.expire(&chunk.job_id, &view, now).await;
         }
+        if matches!(view.chunk_state, ChunkState::Done | ChunkState::Failed) {
+            return self.finish(&chunk.job_id).await;
+        }
+        let Ok(model) = ModelName::parse(&view.model) else {
+            return Err(StoreError::Corrupt { job_id: chunk.job_id.to_string(), detail: "model".into() });
+        };
+        let provider = match self.providers.for_model(&model) {
+            Ok(provider) => Arc::clone(provider),
+            // Accepted while the provider was configured; it is not any more (a replica of another configuration).
+            Err(reason) => {
+                tracing::warn!(model = %model, reason = %reason, "no provider for a running job's model");
+                return self.conclude(&chunk.job_id, Ending::Failed(JobError::new(code::INVALID_JOB, reason))).await;
+            }
+        };
         match view.chunk_state {
-            ChunkState::Pending | ChunkState::Submitting => match ModelName::parse(&view.model) {
-                Ok(model) => self.submit(chunk, &model, view.deadline_at).await,
-                Err(_) => Err(StoreError::Corrupt { job_id: chunk.job_id.to_string(), detail: "model".into() }),
-            },
-            ChunkState::Polling => self.poll(chunk, &view).await,
+            ChunkState::Pending | ChunkState::Submitting => {
+                self.submit(chunk, provider.as_ref(), &model, view.deadline_at).await
+            }
+            ChunkState::Polling => self.poll(chunk, provider.as_ref(), &model, &view).await,
             ChunkState::Done | ChunkState::Failed => self.finish(&chunk.job_id).await,
         }
     }
 
-    /// Asks the shared rate limiter for a slot of `model`'s bucket: `None` means go now (the slot is booked),
-    /// otherwise how long to wait.
-    async fn rate_wait(&self, model: &ModelName, call: ApiCall) -> Result<Option<Duration>, StoreError> {
-        if call == ApiCall::Poll && !self.rate_limits.limit_polls {
-            return Ok(None);
-        }
-        let Some((bucket, limit)) = rate_bucket(&self.account_id, model.as_str(), &self.rate_limits) else {
+    /// Asks the shared rate limiter for a slot of `model`'s bucket at `provider`: `None` means go now (the slot is
+    /// booked), otherwise how long to wait.
+    async fn rate_wait(
+        &self,
+        provider: &dyn Provider,
+        model: &ModelName,
+        call: ApiCall,
+    ) -> Result<Option<Duration>, StoreError> {
+        let asked = match call {
+            ApiCall::Submit => Call::Submit,
+            ApiCall::Poll => Call::Poll,
+        };
+        let Some(bucket) = provider.rate_bucket(model, asked) else {
             return Ok(None);
         };
-        let bucket = if call == ApiCall::Poll { format!("poll:{bucket}") } else { bucket };
-        let interval = Duration::from_secs(self.rate_limits.window_secs).div_f64(f64::from(limit));
-        let wait = self.store.rate_limit(&bucket, interval, self.rate_limits.burst).await?;
+        let wait = self.store.rate_limit(&bucket.name, bucket.interval, bucket.burst).await?;
         if let Some(wait) = wait {
             metrics::throttled_wait(call);
-            tracing::debug!(bucket = %bucket, wait = ?wait, "rate limited; waiting");
+            tracing::debug!(bucket = %bucket.name, wait = ?wait, "rate limited; waiting");
         }
         Ok(wait)
     }
@@ -183,10 +191,11 @@ impl Pipeline {
     async fn throttle(
         &self,
         chunk: &ChunkRef,
+        provider: &dyn Provider,
         model: &ModelName,
         call: ApiCall,
     ) -> Result<Option<Duration>, StoreError> {
-        let Some(wait) = self.rate_wait(model, call).await? else {
+        let Some(wait) = self.rate_wait(provider, model, call).await? else {
             return Ok(None);
         };
         self.store.update_chunk(chunk, Some(self.store.now().await? + wait.as_millis() as u64), None, &[], &[]).await?;

@@ -3,9 +3,9 @@
 
 use std::time::Instant;
 
-use batchd_cloudflare::{ApiError, ErrorKind, PendingStatus, PollStatus};
 use batchd_core::ledger::field;
 use batchd_core::{ChunkRef, ChunkState, JobError, ModelName, RequestId};
+use batchd_provider::{ApiError, ErrorKind, PendingStatus, Polled, Provider, RemoteBatch};
 use batchd_queue::{ChunkView, StoreError};
 use tracing::Instrument;
 
@@ -15,34 +15,57 @@ use crate::policy::{poll_delay, retry_delay};
 
 impl Pipeline {
     /// Polls one chunk's remote batch.
-    pub(super) async fn poll(&self, chunk: &ChunkRef, view: &ChunkView) -> Result<(), StoreError> {
-        let (Some(request_id), Ok(model)) =
-            (view.request_id.as_deref().and_then(|id| RequestId::parse(id).ok()), ModelName::parse(&view.model))
-        else {
+    pub(super) async fn poll(
+        &self,
+        chunk: &ChunkRef,
+        provider: &dyn Provider,
+        model: &ModelName,
+        view: &ChunkView,
+    ) -> Result<(), StoreError> {
+        let request_id = view.request_id.as_deref().and_then(|id| RequestId::parse(id).ok());
+        let remote = request_id.clone().and_then(|id| RemoteBatch::from_ledger(Some(id), view.remote.as_deref()));
+        let (Some(request_id), Some(remote)) = (request_id, remote) else {
             return Err(StoreError::Corrupt {
                 job_id: chunk.job_id.to_string(),
-                detail: format!("chunk {} is polling without a request id", chunk.index),
+                detail: format!("chunk {} is polling without a readable request id", chunk.index),
             });
         };
-        if self.throttle(chunk, &model, ApiCall::Poll).await?.is_some() {
+        if self.throttle(chunk, provider, model, ApiCall::Poll).await?.is_some() {
             return Ok(());
         }
         let span = tracing::debug_span!("poll", request_id = %request_id, model = %model, n_polls = view.n_polls);
         let started = Instant::now();
-        // The reply's room in the budget (taken as it was read) is held until its outcome is stored or published.
-        let (polled, _room) = match self.client.poll_held(&model, &request_id, view.items_len).instrument(span).await {
+        // The reply's room in the budget (taken as it was read) is held until its outcome is stored or published;
+        // so is a results download's.
+        let (polled, mut room) = match provider.poll(model, &remote, view.items_len).instrument(span.clone()).await {
             Ok((status, room)) => (Ok(status), room),
             Err(error) => (Err(error), Vec::new()),
         };
+        let polled = match polled {
+            Ok(Polled::Pending(status)) => Ok(Answer::Pending(status)),
+            Ok(Polled::Done(output)) => Ok(Answer::Done(output)),
+            // Results are fetched in the same step: if this replica dies here, the next poll finds them ready again.
+            Ok(Polled::Ready(ready)) => {
+                match provider.fetch_results(model, &ready, view.items_len).instrument(span).await {
+                    Ok((output, held)) => {
+                        room.extend(held);
+                        Ok(Answer::Done(output))
+                    }
+                    Err(error) => Err(error),
+                }
+            }
+            Err(error) => Err(error),
+        };
+        let _room = room;
         let elapsed = started.elapsed();
         match &polled {
-            Ok(PollStatus::Done(_)) => metrics::api_request(ApiCall::Poll, "done", Some(200), elapsed),
+            Ok(Answer::Done(_)) => metrics::api_request(ApiCall::Poll, "done", Some(200), elapsed),
             Ok(_) => metrics::api_request(ApiCall::Poll, "pending", Some(200), elapsed),
             Err(error) => metrics::api_request(ApiCall::Poll, error.kind.as_str(), error.http_status, elapsed),
         }
         match polled {
-            Ok(PollStatus::Pending(status)) => self.still_pending(chunk, view, &status).await,
-            Ok(PollStatus::Done(output)) => {
+            Ok(Answer::Pending(status)) => self.still_pending(chunk, view, &status).await,
+            Ok(Answer::Done(output)) => {
                 metrics::polls_per_batch(view.n_polls + 1);
                 tracing::debug!(request_id = %request_id, n_polls = view.n_polls + 1, n_failed = output.n_failed(), "batch finished");
                 if view.n_chunks <= 1 && output.n_failed() == 0 {
@@ -116,7 +139,7 @@ impl Pipeline {
             PollDecision::Retry { failures } => failures,
         };
         let wait = retry_delay(failures.max(1), &self.retry, error.retry_after, unit_random());
-        if error.http_status == Some(429) {
+        if error.kind.is_throttle() {
             metrics::throttled_wait(ApiCall::Poll);
         } else {
             metrics::retry(ApiCall::Poll);
@@ -155,6 +178,14 @@ impl Pipeline {
     }
 }
 
+/// What a poll (and, where the provider needs one, a results download) answered.
+enum Answer {
+    /// Not finished yet.
+    Pending(PendingStatus),
+    /// Finished: one response per item, in request order.
+    Done(batchd_core::JobOutput),
+}
+
 /// What a failed poll means for its chunk (decided from the error alone, without Redis).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum PollDecision {
@@ -177,9 +208,8 @@ pub(super) enum PollDecision {
 /// Decides what a failed poll means after `poll_failures` consecutive failed polls (of `max_attempts`).
 pub(super) fn after_failed_poll(error: &ApiError, poll_failures: u64, max_attempts: u64) -> PollDecision {
     match error.kind {
-        ErrorKind::Transient | ErrorKind::QuotaExhausted => {
-            let rate_limited = error.http_status == Some(429);
-            let failures = if rate_limited { poll_failures } else { poll_failures + 1 };
+        ErrorKind::Transient | ErrorKind::RateLimited | ErrorKind::QuotaExhausted => {
+            let failures = if error.kind.is_throttle() { poll_failures } else { poll_failures + 1 };
             if failures >= max_attempts { PollDecision::GiveUp { failures } } else { PollDecision::Retry { failures } }
         }
         ErrorKind::BatchFailed | ErrorKind::NotFound | ErrorKind::TooLarge | ErrorKind::ReplyTooLarge => {
@@ -210,7 +240,7 @@ mod tests {
         assert_eq!(after_failed_poll(&unavailable, 0, 5), PollDecision::Retry { failures: 1 });
         assert_eq!(after_failed_poll(&unavailable, 3, 5), PollDecision::Retry { failures: 4 });
         assert_eq!(after_failed_poll(&unavailable, 4, 5), PollDecision::GiveUp { failures: 5 });
-        let limited = error(ErrorKind::Transient, Some(429));
+        let limited = error(ErrorKind::RateLimited, Some(429));
         assert_eq!(after_failed_poll(&limited, 3, 5), PollDecision::Retry { failures: 3 });
     }
 

@@ -3,10 +3,11 @@
 
 use std::time::Instant;
 
-use batchd_cloudflare::{ApiError, ErrorKind};
 use batchd_core::ledger::field;
 use batchd_core::{ChunkRef, ChunkState, JobOutput, JobState, ModelName, RequestId, UnixMillis};
+use batchd_provider::{ApiError, BatchTag, Checkpoint, ErrorKind, Provider, RemoteBatch, SubmitBatch};
 use batchd_queue::{NewChunk, Placement, StoreError, SubmitTicket};
+use futures::future::BoxFuture;
 use serde_json::value::RawValue;
 use tracing::Instrument;
 
@@ -19,21 +20,24 @@ impl Pipeline {
     pub(super) async fn submit(
         &self,
         chunk: &ChunkRef,
+        provider: &dyn Provider,
         model: &ModelName,
         deadline_at: UnixMillis,
     ) -> Result<(), StoreError> {
-        if self.throttle(chunk, model, ApiCall::Submit).await?.is_some() {
+        if self.throttle(chunk, provider, model, ApiCall::Submit).await?.is_some() {
             return Ok(());
         }
-        // Room for the items read back and the body built from them (each at most max_payload_bytes), before either
-        // exists; then only what this chunk needs is kept until the submit is done.
-        let mut room = self.budget.hold(2 * self.split.max_payload_bytes).await;
+        // Room for the items read back and the body built from them (each at most the provider's body limit),
+        // before either exists; then only what this chunk needs is kept until the submit is done.
+        let limits = provider.limits();
+        let mut room = self.budget.hold(2 * limits.max_body_bytes).await;
         let ticket = self.store.begin_submit(chunk, self.store.now().await?).await?;
         match ticket {
             SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => {
-                let body = batchd_cloudflare::submit_body_bytes(requests.iter().map(|item| item.get().len()));
+                let body = limits.body.bytes(requests.iter().map(|item| item.get().len()));
                 room.shrink_to(2 * body);
-                self.post(chunk, model, attempt, resubmit, &requests, placement, deadline_at).await
+                let post = Post { provider, model, attempt, resubmit, deadline_at };
+                self.post(chunk, post, &requests, placement).await
             }
             SubmitTicket::Cancelled => {
                 let reason = self.store.cancel_requested(&chunk.job_id).await?.unwrap_or_default();
@@ -47,19 +51,16 @@ impl Pipeline {
         }
     }
 
-    /// POSTs a chunk already marked `submitting` (attempt `attempt`), then records the request id and schedules
-    /// the first poll, or decides what the failure means. `deadline_at` is the job's: no retry is due after it.
-    #[allow(clippy::too_many_arguments)]
+    /// Submits a chunk already marked `submitting` to its provider, then records the remote batch and schedules
+    /// the first poll, or decides what the failure means.
     pub(super) async fn post<R: Item>(
         &self,
         chunk: &ChunkRef,
-        model: &ModelName,
-        attempt: u64,
-        resubmit: bool,
+        post: Post<'_>,
         requests: &[R],
         placement: Placement,
-        deadline_at: UnixMillis,
     ) -> Result<(), StoreError> {
+        let Post { provider, model, attempt, resubmit, deadline_at } = post;
         if resubmit {
             metrics::possible_duplicate_submit();
             tracing::warn!(
@@ -71,7 +72,25 @@ impl Pipeline {
         }
         let span = tracing::debug_span!("submit", model = %model, attempt, request_id = tracing::field::Empty);
         let started = Instant::now();
-        let submitted = self.client.submit(model, requests).instrument(span.clone()).await;
+        let items: Vec<&RawValue> = requests.iter().map(|item| item.borrow()).collect();
+        // An interrupted attempt may have created part of the batch (an uploaded file) or all of it: the provider
+        // reuses what was recorded and looks before creating again.
+        let resume = if resubmit {
+            let (id, refs) = self.store.chunk_remote(chunk).await?;
+            RemoteBatch::from_ledger(id.and_then(|id| RequestId::parse(&id).ok()), refs.as_deref())
+        } else {
+            None
+        };
+        let checkpoint = LedgerCheckpoint { pipeline: self, chunk };
+        let batch = SubmitBatch {
+            model,
+            items: &items,
+            tag: BatchTag { job_id: &chunk.job_id, chunk: chunk.index, attempt },
+            resume: resume.as_ref(),
+            checkpoint: &checkpoint,
+        };
+        let submitted = provider.submit(batch).instrument(span.clone()).await;
+        drop(items);
         match &submitted {
             Ok(_) => metrics::api_request(ApiCall::Submit, "ok", Some(200), started.elapsed()),
             Err(error) => {
@@ -80,14 +99,25 @@ impl Pipeline {
         }
         match submitted {
             Ok(submitted) => {
-                span.record("request_id", tracing::field::display(&submitted.request_id));
+                let Some(request_id) = submitted.remote.id.clone() else {
+                    // A provider answered a submit without a batch id: nothing to poll; retried as ambiguous.
+                    let error = ApiError {
+                        kind: ErrorKind::Transient,
+                        http_status: None,
+                        api_code: None,
+                        message: "the provider accepted the batch without naming it".to_owned(),
+                        retry_after: None,
+                        maybe_delivered: true,
+                    };
+                    let failed = FailedSubmit { attempt, placement, deadline_at };
+                    return self.submit_failed(chunk, model, failed, requests, error).await;
+                };
+                span.record("request_id", tracing::field::display(&request_id));
                 if self.events {
                     // Before the record: an event that arrives right after it must find the chunk. A failure
                     // here costs only latency (the fallback poll still comes).
                     let indexed = match self.store.now().await {
-                        Ok(now) => {
-                            self.store.index_request(submitted.request_id.as_str(), chunk, deadline_at, now).await
-                        }
+                        Ok(now) => self.store.index_request(request_id.as_str(), chunk, deadline_at, now).await,
                         Err(error) => Err(error),
                     };
                     if let Err(error) = indexed {
@@ -95,10 +125,10 @@ impl Pipeline {
                         tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "could not index the request id for events; the batch is found by its fallback poll");
                     }
                 }
-                let recorded = self.record_submitted(chunk, &submitted.request_id).await?;
+                let recorded = self.record_submitted(chunk, &submitted.remote, &submitted.status).await?;
                 tracing::debug!(
                     parent: &span,
-                    request_id = %submitted.request_id,
+                    request_id = %request_id,
                     n_items = placement.len(),
                     bytes = submitted.body_bytes,
                     recorded,
@@ -116,24 +146,29 @@ impl Pipeline {
     /// Records a submitted chunk's request id and schedules its first poll. The remote batch exists now, so a
     /// Redis error here must not lose the id (the chunk would be submitted again after its lease): the step is
     /// retried with backoff for as long as this replica holds the lease.
-    async fn record_submitted(&self, chunk: &ChunkRef, request_id: &RequestId) -> Result<bool, StoreError> {
+    async fn record_submitted(&self, chunk: &ChunkRef, remote: &RemoteBatch, status: &str) -> Result<bool, StoreError> {
         let started = Instant::now();
         let mut delay = batchd_queue::RetryDelay::new();
+        let request_id = remote.id.as_ref().map(ToString::to_string).unwrap_or_default();
         loop {
             let now = self.store.now().await?;
             let due = now + poll_delay(0, &self.poll, self.events, unit_random()).as_millis() as u64;
+            let mut fields = vec![
+                (field::CHUNK_STATE, ChunkState::Polling.as_str().to_owned()),
+                (field::CHUNK_REQUEST_ID, request_id.clone()),
+                (field::CHUNK_SUBMITTED_AT, now.to_string()),
+                (field::CHUNK_REMOTE_STATUS, status.to_owned()),
+            ];
+            if remote.has_refs() {
+                fields.push((field::CHUNK_REMOTE, remote.refs_json()));
+            }
             let recorded = self
                 .store
                 .update_chunk(
                     chunk,
                     Some(due),
                     None,
-                    &[
-                        (field::CHUNK_STATE, ChunkState::Polling.as_str().to_owned()),
-                        (field::CHUNK_REQUEST_ID, request_id.to_string()),
-                        (field::CHUNK_SUBMITTED_AT, now.to_string()),
-                        (field::CHUNK_REMOTE_STATUS, "queued".to_owned()),
-                    ],
+                    &fields,
                     &[(field::STATE, JobState::Running.as_str().to_owned()), (field::UPDATED_AT, now.to_string())],
                 )
                 .await;
@@ -265,6 +300,42 @@ impl Pipeline {
     }
 }
 
+/// What a submit is: where it goes and which attempt it is.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Post<'a> {
+    /// The provider the chunk's model routes to.
+    pub provider: &'a dyn Provider,
+    /// The job's model.
+    pub model: &'a ModelName,
+    /// The attempt (1-based).
+    pub attempt: u64,
+    /// Whether an earlier attempt was interrupted (the remote batch may exist already).
+    pub resubmit: bool,
+    /// The job's deadline: no retry is due after it.
+    pub deadline_at: UnixMillis,
+}
+
+/// Records what a multi-request submit created so far in the chunk's ledger (see [`Checkpoint`]).
+struct LedgerCheckpoint<'a> {
+    /// The pipeline whose store holds the ledger.
+    pipeline: &'a Pipeline,
+    /// The chunk being submitted.
+    chunk: &'a ChunkRef,
+}
+
+impl Checkpoint for LedgerCheckpoint<'_> {
+    fn record<'a>(&'a self, remote: &'a RemoteBatch) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let fields = [(field::CHUNK_REMOTE, remote.refs_json())];
+            match self.pipeline.store.update_chunk(self.chunk, None, None, &fields, &[]).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err("the job finished while its batch was being created".to_owned()),
+                Err(error) => Err(format!("could not record the remote batch's progress: {error}")),
+            }
+        })
+    }
+}
+
 /// What a failed submit's handling needs besides the error.
 #[derive(Debug)]
 struct FailedSubmit {
@@ -325,13 +396,13 @@ pub(super) fn after_failed_submit(error: &ApiError, n_items: usize, attempt: u64
         ErrorKind::InvalidInput => SubmitDecision::AnswerItemAlone,
         ErrorKind::TooLarge | ErrorKind::BatchFailed | ErrorKind::ReplyTooLarge => SubmitDecision::FailChunk,
         ErrorKind::Permanent | ErrorKind::NotFound | ErrorKind::NotBatchable => SubmitDecision::FailJob,
-        ErrorKind::Transient | ErrorKind::QuotaExhausted => {
-            let rate_limited = error.http_status == Some(429);
-            if !rate_limited && attempt >= max_attempts {
+        ErrorKind::Transient | ErrorKind::RateLimited | ErrorKind::QuotaExhausted => {
+            let throttled = error.kind.is_throttle();
+            if !throttled && attempt >= max_attempts {
                 return SubmitDecision::GiveUp;
             }
             let state = if error.is_ambiguous_submit() { ChunkState::Submitting } else { ChunkState::Pending };
-            SubmitDecision::Retry(SubmitRetry { state, give_attempt_back: rate_limited })
+            SubmitDecision::Retry(SubmitRetry { state, give_attempt_back: throttled })
         }
     }
 }
@@ -370,7 +441,7 @@ mod tests {
             SubmitDecision::Retry(SubmitRetry { state: ChunkState::Pending, give_attempt_back: false })
         );
         assert_eq!(after_failed_submit(&refused, 3, 5, 5), SubmitDecision::GiveUp);
-        let limited = error(ErrorKind::Transient, Some(429), "slow down", false);
+        let limited = error(ErrorKind::RateLimited, Some(429), "slow down", false);
         assert_eq!(
             after_failed_submit(&limited, 3, 9, 5),
             SubmitDecision::Retry(SubmitRetry { state: ChunkState::Pending, give_attempt_back: true })

@@ -8,6 +8,7 @@ use batchd_core::result::code;
 use batchd_core::{ChunkRef, DecodeError, Job, JobError, JobId};
 use batchd_queue::{Accepted, DeadLetter, Intake, MAX_CHUNKS_PER_JOB, Placement, Rejection, StoreError};
 
+use super::submit::Post;
 use super::{Ending, Pipeline};
 use crate::metrics::{self, ApiCall};
 use crate::policy::plan_chunks;
@@ -27,15 +28,27 @@ impl Pipeline {
         };
         let entry_id = entry.id.as_str();
         tracing::Span::current().record("job_id", tracing::field::display(&job.id));
+        let provider = match self.providers.for_model(&job.model) {
+            Ok(provider) => provider.as_ref(),
+            Err(reason) => return self.refuse(&job, entry_id, code::INVALID_JOB, reason).await,
+        };
+        if let Err(reason) = provider.check_model(&job.model) {
+            return self.refuse(&job, entry_id, code::MODEL_NOT_BATCHABLE, reason).await;
+        }
+        let limits = provider.limits();
         let sizes: Vec<usize> = job.requests.iter().map(|item| item.get().len()).collect();
-        let planned = plan_chunks(&sizes, self.split.max_payload_bytes, self.split.max_batch_items);
+        let planned = plan_chunks(&sizes, limits.body, limits.max_body_bytes, limits.max_items);
         let refusal = match &planned {
             Err(too_large) => Some((
                 code::ITEM_TOO_LARGE,
                 format!(
                     "request item {} is {} bytes: sent alone it makes a {}-byte body, over the payload limit of {} \
-                     bytes (jobs.max_payload_bytes); nothing was submitted",
-                    too_large.index, too_large.bytes, too_large.body_bytes, self.split.max_payload_bytes
+                     bytes ({}); nothing was submitted",
+                    too_large.index,
+                    too_large.bytes,
+                    too_large.body_bytes,
+                    limits.max_body_bytes,
+                    payload_setting(provider.name())
                 ),
             )),
             Ok(plan) if plan.len() > MAX_CHUNKS_PER_JOB as usize => Some((
@@ -49,16 +62,7 @@ impl Pipeline {
             Ok(_) => None,
         };
         if let Some((reason, message)) = refusal {
-            let error = JobError::new(reason, message);
-            let rejection = Rejection {
-                entry_id,
-                job_id: &job.id,
-                model: job.model.as_str(),
-                error: &error,
-                dead: None,
-                items_total: job.requests.len(),
-            };
-            return self.conclude(&job.id, Ending::Rejected(rejection)).await;
+            return self.refuse(&job, entry_id, reason, message).await;
         }
         let plan = planned.expect("a refused plan returned above");
         let deadline = job.deadline_secs.map(Duration::from_secs).unwrap_or(self.default_deadline);
@@ -67,12 +71,12 @@ impl Pipeline {
         // The first batch's body is posted from the items in hand; it needs room of its own in the budget. The
         // entry already holds room, so this never waits: short of room, the batch goes through the schedule
         // (which waits for room holding nothing), like a throttled one.
-        let first_body = batchd_cloudflare::submit_body_bytes(sizes[..plan[0].1].iter().copied());
+        let first_body = limits.body.bytes(sizes[..plan[0].1].iter().copied());
         let body_room = self.budget.try_hold(first_body);
         // Ask the shared limiter before the job exists: a throttled first batch is accepted `pending`, due when
         // its slot comes; otherwise it is accepted already `submitting` and posted at once, under its lease.
         let wait = match &body_room {
-            Some(_) => self.rate_wait(&job.model, ApiCall::Submit).await?,
+            Some(_) => self.rate_wait(provider, &job.model, ApiCall::Submit).await?,
             None => {
                 tracing::debug!(first_body, "no room in workers.inflight_bytes for the first batch now; scheduling it");
                 Some(Duration::ZERO)
@@ -103,7 +107,8 @@ impl Pipeline {
                 let first = &job.requests[..plan[0].1];
                 let chunk = ChunkRef::new(job.id.clone(), 0);
                 let placement = Placement::Range { start: 0, len: plan[0].1 };
-                if let Err(error) = self.post(&chunk, &job.model, 1, false, first, placement, deadline_at).await {
+                let post = Post { provider, model: &job.model, attempt: 1, resubmit: false, deadline_at };
+                if let Err(error) = self.post(&chunk, post, first, placement).await {
                     // The entry is taken in (acknowledged); what is retried is the chunk, from the schedule.
                     metrics::redis_error("submit");
                     tracing::error!(
@@ -129,6 +134,21 @@ impl Pipeline {
                 Ok(())
             }
         }
+    }
+
+    /// Ends a decoded job that cannot run (its provider is not configured, its model cannot batch, an item is too
+    /// large, too many batches) with a `failed` result saying why; nothing was submitted.
+    async fn refuse<R>(&self, job: &Job<R>, entry_id: &str, reason: &str, message: String) -> Result<(), StoreError> {
+        let error = JobError::new(reason, message);
+        let rejection = Rejection {
+            entry_id,
+            job_id: &job.id,
+            model: job.model.as_str(),
+            error: &error,
+            dead: None,
+            items_total: job.requests.len(),
+        };
+        self.conclude(&job.id, Ending::Rejected(rejection)).await
     }
 
     async fn reject(&self, mut entry: IngressEntry, error: DecodeError) -> Result<(), StoreError> {
@@ -159,5 +179,14 @@ impl Pipeline {
             items_total: 0,
         };
         self.conclude(&job_id, Ending::Rejected(rejection)).await
+    }
+}
+
+/// The setting that holds a provider's body limit, for the message that quotes it.
+fn payload_setting(provider: &str) -> String {
+    if provider == batchd_core::ids::CLOUDFLARE {
+        "jobs.max_payload_bytes".to_owned()
+    } else {
+        format!("the {provider} provider's batch size limit")
     }
 }

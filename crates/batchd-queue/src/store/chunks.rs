@@ -116,6 +116,7 @@ impl Store {
             field::REPLY_TO.to_owned(),
             field::METADATA.to_owned(),
             field::chunk(chunk.index, field::CHUNK_REMOTE_STATUS),
+            field::chunk(chunk.index, field::CHUNK_REMOTE),
         ];
         let (values, cancel_requested): (Vec<Option<String>>, Option<String>) = redis::pipe()
             .hmget(self.keys.job(&chunk.job_id), &names[..])
@@ -144,6 +145,7 @@ impl Store {
             reply_to: values[11].clone().unwrap_or_else(|| self.keys.results()),
             metadata: values[12].clone(),
             remote_status: values[13].clone(),
+            remote: values[14].clone(),
             cancel_requested,
         }))
     }

@@ -15,6 +15,7 @@ use crate::{Conn, StoreError};
 mod chunks;
 mod ending;
 mod intake;
+mod remote;
 mod scripts;
 mod types;
 

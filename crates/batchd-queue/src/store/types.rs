@@ -81,6 +81,8 @@ pub struct ChunkView {
     pub cancel_requested: Option<String>,
     /// The status the Batch API reported at the chunk's last poll (`queued`, `running`, or an undocumented one).
     pub remote_status: Option<String>,
+    /// The provider's references to the remote batch besides its id (JSON), when it needs any.
+    pub remote: Option<String>,
 }
 
 impl ChunkView {

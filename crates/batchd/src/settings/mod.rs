@@ -17,9 +17,9 @@ mod sections;
 
 use serde::{Deserialize, Serialize};
 
+pub use batchd_cloudflare::{ModelLimit, ModelTask, RateLimitSettings, TaskType};
 /// The one URL mask (also shown by `cli::connect`).
 pub use batchd_core::redact_url;
-pub use batchd_engine::rate_limits::{ModelLimit, ModelTask, RateLimitSettings, TaskType};
 pub use batchd_engine::settings::{PollSettings, RetrySettings};
 pub use secrets::Secret;
 pub use sections::{

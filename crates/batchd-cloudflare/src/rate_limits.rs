@@ -96,3 +96,61 @@ pub struct ModelLimit {
     /// Requests per window.
     pub limit: u32,
 }
+
+/// The shared limiter bucket (`<account>:<task type or model>`) and its limit per window for `model`, or `None`
+/// when submits of that model are not limited. A per-model limit has its own bucket; otherwise the model's task
+/// type (from the configured table, with its fallback for unknown models) picks the bucket.
+pub fn rate_bucket(account: &str, model: &str, limits: &RateLimitSettings) -> Option<(String, u32)> {
+    if let Some(own) = limits.models.iter().find(|limit| limit.model == model) {
+        return (own.limit > 0).then(|| (format!("{account}:{model}"), own.limit));
+    }
+    let task = limits.task_of(model);
+    let limit = limits.limit_of(task);
+    (limit > 0).then(|| (format!("{account}:{}", task.as_str()), limit))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn models_map_to_rate_limit_buckets() {
+        let limits = RateLimitSettings {
+            text_generation: 300,
+            embeddings: 3000,
+            translation: 0,
+            speech_recognition: 720,
+            window_secs: 60,
+            burst: 1,
+            limit_polls: false,
+            models: vec![ModelLimit { model: "@cf/baai/bge-large-en-v1.5".into(), limit: 1500 }],
+            task_types: vec![
+                ModelTask { model: "@cf/baai/bge-m3".into(), task: TaskType::Embeddings },
+                ModelTask { model: "@cf/meta/m2m100-1.2b".into(), task: TaskType::Translation },
+                ModelTask { model: "@cf/acme/embedder".into(), task: TaskType::Embeddings },
+            ],
+            extra_task_types: vec![ModelTask { model: "@cf/acme/embedder".into(), task: TaskType::SpeechRecognition }],
+            unknown_model_task: TaskType::TextGeneration,
+        };
+        assert_eq!(rate_bucket("a", "@cf/baai/bge-m3", &limits), Some(("a:embeddings".into(), 3000)));
+        assert_eq!(
+            rate_bucket("a", "@cf/meta/llama-3.3-70b-instruct-fp8-fast", &limits),
+            Some(("a:text_generation".into(), 300))
+        );
+        assert_eq!(
+            rate_bucket("a", "@cf/baai/bge-large-en-v1.5", &limits),
+            Some(("a:@cf/baai/bge-large-en-v1.5".into(), 1500))
+        );
+        assert_eq!(rate_bucket("a", "@cf/meta/m2m100-1.2b", &limits), None, "0 disables");
+        assert_eq!(
+            rate_bucket("a", "@cf/acme/embedder", &limits),
+            Some(("a:speech_recognition".into(), 720)),
+            "the operator's table wins"
+        );
+        assert_eq!(
+            rate_bucket("a", "@cf/acme/bge-embed-unknown", &limits),
+            Some(("a:text_generation".into(), 300)),
+            "an unknown model takes the fallback, whatever its name suggests"
+        );
+    }
+}

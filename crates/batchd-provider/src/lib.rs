@@ -1,0 +1,276 @@
+//! The seam between batchd's engine and a batch inference API.
+//!
+//! A [`Provider`] is one real batch API (Cloudflare Workers AI, OpenAI Batch, Anthropic Message Batches): it
+//! submits a chunk of request items as one remote batch, polls it, fetches its results when they are not in the
+//! poll reply, and cancels it where the API can. It states its limits (items, body bytes, the body's shape) and
+//! its rate buckets, and classifies every failure into an [`ErrorKind`], the only thing the engine decides on.
+//! Everything provider-specific (URLs, JSON, file uploads, custom ids) stays behind the trait; the Redis contract,
+//! the ledger, the result entry, the dashboard and the CLI are the same for every provider.
+//!
+//! A job picks its provider by its model name ([`batchd_core::ModelName::provider`]): `@cf/...` and `@hf/...`
+//! are Cloudflare's, `openai/<model>` OpenAI's, `anthropic/<model>` Anthropic's.
+
+mod budget;
+mod error;
+mod remote;
+
+use std::fmt;
+use std::time::Duration;
+
+use batchd_core::{JobId, JobOutput, ModelName};
+use futures::future::BoxFuture;
+use serde_json::value::RawValue;
+
+pub use budget::{ReplyBudget, ReplyHold};
+pub use error::{ApiError, ErrorKind};
+pub use remote::{MAX_REMOTE_REF_LEN, RemoteBatch};
+
+/// A batch inference API behind batchd's engine. Object-safe: the engine holds one `Arc<dyn Provider>` per
+/// configured provider and routes each job to one by its model name.
+pub trait Provider: Send + Sync + fmt::Debug {
+    /// The provider's routing name (`cloudflare`, `openai`, `anthropic`): the first segment of its models' names
+    /// (Cloudflare's are scoped, `@cf/...`), and the `provider` label of its metrics.
+    fn name(&self) -> &str;
+
+    /// What one remote batch may hold.
+    fn limits(&self) -> BatchLimits;
+
+    /// Refuses a model this provider cannot run as a batch (checked at take-in, before anything is sent), with a
+    /// sentence saying why.
+    fn check_model(&self, model: &ModelName) -> Result<(), String> {
+        let _ = model;
+        Ok(())
+    }
+
+    /// The shared rate limiter bucket a call about `model` takes a slot of, or `None` when it is not limited.
+    fn rate_bucket(&self, model: &ModelName, call: Call) -> Option<RateBucket>;
+
+    /// Creates the remote batch of `batch.items` (each sent byte for byte, in order). Where creating takes more
+    /// than one request (a file upload, then the batch), what exists so far is recorded through
+    /// `batch.checkpoint` before the next request, and a resumed submit (`batch.resume`) reuses it and looks for
+    /// a batch an interrupted attempt may have created before creating one.
+    fn submit<'a>(&'a self, batch: SubmitBatch<'a>) -> BoxFuture<'a, Result<Submitted, ApiError>>;
+
+    /// Asks where a remote batch of `n_items` items stands. The reply's room in the memory budget is handed back
+    /// with the answer, to drop once it is stored or published.
+    fn poll<'a>(
+        &'a self,
+        model: &'a ModelName,
+        remote: &'a RemoteBatch,
+        n_items: usize,
+    ) -> BoxFuture<'a, Result<(Polled, Vec<ReplyHold>), ApiError>>;
+
+    /// Fetches the results of a batch that [`Provider::poll`] found [`Polled::Ready`]: one response per item, in
+    /// request order (joined on the provider's per-item ids), read within the memory budget.
+    fn fetch_results<'a>(
+        &'a self,
+        model: &'a ModelName,
+        remote: &'a RemoteBatch,
+        n_items: usize,
+    ) -> BoxFuture<'a, Result<(JobOutput, Vec<ReplyHold>), ApiError>>;
+
+    /// Asks the provider to cancel a remote batch. Providers without a cancel call answer
+    /// [`CancelOutcome::Unsupported`] (the batch runs to its end and its results are dropped).
+    fn cancel<'a>(
+        &'a self,
+        model: &'a ModelName,
+        remote: &'a RemoteBatch,
+    ) -> BoxFuture<'a, Result<CancelOutcome, ApiError>>;
+
+    /// Deletes what batchd left at the provider for a batch that has ended and whose results are stored (uploaded
+    /// input files, result files), where the provider keeps such things. Best effort.
+    fn clean_up<'a>(&'a self, remote: &'a RemoteBatch) -> BoxFuture<'a, Result<(), ApiError>> {
+        let _ = remote;
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Which kind of call a rate bucket is asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Call {
+    /// Creating a batch.
+    Submit,
+    /// Asking a batch's status.
+    Poll,
+}
+
+/// A slot of the shared limiter (GCRA in Redis, shared by every replica).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateBucket {
+    /// The bucket's name, unique across providers (e.g. `<account>:text-generation`).
+    pub name: String,
+    /// The time one slot stands for: the window divided by the limit.
+    pub interval: Duration,
+    /// Slots allowed back to back.
+    pub burst: u32,
+}
+
+/// What one remote batch may hold; the engine cuts jobs into chunks within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLimits {
+    /// Largest body of one batch, in bytes, as [`BodyShape::bytes`] counts it.
+    pub max_body_bytes: usize,
+    /// Most items in one batch.
+    pub max_items: Option<usize>,
+    /// How the body's size follows from its items' sizes.
+    pub body: BodyShape,
+}
+
+/// The size of a batch's body as a function of its items' sizes: an envelope, each item with a fixed overhead
+/// (an id, a wrapper object, the model's name), and a separator between neighbours. Exact for a provider that
+/// sends items byte for byte in a JSON array; an upper bound where per-item ids vary in length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyShape {
+    /// Bytes of the body with no items.
+    pub envelope: usize,
+    /// Bytes added to each item.
+    pub per_item: usize,
+    /// Bytes between two neighbouring items.
+    pub separator: usize,
+}
+
+impl BodyShape {
+    /// The body's size for items of these sizes.
+    pub fn bytes(&self, item_sizes: impl IntoIterator<Item = usize>) -> usize {
+        let (total, count) =
+            item_sizes.into_iter().fold((0usize, 0usize), |(total, count), size| (total + size, count + 1));
+        self.envelope + total + count * self.per_item + count.saturating_sub(1) * self.separator
+    }
+}
+
+/// Which chunk a batch is: providers put it in the batch's metadata or per-item ids, so a batch an interrupted
+/// submit created can be found again.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchTag<'a> {
+    /// The job.
+    pub job_id: &'a JobId,
+    /// The chunk's index in the job.
+    pub chunk: u32,
+    /// The submit attempt (1-based).
+    pub attempt: u64,
+}
+
+/// Records what a multi-request submit has created so far (in the chunk's ledger, under the chunk's claim).
+pub trait Checkpoint: Send + Sync {
+    /// Records `remote`; an error means it could not be recorded, and the submit must stop before creating more.
+    fn record<'a>(&'a self, remote: &'a RemoteBatch) -> BoxFuture<'a, Result<(), String>>;
+}
+
+/// A chunk to submit.
+pub struct SubmitBatch<'a> {
+    /// The model (routed to this provider).
+    pub model: &'a ModelName,
+    /// The request items, in order, each sent byte for byte (the provider adds only the model and its own
+    /// per-item ids).
+    pub items: &'a [&'a RawValue],
+    /// Which chunk this is.
+    pub tag: BatchTag<'a>,
+    /// What an interrupted earlier attempt recorded, if anything.
+    pub resume: Option<&'a RemoteBatch>,
+    /// Where to record progress between the requests of one submit.
+    pub checkpoint: &'a dyn Checkpoint,
+}
+
+impl fmt::Debug for SubmitBatch<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SubmitBatch")
+            .field("model", &self.model)
+            .field("n_items", &self.items.len())
+            .field("tag", &self.tag)
+            .field("resume", &self.resume)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A batch the provider accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submitted {
+    /// What to poll it with.
+    pub remote: RemoteBatch,
+    /// Its status as the provider first reports it (`queued`, `validating`, `in_progress`).
+    pub status: String,
+    /// Bytes sent.
+    pub body_bytes: usize,
+}
+
+/// Where a remote batch stands.
+#[derive(Debug)]
+pub enum Polled {
+    /// Not finished: any reply that carries no answer, whatever its status says.
+    Pending(PendingStatus),
+    /// Finished, with its results in the reply: one response per item, in request order.
+    Done(JobOutput),
+    /// Finished; its results are fetched with [`Provider::fetch_results`] (the record may have gained the
+    /// results' file ids or URL).
+    Ready(RemoteBatch),
+}
+
+/// The status a pending batch reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingStatus {
+    /// The status as the provider gave it, one line of at most [`PendingStatus::MAX_CHARS`] characters.
+    status: String,
+    /// Whether the provider's docs list it.
+    documented: bool,
+}
+
+impl PendingStatus {
+    /// Longest status text kept, in characters.
+    pub const MAX_CHARS: usize = 64;
+
+    /// A status the provider's docs list.
+    pub fn documented(status: &str) -> Self {
+        Self { status: Self::one_line(status), documented: true }
+    }
+
+    /// A status the docs do not list (kept, bounded, for logs and the ledger).
+    pub fn undocumented(status: &str) -> Self {
+        Self { status: Self::one_line(status), documented: false }
+    }
+
+    /// The status text.
+    pub fn as_str(&self) -> &str {
+        &self.status
+    }
+
+    /// Whether the docs list it.
+    pub fn is_documented(&self) -> bool {
+        self.documented
+    }
+
+    fn one_line(status: &str) -> String {
+        status.chars().filter(|c| !c.is_control()).take(Self::MAX_CHARS).collect()
+    }
+}
+
+/// What a cancel request achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The provider is cancelling the batch; its end (with the results that finished) comes through polls.
+    Requested,
+    /// The provider has no cancel call; the batch runs to its end.
+    Unsupported,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_shape_counts_envelope_items_overheads_and_separators() {
+        let cloudflare = BodyShape { envelope: r#"{"requests":[]}"#.len(), per_item: 0, separator: 1 };
+        assert_eq!(cloudflare.bytes([]), 15);
+        assert_eq!(cloudflare.bytes([2, 3]), r#"{"requests":[{},{ }]}"#.len());
+        let lines = BodyShape { envelope: 0, per_item: 10, separator: 1 };
+        assert_eq!(lines.bytes([5, 5, 5]), 3 * 15 + 2);
+    }
+
+    #[test]
+    fn pending_statuses_are_kept_to_one_bounded_line() {
+        let status = PendingStatus::undocumented(&format!("odd\n{}", "x".repeat(100)));
+        assert!(!status.is_documented());
+        assert_eq!(status.as_str().chars().count(), PendingStatus::MAX_CHARS);
+        assert!(!status.as_str().contains('\n'));
+        assert!(PendingStatus::documented("queued").is_documented());
+    }
+}
