@@ -10,6 +10,7 @@
 //! Queues pull consumer endpoints (`/client/v4/accounts/{account_id}/queues/{queue_id}/messages/pull` and `/ack`),
 //! with leases, redelivery and event faults (see the README, "Events and the Queues pull consumer").
 
+mod anthropic;
 mod calls;
 mod config;
 mod control;
@@ -37,6 +38,10 @@ use tokio::{
 };
 
 pub use crate::{
+    anthropic::{
+        AnthropicCall, AnthropicCallKind, AnthropicCalls, AnthropicConfig, AnthropicControl, AnthropicFault,
+        AnthropicFaultKind, ErrorShape,
+    },
     calls::{CallKind, CallRecord, QueueCallKind, QueueCallRecord},
     config::{DurationRange, EmulatorConfig, Family, RandomFaults, RateLimit, default_models},
     events::{
@@ -125,6 +130,12 @@ impl EmulatorHandle {
     /// The configured API token.
     pub fn token(&self) -> &str {
         &self.state.config.token
+    }
+
+    /// In-process control of the Anthropic Message Batches emulator served under `/anthropic` (base URL, key,
+    /// faults, call log, timing).
+    pub fn anthropic(&self) -> AnthropicControl {
+        AnthropicControl::new(self.addr, Arc::clone(&self.state))
     }
 
     /// The configured account id.
