@@ -7,7 +7,8 @@ use std::{io::Write, net::SocketAddr, time::Duration};
 
 use anyhow::Context;
 use batchd_emulator::{
-    AnthropicConfig, DurationRange, Emulator, EmulatorConfig, EventBody, EventFaults, EventsConfig, PullOrder, RandomFaults, RateLimit,
+    AnthropicConfig, DurationRange, Emulator, EmulatorConfig, EventBody, EventFaults, EventsConfig, PullOrder,
+    RandomFaults, RateLimit,
 };
 use clap::{Parser, ValueEnum};
 

@@ -122,10 +122,17 @@ pub(crate) fn parse_route(method: &Method, path: &str) -> (AnthropicCallKind, Op
     let Some(rest) = path.strip_prefix("/v1/messages/batches") else {
         return (AnthropicCallKind::Unknown, None);
     };
-    let segments: Vec<&str> = rest.trim_start_matches('/').split('/').filter(|s| !s.is_empty()).collect();
+    let segments: Vec<&str> = match rest.strip_prefix('/') {
+        _ if rest.is_empty() => Vec::new(),
+        Some(rest) => rest.split('/').collect(),
+        None => return (AnthropicCallKind::Unknown, None),
+    };
+    if segments.iter().any(|segment| segment.is_empty()) {
+        return (AnthropicCallKind::Unknown, None);
+    }
     let kind = match (method.as_str(), segments.as_slice()) {
-        ("POST", []) if rest.is_empty() || rest == "/" => AnthropicCallKind::Create,
-        ("GET", []) if rest.is_empty() || rest == "/" => AnthropicCallKind::List,
+        ("POST", []) => AnthropicCallKind::Create,
+        ("GET", []) => AnthropicCallKind::List,
         ("GET", [_]) => AnthropicCallKind::Retrieve,
         ("DELETE", [_]) => AnthropicCallKind::Delete,
         ("POST", [_, "cancel"]) => AnthropicCallKind::Cancel,
@@ -164,10 +171,9 @@ impl Reply {
             Reply::Json(value) => (StatusCode::OK, Json(value)).into_response(),
             Reply::Results { batch_id, items, n_ran, rest, shuffle, shape } => {
                 // A 100,000-item body takes a while to write: keep it off the async workers.
-                let rendered = tokio::task::spawn_blocking(move || {
-                    render_results(&batch_id, &items, n_ran, rest, shuffle, shape)
-                })
-                .await;
+                let rendered =
+                    tokio::task::spawn_blocking(move || render_results(&batch_id, &items, n_ran, rest, shuffle, shape))
+                        .await;
                 match rendered {
                     Ok(body) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/x-jsonl")], body).into_response(),
                     Err(error) => {
@@ -271,11 +277,9 @@ fn default_message(status: u16) -> String {
         529 => "Overloaded".to_owned(),
         413 => "Request exceeds the maximum allowed number of bytes".to_owned(),
         500 => "Internal server error".to_owned(),
-        other => StatusCode::from_u16(other)
-            .ok()
-            .and_then(|code| code.canonical_reason())
-            .unwrap_or("Error")
-            .to_owned(),
+        other => {
+            StatusCode::from_u16(other).ok().and_then(|code| code.canonical_reason()).unwrap_or("Error").to_owned()
+        }
     }
 }
 
@@ -335,7 +339,9 @@ impl Call<'_> {
                     if queued + n_requests > max {
                         return Err(ApiError::new(
                             429,
-                            format!("Too many requests waiting in Message Batches: {queued} queued, the limit is {max}"),
+                            format!(
+                                "Too many requests waiting in Message Batches: {queued} queued, the limit is {max}"
+                            ),
                         ));
                     }
                 }
@@ -520,6 +526,7 @@ mod tests {
             (Method::PUT, "/v1/messages/batches", AnthropicCallKind::Unknown, None),
             (Method::GET, "/v1/messages/batchesx", AnthropicCallKind::Unknown, None),
             (Method::GET, "/v1/messages", AnthropicCallKind::Unknown, None),
+            (Method::GET, "/v1/messages/batches//results", AnthropicCallKind::Unknown, None),
             (Method::POST, "/v1/messages/batches/msgbatch_1/results", AnthropicCallKind::Unknown, None),
         ];
         for (method, path, kind, batch_id) in cases {

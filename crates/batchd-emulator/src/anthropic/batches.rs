@@ -330,16 +330,14 @@ mod tests {
     const SECOND: Duration = Duration::from_secs(1);
 
     fn items(n: usize) -> Vec<Item> {
-        (0..n)
-            .map(|i| Item { custom_id: format!("c{i}"), outcome: Outcome::Succeeded(json!({ "i": i })) })
-            .collect()
+        (0..n).map(|i| Item { custom_id: format!("c{i}"), outcome: Outcome::Succeeded(json!({ "i": i })) }).collect()
     }
 
-    fn config(processing_secs: u64, expires_secs: u64) -> AnthropicConfig {
+    fn settings(processing_secs: u64, expires_secs: u64) -> AnthropicConfig {
         AnthropicConfig {
-            processing_for: processing_secs * SECOND,
+            processing_for: Duration::from_secs(processing_secs),
             canceling_for: SECOND,
-            expires_after: expires_secs * SECOND,
+            expires_after: Duration::from_secs(expires_secs),
             ..AnthropicConfig::default()
         }
     }
@@ -357,13 +355,13 @@ mod tests {
     fn a_batch_ends_when_its_last_item_finishes_and_stays_ended() {
         let t0 = SystemTime::UNIX_EPOCH + 1000 * SECOND;
         let mut batch = Batch::new("b".to_owned(), t0, items(4));
-        let config = config(4, 100);
+        let config = settings(4, 100);
         batch.settle(t0 + 3 * SECOND, &config);
         assert_eq!(batch.processing_status(), "in_progress");
         batch.settle(t0 + 5 * SECOND, &config);
         let ended = batch.ended().expect("ended");
         assert_eq!((ended.at, ended.n_ran, ended.n_succeeded, ended.rest), (t0 + 4 * SECOND, 4, 4, Fate::Ran));
-        batch.settle(t0 + 50 * SECOND, &config(1, 2));
+        batch.settle(t0 + 50 * SECOND, &settings(1, 2));
         assert_eq!(batch.ended(), Some(ended), "an end once seen never moves");
     }
 
@@ -371,7 +369,7 @@ mod tests {
     fn a_cancel_keeps_the_finished_items_and_ends_after_canceling_for() {
         let t0 = SystemTime::UNIX_EPOCH + 1000 * SECOND;
         let mut batch = Batch::new("b".to_owned(), t0, items(4));
-        let config = config(4, 100);
+        let config = settings(4, 100);
         assert!(batch.cancel(t0 + 2 * SECOND, &config));
         assert_eq!(batch.processing_status(), "canceling");
         assert!(batch.cancel(t0 + 2 * SECOND, &config), "a second cancel is a no-op");
@@ -387,7 +385,7 @@ mod tests {
     fn a_batch_still_processing_at_expires_at_expires_its_unfinished_items() {
         let t0 = SystemTime::UNIX_EPOCH + 1000 * SECOND;
         let mut batch = Batch::new("b".to_owned(), t0, items(4));
-        let config = config(8, 4);
+        let config = settings(8, 4);
         batch.settle(t0 + 3 * SECOND, &config);
         assert_eq!(batch.processing_status(), "in_progress");
         batch.settle(t0 + 20 * SECOND, &config);
@@ -402,7 +400,7 @@ mod tests {
     fn pages_run_newest_first_with_both_cursors() {
         let mut batches = Batches::default();
         let now = SystemTime::now();
-        let config = config(100, 1000);
+        let config = settings(100, 1000);
         let ids: Vec<String> = (0..5).map(|_| batches.create(items(1), now).id.clone()).collect();
         let page_ids = |page: Page<'_>| -> (Vec<String>, bool) {
             (page.batches.iter().map(|batch| batch.id.clone()).collect(), page.has_more)

@@ -175,9 +175,5 @@ async fn finish_items(
     Path(id): Path<String>,
     Json(body): Json<FinishBody>,
 ) -> StatusCode {
-    if state.anthropic.finish_items(&id, body.items) {
-        StatusCode::NO_CONTENT
-    } else {
-        StatusCode::NOT_FOUND
-    }
+    if state.anthropic.finish_items(&id, body.items) { StatusCode::NO_CONTENT } else { StatusCode::NOT_FOUND }
 }

@@ -167,9 +167,7 @@ impl Anthropic {
 /// The routes of the Anthropic emulator: the API under [`PATH_PREFIX`] and its control API, merged into the
 /// emulator's router.
 pub(crate) fn routes() -> Router<Shared> {
-    Router::new()
-        .route(&format!("{PATH_PREFIX}/{{*path}}"), any(api::handle))
-        .merge(control::routes())
+    Router::new().route(&format!("{PATH_PREFIX}/{{*path}}"), any(api::handle)).merge(control::routes())
 }
 
 /// In-process control of the Anthropic emulator of a running [`crate::EmulatorHandle`].

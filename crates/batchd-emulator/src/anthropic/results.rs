@@ -138,11 +138,8 @@ fn message(custom_id: &str, model: &str, max_tokens: u64, system: Option<&Value>
     let full = format!("echo: {echoed}");
     let limit = usize::try_from(max_tokens).unwrap_or(usize::MAX);
     let words: Vec<&str> = full.split_ascii_whitespace().collect();
-    let (text, stop_reason) = if words.len() > limit {
-        (words[..limit].join(" "), "max_tokens")
-    } else {
-        (full.clone(), "end_turn")
-    };
+    let (text, stop_reason) =
+        if words.len() > limit { (words[..limit].join(" "), "max_tokens") } else { (full.clone(), "end_turn") };
     let id = format!("msg_emu{:016x}", hash_of(&[custom_id, model, &full]));
     json!({
         "id": id,
@@ -243,7 +240,8 @@ mod tests {
     fn max_tokens_cuts_the_text_and_cached_blocks_count_as_cache_reads() {
         let mut item = good();
         item["max_tokens"] = json!(2);
-        item["system"] = json!([{ "type": "text", "text": "be brief please", "cache_control": { "type": "ephemeral" } }]);
+        item["system"] =
+            json!([{ "type": "text", "text": "be brief please", "cache_control": { "type": "ephemeral" } }]);
         let Outcome::Succeeded(message) = run_item("a", &params(item)) else { panic!("succeeded") };
         assert_eq!(message["content"][0]["text"], "echo: Hello");
         assert_eq!(message["stop_reason"], "max_tokens");
@@ -289,7 +287,10 @@ mod tests {
                 .filter(|line| !line.is_empty())
                 .map(|line| {
                     let line: Value = serde_json::from_slice(line).expect("json line");
-                    (line["custom_id"].as_str().unwrap().to_owned(), line["result"]["type"].as_str().unwrap().to_owned())
+                    (
+                        line["custom_id"].as_str().unwrap().to_owned(),
+                        line["result"]["type"].as_str().unwrap().to_owned(),
+                    )
                 })
                 .collect()
         };
