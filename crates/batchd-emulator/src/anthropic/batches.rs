@@ -124,17 +124,18 @@ impl Batch {
         }
         let natural_end = after(self.created_at, config.processing_for);
         let expires_at = after(self.created_at, config.expires_after);
-        match (natural_end, expires_at) {
-            (Some(end), expires) if expires.is_none_or(|expires| end <= expires) => {
-                if now >= end {
-                    self.end(end, n, Fate::Ran);
-                }
-            }
-            (_, Some(expires)) if now >= expires => {
+        let expires_first = match (natural_end, expires_at) {
+            (Some(end), Some(expires)) => expires < end,
+            (None, Some(_)) => true,
+            (_, None) => false,
+        };
+        if expires_first {
+            if let Some(expires) = expires_at.filter(|expires| now >= *expires) {
                 let n_ran = self.n_finished(expires, config);
                 self.end(expires, n_ran, Fate::Expired);
             }
-            _ => {}
+        } else if let Some(end) = natural_end.filter(|end| now >= *end) {
+            self.end(end, n, Fate::Ran);
         }
     }
 
