@@ -327,11 +327,14 @@ impl Batches {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::anthropic::results::run_item;
 
     const SECOND: Duration = Duration::from_secs(1);
 
     fn items(n: usize) -> Vec<Item> {
-        (0..n).map(|i| Item { custom_id: format!("c{i}"), outcome: Outcome::Succeeded(json!({ "i": i })) }).collect()
+        let params = json!({ "model": "m", "max_tokens": 5, "messages": [{ "role": "user", "content": "hi" }] });
+        let params = params.as_object().expect("an object");
+        (0..n).map(|i| Item { custom_id: format!("c{i}"), outcome: run_item(&format!("c{i}"), params) }).collect()
     }
 
     fn settings(processing_secs: u64, expires_secs: u64) -> AnthropicConfig {

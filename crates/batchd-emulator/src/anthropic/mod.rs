@@ -260,3 +260,20 @@ impl AnthropicControl {
         self.anthropic().reset();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_the_documented_limits() {
+        let config = AnthropicConfig::default();
+        assert_eq!(config.max_requests, 100_000);
+        assert_eq!(config.max_body_bytes, 256 * 1024 * 1024);
+        assert_eq!(config.expires_after, Duration::from_secs(24 * 3600));
+        assert_eq!(config.results_kept_for, Duration::from_secs(29 * 24 * 3600));
+        assert_eq!(config.versions, ["2023-06-01"]);
+        assert!(config.shuffle_results);
+        assert_eq!(config.error_shape, ErrorShape::Nested);
+    }
+}

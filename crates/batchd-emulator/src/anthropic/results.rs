@@ -4,7 +4,8 @@
 //! The live API accepts a batch whatever its items' `params` say and reports a bad item as an `errored` result
 //! once the batch ends; so the check here runs at create, and its verdict only shows in the results.
 
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use super::ErrorShape;
 use crate::{outputs::hash_of, state::response_order};
@@ -15,8 +16,8 @@ const ECHO_CHARS: usize = 40;
 /// What one item comes to once run.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Outcome {
-    /// The item ran: the full Message.
-    Succeeded(Value),
+    /// The item ran: its Message.
+    Succeeded(Message),
     /// The item was refused by the asynchronous check.
     Errored {
         /// The error's `type` (`invalid_request_error`).
@@ -24,6 +25,75 @@ pub(crate) enum Outcome {
         /// The error's message, naming the field.
         message: String,
     },
+}
+
+/// The Message of an item that ran: what varies from item to item (kept small, for 100,000-item batches; the
+/// rest of the JSON is written by [`MessageJson`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Message {
+    /// `msg_emu…`, from the item.
+    id: String,
+    /// The item's `params.model`.
+    model: String,
+    /// The one text block's text.
+    text: String,
+    /// `end_turn`, or `max_tokens` when the text was cut.
+    stop_reason: &'static str,
+    /// Token counts.
+    usage: Usage,
+}
+
+/// A Message's `usage`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+struct Usage {
+    /// Prompt words outside blocks marked `cache_control`.
+    input_tokens: usize,
+    /// Words of the text.
+    output_tokens: usize,
+    /// Always 0.
+    cache_creation_input_tokens: usize,
+    /// Prompt words inside blocks marked `cache_control`.
+    cache_read_input_tokens: usize,
+    /// Always `batch`.
+    service_tier: &'static str,
+}
+
+/// A Message as the API writes it.
+#[derive(Serialize)]
+struct MessageJson<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    role: &'static str,
+    model: &'a str,
+    content: [TextBlock<'a>; 1],
+    stop_reason: &'static str,
+    stop_sequence: Option<&'static str>,
+    usage: Usage,
+}
+
+/// A `text` content block.
+#[derive(Serialize)]
+struct TextBlock<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+}
+
+impl Serialize for Message {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        MessageJson {
+            id: &self.id,
+            kind: "message",
+            role: "assistant",
+            model: &self.model,
+            content: [TextBlock { kind: "text", text: &self.text }],
+            stop_reason: self.stop_reason,
+            stop_sequence: None,
+            usage: self.usage,
+        }
+        .serialize(serializer)
+    }
 }
 
 /// One item of a batch: its id and what it came to.
@@ -118,7 +188,7 @@ fn text_of(content: &Value) -> Option<&str> {
 }
 
 /// The deterministic Message for an item: it echoes the start of the last user text, cut to `max_tokens` words.
-fn message(custom_id: &str, model: &str, max_tokens: u64, system: Option<&Value>, messages: &[Value]) -> Value {
+fn message(custom_id: &str, model: &str, max_tokens: u64, system: Option<&Value>, messages: &[Value]) -> Message {
     let mut prompt = PromptTokens::default();
     if let Some(system) = system {
         prompt.add(system);
@@ -140,44 +210,81 @@ fn message(custom_id: &str, model: &str, max_tokens: u64, system: Option<&Value>
     let words: Vec<&str> = full.split_ascii_whitespace().collect();
     let (text, stop_reason) =
         if words.len() > limit { (words[..limit].join(" "), "max_tokens") } else { (full.clone(), "end_turn") };
-    let id = format!("msg_emu{:016x}", hash_of(&[custom_id, model, &full]));
-    json!({
-        "id": id,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": [{ "type": "text", "text": text }],
-        "stop_reason": stop_reason,
-        "stop_sequence": null,
-        "usage": {
-            "input_tokens": prompt.input,
-            "output_tokens": count_words(&text),
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": prompt.cache_read,
-            "service_tier": "batch",
+    Message {
+        id: format!("msg_emu{:016x}", hash_of(&[custom_id, model, &full])),
+        model: model.to_owned(),
+        usage: Usage {
+            input_tokens: prompt.input,
+            output_tokens: count_words(&text),
+            cache_creation_input_tokens: 0,
+            cache_read_input_tokens: prompt.cache_read,
+            service_tier: "batch",
         },
-    })
+        text,
+        stop_reason,
+    }
+}
+
+/// One result line as the API writes it.
+#[derive(Serialize)]
+struct Line<'a> {
+    custom_id: &'a str,
+    result: ResultJson<'a>,
+}
+
+/// A line's `result`.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ResultJson<'a> {
+    Succeeded { message: &'a Message },
+    Errored { error: ErrorJson<'a> },
+    Canceled,
+    Expired,
+}
+
+/// An errored result's `error`, in one of the two shapes.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum ErrorJson<'a> {
+    /// `{"type":"error","error":{"type","message"},"request_id"}`.
+    Nested {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        error: FlatError<'a>,
+        request_id: String,
+    },
+    /// `{"type","message"}`.
+    Flat(FlatError<'a>),
+}
+
+/// `{"type","message"}`.
+#[derive(Serialize)]
+struct FlatError<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    message: &'a str,
 }
 
 /// The result line of one item of an ended batch.
-pub(crate) fn result_line(batch_id: &str, item: &Item, fate: Fate, shape: ErrorShape) -> Value {
+fn line<'a>(batch_id: &str, item: &'a Item, fate: Fate, shape: ErrorShape) -> Line<'a> {
     let result = match (fate, &item.outcome) {
-        (Fate::Canceled, _) => json!({ "type": "canceled" }),
-        (Fate::Expired, _) => json!({ "type": "expired" }),
-        (Fate::Ran, Outcome::Succeeded(message)) => json!({ "type": "succeeded", "message": message }),
+        (Fate::Canceled, _) => ResultJson::Canceled,
+        (Fate::Expired, _) => ResultJson::Expired,
+        (Fate::Ran, Outcome::Succeeded(message)) => ResultJson::Succeeded { message },
         (Fate::Ran, Outcome::Errored { error_type, message }) => {
+            let flat = FlatError { kind: error_type, message };
             let error = match shape {
-                ErrorShape::Nested => json!({
-                    "type": "error",
-                    "error": { "type": error_type, "message": message },
-                    "request_id": format!("req_emu{:016x}", hash_of(&[batch_id, &item.custom_id])),
-                }),
-                ErrorShape::Flat => json!({ "type": error_type, "message": message }),
+                ErrorShape::Nested => ErrorJson::Nested {
+                    kind: "error",
+                    error: flat,
+                    request_id: format!("req_emu{:016x}", hash_of(&[batch_id, &item.custom_id])),
+                },
+                ErrorShape::Flat => ErrorJson::Flat(flat),
             };
-            json!({ "type": "errored", "error": error })
+            ResultJson::Errored { error }
         }
     };
-    json!({ "custom_id": item.custom_id, "result": result })
+    Line { custom_id: &item.custom_id, result }
 }
 
 /// The JSONL body of an ended batch's results: the first `n_ran` items ran, the others met `rest`; one line per
@@ -198,9 +305,8 @@ pub(crate) fn render_results(
     let mut body = Vec::with_capacity(items.len() * 256);
     for index in order {
         let fate = if index < n_ran { Fate::Ran } else { rest };
-        let line = result_line(batch_id, &items[index], fate, shape);
-        // Writing a `Value` into a `Vec` cannot fail.
-        let _ = serde_json::to_writer(&mut body, &line);
+        // Writing plain structs into a `Vec` cannot fail.
+        let _ = serde_json::to_writer(&mut body, &line(batch_id, &items[index], fate, shape));
         body.push(b'\n');
     }
     body
@@ -208,7 +314,13 @@ pub(crate) fn render_results(
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
+
+    fn result_line(batch_id: &str, item: &Item, fate: Fate, shape: ErrorShape) -> Value {
+        serde_json::to_value(line(batch_id, item, fate, shape)).expect("a line")
+    }
 
     fn params(value: Value) -> Map<String, Value> {
         match value {
@@ -226,6 +338,7 @@ mod tests {
         let first = run_item("a", &params(good()));
         assert_eq!(first, run_item("a", &params(good())), "the same item gives the same message");
         let Outcome::Succeeded(message) = first else { panic!("succeeded") };
+        let message = serde_json::to_value(&message).expect("json");
         assert_eq!(message["type"], "message");
         assert_eq!(message["role"], "assistant");
         assert_eq!(message["model"], "claude-sonnet-4-5");
@@ -243,6 +356,7 @@ mod tests {
         item["system"] =
             json!([{ "type": "text", "text": "be brief please", "cache_control": { "type": "ephemeral" } }]);
         let Outcome::Succeeded(message) = run_item("a", &params(item)) else { panic!("succeeded") };
+        let message = serde_json::to_value(&message).expect("json");
         assert_eq!(message["content"][0]["text"], "echo: Hello");
         assert_eq!(message["stop_reason"], "max_tokens");
         assert_eq!(message["usage"]["cache_read_input_tokens"], 3);
