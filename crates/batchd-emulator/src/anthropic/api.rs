@@ -20,7 +20,7 @@ use serde_json::{Map, Value, json};
 use super::{
     Anthropic, AnthropicConfig, ErrorShape, PATH_PREFIX,
     fault::{AnthropicCall, AnthropicCallKind, AnthropicFaultKind, take_fault},
-    results::{Fate, Item, render_results, run_item},
+    results::{Fate, Item, Outcome, render_results, run_item},
 };
 use crate::{listener::Connection, server::Shared};
 
@@ -218,7 +218,19 @@ pub(crate) async fn handle(
         _ => {}
     }
 
-    let call = Call { anthropic, config: &config, kind, batch_id: batch_id.as_deref(), uri: &uri, headers: &headers };
+    let error_items = match &fault {
+        Some(AnthropicFaultKind::ErrorItems { indices, status }) => Some((indices.as_slice(), *status)),
+        _ => None,
+    };
+    let call = Call {
+        anthropic,
+        config: &config,
+        kind,
+        batch_id: batch_id.as_deref(),
+        uri: &uri,
+        headers: &headers,
+        error_items,
+    };
     let outcome = call.handle(body, &connection, &mut record).await;
 
     // Faults that hit once the call took effect: only its reply is late or lost.
@@ -306,6 +318,8 @@ struct Call<'a> {
     uri: &'a Uri,
     /// Its headers.
     headers: &'a HeaderMap,
+    /// An `error_items` fault: the items of a create that fail on the API's side, and the status of their error.
+    error_items: Option<(&'a [usize], u16)>,
 }
 
 impl Call<'_> {
@@ -329,7 +343,15 @@ impl Call<'_> {
         match (self.kind, self.batch_id) {
             (AnthropicCallKind::Create, _) => {
                 let body = read_body(headers, body, config.max_body_bytes).await?;
-                let items = parse_create(&body, config.max_requests)?;
+                let mut items = parse_create(&body, config.max_requests)?;
+                if let Some((indices, status)) = self.error_items {
+                    for &index in indices {
+                        if let Some(item) = items.get_mut(index) {
+                            let message = default_message(status);
+                            item.outcome = Outcome::Errored { error_type: error_type_for(status), message };
+                        }
+                    }
+                }
                 drop(body);
                 let n_requests = items.len();
                 record.n_requests = Some(n_requests);

@@ -59,6 +59,19 @@ pub enum AnthropicFaultKind {
     },
     /// Handle the call (a create's batch IS created), then close the connection without a reply.
     ResetAfter,
+    /// Hits the next create only: the batch is created, and these items (indices into `requests`) come back
+    /// `errored` with the error type of `status` (a failure on the API's side, not a bad item) instead of running.
+    ErrorItems {
+        /// Indices into the create's `requests`; out-of-range ones are ignored.
+        indices: Vec<usize>,
+        /// The HTTP status whose error type the items get (500 `api_error`, 529 `overloaded_error`, ...).
+        #[serde(default = "api_error_status")]
+        status: u16,
+    },
+}
+
+fn api_error_status() -> u16 {
+    500
 }
 
 impl AnthropicFaultKind {
@@ -70,6 +83,7 @@ impl AnthropicFaultKind {
             AnthropicFaultKind::Delay { .. } => "delay",
             AnthropicFaultKind::StatusAfter { .. } => "status_after",
             AnthropicFaultKind::ResetAfter => "reset_after",
+            AnthropicFaultKind::ErrorItems { .. } => "error_items",
         }
     }
 }
@@ -149,6 +163,12 @@ impl AnthropicFault {
         self
     }
 
+    /// Make these items of the next create come back `errored` with the error type of `status`.
+    pub fn error_items(indices: impl IntoIterator<Item = usize>, status: u16) -> Self {
+        Self::new(AnthropicFaultKind::ErrorItems { indices: indices.into_iter().collect(), status })
+            .on(AnthropicCalls::Create)
+    }
+
     /// Set the error message of a `status` fault (no effect on other kinds).
     pub fn message(mut self, new_message: impl Into<String>) -> Self {
         if let AnthropicFaultKind::Status { message, .. } = &mut self.kind {
@@ -170,9 +190,14 @@ impl AnthropicFault {
     }
 }
 
-/// Uses up one of the `times` of the oldest fault that hits a call of `kind`.
+/// Uses up one of the `times` of the oldest fault that hits a call of `kind` (one fault per call; `error_items`
+/// only hits creates).
 pub(crate) fn take_fault(faults: &mut Vec<AnthropicFault>, kind: AnthropicCallKind) -> Option<AnthropicFaultKind> {
-    let position = faults.iter().position(|fault| fault.calls.matches(kind))?;
+    let hits = |fault: &AnthropicFault| {
+        fault.calls.matches(kind)
+            && (kind == AnthropicCallKind::Create || !matches!(fault.kind, AnthropicFaultKind::ErrorItems { .. }))
+    };
+    let position = faults.iter().position(hits)?;
     let fault = &mut faults[position];
     fault.times = fault.times.saturating_sub(1);
     let taken = fault.kind.clone();
@@ -288,6 +313,9 @@ mod tests {
         let parsed: AnthropicFault =
             serde_json::from_str(r#"{"kind":"status_after","status":500,"calls":"create"}"#).expect("parse fault");
         assert_eq!(parsed, AnthropicFault::status_after(500).on(AnthropicCalls::Create));
+        let parsed: AnthropicFault =
+            serde_json::from_str(r#"{"kind":"error_items","indices":[1,2],"calls":"create"}"#).expect("parse fault");
+        assert_eq!(parsed, AnthropicFault::error_items([1, 2], 500));
     }
 
     #[test]
@@ -303,5 +331,8 @@ mod tests {
         }
         assert_eq!(take_fault(&mut faults, AnthropicCallKind::Create), None);
         assert_eq!(faults.len(), 1);
+        faults.insert(0, AnthropicFault::new(AnthropicFaultKind::ErrorItems { indices: vec![0], status: 529 }));
+        assert_eq!(take_fault(&mut faults, AnthropicCallKind::Cancel).map(|kind| kind.name()), Some("status"));
+        assert_eq!(take_fault(&mut faults, AnthropicCallKind::Create).map(|kind| kind.name()), Some("error_items"));
     }
 }

@@ -54,7 +54,8 @@ pub struct AnthropicConfig {
     /// `archived_at` and its results answer 404.
     #[serde(rename = "results_kept_ms", with = "crate::config::millis")]
     pub results_kept_for: Duration,
-    /// Request bodies larger than this answer 413 `request_too_large` (256 MB live).
+    /// Request bodies larger than this answer 413 `request_too_large` (256 MB live, read here as 256,000,000 bytes,
+    /// the stricter of the two readings).
     pub max_body_bytes: usize,
     /// Most requests in one batch (100,000 live); more answers 400 `invalid_request_error`.
     pub max_requests: usize,
@@ -77,7 +78,7 @@ impl Default for AnthropicConfig {
             canceling_for: Duration::from_millis(100),
             expires_after: Duration::from_secs(24 * 3600),
             results_kept_for: Duration::from_secs(29 * 24 * 3600),
-            max_body_bytes: 256 * 1024 * 1024,
+            max_body_bytes: 256_000_000,
             max_requests: 100_000,
             max_queued_requests: None,
             shuffle_results: true,
@@ -269,7 +270,7 @@ mod tests {
     fn the_defaults_are_the_documented_limits() {
         let config = AnthropicConfig::default();
         assert_eq!(config.max_requests, 100_000);
-        assert_eq!(config.max_body_bytes, 256 * 1024 * 1024);
+        assert_eq!(config.max_body_bytes, 256_000_000);
         assert_eq!(config.expires_after, Duration::from_secs(24 * 3600));
         assert_eq!(config.results_kept_for, Duration::from_secs(29 * 24 * 3600));
         assert_eq!(config.versions, ["2023-06-01"]);

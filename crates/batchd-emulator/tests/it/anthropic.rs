@@ -779,3 +779,27 @@ async fn the_control_api_drives_faults_calls_config_and_items() {
     assert!(anthropic.pending_faults().is_empty(), "the cancel fault was cleared too");
     assert_eq!(client.retrieve(&id).await.status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn error_items_fail_chosen_items_on_the_api_side() {
+    let emulator = start_with(AnthropicConfig::default()).await;
+    let anthropic = emulator.anthropic();
+    let client = Client::of(&anthropic);
+    anthropic.inject(AnthropicFault::error_items([1, 3, 99], 529));
+    // A call that is not a create leaves the fault pending.
+    assert_eq!(client.list("").await.status, StatusCode::OK);
+    assert_eq!(anthropic.pending_faults().len(), 1);
+    let id = client.create_ok(items(4)).await;
+    assert!(anthropic.pending_faults().is_empty());
+    let ended = client.wait_ended(&id).await;
+    assert_eq!(
+        ended["request_counts"],
+        json!({ "processing": 0, "succeeded": 2, "errored": 2, "canceled": 0, "expired": 0 })
+    );
+    let results = by_custom_id(&lines(&client.results(&id).await));
+    assert_eq!(results["req-1"]["error"]["error"]["type"], "overloaded_error");
+    assert_eq!(results["req-3"]["error"]["error"]["type"], "overloaded_error");
+    assert_eq!(results["req-0"]["type"], "succeeded");
+    let create = &anthropic.calls_of(AnthropicCallKind::Create)[0];
+    assert_eq!((create.status, create.fault.as_deref()), (200, Some("error_items")));
+}
