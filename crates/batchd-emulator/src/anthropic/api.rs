@@ -326,7 +326,7 @@ impl Call<'_> {
     /// The checks every call passes, then the call itself; a create writes its batch id and request count into
     /// `record`.
     async fn handle(&self, body: Body, connection: &Connection, record: &mut AnthropicCall) -> Result<Reply, ApiError> {
-        let (config, headers, anthropic) = (self.config, self.headers, self.anthropic);
+        let (config, headers) = (self.config, self.headers);
         let key_ok = headers.get("x-api-key").is_some_and(|value| value.as_bytes() == config.api_key.as_bytes());
         if !key_ok {
             return Err(ApiError::new(401, "invalid x-api-key"));
@@ -341,110 +341,127 @@ impl Call<'_> {
         let api_base = api_base(headers, connection);
         let now = SystemTime::now();
         match (self.kind, self.batch_id) {
-            (AnthropicCallKind::Create, _) => {
-                let body = read_body(headers, body, config.max_body_bytes).await?;
-                let mut items = parse_create(&body, config.max_requests)?;
-                if let Some((indices, status)) = self.error_items {
-                    for &index in indices {
-                        if let Some(item) = items.get_mut(index) {
-                            let message = default_message(status);
-                            item.outcome = Outcome::Errored { error_type: error_type_for(status), message };
-                        }
-                    }
-                }
-                drop(body);
-                let n_requests = items.len();
-                record.n_requests = Some(n_requests);
-                let mut inner = anthropic.lock();
-                if let Some(max) = config.max_queued_requests {
-                    let queued = inner.batches.n_queued_requests(now, config);
-                    if queued + n_requests > max {
-                        return Err(ApiError::new(
-                            429,
-                            format!(
-                                "Too many requests waiting in Message Batches: {queued} queued, the limit is {max}"
-                            ),
-                        ));
-                    }
-                }
-                let batch = inner.batches.create(items, now);
-                let id = batch.id.clone();
-                let json = batch.to_json(now, config, &api_base);
-                record.batch_id = Some(id);
-                Ok(Reply::Json(json))
-            }
-            (AnthropicCallKind::List, _) => {
-                let params = Query::<ListParams>::try_from_uri(self.uri)
-                    .map_err(|_| ApiError::invalid("invalid query parameters"))?
-                    .0;
-                let limit = match params.limit.as_deref() {
-                    None => DEFAULT_LIMIT,
-                    Some(text) => text
-                        .parse::<usize>()
-                        .ok()
-                        .filter(|limit| (1..=MAX_LIMIT).contains(limit))
-                        .ok_or_else(|| ApiError::invalid(format!("limit: must be between 1 and {MAX_LIMIT}")))?,
-                };
-                if params.before_id.is_some() && params.after_id.is_some() {
-                    return Err(ApiError::invalid("before_id and after_id cannot both be given"));
-                }
-                let mut inner = anthropic.lock();
-                let page = inner
-                    .batches
-                    .page(params.before_id.as_deref(), params.after_id.as_deref(), limit, now, config)
-                    .map_err(|super::batches::ListError::UnknownCursor(name)| {
-                        ApiError::invalid(format!("{name}: no such batch"))
-                    })?;
-                let data: Vec<Value> = page.batches.iter().map(|batch| batch.to_json(now, config, &api_base)).collect();
-                let first_id = page.batches.first().map(|batch| batch.id.clone());
-                let last_id = page.batches.last().map(|batch| batch.id.clone());
-                let json = json!({ "data": data, "has_more": page.has_more, "first_id": first_id, "last_id": last_id });
-                Ok(Reply::Json(json))
-            }
-            (AnthropicCallKind::Retrieve, Some(id)) => {
-                let mut inner = anthropic.lock();
-                let batch = inner.batches.get(id, now, config).ok_or_else(|| ApiError::not_found(id))?;
-                Ok(Reply::Json(batch.to_json(now, config, &api_base)))
-            }
-            (AnthropicCallKind::Cancel, Some(id)) => {
-                let mut inner = anthropic.lock();
-                let batch = inner.batches.get(id, now, config).ok_or_else(|| ApiError::not_found(id))?;
-                if !batch.cancel(now, config) {
-                    return Err(ApiError::invalid(format!("Batch {id} has already ended and cannot be canceled")));
-                }
-                Ok(Reply::Json(batch.to_json(now, config, &api_base)))
-            }
-            (AnthropicCallKind::Delete, Some(id)) => {
-                let mut inner = anthropic.lock();
-                match inner.batches.delete(id, now, config) {
-                    None => Err(ApiError::not_found(id)),
-                    Some(false) => Err(ApiError::invalid(format!(
-                        "Batch {id} cannot be deleted while it is processing; you must first cancel it"
-                    ))),
-                    Some(true) => Ok(Reply::Json(json!({ "id": id, "type": "message_batch_deleted" }))),
-                }
-            }
-            (AnthropicCallKind::Results, Some(id)) => {
-                let mut inner = anthropic.lock();
-                let batch = inner.batches.get(id, now, config).ok_or_else(|| ApiError::not_found(id))?;
-                let Some(ended) = batch.ended() else {
-                    return Err(ApiError::new(404, format!("Batch {id} has not ended yet: no results to download")));
-                };
-                if batch.is_archived(now, config) {
-                    return Err(ApiError::new(404, format!("The results of batch {id} are no longer available")));
-                }
-                let reply = Reply::Results {
-                    batch_id: id.to_owned(),
-                    items: batch.items(),
-                    n_ran: ended.n_ran,
-                    rest: ended.rest,
-                    shuffle: config.shuffle_results,
-                    shape: config.error_shape,
-                };
-                Ok(reply)
-            }
+            (AnthropicCallKind::Create, _) => self.create(body, &api_base, record).await,
+            (AnthropicCallKind::List, _) => self.list(now, &api_base),
+            (AnthropicCallKind::Retrieve, Some(id)) => self.retrieve(id, now, &api_base),
+            (AnthropicCallKind::Cancel, Some(id)) => self.cancel(id, now, &api_base),
+            (AnthropicCallKind::Delete, Some(id)) => self.delete(id, now),
+            (AnthropicCallKind::Results, Some(id)) => self.results(id, now),
             _ => Err(ApiError::new(404, "Not found")),
         }
+    }
+
+    /// `POST /v1/messages/batches`: checks the body as a whole, runs the items, stores the batch (created once
+    /// the body is read).
+    async fn create(&self, body: Body, api_base: &str, record: &mut AnthropicCall) -> Result<Reply, ApiError> {
+        let body = read_body(self.headers, body, self.config.max_body_bytes).await?;
+        let mut items = parse_create(&body, self.config.max_requests)?;
+        if let Some((indices, status)) = self.error_items {
+            for &index in indices {
+                if let Some(item) = items.get_mut(index) {
+                    let message = default_message(status);
+                    item.outcome = Outcome::Errored { error_type: error_type_for(status), message };
+                }
+            }
+        }
+        drop(body);
+        let n_requests = items.len();
+        record.n_requests = Some(n_requests);
+        let now = SystemTime::now();
+        let mut inner = self.anthropic.lock();
+        if let Some(max) = self.config.max_queued_requests {
+            let queued = inner.batches.n_queued_requests(now, self.config);
+            if queued + n_requests > max {
+                return Err(ApiError::new(
+                    429,
+                    format!("Too many requests waiting in Message Batches: {queued} queued, the limit is {max}"),
+                ));
+            }
+        }
+        let batch = inner.batches.create(items, now);
+        let id = batch.id.clone();
+        let json = batch.to_json(now, self.config, api_base);
+        record.batch_id = Some(id);
+        Ok(Reply::Json(json))
+    }
+
+    /// `GET /v1/messages/batches`: a page, newest first.
+    fn list(&self, now: SystemTime, api_base: &str) -> Result<Reply, ApiError> {
+        let params =
+            Query::<ListParams>::try_from_uri(self.uri).map_err(|_| ApiError::invalid("invalid query parameters"))?.0;
+        let limit = match params.limit.as_deref() {
+            None => DEFAULT_LIMIT,
+            Some(text) => text
+                .parse::<usize>()
+                .ok()
+                .filter(|limit| (1..=MAX_LIMIT).contains(limit))
+                .ok_or_else(|| ApiError::invalid(format!("limit: must be between 1 and {MAX_LIMIT}")))?,
+        };
+        if params.before_id.is_some() && params.after_id.is_some() {
+            return Err(ApiError::invalid("before_id and after_id cannot both be given"));
+        }
+        let mut inner = self.anthropic.lock();
+        let page = inner
+            .batches
+            .page(params.before_id.as_deref(), params.after_id.as_deref(), limit, now, self.config)
+            .map_err(|super::batches::ListError::UnknownCursor(name)| {
+                ApiError::invalid(format!("{name}: no such batch"))
+            })?;
+        let data: Vec<Value> = page.batches.iter().map(|batch| batch.to_json(now, self.config, api_base)).collect();
+        let first_id = page.batches.first().map(|batch| batch.id.clone());
+        let last_id = page.batches.last().map(|batch| batch.id.clone());
+        let json = json!({ "data": data, "has_more": page.has_more, "first_id": first_id, "last_id": last_id });
+        Ok(Reply::Json(json))
+    }
+
+    /// `GET /v1/messages/batches/{id}`.
+    fn retrieve(&self, id: &str, now: SystemTime, api_base: &str) -> Result<Reply, ApiError> {
+        let mut inner = self.anthropic.lock();
+        let batch = inner.batches.get(id, now, self.config).ok_or_else(|| ApiError::not_found(id))?;
+        Ok(Reply::Json(batch.to_json(now, self.config, api_base)))
+    }
+
+    /// `POST /v1/messages/batches/{id}/cancel`.
+    fn cancel(&self, id: &str, now: SystemTime, api_base: &str) -> Result<Reply, ApiError> {
+        let mut inner = self.anthropic.lock();
+        let batch = inner.batches.get(id, now, self.config).ok_or_else(|| ApiError::not_found(id))?;
+        if !batch.cancel(now, self.config) {
+            return Err(ApiError::invalid(format!("Batch {id} has already ended and cannot be canceled")));
+        }
+        Ok(Reply::Json(batch.to_json(now, self.config, api_base)))
+    }
+
+    /// `DELETE /v1/messages/batches/{id}`.
+    fn delete(&self, id: &str, now: SystemTime) -> Result<Reply, ApiError> {
+        let mut inner = self.anthropic.lock();
+        match inner.batches.delete(id, now, self.config) {
+            None => Err(ApiError::not_found(id)),
+            Some(false) => Err(ApiError::invalid(format!(
+                "Batch {id} cannot be deleted while it is processing; you must first cancel it"
+            ))),
+            Some(true) => Ok(Reply::Json(json!({ "id": id, "type": "message_batch_deleted" }))),
+        }
+    }
+
+    /// `GET /v1/messages/batches/{id}/results`: what to render once the lock is released.
+    fn results(&self, id: &str, now: SystemTime) -> Result<Reply, ApiError> {
+        let mut inner = self.anthropic.lock();
+        let batch = inner.batches.get(id, now, self.config).ok_or_else(|| ApiError::not_found(id))?;
+        let Some(ended) = batch.ended() else {
+            return Err(ApiError::new(404, format!("Batch {id} has not ended yet: no results to download")));
+        };
+        if batch.is_archived(now, self.config) {
+            return Err(ApiError::new(404, format!("The results of batch {id} are no longer available")));
+        }
+        let reply = Reply::Results {
+            batch_id: id.to_owned(),
+            items: batch.items(),
+            n_ran: ended.n_ran,
+            rest: ended.rest,
+            shuffle: self.config.shuffle_results,
+            shape: self.config.error_shape,
+        };
+        Ok(reply)
     }
 }
 
