@@ -401,6 +401,33 @@ mod tests {
     }
 
     #[test]
+    fn request_counts_always_sum_to_the_total() {
+        let t0 = SystemTime::UNIX_EPOCH + 1000 * SECOND;
+        let sum = |batch: &Batch, now: SystemTime, config: &AnthropicConfig| -> u64 {
+            let counts = batch.to_json(now, config, "http://h")["request_counts"].clone();
+            ["processing", "succeeded", "errored", "canceled", "expired"]
+                .iter()
+                .map(|field| counts[field].as_u64().expect("a count"))
+                .sum()
+        };
+        let mut items = items(7);
+        items[3].outcome = Outcome::Errored { error_type: "api_error", message: "m".to_owned() };
+        for (cancel_at, expires_secs) in [(None, 100), (Some(3), 100), (None, 5), (Some(0), 100)] {
+            let config = settings(10, expires_secs);
+            let mut batch = Batch::new("b".to_owned(), t0, items.clone());
+            for second in 0..=12 {
+                let now = t0 + second * SECOND;
+                if cancel_at == Some(second) {
+                    batch.cancel(now, &config);
+                }
+                batch.settle(now, &config);
+                assert_eq!(sum(&batch, now, &config), 7, "cancel {cancel_at:?}, expiry {expires_secs}, t {second}");
+            }
+            assert!(batch.ended().is_some());
+        }
+    }
+
+    #[test]
     fn pages_run_newest_first_with_both_cursors() {
         let mut batches = Batches::default();
         let now = SystemTime::now();
