@@ -58,6 +58,9 @@ pub struct EmulatorConfig {
     /// [`crate::PullOrder::Random`]):
     /// the same seed gives the same sequence of draws (which call gets which draw still depends on arrival order).
     pub seed: u64,
+    /// Settings of the Anthropic Message Batches emulator served under `/anthropic` (see
+    /// [`crate::AnthropicConfig`]).
+    pub anthropic: crate::anthropic::AnthropicConfig,
 }
 
 impl Default for EmulatorConfig {
@@ -82,6 +85,7 @@ impl Default for EmulatorConfig {
             events: None,
             event_faults: EventFaults::default(),
             seed: 0,
+            anthropic: crate::anthropic::AnthropicConfig::default(),
         }
     }
 }

@@ -9,7 +9,11 @@
 //! With [`EmulatorConfig::events`], it also publishes Workers AI batch events to a queue served by the Cloudflare
 //! Queues pull consumer endpoints (`/client/v4/accounts/{account_id}/queues/{queue_id}/messages/pull` and `/ack`),
 //! with leases, redelivery and event faults (see the README, "Events and the Queues pull consumer").
+//!
+//! The same server fakes Anthropic's Message Batches API under `/anthropic` (see [`EmulatorHandle::anthropic`] and
+//! the README, "Anthropic Message Batches").
 
+mod anthropic;
 mod calls;
 mod config;
 mod control;
@@ -37,6 +41,10 @@ use tokio::{
 };
 
 pub use crate::{
+    anthropic::{
+        AnthropicCall, AnthropicCallKind, AnthropicCalls, AnthropicConfig, AnthropicControl, AnthropicFault,
+        AnthropicFaultKind, ErrorShape,
+    },
     calls::{CallKind, CallRecord, QueueCallKind, QueueCallRecord},
     config::{DurationRange, EmulatorConfig, Family, RandomFaults, RateLimit, default_models},
     events::{
@@ -125,6 +133,12 @@ impl EmulatorHandle {
     /// The configured API token.
     pub fn token(&self) -> &str {
         &self.state.config.token
+    }
+
+    /// In-process control of the Anthropic Message Batches emulator served under `/anthropic` (base URL, key,
+    /// faults, call log, timing).
+    pub fn anthropic(&self) -> AnthropicControl {
+        AnthropicControl::new(self.addr, Arc::clone(&self.state))
     }
 
     /// The configured account id.

@@ -7,7 +7,8 @@ use std::{io::Write, net::SocketAddr, time::Duration};
 
 use anyhow::Context;
 use batchd_emulator::{
-    DurationRange, Emulator, EmulatorConfig, EventBody, EventFaults, EventsConfig, PullOrder, RandomFaults, RateLimit,
+    AnthropicConfig, DurationRange, Emulator, EmulatorConfig, EventBody, EventFaults, EventsConfig, PullOrder,
+    RandomFaults, RateLimit,
 };
 use clap::{Parser, ValueEnum};
 
@@ -121,6 +122,12 @@ struct Args {
     /// Seed of the random durations, faults and latency (and of the event faults' draws).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Key the Anthropic Message Batches emulator (under /anthropic) accepts as `x-api-key`.
+    #[arg(long, env = "EMULATOR_ANTHROPIC_KEY", default_value = "emulator-anthropic-key")]
+    anthropic_api_key: String,
+    /// Milliseconds an Anthropic batch processes before it ends.
+    #[arg(long, default_value_t = 300)]
+    anthropic_processing_ms: u64,
 }
 
 /// `--events-body`.
@@ -207,6 +214,11 @@ async fn main() -> anyhow::Result<()> {
             },
         },
         seed: args.seed,
+        anthropic: AnthropicConfig {
+            api_key: args.anthropic_api_key,
+            processing_for: Duration::from_millis(args.anthropic_processing_ms),
+            ..AnthropicConfig::default()
+        },
     };
     let shutdown = shutdown_signal().context("install signal handlers")?;
     let handle = Emulator::start(config, args.listen).await.with_context(|| format!("listen on {}", args.listen))?;

@@ -45,6 +45,8 @@ const SCHEMA_ITEM_CODE: i64 = 5004;
 pub(crate) struct State {
     /// Settings fixed at start (the timing in it is only the initial value).
     pub config: EmulatorConfig,
+    /// The Anthropic Message Batches emulator's own state (see [`crate::anthropic`]).
+    pub anthropic: crate::anthropic::Anthropic,
     /// Everything that changes.
     inner: Mutex<Inner>,
 }
@@ -403,8 +405,10 @@ impl State {
         let unbatchable_models = config.unbatchable_models.clone();
         let rng = StdRng::seed_from_u64(config.seed);
         let hub = EventHub::new(&config);
+        let anthropic = crate::anthropic::Anthropic::new(config.anthropic.clone());
         Self {
             config,
+            anthropic,
             inner: Mutex::new(Inner {
                 timing,
                 limits,

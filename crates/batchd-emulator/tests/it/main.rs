@@ -1,5 +1,6 @@
 //! Integration tests: a real emulator on port 0, driven over HTTP with reqwest.
 
+mod anthropic;
 mod binary;
 mod control;
 mod errors;
