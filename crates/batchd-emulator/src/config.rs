@@ -58,6 +58,8 @@ pub struct EmulatorConfig {
     /// [`crate::PullOrder::Random`]):
     /// the same seed gives the same sequence of draws (which call gets which draw still depends on arrival order).
     pub seed: u64,
+    /// The OpenAI Files and Batch API emulator served under `/openai/v1` (see [`crate::OpenAiConfig`]).
+    pub openai: crate::openai::OpenAiConfig,
 }
 
 impl Default for EmulatorConfig {
@@ -82,6 +84,7 @@ impl Default for EmulatorConfig {
             events: None,
             event_faults: EventFaults::default(),
             seed: 0,
+            openai: crate::openai::OpenAiConfig::default(),
         }
     }
 }

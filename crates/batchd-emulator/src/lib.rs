@@ -18,6 +18,7 @@ mod fault;
 mod hub;
 mod limits;
 mod listener;
+mod openai;
 mod outputs;
 mod queue;
 mod queue_api;
@@ -45,6 +46,10 @@ pub use crate::{
     },
     fault::{Calls, Fault, FaultKind},
     hub::QueueStats,
+    openai::{
+        OPENAI_PREFIX, OpenAiCallKind, OpenAiCallRecord, OpenAiConfig, OpenAiFault, OpenAiFaultKind, OpenAiHandle,
+        OpenAiLimits, OpenAiTiming,
+    },
 };
 use crate::{
     listener::{Connection, ResettableListener},
@@ -120,6 +125,20 @@ impl EmulatorHandle {
             addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
         }
         format!("http://{addr}/client/v4")
+    }
+
+    /// Base URL of the OpenAI emulator, like OpenAI's `https://api.openai.com/v1`: `http://ADDR/openai/v1`.
+    pub fn openai_base_url(&self) -> String {
+        let mut addr = self.addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        format!("http://{addr}{OPENAI_PREFIX}")
+    }
+
+    /// In-process control of the OpenAI emulator: faults, timing, limits, call log.
+    pub fn openai(&self) -> OpenAiHandle {
+        OpenAiHandle::new(Arc::clone(&self.state.openai))
     }
 
     /// The configured API token.

@@ -39,6 +39,7 @@ pub(crate) const API_PREFIX: &str = "/client/v4";
 pub(crate) fn router(state: Shared) -> Router {
     Router::new()
         .merge(control::routes())
+        .merge(crate::openai::router(Arc::clone(&state.openai)))
         .fallback(api)
         // The emulator measures bodies itself, to answer 413 with Cloudflare's envelope.
         .layer(DefaultBodyLimit::disable())

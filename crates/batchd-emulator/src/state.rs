@@ -45,6 +45,8 @@ const SCHEMA_ITEM_CODE: i64 = 5004;
 pub(crate) struct State {
     /// Settings fixed at start (the timing in it is only the initial value).
     pub config: EmulatorConfig,
+    /// The OpenAI emulator's state, served by the same server.
+    pub openai: Arc<crate::openai::OpenAi>,
     /// Everything that changes.
     inner: Mutex<Inner>,
 }
@@ -403,8 +405,10 @@ impl State {
         let unbatchable_models = config.unbatchable_models.clone();
         let rng = StdRng::seed_from_u64(config.seed);
         let hub = EventHub::new(&config);
+        let openai = Arc::new(crate::openai::OpenAi::new(&config.openai, config.seed));
         Self {
             config,
+            openai,
             inner: Mutex::new(Inner {
                 timing,
                 limits,
