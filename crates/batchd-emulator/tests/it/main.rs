@@ -7,6 +7,7 @@ mod events;
 mod faults;
 mod lifecycle;
 mod limits;
+mod openai;
 mod random;
 mod variants;
 
