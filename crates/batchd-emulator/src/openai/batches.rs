@@ -60,7 +60,7 @@ pub(crate) fn batch_json(clock: UnixClock, batch: &Batch, timing: &OpenAiTiming,
         "error_file_id": batch.error_file_id,
         "created_at": created_at,
         "in_progress_at": at(transitions.in_progress),
-        "expires_at": created_at + timing.completion_window.as_secs(),
+        "expires_at": created_at.saturating_add(timing.completion_window.as_secs()),
         "finalizing_at": at(transitions.finalizing),
         "completed_at": at(transitions.completed),
         "failed_at": at(transitions.failed),
@@ -215,10 +215,7 @@ pub(crate) async fn create(
         let (view, fault_names) = api.create_batch(params.endpoint, params.input_file_id, params.metadata)?;
         call.record.batch_id = view["id"].as_str().map(str::to_owned);
         for name in fault_names {
-            call.record.fault = Some(match call.record.fault.take() {
-                Some(previous) => format!("{previous}+{name}"),
-                None => name.to_owned(),
-            });
+            call.add_fault(name);
         }
         Ok(Reply::Json(view))
     });

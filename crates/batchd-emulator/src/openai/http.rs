@@ -143,7 +143,8 @@ impl Call {
         }
     }
 
-    fn add_fault(&mut self, name: &str) {
+    /// Adds `name` to the faults that shaped this call.
+    pub fn add_fault(&mut self, name: &str) {
         self.record.fault = Some(match self.record.fault.take() {
             Some(previous) => format!("{previous}+{name}"),
             None => name.to_owned(),
@@ -153,8 +154,10 @@ impl Call {
     /// Applies a call-level fault that hits this call before it is handled, then checks the API key. `Err`: the
     /// reply that ends the call (already logged).
     pub async fn admit(mut self, api: &OpenAi, connection: &Connection, headers: &HeaderMap) -> Result<Self, Response> {
-        if let Some(replaced) = self.take_fault(api, false).await {
-            return Err(self.replace(api, connection, replaced));
+        match self.take_fault(api, false) {
+            Some(Action::Delay(delay)) => tokio::time::sleep(delay).await,
+            Some(Action::Replace(replaced)) => return Err(self.replace(api, connection, replaced)),
+            None => {}
         }
         let expected = format!("Bearer {}", api.api_key);
         let authorized =
@@ -167,17 +170,23 @@ impl Call {
         Err(self.end(api, Err(OpenAiError::for_status(401, Some(message.to_owned()), None))))
     }
 
-    /// Ends a handled call: applies a fault that hits it after handling, logs it, and builds the reply.
+    /// Ends a handled call: applies a fault that hits it after handling, logs it, and builds the reply. A delayed
+    /// reply is logged before the wait: if the client gives up meanwhile, what the call did is still on record.
     pub async fn finish(
         mut self,
         api: &OpenAi,
         connection: &Connection,
         outcome: Result<Reply, OpenAiError>,
     ) -> Response {
-        if let Some(replaced) = self.take_fault(api, true).await {
-            return self.replace(api, connection, replaced);
+        match self.take_fault(api, true) {
+            Some(Action::Delay(delay)) => {
+                let response = self.end(api, outcome);
+                tokio::time::sleep(delay).await;
+                response
+            }
+            Some(Action::Replace(replaced)) => self.replace(api, connection, replaced),
+            None => self.end(api, outcome),
         }
-        self.end(api, outcome)
     }
 
     /// Logs the call and builds its reply.
@@ -218,21 +227,17 @@ impl Call {
         api.record(record);
     }
 
-    /// Takes the oldest call-level fault that hits this call at this stage (`after`: handled) and applies a delay
-    /// at once; `Some`: the call's reply is to be replaced.
-    async fn take_fault(&mut self, api: &OpenAi, after: bool) -> Option<Replaced> {
+    /// Takes the oldest call-level fault that hits this call at this stage (`after`: handled), if any.
+    fn take_fault(&mut self, api: &OpenAi, after: bool) -> Option<Action> {
         let fault = api.take_call_fault(self.record.kind, after)?;
         self.add_fault(fault.name());
         match fault {
-            OpenAiFaultKind::Delay { millis } => {
-                tokio::time::sleep(Duration::from_millis(millis)).await;
-                None
+            OpenAiFaultKind::Delay { millis } => Some(Action::Delay(Duration::from_millis(millis))),
+            OpenAiFaultKind::Reset => Some(Action::Replace(Replaced::Reset)),
+            OpenAiFaultKind::Status { status, message, code, retry_after_secs } => {
+                let error = OpenAiError { retry_after_secs, ..OpenAiError::for_status(status, message, code) };
+                Some(Action::Replace(Replaced::Error(error)))
             }
-            OpenAiFaultKind::Reset => Some(Replaced::Reset),
-            OpenAiFaultKind::Status { status, message, code, retry_after_secs } => Some(Replaced::Error(OpenAiError {
-                retry_after_secs,
-                ..OpenAiError::for_status(status, message, code)
-            })),
             // Batch-level faults never sit in the call-level queue.
             OpenAiFaultKind::TokenLimitExceeded | OpenAiFaultKind::FailItems { .. } | OpenAiFaultKind::Stall { .. } => {
                 None
@@ -253,6 +258,15 @@ impl Call {
             }
         }
     }
+}
+
+/// What a call-level fault does to a call.
+#[derive(Debug)]
+enum Action {
+    /// The reply waits this long.
+    Delay(Duration),
+    /// The reply is replaced.
+    Replace(Replaced),
 }
 
 /// What replaces the reply of a faulted call.

@@ -315,25 +315,25 @@ impl Batch {
     }
 }
 
-/// The transition due for `batch` by `now`, if any.
+/// The transition due for `batch` by `now`, if any. A duration too long to add to an instant means "never".
 pub(crate) fn next_step(batch: &Batch, now: Instant, timing: &OpenAiTiming) -> Option<Step> {
-    let expiry = batch.created + timing.completion_window;
-    let due = |at: Instant| (at <= now).then_some(at);
+    let expiry = batch.created.checked_add(timing.completion_window);
+    let due = |at: Option<Instant>| at.filter(|&at| at <= now);
+    let ends = |duration: Duration| batch.since.checked_add(duration);
+    // The earlier of a state's end and the expiry; the end wins a tie.
+    let first = |end: Option<Instant>, on_end: fn(Instant) -> Step| match (end, expiry) {
+        (Some(end), Some(expiry)) if expiry < end => due(Some(expiry)).map(Step::Expires),
+        (None, expiry) => due(expiry).map(Step::Expires),
+        (end, _) => due(end).map(on_end),
+    };
     match batch.status {
-        Status::Validating => {
-            let ends = batch.since + timing.validating_for;
-            if expiry < ends { due(expiry).map(Step::Expires) } else { due(ends).map(Step::ValidationEnds) }
-        }
+        Status::Validating => first(ends(timing.validating_for), Step::ValidationEnds),
         Status::InProgress => {
             let all_finish = batch.finishable() == batch.requests.len();
-            let ends = all_finish.then(|| batch.since + timing.in_progress_for);
-            match ends {
-                Some(ends) if ends <= expiry => due(ends).map(Step::Finalizes),
-                _ => due(expiry).map(Step::Expires),
-            }
+            first(ends(timing.in_progress_for).filter(|_| all_finish), Step::Finalizes)
         }
-        Status::Finalizing => due(batch.since + timing.finalizing_for).map(Step::Completes),
-        Status::Cancelling => due(batch.since + timing.cancelling_for).map(Step::CancelEnds),
+        Status::Finalizing => due(ends(timing.finalizing_for)).map(Step::Completes),
+        Status::Cancelling => due(ends(timing.cancelling_for)).map(Step::CancelEnds),
         Status::Failed | Status::Completed | Status::Expired | Status::Cancelled => None,
     }
 }
@@ -409,6 +409,14 @@ mod tests {
         batch.enter(Status::Expired, expiry);
         assert_eq!(batch.finished_by(expiry + Duration::from_secs(9), &timing), 1);
         assert_eq!(batch.not_run_reason(), Some(NotRun::Expired));
+    }
+
+    #[test]
+    fn durations_too_long_for_an_instant_mean_never() {
+        let start = Instant::now();
+        let fresh = Batch::new("b".into(), "e".into(), "f".into(), None, Default::default(), start);
+        let never = OpenAiTiming { validating_for: Duration::MAX, completion_window: Duration::MAX, ..timing() };
+        assert_eq!(next_step(&fresh, start + Duration::from_secs(3600), &never), None);
     }
 
     #[test]

@@ -507,6 +507,20 @@ async fn an_uncertain_create_leaves_a_batch_that_listing_by_metadata_finds() {
         assert_eq!(last.batch_id.as_deref(), found[0]["id"].as_str());
     }
     assert_eq!(openai.batch_count(), 2);
+
+    // A reply slower than the client's timeout: the batch exists and the call is on record all the same.
+    openai.inject(OpenAiFault::delay(Duration::from_secs(30)).on(OpenAiCallKind::CreateBatch).after_handling());
+    let impatient = Client {
+        http: reqwest::Client::builder().timeout(Duration::from_millis(200)).build().expect("client"),
+        ..Client::of(&emulator)
+    };
+    let body = json!({ "input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h" });
+    assert!(impatient.try_create(&body).await.is_err(), "the client times out");
+    assert_eq!(openai.batch_count(), 3);
+    let logged = openai.calls_of(OpenAiCallKind::CreateBatch);
+    assert_eq!(logged.len(), 3);
+    assert_eq!((logged[2].http_status, logged[2].fault.as_deref()), (200, Some("delay")));
+    assert!(logged[2].batch_id.is_some());
 }
 
 #[tokio::test]
