@@ -9,6 +9,9 @@
 //! With [`EmulatorConfig::events`], it also publishes Workers AI batch events to a queue served by the Cloudflare
 //! Queues pull consumer endpoints (`/client/v4/accounts/{account_id}/queues/{queue_id}/messages/pull` and `/ack`),
 //! with leases, redelivery and event faults (see the README, "Events and the Queues pull consumer").
+//!
+//! The same server fakes OpenAI's Files and Batch APIs under `/openai/v1` ([`EmulatorHandle::openai_base_url`]),
+//! controlled through [`EmulatorHandle::openai`] or `/_emulator/openai/` (see the README, "OpenAI Batch API").
 
 mod calls;
 mod config;

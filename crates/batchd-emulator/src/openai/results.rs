@@ -396,6 +396,28 @@ mod tests {
     }
 
     #[test]
+    fn completions_moderations_and_images_have_their_objects() {
+        let request = body(json!({ "model": "gpt-3.5-turbo-instruct", "prompt": "once upon" }));
+        let context = LineContext { endpoint: "/v1/completions", ..CONTEXT };
+        let completion = ran_line(context, 0, "c", &request, &judge("/v1/completions", &request));
+        assert_eq!(completion["response"]["body"]["object"], "text_completion");
+        assert_eq!(completion["response"]["body"]["choices"][0]["text"], "echo: once upon");
+
+        let request = body(json!({ "model": "omni-moderation-latest", "input": ["a", "b"] }));
+        let context = LineContext { endpoint: "/v1/moderations", ..CONTEXT };
+        let moderation = ran_line(context, 0, "m", &request, &judge("/v1/moderations", &request));
+        let results = moderation["response"]["body"]["results"].as_array().expect("results").clone();
+        assert_eq!(results.len(), 2);
+        assert_eq!(results[0]["flagged"], false);
+
+        let request = body(json!({ "model": "gpt-image-1", "prompt": "a cat" }));
+        let context = LineContext { endpoint: "/v1/images/generations", ..CONTEXT };
+        let image = ran_line(context, 0, "i", &request, &judge("/v1/images/generations", &request));
+        assert!(image["response"]["body"]["data"][0]["b64_json"].is_string());
+        assert!(matches!(judge("/v1/images/edits", &request), Outcome::Invalid { .. }), "an edit needs an image");
+    }
+
+    #[test]
     fn not_run_lines_carry_the_documented_codes() {
         let line = not_run_line(CONTEXT, 2, "c", NotRun::Expired);
         assert_eq!(line["response"], Value::Null);

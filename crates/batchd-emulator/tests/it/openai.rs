@@ -411,6 +411,22 @@ async fn cancel_keeps_the_finished_requests_and_marks_the_rest_cancelled() {
 }
 
 #[tokio::test]
+async fn a_batch_cancelled_while_validating_ends_with_no_results() {
+    let emulator = start_with(held()).await;
+    let client = Client::of(&emulator);
+    let batch_id = client.create(&client.upload(&jsonl(CHAT, 3)).await, CHAT).await;
+    let reply = client.post(&format!("/batches/{batch_id}/cancel")).await;
+    assert_eq!(reply.body["status"], "cancelling");
+    assert!(reply.headers.get("x-request-id").is_some(), "success replies carry x-request-id too");
+    // Cancelling again answers the batch as it is.
+    assert_eq!(client.post(&format!("/batches/{batch_id}/cancel")).await.body["status"], "cancelling");
+    let batch = client.wait_for(&batch_id, "cancelled").await;
+    assert_eq!(batch["request_counts"], json!({ "total": 0, "completed": 0, "failed": 0 }));
+    assert_eq!((batch["output_file_id"].clone(), batch["error_file_id"].clone()), (Value::Null, Value::Null));
+    assert_eq!(batch["in_progress_at"], Value::Null);
+}
+
+#[tokio::test]
 async fn an_expired_batch_keeps_partial_results_and_marks_the_rest_expired() {
     let timing = OpenAiTiming { completion_window: Duration::from_millis(400), ..OpenAiTiming::default() };
     let emulator = start_with(timing).await;
