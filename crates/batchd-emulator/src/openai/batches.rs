@@ -7,8 +7,7 @@
 use std::{sync::Arc, time::Instant};
 
 use axum::{
-    body::Bytes,
-    extract::{ConnectInfo, OriginalUri, Path, State},
+    extract::{ConnectInfo, OriginalUri, Path, Request, State},
     http::HeaderMap,
     response::Response,
 };
@@ -31,6 +30,8 @@ const MAX_METADATA_PAIRS: usize = 16;
 const MAX_METADATA_KEY: usize = 64;
 /// Longest `metadata` value, in characters.
 const MAX_METADATA_VALUE: usize = 512;
+/// Largest create body read (its parameters are a few kilobytes at most).
+const MAX_CREATE_BODY_BYTES: usize = 64 * 1024;
 /// `limit` of a list when absent.
 const DEFAULT_LIST_LIMIT: usize = 20;
 /// Largest `limit` of a list.
@@ -202,15 +203,22 @@ pub(crate) async fn create(
     State(api): State<Arc<OpenAi>>,
     ConnectInfo(connection): ConnectInfo<Connection>,
     OriginalUri(uri): OriginalUri,
-    headers: HeaderMap,
-    body: Bytes,
+    request: Request,
 ) -> Response {
     let call = Call::begin(&api, OpenAiCallKind::CreateBatch, "POST", uri.path(), &connection);
-    let mut call = match call.admit(&api, &connection, &headers).await {
+    let mut call = match call.admit(&api, &connection, request.headers()).await {
         Ok(call) => call,
         Err(response) => return response,
     };
-    let outcome = parse_create(&body).and_then(|params| {
+    // The body is read only after the key is checked, and only up to a bound.
+    let body = axum::body::to_bytes(request.into_body(), MAX_CREATE_BODY_BYTES).await.map_err(|_| {
+        OpenAiError::invalid(
+            format!("The request body is larger than {MAX_CREATE_BODY_BYTES} bytes or could not be read."),
+            None,
+            None,
+        )
+    });
+    let outcome = body.and_then(|body| parse_create(&body)).and_then(|params| {
         call.record.file_id = Some(capped(&params.input_file_id));
         let (view, fault_names) = api.create_batch(params.endpoint, params.input_file_id, params.metadata)?;
         call.record.batch_id = view["id"].as_str().map(str::to_owned);

@@ -336,6 +336,11 @@ async fn create_and_upload_parameters_are_checked_with_the_error_envelope() {
         assert_eq!(error["param"].as_str(), param, "{change}");
         assert!(reply.headers.get("x-request-id").is_some());
     }
+    let mut huge = base.clone();
+    huge["metadata"] = json!({ "k": "v".repeat(100_000) });
+    let reply = client.try_create(&huge).await.expect("a reply");
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert!(reply.body["error"]["message"].as_str().expect("message").contains("larger than"));
     assert_eq!(emulator.openai().batch_count(), 0);
 
     // Auth: a wrong key is 401 with the envelope, on every endpoint.
