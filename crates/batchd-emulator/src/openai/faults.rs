@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 pub enum OpenAiCallKind {
     /// `POST /v1/files`.
     Upload,
+    /// `GET /v1/files`.
+    ListFiles,
     /// `GET /v1/files/{id}`.
     GetFile,
     /// `GET /v1/files/{id}/content`.

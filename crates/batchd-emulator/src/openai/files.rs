@@ -1,5 +1,6 @@
-//! The Files endpoints: `POST /v1/files` (multipart, `purpose=batch`, a `.jsonl` file), `GET /v1/files/{id}`,
-//! `GET /v1/files/{id}/content` and `DELETE /v1/files/{id}`.
+//! The Files endpoints: `POST /v1/files` (multipart, `purpose=batch`, a `.jsonl` file), `GET /v1/files` (a list,
+//! to find uploads a client lost track of), `GET /v1/files/{id}`, `GET /v1/files/{id}/content` and
+//! `DELETE /v1/files/{id}`.
 //!
 //! An upload is read as a stream and refused as soon as it passes `max_file_bytes`, so a too-large file is never
 //! held in memory.
@@ -11,6 +12,7 @@ use axum::{
     extract::{ConnectInfo, FromRequest, Multipart, OriginalUri, Path, Request, State},
     response::Response,
 };
+use percent_encoding::percent_decode_str;
 use serde_json::{Value, json};
 
 use super::{
@@ -148,6 +150,76 @@ async fn read_text(mut field: axum::extract::multipart::Field<'_>, name: &str) -
     }
     String::from_utf8(text)
         .map_err(|_| OpenAiError::invalid(format!("'{}' is not UTF-8.", capped(name)), Some(name), None))
+}
+
+/// Largest `limit` of a files list, and its default.
+const MAX_FILES_LIMIT: usize = 10_000;
+
+/// `purpose`, `after`, `limit` and `order` of a files list.
+fn parse_files_query(query: Option<&str>) -> Result<(Option<String>, Option<String>, usize, bool), OpenAiError> {
+    let (mut purpose, mut after, mut limit, mut descending) = (None, None, MAX_FILES_LIMIT, true);
+    for (key, value) in query.unwrap_or("").split('&').filter_map(|pair| pair.split_once('=')) {
+        let value = percent_decode_str(value).decode_utf8_lossy().into_owned();
+        match key {
+            "purpose" => purpose = Some(value),
+            "after" => after = Some(value),
+            "limit" => {
+                limit = value.parse().ok().filter(|limit| (1..=MAX_FILES_LIMIT).contains(limit)).ok_or_else(|| {
+                    OpenAiError::invalid(
+                        format!("Invalid 'limit': expected an integer from 1 to {MAX_FILES_LIMIT}."),
+                        Some("limit"),
+                        Some("invalid_value"),
+                    )
+                })?;
+            }
+            "order" => {
+                descending = match value.as_str() {
+                    "desc" => true,
+                    "asc" => false,
+                    _ => {
+                        return Err(OpenAiError::invalid(
+                            "Invalid 'order': expected 'asc' or 'desc'.",
+                            Some("order"),
+                            Some("invalid_value"),
+                        ));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok((purpose, after, limit, descending))
+}
+
+/// `GET /v1/files`.
+pub(crate) async fn list(
+    State(api): State<Arc<OpenAi>>,
+    ConnectInfo(connection): ConnectInfo<Connection>,
+    OriginalUri(uri): OriginalUri,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    let call = Call::begin(&api, OpenAiCallKind::ListFiles, "GET", uri.path(), &connection);
+    let call = match call.admit(&api, &connection, &headers).await {
+        Ok(call) => call,
+        Err(response) => return response,
+    };
+    let outcome = parse_files_query(uri.query()).and_then(|(purpose, after, limit, descending)| {
+        let (files, has_more) =
+            api.list_files(purpose.as_deref(), after.as_deref(), limit, descending).ok_or_else(|| {
+                OpenAiError::invalid(
+                    format!("Invalid 'after': no file '{}'.", capped(after.as_deref().unwrap_or(""))),
+                    Some("after"),
+                    Some("invalid_value"),
+                )
+            })?;
+        let data: Vec<Value> = files.iter().map(|file| file_json(&api, file)).collect();
+        let first_id = files.first().map(|file| file.id.clone());
+        let last_id = files.last().map(|file| file.id.clone());
+        Ok(Reply::Json(json!({
+            "object": "list", "data": data, "first_id": first_id, "last_id": last_id, "has_more": has_more,
+        })))
+    });
+    call.finish(&api, &connection, outcome).await
 }
 
 /// `GET /v1/files/{id}`.

@@ -184,7 +184,7 @@ fn millis(duration: Duration) -> u64 {
 /// The OpenAI routes (API and control), with their state, to merge into the emulator's router.
 pub(crate) fn router<S: Clone + Send + Sync + 'static>(api: Arc<OpenAi>) -> Router<S> {
     let v1 = Router::new()
-        .route("/files", post(files::upload))
+        .route("/files", post(files::upload).get(files::list))
         .route("/files/{id}", get(files::get).delete(files::delete))
         .route("/files/{id}/content", get(files::content))
         .route("/batches", post(batches::create).get(batches::list))

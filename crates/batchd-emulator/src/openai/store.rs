@@ -48,6 +48,8 @@ pub(crate) struct StoredFile {
     pub content: Bytes,
     /// When it was stored.
     pub created: Instant,
+    /// Position in storing order, from 1 (the order `GET /v1/files` lists in).
+    pub seq: u64,
 }
 
 /// The OpenAI emulator's state, shared by its handlers and the handle.
@@ -99,6 +101,8 @@ struct Inner {
     shuffle: bool,
     /// Stored files by id (deleted ones are removed).
     files: HashMap<String, StoredFile>,
+    /// Sequence number of the last file stored.
+    last_file_seq: u64,
     /// Every batch, in creation order.
     batches: Vec<Batch>,
     /// Position in `batches` by batch id.
@@ -129,6 +133,7 @@ impl OpenAi {
                 limits: config.limits,
                 shuffle: config.shuffle,
                 files: HashMap::new(),
+                last_file_seq: 0,
                 batches: Vec::new(),
                 batch_index: HashMap::new(),
                 unfinished: BTreeSet::new(),
@@ -255,7 +260,9 @@ impl OpenAi {
     pub fn store_file(&self, filename: String, content: Bytes) -> StoredFile {
         let mut inner = self.lock();
         let id = format!("file-{}", random_alphanumeric(&mut inner.rng, 22));
-        let file = StoredFile { id: id.clone(), filename, purpose: "batch", content, created: Instant::now() };
+        inner.last_file_seq += 1;
+        let seq = inner.last_file_seq;
+        let file = StoredFile { id: id.clone(), filename, purpose: "batch", content, created: Instant::now(), seq };
         inner.files.insert(id, file.clone());
         file
     }
@@ -265,6 +272,35 @@ impl OpenAi {
         let mut inner = self.lock();
         inner.advance_all(Instant::now());
         inner.files.get(id).cloned()
+    }
+
+    /// Files of `purpose` (any when `None`) in storing order (`descending`: newest first), after the file `after`
+    /// (exclusive), at most `limit`; `None` when `after` is not a stored file. Also says whether more follow.
+    pub fn list_files(
+        &self,
+        purpose: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+        descending: bool,
+    ) -> Option<(Vec<StoredFile>, bool)> {
+        let mut inner = self.lock();
+        inner.advance_all(Instant::now());
+        let after_seq = match after {
+            Some(after) => Some(inner.files.get(after)?.seq),
+            None => None,
+        };
+        let mut files: Vec<&StoredFile> = inner
+            .files
+            .values()
+            .filter(|file| purpose.is_none_or(|purpose| file.purpose == purpose))
+            .filter(|file| after_seq.is_none_or(|after| if descending { file.seq < after } else { file.seq > after }))
+            .collect();
+        files.sort_by_key(|file| file.seq);
+        if descending {
+            files.reverse();
+        }
+        let has_more = files.len() > limit;
+        Some((files.into_iter().take(limit).cloned().collect(), has_more))
     }
 
     /// Deletes a file; `false` when there was none.
@@ -509,7 +545,9 @@ impl Inner {
 
     fn store_result(&mut self, batch_id: &str, which: &str, content: Vec<u8>, at: Instant) -> String {
         let id = format!("file-{}", random_alphanumeric(&mut self.rng, 22));
+        self.last_file_seq += 1;
         let file = StoredFile {
+            seq: self.last_file_seq,
             id: id.clone(),
             filename: format!("{batch_id}_{which}.jsonl"),
             purpose: "batch_output",

@@ -770,3 +770,41 @@ async fn the_binary_serves_openai_with_its_flags() {
     let exit = exit.expect("the emulator must exit within 5 s of SIGTERM");
     assert!(exit.success(), "{exit:?}");
 }
+
+#[tokio::test]
+async fn files_are_listed_by_purpose_newest_first_and_paged() {
+    let emulator = start_with(OpenAiTiming::default()).await;
+    let client = Client::of(&emulator);
+    let mut uploaded = Vec::new();
+    for n in 1..=3 {
+        uploaded.push(client.upload(&jsonl(CHAT, n)).await);
+    }
+    let batch_id = client.create(&uploaded[0], CHAT).await;
+    let batch = client.wait_for(&batch_id, "completed").await;
+    let ids = |reply: &Reply| -> Vec<String> {
+        reply.body["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .map(|file| file["id"].as_str().expect("id").to_owned())
+            .collect()
+    };
+
+    let page = client.get("/files?purpose=batch&limit=2").await;
+    assert_eq!(page.status, StatusCode::OK, "{:?}", page.body);
+    assert_eq!(page.body["object"], "list");
+    assert_eq!(ids(&page), [uploaded[2].clone(), uploaded[1].clone()]);
+    assert_eq!(page.body["has_more"], true);
+    assert_eq!(page.body["last_id"].as_str(), Some(uploaded[1].as_str()));
+    let rest = client.get(&format!("/files?purpose=batch&limit=2&after={}", uploaded[1])).await;
+    assert_eq!(ids(&rest), [uploaded[0].clone()]);
+    assert_eq!(rest.body["has_more"], false);
+    let ascending = client.get("/files?purpose=batch&order=asc").await;
+    assert_eq!(ids(&ascending), uploaded);
+    let outputs = client.get("/files?purpose=batch_output").await;
+    assert_eq!(ids(&outputs), [batch["output_file_id"].as_str().expect("output").to_owned()]);
+    assert_eq!(ids(&client.get("/files").await).len(), 4);
+    assert_eq!(client.get("/files?order=sideways").await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(client.get("/files?after=file-nope").await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(emulator.openai().calls_of(OpenAiCallKind::ListFiles).len(), 7);
+}
