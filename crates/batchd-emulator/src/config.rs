@@ -61,6 +61,8 @@ pub struct EmulatorConfig {
     /// Settings of the Anthropic Message Batches emulator served under `/anthropic` (see
     /// [`crate::AnthropicConfig`]).
     pub anthropic: crate::anthropic::AnthropicConfig,
+    /// The OpenAI Files and Batch API emulator served under `/openai/v1` (see [`crate::OpenAiConfig`]).
+    pub openai: crate::openai::OpenAiConfig,
 }
 
 impl Default for EmulatorConfig {
@@ -86,6 +88,7 @@ impl Default for EmulatorConfig {
             event_faults: EventFaults::default(),
             seed: 0,
             anthropic: crate::anthropic::AnthropicConfig::default(),
+            openai: crate::openai::OpenAiConfig::default(),
         }
     }
 }

@@ -11,7 +11,9 @@
 //! with leases, redelivery and event faults (see the README, "Events and the Queues pull consumer").
 //!
 //! The same server fakes Anthropic's Message Batches API under `/anthropic` (see [`EmulatorHandle::anthropic`] and
-//! the README, "Anthropic Message Batches").
+//! the README, "Anthropic Message Batches"), and OpenAI's Files and Batch APIs under `/openai/v1`
+//! ([`EmulatorHandle::openai_base_url`]), controlled through [`EmulatorHandle::openai`] or `/_emulator/openai/`
+//! (see the README, "OpenAI Batch API").
 
 mod anthropic;
 mod calls;
@@ -22,6 +24,7 @@ mod fault;
 mod hub;
 mod limits;
 mod listener;
+mod openai;
 mod outputs;
 mod queue;
 mod queue_api;
@@ -53,6 +56,10 @@ pub use crate::{
     },
     fault::{Calls, Fault, FaultKind},
     hub::QueueStats,
+    openai::{
+        OPENAI_PREFIX, OpenAiCallKind, OpenAiCallRecord, OpenAiConfig, OpenAiFault, OpenAiFaultKind, OpenAiHandle,
+        OpenAiLimits, OpenAiTiming,
+    },
 };
 use crate::{
     listener::{Connection, ResettableListener},
@@ -128,6 +135,20 @@ impl EmulatorHandle {
             addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
         }
         format!("http://{addr}/client/v4")
+    }
+
+    /// Base URL of the OpenAI emulator, like OpenAI's `https://api.openai.com/v1`: `http://ADDR/openai/v1`.
+    pub fn openai_base_url(&self) -> String {
+        let mut addr = self.addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        format!("http://{addr}{OPENAI_PREFIX}")
+    }
+
+    /// In-process control of the OpenAI emulator: faults, timing, limits, call log.
+    pub fn openai(&self) -> OpenAiHandle {
+        OpenAiHandle::new(Arc::clone(&self.state.openai))
     }
 
     /// The configured API token.

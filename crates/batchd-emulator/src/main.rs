@@ -7,8 +7,8 @@ use std::{io::Write, net::SocketAddr, time::Duration};
 
 use anyhow::Context;
 use batchd_emulator::{
-    AnthropicConfig, DurationRange, Emulator, EmulatorConfig, EventBody, EventFaults, EventsConfig, PullOrder,
-    RandomFaults, RateLimit,
+    AnthropicConfig, DurationRange, Emulator, EmulatorConfig, EventBody, EventFaults, EventsConfig, OpenAiConfig,
+    OpenAiLimits, OpenAiTiming, PullOrder, RandomFaults, RateLimit,
 };
 use clap::{Parser, ValueEnum};
 
@@ -128,6 +128,30 @@ struct Args {
     /// Milliseconds an Anthropic batch processes before it ends.
     #[arg(long, default_value_t = 300)]
     anthropic_processing_ms: u64,
+    /// Key callers of the OpenAI emulator (under /openai/v1) must send as `Authorization: Bearer <key>`.
+    #[arg(long, env = "EMULATOR_OPENAI_KEY", default_value = "emulator-openai-key")]
+    openai_api_key: String,
+    /// Milliseconds an OpenAI batch stays `validating`.
+    #[arg(long, default_value_t = 50)]
+    openai_validating_ms: u64,
+    /// Milliseconds an OpenAI batch stays `in_progress` (its requests finish evenly over it).
+    #[arg(long, default_value_t = 100)]
+    openai_in_progress_ms: u64,
+    /// Milliseconds an OpenAI batch stays `finalizing`.
+    #[arg(long, default_value_t = 50)]
+    openai_finalizing_ms: u64,
+    /// Milliseconds an OpenAI batch stays `cancelling`.
+    #[arg(long, default_value_t = 100)]
+    openai_cancelling_ms: u64,
+    /// Milliseconds after its create an unfinished OpenAI batch expires (24 h when absent).
+    #[arg(long)]
+    openai_completion_window_ms: Option<u64>,
+    /// Largest OpenAI upload in bytes.
+    #[arg(long, default_value_t = 200 * 1024 * 1024)]
+    openai_max_file_bytes: u64,
+    /// Keep input order in OpenAI result files (by default they are shuffled, as the API documents).
+    #[arg(long)]
+    openai_keep_order: bool,
 }
 
 /// `--events-body`.
@@ -218,6 +242,20 @@ async fn main() -> anyhow::Result<()> {
             api_key: args.anthropic_api_key,
             processing_for: Duration::from_millis(args.anthropic_processing_ms),
             ..AnthropicConfig::default()
+        },
+        openai: OpenAiConfig {
+            api_key: args.openai_api_key,
+            timing: OpenAiTiming {
+                validating_for: Duration::from_millis(args.openai_validating_ms),
+                in_progress_for: Duration::from_millis(args.openai_in_progress_ms),
+                finalizing_for: Duration::from_millis(args.openai_finalizing_ms),
+                cancelling_for: Duration::from_millis(args.openai_cancelling_ms),
+                completion_window: args
+                    .openai_completion_window_ms
+                    .map_or(OpenAiTiming::default().completion_window, Duration::from_millis),
+            },
+            limits: OpenAiLimits { max_file_bytes: args.openai_max_file_bytes, ..OpenAiLimits::default() },
+            shuffle: !args.openai_keep_order,
         },
     };
     let shutdown = shutdown_signal().context("install signal handlers")?;

@@ -40,6 +40,7 @@ pub(crate) fn router(state: Shared) -> Router {
     Router::new()
         .merge(control::routes())
         .merge(crate::anthropic::routes())
+        .merge(crate::openai::router(Arc::clone(&state.openai)))
         .fallback(api)
         // The emulator measures bodies itself, to answer 413 with Cloudflare's envelope.
         .layer(DefaultBodyLimit::disable())

@@ -47,6 +47,8 @@ pub(crate) struct State {
     pub config: EmulatorConfig,
     /// The Anthropic Message Batches emulator's own state (see [`crate::anthropic`]).
     pub anthropic: crate::anthropic::Anthropic,
+    /// The OpenAI emulator's state, served by the same server.
+    pub openai: Arc<crate::openai::OpenAi>,
     /// Everything that changes.
     inner: Mutex<Inner>,
 }
@@ -406,9 +408,11 @@ impl State {
         let rng = StdRng::seed_from_u64(config.seed);
         let hub = EventHub::new(&config);
         let anthropic = crate::anthropic::Anthropic::new(config.anthropic.clone());
+        let openai = Arc::new(crate::openai::OpenAi::new(&config.openai, config.seed));
         Self {
             config,
             anthropic,
+            openai,
             inner: Mutex::new(Inner {
                 timing,
                 limits,

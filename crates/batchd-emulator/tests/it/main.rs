@@ -8,6 +8,7 @@ mod events;
 mod faults;
 mod lifecycle;
 mod limits;
+mod openai;
 mod random;
 mod variants;
 

@@ -1,0 +1,285 @@
+//! The Files endpoints: `POST /v1/files` (multipart, `purpose=batch`, a `.jsonl` file), `GET /v1/files` (a list,
+//! to find uploads a client lost track of), `GET /v1/files/{id}`, `GET /v1/files/{id}/content` and
+//! `DELETE /v1/files/{id}`.
+//!
+//! An upload is read as a stream and refused as soon as it passes `max_file_bytes`, so a too-large file is never
+//! held in memory.
+
+use std::sync::Arc;
+
+use axum::{
+    body::Bytes,
+    extract::{ConnectInfo, FromRequest, Multipart, OriginalUri, Path, Request, State},
+    response::Response,
+};
+use percent_encoding::percent_decode_str;
+use serde_json::{Value, json};
+
+use super::{
+    OpenAi,
+    faults::OpenAiCallKind,
+    http::{Call, OpenAiError, Reply, capped},
+    store::{FILE_EXPIRY, StoredFile},
+};
+use crate::listener::Connection;
+
+/// Longest text form field read (`purpose`, `expires_after[...]`).
+const MAX_FIELD_BYTES: usize = 1024;
+
+/// The file object.
+pub(crate) fn file_json(api: &OpenAi, file: &StoredFile) -> Value {
+    let clock = api.clock();
+    let created_at = clock.unix_secs(file.created);
+    json!({
+        "id": file.id,
+        "object": "file",
+        "bytes": file.content.len(),
+        "created_at": created_at,
+        "expires_at": created_at + FILE_EXPIRY.as_secs(),
+        "filename": file.filename,
+        "purpose": file.purpose,
+        "status": "processed",
+        "status_details": null,
+    })
+}
+
+/// `POST /v1/files`.
+pub(crate) async fn upload(
+    State(api): State<Arc<OpenAi>>,
+    ConnectInfo(connection): ConnectInfo<Connection>,
+    OriginalUri(uri): OriginalUri,
+    request: Request,
+) -> Response {
+    let call = Call::begin(&api, OpenAiCallKind::Upload, "POST", uri.path(), &connection);
+    let mut call = match call.admit(&api, &connection, request.headers()).await {
+        Ok(call) => call,
+        Err(response) => return response,
+    };
+    let outcome = match read_upload(&api, request).await {
+        Ok(file) => {
+            call.record.file_id = Some(file.id.clone());
+            Ok(Reply::Json(file_json(&api, &file)))
+        }
+        Err(error) => Err(error),
+    };
+    call.finish(&api, &connection, outcome).await
+}
+
+async fn read_upload(api: &OpenAi, request: Request) -> Result<StoredFile, OpenAiError> {
+    let mut multipart = Multipart::from_request(request, &()).await.map_err(|rejection| {
+        OpenAiError::invalid(format!("Invalid multipart body: {}", capped(&rejection.body_text())), None, None)
+    })?;
+    let max_bytes = api.limits().max_file_bytes;
+    let malformed = |error: axum::extract::multipart::MultipartError| {
+        OpenAiError::invalid(format!("Invalid multipart body: {}", capped(&error.body_text())), None, None)
+    };
+    let mut purpose: Option<String> = None;
+    let mut file: Option<(String, Bytes)> = None;
+    while let Some(mut field) = multipart.next_field().await.map_err(malformed)? {
+        let name = field.name().unwrap_or_default().to_owned();
+        match name.as_str() {
+            "file" => {
+                let filename = field.file_name().unwrap_or_default().to_owned();
+                let mut content = Vec::new();
+                while let Some(chunk) = field.chunk().await.map_err(malformed)? {
+                    if (content.len() + chunk.len()) as u64 > max_bytes {
+                        return Err(OpenAiError::invalid(
+                            format!("File exceeds the maximum size of {max_bytes} bytes for purpose 'batch'."),
+                            Some("file"),
+                            Some("file_too_large"),
+                        ));
+                    }
+                    content.extend_from_slice(&chunk);
+                }
+                file = Some((filename, Bytes::from(content)));
+            }
+            "purpose" => purpose = Some(read_text(field, "purpose").await?),
+            // Accepted and not acted on: files are never deleted by time here.
+            "expires_after[anchor]" | "expires_after[seconds]" => {
+                read_text(field, &name).await?;
+            }
+            other => {
+                return Err(OpenAiError::invalid(
+                    format!("Unrecognized request argument supplied: {}", capped(other)),
+                    None,
+                    None,
+                ));
+            }
+        }
+    }
+    match purpose.as_deref() {
+        None => {
+            return Err(OpenAiError::invalid(
+                "Missing required parameter: 'purpose'.",
+                Some("purpose"),
+                Some("missing_required_parameter"),
+            ));
+        }
+        Some("batch") => {}
+        Some(other) => {
+            return Err(OpenAiError::invalid(
+                format!("Invalid value for 'purpose': '{}'; this emulator accepts only 'batch'.", capped(other)),
+                Some("purpose"),
+                Some("invalid_value"),
+            ));
+        }
+    }
+    let Some((filename, content)) = file else {
+        return Err(OpenAiError::invalid(
+            "Missing required parameter: 'file'.",
+            Some("file"),
+            Some("missing_required_parameter"),
+        ));
+    };
+    if !filename.ends_with(".jsonl") {
+        return Err(OpenAiError::invalid("Invalid file format for Batch API. Must be .jsonl", Some("file"), None));
+    }
+    Ok(api.store_file(filename, content))
+}
+
+/// Reads a small text field; a longer one is refused.
+async fn read_text(mut field: axum::extract::multipart::Field<'_>, name: &str) -> Result<String, OpenAiError> {
+    let mut text = Vec::new();
+    while let Some(chunk) = field.chunk().await.map_err(|error| {
+        OpenAiError::invalid(format!("Invalid multipart body: {}", capped(&error.body_text())), None, None)
+    })? {
+        if text.len() + chunk.len() > MAX_FIELD_BYTES {
+            return Err(OpenAiError::invalid(format!("'{}' is too long.", capped(name)), Some(name), None));
+        }
+        text.extend_from_slice(&chunk);
+    }
+    String::from_utf8(text)
+        .map_err(|_| OpenAiError::invalid(format!("'{}' is not UTF-8.", capped(name)), Some(name), None))
+}
+
+/// Largest `limit` of a files list, and its default.
+const MAX_FILES_LIMIT: usize = 10_000;
+
+/// `purpose`, `after`, `limit` and `order` of a files list.
+fn parse_files_query(query: Option<&str>) -> Result<(Option<String>, Option<String>, usize, bool), OpenAiError> {
+    let (mut purpose, mut after, mut limit, mut descending) = (None, None, MAX_FILES_LIMIT, true);
+    for (key, value) in query.unwrap_or("").split('&').filter_map(|pair| pair.split_once('=')) {
+        let value = percent_decode_str(value).decode_utf8_lossy().into_owned();
+        match key {
+            "purpose" => purpose = Some(value),
+            "after" => after = Some(value),
+            "limit" => {
+                limit = value.parse().ok().filter(|limit| (1..=MAX_FILES_LIMIT).contains(limit)).ok_or_else(|| {
+                    OpenAiError::invalid(
+                        format!("Invalid 'limit': expected an integer from 1 to {MAX_FILES_LIMIT}."),
+                        Some("limit"),
+                        Some("invalid_value"),
+                    )
+                })?;
+            }
+            "order" => {
+                descending = match value.as_str() {
+                    "desc" => true,
+                    "asc" => false,
+                    _ => {
+                        return Err(OpenAiError::invalid(
+                            "Invalid 'order': expected 'asc' or 'desc'.",
+                            Some("order"),
+                            Some("invalid_value"),
+                        ));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok((purpose, after, limit, descending))
+}
+
+/// `GET /v1/files`.
+pub(crate) async fn list(
+    State(api): State<Arc<OpenAi>>,
+    ConnectInfo(connection): ConnectInfo<Connection>,
+    OriginalUri(uri): OriginalUri,
+    headers: axum::http::HeaderMap,
+) -> Response {
+    let call = Call::begin(&api, OpenAiCallKind::ListFiles, "GET", uri.path(), &connection);
+    let call = match call.admit(&api, &connection, &headers).await {
+        Ok(call) => call,
+        Err(response) => return response,
+    };
+    let outcome = parse_files_query(uri.query()).and_then(|(purpose, after, limit, descending)| {
+        let (files, has_more) =
+            api.list_files(purpose.as_deref(), after.as_deref(), limit, descending).ok_or_else(|| {
+                OpenAiError::invalid(
+                    format!("Invalid 'after': no file '{}'.", capped(after.as_deref().unwrap_or(""))),
+                    Some("after"),
+                    Some("invalid_value"),
+                )
+            })?;
+        let data: Vec<Value> = files.iter().map(|file| file_json(&api, file)).collect();
+        let first_id = files.first().map(|file| file.id.clone());
+        let last_id = files.last().map(|file| file.id.clone());
+        Ok(Reply::Json(json!({
+            "object": "list", "data": data, "first_id": first_id, "last_id": last_id, "has_more": has_more,
+        })))
+    });
+    call.finish(&api, &connection, outcome).await
+}
+
+/// `GET /v1/files/{id}`.
+pub(crate) async fn get(
+    State(api): State<Arc<OpenAi>>,
+    ConnectInfo(connection): ConnectInfo<Connection>,
+    OriginalUri(uri): OriginalUri,
+    headers: axum::http::HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let call = Call::begin(&api, OpenAiCallKind::GetFile, "GET", uri.path(), &connection);
+    let mut call = match call.admit(&api, &connection, &headers).await {
+        Ok(call) => call,
+        Err(response) => return response,
+    };
+    call.record.file_id = Some(capped(&id));
+    let outcome = api
+        .file(&id)
+        .map(|file| Reply::Json(file_json(&api, &file)))
+        .ok_or_else(|| OpenAiError::not_found("File", &id, "id"));
+    call.finish(&api, &connection, outcome).await
+}
+
+/// `GET /v1/files/{id}/content`.
+pub(crate) async fn content(
+    State(api): State<Arc<OpenAi>>,
+    ConnectInfo(connection): ConnectInfo<Connection>,
+    OriginalUri(uri): OriginalUri,
+    headers: axum::http::HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let call = Call::begin(&api, OpenAiCallKind::FileContent, "GET", uri.path(), &connection);
+    let mut call = match call.admit(&api, &connection, &headers).await {
+        Ok(call) => call,
+        Err(response) => return response,
+    };
+    call.record.file_id = Some(capped(&id));
+    let outcome =
+        api.file(&id).map(|file| Reply::Content(file.content)).ok_or_else(|| OpenAiError::not_found("File", &id, "id"));
+    call.finish(&api, &connection, outcome).await
+}
+
+/// `DELETE /v1/files/{id}`.
+pub(crate) async fn delete(
+    State(api): State<Arc<OpenAi>>,
+    ConnectInfo(connection): ConnectInfo<Connection>,
+    OriginalUri(uri): OriginalUri,
+    headers: axum::http::HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let call = Call::begin(&api, OpenAiCallKind::DeleteFile, "DELETE", uri.path(), &connection);
+    let mut call = match call.admit(&api, &connection, &headers).await {
+        Ok(call) => call,
+        Err(response) => return response,
+    };
+    call.record.file_id = Some(capped(&id));
+    let outcome = if api.delete_file(&id) {
+        Ok(Reply::Json(json!({ "id": id, "object": "file", "deleted": true })))
+    } else {
+        Err(OpenAiError::not_found("File", &id, "id"))
+    };
+    call.finish(&api, &connection, outcome).await
+}

@@ -1,0 +1,210 @@
+//! A local fake of OpenAI's Files and Batch APIs, served under `/openai/v1` on the emulator's server (a client uses
+//! base URL `http://ADDR/openai/v1`), with its control API under `/_emulator/openai/`.
+//!
+//! Written from OpenAI's documentation as summarised in the project's reference (Part B1 and "Observed in
+//! practice"), never from a batchd client: upload a JSONL file, create a batch, poll it through `validating →
+//! in_progress → finalizing → completed` (or `failed`, `expired`, `cancelling → cancelled`), download the output and
+//! error files, whose lines come in a random order. Faults (429, 5xx, slow replies, dropped connections, a create
+//! whose batch exists although its reply failed, the enqueued-token refusal, per-request failures, stalls) are
+//! injected through [`OpenAiHandle`] or the control API; a call log says what clients did.
+
+mod batches;
+mod control;
+mod faults;
+mod files;
+mod http;
+mod lifecycle;
+mod results;
+mod store;
+mod validation;
+
+use std::{sync::Arc, time::Duration};
+
+use axum::{
+    Router,
+    extract::{ConnectInfo, OriginalUri},
+    http::Method,
+    response::Response,
+    routing::{get, post},
+};
+
+pub(crate) use self::store::OpenAi;
+use self::{
+    faults::OpenAiCallKind as Kind,
+    http::{Call, OpenAiError},
+};
+pub use self::{
+    faults::{OpenAiCallKind, OpenAiCallRecord, OpenAiFault, OpenAiFaultKind},
+    lifecycle::OpenAiTiming,
+};
+use crate::listener::Connection;
+
+/// Path prefix of the emulated OpenAI API on the emulator's server.
+pub const OPENAI_PREFIX: &str = "/openai/v1";
+
+/// Caps the emulated API enforces; changes apply from the next call (validation: from the next batch validated).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenAiLimits {
+    /// Largest upload in bytes (OpenAI: 200 MB for batch input); a larger one is refused with 400 `file_too_large`.
+    pub max_file_bytes: u64,
+    /// Most requests in one batch (OpenAI: 50,000); more fail validation with `too_many_tasks`.
+    pub max_lines: usize,
+    /// Most embedding inputs in one `/v1/embeddings` batch (OpenAI: 50,000); more fail with `too_many_tasks`.
+    pub max_embedding_inputs: usize,
+    /// Cap on the input tokens (words, in this emulator) of the running batches of one model: a batch that would
+    /// go over it fails validation with `token_limit_exceeded`. `None`: no cap (OpenAI publishes no number).
+    pub enqueued_token_limit: Option<u64>,
+}
+
+impl Default for OpenAiLimits {
+    fn default() -> Self {
+        Self {
+            max_file_bytes: 200 * 1024 * 1024,
+            max_lines: 50_000,
+            max_embedding_inputs: 50_000,
+            enqueued_token_limit: None,
+        }
+    }
+}
+
+/// Settings of the OpenAI emulator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenAiConfig {
+    /// The key a caller must send as `Authorization: Bearer <key>`.
+    pub api_key: String,
+    /// How long batches stay in each state.
+    pub timing: OpenAiTiming,
+    /// Upload size, request and token caps.
+    pub limits: OpenAiLimits,
+    /// Whether output and error files list requests in a random order, as the API documents ("order is not
+    /// guaranteed"); `false` keeps input order (line order), for a test that wants it.
+    pub shuffle: bool,
+}
+
+impl Default for OpenAiConfig {
+    fn default() -> Self {
+        Self {
+            api_key: "emulator-openai-key".to_owned(),
+            timing: OpenAiTiming::default(),
+            limits: OpenAiLimits::default(),
+            shuffle: true,
+        }
+    }
+}
+
+/// In-process control of the OpenAI emulator (from `EmulatorHandle::openai`); the control API does the same
+/// over HTTP under `/_emulator/openai/`.
+#[derive(Debug, Clone)]
+pub struct OpenAiHandle {
+    /// The shared state.
+    api: Arc<OpenAi>,
+}
+
+impl OpenAiHandle {
+    pub(crate) fn new(api: Arc<OpenAi>) -> Self {
+        Self { api }
+    }
+
+    /// The key callers must send.
+    pub fn api_key(&self) -> &str {
+        &self.api.api_key
+    }
+
+    /// Queues a fault: call-level faults are used FIFO by matching calls, batch-level ones by the next batches.
+    pub fn inject(&self, fault: OpenAiFault) {
+        self.api.inject(fault);
+    }
+
+    /// Faults not used up yet, call-level first.
+    pub fn pending_faults(&self) -> Vec<OpenAiFault> {
+        self.api.pending_faults()
+    }
+
+    /// Every call since start or the last reset, oldest first.
+    pub fn calls(&self) -> Vec<OpenAiCallRecord> {
+        self.api.calls()
+    }
+
+    /// The calls of one kind (say [`OpenAiCallKind::CreateBatch`], to count creates).
+    pub fn calls_of(&self, kind: OpenAiCallKind) -> Vec<OpenAiCallRecord> {
+        self.calls().into_iter().filter(|call| call.kind == kind).collect()
+    }
+
+    /// Clears pending faults and the call log; files, batches and settings stay.
+    pub fn reset(&self) {
+        self.api.reset();
+    }
+
+    /// The timing in force.
+    pub fn timing(&self) -> OpenAiTiming {
+        self.api.timing()
+    }
+
+    /// Changes the timing; the state each batch is in now ends by the new duration, counted from when it began.
+    pub fn set_timing(&self, timing: OpenAiTiming) {
+        self.api.set_timing(timing);
+    }
+
+    /// The caps in force.
+    pub fn limits(&self) -> OpenAiLimits {
+        self.api.limits()
+    }
+
+    /// Changes the caps.
+    pub fn set_limits(&self, limits: OpenAiLimits) {
+        self.api.set_limits(limits);
+    }
+
+    /// Whether result files are shuffled (for batches validated from now on).
+    pub fn set_shuffle(&self, shuffle: bool) {
+        self.api.set_shuffle(shuffle);
+    }
+
+    /// Batches created since start.
+    pub fn batch_count(&self) -> usize {
+        self.api.batch_count()
+    }
+
+    /// Every batch's id and status, oldest first.
+    pub fn batch_statuses(&self) -> Vec<(String, &'static str)> {
+        self.api.batch_statuses()
+    }
+
+    /// Ids of the files stored now (uploads and results not deleted), sorted.
+    pub fn file_ids(&self) -> Vec<String> {
+        self.api.file_ids()
+    }
+}
+
+/// Keeps `duration` as whole milliseconds in JSON.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The OpenAI routes (API and control), with their state, to merge into the emulator's router.
+pub(crate) fn router<S: Clone + Send + Sync + 'static>(api: Arc<OpenAi>) -> Router<S> {
+    let v1 = Router::new()
+        .route("/files", post(files::upload).get(files::list))
+        .route("/files/{id}", get(files::get).delete(files::delete))
+        .route("/files/{id}/content", get(files::content))
+        .route("/batches", post(batches::create).get(batches::list))
+        .route("/batches/{id}", get(batches::get))
+        .route("/batches/{id}/cancel", post(batches::cancel))
+        .fallback(unrouted)
+        .method_not_allowed_fallback(unrouted);
+    Router::new().nest(OPENAI_PREFIX, v1).merge(control::routes()).with_state(api)
+}
+
+/// Any path or method the API does not have: 404 with the API's wording.
+async fn unrouted(
+    axum::extract::State(api): axum::extract::State<Arc<OpenAi>>,
+    ConnectInfo(connection): ConnectInfo<Connection>,
+    method: Method,
+    OriginalUri(uri): OriginalUri,
+) -> Response {
+    let call = Call::begin(&api, Kind::Unrouted, method.as_str(), uri.path(), &connection);
+    let path = uri.path().strip_prefix("/openai").unwrap_or(uri.path());
+    let message = format!("Invalid URL ({} {})", method, http::capped(path));
+    let error = OpenAiError { status: axum::http::StatusCode::NOT_FOUND, ..OpenAiError::invalid(message, None, None) };
+    call.end(&api, Err(error))
+}
