@@ -15,7 +15,13 @@
 
   function refresh() {
     if ((box && !box.checked) || document.hidden || busy()) return;
-    fetch(window.location.href, { headers: { "Accept": "text/html" }, credentials: "same-origin" })
+    // Built from the origin, not from the page's URL: one with credentials in it (http://user:token@host/) cannot
+    // be fetched, nor can a relative URL resolved against it; the browser sends the basic-auth credentials it
+    // holds for this origin by itself.
+    fetch(window.location.origin + window.location.pathname + window.location.search, {
+      headers: { "Accept": "text/html" },
+      credentials: "same-origin"
+    })
       .then(function (response) { return response.ok ? response.text() : null; })
       .then(function (text) {
         if (text === null) return;
