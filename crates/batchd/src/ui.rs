@@ -50,7 +50,8 @@ pub struct UiArgs {
     /// Address to serve the dashboard on.
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
     pub listen: SocketAddr,
-    /// Offer the actions (cancel a job, retry or purge dead letters). Without it the dashboard is read-only.
+    /// Offer the actions (cancel a job, retry or purge dead letters). Without it the dashboard is read-only. On
+    /// an address that is not loopback it needs --auth-token-file or --trusted-user-header.
     #[arg(long)]
     pub allow_actions: bool,
     /// Seconds between the pages' refreshes (0: never).
