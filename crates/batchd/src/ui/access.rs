@@ -129,13 +129,13 @@ impl Access {
         if !self.authenticates() {
             return Ok(User(None));
         }
-        if let (Some(token), Some(value)) = (&self.token, headers.get(header::AUTHORIZATION)) {
-            if let Some(user) = credentials(value).and_then(|(user, secret)| {
+        if let (Some(token), Some(value)) = (&self.token, headers.get(header::AUTHORIZATION))
+            && let Some(user) = credentials(value).and_then(|(user, secret)| {
                 let equal: bool = secret.as_slice().ct_eq(token.0.as_slice()).into();
                 equal.then_some(user)
-            }) {
-                return Ok(User(Some(user)));
-            }
+            })
+        {
+            return Ok(User(Some(user)));
         }
         if let Some(name) = &self.trusted_user_header
             && let Some(user) = headers.get(name).and_then(|value| value.to_str().ok())
