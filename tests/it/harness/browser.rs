@@ -20,14 +20,13 @@ const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 /// loaded 2-core machine).
 pub const PAGE_WAIT: Duration = Duration::from_secs(30);
 
-/// Waits until `GET url` answers 200 (or 401: a dashboard that asks for its token is up); fails naming `what` after
-/// [`PAGE_WAIT`].
+/// Waits until `GET url` answers 200; fails naming `what` after [`PAGE_WAIT`].
 async fn answers(url: &str, what: &str) -> anyhow::Result<()> {
     let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
     let started = Instant::now();
     loop {
         if let Ok(response) = http.get(url).send().await
-            && (response.status() == 200 || response.status() == 401)
+            && response.status() == 200
         {
             return Ok(());
         }
