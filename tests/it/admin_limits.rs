@@ -1,15 +1,20 @@
 //! The admin server under slow and hostile clients, against a real daemon: a client that sends its headers too
-//! slowly is cut off after `admin::HEADER_READ_TIMEOUT`, connections past `admin::MAX_CONNECTIONS` wait (they are
-//! not accepted) and are served once a slot frees, a request head over `admin::MAX_REQUEST_HEAD_BYTES` is refused,
-//! and a normal scrape works while idle sockets are open.
+//! slowly is cut off after `admin::HEADER_READ_TIMEOUT`, and so is an idle kept-alive connection; a connection
+//! serves at most `admin::MAX_REQUESTS_PER_CONNECTION` requests; 130 kept-alive connections that each send a request
+//! every 1.5 s cannot keep `/livez` from answering within a second; a request head over
+//! `admin::MAX_REQUEST_HEAD_BYTES` is refused; and a normal scrape works while idle sockets are open.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use batchd::admin::{HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MAX_REQUEST_HEAD_BYTES};
-use batchd_tests::{Daemon, World, http_get, wait_for_http, with_admin};
+use batchd::admin::{
+    HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER, MAX_REQUEST_HEAD_BYTES, MAX_REQUESTS_PER_CONNECTION,
+};
+use batchd_tests::{Daemon, World, http_get, wait_for_http, wait_until, with_admin};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -29,12 +34,6 @@ async fn idle_sockets(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
         sockets.push(TcpStream::connect(addr).await.expect("connect"));
     }
     sockets
-}
-
-/// Whether the server has closed `socket` (end of stream or reset), without waiting.
-fn closed_by_server(socket: &TcpStream) -> bool {
-    let mut byte = [0u8; 1];
-    !matches!(socket.try_read(&mut byte), Err(error) if error.kind() == std::io::ErrorKind::WouldBlock)
 }
 
 #[tokio::test]
@@ -79,50 +78,149 @@ async fn admin_server_cuts_off_a_client_that_sends_its_headers_too_slowly() {
     daemon.stop().await.expect("clean stop");
 }
 
+/// A connection to `addr` from the loopback address `source` (any of 127.0.0.0/8 is this machine).
+async fn connect_from(source: [u8; 4], addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::from((source, 0)))?;
+    socket.connect(addr).await
+}
+
+/// Sends `GET /livez` on a kept-alive connection and reads the one answer: its head (lowercased) and body. `None`
+/// when the server closed the connection instead.
+async fn livez_on(stream: &mut TcpStream, addr: SocketAddr) -> Option<(String, String)> {
+    let request = format!("GET /livez HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        let text = String::from_utf8_lossy(&answer);
+        if let Some((head, body)) = text.split_once("\r\n\r\n")
+            && body.len() >= 3
+        {
+            return Some((head.to_ascii_lowercase(), body.to_owned()));
+        }
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Waits up to `within` for the server to close `stream` (end of stream or reset); returns when it did.
+async fn closed_within(stream: &mut TcpStream, within: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let mut buf = [0u8; 64];
+    loop {
+        match tokio::time::timeout(within.saturating_sub(started.elapsed()), stream.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => return Some(started.elapsed()),
+            Ok(Ok(_)) => {}
+            Err(_) => return None,
+        }
+    }
+}
+
 #[tokio::test]
-async fn admin_connections_past_the_cap_wait_and_are_served_once_slots_free() {
+async fn admin_closes_an_idle_keep_alive_connection_after_the_header_read_timeout() {
     let world = World::new().await;
     let (daemon, admin) = daemon_with_admin(&world).await;
 
-    // The cap's worth of connections that send nothing, then more: the kernel's accept queue is first in, first
-    // out, so the probe after them is not accepted while every slot is held.
-    let holders = idle_sockets(admin, MAX_CONNECTIONS).await;
-    let extra = idle_sockets(admin, 36).await;
-    let mut probe = TcpStream::connect(admin).await.expect("connect probe");
-    probe
-        .write_all(format!("GET /livez HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 1024];
-    // For a second, the probe gets no answer. It could only be served once a held connection is gone (the server
-    // closes an idle one after the header read timeout): never while every holder is still open.
-    if let Ok(read) = tokio::time::timeout(Duration::from_secs(1), probe.read(&mut buf)).await {
-        let n = read.expect("read probe");
-        assert!(
-            holders.iter().any(closed_by_server),
-            "a connection past the cap was served while all {MAX_CONNECTIONS} slots were held: {:?}",
-            String::from_utf8_lossy(&buf[..n])
-        );
-        answer.extend_from_slice(&buf[..n]);
-    }
+    let mut client = TcpStream::connect(admin).await.expect("connect");
+    let (head, body) = livez_on(&mut client, admin).await.expect("answered");
+    assert!(head.starts_with("http/1.1 200") && !head.contains("connection: close"), "{head}");
+    assert_eq!(body, "ok\n");
+    let closed = closed_within(&mut client, HEADER_READ_TIMEOUT + WAIT).await.expect("closed by the server");
+    assert!(
+        closed >= HEADER_READ_TIMEOUT - Duration::from_millis(100) && closed < HEADER_READ_TIMEOUT * 3,
+        "an idle kept-alive connection closed after {closed:?}, the timeout is {HEADER_READ_TIMEOUT:?}"
+    );
+    daemon.stop().await.expect("clean stop");
+}
 
-    // Dropping the held connections frees their slots: the waiting probe is served, and so is a new client.
-    drop(holders);
-    drop(extra);
-    let started = Instant::now();
-    loop {
-        match tokio::time::timeout(WAIT.saturating_sub(started.elapsed()), probe.read(&mut buf)).await {
-            Ok(Ok(0)) => break,
-            Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
-            Ok(Err(error)) => panic!("probe: {error}"),
-            Err(_) => panic!("the waiting probe was not served within {WAIT:?} of the slots freeing"),
-        }
+#[tokio::test]
+async fn admin_connection_serves_a_bounded_number_of_requests() {
+    let world = World::new().await;
+    let (daemon, admin) = daemon_with_admin(&world).await;
+
+    let mut client = TcpStream::connect(admin).await.expect("connect");
+    for n in 1..=MAX_REQUESTS_PER_CONNECTION {
+        let (head, body) = livez_on(&mut client, admin).await.unwrap_or_else(|| panic!("request {n} answered"));
+        assert_eq!(body, "ok\n");
+        let last = head.contains("connection: close");
+        assert_eq!(last, n == MAX_REQUESTS_PER_CONNECTION, "request {n}: {head}");
     }
-    let answer = String::from_utf8_lossy(&answer);
-    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n") && answer.ends_with("\r\n\r\nok\n"), "{answer}");
-    let (status, body) = wait_for_http(admin, "/livez", WAIT, |status, _| status == 200).await;
-    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    assert!(closed_within(&mut client, WAIT).await.is_some(), "closed after its last request");
+    daemon.stop().await.expect("clean stop");
+}
+
+/// The attack of issue 21: more keep-alive connections than the server serves, from five addresses, each sending a
+/// request every 1.5 s (inside the keep-alive timeout) and reconnecting at once when closed. `/livez` from a sixth
+/// address, and from one of the attackers' own, must still answer within 1 s every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_livez_answers_within_a_second_while_130_keep_alive_connections_are_held() {
+    const HOLDERS: usize = 130;
+    const { assert!(HOLDERS > MAX_CONNECTIONS, "more holders than the server serves") };
+    const SOURCES: [[u8; 4]; 5] = [[127, 0, 0, 2], [127, 0, 0, 3], [127, 0, 0, 4], [127, 0, 0, 5], [127, 0, 0, 6]];
+    const { assert!(HOLDERS / SOURCES.len() < MAX_CONNECTIONS_PER_PEER, "each address stays under its own cap") };
+    let world = World::new().await;
+    let (daemon, admin) = daemon_with_admin(&world).await;
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let answers = Arc::new(AtomicUsize::new(0));
+    let mut holders = Vec::new();
+    for i in 0..HOLDERS {
+        let (stop, answers) = (stop.clone(), Arc::clone(&answers));
+        let source = SOURCES[i % SOURCES.len()];
+        holders.push(tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let Ok(mut stream) = connect_from(source, admin).await else { continue };
+                while !stop.is_cancelled() && livez_on(&mut stream, admin).await.is_some() {
+                    answers.fetch_add(1, Ordering::Relaxed);
+                    tokio::select! {
+                        () = stop.cancelled() => {}
+                        () = tokio::time::sleep(Duration::from_millis(1_500)) => {}
+                    }
+                }
+            }
+        }));
+    }
+    // Every holder has been answered twice on average: the connections are up and kept alive.
+    wait_until("the holders to be answered", WAIT, async || answers.load(Ordering::Relaxed) >= 2 * HOLDERS).await;
+
+    let probe = reqwest::Client::builder().no_proxy().pool_max_idle_per_host(0).build().expect("client");
+    let mut slowest = Duration::ZERO;
+    for (round, source) in [[127, 0, 0, 1], SOURCES[0]].into_iter().cycle().take(10).enumerate() {
+        let started = Instant::now();
+        let mut stream = tokio::time::timeout(Duration::from_secs(1), connect_from(source, admin))
+            .await
+            .unwrap_or_else(|_| panic!("probe {round} from {source:?}: not even connected within 1 s"))
+            .expect("connect");
+        let answer = tokio::time::timeout(Duration::from_secs(1), livez_on(&mut stream, admin)).await;
+        let (head, body) = answer
+            .unwrap_or_else(|_| panic!("probe {round} from {source:?}: no answer within 1 s"))
+            .unwrap_or_else(|| panic!("probe {round} from {source:?}: closed without an answer"));
+        assert!(head.starts_with("http/1.1 200") && body == "ok\n", "{head}\n\n{body}");
+        slowest = slowest.max(started.elapsed());
+        assert!(started.elapsed() < Duration::from_secs(1));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("slowest of 10 /livez probes among {HOLDERS} held connections: {slowest:?}");
+    // A normal client, too (reqwest, a fresh connection).
+    let status = tokio::time::timeout(Duration::from_secs(1), probe.get(format!("http://{admin}/readyz")).send())
+        .await
+        .expect("/readyz within 1 s")
+        .expect("GET /readyz")
+        .status();
+    assert_eq!(status, 200);
+    let before = answers.load(Ordering::Relaxed);
+    wait_until("the holders to go on being answered", WAIT, async || {
+        answers.load(Ordering::Relaxed) >= before + HOLDERS
+    })
+    .await;
+
+    stop.cancel();
+    for holder in holders {
+        holder.await.expect("holder");
+    }
     daemon.stop().await.expect("clean stop");
 }
 

@@ -37,4 +37,5 @@ mod scripts;
 mod secrets;
 mod store;
 mod topologies;
+mod ui_access;
 mod ui_browser;

@@ -2,7 +2,9 @@
 //! process, a real redis-server filled by a real daemon and the emulator. The tests look at what a person would
 //! see (job ids, states, counts, error messages), click from the overview to a job, check that every page's JSON
 //! twin has the CLI's `--json` shape, and act: without `--allow-actions` the buttons are absent and the endpoints
-//! refuse; with it, a dead letter is retried and a job cancelled, and the effect is checked in Redis.
+//! refuse; with it, a dead letter is retried (a double click sends one request: the button is disabled) and a job
+//! cancelled, and the effect is checked in Redis. With `--auth-token-file` the browser logs in with basic auth and
+//! the page refreshes itself as before.
 
 use std::time::{Duration, Instant};
 
@@ -238,9 +240,19 @@ async fn with_actions_allowed_a_dead_letter_is_retried_and_a_job_cancelled_from_
     let _: () = world.conn.clone().del(world.keys.job(&JobId::parse("ui-poison").expect("id"))).await.expect("redis");
     let error = browser.open(&dashboard.url(&format!("/dead/{dead_id}?ns={ns}")), "#dead-error").await.expect("dead");
     assert_eq!(error, "too many delivery attempts");
-    browser.click("#retry").await.expect("retry");
-    let notice = browser.text("#notice").await.expect("notice");
-    assert!(notice.contains(&format!("dead-letter entry {dead_id} requeued")), "{notice}");
+    // An impatient double click: the first submits the form and disables the button, so the second does nothing.
+    let disabled = browser
+        .client
+        .execute("var b = document.getElementById('retry'); b.click(); b.click(); return b.disabled;", Vec::new())
+        .await
+        .expect("double click");
+    assert_eq!(disabled, serde_json::Value::Bool(true), "the button is disabled once its form is submitted");
+    let notice = browser.text("#notice[data-notice=dead-requeued]").await.expect("notice");
+    assert_eq!(notice, "The dead-letter entry was put back on the submit stream.");
+    assert!(
+        !browser.client.current_url().await.expect("url").as_str().contains(&dead_id),
+        "the notice is a code: nothing from the action is in the URL"
+    );
     assert!(world.stream(&world.keys.dead()).await.is_empty(), "the dead letter left the dead-letter stream");
     // And the daemon takes the job in (its batches then stay queued, like every batch of this test).
     wait_for("ui-poison to be taken in", || async {
@@ -253,8 +265,8 @@ async fn with_actions_allowed_a_dead_letter_is_retried_and_a_job_cancelled_from_
     browser.open(&dashboard.url(&format!("/jobs/ui-long?ns={ns}")), "#job-state").await.expect("job page");
     browser.click("#cancel-job").await.expect("cancel");
     browser.client.accept_alert().await.expect("confirm the cancel");
-    let notice = browser.text("#notice").await.expect("notice");
-    assert!(notice.contains("cancellation of job ui-long requested"), "{notice}");
+    let notice = browser.text("#notice[data-notice=cancel-requested]").await.expect("notice");
+    assert_eq!(notice, "Cancellation of this job requested.");
     assert_eq!(world.wait_for_result("ui-long", WAIT).await.status, ResultStatus::Cancelled);
     assert_eq!(world.ledger("ui-long").await["state"], "cancelled");
     wait_for("the page to show the cancelled job", || async {
@@ -274,4 +286,38 @@ async fn with_actions_allowed_a_dead_letter_is_retried_and_a_job_cancelled_from_
 
     browser.close().await;
     daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_token_the_browser_logs_in_with_basic_auth_and_the_page_refreshes_itself() {
+    let world = World::new().await;
+    let dir = std::env::temp_dir().join(format!("batchd-ui-browser-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, "browser-token-0123456789\n").expect("token file");
+    let dashboard =
+        Dashboard::start(&world, &["--refresh-secs", "1", "--auth-token-file", token_file.to_str().expect("path")])
+            .await
+            .expect("batchd ui");
+    let ns = world.keys.namespace().to_owned();
+    let http = reqwest::Client::new();
+    let refused = http.get(dashboard.url("/")).send().await.expect("get");
+    assert_eq!(refused.status(), 401, "no page without the token");
+    assert!(refused.headers().get("www-authenticate").is_some(), "a browser is asked for it");
+
+    // What a person types into the browser's login prompt, given in the URL (Chromium takes it as the prompt's).
+    let browser = Browser::start().await.expect("browser");
+    let url = format!("http://ops:browser-token-0123456789@{}/?ns={ns}", dashboard.addr);
+    assert_eq!(browser.open(&url, "#mode").await.expect("overview"), "read-only");
+    assert_eq!(browser.text("#dead").await.expect("dead letters"), "0");
+    // The stylesheet loaded with the same credentials, and the refresh fetches the page with them.
+    wait_for("the overview to refresh itself", || async {
+        browser.client.find(fantoccini::Locator::Css("body[data-refreshed]")).await.ok().map(|_| ())
+    })
+    .await;
+    let margin =
+        browser.client.execute("return getComputedStyle(document.body).marginTop;", Vec::new()).await.expect("style");
+    assert_eq!(margin, serde_json::Value::String("0px".to_owned()), "the stylesheet applies (a browser's is 8px)");
+    browser.close().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -8,17 +8,25 @@
 //! `/api/<page>`, or the page's own URL with `Accept: application/json`; its shape is the CLI's `--json` output
 //! for the same thing (`stats`, `workers`, `jobs`, `status`, `dead list|show`), see [`data`].
 //!
-//! Actions (cancel a job; retry or purge a dead letter) exist only with `--allow-actions`. Each is a `POST` that
-//! must come from a page of the dashboard itself: the browser's `Origin` (or `Sec-Fetch-Site`) must say same
-//! origin, and the form's token must equal the session's (a random token in a `SameSite=Strict`, `HttpOnly`
-//! cookie, the double-submit pattern). Every action is logged with what it did. Without the flag the buttons are
-//! absent and the endpoints answer 403.
+//! Every route answers only requests that name one of the dashboard's own hosts, and, when authentication is
+//! configured (`--auth-token-file`, `--trusted-user-header`), authenticated ones ([`access`]). Every answer is
+//! `Cache-Control: no-store`.
+//!
+//! Actions (cancel a job; retry or purge a dead letter) exist only with `--allow-actions`, which refuses to start on
+//! an address that is not loopback unless authentication is configured. Each action is a `POST` that must come from
+//! a page of the dashboard itself: the browser's `Origin` must be one of the dashboard's hosts (or, without one,
+//! `Sec-Fetch-Site` must say same origin), and the form's token must equal the session's (a random token in a
+//! `SameSite=Strict`, `HttpOnly` cookie, the double-submit pattern). Every action is logged with what it did and
+//! who asked. Its outcome comes back to the page as a [`Notice`] code, never as text. Without the flag the buttons
+//! are absent and the endpoints answer 403.
 
+mod access;
 mod actions;
 mod data;
 mod pages;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -42,12 +50,25 @@ pub struct UiArgs {
     /// Address to serve the dashboard on.
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
     pub listen: SocketAddr,
-    /// Offer the actions (cancel a job, retry or purge dead letters). Without it the dashboard is read-only.
+    /// Offer the actions (cancel a job, retry or purge dead letters). Without it the dashboard is read-only. On
+    /// an address that is not loopback it needs --auth-token-file or --trusted-user-header.
     #[arg(long)]
     pub allow_actions: bool,
     /// Seconds between the pages' refreshes (0: never).
     #[arg(long, default_value_t = 5, value_name = "SECS")]
     pub refresh_secs: u64,
+    /// Also answer to this host name (repeatable), e.g. the name a reverse proxy serves the dashboard under.
+    /// localhost and IP addresses are always answered; any other name is refused (421).
+    #[arg(long = "public-host", value_name = "NAME")]
+    pub public_hosts: Vec<String>,
+    /// Require the token in this file on every request, as a bearer token or as the basic-auth password (any
+    /// user name; a browser asks for it). At least 16 characters; never give it on the command line.
+    #[arg(long, value_name = "PATH")]
+    pub auth_token_file: Option<PathBuf>,
+    /// Accept requests that carry this header (e.g. X-Forwarded-User) as authenticated by a reverse proxy. Safe
+    /// only when nothing but that proxy can reach the dashboard, and the proxy sets or removes the header.
+    #[arg(long, value_name = "NAME")]
+    pub trusted_user_header: Option<String>,
 }
 
 /// What every handler shares.
@@ -63,6 +84,8 @@ struct Ui {
     allow_actions: bool,
     /// Seconds between refreshes.
     refresh_secs: u64,
+    /// Its host names and authentication.
+    access: Arc<access::Access>,
 }
 
 impl Ui {
@@ -87,6 +110,14 @@ impl Ui {
 
 /// `batchd ui`: serves the dashboard until `stop` is cancelled (by SIGTERM or SIGINT in `main`).
 pub async fn ui(settings: Settings, args: &UiArgs, stop: CancellationToken) -> anyhow::Result<()> {
+    let access = access::Access::from_args(
+        args.listen,
+        args.allow_actions,
+        &args.public_hosts,
+        args.auth_token_file.as_deref(),
+        args.trusted_user_header.as_deref(),
+    )
+    .map_err(|error| Exit { code: crate::cli::EXIT_USAGE, message: format!("{error:#}") })?;
     crate::logging::init(&settings.log).map_err(crate::settings::ConfigError)?;
     let conn = crate::cli::connect(&settings).await?;
     let listener =
@@ -98,15 +129,18 @@ pub async fn ui(settings: Settings, args: &UiArgs, stop: CancellationToken) -> a
         settings: Arc::new(settings),
         allow_actions: args.allow_actions,
         refresh_secs: args.refresh_secs,
+        access: Arc::new(access),
+    };
+    let mode = match (args.allow_actions, state.access.authenticates()) {
+        (true, true) => "actions allowed, authenticated",
+        (true, false) => "actions allowed",
+        (false, true) => "read-only, authenticated",
+        (false, false) => "read-only",
     };
     // One line on stdout for people and scripts, beside the log.
-    println!(
-        "batchd ui: serving http://{addr}/ ({})",
-        if args.allow_actions { "actions allowed" } else { "read-only" }
-    );
+    println!("batchd ui: serving http://{addr}/ ({mode})");
     let what = format!(
-        "dashboard listening ({}, namespaces {})",
-        if args.allow_actions { "actions allowed" } else { "read-only" },
+        "dashboard listening ({mode}, namespaces {})",
         state.namespaces.iter().map(Keys::namespace).collect::<Vec<_>>().join(", ")
     );
     crate::admin::serve_limited(listener, router(state), stop, &what).await.context("serve the dashboard")
@@ -131,17 +165,21 @@ fn router(state: Ui) -> Router {
         .route("/assets/ui.css", get(|| async { asset("text/css; charset=utf-8", include_str!("ui/ui.css")) }))
         .route("/assets/ui.js", get(|| async { asset("text/javascript; charset=utf-8", include_str!("ui/ui.js")) }))
         .fallback(|| async { UiError::NotFound("no such page".to_owned()) })
+        // The guard runs first on every route (and the fallback); the headers go on every answer, refusals too.
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&state.access), access::guard))
         .layer(axum::middleware::map_response(security_headers))
         .with_state(state)
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
-    ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
-/// Headers on every answer: nothing but this origin's own files may run or load, no framing, no sniffing.
+/// Headers on every answer: nothing stored by the browser or a proxy, nothing but this origin's own files may run
+/// or load, no framing, no sniffing.
 async fn security_headers(mut response: Response) -> Response {
     let headers = response.headers_mut();
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(
@@ -235,7 +273,6 @@ fn html(markup: maud::Markup, new_cookie: Option<HeaderValue>) -> Response {
     if let Some(cookie) = new_cookie {
         response.headers_mut().insert(header::SET_COOKIE, cookie);
     }
-    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
 
@@ -245,7 +282,7 @@ fn answer(
     ui: &Ui,
     request: &Request,
     keys: &Keys,
-    notice: Option<&str>,
+    notice: Option<Notice>,
     value: serde_json::Value,
     render: impl FnOnce(&Frame<'_>, &serde_json::Value) -> maud::Markup,
 ) -> Response {
@@ -283,13 +320,63 @@ pub(crate) struct Frame<'a> {
     pub token: Option<&'a str>,
     /// Seconds between refreshes (0: none).
     pub refresh_secs: u64,
-    /// A message to show on top (an action's outcome).
-    pub notice: Option<&'a str>,
+    /// An action's outcome to show on top.
+    pub notice: Option<Notice>,
+}
+
+/// An action's outcome as the page after it shows it: `?notice=<code>` carries the code, never text, so a link
+/// cannot make a trusted page say anything else. An unknown code shows nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Notice {
+    /// A running job's cancellation was recorded.
+    CancelRequested,
+    /// A cancellation was recorded for a job not taken in yet.
+    CancelBeforeTakeIn,
+    /// The job had already ended: nothing was cancelled.
+    AlreadyEnded,
+    /// A dead letter was put back on the submit stream.
+    DeadRequeued,
+    /// A dead letter was deleted.
+    DeadPurged,
+}
+
+impl Notice {
+    /// Every notice, for parsing and tests.
+    pub const ALL: [Self; 5] =
+        [Self::CancelRequested, Self::CancelBeforeTakeIn, Self::AlreadyEnded, Self::DeadRequeued, Self::DeadPurged];
+
+    /// The code in the URL.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::CancelRequested => "cancel-requested",
+            Self::CancelBeforeTakeIn => "cancel-before-take-in",
+            Self::AlreadyEnded => "already-ended",
+            Self::DeadRequeued => "dead-requeued",
+            Self::DeadPurged => "dead-purged",
+        }
+    }
+
+    /// The notice a code names, if any.
+    fn parse(code: Option<&str>) -> Option<Self> {
+        code.and_then(|code| Self::ALL.into_iter().find(|notice| notice.code() == code))
+    }
+
+    /// The text shown.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::CancelRequested => "Cancellation of this job requested.",
+            Self::CancelBeforeTakeIn => "Cancellation requested; the job was not taken in yet.",
+            Self::AlreadyEnded => "This job had already ended; nothing was cancelled.",
+            Self::DeadRequeued => "The dead-letter entry was put back on the submit stream.",
+            Self::DeadPurged => "The dead-letter entry was deleted.",
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
 struct NsQuery {
     ns: Option<String>,
+    /// A [`Notice`] code.
     notice: Option<String>,
 }
 
@@ -311,10 +398,10 @@ async fn overview_value(ui: &Ui) -> Result<serde_json::Value, UiError> {
 async fn overview(State(ui): State<Ui>, Query(query): Query<NsQuery>, request: Request) -> Result<Response, UiError> {
     let value = overview_value(&ui).await?;
     let keys = ui.keys(query.ns.as_deref())?;
-    Ok(answer(&ui, &request, &keys, query.notice.as_deref(), value, pages::overview))
+    Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, pages::overview))
 }
 
-fn frame<'a>(ui: &'a Ui, keys: &'a Keys, token: &'a str, notice: Option<&'a str>) -> Frame<'a> {
+fn frame<'a>(ui: &'a Ui, keys: &'a Keys, token: &'a str, notice: Option<Notice>) -> Frame<'a> {
     Frame {
         namespace: keys.namespace(),
         namespaces: ui.namespaces.iter().map(Keys::namespace).collect(),
@@ -392,6 +479,7 @@ struct JobQuery {
     ns: Option<String>,
     /// The page of responses (from 0).
     page: Option<usize>,
+    /// A [`Notice`] code.
     notice: Option<String>,
 }
 
@@ -407,13 +495,13 @@ async fn job(
     let now = redis_now(&mut conn).await?;
     let mut value = data::job(&mut conn, &keys, &job_id, query.page.unwrap_or(0)).await?;
     value["at"] = now.into();
-    Ok(answer(&ui, &request, &keys, query.notice.as_deref(), value, pages::job))
+    Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, pages::job))
 }
 
 async fn dead_list(State(ui): State<Ui>, Query(query): Query<NsQuery>, request: Request) -> Result<Response, UiError> {
     let keys = ui.keys(query.ns.as_deref())?;
     let value = data::dead_list(&mut ui.conn(), &keys).await?;
-    Ok(answer(&ui, &request, &keys, query.notice.as_deref(), value, pages::dead_list))
+    Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, pages::dead_list))
 }
 
 async fn dead_entry(
@@ -424,7 +512,7 @@ async fn dead_entry(
 ) -> Result<Response, UiError> {
     let keys = ui.keys(query.ns.as_deref())?;
     let value = data::dead_entry(&mut ui.conn(), &keys, &entry).await?;
-    Ok(answer(&ui, &request, &keys, query.notice.as_deref(), value, pages::dead_entry))
+    Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, pages::dead_entry))
 }
 
 #[cfg(test)]
@@ -437,6 +525,15 @@ mod tests {
         headers.insert(header::COOKIE, HeaderValue::from_static("a=1; batchd_ui_session=abc; b=2"));
         assert_eq!(cookie(&headers, SESSION_COOKIE), Some("abc"));
         assert_eq!(cookie(&headers, "c"), None);
+    }
+
+    #[test]
+    fn a_notice_is_a_known_code_or_nothing() {
+        for notice in Notice::ALL {
+            assert_eq!(Notice::parse(Some(notice.code())), Some(notice));
+        }
+        assert_eq!(Notice::parse(Some("Your session expired: log in at evil.example")), None);
+        assert_eq!(Notice::parse(None), None);
     }
 
     #[test]

@@ -11,9 +11,11 @@
 //! still finishes its work and is healthy, so `/readyz` stays 200 and its text says `paused` (and who paused it).
 //!
 //! The admin server serves its HTTP/1 connections itself (hyper, not `axum::serve`) so that a slow or hostile client
-//! cannot hold it: each request's headers must arrive within [`HEADER_READ_TIMEOUT`], a connection on which no byte
-//! moves for [`IDLE_TIMEOUT`] is closed, and at most [`MAX_CONNECTIONS`] are served at once (further ones wait in
-//! the listen backlog, using no descriptor of the process, until one closes).
+//! cannot hold it: each request's headers must arrive within [`HEADER_READ_TIMEOUT`] (which also closes an idle
+//! keep-alive connection), a connection on which no byte moves for [`IDLE_TIMEOUT`] is closed, a connection serves
+//! at most [`MAX_REQUESTS_PER_CONNECTION`] requests for at most [`MAX_CONNECTION_AGE`], and at most
+//! [`MAX_CONNECTIONS`] are served at once, [`MAX_CONNECTIONS_PER_PEER`] per peer address; a connection past a cap
+//! takes the place of the longest-idle one, so `/livez` is answered while some connection only waits.
 //!
 //! One file per part: `http.rs` (the routes and the limited HTTP/1 server, which the dashboard reuses),
 //! `sampler.rs` (the Redis sample and the gauges), `systemd.rs` (`sd_notify` and the watchdog); every item is
@@ -30,7 +32,8 @@ use std::time::Duration;
 use batchd_engine::runtime::heartbeat::Heartbeat;
 
 pub use http::{
-    HEADER_READ_TIMEOUT, IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_REQUEST_HEAD_BYTES, bind, router, serve, serve_limited,
+    CLOSE_GRACE, HEADER_READ_TIMEOUT, IDLE_TIMEOUT, MAX_CONNECTION_AGE, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER,
+    MAX_REQUEST_HEAD_BYTES, MAX_REQUESTS_PER_CONNECTION, bind, router, serve, serve_limited,
 };
 pub use sampler::{QueueSample, entry_age, lag, pause_detail, run_sampler};
 pub use systemd::{notify_ready, notify_stopping, run_watchdog, watchdog_interval};

@@ -98,7 +98,7 @@ fn layout(frame: &Frame<'_>, title: &str, body: Markup) -> Markup {
                 }
                 main #content {
                     @if let Some(notice) = frame.notice {
-                        p #notice.notice { (shown(notice, MAX_SHOWN)) }
+                        p #notice.notice data-notice=(notice.code()) { (notice.text()) }
                     }
                     (body)
                 }

@@ -1,7 +1,8 @@
 // The dashboard's one script (batchd ui), served from /assets/ui.js. Pages work without it; it only
 // (1) refreshes the page's <main> every data-refresh-secs seconds without reloading the page, unless the
-// "refresh" box is unticked, the tab is hidden or a form field has the focus, and (2) asks before an action
-// whose form carries data-confirm.
+// "refresh" box is unticked, the tab is hidden or a form field has the focus, (2) asks before an action
+// whose form carries data-confirm, and (3) disables an action's button once its form is submitted, so a double
+// click or an impatient second click sends one request (the server's actions are idempotent as well).
 (function () {
   "use strict";
   var secs = Number(document.body.getAttribute("data-refresh-secs") || "0");
@@ -14,7 +15,13 @@
 
   function refresh() {
     if ((box && !box.checked) || document.hidden || busy()) return;
-    fetch(window.location.href, { headers: { "Accept": "text/html" }, credentials: "same-origin" })
+    // Built from the origin, not from the page's URL: one with credentials in it (http://user:token@host/) cannot
+    // be fetched, nor can a relative URL resolved against it; the browser sends the basic-auth credentials it
+    // holds for this origin by itself.
+    fetch(window.location.origin + window.location.pathname + window.location.search, {
+      headers: { "Accept": "text/html" },
+      credentials: "same-origin"
+    })
       .then(function (response) { return response.ok ? response.text() : null; })
       .then(function (text) {
         if (text === null) return;
@@ -29,8 +36,20 @@
   }
 
   document.addEventListener("submit", function (event) {
-    var question = event.target.getAttribute("data-confirm");
-    if (question && !window.confirm(question)) event.preventDefault();
+    var form = event.target;
+    if (!form.classList.contains("action")) return;
+    if (form.getAttribute("data-submitted") !== null) {
+      event.preventDefault();
+      return;
+    }
+    var question = form.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) {
+      event.preventDefault();
+      return;
+    }
+    form.setAttribute("data-submitted", "");
+    var buttons = form.querySelectorAll("button");
+    for (var i = 0; i < buttons.length; i++) buttons[i].disabled = true;
   });
 
   if (secs > 0) window.setInterval(refresh, secs * 1000);
