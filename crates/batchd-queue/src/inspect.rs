@@ -384,34 +384,3 @@ pub async fn set_pause_flag(conn: &mut Conn, keys: &Keys, value: &str) -> Result
 pub async fn clear_pause_flag(conn: &mut Conn, keys: &Keys) -> Result<Option<String>, StoreError> {
     Ok(redis::cmd("GETDEL").arg(keys.paused()).query_async(conn).await?)
 }
-
-/// What a finished job's ledger still holds for running it again (`batchd retry`), read in one round trip.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RerunCheck {
-    /// The retry's own id already has a ledger (retried before).
-    pub retry_exists: bool,
-    /// The job's ledger still exists.
-    pub exists: bool,
-    /// Its chunk count (0 for a job refused before it ran).
-    pub n_chunks: u64,
-    /// Its first chunk still stores its request items.
-    pub has_requests: bool,
-}
-
-/// Checks whether `job_id` can be run again as `retry_id`.
-pub async fn rerun_check(
-    conn: &mut Conn,
-    keys: &Keys,
-    job_id: &JobId,
-    retry_id: &JobId,
-) -> Result<RerunCheck, StoreError> {
-    let ledger = keys.job(job_id);
-    let (retry_exists, exists, n_chunks, has_requests): (bool, bool, Option<u64>, bool) = redis::pipe()
-        .exists(keys.job(retry_id))
-        .exists(&ledger)
-        .hget(&ledger, field::N_CHUNKS)
-        .hexists(&ledger, field::chunk(0, field::CHUNK_REQUESTS))
-        .query_async(conn)
-        .await?;
-    Ok(RerunCheck { retry_exists, exists, n_chunks: n_chunks.unwrap_or(0), has_requests })
-}

@@ -409,10 +409,10 @@ async fn handle(
     if !seen.insert(retry_id.to_string()) {
         return Ok(Outcome::AlreadyRetried);
     }
-    let check = batchd_queue::inspect::rerun_check(conn, keys, &job_id, &retry_id)
+    let check = batchd_queue::ledger_view::rerun_check(conn, keys, &job_id, &retry_id)
         .await
         .with_context(|| format!("read the ledgers of {job_id} and {retry_id}"))?;
-    let batchd_queue::inspect::RerunCheck { retry_exists, exists, n_chunks, has_requests } = check;
+    let batchd_queue::ledger_view::RerunCheck { retry_exists, exists, n_chunks, has_requests } = check;
     if retry_exists {
         return Ok(Outcome::AlreadyRetried);
     }
@@ -606,7 +606,7 @@ mod tests {
             })
             .collect();
         let requests: Vec<Option<String>> =
-            (0..n_chunks).map(|index| stored.get(&field::chunk(index, field::CHUNK_REQUESTS)).cloned()).collect();
+            (0..n_chunks).map(|index| stored.get(&format!("c{index}:requests")).cloned()).collect();
         let view = LedgerView { job_id: JobId::parse("j").unwrap(), header, chunks };
         rebuild_job(&view, &requests, id, keys)
     }
