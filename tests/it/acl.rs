@@ -13,10 +13,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use batchd::settings::Secret;
 use batchd_core::{Keys, ResultStatus};
 use batchd_emulator::{Emulator, EmulatorConfig};
 use batchd_producer::{NewJob, Producer, ReaderOptions, ResultReader};
-use batchd::settings::Secret;
 use batchd_tests::browser::Dashboard;
 use batchd_tests::{RedisServer, World, bge_m3_job, test_connection, test_settings};
 use redis::AsyncCommands;
@@ -223,11 +223,12 @@ async fn every_role_does_its_job_with_the_shipped_rules() {
     let producer = Producer::connect(&user_url(&world.redis, "producer"), &namespace).await.expect("connect");
     let own = app_results(&keys, "producer");
     let billing = app_results(&keys, OTHER_APPLICATION);
-    let mut own_reader =
-        producer.results_reader(reader_options("app", Some(own.clone()))).await.expect("create a group as the producer");
+    let mut own_reader = producer
+        .results_reader(reader_options("app", Some(own.clone())))
+        .await
+        .expect("create a group as the producer");
     let other = Producer::connect(&user_url(&world.redis, OTHER_APPLICATION), &namespace).await.expect("connect");
-    let mut billing_reader =
-        other.results_reader(reader_options("app", Some(billing.clone()))).await.expect("group");
+    let mut billing_reader = other.results_reader(reader_options("app", Some(billing.clone()))).await.expect("group");
     let text_job = |id: &str| {
         NewJob::new("@cf/baai/bge-m3", vec![json!({"text": format!("text of {id}")})])
             .with_id(id)
@@ -297,7 +298,11 @@ async fn every_role_does_its_job_with_the_shipped_rules() {
     let dead_job: String = world
         .conn
         .clone()
-        .xadd(keys.dead(), "*", &[("source_id", "1-1"), ("error", "x"), ("field:job", &bge_m3_job("acl-5", 1).to_string())])
+        .xadd(
+            keys.dead(),
+            "*",
+            &[("source_id", "1-1"), ("error", "x"), ("field:job", &bge_m3_job("acl-5", 1).to_string())],
+        )
         .await
         .expect("seed a dead letter with a job");
     let (code, _, stderr) = cli_as(&world, "operator", &["dead", "retry", &dead_job]).await;
@@ -322,7 +327,11 @@ async fn dashboard_as_each_role(world: &mut World) {
     let http = reqwest::Client::new();
     let mut admin = world.conn.clone();
     let seeded: String = admin
-        .xadd(keys.dead(), "*", &[("source_id", "1-2"), ("error", "x"), ("field:job", &bge_m3_job("acl-6", 1).to_string())])
+        .xadd(
+            keys.dead(),
+            "*",
+            &[("source_id", "1-2"), ("error", "x"), ("field:job", &bge_m3_job("acl-6", 1).to_string())],
+        )
         .await
         .expect("seed a dead letter with a job");
 
@@ -357,7 +366,9 @@ async fn dashboard_as_each_role(world: &mut World) {
         let status = response.status();
         assert_eq!(status, expected, "operator: {path}: {}", response.text().await.unwrap_or_default());
     }
-    assert!(admin.exists::<_, bool>(keys.cancel(&batchd_core::JobId::parse("acl-7").expect("id"))).await.expect("exists"));
+    assert!(
+        admin.exists::<_, bool>(keys.cancel(&batchd_core::JobId::parse("acl-7").expect("id"))).await.expect("exists")
+    );
     assert_eq!(world.wait_for_result("acl-6", WAIT).await.status, ResultStatus::Completed);
     let purged: String = admin.xadd(keys.dead(), "*", &[("error", "x")]).await.expect("seed a dead letter");
     let response = post(format!("/dead/{purged}/purge")).await.expect("post");
@@ -500,9 +511,15 @@ async fn a_producer_may_only_enqueue_and_read_results() {
         ("acknowledge another application's results", vec!["XACK", &billing, "billing-app", "1-0"]),
         ("claim another application's results", vec!["XAUTOCLAIM", &billing, "billing-app", "thief", "0", "0-0"]),
         ("read another application's results", vec!["XRANGE", &billing, "-", "+"]),
-        ("read the default results stream through a group", vec!["XREADGROUP", "GROUP", "g", "c", "STREAMS", &results, ">"]),
+        (
+            "read the default results stream through a group",
+            vec!["XREADGROUP", "GROUP", "g", "c", "STREAMS", &results, ">"],
+        ),
         ("run a function", vec!["FCALL", "anything", "0"]),
-        ("load a function", vec!["FUNCTION", "LOAD", "#!lua name=x\nredis.register_function('x', function() return 1 end)"]),
+        (
+            "load a function",
+            vec!["FUNCTION", "LOAD", "#!lua name=x\nredis.register_function('x', function() return 1 end)"],
+        ),
         ("delete a results stream", vec!["DEL", &results]),
         ("trim a results stream", vec!["XTRIM", &results, "MAXLEN", "0"]),
         ("enqueue into another namespace", vec!["XADD", &other_submit, "*", "job", "{}"]),
@@ -621,7 +638,10 @@ async fn the_operator_cannot_run_lua_of_its_own_but_may_call_batchds_functions()
         ("run a script", vec!["EVAL", "while true do end", "0"]),
         ("run a loaded script", vec!["EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "1", &key]),
         ("run a read-only script", vec!["EVAL_RO", "return 1", "0"]),
-        ("load a function", vec!["FUNCTION", "LOAD", "#!lua name=x\nredis.register_function('x', function() while true do end end)"]),
+        (
+            "load a function",
+            vec!["FUNCTION", "LOAD", "#!lua name=x\nredis.register_function('x', function() while true do end end)"],
+        ),
         ("delete batchd's functions", vec!["FUNCTION", "FLUSH"]),
         ("kill a running script", vec!["SCRIPT", "KILL"]),
     ];

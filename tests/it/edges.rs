@@ -53,17 +53,21 @@ async fn three_concurrent_retries_of_one_dead_letter_enqueue_it_once() {
     // Through the function itself, from three connections released together: exactly one enqueues.
     let entry = seed_dead_letter(&world, &job).await;
     let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(3));
-    let calls: Vec<_> = (0..3).map(|_| {
-        let barrier = std::sync::Arc::clone(&barrier);
-        let (keys, entry, job, url) = (world.keys.clone(), entry.clone(), job.clone(), world.redis.url());
-        tokio::spawn(async move {
-            let client = redis::Client::open(url).expect("url");
-            let mut conn = batchd_queue::connect(client, Duration::from_secs(10)).expect("connect");
-            batchd_queue::results::ping(&mut conn).await.expect("ping");
-            barrier.wait().await;
-            batchd_queue::functions::requeue_dead_letter(&mut conn, &keys, &entry, job.as_bytes()).await.expect("fcall")
+    let calls: Vec<_> = (0..3)
+        .map(|_| {
+            let barrier = std::sync::Arc::clone(&barrier);
+            let (keys, entry, job, url) = (world.keys.clone(), entry.clone(), job.clone(), world.redis.url());
+            tokio::spawn(async move {
+                let client = redis::Client::open(url).expect("url");
+                let mut conn = batchd_queue::connect(client, Duration::from_secs(10)).expect("connect");
+                batchd_queue::results::ping(&mut conn).await.expect("ping");
+                barrier.wait().await;
+                batchd_queue::functions::requeue_dead_letter(&mut conn, &keys, &entry, job.as_bytes())
+                    .await
+                    .expect("fcall")
+            })
         })
-    }).collect();
+        .collect();
     let mut answers: Vec<Option<String>> = Vec::new();
     for call in calls {
         answers.push(call.await.expect("join"));
@@ -135,8 +139,7 @@ async fn cancel_is_a_function_that_works_before_anyone_loaded_it_and_twice_is_a_
         .await
         .expect("function list");
     assert_eq!(libraries.len(), 1, "a user that may load it loaded the library on first use");
-    let flag: Option<String> =
-        admin.get(world.keys.cancel(&JobId::parse("early-1").expect("id"))).await.expect("get");
+    let flag: Option<String> = admin.get(world.keys.cancel(&JobId::parse("early-1").expect("id"))).await.expect("get");
     assert!(flag.is_some(), "the cancel flag is set");
 }
 

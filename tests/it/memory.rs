@@ -292,7 +292,14 @@ async fn forty_concurrent_reads_of_a_job_with_24_mb_of_items_grow_redis_by_less_
             .await
             .expect("a chunk");
     }
-    let size: u64 = redis::cmd("MEMORY").arg("USAGE").arg(&ledger).arg("SAMPLES").arg(0).query_async(&mut admin).await.expect("usage");
+    let size: u64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(&ledger)
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(&mut admin)
+        .await
+        .expect("usage");
     assert!(size > 24 * 1_000_000, "the ledger holds 24 MB of items: {size} bytes");
 
     let dashboard = batchd_tests::browser::Dashboard::start(&world, &[]).await.expect("start the dashboard");

@@ -524,8 +524,22 @@ fn cases(f: &Fixture) -> Vec<Case> {
     let args = strings(&["1-1", "{}"]);
     case("dead_retry: entry id", "dead_retry", vec![], keys.clone(), with(&args, 0, Some("1")), Err("entry id"));
     case("dead_retry: no job", "dead_retry", vec![], keys.clone(), with(&args, 1, None), Err("missing job"));
-    case("dead_retry: dead type", "dead_retry", wrong(k.dead(), "hash"), keys.clone(), args.clone(), Err("holds a hash"));
-    case("dead_retry: submit type", "dead_retry", wrong(k.submit(), "list"), keys.clone(), args.clone(), Err("holds a list"));
+    case(
+        "dead_retry: dead type",
+        "dead_retry",
+        wrong(k.dead(), "hash"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a hash"),
+    );
+    case(
+        "dead_retry: submit type",
+        "dead_retry",
+        wrong(k.submit(), "list"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a list"),
+    );
 
     // claim: KEYS schedule
     let keys = vec![k.schedule()];
@@ -719,7 +733,13 @@ async fn every_script_error_path_leaves_the_namespace_untouched() {
                 .await
                 .expect("load batchd's functions");
             let name = format!("{}_{}", batchd_queue::functions::library_name(), case.script);
-            redis::cmd("FCALL").arg(name).arg(case.keys.len()).arg(&case.keys).arg(&case.args).query_async(&mut conn).await
+            redis::cmd("FCALL")
+                .arg(name)
+                .arg(case.keys.len())
+                .arg(&case.keys)
+                .arg(&case.args)
+                .query_async(&mut conn)
+                .await
         } else {
             let source = script_source(case.script).unwrap_or_else(|| panic!("no script {}", case.script));
             let script = redis::Script::new(&source);

@@ -451,10 +451,16 @@ mod tests {
         };
         let view = LedgerView {
             job_id: JobId::parse("a").unwrap(),
-            header: [("state", "running"), ("model", "@cf/baai/bge-m3"), ("n_items", "5"), ("n_chunks", "2"), ("accepted_at", "1000")]
-                .iter()
-                .map(|(k, v)| (*k, v.to_string()))
-                .collect(),
+            header: [
+                ("state", "running"),
+                ("model", "@cf/baai/bge-m3"),
+                ("n_items", "5"),
+                ("n_chunks", "2"),
+                ("accepted_at", "1000"),
+            ]
+            .iter()
+            .map(|(k, v)| (*k, v.to_string()))
+            .collect(),
             chunks: vec![
                 chunk(&[("state", "done"), ("items", "0:3")]),
                 chunk(&[("state", "polling"), ("items", "3:2"), ("remote_status", "queued"), ("n_polls", "4")]),

@@ -21,10 +21,7 @@ pub const CHUNKS_PER_READ: u32 = 32;
 /// The per-chunk names a view reads: every one in `batchd_core::ledger::field::CHUNK_FIELDS` but the payloads (the
 /// request items and the output), so a name added to the schema is shown without a change here.
 pub fn chunk_metadata() -> impl Iterator<Item = &'static str> {
-    field::CHUNK_FIELDS
-        .iter()
-        .map(|(_, name)| *name)
-        .filter(|name| !CHUNK_PAYLOADS.contains(name))
+    field::CHUNK_FIELDS.iter().map(|(_, name)| *name).filter(|name| !CHUNK_PAYLOADS.contains(name))
 }
 
 /// The per-chunk fields a view never reads: their size is the producer's (items) or the model's (outputs).
@@ -109,11 +106,8 @@ impl LedgerView {
         if !header.contains_key(field::STATE) {
             return Ok(None);
         }
-        let n_chunks = header
-            .get(field::N_CHUNKS)
-            .and_then(|n| n.parse::<u32>().ok())
-            .unwrap_or(0)
-            .min(crate::MAX_CHUNKS_PER_JOB);
+        let n_chunks =
+            header.get(field::N_CHUNKS).and_then(|n| n.parse::<u32>().ok()).unwrap_or(0).min(crate::MAX_CHUNKS_PER_JOB);
         let per_chunk: Vec<&'static str> = chunk_metadata().collect();
         let mut chunks = Vec::with_capacity(n_chunks as usize);
         for first in (0..n_chunks).step_by(CHUNKS_PER_READ as usize) {
@@ -214,7 +208,11 @@ pub async fn chunk_requests(
     job_id: &JobId,
     index: u32,
 ) -> Result<Option<String>, StoreError> {
-    Ok(redis::cmd("HGET").arg(keys.job(job_id)).arg(field::chunk(index, field::CHUNK_REQUESTS)).query_async(conn).await?)
+    Ok(redis::cmd("HGET")
+        .arg(keys.job(job_id))
+        .arg(field::chunk(index, field::CHUNK_REQUESTS))
+        .query_async(conn)
+        .await?)
 }
 
 #[cfg(test)]

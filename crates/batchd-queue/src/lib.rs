@@ -14,8 +14,8 @@
 
 pub mod clock;
 pub mod connection;
-pub mod ingress;
 pub mod functions;
+pub mod ingress;
 pub mod inspect;
 pub mod ledger_view;
 pub mod results;

@@ -596,7 +596,8 @@ mod tests {
 
     /// A stored ledger as the retry reads it: its view and each chunk's stored items.
     fn rebuild(stored: &HashMap<String, String>, id: &JobId, keys: &Keys) -> Result<String, String> {
-        let header = field::JOB_FIELDS.iter().filter_map(|(_, name)| Some((*name, stored.get(*name)?.clone()))).collect();
+        let header =
+            field::JOB_FIELDS.iter().filter_map(|(_, name)| Some((*name, stored.get(*name)?.clone()))).collect();
         let n_chunks: u32 = stored.get(field::N_CHUNKS).and_then(|n| n.parse().ok()).unwrap_or(0);
         let chunks = (0..n_chunks)
             .map(|index| batchd_queue::ledger_view::ChunkMetadata {

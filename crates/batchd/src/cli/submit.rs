@@ -331,7 +331,11 @@ fn progress_line(job_id: &JobId, view: Option<&LedgerView>) -> String {
         .iter()
         .map(|chunk| {
             let get = |name: &str| chunk.get(name).unwrap_or_default().to_owned();
-            if chunk.state() == Some(ChunkState::Polling) { get(field::CHUNK_REMOTE_STATUS) } else { get(field::CHUNK_STATE) }
+            if chunk.state() == Some(ChunkState::Polling) {
+                get(field::CHUNK_REMOTE_STATUS)
+            } else {
+                get(field::CHUNK_STATE)
+            }
         })
         .collect();
     if shown.is_empty() || JobState::Completed.as_str() == state {
@@ -377,7 +381,10 @@ mod tests {
         LedgerView {
             job_id: JobId::parse("inv-42").unwrap(),
             header: map(header),
-            chunks: chunks.iter().map(|pairs| batchd_queue::ledger_view::ChunkMetadata { fields: map(pairs) }).collect(),
+            chunks: chunks
+                .iter()
+                .map(|pairs| batchd_queue::ledger_view::ChunkMetadata { fields: map(pairs) })
+                .collect(),
         }
     }
 
@@ -402,8 +409,9 @@ mod tests {
             view(&[("state", "running"), ("n_chunks", "1")], &[&[("state", "polling"), ("remote_status", "queued")]]);
         assert_eq!(progress_line(&id, Some(&running)), "inv-42: running (chunk 0: queued)");
         assert_eq!(progress_line(&id, None), "inv-42: waiting for the daemon to take the job in");
-        let chunks: Vec<&[(&'static str, &str)]> =
-            (0..10).map(|index| if index < 3 { &[("state", "done")][..] } else { &[("state", "pending")][..] }).collect();
+        let chunks: Vec<&[(&'static str, &str)]> = (0..10)
+            .map(|index| if index < 3 { &[("state", "done")][..] } else { &[("state", "pending")][..] })
+            .collect();
         let many = view(&[("state", "running"), ("n_chunks", "10")], &chunks);
         assert_eq!(progress_line(&id, Some(&many)), "inv-42: running (10 chunks: 3 done, 7 pending)");
     }
