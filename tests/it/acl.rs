@@ -294,6 +294,12 @@ async fn every_role_does_its_job_with_the_shipped_rules() {
         let (code, _, stderr) = cli_as(&world, "operator", args).await;
         assert_eq!(code, 0, "operator: batchd {}: {stderr}", args.join(" "));
     }
+    // `retry` as the operator: it reads the matching result entries and each job's ledger (the entry that was not a
+    // job was refused before it ran, so it is reported as not retryable, exit 1), with nothing refused by Redis.
+    let (code, stdout, stderr) = cli_as(&world, "operator", &["retry", "--status", "failed", "--json"]).await;
+    assert_eq!(code, 1, "operator: batchd retry: {stdout} {stderr}");
+    assert!(stdout.contains("refused before it ran") && !stderr.contains("no permissions"), "{stdout} {stderr}");
+
     // Dead-letter retry (batchd's `dead_retry` function): the entry moves back to the submit stream once.
     let dead_job: String = world
         .conn

@@ -250,7 +250,7 @@ async fn redis_memory(world: &World) -> (u64, u64) {
 }
 
 /// Reading a job is bounded like writing one (STYLE rule 24): 40 concurrent reads of an in-flight job whose ledger
-/// holds 24 MB of request items (20 dashboard JSON pages, 20 `batchd status --json`) grow Redis's memory by less
+/// holds 24 MB of request items and 2 MB of metadata (20 dashboard JSON pages, 20 `batchd status --json`) grow Redis's memory by less
 /// than 64 MiB; reading the whole ledger (`HGETALL`) each time grew it by over 400 MiB (issue 21). The ledger is
 /// written in 1 MB pieces so that Redis's peak before the reads is its size now, and the peak after them is what
 /// the reads cost.
@@ -272,6 +272,8 @@ async fn forty_concurrent_reads_of_a_job_with_24_mb_of_items_grow_redis_by_less_
                 ("n_chunks", CHUNKS.to_string()),
                 ("accepted_at", "1000".to_owned()),
                 ("reply_to", world.keys.results()),
+                // A producer's metadata of 2 MB: shown only by its size.
+                ("metadata", serde_json::json!({"note": "m".repeat(2_000_000)}).to_string()),
             ],
         )
         .await
@@ -300,7 +302,7 @@ async fn forty_concurrent_reads_of_a_job_with_24_mb_of_items_grow_redis_by_less_
         .query_async(&mut admin)
         .await
         .expect("usage");
-    assert!(size > 24 * 1_000_000, "the ledger holds 24 MB of items: {size} bytes");
+    assert!(size > 26 * 1_000_000, "the ledger holds 24 MB of items and 2 MB of metadata: {size} bytes");
 
     let dashboard = batchd_tests::browser::Dashboard::start(&world, &[]).await.expect("start the dashboard");
     let (before, peak_before) = redis_memory(&world).await;
@@ -328,7 +330,7 @@ async fn forty_concurrent_reads_of_a_job_with_24_mb_of_items_grow_redis_by_less_
     for read in reads {
         let body = read.await.expect("join");
         assert!(body.contains("\"c23:state\""), "every chunk is shown: {}", &body[..body.len().min(300)]);
-        assert!(body.contains("running"));
+        assert!(body.contains("running") && body.contains("\"metadata_bytes\""), "{}", &body[..body.len().min(300)]);
         assert!(!body.contains("c0:requests") && body.len() < 64 * 1024, "no items are read: {} bytes", body.len());
     }
     let (_, peak_after) = redis_memory(&world).await;

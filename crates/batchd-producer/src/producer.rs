@@ -451,6 +451,7 @@ mod tests {
         };
         let view = LedgerView {
             job_id: JobId::parse("a").unwrap(),
+            metadata_bytes: None,
             header: [
                 ("state", "running"),
                 ("model", "@cf/baai/bge-m3"),

@@ -15,6 +15,10 @@ use batchd_core::{ChunkRef, ChunkState, JobId, JobState, Keys};
 
 use crate::{Conn, Placement, StoreError};
 
+/// Most bytes of a job's `metadata` a view holds: the producer sizes it, so a larger one is left out and only its
+/// size is kept ([`LedgerView::metadata_bytes`]); `batchd retry` reads it whole ([`job_metadata`]).
+pub const METADATA_SHOWN_BYTES: u64 = 64 * 1024;
+
 /// Chunks whose metadata one `HMGET` reads: with [`CHUNK_METADATA`]'s names, a few hundred values per command.
 pub const CHUNKS_PER_READ: u32 = 32;
 
@@ -54,8 +58,11 @@ impl Placement {
 pub struct LedgerView {
     /// The job.
     pub job_id: JobId,
-    /// Job-level fields that are set, by name (every name of `field::JOB_FIELDS` is asked for).
+    /// Job-level fields that are set, by name (every name of `field::JOB_FIELDS` is asked for; `metadata` only
+    /// up to [`METADATA_SHOWN_BYTES`]).
     pub header: BTreeMap<&'static str, String>,
+    /// The size of a `metadata` left out for being larger than [`METADATA_SHOWN_BYTES`].
+    pub metadata_bytes: Option<u64>,
     /// The chunks, in order (as many as the ledger's `n_chunks` says, at most `MAX_CHUNKS_PER_JOB`).
     pub chunks: Vec<ChunkMetadata>,
 }
@@ -95,17 +102,22 @@ impl ChunkMetadata {
 }
 
 impl LedgerView {
-    /// Reads job `job_id`'s ledger: one `HMGET` of the header, then one `HMGET` per [`CHUNKS_PER_READ`] chunks of
-    /// their metadata. `None` when the job has no ledger (no `state`).
+    /// Reads job `job_id`'s ledger: the size of its `metadata` (`HSTRLEN`) and one `HMGET` of the header (with
+    /// the metadata when it is small), then one `HMGET` per [`CHUNKS_PER_READ`] chunks of their metadata. `None`
+    /// when the job has no ledger (no `state`).
     pub async fn read(conn: &mut Conn, keys: &Keys, job_id: &JobId) -> Result<Option<Self>, StoreError> {
         let key = keys.job(job_id);
-        let names: Vec<&'static str> = field::JOB_FIELDS.iter().map(|(_, name)| *name).collect();
+        let metadata_len: u64 = redis::cmd("HSTRLEN").arg(&key).arg(field::METADATA).query_async(conn).await?;
+        let shown = metadata_len <= METADATA_SHOWN_BYTES;
+        let names: Vec<&'static str> =
+            field::JOB_FIELDS.iter().map(|(_, name)| *name).filter(|name| shown || *name != field::METADATA).collect();
         let values: Vec<Option<String>> = redis::cmd("HMGET").arg(&key).arg(&names).query_async(conn).await?;
         let header: BTreeMap<&'static str, String> =
             names.into_iter().zip(values).filter_map(|(name, value)| Some((name, value?))).collect();
         if !header.contains_key(field::STATE) {
             return Ok(None);
         }
+        let metadata_bytes = (!shown).then_some(metadata_len);
         let n_chunks =
             header.get(field::N_CHUNKS).and_then(|n| n.parse::<u32>().ok()).unwrap_or(0).min(crate::MAX_CHUNKS_PER_JOB);
         let per_chunk: Vec<&'static str> = chunk_metadata().collect();
@@ -124,7 +136,7 @@ impl LedgerView {
                 chunks.push(ChunkMetadata { fields });
             }
         }
-        Ok(Some(Self { job_id: job_id.clone(), header, chunks }))
+        Ok(Some(Self { job_id: job_id.clone(), header, metadata_bytes, chunks }))
     }
 
     /// A header field's value, if set and not empty.
@@ -154,6 +166,11 @@ impl LedgerView {
         }
         fields
     }
+}
+
+/// Job `job_id`'s whole `metadata`, for `batchd retry`, which must carry it over (a view leaves out a large one).
+pub async fn job_metadata(conn: &mut Conn, keys: &Keys, job_id: &JobId) -> Result<Option<String>, StoreError> {
+    Ok(redis::cmd("HGET").arg(keys.job(job_id)).arg(field::METADATA).query_async(conn).await?)
 }
 
 /// The state of each of `chunks` (one `HGET` each, pipelined); `None` for a chunk its ledger does not have.

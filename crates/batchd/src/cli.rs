@@ -216,6 +216,10 @@ pub(crate) fn status_json(view: &LedgerView) -> serde_json::Value {
             .unwrap_or_else(|| value.into());
         object.insert(name, decoded);
     }
+    if let Some(bytes) = view.metadata_bytes {
+        // Left out for its size (a producer's); `retry` still carries it over.
+        object.insert("metadata_bytes".into(), bytes.into());
+    }
     serde_json::Value::Object(object)
 }
 
@@ -422,6 +426,7 @@ mod tests {
     fn status_escapes_what_the_ledger_holds() {
         let view = LedgerView {
             job_id: JobId::parse("inv-1").unwrap(),
+            metadata_bytes: None,
             header: [
                 (field::STATE, "failed"),
                 (field::MODEL, "@cf/x/y"),

@@ -427,11 +427,18 @@ async fn handle(
             "its request items are no longer stored (a finished job's ledger keeps only its timeline)",
         );
     }
-    let Some(view) =
+    let Some(mut view) =
         LedgerView::read(conn, keys, &job_id).await.with_context(|| format!("read the ledger of {job_id}"))?
     else {
         return not_retryable("its ledger expired (retention.ledger_ttl_secs), and its request items with it");
     };
+    if view.metadata_bytes.is_some() {
+        // A view leaves a large metadata out; the retry carries it over whole.
+        let metadata = batchd_queue::ledger_view::job_metadata(conn, keys, &job_id)
+            .await
+            .with_context(|| format!("read the metadata of {job_id}"))?;
+        view.header.extend(metadata.map(|metadata| (field::METADATA, metadata)));
+    }
     // The items, one chunk per command: Redis never holds more than one chunk's for this reader.
     let mut requests = Vec::with_capacity(view.chunks.len());
     for index in 0..view.chunks.len() as u32 {
@@ -608,7 +615,7 @@ mod tests {
             .collect();
         let requests: Vec<Option<String>> =
             (0..n_chunks).map(|index| stored.get(&format!("c{index}:requests")).cloned()).collect();
-        let view = LedgerView { job_id: JobId::parse("j").unwrap(), header, chunks };
+        let view = LedgerView { job_id: JobId::parse("j").unwrap(), header, metadata_bytes: None, chunks };
         rebuild_job(&view, &requests, id, keys)
     }
 

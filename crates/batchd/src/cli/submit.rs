@@ -380,6 +380,7 @@ mod tests {
         let map = |pairs: &[(&'static str, &str)]| pairs.iter().map(|(k, v)| (*k, v.to_string())).collect();
         LedgerView {
             job_id: JobId::parse("inv-42").unwrap(),
+            metadata_bytes: None,
             header: map(header),
             chunks: chunks
                 .iter()
