@@ -389,7 +389,7 @@ impl Producer {
         ResultEntry::from_fields(&fields).map(Some).map_err(|e| ProducerError::Reply(format!("{entry_id}: {e}")))
     }
 
-    /// Requests the cancellation of job `id` with the daemon's own `cancel` transition (one atomic script): it
+    /// Requests the cancellation of job `id` with batchd's `cancel` Redis function (one atomic step): it
     /// sets the documented flag `{ns}:cancel:<id>` to `reason` (docs/wire-format.md, "Cancelling a job") and makes
     /// the job's steps due at once, so a replica publishes one `cancelled` result right away, with the responses of
     /// the batches that had finished; a job not taken in yet is never submitted if it arrives while the request
