@@ -13,9 +13,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use batchd::settings::Secret;
 use batchd_core::{Keys, ResultStatus};
 use batchd_emulator::{Emulator, EmulatorConfig};
 use batchd_producer::{NewJob, Producer, ReaderOptions, ResultReader};
+use batchd_tests::browser::Dashboard;
 use batchd_tests::{RedisServer, World, bge_m3_job, test_connection, test_settings};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
@@ -56,8 +58,41 @@ fn rules(namespace: &str) -> String {
             .replace(SHIPPED_NAMESPACE, &format!("{{{namespace}}}"));
         file.push_str(&line);
         file.push('\n');
+        if role == "producer" {
+            // A second application, written as deploy/redis/README.md says: the producer line with the
+            // application's name for `producer` (its user and its results stream).
+            file.push_str(&line.replace("producer", OTHER_APPLICATION));
+            file.push('\n');
+        }
     }
     file
+}
+
+/// The second application's user (and results stream suffix), made from `producer.acl`.
+const OTHER_APPLICATION: &str = "billing";
+
+/// The results stream of the application whose user is `application` (`{ns}:results:<application>`).
+fn app_results(keys: &Keys, application: &str) -> String {
+    format!("{}:{application}", keys.results())
+}
+
+/// Waits until the daemon loaded batchd's Redis functions (it does so at start).
+async fn wait_for_functions(world: &World) {
+    let started = Instant::now();
+    loop {
+        let libraries: Vec<redis::Value> = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .arg("LIBRARYNAME")
+            .arg(batchd_queue::functions::library_name())
+            .query_async(&mut world.conn.clone())
+            .await
+            .expect("function list");
+        if !libraries.is_empty() {
+            return;
+        }
+        assert!(started.elapsed() < WAIT, "the daemon never loaded batchd's functions");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A world whose Redis runs with the shipped ACL users, and whose daemon settings connect as the `batchd` user.
@@ -175,30 +210,43 @@ async fn every_role_does_its_job_with_the_shipped_rules() {
     let namespace = keys.namespace().to_owned();
     let daemon = world.daemon();
 
-    // An operator cancels a job before it arrives (the daemon's `cancel` script, run as the operator).
-    let (code, _, stderr) = cli_as(&world, "operator", &["cancel", "acl-3", "--reason", "not needed"]).await;
-    assert_eq!(code, 0, "operator: batchd cancel: {stderr}");
+    // An operator cancels a job before it arrives (batchd's `cancel` function, which the daemon loaded, called
+    // by name as the operator), and cancelling it again changes nothing.
+    wait_for_functions(&world).await;
+    for _ in 0..2 {
+        let (code, _, stderr) = cli_as(&world, "operator", &["cancel", "acl-3", "--reason", "not needed"]).await;
+        assert_eq!(code, 0, "operator: batchd cancel: {stderr}");
+    }
 
-    // A producer enqueues through the Rust library and with a bare XADD, and reads its results with consumer groups.
+    // A producer enqueues through the Rust library and with a bare XADD, and reads its application's results with
+    // consumer groups; another application reads its own.
     let producer = Producer::connect(&user_url(&world.redis, "producer"), &namespace).await.expect("connect");
-    let billing = format!("{}:billing", keys.results());
-    let mut default_reader =
-        producer.results_reader(reader_options("app", None)).await.expect("create a group as the producer");
-    let mut billing_reader =
-        producer.results_reader(reader_options("app", Some(billing.clone()))).await.expect("group");
-    let text_job =
-        |id: &str| NewJob::new("@cf/baai/bge-m3", vec![json!({"text": format!("text of {id}")})]).with_id(id);
+    let own = app_results(&keys, "producer");
+    let billing = app_results(&keys, OTHER_APPLICATION);
+    let mut own_reader = producer
+        .results_reader(reader_options("app", Some(own.clone())))
+        .await
+        .expect("create a group as the producer");
+    let other = Producer::connect(&user_url(&world.redis, OTHER_APPLICATION), &namespace).await.expect("connect");
+    let mut billing_reader = other.results_reader(reader_options("app", Some(billing.clone()))).await.expect("group");
+    let text_job = |id: &str| {
+        NewJob::new("@cf/baai/bge-m3", vec![json!({"text": format!("text of {id}")})])
+            .with_id(id)
+            .with_reply_to(own.clone())
+    };
     producer.enqueue(&text_job("acl-1")).await.expect("enqueue as the producer");
     producer.enqueue(&text_job("acl-2").with_reply_to(billing.clone())).await.expect("enqueue with reply_to");
     producer.enqueue(&text_job("acl-3")).await.expect("enqueue the cancelled job");
     let mut raw = connect_as(&world, "producer").await;
     let not_a_job: String = raw.xadd(keys.submit(), "*", &[("payload", "hello")]).await.expect("bare XADD");
 
-    let results = read_results(&mut default_reader, 3).await;
+    let results = read_results(&mut own_reader, 2).await;
     assert_eq!(results["acl-1"].status, ResultStatus::Completed, "{:?}", results["acl-1"]);
     assert_eq!(results["acl-3"].status, ResultStatus::Cancelled, "{:?}", results["acl-3"]);
-    assert_eq!(results[&not_a_job].status, ResultStatus::Failed);
-    assert_eq!(results[&not_a_job].error.as_ref().map(|e| e.code.as_str()), Some("invalid_entry"));
+    // An entry that is not a job names no stream: its failure goes to the default one.
+    let refused = world.wait_for_result(&not_a_job, WAIT).await;
+    assert_eq!(refused.status, ResultStatus::Failed);
+    assert_eq!(refused.error.as_ref().map(|e| e.code.as_str()), Some("invalid_entry"));
     let (_, limiters): (u64, Vec<String>) = cmd(&["SCAN", "0", "MATCH", &keys.rate_limit("*"), "COUNT", "1000"])
         .query_async(&mut world.conn.clone())
         .await
@@ -219,15 +267,15 @@ async fn every_role_does_its_job_with_the_shipped_rules() {
     assert!(read_only(&["status", "acl-1"]).await.contains("state        completed"));
     assert!(read_only(&["jobs"]).await.contains("acl-2"));
     let stats: serde_json::Value = serde_json::from_str(&read_only(&["stats", "--json"]).await).expect("stats JSON");
-    assert_eq!(stats["results"]["entries"], 3, "{stats}");
+    assert_eq!(stats["results"]["entries"], 1, "{stats}");
     assert_eq!(stats["dead"]["entries"], 1, "{stats}");
     let dead: serde_json::Value = serde_json::from_str(&read_only(&["dead", "list", "--json"]).await).expect("JSON");
     let dead_id = dead[0]["entry_id"].as_str().expect("a dead-letter entry").to_owned();
     let (code, shown, stderr) = cli_as(&world, "operator-ro", &["dead", "show", &dead_id]).await;
     assert_eq!(code, 0, "operator-ro: batchd dead show: {stderr}");
     assert!(shown.contains("hello"), "{shown}");
-    let tailed = read_only(&["tail", "--from-start", "--count", "3", "--timeout", "20"]).await;
-    assert_eq!(tailed.lines().count(), 3, "{tailed}");
+    let tailed = read_only(&["tail", "--from-start", "--count", "1", "--timeout", "20"]).await;
+    assert_eq!(tailed.lines().count(), 1, "{tailed}");
     let tailed = read_only(&["tail", "--stream", "billing", "--from-start", "--count", "1", "--timeout", "20"]).await;
     assert!(tailed.contains("acl-2"), "{tailed}");
     let workers: serde_json::Value = serde_json::from_str(&read_only(&["workers", "--json"]).await).expect("JSON");
@@ -241,17 +289,98 @@ async fn every_role_does_its_job_with_the_shipped_rules() {
     std::fs::write(&file, bge_m3_job("acl-4", 2).to_string()).expect("job file");
     let (code, _, stderr) = cli_as(&world, "operator", &["submit", file.to_str().expect("path")]).await;
     assert_eq!(code, 0, "operator: batchd submit: {stderr}");
-    assert_eq!(read_results(&mut default_reader, 1).await["acl-4"].status, ResultStatus::Completed);
+    assert_eq!(world.wait_for_result("acl-4", WAIT).await.status, ResultStatus::Completed);
     for args in [&["pause", "--reason", "acl test"][..], &["resume"]] {
         let (code, _, stderr) = cli_as(&world, "operator", args).await;
         assert_eq!(code, 0, "operator: batchd {}: {stderr}", args.join(" "));
     }
+    // `retry` as the operator: it reads the matching result entries and each job's ledger (the entry that was not a
+    // job was refused before it ran, so it is reported as not retryable, exit 1), with nothing refused by Redis.
+    let (code, stdout, stderr) = cli_as(&world, "operator", &["retry", "--status", "failed", "--json"]).await;
+    assert_eq!(code, 1, "operator: batchd retry: {stdout} {stderr}");
+    assert!(stdout.contains("refused before it ran") && !stderr.contains("no permissions"), "{stdout} {stderr}");
+
+    // Dead-letter retry (batchd's `dead_retry` function): the entry moves back to the submit stream once.
+    let dead_job: String = world
+        .conn
+        .clone()
+        .xadd(
+            keys.dead(),
+            "*",
+            &[("source_id", "1-1"), ("error", "x"), ("field:job", &bge_m3_job("acl-5", 1).to_string())],
+        )
+        .await
+        .expect("seed a dead letter with a job");
+    let (code, _, stderr) = cli_as(&world, "operator", &["dead", "retry", &dead_job]).await;
+    assert_eq!(code, 0, "operator: batchd dead retry: {stderr}");
+    assert_eq!(world.wait_for_result("acl-5", WAIT).await.status, ResultStatus::Completed);
     let (code, _, stderr) = cli_as(&world, "operator", &["dead", "purge", "--all", "--yes"]).await;
     assert_eq!(code, 0, "operator: batchd dead purge: {stderr}");
     assert_eq!(world.conn.clone().xlen::<_, u64>(keys.dead()).await.expect("xlen"), 0);
 
+    // The dashboard: every page as the read-only operator, every action as the operator.
+    dashboard_as_each_role(&mut world).await;
+
     daemon.stop().await.expect("the daemon stops cleanly");
     assert_eq!(denials(&world).await, Vec::<String>::new(), "no role was refused anything while doing its job");
+}
+
+/// The dashboard (`batchd ui`) as each role: every page's JSON as the read-only operator, and every action (cancel,
+/// dead-letter retry and purge) as the operator, each with the form token and origin the dashboard's own pages send.
+async fn dashboard_as_each_role(world: &mut World) {
+    let original = world.settings.redis.url.clone();
+    let keys = world.keys.clone();
+    let http = reqwest::Client::new();
+    let mut admin = world.conn.clone();
+    let seeded: String = admin
+        .xadd(
+            keys.dead(),
+            "*",
+            &[("source_id", "1-2"), ("error", "x"), ("field:job", &bge_m3_job("acl-6", 1).to_string())],
+        )
+        .await
+        .expect("seed a dead letter with a job");
+
+    world.settings.redis.url = Secret::new(user_url(&world.redis, "operator-ro"));
+    {
+        let dashboard = Dashboard::start(world, &[]).await.expect("the dashboard as operator-ro");
+        for path in ["/api/overview", "/api/jobs", "/api/jobs/acl-1", "/api/dead", &format!("/api/dead/{seeded}")] {
+            let response = http.get(dashboard.url(path)).send().await.expect("get");
+            let status = response.status();
+            assert_eq!(status, 200, "operator-ro: {path}: {}", response.text().await.unwrap_or_default());
+        }
+    }
+
+    world.settings.redis.url = Secret::new(user_url(&world.redis, "operator"));
+    let dashboard = Dashboard::start(world, &["--allow-actions"]).await.expect("the dashboard as operator");
+    let token = "0123456789abcdef0123456789abcdef";
+    let post = |path: String| {
+        http.post(dashboard.url(&path))
+            .header("Origin", format!("http://{}", dashboard.addr))
+            .header("Cookie", format!("batchd_ui_session={token}"))
+            .header("Accept", "application/json")
+            .form(&[("token", token), ("ns", keys.namespace())])
+            .send()
+    };
+    for (path, expected) in [
+        ("/jobs/acl-7/cancel".to_owned(), 200),
+        ("/jobs/acl-7/cancel".to_owned(), 200),
+        (format!("/dead/{seeded}/retry"), 200),
+        (format!("/dead/{seeded}/retry"), 404),
+    ] {
+        let response = post(path.clone()).await.expect("post");
+        let status = response.status();
+        assert_eq!(status, expected, "operator: {path}: {}", response.text().await.unwrap_or_default());
+    }
+    assert!(
+        admin.exists::<_, bool>(keys.cancel(&batchd_core::JobId::parse("acl-7").expect("id"))).await.expect("exists")
+    );
+    assert_eq!(world.wait_for_result("acl-6", WAIT).await.status, ResultStatus::Completed);
+    let purged: String = admin.xadd(keys.dead(), "*", &[("error", "x")]).await.expect("seed a dead letter");
+    let response = post(format!("/dead/{purged}/purge")).await.expect("post");
+    assert_eq!(response.status(), 200, "operator: purge");
+    assert_eq!(admin.xlen::<_, u64>(keys.dead()).await.expect("xlen"), 0);
+    world.settings.redis.url = original;
 }
 
 /// A command of a storage script (or one the daemon sends on a rare path: shutdown, events, idle consumers), with
@@ -291,6 +420,7 @@ const BATCHD_COMMANDS: &[&[&str]] = &[
     &["ZCOUNT", "K", "-inf", "1"],
     &["SCRIPT", "LOAD", "return 1"],
     &["EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "1", "K"],
+    &["FUNCTION", "LOAD", "REPLACE", "#!lua name=probe\nredis.register_function('probe', function() return 1 end)"],
 ];
 
 /// Every command name a storage script calls (`redis.call('X'` or `call_sliced('X'`), from the scripts as Redis runs
@@ -380,6 +510,22 @@ async fn a_producer_may_only_enqueue_and_read_results() {
         ("delete a waiting job", vec!["XDEL", &submit, &waiting]),
         ("trim the submit stream", vec!["XTRIM", &submit, "MAXLEN", "0"]),
         ("destroy another application's group", vec!["XGROUP", "DESTROY", &results, "billing-app"]),
+        (
+            "read another application's results through its group",
+            vec!["XREADGROUP", "GROUP", "billing-app", "thief", "STREAMS", &billing, ">"],
+        ),
+        ("acknowledge another application's results", vec!["XACK", &billing, "billing-app", "1-0"]),
+        ("claim another application's results", vec!["XAUTOCLAIM", &billing, "billing-app", "thief", "0", "0-0"]),
+        ("read another application's results", vec!["XRANGE", &billing, "-", "+"]),
+        (
+            "read the default results stream through a group",
+            vec!["XREADGROUP", "GROUP", "g", "c", "STREAMS", &results, ">"],
+        ),
+        ("run a function", vec!["FCALL", "anything", "0"]),
+        (
+            "load a function",
+            vec!["FUNCTION", "LOAD", "#!lua name=x\nredis.register_function('x', function() return 1 end)"],
+        ),
         ("delete a results stream", vec!["DEL", &results]),
         ("trim a results stream", vec!["XTRIM", &results, "MAXLEN", "0"]),
         ("enqueue into another namespace", vec!["XADD", &other_submit, "*", "job", "{}"]),
@@ -403,15 +549,16 @@ async fn a_producer_may_only_enqueue_and_read_results() {
     assert_eq!(admin.hget::<_, _, String>(&ledger, "state").await.expect("hget"), "running", "the ledger is intact");
     assert_eq!(admin.xlen::<_, u64>(&submit).await.expect("xlen"), 1, "the waiting entry is intact");
 
-    // What it may do. A results stream's group is the producer's own business.
+    // What it may do. Its own application's results stream, and the groups on it, are its own business.
+    let own = app_results(keys, "producer");
     let _: String = conn.xadd(&submit, "*", &[("job", "{}")]).await.expect("enqueue");
-    let _: () =
-        cmd(&["XGROUP", "CREATE", &results, "app", "0", "MKSTREAM"]).query_async(&mut conn).await.expect("group");
-    let _: redis::Value = cmd(&["XREADGROUP", "GROUP", "app", "c", "STREAMS", &results, ">"])
+    let _: () = cmd(&["XGROUP", "CREATE", &own, "app", "0", "MKSTREAM"]).query_async(&mut conn).await.expect("group");
+    let _: redis::Value = cmd(&["XREADGROUP", "GROUP", "app", "c", "STREAMS", &own, ">"])
         .query_async(&mut conn)
         .await
         .expect("read results");
-    let _: redis::Value = cmd(&["XRANGE", &billing, "-", "+"]).query_async(&mut conn).await.expect("read a reply_to");
+    let _: i64 = cmd(&["XACK", &own, "app", "1-0"]).query_async(&mut conn).await.expect("ack its own");
+    let _: redis::Value = cmd(&["XRANGE", &own, "-", "+"]).query_async(&mut conn).await.expect("read its own stream");
 
     // What the rules cannot stop inside a namespace (docs/security.md): XADD's own trimming options. A producer
     // that may enqueue may also drop every job still waiting, its own and other producers'.
@@ -482,6 +629,58 @@ async fn the_read_only_operator_cannot_write_through_redis_or_the_cli() {
     assert!(!admin.exists::<_, bool>(&cancel).await.expect("exists"), "no cancellation was requested");
     assert_eq!(admin.xlen::<_, u64>(&dead).await.expect("xlen"), 1, "the dead letter is kept");
     assert_eq!(admin.xlen::<_, u64>(&submit).await.expect("xlen"), 0, "nothing was enqueued");
+}
+
+/// The operator role runs batchd's functions by name and no Lua of its own: `SCRIPT LOAD` then `EVALSHA` of a
+/// loop would block Redis for everyone (issue 21), so neither is granted, nor `EVAL` or `FUNCTION LOAD`. Every
+/// command batchd's functions send is allowed to it on its namespace (functions run under the caller's ACL).
+#[tokio::test]
+async fn the_operator_cannot_run_lua_of_its_own_but_may_call_batchds_functions() {
+    let world = acl_world().await;
+    let mut conn = connect_as(&world, "operator").await;
+    let key = format!("{}:probe", world.keys.prefix());
+    let forbidden: Vec<(&str, Vec<&str>)> = vec![
+        ("load a script", vec!["SCRIPT", "LOAD", "while true do end"]),
+        ("run a script", vec!["EVAL", "while true do end", "0"]),
+        ("run a loaded script", vec!["EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "1", &key]),
+        ("run a read-only script", vec!["EVAL_RO", "return 1", "0"]),
+        (
+            "load a function",
+            vec!["FUNCTION", "LOAD", "#!lua name=x\nredis.register_function('x', function() while true do end end)"],
+        ),
+        ("delete batchd's functions", vec!["FUNCTION", "FLUSH"]),
+        ("kill a running script", vec!["SCRIPT", "KILL"]),
+    ];
+    for (what, args) in &forbidden {
+        refused(&mut conn, "the operator", what, &cmd(args)).await;
+    }
+    let library = batchd_queue::functions::library_text();
+    let mut called = BTreeSet::new();
+    for marker in ["redis.call('", "call_sliced('"] {
+        for (at, _) in library.match_indices(marker) {
+            let name: String = library[at + marker.len()..].chars().take_while(|c| c.is_ascii_alphabetic()).collect();
+            called.insert(name.to_ascii_uppercase());
+        }
+    }
+    for command in ["TYPE", "HMGET", "SET", "ZADD", "XDEL", "XADD"] {
+        assert!(called.remove(command), "the functions call {command}");
+    }
+    assert!(called.is_empty(), "the functions call {called:?}: add them to this list and to operator.acl");
+    let mut admin = world.conn.clone();
+    for command in [
+        vec!["FCALL", "f", "1", &key],
+        vec!["TYPE", &key],
+        vec!["HMGET", &key, "f"],
+        vec!["SET", &key, "v", "EX", "1"],
+        vec!["ZADD", &key, "XX", "0", "m"],
+        vec!["XDEL", &key, "1-0"],
+        vec!["XADD", &key, "*", "f", "v"],
+    ] {
+        let mut dryrun = redis::cmd("ACL");
+        dryrun.arg("DRYRUN").arg("operator").arg(&command);
+        let answer: String = dryrun.query_async(&mut admin).await.expect("acl dryrun");
+        assert_eq!(answer, "OK", "operator may run {command:?}");
+    }
 }
 
 #[tokio::test]

@@ -21,6 +21,7 @@ mod clock;
 mod config_check;
 mod dead_letters;
 mod deploy;
+mod edges;
 mod events;
 mod examples;
 mod failures;

@@ -236,3 +236,105 @@ async fn an_oversize_entry_is_refused_for_about_twice_its_size_above_idle_and_no
     }
     assert_eq!(world.stream(&world.keys.dead()).await.len(), 3, "each one is dead-lettered (a bounded copy)");
 }
+
+/// `used_memory` and `used_memory_peak` from `INFO memory`.
+async fn redis_memory(world: &World) -> (u64, u64) {
+    let info: String = redis::cmd("INFO").arg("memory").query_async(&mut world.conn.clone()).await.expect("info");
+    let value = |name: &str| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name}:")))
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("INFO memory has {name}"))
+    };
+    (value("used_memory"), value("used_memory_peak"))
+}
+
+/// Reading a job is bounded like writing one (STYLE rule 24): 40 concurrent reads of an in-flight job whose ledger
+/// holds 24 MB of request items and 2 MB of metadata (20 dashboard JSON pages, 20 `batchd status --json`) grow Redis's memory by less
+/// than 64 MiB; reading the whole ledger (`HGETALL`) each time grew it by over 400 MiB (issue 21). The ledger is
+/// written in 1 MB pieces so that Redis's peak before the reads is its size now, and the peak after them is what
+/// the reads cost.
+#[tokio::test]
+async fn forty_concurrent_reads_of_a_job_with_24_mb_of_items_grow_redis_by_less_than_64_mib() {
+    let world = World::new().await;
+    let job_id = batchd_core::JobId::parse("big-reader").expect("id");
+    let ledger = world.keys.job(&job_id);
+    let mut admin = world.conn.clone();
+    const CHUNKS: usize = 24;
+    const ITEMS_PER_CHUNK: usize = 100;
+    let _: () = admin
+        .hset_multiple(
+            &ledger,
+            &[
+                ("state", "running".to_owned()),
+                ("model", "@cf/baai/bge-m3".to_owned()),
+                ("n_items", (CHUNKS * ITEMS_PER_CHUNK).to_string()),
+                ("n_chunks", CHUNKS.to_string()),
+                ("accepted_at", "1000".to_owned()),
+                ("reply_to", world.keys.results()),
+                // A producer's metadata of 2 MB: shown only by its size.
+                ("metadata", serde_json::json!({"note": "m".repeat(2_000_000)}).to_string()),
+            ],
+        )
+        .await
+        .expect("ledger head");
+    let item = serde_json::json!({"text": "x".repeat(10_000)}).to_string();
+    let requests = format!("[{}]", vec![item.as_str(); ITEMS_PER_CHUNK].join(","));
+    for index in 0..CHUNKS {
+        let _: () = admin
+            .hset_multiple(
+                &ledger,
+                &[
+                    (format!("c{index}:state"), "polling".to_owned()),
+                    (format!("c{index}:items"), format!("{}:{ITEMS_PER_CHUNK}", index * ITEMS_PER_CHUNK)),
+                    (format!("c{index}:request_id"), format!("req-{index}")),
+                    (format!("c{index}:requests"), requests.clone()),
+                ],
+            )
+            .await
+            .expect("a chunk");
+    }
+    let size: u64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(&ledger)
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(&mut admin)
+        .await
+        .expect("usage");
+    assert!(size > 26 * 1_000_000, "the ledger holds 24 MB of items and 2 MB of metadata: {size} bytes");
+
+    let dashboard = batchd_tests::browser::Dashboard::start(&world, &[]).await.expect("start the dashboard");
+    let (before, peak_before) = redis_memory(&world).await;
+    assert!(peak_before < before + 8 * MIB as u64, "the peak is not left from writing: {peak_before} vs {before}");
+    let http = reqwest::Client::new();
+    let mut reads = Vec::new();
+    for n in 0..40 {
+        if n % 2 == 0 {
+            let request = http.get(dashboard.url(&format!("/api/jobs/{job_id}"))).header("Accept", "application/json");
+            reads.push(tokio::spawn(async move {
+                let response = request.send().await.expect("get");
+                assert_eq!(response.status(), 200);
+                response.text().await.expect("body")
+            }));
+        } else {
+            let mut command = world.batchd();
+            command.args(["status", "--json", job_id.as_str()]);
+            reads.push(tokio::spawn(async move {
+                let output = crate::cli_ops::run(command).await;
+                assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+                String::from_utf8(output.stdout).expect("utf-8")
+            }));
+        }
+    }
+    for read in reads {
+        let body = read.await.expect("join");
+        assert!(body.contains("\"c23:state\""), "every chunk is shown: {}", &body[..body.len().min(300)]);
+        assert!(body.contains("running") && body.contains("\"metadata_bytes\""), "{}", &body[..body.len().min(300)]);
+        assert!(!body.contains("c0:requests") && body.len() < 64 * 1024, "no items are read: {} bytes", body.len());
+    }
+    let (_, peak_after) = redis_memory(&world).await;
+    let growth = peak_after.saturating_sub(before);
+    eprintln!("40 concurrent reads of a 24 MB ledger: Redis peak {} KiB above what it held", growth / 1024);
+    assert!(growth < 64 * MIB as u64, "Redis grew by {} MiB", growth / MIB as u64);
+}

@@ -519,6 +519,28 @@ fn cases(f: &Fixture) -> Vec<Case> {
         Err("holds a hash"),
     );
 
+    // dead_retry (a function): KEYS dead, submit
+    let keys = vec![k.dead(), k.submit()];
+    let args = strings(&["1-1", "{}"]);
+    case("dead_retry: entry id", "dead_retry", vec![], keys.clone(), with(&args, 0, Some("1")), Err("entry id"));
+    case("dead_retry: no job", "dead_retry", vec![], keys.clone(), with(&args, 1, None), Err("missing job"));
+    case(
+        "dead_retry: dead type",
+        "dead_retry",
+        wrong(k.dead(), "hash"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a hash"),
+    );
+    case(
+        "dead_retry: submit type",
+        "dead_retry",
+        wrong(k.submit(), "list"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a list"),
+    );
+
     // claim: KEYS schedule
     let keys = vec![k.schedule()];
     let args = strings(&["9999", "20000", "10"]);
@@ -655,8 +677,10 @@ fn cases(f: &Fixture) -> Vec<Case> {
 
     // wake: KEYS ledger, schedule
     let keys = vec![f.ledger("live"), k.schedule()];
-    let args = strings(&["live#0", "0", "5000"]);
+    let args = strings(&["live#0", "0", "5000", "1000", batchd_queue::ledger_view::CHUNK_WOKEN_AT]);
     case("wake: now", "wake", vec![], keys.clone(), with(&args, 2, Some("now")), Err("now"));
+    case("wake: gap", "wake", vec![], keys.clone(), with(&args, 3, Some("-1")), Err("wake gap"));
+    case("wake: field", "wake", vec![], keys.clone(), with(&args, 4, None), Err("wake field"));
     case("wake: index", "wake", vec![], keys.clone(), with(&args, 1, Some("c0")), Err("chunk index"));
     case(
         "wake: ledger type",
@@ -681,6 +705,9 @@ fn reply_text(value: &redis::Value) -> String {
     }
 }
 
+/// The functions of batchd's Redis Functions library whose error paths are driven here.
+const FUNCTIONS: [&str; 2] = ["cancel", "dead_retry"];
+
 #[tokio::test]
 async fn every_script_error_path_leaves_the_namespace_untouched() {
     let redis = RedisServer::start().await;
@@ -696,16 +723,35 @@ async fn every_script_error_path_leaves_the_namespace_untouched() {
             fixture.run(&mut conn, &refs).await;
         }
         let before = snapshot(&mut conn, &fixture.keys).await;
-        let source = script_source(case.script).unwrap_or_else(|| panic!("no script {}", case.script));
-        let script = redis::Script::new(&source);
-        let mut invocation = script.prepare_invoke();
-        for key in &case.keys {
-            invocation.key(key);
-        }
-        for arg in &case.args {
-            invocation.arg(arg);
-        }
-        let reply: redis::RedisResult<redis::Value> = invocation.invoke_async(&mut conn).await;
+        // `cancel` and `dead_retry` are functions of batchd's library (called with FCALL), the others scripts.
+        let reply: redis::RedisResult<redis::Value> = if FUNCTIONS.contains(&case.script) {
+            let _: redis::Value = redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg("REPLACE")
+                .arg(batchd_queue::functions::library_text())
+                .query_async(&mut conn)
+                .await
+                .expect("load batchd's functions");
+            let name = format!("{}_{}", batchd_queue::functions::library_name(), case.script);
+            redis::cmd("FCALL")
+                .arg(name)
+                .arg(case.keys.len())
+                .arg(&case.keys)
+                .arg(&case.args)
+                .query_async(&mut conn)
+                .await
+        } else {
+            let source = script_source(case.script).unwrap_or_else(|| panic!("no script {}", case.script));
+            let script = redis::Script::new(&source);
+            let mut invocation = script.prepare_invoke();
+            for key in &case.keys {
+                invocation.key(key);
+            }
+            for arg in &case.args {
+                invocation.arg(arg);
+            }
+            invocation.invoke_async(&mut conn).await
+        };
         match (&case.expect, &reply) {
             (Err(part), Err(error)) => {
                 let message = error.to_string();
@@ -718,7 +764,8 @@ async fn every_script_error_path_leaves_the_namespace_untouched() {
         assert!(before == after, "{}: the script wrote before failing", case.name);
         scripts_seen.insert(case.script);
     }
-    let all: std::collections::BTreeSet<&str> = batchd_queue::store::SCRIPT_NAMES.into_iter().collect();
+    let all: std::collections::BTreeSet<&str> =
+        batchd_queue::store::SCRIPT_NAMES.into_iter().chain(FUNCTIONS).collect();
     assert_eq!(scripts_seen, all, "every script has its error paths driven");
 }
 

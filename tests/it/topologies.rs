@@ -303,6 +303,31 @@ async fn redis_cluster_runs_the_pipeline_and_namespaces_land_on_different_slots(
         run_jobs(&conn, &keys, &ids).await;
     }
     assert_ne!(slots[0], slots[1], "the namespaces spread over the cluster");
+    // batchd's Redis functions reached every primary (FUNCTION LOAD at start), so an operator's FCALL works
+    // whichever slot its namespace lands on.
+    for port in &ports {
+        let mut node = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .expect("test setup")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("test setup");
+        let libraries: Vec<redis::Value> = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .arg("LIBRARYNAME")
+            .arg(batchd_queue::functions::library_name())
+            .query_async(&mut node)
+            .await
+            .expect("function list");
+        assert_eq!(libraries.len(), 1, "the node on port {port} has batchd's functions");
+    }
+    let mut batchd_conn = settings.redis_endpoint().expect("endpoint").shared().expect("cluster connection");
+    for keys in settings.all_keys() {
+        let job_id = JobId::parse(&format!("{}-0", keys.namespace())).expect("id");
+        let state = batchd_queue::functions::cancel(&mut batchd_conn, &keys, &job_id, Duration::from_secs(60), "done")
+            .await
+            .expect("FCALL cancel on the namespace's slot");
+        assert_eq!(state, "completed", "a finished job is left alone");
+    }
     daemon.stop().await.expect("test setup");
 }
 

@@ -7,8 +7,12 @@
 //! wakes a `polling` chunk due later). Every replica pulls: the queue leases each message to one puller, and a
 //! replica that dies holding leases leaves them to come back after the visibility timeout. Messages are
 //! acknowledged only after their wake-ups are written; one whose wake-up failed (Redis down) is left to come back.
+//!
+//! Anyone who can send to the queue can forge events, so an event can cost little: a chunk is woken at most once
+//! per `poll.initial_interval_ms` (`wake.lua`), and the lines logged per event are rate-limited ([`LogLimit`]): one
+//! per kind every [`LOG_EVERY`], with the count of those left out.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use batchd_cloudflare::{EventKind, QueueClient, QueueMessage};
 use batchd_core::Backoff;
@@ -33,8 +37,54 @@ pub struct PullSettings {
     pub max_idle: Duration,
 }
 
-/// Pulls events until `stop`, waking chunks in any of `stores` (one per namespace the daemon serves).
-pub async fn run_puller(client: QueueClient, stores: Vec<Store>, settings: PullSettings, stop: CancellationToken) {
+/// Per-event log lines of one kind are written at most once per this long.
+pub const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// A per-event log line's rate limit: the first line goes out, then at most one per [`LOG_EVERY`], carrying how
+/// many were left out since the last one.
+#[derive(Debug, Default)]
+pub struct LogLimit {
+    /// When the last line went out.
+    last: Option<Instant>,
+    /// Lines left out since.
+    suppressed: u64,
+}
+
+impl LogLimit {
+    /// Whether a line may go out at `now`; `Some(n)` with the lines left out before it, `None` to leave it out.
+    pub fn allow(&mut self, now: Instant) -> Option<u64> {
+        match self.last {
+            Some(last) if now.saturating_duration_since(last) < LOG_EVERY => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
+
+/// The rate limits of the puller's per-event lines.
+#[derive(Debug, Default)]
+struct EventLogs {
+    /// "could not wake a batch's chunk".
+    wake_failed: LogLimit,
+    /// "batch failed event".
+    batch_failed: LogLimit,
+}
+
+/// Pulls events until `stop`, waking chunks in any of `stores` (one per namespace the daemon serves), each at most
+/// once per `wake_gap` (`poll.initial_interval_ms`).
+pub async fn run_puller(
+    client: QueueClient,
+    stores: Vec<Store>,
+    settings: PullSettings,
+    wake_gap: Duration,
+    stop: CancellationToken,
+) {
+    let mut logs = EventLogs::default();
     let max_idle = settings.max_idle;
     let mut idle = Backoff::new(FIRST_IDLE, max_idle);
     tracing::info!(queue_id = %settings.queue_id, "batch event puller started");
@@ -43,7 +93,7 @@ pub async fn run_puller(client: QueueClient, stores: Vec<Store>, settings: PullS
             Ok(pulled) if pulled.messages.is_empty() => idle.failed(),
             Ok(pulled) => {
                 idle.succeeded();
-                let acks = wake_all(&stores, pulled.messages).await;
+                let acks = wake_all(&stores, pulled.messages, wake_gap, &mut logs).await;
                 if !acks.is_empty()
                     && let Err(error) = client.ack(&acks).await
                 {
@@ -75,7 +125,12 @@ pub async fn run_puller(client: QueueClient, stores: Vec<Store>, settings: PullS
 
 /// Wakes the chunk of every event; returns the lease ids to acknowledge (all but those whose wake-up could not be
 /// written).
-async fn wake_all(stores: &[Store], messages: Vec<QueueMessage>) -> Vec<String> {
+async fn wake_all(
+    stores: &[Store],
+    messages: Vec<QueueMessage>,
+    wake_gap: Duration,
+    logs: &mut EventLogs,
+) -> Vec<String> {
     let mut acks = Vec::with_capacity(messages.len());
     for message in messages {
         let Some(event) = &message.event else {
@@ -92,7 +147,7 @@ async fn wake_all(stores: &[Store], messages: Vec<QueueMessage>) -> Vec<String> 
             acks.push(message.lease_id);
             continue;
         }
-        match wake(stores, &event.request_id).await {
+        match wake(stores, &event.request_id, wake_gap).await {
             Ok(outcome) => {
                 metrics::event_matched(outcome);
                 if outcome == "woken"
@@ -101,14 +156,18 @@ async fn wake_all(stores: &[Store], messages: Vec<QueueMessage>) -> Vec<String> 
                     let latency = batchd_queue::now_ms().saturating_sub(sent);
                     metrics::event_wake_latency(Duration::from_millis(latency));
                 }
-                if matches!(event.kind, EventKind::Failed) {
-                    tracing::info!(request_id = %event.request_id, outcome, "batch failed event; its poll reads the cause");
+                if matches!(event.kind, EventKind::Failed)
+                    && let Some(suppressed) = logs.batch_failed.allow(Instant::now())
+                {
+                    tracing::info!(request_id = %event.request_id, outcome, suppressed, "batch failed event; its poll reads the cause");
                 }
                 acks.push(message.lease_id);
             }
             Err(error) => {
                 metrics::redis_error("wake");
-                tracing::warn!(request_id = %event.request_id, error = %error, "could not wake a batch's chunk; the event will be delivered again");
+                if let Some(suppressed) = logs.wake_failed.allow(Instant::now()) {
+                    tracing::warn!(request_id = %event.request_id, error = %error, suppressed, "could not wake a batch's chunk; the event will be delivered again");
+                }
             }
         }
     }
@@ -117,12 +176,31 @@ async fn wake_all(stores: &[Store], messages: Vec<QueueMessage>) -> Vec<String> 
 
 /// Finds the chunk of `request_id` in any namespace and makes it due now: `woken`, `known` (found, not polling or
 /// already due) or `unknown` (another application's batch, or one whose ledger expired).
-async fn wake(stores: &[Store], request_id: &str) -> Result<&'static str, batchd_queue::StoreError> {
+async fn wake(stores: &[Store], request_id: &str, gap: Duration) -> Result<&'static str, batchd_queue::StoreError> {
     for store in stores {
         let now = store.now().await?;
-        if let Some((_, woken)) = store.wake_request(request_id, now).await? {
+        if let Some((_, woken)) = store.wake_request(request_id, now, gap).await? {
             return Ok(if woken { "woken" } else { "known" });
         }
     }
     Ok("unknown")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_line_goes_out_once_per_period_with_the_count_left_out() {
+        let mut limit = LogLimit::default();
+        let start = Instant::now();
+        assert_eq!(limit.allow(start), Some(0));
+        for n in 1..=5 {
+            assert_eq!(limit.allow(start + Duration::from_millis(n)), None);
+        }
+        assert_eq!(limit.allow(start + LOG_EVERY - Duration::from_millis(1)), None);
+        assert_eq!(limit.allow(start + LOG_EVERY), Some(6));
+        assert_eq!(limit.allow(start + LOG_EVERY + Duration::from_secs(1)), None);
+        assert_eq!(limit.allow(start + LOG_EVERY * 3), Some(1));
+    }
 }

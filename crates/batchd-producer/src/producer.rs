@@ -4,13 +4,12 @@
 //! Every job is validated here with the daemon's own decoder (`batchd_core::Job::decode`) before anything is
 //! written, so a job the daemon would refuse never reaches the stream.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use batchd_core::job::JOB_FIELD;
 use batchd_core::ledger::field;
 use batchd_core::{ChunkState, Job, JobError, JobId, JobLimits, JobState, Keys, ResultEntry, UnixMillis, redact_url};
-use batchd_queue::{Conn, Endpoint, RedisSettings, Store, StoreSettings, Topology, inspect};
+use batchd_queue::{Conn, Endpoint, LedgerView, RedisSettings, Topology, inspect};
 use serde::Serialize;
 
 use crate::error::ProducerError;
@@ -163,48 +162,41 @@ fn serialize_job_state<S: serde::Serializer>(state: &JobState, serializer: S) ->
 }
 
 impl JobStatus {
-    /// Reads a ledger hash; `None` when it is empty or has no known state.
-    pub fn from_ledger(id: &JobId, ledger: &HashMap<String, String>) -> Option<Self> {
-        let state: JobState = ledger.get(field::STATE)?.parse().ok()?;
-        let text = |name: &str| ledger.get(name).filter(|v| !v.is_empty()).cloned();
-        let number = |name: &str| ledger.get(name).and_then(|v| v.parse::<u64>().ok());
-        let n_chunks = number(field::N_CHUNKS).unwrap_or(0) as u32;
-        let chunks = (0..n_chunks)
-            .map(|index| {
-                let chunk = |name: &str| ledger.get(&field::chunk(index, name)).filter(|v| !v.is_empty()).cloned();
-                let chunk_number = |name: &str| chunk(name).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-                let (first_item, n_items) = chunk(field::CHUNK_ITEMS)
-                    .and_then(|items| {
-                        let (start, len) = items.split_once(':')?;
-                        Some((start.parse().ok()?, len.parse().ok()?))
-                    })
-                    .unwrap_or((0, 0));
+    /// Reads a ledger view; `None` when it has no known state.
+    pub fn from_view(view: &LedgerView) -> Option<Self> {
+        let state = view.state()?;
+        let number = |name: &str| view.number(name);
+        let chunks = view
+            .chunks
+            .iter()
+            .map(|chunk| {
+                let (first_item, n_items) = chunk.items();
                 ChunkStatus {
-                    state: chunk(field::CHUNK_STATE).and_then(|state| state.parse().ok()),
+                    state: chunk.state(),
                     first_item,
                     n_items,
-                    request_id: chunk(field::CHUNK_REQUEST_ID),
-                    remote_status: chunk(field::CHUNK_REMOTE_STATUS),
-                    n_polls: chunk_number(field::CHUNK_N_POLLS),
-                    attempts: chunk_number(field::CHUNK_ATTEMPTS),
+                    request_id: chunk.get(field::CHUNK_REQUEST_ID).map(str::to_owned),
+                    remote_status: chunk.get(field::CHUNK_REMOTE_STATUS).map(str::to_owned),
+                    n_polls: chunk.number(field::CHUNK_N_POLLS),
+                    attempts: chunk.number(field::CHUNK_ATTEMPTS),
                 }
             })
             .collect();
         Some(Self {
-            id: id.clone(),
+            id: view.job_id.clone(),
             state,
-            model: text(field::MODEL).unwrap_or_default(),
+            model: view.get(field::MODEL).unwrap_or_default().to_owned(),
             n_items: number(field::N_ITEMS).unwrap_or(0) as usize,
             chunks,
             accepted_at: number(field::ACCEPTED_AT),
             updated_at: number(field::UPDATED_AT),
             finished_at: number(field::FINISHED_AT),
             deadline_at: number(field::DEADLINE_AT),
-            reply_to: text(field::REPLY_TO),
+            reply_to: view.get(field::REPLY_TO).map(str::to_owned),
             duplicates: number(field::DUPLICATES).unwrap_or(0),
             possible_duplicate_submits: number(field::POSSIBLE_DUPLICATE_SUBMITS).unwrap_or(0),
-            error: text(field::ERROR).and_then(|error| serde_json::from_str(&error).ok()),
-            result_entry: text(field::RESULT_ENTRY),
+            error: view.get(field::ERROR).and_then(|error| serde_json::from_str(error).ok()),
+            result_entry: view.get(field::RESULT_ENTRY).map(str::to_owned),
         })
     }
 
@@ -377,8 +369,8 @@ impl Producer {
     /// What the ledger says about job `id`; `None` when there is no ledger: the id is unknown, the daemon has not
     /// taken the job in yet, or the ledger expired (`retention.ledger_ttl_secs` after the job finished).
     pub async fn status(&self, id: &JobId) -> Result<Option<JobStatus>, ProducerError> {
-        let ledger = inspect::ledger(&mut self.conn.clone(), &self.keys, id).await?;
-        Ok(ledger.and_then(|ledger| JobStatus::from_ledger(id, &ledger)))
+        let view = LedgerView::read(&mut self.conn.clone(), &self.keys, id).await?;
+        Ok(view.as_ref().and_then(JobStatus::from_view))
     }
 
     /// The result entry of job `id`, once it finished and while both its ledger and the entry are kept.
@@ -397,16 +389,16 @@ impl Producer {
         ResultEntry::from_fields(&fields).map(Some).map_err(|e| ProducerError::Reply(format!("{entry_id}: {e}")))
     }
 
-    /// Requests the cancellation of job `id` with the daemon's own `cancel` transition (one atomic script): it
+    /// Requests the cancellation of job `id` with batchd's `cancel` Redis function (one atomic step): it
     /// sets the documented flag `{ns}:cancel:<id>` to `reason` (docs/wire-format.md, "Cancelling a job") and makes
     /// the job's steps due at once, so a replica publishes one `cancelled` result right away, with the responses of
     /// the batches that had finished; a job not taken in yet is never submitted if it arrives while the request
-    /// lasts. A job that already ended is left alone. Needs a Redis user that may run batchd's scripts (`EVALSHA`:
-    /// the operator's rules, deploy/redis/operator.acl).
+    /// lasts. A job that already ended is left alone, and a repeated cancel changes nothing. It is the Redis
+    /// function batchd loads (`FCALL`), not a script of the caller's: the user needs `+fcall` and the commands the
+    /// function sends on the job's keys (the operator's rules, deploy/redis/operator.acl).
     pub async fn cancel(&self, id: &JobId, reason: &str) -> Result<CancelOutcome, ProducerError> {
-        let settings = StoreSettings { ledger_ttl: self.cancel_ttl, ..StoreSettings::default() };
-        let store = Store::new(self.conn.clone(), self.keys.clone(), settings);
-        let state = store.cancel(id, reason).await?;
+        let state =
+            batchd_queue::functions::cancel(&mut self.conn.clone(), &self.keys, id, self.cancel_ttl, reason).await?;
         Ok(match state.parse::<JobState>() {
             Ok(state) if state.is_terminal() => CancelOutcome::AlreadyFinished(state),
             Ok(state) => CancelOutcome::Requested(Some(state)),
@@ -453,30 +445,35 @@ mod tests {
     }
 
     #[test]
-    fn a_ledger_reads_as_a_status() {
-        let ledger: HashMap<String, String> = [
-            ("state", "running"),
-            ("model", "@cf/baai/bge-m3"),
-            ("n_items", "5"),
-            ("n_chunks", "2"),
-            ("c0:state", "done"),
-            ("c0:items", "0:3"),
-            ("c1:state", "polling"),
-            ("c1:items", "3:2"),
-            ("c1:remote_status", "queued"),
-            ("c1:n_polls", "4"),
-            ("accepted_at", "1000"),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let id = JobId::parse("a").unwrap();
-        let status = JobStatus::from_ledger(&id, &ledger).unwrap();
+    fn a_ledger_view_reads_as_a_status() {
+        let chunk = |pairs: &[(&'static str, &str)]| batchd_queue::ledger_view::ChunkMetadata {
+            fields: pairs.iter().map(|(k, v)| (*k, v.to_string())).collect(),
+        };
+        let view = LedgerView {
+            job_id: JobId::parse("a").unwrap(),
+            metadata_bytes: None,
+            header: [
+                ("state", "running"),
+                ("model", "@cf/baai/bge-m3"),
+                ("n_items", "5"),
+                ("n_chunks", "2"),
+                ("accepted_at", "1000"),
+            ]
+            .iter()
+            .map(|(k, v)| (*k, v.to_string()))
+            .collect(),
+            chunks: vec![
+                chunk(&[("state", "done"), ("items", "0:3")]),
+                chunk(&[("state", "polling"), ("items", "3:2"), ("remote_status", "queued"), ("n_polls", "4")]),
+            ],
+        };
+        let status = JobStatus::from_view(&view).unwrap();
         assert_eq!(status.state, JobState::Running);
         assert_eq!((status.chunks_done(), status.items_done()), (1, 3));
         assert_eq!(status.chunks[1].remote_status.as_deref(), Some("queued"));
         assert_eq!(status.chunks[1].n_polls, 4);
         assert_eq!(status.accepted_at, Some(1000));
-        assert!(JobStatus::from_ledger(&id, &HashMap::new()).is_none());
+        let empty = LedgerView { header: Default::default(), chunks: Vec::new(), ..view };
+        assert!(JobStatus::from_view(&empty).is_none());
     }
 }

@@ -1,10 +1,12 @@
 //! Read-only looks at a namespace, for operators and producers: queue depths, ledgers (one, or a bounded page of
 //! them), the ingress group's consumers, result and dead-letter entries, the finished-jobs counters. The CLI, the
-//! dashboard, the admin sampler and the producer library read batchd's keys through these and nothing else.
+//! dashboard, the admin sampler and the producer library read batchd's keys through these and nothing else, and
+//! one job's ledger through [`crate::LedgerView`].
 //!
 //! Every function is bounded whatever the backlog: single-key commands, `COUNT`-limited ranges, and `SCAN` pages
 //! with a caller-given ceiling. None of them writes but the operator actions at the end (enqueue, dead-letter
-//! retry and purge, the pause flag), which are kept apart.
+//! purge, the pause flag), which are kept apart; dead-letter retry and cancel are Redis functions
+//! ([`crate::functions`]).
 
 use std::collections::HashMap;
 
@@ -128,22 +130,6 @@ pub async fn pause_flag(conn: &mut Conn, keys: &Keys) -> Result<Option<String>, 
     Ok(redis::cmd("GET").arg(keys.paused()).query_async(conn).await?)
 }
 
-/// A job's ledger without its payloads (chunk outputs and request items can be megabytes; people and producers
-/// read the timeline). `None` when the job has no ledger.
-pub async fn ledger(
-    conn: &mut Conn,
-    keys: &Keys,
-    job_id: &JobId,
-) -> Result<Option<HashMap<String, String>>, StoreError> {
-    let mut ledger: HashMap<String, String> = redis::cmd("HGETALL").arg(keys.job(job_id)).query_async(conn).await?;
-    if ledger.is_empty() {
-        return Ok(None);
-    }
-    let payload = [format!(":{}", field::CHUNK_OUTPUT), format!(":{}", field::CHUNK_REQUESTS)];
-    ledger.retain(|name, _| !payload.iter().any(|suffix| name.ends_with(suffix.as_str())));
-    Ok(Some(ledger))
-}
-
 /// One ledger as a list of jobs shows it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct LedgerRow {
@@ -244,11 +230,7 @@ pub async fn scheduled_chunk_states(
     if chunks.is_empty() {
         return Ok((Vec::new(), total));
     }
-    let mut pipe = redis::pipe();
-    for chunk in &chunks {
-        pipe.cmd("HGET").arg(keys.job(&chunk.job_id)).arg(field::chunk(chunk.index, field::CHUNK_STATE));
-    }
-    Ok((pipe.query_async(conn).await?, total))
+    Ok((crate::ledger_view::chunk_states(conn, keys, &chunks).await?, total))
 }
 
 /// The finished-jobs counter hashes named by `keys` (built with [`Keys::stats_minute`] or [`Keys::stats_hour`]),
@@ -381,29 +363,6 @@ pub async fn enqueue_many(conn: &mut Conn, keys: &Keys, jobs: &[&[u8]]) -> Resul
     Ok(pipe.query_async(conn).await?)
 }
 
-/// Re-enqueues a dead letter's `job` value and deletes dead-letter entry `entry_id`, in one `MULTI`/`EXEC`
-/// (both keys share the namespace's hash tag). Returns the new submit entry's id.
-pub async fn requeue_dead_letter(
-    conn: &mut Conn,
-    keys: &Keys,
-    entry_id: &str,
-    job: &[u8],
-) -> Result<String, StoreError> {
-    let (submit_entry_id, _deleted): (String, u64) = redis::pipe()
-        .atomic()
-        .cmd("XADD")
-        .arg(keys.submit())
-        .arg("*")
-        .arg(batchd_core::job::JOB_FIELD)
-        .arg(job)
-        .cmd("XDEL")
-        .arg(keys.dead())
-        .arg(entry_id)
-        .query_async(conn)
-        .await?;
-    Ok(submit_entry_id)
-}
-
 /// Deletes dead-letter entries; returns how many existed.
 pub async fn delete_dead_letters(conn: &mut Conn, keys: &Keys, entry_ids: &[String]) -> Result<u64, StoreError> {
     Ok(redis::cmd("XDEL").arg(keys.dead()).arg(entry_ids).query_async(conn).await?)
@@ -424,45 +383,4 @@ pub async fn set_pause_flag(conn: &mut Conn, keys: &Keys, value: &str) -> Result
 /// Deletes the pause flag (`GETDEL`); returns the value it had.
 pub async fn clear_pause_flag(conn: &mut Conn, keys: &Keys) -> Result<Option<String>, StoreError> {
     Ok(redis::cmd("GETDEL").arg(keys.paused()).query_async(conn).await?)
-}
-
-/// What a finished job's ledger still holds for running it again (`batchd retry`), read in one round trip.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RerunCheck {
-    /// The retry's own id already has a ledger (retried before).
-    pub retry_exists: bool,
-    /// The job's ledger still exists.
-    pub exists: bool,
-    /// Its chunk count (0 for a job refused before it ran).
-    pub n_chunks: u64,
-    /// Its first chunk still stores its request items.
-    pub has_requests: bool,
-}
-
-/// Checks whether `job_id` can be run again as `retry_id`.
-pub async fn rerun_check(
-    conn: &mut Conn,
-    keys: &Keys,
-    job_id: &JobId,
-    retry_id: &JobId,
-) -> Result<RerunCheck, StoreError> {
-    let ledger = keys.job(job_id);
-    let (retry_exists, exists, n_chunks, has_requests): (bool, bool, Option<u64>, bool) = redis::pipe()
-        .exists(keys.job(retry_id))
-        .exists(&ledger)
-        .hget(&ledger, field::N_CHUNKS)
-        .hexists(&ledger, field::chunk(0, field::CHUNK_REQUESTS))
-        .query_async(conn)
-        .await?;
-    Ok(RerunCheck { retry_exists, exists, n_chunks: n_chunks.unwrap_or(0), has_requests })
-}
-
-/// A job's whole ledger, its stored request items included (what `batchd retry` rebuilds the job from); empty
-/// when it has none.
-pub async fn ledger_with_items(
-    conn: &mut Conn,
-    keys: &Keys,
-    job_id: &JobId,
-) -> Result<HashMap<String, String>, StoreError> {
-    Ok(redis::cmd("HGETALL").arg(keys.job(job_id)).query_async(conn).await?)
 }

@@ -4,6 +4,8 @@
 //! - [`Store`]: the job ledger, the schedule and result publishing, each transition one Lua script.
 //! - [`ingress`]: the submit stream as the ingress fetcher reads it (group reads, reclaims, delivery counts).
 //! - [`inspect`]: read-only looks for operators and producers (depths, ledgers, consumers, entries, counters).
+//! - [`ledger_view`]: one typed, bounded view of a job's ledger for every reader outside the daemon.
+//! - [`functions`]: the Redis Functions operators and producers call by name (`FCALL`): cancel, dead-letter retry.
 //! - [`results`]: following a results stream, and a results reader's consumer-group commands.
 //! - [`connection`] and [`clock`]: one connection type for every deployment, and Redis's clock.
 //!
@@ -12,8 +14,10 @@
 
 pub mod clock;
 pub mod connection;
+pub mod functions;
 pub mod ingress;
 pub mod inspect;
+pub mod ledger_view;
 pub mod results;
 pub mod store;
 
@@ -24,6 +28,7 @@ use batchd_core::{Backoff, UnixMillis};
 pub use clock::RedisClock;
 pub use connection::{Conn, Endpoint, RedisSettings, Topology};
 pub use ingress::SubmitEntry;
+pub use ledger_view::LedgerView;
 pub use store::{
     Accepted, AddOutcome, ChunkPlan, ChunkRecord, ChunkView, DeadLetter, Intake, MAX_CHUNKS_PER_JOB, NewChunk,
     Placement, PublishContext, Rejection, Store, StoreSettings, SubmitTicket, TOO_MANY_DELIVERIES, Undeliverable,

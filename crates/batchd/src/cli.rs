@@ -29,7 +29,7 @@ use std::time::Duration;
 use anyhow::{Context as _, anyhow};
 use batchd_core::ledger::field;
 use batchd_core::{JobId, Keys};
-use batchd_queue::Conn;
+use batchd_queue::{Conn, LedgerView};
 
 use crate::settings::Settings;
 
@@ -193,14 +193,11 @@ pub fn result_json(fields: &HashMap<String, String>) -> serde_json::Value {
     serde_json::Value::Object(object)
 }
 
-/// A job's ledger without its payloads (chunk outputs and request items can be megabytes; the timeline is what
-/// `status` and the dashboard show). A job without a ledger is "not found" (exit code 5).
-pub(crate) async fn read_ledger(
-    conn: &mut Conn,
-    keys: &Keys,
-    job_id: &JobId,
-) -> anyhow::Result<HashMap<String, String>> {
-    batchd_queue::inspect::ledger(conn, keys, job_id).await.context("read ledger")?.ok_or_else(|| {
+/// A job's ledger without its payloads ([`LedgerView`]: header and chunk metadata by name; chunk outputs and
+/// request items can be megabytes, the timeline is what `status` and the dashboard show). A job without a ledger
+/// is "not found" (exit code 5).
+pub(crate) async fn read_ledger(conn: &mut Conn, keys: &Keys, job_id: &JobId) -> anyhow::Result<LedgerView> {
+    LedgerView::read(conn, keys, job_id).await.context("read ledger")?.ok_or_else(|| {
         Exit::not_found(format!(
             "no job {job_id} in namespace {} (never enqueued, not taken in yet, or its ledger expired)",
             keys.namespace()
@@ -208,16 +205,20 @@ pub(crate) async fn read_ledger(
     })
 }
 
-/// A ledger as `status --json` prints it: `job_id` and every field, JSON-valued fields (errors) decoded.
-pub(crate) fn status_json(job_id: &JobId, ledger: &HashMap<String, String>) -> serde_json::Value {
+/// A ledger as `status --json` prints it: `job_id` and every field read, JSON-valued fields (errors) decoded.
+pub(crate) fn status_json(view: &LedgerView) -> serde_json::Value {
     let mut object = serde_json::Map::new();
-    object.insert("job_id".into(), job_id.as_str().into());
-    for (name, value) in ledger {
+    object.insert("job_id".into(), view.job_id.as_str().into());
+    for (name, value) in view.fields() {
         let decoded = serde_json::from_str::<serde_json::Value>(value)
             .ok()
             .filter(|v| v.is_object() || v.is_array())
-            .unwrap_or_else(|| value.clone().into());
-        object.insert(name.clone(), decoded);
+            .unwrap_or_else(|| value.into());
+        object.insert(name, decoded);
+    }
+    if let Some(bytes) = view.metadata_bytes {
+        // Left out for its size (a producer's); `retry` still carries it over.
+        object.insert("metadata_bytes".into(), bytes.into());
     }
     serde_json::Value::Object(object)
 }
@@ -227,21 +228,19 @@ pub async fn status(settings: &Settings, id: &str, json: bool) -> anyhow::Result
     let job_id = parse_job_id(id)?;
     let keys = settings.keys();
     let mut conn = connect(settings).await?;
-    let ledger = read_ledger(&mut conn, &keys, &job_id).await?;
+    let view = read_ledger(&mut conn, &keys, &job_id).await?;
     if json {
-        return print_json(&status_json(&job_id, &ledger));
+        return print_json(&status_json(&view));
     }
-    print!("{}", status_text(&job_id, keys.namespace(), &ledger));
+    print!("{}", status_text(keys.namespace(), &view));
     Ok(())
 }
 
 /// The human-readable timeline of a job.
-fn status_text(job_id: &JobId, namespace: &str, ledger: &HashMap<String, String>) -> String {
-    let get = |name: &str| ledger.get(name).map(String::as_str).unwrap_or("-");
-    let time = |name: &str| {
-        ledger.get(name).and_then(|ms| ms.parse::<u64>().ok()).map(format_utc).unwrap_or_else(|| "-".into())
-    };
-    let mut out = format!("job {job_id} (namespace {namespace})\n");
+fn status_text(namespace: &str, view: &LedgerView) -> String {
+    let get = |name: &str| view.get(name).unwrap_or("-");
+    let time = |name: &str| view.number(name).map(format_utc).unwrap_or_else(|| "-".into());
+    let mut out = format!("job {} (namespace {namespace})\n", view.job_id);
     // Every value comes from the ledger: producer input and API text, escaped.
     let mut line = |label: &str, value: String| {
         out.push_str(&format!("  {label:<12} {}\n", escape_for_terminal(&value)));
@@ -251,42 +250,41 @@ fn status_text(job_id: &JobId, namespace: &str, ledger: &HashMap<String, String>
     line("items", get(field::N_ITEMS).to_owned());
     line("accepted", time(field::ACCEPTED_AT));
     line("updated", time(field::UPDATED_AT));
-    if ledger.contains_key(field::FINISHED_AT) {
+    if view.header.contains_key(field::FINISHED_AT) {
         line("finished", time(field::FINISHED_AT));
     } else {
         line("deadline", time(field::DEADLINE_AT));
     }
     line("results to", get(field::REPLY_TO).to_owned());
-    let n_chunks: u32 = get(field::N_CHUNKS).parse().unwrap_or(0);
-    for index in 0..n_chunks {
-        let chunk = |name: &str| ledger.get(&field::chunk(index, name)).cloned().unwrap_or_else(|| "-".into());
+    for (index, chunk) in view.chunks.iter().enumerate() {
+        let value = |name: &str| chunk.get(name).unwrap_or("-").to_owned();
         line(
             &format!("chunk {index}"),
             format!(
                 "{}  items {}  request {}  remote {}  polls {}  submit attempts {}",
-                chunk(field::CHUNK_STATE),
-                chunk(field::CHUNK_ITEMS),
-                chunk(field::CHUNK_REQUEST_ID),
-                chunk(field::CHUNK_REMOTE_STATUS),
-                chunk(field::CHUNK_N_POLLS),
-                chunk(field::CHUNK_ATTEMPTS),
+                value(field::CHUNK_STATE),
+                value(field::CHUNK_ITEMS),
+                value(field::CHUNK_REQUEST_ID),
+                value(field::CHUNK_REMOTE_STATUS),
+                value(field::CHUNK_N_POLLS),
+                value(field::CHUNK_ATTEMPTS),
             ),
         );
-        if let Some(error) = ledger.get(&field::chunk(index, field::CHUNK_LAST_ERROR)) {
+        if let Some(error) = chunk.fields.get(field::CHUNK_LAST_ERROR) {
             line("", format!("last error {error}"));
         }
     }
     for (name, label) in
         [(field::DUPLICATES, "duplicates"), (field::POSSIBLE_DUPLICATE_SUBMITS, "resubmits"), (field::ERROR, "error")]
     {
-        if let Some(value) = ledger.get(name) {
+        if let Some(value) = view.header.get(name) {
             line(label, value.clone());
         }
     }
     out
 }
 
-/// `batchd cancel <id>`: requests the job's cancellation through the daemon's own `cancel` script: it sets the
+/// `batchd cancel <id>`: requests the job's cancellation through batchd's `cancel` Redis function: it sets the
 /// documented flag `{ns}:cancel:<id>` and makes the job's steps due at once, so a replica publishes the `cancelled`
 /// result right away. A job not taken in yet is never submitted; a finished job is not changed.
 ///
@@ -426,18 +424,26 @@ mod tests {
 
     #[test]
     fn status_escapes_what_the_ledger_holds() {
-        let ledger: HashMap<String, String> = [
-            (field::STATE, "failed"),
-            (field::MODEL, "@cf/x/y"),
-            (field::N_CHUNKS, "1"),
-            ("c0:state", "failed"),
-            ("c0:remote_status", "\u{1b}[31mred"),
-            (field::ERROR, "api_error: bad\u{1b}[2J \u{202e}txt"),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let text = status_text(&JobId::parse("inv-1").unwrap(), "ns", &ledger);
+        let view = LedgerView {
+            job_id: JobId::parse("inv-1").unwrap(),
+            metadata_bytes: None,
+            header: [
+                (field::STATE, "failed"),
+                (field::MODEL, "@cf/x/y"),
+                (field::N_CHUNKS, "1"),
+                (field::ERROR, "api_error: bad\u{1b}[2J \u{202e}txt"),
+            ]
+            .iter()
+            .map(|(k, v)| (*k, v.to_string()))
+            .collect(),
+            chunks: vec![batchd_queue::ledger_view::ChunkMetadata {
+                fields: [(field::CHUNK_STATE, "failed"), (field::CHUNK_REMOTE_STATUS, "\u{1b}[31mred")]
+                    .iter()
+                    .map(|(k, v)| (*k, v.to_string()))
+                    .collect(),
+            }],
+        };
+        let text = status_text("ns", &view);
         assert!(!text.chars().any(|c| c != '\n' && is_unsafe_for_terminal(c)), "{text}");
         assert!(text.contains("remote \\x1b[31mred") && text.contains("bad\\x1b[2J \\u{202e}txt"), "{text}");
     }

@@ -125,6 +125,11 @@ pub async fn run_with_providers(
         background.push(tokio::spawn(admin::run_watchdog(interval, Arc::clone(&health), background_stop.clone())));
     }
 
+    // Operators and producers call batchd's Redis functions (cancel, dead-letter retry) by name; a daemon that
+    // cannot load them still runs (they may be loaded already, or the administrator loads them).
+    if let Err(error) = batchd_queue::functions::load(&mut conn.clone()).await {
+        tracing::warn!(error = %error, library = batchd_queue::functions::library_name(), "could not load batchd's Redis functions; `batchd cancel` and dead-letter retries need them (docs/security.md)");
+    }
     let consumer = consumer_name();
     let fetch_stop = shutdown.child_token();
     let mut workers = JoinSet::new();
@@ -157,6 +162,7 @@ pub async fn run_with_providers(
             queue,
             stores,
             settings.event_pull(),
+            Duration::from_millis(settings.poll.initial_interval_ms),
             fetch_stop.clone(),
         )));
     }

@@ -253,11 +253,13 @@ impl Store {
     }
 
     /// Makes the chunk of the batch `request_id` due now, if batchd knows the request id and the chunk is
-    /// polling (see `wake.lua`). Returns the chunk and whether it was woken; `None` for an unknown request id.
+    /// polling and was not woken within `min_gap` (see `wake.lua`). Returns the chunk and whether it was woken;
+    /// `None` for an unknown request id.
     pub async fn wake_request(
         &self,
         request_id: &str,
         now: UnixMillis,
+        min_gap: Duration,
     ) -> Result<Option<(ChunkRef, bool)>, StoreError> {
         let member: Option<String> =
             redis::cmd("GET").arg(self.keys.request(request_id)).query_async(&mut self.conn.clone()).await?;
@@ -265,7 +267,11 @@ impl Store {
             return Ok(None);
         };
         let mut cmd = ScriptCall::new(&self.scripts.wake, &[self.keys.job(&chunk.job_id), self.keys.schedule()]);
-        cmd.arg(chunk.to_string()).arg(chunk.index).arg(now);
+        cmd.arg(chunk.to_string())
+            .arg(chunk.index)
+            .arg(now)
+            .arg(min_gap.as_millis() as u64)
+            .arg(crate::ledger_view::CHUNK_WOKEN_AT);
         let woken: i64 = self.run(&cmd).await?;
         let woken = script_flag("wake", woken, &chunk.job_id)?;
         if woken {

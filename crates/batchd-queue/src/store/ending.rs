@@ -75,19 +75,12 @@ impl Store {
         }))
     }
 
-    /// Requests cancellation of a job (see `cancel.lua`); returns its state (empty when no ledger exists yet:
-    /// the request then waits for the job to arrive, for `ledger_ttl`).
+    /// Requests cancellation of a job (the `cancel` Redis function, [`crate::functions::cancel`]); returns its
+    /// state (empty when no ledger exists yet: the request then waits for the job to arrive, for `ledger_ttl`).
     pub async fn cancel(&self, job_id: &JobId, reason: &str) -> Result<String, StoreError> {
-        let mut cmd = ScriptCall::new(
-            &self.scripts.cancel,
-            &[self.keys.job(job_id), self.keys.cancel(job_id), self.keys.schedule()],
-        );
-        cmd.arg(job_id.as_str()).arg(self.settings.ledger_ttl.as_secs().max(1)).arg(if reason.is_empty() {
-            "cancelled"
-        } else {
-            reason
-        });
-        let state: String = self.run(&cmd).await?;
+        let state =
+            crate::functions::cancel(&mut self.conn.clone(), &self.keys, job_id, self.settings.ledger_ttl, reason)
+                .await?;
         if !state.is_empty() && state.parse::<JobState>().is_err() {
             return Err(unknown_answer("cancel", &state, job_id));
         }
@@ -166,11 +159,5 @@ impl Store {
         if let Err(error) = pipe.query_async::<()>(&mut self.conn.clone()).await {
             tracing::warn!(job_id = %job_id, error = %error, "finished-jobs counters not updated");
         }
-    }
-
-    /// The whole ledger of a job, as stored (for `batchd status`). `None` when there is none.
-    pub async fn ledger(&self, job_id: &JobId) -> Result<Option<HashMap<String, String>>, StoreError> {
-        let ledger: HashMap<String, String> = self.conn.clone().hgetall(self.keys.job(job_id)).await?;
-        Ok((!ledger.is_empty()).then_some(ledger))
     }
 }

@@ -2,7 +2,6 @@
 //! between two steps leaves Redis in a state a restarted replica can resume from.
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
 use std::time::Duration;
 
 use batchd_core::ledger::field;
@@ -10,6 +9,7 @@ use batchd_core::{ChunkRef, ChunkState, Job, JobError, JobId, JobState, Keys, Re
 use redis::{AsyncCommands, Script};
 use serde_json::value::RawValue;
 
+use crate::ledger_view::parse_items;
 use crate::{Conn, StoreError};
 
 mod chunks;
@@ -213,9 +213,4 @@ fn script_flag(script: &str, answer: i64, job_id: &impl std::fmt::Display) -> Re
         0 => Ok(false),
         other => Err(unknown_answer(script, other, job_id)),
     }
-}
-
-fn parse_items(raw: Option<&str>) -> Option<(usize, usize)> {
-    let (start, len) = raw?.split_once(':')?;
-    Some((start.parse().ok()?, len.parse().ok()?))
 }

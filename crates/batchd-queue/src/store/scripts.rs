@@ -14,7 +14,6 @@ pub(super) struct Scripts {
     pub(super) add_chunks: Script,
     pub(super) publish: Script,
     pub(super) rate_limit: Script,
-    pub(super) cancel: Script,
     pub(super) wake: Script,
 }
 
@@ -196,7 +195,7 @@ fn script_constants() -> String {
 /// A script as Redis runs it: the names, words and limits it shares with Rust ([`script_constants`], so a Lua
 /// literal can never drift from the Rust one), then the shared prelude (`refuse`, the checks, `call_sliced`), then
 /// the script itself.
-pub(super) fn script_text(body: &str) -> String {
+pub(crate) fn script_text(body: &str) -> String {
     format!("{}{}\n{body}", script_constants(), include_str!("../lua/prelude.lua"))
 }
 
@@ -213,7 +212,6 @@ pub fn script_source(name: &str) -> Option<String> {
         "add_chunks" => include_str!("../lua/add_chunks.lua"),
         "publish" => include_str!("../lua/publish.lua"),
         "rate_limit" => include_str!("../lua/rate_limit.lua"),
-        "cancel" => include_str!("../lua/cancel.lua"),
         "wake" => include_str!("../lua/wake.lua"),
         _ => return None,
     };
@@ -221,7 +219,7 @@ pub fn script_source(name: &str) -> Option<String> {
 }
 
 /// The file names (without `.lua`) of every storage script, for [`script_source`].
-pub const SCRIPT_NAMES: [&str; 11] = [
+pub const SCRIPT_NAMES: [&str; 10] = [
     "accept",
     "reject",
     "claim",
@@ -231,7 +229,6 @@ pub const SCRIPT_NAMES: [&str; 11] = [
     "add_chunks",
     "publish",
     "rate_limit",
-    "cancel",
     "wake",
 ];
 
@@ -282,7 +279,6 @@ impl Scripts {
             add_chunks: load("add_chunks"),
             publish: load("publish"),
             rate_limit: load("rate_limit"),
-            cancel: load("cancel"),
             wake: load("wake"),
         }
     }
@@ -304,7 +300,7 @@ mod tests {
         let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src/lua")).expect("lua dir");
         let mut on_disk: Vec<String> = files
             .map(|file| file.expect("entry").file_name().to_string_lossy().trim_end_matches(".lua").to_owned())
-            .filter(|name| name != "prelude")
+            .filter(|name| name != "prelude" && name != "functions")
             .collect();
         on_disk.sort();
         let mut known: Vec<&str> = SCRIPT_NAMES.to_vec();

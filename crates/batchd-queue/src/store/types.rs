@@ -188,13 +188,6 @@ impl Placement {
         (0..self.len()).filter_map(|local| self.job_index(local)).collect()
     }
 
-    pub(super) fn parse(items: &str, indices: &str) -> Option<Self> {
-        if !indices.is_empty() {
-            return serde_json::from_str(indices).ok().map(Self::Indices);
-        }
-        parse_items(Some(items)).map(|(start, len)| Self::Range { start, len })
-    }
-
     /// The ledger encoding: (`start:len`, indices JSON or "").
     pub(super) fn encode(&self) -> (String, String) {
         match self {

@@ -246,8 +246,10 @@ impl Requeued {
     }
 }
 
-/// Re-enqueues dead-letter entry `entry_id`'s `job` field after checking it with the daemon's rules, and deletes
-/// the entry in the same `MULTI`/`EXEC`; an entry without a valid job is refused and kept.
+/// Re-enqueues dead-letter entry `entry_id`'s `job` field after checking it with the daemon's rules, through
+/// batchd's `dead_retry` Redis function: the entry is deleted and the job enqueued only if that deleted it, so
+/// concurrent retries of one entry enqueue it once (the others find it gone). An entry without a valid job is
+/// refused and kept.
 pub(crate) async fn requeue(
     conn: &mut Conn,
     keys: &Keys,
@@ -267,13 +269,20 @@ pub(crate) async fn requeue(
         let reason = escape_for_terminal(&e.to_string()).into_owned();
         anyhow!("dead-letter entry {entry_id} is still not a valid job: {reason}; kept")
     })?;
-    let submit_entry_id =
-        batchd_queue::inspect::requeue_dead_letter(conn, keys, entry_id, job).await.context("re-enqueue")?;
+    let Some(submit_entry_id) =
+        batchd_queue::functions::requeue_dead_letter(conn, keys, entry_id, job).await.context("re-enqueue")?
+    else {
+        // Another retry (or a purge) took it between the read and the move: enqueued once, by that one.
+        return Err(Exit::not_found(format!(
+            "no dead-letter entry {entry_id} in namespace {} any more (retried or purged meanwhile)",
+            keys.namespace()
+        )));
+    };
     let has_id = std::str::from_utf8(job).is_ok_and(super::submit::has_id);
     let job_id = if has_id { validated.id.to_string() } else { submit_entry_id.clone() };
     let existing_state = if has_id {
-        let ledger = batchd_queue::inspect::ledger(conn, keys, &validated.id).await.context("read ledger")?;
-        ledger.and_then(|mut ledger| ledger.remove(batchd_core::ledger::field::STATE))
+        let view = batchd_queue::LedgerView::read(conn, keys, &validated.id).await.context("read ledger")?;
+        view.and_then(|view| view.get(batchd_core::ledger::field::STATE).map(str::to_owned))
     } else {
         None
     };

@@ -26,7 +26,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use batchd_core::ledger::field;
 use batchd_core::{Job, JobId, Keys};
-use batchd_queue::Conn;
+use batchd_queue::{Conn, LedgerView};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use serde_json::json;
@@ -159,41 +159,32 @@ pub fn retry_id(job_id: &str) -> Option<JobId> {
     JobId::parse(&format!("{base}{RETRY_SUFFIX}{n}")).ok()
 }
 
-/// The body of a retry of the job whose ledger is `ledger`, as job JSON with id `id`: every request item in request
-/// order, rebuilt from the chunks (a chunk holds a run of items, `c<i>:items` = `start:len`, or the items listed in
-/// `c<i>:indices`); the first chunk holding an item gives it.
-fn rebuild_job(ledger: &HashMap<String, String>, id: &JobId, keys: &Keys) -> Result<String, String> {
-    let get = |name: &str| ledger.get(name).map(String::as_str);
-    let number = |name: &str| get(name).and_then(|value| value.parse::<u64>().ok());
+/// The body of a retry of the job whose ledger is `view`, as job JSON with id `id`: every request item in request
+/// order, rebuilt from the chunks' stored items (`requests[i]`, read one chunk at a time by the caller) and their
+/// placements (a run of items, `start:len`, or the items listed in `indices`); the first chunk holding an item
+/// gives it.
+fn rebuild_job(view: &LedgerView, requests: &[Option<String>], id: &JobId, keys: &Keys) -> Result<String, String> {
+    let get = |name: &str| view.get(name);
+    let number = |name: &str| view.number(name);
     let model = get(field::MODEL).ok_or("its ledger has no model")?;
     let n_items = number(field::N_ITEMS).ok_or("its ledger has no item count")? as usize;
-    let n_chunks = number(field::N_CHUNKS).unwrap_or(0) as u32;
-    if n_chunks == 0 || n_items == 0 {
+    if view.chunks.is_empty() || n_items == 0 {
         return Err("it was refused before it ran (nothing of it was stored); fix it and enqueue it again".into());
     }
     let gone = "its request items are no longer stored (a finished job's ledger keeps only its timeline)";
     let mut items: Vec<Option<Box<RawValue>>> = (0..n_items).map(|_| None).collect();
-    for chunk in 0..n_chunks {
-        let requests = get(&field::chunk(chunk, field::CHUNK_REQUESTS)).ok_or(gone)?;
-        let requests: Vec<Box<RawValue>> =
-            serde_json::from_str(requests).map_err(|_| format!("chunk {chunk}'s stored requests are not valid"))?;
-        let indices: Vec<usize> = match get(&field::chunk(chunk, field::CHUNK_INDICES)) {
-            Some(indices) => {
-                serde_json::from_str(indices).map_err(|_| format!("chunk {chunk}'s indices are not valid"))?
-            }
-            None => {
-                let items = get(&field::chunk(chunk, field::CHUNK_ITEMS)).unwrap_or_default();
-                let (start, len) = items
-                    .split_once(':')
-                    .and_then(|(start, len)| Some((start.parse::<usize>().ok()?, len.parse::<usize>().ok()?)))
-                    .ok_or_else(|| format!("chunk {chunk} does not say which items it holds"))?;
-                (start..start.saturating_add(len)).collect()
-            }
-        };
-        if indices.len() != requests.len() {
-            return Err(format!("chunk {chunk} holds {} requests for {} items", requests.len(), indices.len()));
+    for (chunk, metadata) in view.chunks.iter().enumerate() {
+        let stored = requests.get(chunk).and_then(Option::as_deref).ok_or(gone)?;
+        let stored: Vec<Box<RawValue>> =
+            serde_json::from_str(stored).map_err(|_| format!("chunk {chunk}'s stored requests are not valid"))?;
+        let indices = metadata
+            .placement()
+            .ok_or_else(|| format!("chunk {chunk} does not say which items it holds"))?
+            .job_indices();
+        if indices.len() != stored.len() {
+            return Err(format!("chunk {chunk} holds {} requests for {} items", stored.len(), indices.len()));
         }
-        for (index, request) in indices.into_iter().zip(requests) {
+        for (index, request) in indices.into_iter().zip(stored) {
             match items.get_mut(index) {
                 Some(slot @ None) => *slot = Some(request),
                 Some(Some(_)) => {}
@@ -418,10 +409,10 @@ async fn handle(
     if !seen.insert(retry_id.to_string()) {
         return Ok(Outcome::AlreadyRetried);
     }
-    let check = batchd_queue::inspect::rerun_check(conn, keys, &job_id, &retry_id)
+    let check = batchd_queue::ledger_view::rerun_check(conn, keys, &job_id, &retry_id)
         .await
         .with_context(|| format!("read the ledgers of {job_id} and {retry_id}"))?;
-    let batchd_queue::inspect::RerunCheck { retry_exists, exists, n_chunks, has_requests } = check;
+    let batchd_queue::ledger_view::RerunCheck { retry_exists, exists, n_chunks, has_requests } = check;
     if retry_exists {
         return Ok(Outcome::AlreadyRetried);
     }
@@ -436,10 +427,27 @@ async fn handle(
             "its request items are no longer stored (a finished job's ledger keeps only its timeline)",
         );
     }
-    let fields = batchd_queue::inspect::ledger_with_items(conn, keys, &job_id)
-        .await
-        .with_context(|| format!("read the ledger of {job_id}"))?;
-    let text = match rebuild_job(&fields, &retry_id, keys) {
+    let Some(mut view) =
+        LedgerView::read(conn, keys, &job_id).await.with_context(|| format!("read the ledger of {job_id}"))?
+    else {
+        return not_retryable("its ledger expired (retention.ledger_ttl_secs), and its request items with it");
+    };
+    if view.metadata_bytes.is_some() {
+        // A view leaves a large metadata out; the retry carries it over whole.
+        let metadata = batchd_queue::ledger_view::job_metadata(conn, keys, &job_id)
+            .await
+            .with_context(|| format!("read the metadata of {job_id}"))?;
+        view.header.extend(metadata.map(|metadata| (field::METADATA, metadata)));
+    }
+    // The items, one chunk per command: Redis never holds more than one chunk's for this reader.
+    let mut requests = Vec::with_capacity(view.chunks.len());
+    for index in 0..view.chunks.len() as u32 {
+        let stored = batchd_queue::ledger_view::chunk_requests(conn, keys, &job_id, index)
+            .await
+            .with_context(|| format!("read the items of {job_id}"))?;
+        requests.push(stored);
+    }
+    let text = match rebuild_job(&view, &requests, &retry_id, keys) {
         Ok(text) => text,
         Err(reason) => return not_retryable(&reason),
     };
@@ -593,6 +601,24 @@ mod tests {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
+    /// A stored ledger as the retry reads it: its view and each chunk's stored items.
+    fn rebuild(stored: &HashMap<String, String>, id: &JobId, keys: &Keys) -> Result<String, String> {
+        let header =
+            field::JOB_FIELDS.iter().filter_map(|(_, name)| Some((*name, stored.get(*name)?.clone()))).collect();
+        let n_chunks: u32 = stored.get(field::N_CHUNKS).and_then(|n| n.parse().ok()).unwrap_or(0);
+        let chunks = (0..n_chunks)
+            .map(|index| batchd_queue::ledger_view::ChunkMetadata {
+                fields: batchd_queue::ledger_view::chunk_metadata()
+                    .filter_map(|name| Some((name, stored.get(&field::chunk(index, name))?.clone())))
+                    .collect(),
+            })
+            .collect();
+        let requests: Vec<Option<String>> =
+            (0..n_chunks).map(|index| stored.get(&format!("c{index}:requests")).cloned()).collect();
+        let view = LedgerView { job_id: JobId::parse("j").unwrap(), header, metadata_bytes: None, chunks };
+        rebuild_job(&view, &requests, id, keys)
+    }
+
     #[test]
     fn a_retry_is_rebuilt_in_request_order_from_its_chunks() {
         let keys = Keys::new("ns").unwrap();
@@ -615,7 +641,7 @@ mod tests {
             ("c2:indices", "[1]"),
             ("c2:requests", r#"[{"text":"b"}]"#),
         ]);
-        let text = rebuild_job(&stored, &id, &keys).unwrap();
+        let text = rebuild(&stored, &id, &keys).unwrap();
         assert_eq!(
             text,
             r#"{"id":"j.retry-1","model":"@cf/baai/bge-m3","requests":[{"text":"a"},{"text":"b"},{"text":"c"},{"text":"d"}],"reply_to":"{ns}:results:billing","metadata":{"tenant":"acme"},"deadline_secs":60,"retry_failed_items":true}"#
@@ -625,15 +651,15 @@ mod tests {
 
         let mut default_stream = stored.clone();
         default_stream.insert("reply_to".into(), "{ns}:results".into());
-        assert!(!rebuild_job(&default_stream, &id, &keys).unwrap().contains("reply_to"));
+        assert!(!rebuild(&default_stream, &id, &keys).unwrap().contains("reply_to"));
         let mut finished = stored.clone();
         finished.remove("c1:requests");
-        assert!(rebuild_job(&finished, &id, &keys).unwrap_err().contains("no longer stored"));
+        assert!(rebuild(&finished, &id, &keys).unwrap_err().contains("no longer stored"));
         let refused = ledger(&[("model", "@cf/x/y"), ("n_items", "0"), ("state", "failed")]);
-        assert!(rebuild_job(&refused, &id, &keys).unwrap_err().contains("refused before it ran"));
+        assert!(rebuild(&refused, &id, &keys).unwrap_err().contains("refused before it ran"));
         let mut short = stored.clone();
         short.insert("c1:requests".into(), r#"[{"text":"c"}]"#.into());
-        assert!(rebuild_job(&short, &id, &keys).unwrap_err().contains("holds 1 requests for 2 items"));
+        assert!(rebuild(&short, &id, &keys).unwrap_err().contains("holds 1 requests for 2 items"));
     }
 
     #[test]

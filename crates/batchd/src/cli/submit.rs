@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
 use batchd_core::ledger::field;
-use batchd_core::{Job, JobId, JobOutput, JobState, Keys, ResultEntry};
+use batchd_core::{ChunkState, Job, JobId, JobOutput, JobState, Keys, ResultEntry};
 use batchd_producer::JobStatus;
-use batchd_queue::Conn;
+use batchd_queue::{Conn, LedgerView};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::value::RawValue;
 
@@ -106,8 +106,8 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
         return Ok(());
     }
     let state = follow(&mut conn, &keys, &job_id, Duration::from_secs(args.timeout)).await?;
-    let ledger = batchd_queue::inspect::ledger(&mut conn, &keys, &job_id).await.context("read ledger")?;
-    let fields = read_result(&mut conn, &ledger.unwrap_or_default()).await?;
+    let view = LedgerView::read(&mut conn, &keys, &job_id).await.context("read ledger")?;
+    let fields = read_result(&mut conn, view.as_ref()).await?;
     let mut shown = result_json(&fields);
     if let Some(out) = &args.out {
         match fields.get("result") {
@@ -245,16 +245,16 @@ impl Progress {
         Self::Bar(bar)
     }
 
-    fn update(&mut self, job_id: &JobId, ledger: &HashMap<String, String>) {
+    fn update(&mut self, job_id: &JobId, view: Option<&LedgerView>) {
         match self {
             Self::Lines { last } => {
-                let line = super::escape_for_terminal(&progress_line(job_id, ledger)).into_owned();
+                let line = super::escape_for_terminal(&progress_line(job_id, view)).into_owned();
                 if line != *last {
                     eprintln!("{line}");
                     *last = line;
                 }
             }
-            Self::Bar(bar) => match JobStatus::from_ledger(job_id, ledger) {
+            Self::Bar(bar) => match view.and_then(JobStatus::from_view) {
                 None => bar.set_message(format!("{job_id}: waiting for the daemon to take the job in")),
                 Some(status) => {
                     let first = bar.length().is_none();
@@ -297,10 +297,9 @@ async fn follow(conn: &mut Conn, keys: &Keys, job_id: &JobId, timeout: Duration)
     let started = Instant::now();
     let mut progress = Progress::new(job_id);
     loop {
-        let ledger =
-            batchd_queue::inspect::ledger(conn, keys, job_id).await.context("read ledger")?.unwrap_or_default();
-        progress.update(job_id, &ledger);
-        let state = ledger.get(field::STATE).and_then(|s| s.parse::<JobState>().ok());
+        let view = LedgerView::read(conn, keys, job_id).await.context("read ledger")?;
+        progress.update(job_id, view.as_ref());
+        let state = view.as_ref().and_then(LedgerView::state);
         if let Some(state) = state.filter(|state| state.is_terminal()) {
             progress.finish();
             return Ok(state);
@@ -322,16 +321,21 @@ async fn follow(conn: &mut Conn, keys: &Keys, job_id: &JobId, timeout: Duration)
 
 /// `inv-42: running (chunk 0: running, 3 polls)` — the job state and each chunk's remote status; past
 /// eight chunks, a count per state instead.
-fn progress_line(job_id: &JobId, ledger: &HashMap<String, String>) -> String {
-    let Some(state) = ledger.get(field::STATE) else {
+fn progress_line(job_id: &JobId, view: Option<&LedgerView>) -> String {
+    let Some((view, state)) = view.and_then(|view| Some((view, view.get(field::STATE)?))) else {
         return format!("{job_id}: waiting for the daemon to take the job in");
     };
-    let n_chunks: u32 = ledger.get(field::N_CHUNKS).and_then(|n| n.parse().ok()).unwrap_or(0);
-    let shown: Vec<String> = (0..n_chunks)
-        .map(|index| {
-            let get = |name: &str| ledger.get(&field::chunk(index, name)).cloned().unwrap_or_default();
-            let chunk_state = get(field::CHUNK_STATE);
-            if chunk_state == "polling" { get(field::CHUNK_REMOTE_STATUS) } else { chunk_state }
+    let n_chunks = view.chunks.len();
+    let shown: Vec<String> = view
+        .chunks
+        .iter()
+        .map(|chunk| {
+            let get = |name: &str| chunk.get(name).unwrap_or_default().to_owned();
+            if chunk.state() == Some(ChunkState::Polling) {
+                get(field::CHUNK_REMOTE_STATUS)
+            } else {
+                get(field::CHUNK_STATE)
+            }
         })
         .collect();
     if shown.is_empty() || JobState::Completed.as_str() == state {
@@ -354,8 +358,9 @@ fn progress_line(job_id: &JobId, ledger: &HashMap<String, String>) -> String {
 }
 
 /// Reads the job's published result entry (its fields).
-async fn read_result(conn: &mut Conn, ledger: &HashMap<String, String>) -> anyhow::Result<HashMap<String, String>> {
-    let (Some(stream), Some(entry_id)) = (ledger.get(field::REPLY_TO), ledger.get(field::RESULT_ENTRY)) else {
+async fn read_result(conn: &mut Conn, view: Option<&LedgerView>) -> anyhow::Result<HashMap<String, String>> {
+    let place = view.and_then(|view| Some((view.get(field::REPLY_TO)?, view.get(field::RESULT_ENTRY)?)));
+    let Some((stream, entry_id)) = place else {
         bail!("the job finished but its ledger does not say where its result entry is");
     };
     let entries: batchd_queue::inspect::Entries<String> =
@@ -371,8 +376,17 @@ async fn read_result(conn: &mut Conn, ledger: &HashMap<String, String>) -> anyho
 mod tests {
     use super::*;
 
-    fn ledger(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    fn view(header: &[(&'static str, &str)], chunks: &[&[(&'static str, &str)]]) -> LedgerView {
+        let map = |pairs: &[(&'static str, &str)]| pairs.iter().map(|(k, v)| (*k, v.to_string())).collect();
+        LedgerView {
+            job_id: JobId::parse("inv-42").unwrap(),
+            metadata_bytes: None,
+            header: map(header),
+            chunks: chunks
+                .iter()
+                .map(|pairs| batchd_queue::ledger_view::ChunkMetadata { fields: map(pairs) })
+                .collect(),
+        }
     }
 
     fn args(model: &str) -> SubmitArgs {
@@ -393,14 +407,14 @@ mod tests {
     fn progress_names_each_chunks_remote_status() {
         let id = JobId::parse("inv-42").unwrap();
         let running =
-            ledger(&[("state", "running"), ("n_chunks", "1"), ("c0:state", "polling"), ("c0:remote_status", "queued")]);
-        assert_eq!(progress_line(&id, &running), "inv-42: running (chunk 0: queued)");
-        assert_eq!(progress_line(&id, &HashMap::new()), "inv-42: waiting for the daemon to take the job in");
-        let mut many = ledger(&[("state", "running"), ("n_chunks", "10")]);
-        for index in 0..10 {
-            many.insert(format!("c{index}:state"), if index < 3 { "done" } else { "pending" }.into());
-        }
-        assert_eq!(progress_line(&id, &many), "inv-42: running (10 chunks: 3 done, 7 pending)");
+            view(&[("state", "running"), ("n_chunks", "1")], &[&[("state", "polling"), ("remote_status", "queued")]]);
+        assert_eq!(progress_line(&id, Some(&running)), "inv-42: running (chunk 0: queued)");
+        assert_eq!(progress_line(&id, None), "inv-42: waiting for the daemon to take the job in");
+        let chunks: Vec<&[(&'static str, &str)]> = (0..10)
+            .map(|index| if index < 3 { &[("state", "done")][..] } else { &[("state", "pending")][..] })
+            .collect();
+        let many = view(&[("state", "running"), ("n_chunks", "10")], &chunks);
+        assert_eq!(progress_line(&id, Some(&many)), "inv-42: running (10 chunks: 3 done, 7 pending)");
     }
 
     #[test]

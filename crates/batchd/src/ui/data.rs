@@ -4,7 +4,8 @@
 //!
 //! Every read is bounded whatever the backlog: the overview reads a fixed number of keys (the counters of the
 //! last 60 minutes and 24 hours, at most [`CHUNK_SAMPLE`] schedule members), the jobs list pages with a `SCAN`
-//! cursor ([`JOBS_PAGE_SCAN`] ledgers a page at most), and a job's responses are shown [`RESPONSES_PAGE`] at a time.
+//! cursor ([`JOBS_PAGE_SCAN`] ledgers a page at most), a job's ledger is read without its payloads, and a job's
+//! responses are shown [`RESPONSES_PAGE`] at a time from one read of its result entry.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -128,35 +129,91 @@ pub async fn jobs(conn: &mut Conn, keys: &Keys, filter: &JobFilter, cursor: u64)
 }
 
 /// A job for its page: `{"job": <status --json>, "result": <the result entry, responses paged> | null,
-/// "responses_page": {"page":..,"pages":..,"total":..}}`.
+/// "responses_page": {"page":..,"pages":..,"total":..}}`. The ledger is read without its payloads
+/// ([`batchd_queue::LedgerView`]); the result entry is read from Redis once per process and paged from memory
+/// ([`ResultCache`]), so 40 open tabs of one big job cost Redis one read of it, not 40.
 pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> anyhow::Result<Value> {
-    let ledger = cli::read_ledger(conn, keys, job_id).await?;
-    let status = cli::status_json(job_id, &ledger);
+    let view = cli::read_ledger(conn, keys, job_id).await?;
+    let status = cli::status_json(&view);
     let mut result = Value::Null;
     let mut paging = json!({"page": 0, "pages": 0, "total": 0});
-    let entry_id = ledger.get(field::RESULT_ENTRY);
-    let stream = ledger.get(field::REPLY_TO).filter(|stream| keys.is_results_stream(stream));
+    let entry_id = view.get(field::RESULT_ENTRY);
+    let stream = view.get(field::REPLY_TO).filter(|stream| keys.is_results_stream(stream));
     if let (Some(entry_id), Some(stream)) = (entry_id, stream) {
-        let entries: inspect::Entries<String> = inspect::entries(conn, stream, entry_id, entry_id, 1, false)
-            .await
-            .with_context(|| format!("read result entry {entry_id}"))?;
-        if let Some((id, fields)) = entries.into_iter().next() {
-            result = cli::result_json(&fields);
-            result["entry_id"] = id.into();
-            if let Some(responses) = result.pointer_mut("/result/responses").and_then(Value::as_array_mut) {
-                let total = responses.len();
-                let pages = total.div_ceil(RESPONSES_PAGE);
-                let page = page.min(pages.saturating_sub(1));
-                let start = page * RESPONSES_PAGE;
-                let shown: Vec<Value> = responses.drain(..).skip(start).take(RESPONSES_PAGE).collect();
-                *responses = shown;
-                paging = json!({"page": page, "pages": pages, "total": total, "first_index": start});
+        match result_entry(conn, stream, entry_id).await? {
+            Some(entry) => {
+                result = entry.head.clone();
+                result["entry_id"] = entry_id.into();
+                if let Some(responses) = &entry.responses {
+                    let total = responses.len();
+                    let pages = total.div_ceil(RESPONSES_PAGE);
+                    let page = page.min(pages.saturating_sub(1));
+                    let start = page * RESPONSES_PAGE;
+                    let shown: Vec<Value> = responses.iter().skip(start).take(RESPONSES_PAGE).cloned().collect();
+                    if let Some(output) = result.get_mut("result").and_then(Value::as_object_mut) {
+                        output.insert("responses".into(), shown.into());
+                    }
+                    paging = json!({"page": page, "pages": pages, "total": total, "first_index": start});
+                }
             }
-        } else {
-            result = json!({"entry_id": entry_id, "trimmed": true});
+            None => result = json!({"entry_id": entry_id, "trimmed": true}),
         }
     }
     Ok(json!({"job": status, "result": result, "responses_page": paging}))
+}
+
+/// A result entry as the job page shows it: its fields as `result --json` shapes them, with the responses kept
+/// apart so a page of them is cut without copying the rest.
+#[derive(Debug)]
+struct CachedEntry {
+    /// The entry without `result.responses`.
+    head: Value,
+    /// `result.responses`, when the entry has a result.
+    responses: Option<Vec<Value>>,
+}
+
+/// Result entries last shown, by `(stream, entry id)`: an entry never changes once written, so it is read from Redis
+/// once and every page of it, in every tab, comes from here. Holding the lock while reading makes concurrent
+/// requests of one entry wait for the one read instead of each copying the entry out of Redis.
+#[derive(Debug, Default)]
+struct ResultCache {
+    /// The entries, the most recently used last (at most [`RESULT_CACHE_ENTRIES`]).
+    entries: Vec<((String, String), std::sync::Arc<CachedEntry>)>,
+}
+
+/// Result entries kept by [`ResultCache`].
+const RESULT_CACHE_ENTRIES: usize = 4;
+
+static RESULT_CACHE: std::sync::LazyLock<tokio::sync::Mutex<ResultCache>> =
+    std::sync::LazyLock::new(|| tokio::sync::Mutex::new(ResultCache::default()));
+
+/// Result entry `entry_id` of `stream`, from the cache or read once; `None` when it was trimmed.
+async fn result_entry(
+    conn: &mut Conn,
+    stream: &str,
+    entry_id: &str,
+) -> anyhow::Result<Option<std::sync::Arc<CachedEntry>>> {
+    let mut cache = RESULT_CACHE.lock().await;
+    let key = (stream.to_owned(), entry_id.to_owned());
+    if let Some(at) = cache.entries.iter().position(|(cached, _)| *cached == key) {
+        let hit = cache.entries.remove(at);
+        let entry = std::sync::Arc::clone(&hit.1);
+        cache.entries.push(hit);
+        return Ok(Some(entry));
+    }
+    let entries: inspect::Entries<String> = inspect::entries(conn, stream, entry_id, entry_id, 1, false)
+        .await
+        .with_context(|| format!("read result entry {entry_id}"))?;
+    let Some((_, fields)) = entries.into_iter().next() else { return Ok(None) };
+    let mut head = cli::result_json(&fields);
+    drop(fields);
+    let responses = head.pointer_mut("/result/responses").and_then(Value::as_array_mut).map(std::mem::take);
+    let entry = std::sync::Arc::new(CachedEntry { head, responses });
+    if cache.entries.len() >= RESULT_CACHE_ENTRIES {
+        cache.entries.remove(0);
+    }
+    cache.entries.push((key, std::sync::Arc::clone(&entry)));
+    Ok(Some(entry))
 }
 
 /// Dead-letter entries, newest first, as `batchd dead list --json` shapes them, with the stream's length.

@@ -1,0 +1,271 @@
+//! One typed view of a job's ledger for every reader outside the daemon's scripts: the producer library
+//! (`Producer::status`), the CLI (`status`, `submit --wait`, `retry`) and the dashboard read a ledger through
+//! [`LedgerView::read`] and nothing else (`tests/it/ledger_view.rs` fails on a per-chunk field read elsewhere).
+//!
+//! It is bounded like a writer (STYLE rule 24): the header and the per-chunk metadata are read by name with
+//! `HMGET`, a few chunks per command, and never a chunk's request items or output, which can be megabytes each.
+//! The request items are read only when asked for, one chunk per command ([`chunk_requests`]). It also owns the
+//! two ledger value formats a reader parses: a chunk's `start:len` ([`parse_items`]) and its placement
+//! ([`Placement::parse`]).
+
+use std::collections::BTreeMap;
+
+use batchd_core::ledger::field;
+use batchd_core::{ChunkRef, ChunkState, JobId, JobState, Keys};
+
+use crate::{Conn, Placement, StoreError};
+
+/// Most bytes of a job's `metadata` a view holds: the producer sizes it, so a larger one is left out and only its
+/// size is kept ([`LedgerView::metadata_bytes`]); `batchd retry` reads it whole ([`job_metadata`]).
+pub const METADATA_SHOWN_BYTES: u64 = 64 * 1024;
+
+/// Chunks whose metadata one `HMGET` reads: with [`CHUNK_METADATA`]'s names, a few hundred values per command.
+pub const CHUNKS_PER_READ: u32 = 32;
+
+/// The per-chunk names a view reads: every one in `batchd_core::ledger::field::CHUNK_FIELDS` but the payloads (the
+/// request items and the output), so a name added to the schema is shown without a change here.
+pub fn chunk_metadata() -> impl Iterator<Item = &'static str> {
+    field::CHUNK_FIELDS.iter().map(|(_, name)| *name).filter(|name| !CHUNK_PAYLOADS.contains(name))
+}
+
+/// The per-chunk fields a view never reads: their size is the producer's (items) or the model's (outputs).
+pub const CHUNK_PAYLOADS: [&str; 2] = [field::CHUNK_REQUESTS, field::CHUNK_OUTPUT];
+
+/// Per-chunk: when a batch event last woke the chunk, Unix ms (Redis's clock), written by `wake.lua` so that a
+/// wake within `poll.initial_interval_ms` of the last one is ignored. Not in `batchd_core`'s schema lists (the
+/// fencing work changes those at the same time); the name reaches the script as an argument.
+pub const CHUNK_WOKEN_AT: &str = "woken_at";
+
+/// A chunk's `start:len` (`c<i>:items`) as numbers; `None` unless it is exactly two unsigned integers.
+pub fn parse_items(raw: Option<&str>) -> Option<(usize, usize)> {
+    let (start, len) = raw?.split_once(':')?;
+    Some((start.parse().ok()?, len.parse().ok()?))
+}
+
+impl Placement {
+    /// A chunk's placement from its `items` (`start:len`) and `indices` (a JSON array of job-wide indices, or
+    /// empty for a run of items) ledger values; `None` when they do not parse.
+    pub fn parse(items: &str, indices: &str) -> Option<Self> {
+        if !indices.is_empty() {
+            return serde_json::from_str(indices).ok().map(Self::Indices);
+        }
+        parse_items(Some(items)).map(|(start, len)| Self::Range { start, len })
+    }
+}
+
+/// A job's ledger without its payloads: the header fields and each chunk's metadata, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerView {
+    /// The job.
+    pub job_id: JobId,
+    /// Job-level fields that are set, by name (every name of `field::JOB_FIELDS` is asked for; `metadata` only
+    /// up to [`METADATA_SHOWN_BYTES`]).
+    pub header: BTreeMap<&'static str, String>,
+    /// The size of a `metadata` left out for being larger than [`METADATA_SHOWN_BYTES`].
+    pub metadata_bytes: Option<u64>,
+    /// The chunks, in order (as many as the ledger's `n_chunks` says, at most `MAX_CHUNKS_PER_JOB`).
+    pub chunks: Vec<ChunkMetadata>,
+}
+
+/// One chunk's metadata fields that are set, by name (never its request items or output).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChunkMetadata {
+    /// The fields, by per-chunk name (`state`, `items`, ...).
+    pub fields: BTreeMap<&'static str, String>,
+}
+
+impl ChunkMetadata {
+    /// A field's value, if set and not empty.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.fields.get(name).map(String::as_str).filter(|value| !value.is_empty())
+    }
+
+    /// A numeric field (0 when unset or not a number).
+    pub fn number(&self, name: &str) -> u64 {
+        self.get(name).and_then(|value| value.parse().ok()).unwrap_or(0)
+    }
+
+    /// The chunk's state, when it is one batchd knows.
+    pub fn state(&self) -> Option<ChunkState> {
+        self.get(field::CHUNK_STATE)?.parse().ok()
+    }
+
+    /// Which of the job's items the chunk carries, when its ledger values parse.
+    pub fn placement(&self) -> Option<Placement> {
+        Placement::parse(self.get(field::CHUNK_ITEMS).unwrap_or(""), self.get(field::CHUNK_INDICES).unwrap_or(""))
+    }
+
+    /// The chunk's first item and item count (`start:len`), `(0, 0)` when unreadable.
+    pub fn items(&self) -> (usize, usize) {
+        parse_items(self.get(field::CHUNK_ITEMS)).unwrap_or((0, 0))
+    }
+}
+
+impl LedgerView {
+    /// Reads job `job_id`'s ledger: the size of its `metadata` (`HSTRLEN`) and one `HMGET` of the header (with
+    /// the metadata when it is small), then one `HMGET` per [`CHUNKS_PER_READ`] chunks of their metadata. `None`
+    /// when the job has no ledger (no `state`).
+    pub async fn read(conn: &mut Conn, keys: &Keys, job_id: &JobId) -> Result<Option<Self>, StoreError> {
+        let key = keys.job(job_id);
+        let metadata_len: u64 = redis::cmd("HSTRLEN").arg(&key).arg(field::METADATA).query_async(conn).await?;
+        let shown = metadata_len <= METADATA_SHOWN_BYTES;
+        let names: Vec<&'static str> =
+            field::JOB_FIELDS.iter().map(|(_, name)| *name).filter(|name| shown || *name != field::METADATA).collect();
+        let values: Vec<Option<String>> = redis::cmd("HMGET").arg(&key).arg(&names).query_async(conn).await?;
+        let header: BTreeMap<&'static str, String> =
+            names.into_iter().zip(values).filter_map(|(name, value)| Some((name, value?))).collect();
+        if !header.contains_key(field::STATE) {
+            return Ok(None);
+        }
+        let metadata_bytes = (!shown).then_some(metadata_len);
+        let n_chunks =
+            header.get(field::N_CHUNKS).and_then(|n| n.parse::<u32>().ok()).unwrap_or(0).min(crate::MAX_CHUNKS_PER_JOB);
+        let per_chunk: Vec<&'static str> = chunk_metadata().collect();
+        let mut chunks = Vec::with_capacity(n_chunks as usize);
+        for first in (0..n_chunks).step_by(CHUNKS_PER_READ as usize) {
+            let last = (first + CHUNKS_PER_READ).min(n_chunks);
+            let fields: Vec<String> =
+                (first..last).flat_map(|index| per_chunk.iter().map(move |name| field::chunk(index, name))).collect();
+            let values: Vec<Option<String>> = redis::cmd("HMGET").arg(&key).arg(&fields).query_async(conn).await?;
+            let mut values = values.into_iter();
+            for _ in first..last {
+                let fields = per_chunk
+                    .iter()
+                    .filter_map(|name| Some((*name, values.next().flatten()?)))
+                    .collect::<BTreeMap<_, _>>();
+                chunks.push(ChunkMetadata { fields });
+            }
+        }
+        Ok(Some(Self { job_id: job_id.clone(), header, metadata_bytes, chunks }))
+    }
+
+    /// A header field's value, if set and not empty.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.header.get(name).map(String::as_str).filter(|value| !value.is_empty())
+    }
+
+    /// A numeric header field, when set and a number.
+    pub fn number(&self, name: &str) -> Option<u64> {
+        self.get(name)?.parse().ok()
+    }
+
+    /// The job's state, when it is one batchd knows.
+    pub fn state(&self) -> Option<JobState> {
+        self.get(field::STATE)?.parse().ok()
+    }
+
+    /// Every field read, with its ledger name (`c<i>:<name>` for a chunk's), in name order: what `status --json`
+    /// prints.
+    pub fn fields(&self) -> Vec<(String, &str)> {
+        let mut fields: Vec<(String, &str)> =
+            self.header.iter().map(|(name, value)| ((*name).to_owned(), value.as_str())).collect();
+        for (index, chunk) in self.chunks.iter().enumerate() {
+            for (name, value) in &chunk.fields {
+                fields.push((field::chunk(index as u32, name), value.as_str()));
+            }
+        }
+        fields
+    }
+}
+
+/// Job `job_id`'s whole `metadata`, for `batchd retry`, which must carry it over (a view leaves out a large one).
+pub async fn job_metadata(conn: &mut Conn, keys: &Keys, job_id: &JobId) -> Result<Option<String>, StoreError> {
+    Ok(redis::cmd("HGET").arg(keys.job(job_id)).arg(field::METADATA).query_async(conn).await?)
+}
+
+/// The state of each of `chunks` (one `HGET` each, pipelined); `None` for a chunk its ledger does not have.
+pub async fn chunk_states(
+    conn: &mut Conn,
+    keys: &Keys,
+    chunks: &[ChunkRef],
+) -> Result<Vec<Option<String>>, StoreError> {
+    let mut pipe = redis::pipe();
+    for chunk in chunks {
+        pipe.cmd("HGET").arg(keys.job(&chunk.job_id)).arg(field::chunk(chunk.index, field::CHUNK_STATE));
+    }
+    Ok(pipe.query_async(conn).await?)
+}
+
+/// What a finished job's ledger still holds for running it again (`batchd retry`), read in one round trip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RerunCheck {
+    /// The retry's own id already has a ledger (retried before).
+    pub retry_exists: bool,
+    /// The job's ledger still exists.
+    pub exists: bool,
+    /// Its chunk count (0 for a job refused before it ran).
+    pub n_chunks: u64,
+    /// Its first chunk still stores its request items.
+    pub has_requests: bool,
+}
+
+/// Checks whether `job_id` can be run again as `retry_id`.
+pub async fn rerun_check(
+    conn: &mut Conn,
+    keys: &Keys,
+    job_id: &JobId,
+    retry_id: &JobId,
+) -> Result<RerunCheck, StoreError> {
+    let ledger = keys.job(job_id);
+    let (retry_exists, exists, n_chunks, has_requests): (bool, bool, Option<u64>, bool) = redis::pipe()
+        .exists(keys.job(retry_id))
+        .exists(&ledger)
+        .hget(&ledger, field::N_CHUNKS)
+        .hexists(&ledger, field::chunk(0, field::CHUNK_REQUESTS))
+        .query_async(conn)
+        .await?;
+    Ok(RerunCheck { retry_exists, exists, n_chunks: n_chunks.unwrap_or(0), has_requests })
+}
+
+/// Chunk `index`'s stored request items (a JSON array) of job `job_id`, one chunk per command, for `batchd retry`,
+/// which rebuilds a job from them; `None` once they are gone (a finished job keeps only its timeline).
+pub async fn chunk_requests(
+    conn: &mut Conn,
+    keys: &Keys,
+    job_id: &JobId,
+    index: u32,
+) -> Result<Option<String>, StoreError> {
+    Ok(redis::cmd("HGET")
+        .arg(keys.job(job_id))
+        .arg(field::chunk(index, field::CHUNK_REQUESTS))
+        .query_async(conn)
+        .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_and_placements_parse_once_here() {
+        assert_eq!(parse_items(Some("3:2")), Some((3, 2)));
+        for bad in ["3", "3:", ":2", "-1:2", "3:2:1", "a:b"] {
+            assert_eq!(parse_items(Some(bad)), None, "{bad}");
+        }
+        assert_eq!(Placement::parse("3:2", ""), Some(Placement::Range { start: 3, len: 2 }));
+        assert_eq!(Placement::parse("0:2", "[7,9]"), Some(Placement::Indices(vec![7, 9])));
+        assert_eq!(Placement::parse("0:2", "[7,"), None);
+    }
+
+    #[test]
+    fn a_view_never_asks_for_a_payload_and_asks_for_every_other_chunk_name() {
+        let asked: Vec<&str> = chunk_metadata().collect();
+        for payload in CHUNK_PAYLOADS {
+            assert!(!asked.contains(&payload), "{payload}");
+        }
+        assert_eq!(asked.len() + CHUNK_PAYLOADS.len(), field::CHUNK_FIELDS.len());
+    }
+
+    #[test]
+    fn chunk_values_read_by_name() {
+        let chunk = ChunkMetadata {
+            fields: [(field::CHUNK_STATE, "polling".to_owned()), (field::CHUNK_ITEMS, "4:3".to_owned())]
+                .into_iter()
+                .collect(),
+        };
+        assert_eq!(chunk.state(), Some(ChunkState::Polling));
+        assert_eq!(chunk.items(), (4, 3));
+        assert_eq!(chunk.placement(), Some(Placement::Range { start: 4, len: 3 }));
+        assert_eq!(chunk.number(field::CHUNK_N_POLLS), 0);
+    }
+}
