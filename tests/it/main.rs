@@ -32,6 +32,7 @@ mod liveness;
 mod memory;
 mod ops;
 mod producer;
+mod provider_seam;
 mod recovery;
 mod schema;
 mod scripts;
