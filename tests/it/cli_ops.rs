@@ -274,7 +274,21 @@ async fn stats_shows_depths_in_flight_work_oldest_waiting_and_throughput() {
     assert!(stats["submit"]["oldest_waiting_ms"].as_u64().is_some_and(|ms| (20..60_000).contains(&ms)), "{stats}");
     assert_eq!(stats["schedule"]["chunks_in_flight"], 0);
     assert_eq!(stats["results"]["entries"], 4);
-    assert_eq!(stats["results"]["throughput"]["windows"], json!({"1m": 4, "5m": 4, "15m": 4}));
+    // Minute buckets of the finished-jobs counters: unless the minute turned since the results were published,
+    // all four are in the current one.
+    let minute = |ms: u64| ms / 60_000;
+    let published: Vec<u64> = world
+        .entries(&world.keys.results())
+        .await
+        .iter()
+        .filter_map(|(id, _)| id.split('-').next().and_then(|ms| ms.parse().ok()))
+        .collect();
+    let same_minute = published.iter().all(|ms| minute(*ms) == minute(stats["at"].as_u64().unwrap()));
+    assert_eq!(stats["results"]["throughput"]["windows"]["15m"], 4, "{stats}");
+    assert_eq!(stats["results"]["throughput"]["windows"]["5m"], 4, "{stats}");
+    if same_minute {
+        assert_eq!(stats["results"]["throughput"]["windows"]["1m"], 4, "{stats}");
+    }
     assert_eq!(stats["results"]["throughput"]["by_status_15m"], json!({"completed": 3, "failed": 1}));
     assert_eq!(stats["results"]["groups"][0]["name"], "billing");
     assert_eq!(stats["results"]["groups"][0]["lag"], 4);
@@ -284,19 +298,12 @@ async fn stats_shows_depths_in_flight_work_oldest_waiting_and_throughput() {
     assert_eq!(code, 0);
     assert!(stdout.contains("  submit stream    2 entries: 2 waiting, 0 being taken in; oldest waiting "), "{stdout}");
     assert!(stdout.contains("  in flight        0 chunks"), "{stdout}");
-    assert!(
-        stdout.contains("  results          4 entries; last 1m 4 (4.0/min), 5m 4 (0.8/min), 15m 4 (0.3/min)"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("  results          4 entries; last 1m "), "{stdout}");
+    assert!(stdout.contains(", 5m 4 (0.8/min), 15m 4 (0.3/min)"), "{stdout}");
     assert!(stdout.contains("last 15m: 3 completed, 1 failed"), "{stdout}");
     assert!(stdout.contains("  result readers   group billing: 0 pending, lag 4"), "{stdout}");
     assert!(stdout.contains("  dead letters     1 entries"), "{stdout}");
 
-    // A capped throughput count says so.
-    let (_, stdout, _) = cli(&world, &["stats", "--json", "--scan-limit", "2"]).await;
-    let stats: Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(stats["results"]["throughput"]["capped"], true);
-    assert_eq!(stats["results"]["throughput"]["windows"]["15m"], 2);
     assert!(!dead_entry.is_empty());
 }
 
@@ -431,7 +438,7 @@ async fn bad_input_to_every_command_is_one_line_and_a_nonzero_exit() {
             2,
             "batchd: invalid value 'bogus' for '--state <STATE>': expected one of accepted,".into(),
         ),
-        (vec!["stats", "--scan-limit", "-1"], 2, "batchd: unexpected argument '-1' found".into()),
+        (vec!["stats", "--scan-limit", "2"], 2, "batchd: unexpected argument '--scan-limit' found".into()),
         (vec!["dead", "show", "1-0"], 5, format!("batchd: no dead-letter entry 1-0 in {}", world.keys.dead())),
         (vec!["dead", "show", "abc"], 1, "batchd: \"abc\" is not a stream entry id".into()),
         (vec!["dead", "retry", "1-0"], 5, "batchd: no dead-letter entry 1-0".into()),
