@@ -229,9 +229,35 @@ async fn jobs_lists_ledgers_by_state_and_cancel_ends_a_running_job() {
     assert_eq!(result.status, ResultStatus::Cancelled);
     let (_, stdout, _) = cli(&world, &["cancel", "done-1"]).await;
     assert_eq!(stdout.trim_end(), "job done-1 already ended completed; nothing to cancel");
+
+    // A mistyped id cancels nothing: no job was taken in under it, so it is "not found" and no flag is left for a
+    // future job; --before-arrival asks for exactly that, `submit` warns about it and `uncancel` withdraws it.
+    let (code, stdout, stderr) = cli(&world, &["cancel", "dnoe-1"]).await;
+    assert_eq!((code, stdout.as_str()), (5, ""), "{stderr}");
+    assert!(stderr.contains("no job dnoe-1 in namespace") && stderr.contains("add --before-arrival"), "{stderr}");
+    let flag = world.keys.cancel(&batchd_core::JobId::parse("dnoe-1").unwrap());
+    assert!(!world.conn.clone().exists::<_, bool>(&flag).await.unwrap(), "no cancellation was requested");
+    let (code, stdout, stderr) = cli(&world, &["cancel", "later-1", "--before-arrival", "--reason", "typo"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("(batchd uncancel later-1 withdraws the request)"), "{stdout}");
+    let (code, stdout, stderr) = cli(&world, &["uncancel", "later-1"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.starts_with("cancellation of job later-1 withdrawn"), "{stdout}");
+    let (code, _, stderr) = cli(&world, &["uncancel", "later-1"]).await;
+    assert_eq!(code, 5, "nothing left to withdraw: {stderr}");
+    // A request left in place cancels the job when it arrives, and `submit` says so as it enqueues it.
+    let (code, _, stderr) = cli(&world, &["cancel", "later-2", "--before-arrival"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let file = world.redis.dir.join("later.json");
+    std::fs::write(&file, bge_m3_job("later-2", 1).to_string()).unwrap();
+    let (code, _, stderr) = cli(&world, &["submit", file.to_str().unwrap()]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("warning: a cancellation of job later-2 is pending"), "{stderr}");
+    assert_eq!(world.wait_for_result("later-2", WAIT).await.status, ResultStatus::Cancelled);
     let (_, stdout, _) = cli(&world, &["jobs", "--state", "cancelled", "--json"]).await;
     let listed: Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(listed["jobs"][0]["job_id"], "slow-1");
+    let ids: Vec<&str> = listed["jobs"].as_array().unwrap().iter().map(|j| j["job_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["later-2", "slow-1"], "newest first");
 
     // --namespace wins over the configuration, before or after the command.
     let namespace = world.settings.redis.namespace.clone();
@@ -240,7 +266,7 @@ async fn jobs_lists_ledgers_by_state_and_cancel_ends_a_running_job() {
         command.env("BATCHD__REDIS__NAMESPACE", "someone-else").args(&args);
         let output = run(command).await;
         let listed: Value = serde_json::from_slice(&output.stdout).expect("jobs --json");
-        assert_eq!(listed["scanned"], 4, "{args:?}");
+        assert_eq!(listed["scanned"], 5, "{args:?}");
     }
     let (code, stdout, _) = cli(&world, &["--namespace", "someone-else", "jobs", "--json"]).await;
     assert_eq!((code, serde_json::from_str::<Value>(&stdout).unwrap()["scanned"].as_u64()), (0, Some(0)));
