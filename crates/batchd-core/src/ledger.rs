@@ -215,10 +215,13 @@ pub mod field {
     pub const CHUNK_LAST_ERROR: &str = "last_error";
     /// Per-chunk: time the remote batch was accepted, Unix ms.
     pub const CHUNK_SUBMITTED_AT: &str = "submitted_at";
+    /// Per-chunk: the fencing token of the chunk's latest claim, a counter every claim increments (absent: 0, never
+    /// claimed). Every script that writes the chunk refuses a writer whose token is not this one.
+    pub const CHUNK_CLAIM: &str = "claim";
 
     /// Every per-chunk name (the part after `c<index>:`), as `(constant name without `CHUNK_`, name)`: what the
     /// storage scripts' prelude is generated from.
-    pub const CHUNK_FIELDS: [(&str, &str); 12] = [
+    pub const CHUNK_FIELDS: [(&str, &str); 13] = [
         ("STATE", CHUNK_STATE),
         ("REQUEST_ID", CHUNK_REQUEST_ID),
         ("ATTEMPTS", CHUNK_ATTEMPTS),
@@ -231,6 +234,7 @@ pub mod field {
         ("OUTPUT", CHUNK_OUTPUT),
         ("LAST_ERROR", CHUNK_LAST_ERROR),
         ("SUBMITTED_AT", CHUNK_SUBMITTED_AT),
+        ("CLAIM", CHUNK_CLAIM),
     ];
 }
 

@@ -4,9 +4,8 @@
 use std::time::Instant;
 
 use batchd_cloudflare::{ApiError, ErrorKind};
-use batchd_core::ledger::field;
-use batchd_core::{ChunkRef, ChunkState, JobOutput, JobState, ModelName, RequestId, UnixMillis};
-use batchd_queue::{NewChunk, Placement, StoreError, SubmitTicket};
+use batchd_core::{ChunkState, JobOutput, ModelName, RequestId, UnixMillis};
+use batchd_queue::{Claim, NewChunk, Placement, StoreError, SubmitRetryRecord, SubmitTicket};
 use serde_json::value::RawValue;
 use tracing::Instrument;
 
@@ -16,24 +15,21 @@ use crate::policy::{isolate_cuts, poll_delay, retry_delay, split_placement};
 
 impl Pipeline {
     /// Submits one chunk from the schedule: mark `submitting` (reading its items back), then [`Pipeline::post`].
-    pub(super) async fn submit(
-        &self,
-        chunk: &ChunkRef,
-        model: &ModelName,
-        deadline_at: UnixMillis,
-    ) -> Result<(), StoreError> {
-        if self.throttle(chunk, model, ApiCall::Submit).await?.is_some() {
+    pub(super) async fn submit(&self, claim: &Claim, model: &ModelName, deadline_at: UnixMillis) -> Result<(), StoreError> {
+        let chunk = &claim.chunk;
+        if self.throttle(claim, model, ApiCall::Submit).await?.is_some() {
             return Ok(());
         }
         // Room for the items read back and the body built from them (each at most max_payload_bytes), before either
-        // exists; then only what this chunk needs is kept until the submit is done.
-        let mut room = self.budget.hold(2 * self.split.max_payload_bytes).await;
-        let ticket = self.store.begin_submit(chunk, self.store.now().await?).await?;
+        // exists; then only what this chunk needs is kept until the submit is done. The lease is renewed while
+        // this waits, so a replica short of memory keeps the chunk rather than losing it to another.
+        let mut room = self.renewing(claim, self.budget.hold(2 * self.split.max_payload_bytes)).await;
+        let ticket = self.store.begin_submit(claim, self.store.now().await?).await?;
         match ticket {
             SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => {
                 let body = batchd_cloudflare::submit_body_bytes(requests.iter().map(|item| item.get().len()));
                 room.shrink_to(2 * body);
-                self.post(chunk, model, attempt, resubmit, &requests, placement, deadline_at).await
+                self.post(claim, model, attempt, resubmit, &requests, placement, deadline_at).await
             }
             SubmitTicket::Cancelled => {
                 let reason = self.store.cancel_requested(&chunk.job_id).await?.unwrap_or_default();
@@ -52,7 +48,7 @@ impl Pipeline {
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn post<R: Item>(
         &self,
-        chunk: &ChunkRef,
+        claim: &Claim,
         model: &ModelName,
         attempt: u64,
         resubmit: bool,
@@ -60,6 +56,7 @@ impl Pipeline {
         placement: Placement,
         deadline_at: UnixMillis,
     ) -> Result<(), StoreError> {
+        let chunk = &claim.chunk;
         if resubmit {
             metrics::possible_duplicate_submit();
             tracing::warn!(
@@ -71,7 +68,8 @@ impl Pipeline {
         }
         let span = tracing::debug_span!("submit", model = %model, attempt, request_id = tracing::field::Empty);
         let started = Instant::now();
-        let submitted = self.client.submit(model, requests).instrument(span.clone()).await;
+        // The lease is renewed while the submit is in flight (a slow reply is not taken over).
+        let submitted = self.renewing(claim, self.client.submit(model, requests).instrument(span.clone())).await;
         match &submitted {
             Ok(_) => metrics::api_request(ApiCall::Submit, "ok", Some(200), started.elapsed()),
             Err(error) => {
@@ -95,7 +93,7 @@ impl Pipeline {
                         tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "could not index the request id for events; the batch is found by its fallback poll");
                     }
                 }
-                let recorded = self.record_submitted(chunk, &submitted.request_id).await?;
+                let recorded = self.record_submitted(claim, &submitted.request_id).await?;
                 tracing::debug!(
                     parent: &span,
                     request_id = %submitted.request_id,
@@ -108,7 +106,7 @@ impl Pipeline {
             }
             Err(error) => {
                 let failed = FailedSubmit { attempt, placement, deadline_at };
-                self.submit_failed(chunk, model, failed, requests, error).await
+                self.submit_failed(claim, model, failed, requests, error).await
             }
         }
     }
@@ -116,29 +114,18 @@ impl Pipeline {
     /// Records a submitted chunk's request id and schedules its first poll. The remote batch exists now, so a
     /// Redis error here must not lose the id (the chunk would be submitted again after its lease): the step is
     /// retried with backoff for as long as this replica holds the lease.
-    async fn record_submitted(&self, chunk: &ChunkRef, request_id: &RequestId) -> Result<bool, StoreError> {
+    /// A claim taken over meanwhile is not retried: the chunk's new holder carries on.
+    async fn record_submitted(&self, claim: &Claim, request_id: &RequestId) -> Result<bool, StoreError> {
+        let chunk = &claim.chunk;
         let started = Instant::now();
         let mut delay = batchd_queue::RetryDelay::new();
         loop {
             let now = self.store.now().await?;
             let due = now + poll_delay(0, &self.poll, self.events, unit_random()).as_millis() as u64;
-            let recorded = self
-                .store
-                .update_chunk(
-                    chunk,
-                    Some(due),
-                    None,
-                    &[
-                        (field::CHUNK_STATE, ChunkState::Polling.as_str().to_owned()),
-                        (field::CHUNK_REQUEST_ID, request_id.to_string()),
-                        (field::CHUNK_SUBMITTED_AT, now.to_string()),
-                        (field::CHUNK_REMOTE_STATUS, "queued".to_owned()),
-                    ],
-                    &[(field::STATE, JobState::Running.as_str().to_owned()), (field::UPDATED_AT, now.to_string())],
-                )
-                .await;
+            let recorded = self.store.mark_submitted(claim, request_id.as_str(), "queued", due).await;
             let error = match recorded {
                 Ok(recorded) => return Ok(recorded),
+                Err(error @ StoreError::StaleClaim { .. }) => return Err(error),
                 Err(error) => error,
             };
             let wait = delay.failed();
@@ -167,22 +154,23 @@ impl Pipeline {
 
     async fn submit_failed<R: Item>(
         &self,
-        chunk: &ChunkRef,
+        claim: &Claim,
         model: &ModelName,
         failed: FailedSubmit,
         requests: &[R],
         error: ApiError,
     ) -> Result<(), StoreError> {
+        let chunk = &claim.chunk;
         let FailedSubmit { attempt, placement, deadline_at } = failed;
         let now = self.store.now().await?;
         let retry = match after_failed_submit(&error, placement.len(), attempt, self.retry.max_attempts) {
             SubmitDecision::Split(cuts) => {
                 let owned = requests.iter().map(|item| item.borrow().to_owned()).collect();
-                return self.split(chunk, placement, owned, &cuts, &error).await;
+                return self.split(claim, placement, owned, &cuts, &error).await;
             }
-            SubmitDecision::AnswerItemAlone => return self.item_refused(chunk, &error).await,
-            SubmitDecision::FailChunk => return self.chunk_failed(chunk, error.to_job_error()).await,
-            SubmitDecision::GiveUp => return self.chunk_failed(chunk, exhausted(&error, attempt)).await,
+            SubmitDecision::AnswerItemAlone => return self.item_refused(claim, &error).await,
+            SubmitDecision::FailChunk => return self.chunk_failed(claim, error.to_job_error()).await,
+            SubmitDecision::GiveUp => return self.chunk_failed(claim, exhausted(&error, attempt)).await,
             SubmitDecision::FailJob => {
                 tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, model = %model, error = %error, "the Batch API refused the batch");
                 return self.conclude(&chunk.job_id, Ending::Failed(error.to_job_error())).await;
@@ -190,13 +178,11 @@ impl Pipeline {
             SubmitDecision::Retry(retry) => retry,
         };
         let wait = retry_delay(attempt.max(1), &self.retry, error.retry_after, unit_random());
-        let mut fields = vec![
-            (field::CHUNK_STATE, retry.state.as_str().to_owned()),
-            (field::CHUNK_LAST_ERROR, error.to_job_error().to_json()),
-        ];
+        let mut record =
+            SubmitRetryRecord { state: retry.state, last_error: error.to_job_error().to_json(), attempts: None };
         if retry.give_attempt_back {
             // Rate limiting is not a failure of the job: give the attempt back.
-            fields.push((field::CHUNK_ATTEMPTS, attempt.saturating_sub(1).to_string()));
+            record.attempts = Some(attempt.saturating_sub(1));
             metrics::throttled_wait(ApiCall::Submit);
         } else {
             metrics::retry(ApiCall::Submit);
@@ -212,13 +198,14 @@ impl Pipeline {
         );
         // Never due past the deadline (a long Retry-After included): the job expires on time.
         let due = (now + wait.as_millis() as u64).min(deadline_at);
-        self.store.update_chunk(chunk, Some(due), None, &fields, &[]).await?;
+        self.store.mark_submit_retry(claim, &record, due).await?;
         Ok(())
     }
 
     /// The API refused a one-item batch because of its input: the item is answered `success:false` with the API's
     /// error (code, message, HTTP status), and the chunk is done, so the job goes on and can still complete.
-    async fn item_refused(&self, chunk: &ChunkRef, error: &ApiError) -> Result<(), StoreError> {
+    async fn item_refused(&self, claim: &Claim, error: &ApiError) -> Result<(), StoreError> {
+        let chunk = &claim.chunk;
         tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "the Batch API refused one request item");
         metrics::item_refused();
         let output = JobOutput {
@@ -227,8 +214,8 @@ impl Pipeline {
             failed_batches: Vec::new(),
         };
         let payload = serde_json::to_string(&output).expect("output serialises");
-        match self.store.chunk_done(chunk, ChunkState::Done, &payload, self.store.now().await?).await? {
-            Some(0) => self.finish(&chunk.job_id).await,
+        match self.store.chunk_done(claim, ChunkState::Done, &payload, self.store.now().await?).await? {
+            Some(0) => self.finish(claim).await,
             _ => Ok(()),
         }
     }
@@ -237,12 +224,13 @@ impl Pipeline {
     /// the chunk), all due now: the first piece takes the chunk's place, the others are appended.
     async fn split(
         &self,
-        chunk: &ChunkRef,
+        claim: &Claim,
         placement: Placement,
         mut requests: Vec<Box<RawValue>>,
         cuts: &[usize],
         error: &ApiError,
     ) -> Result<(), StoreError> {
+        let chunk = &claim.chunk;
         let placements = split_placement(placement, cuts);
         let mut pieces = Vec::with_capacity(placements.len());
         for placement in placements.into_iter().rev() {
@@ -260,7 +248,7 @@ impl Pipeline {
             reason,
             "the API refused the batch; splitting it"
         );
-        self.store.add_chunks(&chunk.job_id, self.store.now().await?, Some(chunk.index), None, &pieces).await?;
+        self.store.add_chunks(claim, self.store.now().await?, true, None, &pieces).await?;
         Ok(())
     }
 }
