@@ -35,18 +35,16 @@ local head = redis.call('HMGET', ledger, F_STATE, F_N_CHUNKS, F_OPEN_CHUNKS, chu
   chunk_field(claimed, C_CLAIM))
 local state = head[1]
 if not state or is_terminal(state) then return ADD_GONE end
+local n = uint(head[2], 'the ledger\'s ' .. F_N_CHUNKS)
+if head[3] then uint(head[3], 'the ledger\'s ' .. F_OPEN_CHUNKS) end
+if replaced_index and replaced_index >= n then
+  refuse('chunk ' .. replaced_index .. ' is not one of the job\'s ' .. n)
+end
 if uint(head[5] or '0', 'the chunk\'s ' .. C_CLAIM) ~= token then return ADD_STALE end
 if replaced_index and head[4] ~= CHUNK_SUBMITTING then return ADD_REFUSED end
 if guard ~= '' and redis.call('HEXISTS', ledger, guard) == 1 then return ADD_GUARDED end
-local n = uint(head[2], 'the ledger\'s ' .. F_N_CHUNKS)
-if head[3] then uint(head[3], 'the ledger\'s ' .. F_OPEN_CHUNKS) end
 local added = n_triples
-local reopened = 0
-if replaced ~= '' then
-  added = added - 1
-  if replaced_index >= n then refuse('chunk ' .. replaced_index .. ' is not one of the job\'s ' .. n) end
-  if is_finished(head[4]) then reopened = 1 end
-end
+if replaced ~= '' then added = added - 1 end
 if n + added > MAX_CHUNKS then
   refuse('the job would have ' .. (n + added) .. ' chunks, more than ' .. MAX_CHUNKS)
 end
@@ -71,5 +69,5 @@ for k = 0, added - 1 do
   i = i + 3
 end
 redis.call('HSET', ledger, F_N_CHUNKS, n + added, F_UPDATED_AT, due)
-if head[3] then redis.call('HINCRBY', ledger, F_OPEN_CHUNKS, added + reopened) end
+if head[3] then redis.call('HINCRBY', ledger, F_OPEN_CHUNKS, added) end
 return ADD_ADDED

@@ -29,13 +29,13 @@ if not head[1] or is_terminal(head[1]) then
   redis.call('ZREM', schedule, chunk_member)
   return {FENCE_GONE, -1}
 end
+local n = uint(head[2], 'the ledger\'s ' .. F_N_CHUNKS)
+if n > MAX_CHUNKS then refuse('the ledger has ' .. n .. ' chunks, more than ' .. MAX_CHUNKS) end
+if chunk >= n then refuse('chunk ' .. chunk .. ' is not one of the job\'s ' .. n) end
 if uint(head[5] or '0', 'the chunk\'s ' .. C_CLAIM) ~= token then return {FENCE_STALE, -1} end
 if head[4] ~= CHUNK_SUBMITTING and head[4] ~= CHUNK_POLLING and not is_finished(head[4]) then
   return {FENCE_REFUSED, -1}
 end
-local n = uint(head[2], 'the ledger\'s ' .. F_N_CHUNKS)
-if n > MAX_CHUNKS then refuse('the ledger has ' .. n .. ' chunks, more than ' .. MAX_CHUNKS) end
-if chunk >= n then refuse('chunk ' .. chunk .. ' is not one of the job\'s ' .. n) end
 local open
 if head[3] then
   open = uint(head[3], 'the ledger\'s ' .. F_OPEN_CHUNKS)

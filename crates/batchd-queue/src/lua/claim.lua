@@ -2,8 +2,8 @@
 -- re-scored to now + lease, so a replica that dies while working on it lets it become due again, and its chunk's
 -- claim counter (the fencing token, C_CLAIM) is incremented, so a replica that held an earlier claim of the same
 -- chunk can no longer write it. A candidate another replica claimed in between (no longer due) is skipped. The
--- cost depends on the number of candidates (at most MAX_LIMIT), never on the backlog. Every read (the ledgers'
--- HMGET fails on a key of another type) and check comes before the first write.
+-- cost depends on the number of candidates (at most MAX_LIMIT), never on the backlog. Every read (a ledger of
+-- another type is refused by read_hash) and check comes before the first write.
 -- KEYS: 1 schedule, then the ledger of each candidate   ARGV: 1 now ms, 2 lease-until ms, then per candidate:
 --       member, chunk index
 -- Returns {member, token, ...} for each candidate claimed; token 0 when its job has no ledger or has finished
@@ -30,7 +30,7 @@ local claimed, tokens, leased = {}, {}, {}
 for k = 1, n do
   local score = scores[k] and tonumber(scores[k])
   if score and score <= now then
-    local head = redis.call('HMGET', KEYS[k + 1], F_STATE, chunk_field(indices[k], C_CLAIM))
+    local head = read_hash(KEYS[k + 1], F_STATE, chunk_field(indices[k], C_CLAIM))
     local token = 0
     if head[1] and not is_terminal(head[1]) then
       token = uint(head[2] or '0', 'the chunk\'s ' .. C_CLAIM) + 1

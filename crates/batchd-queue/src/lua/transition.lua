@@ -3,7 +3,7 @@
 -- C_CLAIM, equals the caller's) and only from the chunk states the transition starts from. A stale writer (a
 -- replica whose claim was taken over while it was paused) or a chunk in another state gets a verdict, and nothing
 -- is written. On a job that has finished (or has no ledger) every transition only takes the member off the
--- schedule. Every read (HMGET fails on a key of another type) and check comes before the first write.
+-- schedule. Every read (read_hash refuses a key of another type) and check comes before the first write.
 -- KEYS: 1 ledger, 2 schedule
 -- ARGV: 1 transition, 2 member, 3 chunk index, 4 claim token, 5 due ms ("" for forget), 6 now ms, then:
 --   mark_submitted      7 request id, 8 remote status    (submitting -> polling, the job running)
@@ -45,7 +45,7 @@ if transition == T_MARK_SUBMIT_RETRY then
   if ARGV[9] ~= '' then uint(ARGV[9], 'attempts') end
 end
 check_type(schedule, 'zset')
-local values = redis.call('HMGET', ledger, F_STATE, chunk_field(chunk, C_STATE), chunk_field(chunk, C_CLAIM),
+local values = read_hash(ledger, F_STATE, chunk_field(chunk, C_STATE), chunk_field(chunk, C_CLAIM),
   chunk_field(chunk, C_N_POLLS))
 local state, chunk_state = values[1], values[2]
 if not state or is_terminal(state) then

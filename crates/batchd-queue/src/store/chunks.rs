@@ -225,14 +225,12 @@ impl Store {
                 Ok(true)
             }
             FenceVerdict::Gone => Ok(false),
-            FenceVerdict::Stale => Err(stale(
-                claim,
-                format!("{} found the chunk {chunk_state} under claim {held}", transition.as_str()),
-            )),
-            FenceVerdict::Refused => Err(stale(
-                claim,
-                format!("{} does not start from a {chunk_state:?} chunk", transition.as_str()),
-            )),
+            FenceVerdict::Stale => {
+                Err(stale(claim, format!("{} found the chunk {chunk_state} under claim {held}", transition.as_str())))
+            }
+            FenceVerdict::Refused => {
+                Err(stale(claim, format!("{} does not start from a {chunk_state:?} chunk", transition.as_str())))
+            }
         }
     }
 
@@ -313,7 +311,9 @@ impl Store {
             }
             FenceVerdict::Gone => Ok(None),
             FenceVerdict::Stale => Err(stale(claim, "chunk_done found the chunk under a later claim".to_owned())),
-            FenceVerdict::Refused => Err(stale(claim, "chunk_done found the chunk in no state a step finishes".to_owned())),
+            FenceVerdict::Refused => {
+                Err(stale(claim, "chunk_done found the chunk in no state a step finishes".to_owned()))
+            }
         }
     }
 

@@ -8,7 +8,9 @@ use std::time::Duration;
 use batchd_core::ledger::field;
 use batchd_core::result::code;
 use batchd_core::{ChunkRef, ChunkState, JobError, JobId, JobOutput, JobState, ResultEntry, ResultStatus, UnixMillis};
-use batchd_queue::{AddOutcome, ChunkView, Claim, NewChunk, Placement, PublishContext, Rejection, StoreError, Undeliverable};
+use batchd_queue::{
+    AddOutcome, ChunkView, Claim, NewChunk, Placement, PublishContext, Rejection, StoreError, Undeliverable,
+};
 use serde_json::value::RawValue;
 
 use super::Pipeline;

@@ -15,7 +15,12 @@ use crate::policy::{isolate_cuts, poll_delay, retry_delay, split_placement};
 
 impl Pipeline {
     /// Submits one chunk from the schedule: mark `submitting` (reading its items back), then [`Pipeline::post`].
-    pub(super) async fn submit(&self, claim: &Claim, model: &ModelName, deadline_at: UnixMillis) -> Result<(), StoreError> {
+    pub(super) async fn submit(
+        &self,
+        claim: &Claim,
+        model: &ModelName,
+        deadline_at: UnixMillis,
+    ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
         if self.throttle(claim, model, ApiCall::Submit).await?.is_some() {
             return Ok(());
