@@ -37,4 +37,5 @@ mod scripts;
 mod secrets;
 mod store;
 mod topologies;
+mod transitions;
 mod ui_browser;

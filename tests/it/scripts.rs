@@ -842,6 +842,8 @@ async fn the_ledger_counts_unfinished_chunks_and_old_ledgers_are_counted_once() 
     let added = store.add_chunks(&chunk("live", 1), 5, true, None, &[piece(1), piece(2)]).await.expect("store");
     assert_eq!(added, batchd_queue::AddOutcome::Added);
     assert_eq!(open("live").await.as_deref(), Some("3"));
+    // The pieces are submitted (a step finishes a chunk only from submitting or polling).
+    fixture.run(&mut conn, &["HSET", &fixture.ledger("live"), "c1:state", "polling", "c2:state", "polling"]).await;
     for (index, left) in [(0, 2), (2, 1), (1, 0)] {
         assert_eq!(
             store.chunk_done(&chunk("live", index), ChunkState::Done, "{}", 10).await.expect("store"),

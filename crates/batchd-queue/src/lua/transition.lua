@@ -16,15 +16,15 @@
 -- Returns {verdict, chunk state found, the chunk's claim token}; verdict: applied | gone | stale | refused
 local ledger, schedule = KEYS[1], KEYS[2]
 local transition, chunk_member = ARGV[1], ARGV[2]
-local ANY = {}
+local any_state = {}
 local allowed = {
   [T_MARK_SUBMITTED] = {[CHUNK_SUBMITTING] = true},
   [T_MARK_PENDING_POLL] = {[CHUNK_POLLING] = true},
   [T_MARK_POLL_FAILED] = {[CHUNK_POLLING] = true},
   [T_MARK_SUBMIT_RETRY] = {[CHUNK_SUBMITTING] = true},
   [T_RESCHEDULE] = {[CHUNK_PENDING] = true, [CHUNK_SUBMITTING] = true, [CHUNK_POLLING] = true},
-  [T_RENEW] = ANY,
-  [T_RELEASE] = ANY,
+  [T_RENEW] = any_state,
+  [T_RELEASE] = any_state,
   [T_FORGET] = {},
 }
 local extra = {[T_MARK_SUBMITTED] = 2, [T_MARK_PENDING_POLL] = 1, [T_MARK_POLL_FAILED] = 2, [T_MARK_SUBMIT_RETRY] = 3}
@@ -42,7 +42,7 @@ if transition == T_MARK_SUBMIT_RETRY then
   if ARGV[7] ~= CHUNK_PENDING and ARGV[7] ~= CHUNK_SUBMITTING then
     refuse('a submit is retried ' .. CHUNK_PENDING .. ' or ' .. CHUNK_SUBMITTING)
   end
-  if ARGV[9] ~= '' then uint(ARGV[9], 'attempts') end
+  if ARGV[9] ~= '' then uint(ARGV[9], C_ATTEMPTS) end
 end
 check_type(schedule, 'zset')
 local values = read_hash(ledger, F_STATE, chunk_field(chunk, C_STATE), chunk_field(chunk, C_CLAIM),
@@ -54,7 +54,7 @@ if not state or is_terminal(state) then
 end
 local held = uint(values[3] or '0', 'the chunk\'s ' .. C_CLAIM)
 if held ~= token then return {FENCE_STALE, chunk_state or '', held} end
-if allowed[transition] ~= ANY and not allowed[transition][chunk_state or ''] then
+if allowed[transition] ~= any_state and not allowed[transition][chunk_state or ''] then
   return {FENCE_REFUSED, chunk_state or '', held}
 end
 local n_polls = 0
