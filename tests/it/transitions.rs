@@ -303,3 +303,37 @@ async fn snapshot_of(
         .expect("redis");
     (ledger, schedule)
 }
+
+/// Two in-process daemons on a 1 s lease, and an API whose submits and first polls answer after 2.5 s: the step
+/// holding each chunk renews its lease while it waits, so the other daemon never takes the chunk over. (In-process
+/// daemons skip the configuration check `schedule.lease_secs > cloudflare.request_timeout_secs`, which keeps
+/// every single request within the lease in production; here a request may outlast it, as a download will.)
+#[tokio::test]
+async fn a_step_twice_as_long_as_its_lease_renews_it_and_is_not_taken_over() {
+    use batchd_emulator::{Calls, Fault, FaultKind};
+    let world = batchd_tests::World::new().await;
+    let mut settings = world.settings.clone();
+    settings.schedule.lease_secs = 1;
+    settings.cloudflare.request_timeout_secs = 10;
+    let slow = |calls| Fault { kind: FaultKind::Delay { millis: 2_500 }, calls, times: 3 };
+    world.emulator.inject(slow(Calls::Submit));
+    world.emulator.inject(slow(Calls::Poll));
+    let first = batchd_tests::Daemon::start(settings.clone(), &world.emulator);
+    let second = batchd_tests::Daemon::start(settings, &world.emulator);
+    let ids: Vec<String> = (0..3).map(|i| format!("slow-{i}")).collect();
+    for id in &ids {
+        world.enqueue(&batchd_tests::bge_m3_job(id, 2)).await;
+    }
+    let results = world.wait_for_results(3, std::time::Duration::from_secs(60)).await;
+    first.stop().await.expect("first daemon");
+    second.stop().await.expect("second daemon");
+    assert!(results.iter().all(|entry| entry["status"] == "completed"), "{results:?}");
+    assert!(world.emulator.pending_faults().is_empty(), "every slow reply was served");
+    let accepted: Vec<_> =
+        world.emulator.submits().into_iter().filter(|call| (200..300).contains(&call.http_status)).collect();
+    assert_eq!(accepted.len(), 3, "one submit per chunk: {accepted:?}");
+    for id in &ids {
+        let ledger = world.ledger(id).await;
+        assert_eq!(ledger.get("possible_duplicate_submits").map(String::as_str).unwrap_or("0"), "0", "{id}");
+    }
+}
