@@ -19,7 +19,8 @@ use crate::chaos::load::{self, spawn_producer};
 pub(super) async fn freeze(size: Size) -> anyhow::Result<Outcome> {
     let started = Instant::now();
     let seed = seed();
-    let timing = Timing::new(size, size.pick((secs(2), secs(8)), (secs(1), secs(3))));
+    // Batches that outlast the freeze, so the resumed replica also finds chunks the other one is still polling.
+    let timing = Timing::new(size, size.pick((secs(2), secs(60)), (secs(1), secs(20))));
     let n_jobs = size.pick(1_000, 120);
     let mut outcome = Outcome::new(
         "9-freeze",
@@ -31,9 +32,10 @@ pub(super) async fn freeze(size: Size) -> anyhow::Result<Outcome> {
     cluster.event(format!("scenario 9-freeze ({}), seed {seed}, {n_jobs} jobs", size.as_str()));
     start_daemons(&mut cluster, 2).await?;
     let collector = load::Collector::start(cluster.conn.clone(), cluster.keys.clone());
-    let (batch, every) = size.pick((50, Duration::from_millis(500)), (20, Duration::from_millis(300)));
+    // The load goes on through the freeze, so the victim is taking jobs in (and posting them) when it stops.
+    let (batch, every) = size.pick((50, Duration::from_millis(500)), (10, Duration::from_millis(500)));
     let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("z", n_jobs), batch, every);
-    supervised_sleep(&mut cluster, size.pick(secs(6), secs(3))).await;
+    supervised_sleep(&mut cluster, size.pick(secs(5), secs(2))).await;
 
     // Slow replies (a third of the lease), so the victim has submits and polls in flight when it stops.
     let slow = timing.lease / 3;
@@ -63,6 +65,8 @@ pub(super) async fn freeze(size: Size) -> anyhow::Result<Outcome> {
 
     let produced = producer.await?;
     finish(&mut cluster, collector, &produced, size.pick(secs(300), secs(120)), false, &mut outcome).await;
+    let frozen = outcome.duplicate_causes.get("replica frozen (SIGSTOP) past its lease").copied().unwrap_or(0);
+    outcome.figure("duplicate_submits_of_posts_in_flight_at_the_freeze", frozen);
 
     // No finished chunk was touched again: no API call for a job after its result was published.
     let published = published_at(&mut cluster).await?;

@@ -34,13 +34,13 @@ check_type(schedule, 'zset')
 local head = redis.call('HMGET', ledger, F_STATE, F_N_CHUNKS, F_OPEN_CHUNKS, chunk_field(claimed, C_STATE),
   chunk_field(claimed, C_CLAIM))
 local state = head[1]
+if state and uint(head[5] or '0', 'the chunk\'s ' .. C_CLAIM) ~= token then return ADD_STALE end
 if not state or is_terminal(state) then return ADD_GONE end
 local n = uint(head[2], 'the ledger\'s ' .. F_N_CHUNKS)
 if head[3] then uint(head[3], 'the ledger\'s ' .. F_OPEN_CHUNKS) end
 if replaced_index and replaced_index >= n then
   refuse('chunk ' .. replaced_index .. ' is not one of the job\'s ' .. n)
 end
-if uint(head[5] or '0', 'the chunk\'s ' .. C_CLAIM) ~= token then return ADD_STALE end
 if replaced_index and head[4] ~= CHUNK_SUBMITTING then return ADD_REFUSED end
 if guard ~= '' and redis.call('HEXISTS', ledger, guard) == 1 then return ADD_GUARDED end
 local added = n_triples

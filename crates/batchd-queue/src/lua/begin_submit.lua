@@ -15,11 +15,11 @@ local values = redis.call('HMGET', ledger, F_STATE, chunk_field(chunk, C_STATE),
   chunk_field(chunk, C_ITEMS), chunk_field(chunk, C_INDICES), F_MODEL, chunk_field(chunk, C_REQUESTS),
   F_POSSIBLE_DUPLICATE_SUBMITS, chunk_field(chunk, C_CLAIM))
 local state, chunk_state = values[1], values[2]
+if state and uint(values[9] or '0', 'the chunk\'s ' .. C_CLAIM) ~= token then
+  return {SUBMIT_STALE, 0, chunk_state or '', '', '', '', ''}
+end
 if not state or is_terminal(state) then
   return {SUBMIT_GONE, 0, state or '', '', '', '', ''}
-end
-if uint(values[9] or '0', 'the chunk\'s ' .. C_CLAIM) ~= token then
-  return {SUBMIT_STALE, 0, chunk_state or '', '', '', '', ''}
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return {SUBMIT_CANCELLED, 0, state, '', '', '', ''}

@@ -25,6 +25,7 @@ check_type(ledger, 'hash')
 check_type(schedule, 'zset')
 local head = redis.call('HMGET', ledger, F_STATE, F_N_CHUNKS, F_OPEN_CHUNKS, chunk_field(chunk, C_STATE),
   chunk_field(chunk, C_CLAIM))
+if head[1] and uint(head[5] or '0', 'the chunk\'s ' .. C_CLAIM) ~= token then return {FENCE_STALE, -1} end
 if not head[1] or is_terminal(head[1]) then
   redis.call('ZREM', schedule, chunk_member)
   return {FENCE_GONE, -1}
@@ -32,7 +33,6 @@ end
 local n = uint(head[2], 'the ledger\'s ' .. F_N_CHUNKS)
 if n > MAX_CHUNKS then refuse('the ledger has ' .. n .. ' chunks, more than ' .. MAX_CHUNKS) end
 if chunk >= n then refuse('chunk ' .. chunk .. ' is not one of the job\'s ' .. n) end
-if uint(head[5] or '0', 'the chunk\'s ' .. C_CLAIM) ~= token then return {FENCE_STALE, -1} end
 if head[4] ~= CHUNK_SUBMITTING and head[4] ~= CHUNK_POLLING and not is_finished(head[4]) then
   return {FENCE_REFUSED, -1}
 end

@@ -2,8 +2,8 @@
 -- chunk is next due, and it is applied only by the holder of the chunk's latest claim (the fencing token,
 -- C_CLAIM, equals the caller's) and only from the chunk states the transition starts from. A stale writer (a
 -- replica whose claim was taken over while it was paused) or a chunk in another state gets a verdict, and nothing
--- is written. On a job that has finished (or has no ledger) every transition only takes the member off the
--- schedule. Every read (read_hash refuses a key of another type) and check comes before the first write.
+-- is written. On a job that has finished (or has no ledger) a transition of the latest claim (and `forget`, from
+-- any claim) only takes the member off the schedule. Every read (read_hash refuses a key of another type) and check comes before the first write.
 -- KEYS: 1 ledger, 2 schedule
 -- ARGV: 1 transition, 2 member, 3 chunk index, 4 claim token, 5 due ms ("" for forget), 6 now ms, then:
 --   mark_submitted      7 request id, 8 remote status    (submitting -> polling, the job running)
@@ -48,12 +48,12 @@ check_type(schedule, 'zset')
 local values = read_hash(ledger, F_STATE, chunk_field(chunk, C_STATE), chunk_field(chunk, C_CLAIM),
   chunk_field(chunk, C_N_POLLS))
 local state, chunk_state = values[1], values[2]
+local held = uint(values[3] or '0', 'the chunk\'s ' .. C_CLAIM)
+if state and held ~= token and transition ~= T_FORGET then return {FENCE_STALE, chunk_state or '', held} end
 if not state or is_terminal(state) then
   redis.call('ZREM', schedule, chunk_member)
-  return {FENCE_GONE, chunk_state or '', ''}
+  return {FENCE_GONE, chunk_state or '', held}
 end
-local held = uint(values[3] or '0', 'the chunk\'s ' .. C_CLAIM)
-if held ~= token then return {FENCE_STALE, chunk_state or '', held} end
 if allowed[transition] ~= any_state and not allowed[transition][chunk_state or ''] then
   return {FENCE_REFUSED, chunk_state or '', held}
 end
