@@ -151,10 +151,16 @@ pub async fn claim_times(redis: &RedisServer, members: usize, samples: usize) ->
         let started = Instant::now();
         let claimed = store.claim_due(batchd_queue::now_ms(), 256).await?;
         times.push(started.elapsed().as_secs_f64() * 1000.0);
-        if claimed.len() != 256.min(members) {
-            bail!("claimed {} of {members}", claimed.len());
+        if claimed.claims.len() != 256.min(members) {
+            bail!("claimed {} of {members}", claimed.claims.len());
         }
-        store.release(&claimed, past).await?;
+        // These members have no ledger (a release would unschedule them): made due again by hand.
+        let mut due_again = redis::cmd("ZADD");
+        due_again.arg(&schedule).arg("XX");
+        for claim in &claimed.claims {
+            due_again.arg(past).arg(claim.chunk.to_string());
+        }
+        let _: i64 = due_again.query_async(&mut conn).await?;
     }
     let _: i64 = redis::cmd("DEL").arg(&schedule).query_async(&mut conn).await?;
     Ok(times)

@@ -101,6 +101,8 @@ pub struct Cluster {
     pub restarts: usize,
     /// kill -9 of daemons, and kills or freezes of Redis.
     pub kills: usize,
+    /// Daemons frozen with SIGSTOP: (incarnation index, Unix ms of the SIGSTOP, of the SIGCONT).
+    pub freezes: Vec<(usize, u64, u64)>,
     /// The batchd binary.
     bin: PathBuf,
     /// Environment of every daemon, besides the per-process variables.
@@ -169,6 +171,7 @@ impl Cluster {
             started: Instant::now(),
             restarts: 0,
             kills: 0,
+            freezes: Vec::new(),
             bin,
             vars: all_vars,
             log_dir,
@@ -246,6 +249,25 @@ impl Cluster {
         let pid = self.incarnations[index].pid;
         self.event(format!("kill -9 daemon #{index} (pid {pid})"));
         Ok(())
+    }
+
+    /// Freezes a running daemon with SIGSTOP for `duration`, then resumes it with SIGCONT (recorded in `freezes`).
+    pub async fn freeze(&mut self, index: usize, duration: Duration) -> anyhow::Result<()> {
+        anyhow::ensure!(self.running.contains_key(&index), "daemon #{index} is not running");
+        let pid = self.incarnations[index].pid;
+        send_signal(pid, "STOP")?;
+        let from_ms = unix_ms();
+        self.event(format!("SIGSTOP daemon #{index} (pid {pid}) for {}", human(duration)));
+        tokio::time::sleep(duration).await;
+        send_signal(pid, "CONT")?;
+        self.freezes.push((index, from_ms, unix_ms()));
+        self.event(format!("SIGCONT daemon #{index} (pid {pid})"));
+        Ok(())
+    }
+
+    /// `GET path` of a daemon's admin server.
+    pub async fn admin_get(&self, index: usize, path: &str) -> anyhow::Result<(u16, String)> {
+        http_get(self.incarnations[index].admin, path).await
     }
 
     /// SIGTERM to a running daemon, then waits up to `timeout` for it to exit (killed after that).

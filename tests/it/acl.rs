@@ -417,6 +417,7 @@ const BATCHD_COMMANDS: &[&[&str]] = &[
     &["ZRANGE", "K", "0", "0", "WITHSCORES"],
     &["ZRANGEBYSCORE", "K", "-inf", "1", "LIMIT", "0", "1"],
     &["ZSCORE", "K", "m"],
+    &["ZMSCORE", "K", "m"],
     &["ZCARD", "K"],
     &["ZCOUNT", "K", "-inf", "1"],
     &["SCRIPT", "LOAD", "return 1"],

@@ -112,3 +112,10 @@ async fn a_request_id_received_while_redis_is_down_is_recorded_not_resubmitted()
     assert_eq!(outcome.duplicate_submits, 0, "{}", outcome.explain());
     assert_eq!(figure(&outcome, "emulator_batches"), Some(3), "one remote batch per job");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_a_replica_frozen_past_its_lease_is_fenced_out_when_it_resumes() {
+    let outcome = short("9-freeze").await;
+    assert!(figure(&outcome, "stale_writes_of_the_resumed_replica").unwrap_or(0) > 0, "{}", outcome.explain());
+    assert_eq!(figure(&outcome, "api_calls_after_a_result"), Some(0), "{}", outcome.explain());
+}

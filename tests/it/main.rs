@@ -39,5 +39,6 @@ mod scripts;
 mod secrets;
 mod store;
 mod topologies;
+mod transitions;
 mod ui_access;
 mod ui_browser;

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use batchd_core::keys::CONSUMER_GROUP;
 use batchd_core::{ChunkRef, ChunkState, JobId, Keys};
 use batchd_queue::store::{MAX_CLAIM, MAX_SCRIPT_PAIRS, OPEN_CHUNKS, script_source};
-use batchd_queue::{MAX_CHUNKS_PER_JOB, Store, StoreSettings};
+use batchd_queue::{Claim, MAX_CHUNKS_PER_JOB, Store, StoreSettings};
 use batchd_tests::{RedisServer, test_connection};
 use redis::aio::MultiplexedConnection;
 
@@ -314,7 +314,7 @@ fn cases(f: &Fixture) -> Vec<Case> {
 
     // chunk_done: KEYS ledger, schedule
     let keys = vec![f.ledger("live"), k.schedule()];
-    let args = strings(&["live#0", "0", "done", "{}", "5000", "6000"]);
+    let args = strings(&["live#0", "0", "done", "{}", "5000", "6000", "0"]);
     case("chunk_done: index", "chunk_done", vec![], keys.clone(), with(&args, 1, Some("x")), Err("chunk index"));
     case(
         "chunk_done: state",
@@ -327,6 +327,17 @@ fn cases(f: &Fixture) -> Vec<Case> {
     case("chunk_done: no output", "chunk_done", vec![], keys.clone(), with(&args, 3, None), Err("no output"));
     case("chunk_done: now", "chunk_done", vec![], keys.clone(), with(&args, 4, Some("soon")), Err("now"));
     case("chunk_done: lease", "chunk_done", vec![], keys.clone(), with(&args, 5, Some("")), Err("lease end"));
+    case("chunk_done: token", "chunk_done", vec![], keys.clone(), with(&args, 6, Some("t")), Err("claim token"));
+    case("chunk_done: claim", "chunk_done", hset("live", "c0:claim", "x"), keys.clone(), args.clone(), Err("claim"));
+    case("chunk_done: stale", "chunk_done", vec![], keys.clone(), with(&args, 6, Some("1")), Ok("stale"));
+    case(
+        "chunk_done: not started",
+        "chunk_done",
+        hset("live", "c0:state", "pending"),
+        keys.clone(),
+        args.clone(),
+        Ok("refused"),
+    );
     case(
         "chunk_done: chunk out of range",
         "chunk_done",
@@ -378,7 +389,7 @@ fn cases(f: &Fixture) -> Vec<Case> {
 
     // add_chunks: KEYS ledger, schedule
     let keys = vec![f.ledger("live"), k.schedule()];
-    let args = strings(&["live", "5000", "", "", "2:1", "", "[{}]"]);
+    let args = strings(&["live", "5000", "", "", "0", "0", "2:1", "", "[{}]"]);
     case("add_chunks: due", "add_chunks", vec![], keys.clone(), with(&args, 1, Some("now")), Err("due time"));
     case(
         "add_chunks: replaced",
@@ -388,18 +399,33 @@ fn cases(f: &Fixture) -> Vec<Case> {
         with(&args, 2, Some("first")),
         Err("replaced chunk"),
     );
-    case("add_chunks: half a chunk", "add_chunks", vec![], keys.clone(), with(&args, 6, None), Err("triples"));
-    case("add_chunks: no chunk", "add_chunks", vec![], keys.clone(), with(&args, 4, None), Err("triples"));
-    case("add_chunks: items", "add_chunks", vec![], keys.clone(), with(&args, 4, Some("2")), Err("chunk items"));
-    case("add_chunks: indices", "add_chunks", vec![], keys.clone(), with(&args, 5, Some("{}")), Err("indices"));
-    case("add_chunks: requests", "add_chunks", vec![], keys.clone(), with(&args, 6, Some("{}")), Err("JSON array"));
+    case("add_chunks: half a chunk", "add_chunks", vec![], keys.clone(), with(&args, 8, None), Err("triples"));
+    case("add_chunks: no chunk", "add_chunks", vec![], keys.clone(), with(&args, 6, None), Err("triples"));
+    case("add_chunks: items", "add_chunks", vec![], keys.clone(), with(&args, 6, Some("2")), Err("chunk items"));
+    case("add_chunks: indices", "add_chunks", vec![], keys.clone(), with(&args, 7, Some("{}")), Err("indices"));
+    case("add_chunks: requests", "add_chunks", vec![], keys.clone(), with(&args, 8, Some("{}")), Err("JSON array"));
+    case("add_chunks: claimed", "add_chunks", vec![], keys.clone(), with(&args, 4, Some("-")), Err("claimed chunk"));
+    case("add_chunks: token", "add_chunks", vec![], keys.clone(), with(&args, 5, Some("")), Err("claim token"));
     case(
-        "add_chunks: replaced out of range",
+        "add_chunks: a split of another chunk",
         "add_chunks",
         vec![],
         keys.clone(),
-        with(&args, 2, Some("7")),
-        Err("not one of"),
+        with(&args, 2, Some("1")),
+        Err("replaces the claimed chunk"),
+    );
+    let mut far = with(&args, 2, Some("7"));
+    far[4] = "7".to_owned();
+    case("add_chunks: replaced out of range", "add_chunks", vec![], keys.clone(), far, Err("not one of"));
+    case("add_chunks: claim", "add_chunks", hset("live", "c0:claim", "?"), keys.clone(), args.clone(), Err("claim"));
+    case("add_chunks: stale", "add_chunks", vec![], keys.clone(), with(&args, 5, Some("2")), Ok("stale"));
+    case(
+        "add_chunks: a split of a chunk no longer submitting",
+        "add_chunks",
+        vec![],
+        keys.clone(),
+        with(&args, 2, Some("0")),
+        Ok("refused"),
     );
     let full = (MAX_CHUNKS_PER_JOB).to_string();
     case(
@@ -448,16 +474,26 @@ fn cases(f: &Fixture) -> Vec<Case> {
         hset("live", "retried", "1"),
         keys.clone(),
         with(&args, 3, Some("retried")),
-        Ok("0"),
+        Ok("guarded"),
     );
     let missing = vec![f.ledger("ghost"), k.schedule()];
-    case("add_chunks: no ledger", "add_chunks", vec![], missing, args.clone(), Ok("-1"));
+    case("add_chunks: no ledger", "add_chunks", vec![], missing, args.clone(), Ok("gone"));
 
     // begin_submit: KEYS ledger, cancel
     let keys = vec![f.ledger("live"), f.cancel("live")];
-    let args = strings(&["1", "5000"]);
+    let args = strings(&["1", "5000", "0"]);
     case("begin_submit: index", "begin_submit", vec![], keys.clone(), with(&args, 0, Some("c1")), Err("chunk index"));
     case("begin_submit: now", "begin_submit", vec![], keys.clone(), with(&args, 1, None), Err("now"));
+    case("begin_submit: token", "begin_submit", vec![], keys.clone(), with(&args, 2, Some("1.0")), Err("claim token"));
+    case(
+        "begin_submit: claim",
+        "begin_submit",
+        hset("live", "c1:claim", "-2"),
+        keys.clone(),
+        args.clone(),
+        Err("claim"),
+    );
+    case("begin_submit: stale", "begin_submit", vec![], keys.clone(), with(&args, 2, Some("1")), Ok("stale"));
     case(
         "begin_submit: attempts",
         "begin_submit",
@@ -541,14 +577,27 @@ fn cases(f: &Fixture) -> Vec<Case> {
         Err("holds a list"),
     );
 
-    // claim: KEYS schedule
-    let keys = vec![k.schedule()];
-    let args = strings(&["9999", "20000", "10"]);
-    let over_claim = (MAX_CLAIM + 1).to_string();
+    // claim: KEYS schedule, a ledger per candidate
+    let keys = vec![k.schedule(), f.ledger("live"), f.ledger("live")];
+    let args = strings(&["9999", "20000", "live#0", "0", "live#1", "1"]);
+    let mut too_many = vec![k.schedule()];
+    too_many.extend((0..=MAX_CLAIM).map(|_| f.ledger("live")));
     case("claim: now", "claim", vec![], keys.clone(), with(&args, 0, Some("+inf")), Err("now"));
     case("claim: lease", "claim", vec![], keys.clone(), with(&args, 1, Some("later")), Err("lease end"));
-    case("claim: no limit", "claim", vec![], keys.clone(), with(&args, 2, Some("0")), Err("limit"));
-    case("claim: limit too high", "claim", vec![], keys.clone(), with(&args, 2, Some(&over_claim)), Err("limit"));
+    case("claim: no candidate", "claim", vec![], vec![k.schedule()], with(&args, 2, None), Err("candidates"));
+    case("claim: too many candidates", "claim", vec![], too_many, args.clone(), Err("candidates"));
+    case("claim: a key short", "claim", vec![], keys[..2].to_vec(), args.clone(), Err("each candidate"));
+    case("claim: index", "claim", vec![], keys.clone(), with(&args, 5, Some("one")), Err("chunk index"));
+    case("claim: claim", "claim", hset("live", "c1:claim", "x"), keys.clone(), args.clone(), Err("claim"));
+    case(
+        "claim: ledger type",
+        "claim",
+        wrong(f.ledger("live"), "string"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a string"),
+    );
+    case("claim: nothing due", "claim", vec![], keys.clone(), with(&args, 0, Some("8999")), Ok(""));
     case(
         "claim: schedule type",
         "claim",
@@ -644,36 +693,57 @@ fn cases(f: &Fixture) -> Vec<Case> {
         Err("holds a hash"),
     );
 
-    // update_chunk: KEYS ledger, schedule
+    // transition: KEYS ledger, schedule
     let keys = vec![f.ledger("live"), k.schedule()];
-    let args = strings(&["live#0", "5000", "c0:n_polls", "c0:remote_status", "running"]);
-    case("update_chunk: due", "update_chunk", vec![], keys.clone(), with(&args, 1, Some("later")), Err("due time"));
-    case("update_chunk: missing arguments", "update_chunk", vec![], keys.clone(), with(&args, 2, None), Err("missing"));
-    case("update_chunk: half a pair", "update_chunk", vec![], keys.clone(), with(&args, 4, None), Err("pairs"));
+    let args = strings(&["mark_pending_poll", "live#0", "0", "0", "5000", "4000", "running"]);
+    case("transition: unknown", "transition", vec![], keys.clone(), with(&args, 0, Some("done")), Err("unknown"));
+    case("transition: arguments", "transition", vec![], keys.clone(), with(&args, 6, None), Err("takes 7"));
+    case("transition: index", "transition", vec![], keys.clone(), with(&args, 2, Some("c0")), Err("chunk index"));
+    case("transition: token", "transition", vec![], keys.clone(), with(&args, 3, Some("-1")), Err("claim token"));
+    case("transition: due", "transition", vec![], keys.clone(), with(&args, 4, Some("later")), Err("due time"));
+    case("transition: now", "transition", vec![], keys.clone(), with(&args, 5, Some("")), Err("now"));
+    let retry = strings(&["mark_submit_retry", "live#1", "1", "0", "5000", "4000", "polling", "{}", ""]);
+    case("transition: retried state", "transition", vec![], keys.clone(), retry.clone(), Err("retried"));
     case(
-        "update_chunk: counter",
-        "update_chunk",
+        "transition: attempts",
+        "transition",
+        vec![],
+        keys.clone(),
+        [&retry[..6], &strings(&["pending", "{}", "x"])].concat(),
+        Err("attempts"),
+    );
+    let failed = strings(&["mark_poll_failed", "live#0", "0", "0", "5000", "4000", "many", "{}"]);
+    case("transition: failures", "transition", vec![], keys.clone(), failed, Err("failures"));
+    case(
+        "transition: counter",
+        "transition",
         hset("live", "c0:n_polls", "x"),
         keys.clone(),
         args.clone(),
-        Err("c0:n_polls"),
+        Err("n_polls"),
     );
+    case("transition: claim", "transition", hset("live", "c0:claim", "1e3"), keys.clone(), args.clone(), Err("claim"));
     case(
-        "update_chunk: ledger type",
-        "update_chunk",
+        "transition: ledger type",
+        "transition",
         wrong(f.ledger("live"), "string"),
         keys.clone(),
         args.clone(),
         Err("holds a string"),
     );
     case(
-        "update_chunk: schedule type",
-        "update_chunk",
+        "transition: schedule type",
+        "transition",
         wrong(k.schedule(), "string"),
         keys.clone(),
         args.clone(),
         Err("holds a string"),
     );
+    case("transition: stale", "transition", vec![], keys.clone(), with(&args, 3, Some("1")), Ok("stale"));
+    let submitted = strings(&["mark_submitted", "live#0", "0", "0", "5000", "4000", "r-1", "queued", ""]);
+    case("transition: not submitting", "transition", vec![], keys.clone(), submitted, Ok("refused"));
+    let ghost = vec![f.ledger("ghost"), k.schedule()];
+    case("transition: no ledger", "transition", vec![], ghost, with(&args, 1, Some("ghost#0")), Ok("gone"));
 
     // wake: KEYS ledger, schedule
     let keys = vec![f.ledger("live"), k.schedule()];
@@ -780,7 +850,9 @@ async fn the_ledger_counts_unfinished_chunks_and_old_ledgers_are_counted_once() 
         fixture.keys.clone(),
         StoreSettings::default(),
     );
-    let chunk = |job: &str, index: u32| ChunkRef::new(JobId::parse(job).expect("job id"), index);
+    // Never claimed: token 0.
+    let chunk =
+        |job: &str, index: u32| Claim { chunk: ChunkRef::new(JobId::parse(job).expect("job id"), index), token: 0 };
     let reader = conn.clone();
     let open = |job: &str| {
         let mut conn = reader.clone();
@@ -813,10 +885,12 @@ async fn the_ledger_counts_unfinished_chunks_and_old_ledgers_are_counted_once() 
         placement: batchd_queue::Placement::Range { start, len: 1 },
         requests: vec![serde_json::value::RawValue::from_string("{}".into()).expect("json")],
     };
-    let job = JobId::parse("live").expect("job id");
-    let added = store.add_chunks(&job, 5, Some(1), None, &[piece(1), piece(2)]).await.expect("store");
+    fixture.run(&mut conn, &["HSET", &fixture.ledger("live"), "c1:state", "submitting"]).await;
+    let added = store.add_chunks(&chunk("live", 1), 5, true, None, &[piece(1), piece(2)]).await.expect("store");
     assert_eq!(added, batchd_queue::AddOutcome::Added);
     assert_eq!(open("live").await.as_deref(), Some("3"));
+    // The pieces are submitted (a step finishes a chunk only from submitting or polling).
+    fixture.run(&mut conn, &["HSET", &fixture.ledger("live"), "c1:state", "polling", "c2:state", "polling"]).await;
     for (index, left) in [(0, 2), (2, 1), (1, 0)] {
         assert_eq!(
             store.chunk_done(&chunk("live", index), ChunkState::Done, "{}", 10).await.expect("store"),

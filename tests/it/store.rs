@@ -131,5 +131,7 @@ async fn a_redis_that_forgot_the_scripts_gets_them_again() {
     assert_eq!(store.accept(&job, &intake(&entry_id, &plan)).await.unwrap(), Accepted::New);
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut world.conn.clone()).await.unwrap();
     let claimed = store.claim_due(1_000_000, 10).await.unwrap();
-    assert_eq!(claimed, ["hand-written#0"]);
+    let members: Vec<String> = claimed.claims.iter().map(|claim| claim.chunk.to_string()).collect();
+    assert_eq!(members, ["hand-written#0"]);
+    assert_eq!(claimed.claims[0].token, 2, "the take-in's claim was the first");
 }

@@ -215,13 +215,16 @@ pub mod field {
     pub const CHUNK_LAST_ERROR: &str = "last_error";
     /// Per-chunk: time the remote batch was accepted, Unix ms.
     pub const CHUNK_SUBMITTED_AT: &str = "submitted_at";
-    /// Per-chunk: what a provider needs of its remote batch besides the id (`batchd_provider::RemoteBatch` as JSON: file ids,
-    /// a results URL); absent for Cloudflare, whose request id is all there is.
+    /// Per-chunk: what a provider needs of its remote batch besides the id (`batchd_provider::RemoteBatch` as JSON:
+    /// file ids, a results URL); absent for Cloudflare, whose request id is all there is.
     pub const CHUNK_REMOTE: &str = "remote";
+    /// Per-chunk: the fencing token of the chunk's latest claim, a counter every claim increments (absent: 0, never
+    /// claimed). Every script that writes the chunk refuses a writer whose token is not this one.
+    pub const CHUNK_CLAIM: &str = "claim";
 
     /// Every per-chunk name (the part after `c<index>:`), as `(constant name without `CHUNK_`, name)`: what the
     /// storage scripts' prelude is generated from.
-    pub const CHUNK_FIELDS: [(&str, &str); 13] = [
+    pub const CHUNK_FIELDS: [(&str, &str); 14] = [
         ("STATE", CHUNK_STATE),
         ("REQUEST_ID", CHUNK_REQUEST_ID),
         ("ATTEMPTS", CHUNK_ATTEMPTS),
@@ -235,6 +238,7 @@ pub mod field {
         ("LAST_ERROR", CHUNK_LAST_ERROR),
         ("SUBMITTED_AT", CHUNK_SUBMITTED_AT),
         ("REMOTE", CHUNK_REMOTE),
+        ("CLAIM", CHUNK_CLAIM),
     ];
 }
 

@@ -25,6 +25,7 @@ pub const NAMES: &[&str] = &[
     "batchd_retries_total",
     "batchd_throttled_waits_total",
     "batchd_possible_duplicate_submits_total",
+    "batchd_stale_writes_total",
     "batchd_results_published_total",
     "batchd_redis_errors_total",
     "batchd_redis_up",
@@ -207,6 +208,11 @@ pub fn describe() {
         "Submits repeated after an interrupted submit (a remote batch may exist twice)."
     );
     describe_counter!(
+        "batchd_stale_writes_total",
+        "Steps dropped because their claim of a chunk was taken over (the replica was paused past its lease): \
+         the write was refused by the chunk's fencing token, and the chunk's new holder carried on."
+    );
+    describe_counter!(
         "batchd_results_published_total",
         "Result entries published: finished jobs and refused ones (each gets one failed result)."
     );
@@ -275,6 +281,7 @@ pub fn describe() {
         "batchd_jobs_accepted_total",
         "batchd_jobs_duplicate_total",
         "batchd_possible_duplicate_submits_total",
+        "batchd_stale_writes_total",
         "batchd_results_published_total",
         "batchd_poll_unknown_status_total",
         "batchd_items_refused_total",
@@ -369,6 +376,11 @@ pub fn throttled_wait(call: ApiCall) {
 /// A submit is being repeated after an interrupted one.
 pub fn possible_duplicate_submit() {
     counter!("batchd_possible_duplicate_submits_total").increment(1);
+}
+
+/// A step's write was refused because its claim of the chunk was taken over.
+pub fn stale_write() {
+    counter!("batchd_stale_writes_total").increment(1);
 }
 
 /// A poll reply carried a status the API docs do not list.

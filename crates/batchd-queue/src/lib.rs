@@ -30,8 +30,9 @@ pub use connection::{Conn, Endpoint, RedisSettings, Topology};
 pub use ingress::SubmitEntry;
 pub use ledger_view::LedgerView;
 pub use store::{
-    Accepted, AddOutcome, ChunkPlan, ChunkRecord, ChunkView, DeadLetter, Intake, MAX_CHUNKS_PER_JOB, NewChunk,
-    Placement, PublishContext, Rejection, Store, StoreSettings, SubmitTicket, TOO_MANY_DELIVERIES, Undeliverable,
+    Accepted, AddOutcome, ChunkPlan, ChunkRecord, ChunkView, Claim, Claimed, DeadLetter, Intake, MAX_CHUNKS_PER_JOB,
+    NewChunk, Placement, PublishContext, Rejection, Store, StoreSettings, SubmitRetryRecord, SubmitTicket,
+    TOO_MANY_DELIVERIES, Transition, Undeliverable,
 };
 
 /// Errors of the storage layer.
@@ -46,6 +47,18 @@ pub enum StoreError {
         /// The job whose ledger is affected.
         job_id: String,
         /// What was wrong.
+        detail: String,
+    },
+    /// A fenced write was refused: the caller's claim of the chunk was taken over by a later claim (another
+    /// replica's, after this one's lease ended), or the chunk is no longer in a state the write starts from.
+    /// Nothing was written; the caller drops its step (the chunk's current holder carries on).
+    #[error("claim of chunk {chunk} of job {job_id} is stale: {detail}")]
+    StaleClaim {
+        /// The job of the chunk.
+        job_id: String,
+        /// The chunk's index.
+        chunk: u32,
+        /// What the script found.
         detail: String,
     },
 }

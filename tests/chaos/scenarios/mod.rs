@@ -3,13 +3,14 @@
 //! drains, and hands the run to [`verify`].
 //!
 //! The scenarios are grouped by fault type: `process_faults.rs` (kill -9, rolling SIGTERM), `redis_faults.rs`
-//! (AOF restart, unreachable, a blip while recording) and `load_and_input.rs` (backlog, clock skew, hostile and
-//! oversize entries). This module holds what they share: the names, [`run`], [`Dice`], the timing and the ending.
+//! (AOF restart, unreachable, a blip while recording), `load_and_input.rs` (backlog, clock skew, hostile and
+//! oversize entries) and `freeze.rs` (a replica frozen past its lease, fenced out when it resumes). This module holds what they share: the names, [`run`], [`Dice`], the timing and the ending.
 //!
 //! Daemon settings are chosen for the emulator's batch durations: polls every 1–4 s for batches of 1–20 s,
 //! a 20 s schedule lease above a 10 s API timeout, ingress entries reclaimed after 10 s idle (the defaults, 60 s
 //! and 120 s, are for production; the recovery bounds scale with them, see `docs/reliability.md`).
 
+mod freeze;
 mod load_and_input;
 mod process_faults;
 mod redis_faults;
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use batchd_emulator::{DurationRange, EmulatorConfig, RandomFaults};
 
+use self::freeze::freeze;
 use self::load_and_input::{backlog, clock_skew, hostile_entries, oversize_entry_peak_rss};
 use self::process_faults::{kill9, rolling_sigterm};
 use self::redis_faults::{Outage, redis_aof_restart, redis_blip_while_recording, redis_unreachable};
@@ -28,7 +30,7 @@ use super::{Size, human, unix_ms};
 use crate::small_embeddings;
 
 /// Every scenario, in order.
-pub const ALL: [&str; 8] = [
+pub const ALL: [&str; 9] = [
     "1-kill9",
     "2-redis-aof-restart",
     "3a-redis-sigstop",
@@ -37,6 +39,7 @@ pub const ALL: [&str; 8] = [
     "5-backlog",
     "7-clock-skew",
     "8-hostile-entries",
+    "9-freeze",
 ];
 
 /// Redis with an append-only file fsynced every second.
@@ -62,6 +65,7 @@ pub async fn run(name: &str, size: Size) -> anyhow::Result<Outcome> {
         "5-backlog" => backlog(size).await,
         "7-clock-skew" => clock_skew(size).await,
         "8-hostile-entries" => hostile_entries(size).await,
+        "9-freeze" => freeze(size).await,
         other => anyhow::bail!("no scenario {other:?}; the scenarios are {ALL:?} and {FINDINGS:?}"),
     }?;
     if outcome.size == Size::Short && outcome.passed() && !outcome.log_dir.is_empty() {

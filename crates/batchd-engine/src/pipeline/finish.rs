@@ -10,7 +10,9 @@ use batchd_core::result::code;
 use batchd_core::{
     ChunkRef, ChunkState, JobError, JobId, JobOutput, JobState, ModelName, ResultEntry, ResultStatus, UnixMillis,
 };
-use batchd_queue::{AddOutcome, ChunkView, NewChunk, Placement, PublishContext, Rejection, StoreError, Undeliverable};
+use batchd_queue::{
+    AddOutcome, ChunkView, Claim, NewChunk, Placement, PublishContext, Rejection, StoreError, Undeliverable,
+};
 use serde_json::value::RawValue;
 
 use super::Pipeline;
@@ -57,21 +59,24 @@ pub(crate) enum Ending<'a> {
 
 impl Pipeline {
     /// Every chunk has finished: resubmit failed items once if asked to, otherwise publish.
-    pub(super) async fn finish(&self, job_id: &JobId) -> Result<(), StoreError> {
+    /// The step holds `claim` (of one of the job's chunks), which fences the failed-items retry.
+    pub(super) async fn finish(&self, claim: &Claim) -> Result<(), StoreError> {
+        let job_id = &claim.chunk.job_id;
         let Some(context) = self.store.publish_context(job_id).await? else {
             return Ok(());
         };
         if context.chunks.iter().any(|chunk| !matches!(chunk.state, Some(ChunkState::Done | ChunkState::Failed))) {
             return Ok(()); // not every chunk has finished yet
         }
-        if context.retry_failed_items && !context.retried && self.retry_failed_items(job_id, &context).await? {
+        if context.retry_failed_items && !context.retried && self.retry_failed_items(claim, &context).await? {
             return Ok(());
         }
         self.conclude_with(job_id, context, Ending::Finished).await
     }
 
     /// Adds one more round of chunks carrying the items that came back `success:false`; returns whether it did.
-    async fn retry_failed_items(&self, job_id: &JobId, context: &PublishContext) -> Result<bool, StoreError> {
+    async fn retry_failed_items(&self, claim: &Claim, context: &PublishContext) -> Result<bool, StoreError> {
+        let job_id = &claim.chunk.job_id;
         let mut indices = Vec::new();
         let mut requests = Vec::new();
         for chunk in &context.chunks {
@@ -113,7 +118,7 @@ impl Pipeline {
             })
             .collect();
         let n = indices.len();
-        match self.store.add_chunks(job_id, self.store.now().await?, None, Some(field::RETRIED), &chunks).await? {
+        match self.store.add_chunks(claim, self.store.now().await?, false, Some(field::RETRIED), &chunks).await? {
             AddOutcome::Added => {
                 tracing::info!(job_id = %job_id, n_items = n, "resubmitting failed items once");
                 Ok(true)

@@ -4,6 +4,11 @@
 //! Both apalis handlers live here. Every "retry, split, wait or give up" decision is made in this module, from the
 //! variant of the API error, and every step ends in one atomic storage transition, so a crash at any point leaves a
 //! state the next replica resumes from. Every way a job ends goes through [`Pipeline::conclude`].
+//!
+//! A step works on a [`Claim`]: every transition it makes is fenced by the claim's token, and its lease is renewed
+//! while it waits on the API ([`Pipeline::renewing`]). A step whose claim was taken over (this replica was paused
+//! past its lease) is refused at its next write with [`StoreError::StaleClaim`]: it is dropped, logged once and
+//! counted (`batchd_stale_writes_total`) in [`handle_due`], and the chunk's new holder carries on.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -12,9 +17,9 @@ use std::time::Duration;
 use apalis_core::error::BoxDynError;
 use apalis_core::task::data::Data;
 use batchd_core::result::code;
-use batchd_core::{ChunkRef, ChunkState, JobError, JobLimits, ModelName};
+use batchd_core::{ChunkState, JobError, JobLimits, ModelName};
 use batchd_provider::{ApiError, Call, Provider};
-use batchd_queue::{Store, StoreError};
+use batchd_queue::{Claim, Store, StoreError};
 use futures::FutureExt;
 
 pub(crate) use self::finish::Ending;
@@ -82,18 +87,13 @@ pub async fn handle_entry(entry: IngressEntry, pipeline: Data<Arc<Pipeline>>) ->
     Ok(())
 }
 
-/// apalis handler of the schedule worker: one due chunk (a schedule member).
-pub async fn handle_due(member: String, pipeline: Data<Arc<Pipeline>>) -> Result<(), BoxDynError> {
-    let chunk = match ChunkRef::parse(&member) {
-        Ok(chunk) => chunk,
-        Err(error) => {
-            tracing::warn!(member = %member, error = %error, "dropping a schedule member batchd did not write");
-            drop_member(&pipeline.store, &member).await;
-            return Ok(());
-        }
-    };
-    match AssertUnwindSafe(pipeline.step(&chunk)).catch_unwind().await {
+/// apalis handler of the schedule worker: one claimed chunk (a schedule member and this replica's fencing token).
+pub async fn handle_due(claim: Claim, pipeline: Data<Arc<Pipeline>>) -> Result<(), BoxDynError> {
+    let chunk = &claim.chunk;
+    let member = chunk.to_string();
+    match AssertUnwindSafe(pipeline.step(&claim)).catch_unwind().await {
         Ok(Ok(())) => {}
+        Ok(Err(StoreError::StaleClaim { job_id, chunk, detail })) => stale_step(&job_id, chunk, &detail),
         Ok(Err(StoreError::Corrupt { job_id, detail })) => {
             // Retrying cannot help a ledger batchd did not write; take it off the schedule and say so.
             tracing::error!(job_id = %job_id, detail = %detail, "ledger is corrupt; the chunk is dropped from the schedule");
@@ -109,6 +109,23 @@ pub async fn handle_due(member: String, pipeline: Data<Arc<Pipeline>>) -> Result
     Ok(())
 }
 
+/// A step whose claim was taken over: nothing it wrote was kept, and it stops here. Logged once per step.
+pub(crate) fn stale_step(job_id: &str, chunk: u32, detail: &str) {
+    metrics::stale_write();
+    tracing::warn!(
+        job_id = %job_id,
+        chunk,
+        detail = %detail,
+        "this replica's claim of the chunk was taken over (it was paused past its lease); the step is dropped"
+    );
+}
+
+/// How often a step renews its lease while it waits on the API: three times per lease, so one late or failed
+/// renewal still leaves a third of the lease.
+pub(crate) fn renew_every(lease: Duration) -> Duration {
+    (lease / 3).max(Duration::from_millis(10))
+}
+
 async fn drop_member(store: &Store, member: &str) {
     if let Err(error) = store.drop_member(member).await {
         tracing::warn!(error = %error, "could not drop schedule member");
@@ -122,16 +139,24 @@ mod take_in;
 
 impl Pipeline {
     /// Does whatever the chunk's ledger says is next: submit, poll, or finish the job.
-    #[tracing::instrument(level = "debug", skip_all, fields(job_id = %chunk.job_id, chunk = chunk.index))]
-    pub async fn step(&self, chunk: &ChunkRef) -> Result<(), StoreError> {
+    #[tracing::instrument(level = "debug", skip_all, fields(job_id = %claim.chunk.job_id, chunk = claim.chunk.index))]
+    pub async fn step(&self, claim: &Claim) -> Result<(), StoreError> {
+        let chunk = &claim.chunk;
         let Some(view) = self.store.load_chunk(chunk).await? else {
             tracing::debug!("ledger gone; dropping schedule member");
-            self.store.update_chunk(chunk, None, None, &[], &[]).await?;
+            self.store.forget(claim).await?;
             return Ok(());
         };
         if view.job_state.is_terminal() {
-            self.store.update_chunk(chunk, None, None, &[], &[]).await?;
+            self.store.forget(claim).await?;
             return Ok(());
+        }
+        if view.claim != claim.token {
+            return Err(StoreError::StaleClaim {
+                job_id: chunk.job_id.to_string(),
+                chunk: chunk.index,
+                detail: format!("claimed again (claim {}) before this step (claim {}) began", view.claim, claim.token),
+            });
         }
         if let Some(reason) = &view.cancel_requested {
             return self.cancel(&chunk.job_id, reason).await;
@@ -141,7 +166,7 @@ impl Pipeline {
             return self.expire(&chunk.job_id, &view, now).await;
         }
         if matches!(view.chunk_state, ChunkState::Done | ChunkState::Failed) {
-            return self.finish(&chunk.job_id).await;
+            return self.finish(claim).await;
         }
         let Ok(model) = ModelName::parse(&view.model) else {
             return Err(StoreError::Corrupt { job_id: chunk.job_id.to_string(), detail: "model".into() });
@@ -156,10 +181,46 @@ impl Pipeline {
         };
         match view.chunk_state {
             ChunkState::Pending | ChunkState::Submitting => {
-                self.submit(chunk, provider.as_ref(), &model, view.deadline_at).await
+                self.submit(claim, provider.as_ref(), &model, view.deadline_at).await
             }
-            ChunkState::Polling => self.poll(chunk, provider.as_ref(), &model, &view).await,
-            ChunkState::Done | ChunkState::Failed => self.finish(&chunk.job_id).await,
+            ChunkState::Polling => self.poll(claim, provider.as_ref(), &model, &view).await,
+            ChunkState::Done | ChunkState::Failed => self.finish(claim).await,
+        }
+    }
+
+    /// Runs `work` (a call to the API, or a wait for room in the budget) while renewing `claim`'s lease every
+    /// [`renew_every`], so a slow legitimate step is not taken over. Renewal stops once the claim is found taken
+    /// over (the step's next write is then refused) or the job finished; a Redis error only skips one renewal.
+    async fn renewing<F: std::future::Future>(&self, claim: &Claim, work: F) -> F::Output {
+        let mut work = std::pin::pin!(work);
+        let mut renewing = true;
+        loop {
+            tokio::select! {
+                output = &mut work => return output,
+                () = tokio::time::sleep(renew_every(self.lease)), if renewing => {
+                    renewing = self.renew(claim).await;
+                }
+            }
+        }
+    }
+
+    /// Renews `claim`'s lease once; whether to keep renewing.
+    async fn renew(&self, claim: &Claim) -> bool {
+        let renewed = match self.store.now().await {
+            Ok(now) => self.store.renew(claim, now + self.lease.as_millis() as u64).await,
+            Err(error) => Err(error),
+        };
+        match renewed {
+            Ok(renewed) => renewed,
+            Err(StoreError::StaleClaim { detail, .. }) => {
+                tracing::debug!(job_id = %claim.chunk.job_id, chunk = claim.chunk.index, detail = %detail, "lease lost; no more renewals");
+                false
+            }
+            Err(error) => {
+                metrics::redis_error("renew");
+                tracing::warn!(job_id = %claim.chunk.job_id, chunk = claim.chunk.index, error = %error, "could not renew the lease; trying again");
+                true
+            }
         }
     }
 
@@ -190,7 +251,7 @@ impl Pipeline {
     /// chunk (a throttled job neither fails nor uses up attempts).
     async fn throttle(
         &self,
-        chunk: &ChunkRef,
+        claim: &Claim,
         provider: &dyn Provider,
         model: &ModelName,
         call: ApiCall,
@@ -198,7 +259,7 @@ impl Pipeline {
         let Some(wait) = self.rate_wait(provider, model, call).await? else {
             return Ok(None);
         };
-        self.store.update_chunk(chunk, Some(self.store.now().await? + wait.as_millis() as u64), None, &[], &[]).await?;
+        self.store.reschedule(claim, self.store.now().await? + wait.as_millis() as u64).await?;
         Ok(Some(wait))
     }
 }
@@ -208,4 +269,16 @@ fn exhausted(error: &ApiError, attempts: u64) -> JobError {
     job_error.code = code::RETRIES_EXHAUSTED.to_owned();
     job_error.message = format!("gave up after {attempts} attempts; last error: {error}");
     job_error
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_renewed_three_times_per_lease_and_never_in_a_busy_loop() {
+        assert_eq!(renew_every(Duration::from_secs(120)), Duration::from_secs(40));
+        assert_eq!(renew_every(Duration::from_secs(3)), Duration::from_secs(1));
+        assert_eq!(renew_every(Duration::ZERO), Duration::from_millis(10));
+    }
 }

@@ -3,10 +3,9 @@
 
 use std::time::Instant;
 
-use batchd_core::ledger::field;
-use batchd_core::{ChunkRef, ChunkState, JobError, ModelName, RequestId};
+use batchd_core::{ChunkState, JobError, ModelName, RequestId};
 use batchd_provider::{ApiError, ErrorKind, PendingStatus, Polled, Provider, RemoteBatch};
-use batchd_queue::{ChunkView, StoreError};
+use batchd_queue::{ChunkView, Claim, StoreError};
 use tracing::Instrument;
 
 use super::{Ending, Pipeline, exhausted, unit_random};
@@ -17,11 +16,12 @@ impl Pipeline {
     /// Polls one chunk's remote batch.
     pub(super) async fn poll(
         &self,
-        chunk: &ChunkRef,
+        claim: &Claim,
         provider: &dyn Provider,
         model: &ModelName,
         view: &ChunkView,
     ) -> Result<(), StoreError> {
+        let chunk = &claim.chunk;
         let request_id = view.request_id.as_deref().and_then(|id| RequestId::parse(id).ok());
         let remote = request_id.clone().and_then(|id| RemoteBatch::from_ledger(Some(id), view.remote.as_deref()));
         let (Some(request_id), Some(remote)) = (request_id, remote) else {
@@ -30,14 +30,16 @@ impl Pipeline {
                 detail: format!("chunk {} is polling without a readable request id", chunk.index),
             });
         };
-        if self.throttle(chunk, provider, model, ApiCall::Poll).await?.is_some() {
+        if self.throttle(claim, provider, model, ApiCall::Poll).await?.is_some() {
             return Ok(());
         }
         let span = tracing::debug_span!("poll", request_id = %request_id, model = %model, n_polls = view.n_polls);
         let started = Instant::now();
         // The reply's room in the budget (taken as it was read) is held until its outcome is stored or published;
-        // so is a results download's.
-        let (polled, mut room) = match provider.poll(model, &remote, view.items_len).instrument(span.clone()).await {
+        // so is a results download's. The lease is renewed while the poll (and a download) is in flight: a slow
+        // reply is not taken over.
+        let polling = provider.poll(model, &remote, view.items_len).instrument(span.clone());
+        let (polled, mut room) = match self.renewing(claim, polling).await {
             Ok((status, room)) => (Ok(status), room),
             Err(error) => (Err(error), Vec::new()),
         };
@@ -64,7 +66,7 @@ impl Pipeline {
             Err(error) => metrics::api_request(ApiCall::Poll, error.kind.as_str(), error.http_status, elapsed),
         }
         match polled {
-            Ok(Answer::Pending(status)) => self.still_pending(chunk, view, &status).await,
+            Ok(Answer::Pending(status)) => self.still_pending(claim, view, &status).await,
             Ok(Answer::Done(output)) => {
                 metrics::polls_per_batch(view.n_polls + 1);
                 tracing::debug!(request_id = %request_id, n_polls = view.n_polls + 1, n_failed = output.n_failed(), "batch finished");
@@ -75,24 +77,20 @@ impl Pipeline {
                     return self.conclude(&chunk.job_id, Ending::FinishedOneBatch { context, output }).await;
                 }
                 let payload = serde_json::to_string(&output).expect("output serialises");
-                match self.store.chunk_done(chunk, ChunkState::Done, &payload, self.store.now().await?).await? {
-                    Some(0) => self.finish(&chunk.job_id).await,
+                match self.store.chunk_done(claim, ChunkState::Done, &payload, self.store.now().await?).await? {
+                    Some(0) => self.finish(claim).await,
                     _ => Ok(()),
                 }
             }
-            Err(error) => self.poll_failed(chunk, view, error).await,
+            Err(error) => self.poll_failed(claim, view, error).await,
         }
     }
 
     /// Schedules the next poll of a batch that has not answered yet, whatever status it reports: only the job's
     /// deadline bounds how long it may stay pending. A status the docs do not list is logged once per batch (when
     /// it first appears) and counted at every poll.
-    async fn still_pending(
-        &self,
-        chunk: &ChunkRef,
-        view: &ChunkView,
-        pending: &PendingStatus,
-    ) -> Result<(), StoreError> {
+    async fn still_pending(&self, claim: &Claim, view: &ChunkView, pending: &PendingStatus) -> Result<(), StoreError> {
+        let chunk = &claim.chunk;
         let status = pending.as_str();
         if !pending.is_documented() {
             metrics::unknown_poll_status();
@@ -111,26 +109,19 @@ impl Pipeline {
         let delay = poll_delay(view.n_polls + 1, &self.poll, self.events, unit_random());
         // Never sleep past the deadline: the job expires on time.
         let due = (now + delay.as_millis() as u64).min(view.deadline_at);
-        self.store
-            .update_chunk(
-                chunk,
-                Some(due),
-                Some(field::CHUNK_N_POLLS),
-                &[(field::CHUNK_REMOTE_STATUS, status.to_owned()), (field::CHUNK_POLL_FAILURES, "0".to_owned())],
-                &[],
-            )
-            .await?;
+        self.store.mark_pending_poll(claim, status, due).await?;
         tracing::debug!(status, next_poll_in = ?delay, "batch not finished yet");
         Ok(())
     }
 
-    async fn poll_failed(&self, chunk: &ChunkRef, view: &ChunkView, error: ApiError) -> Result<(), StoreError> {
+    async fn poll_failed(&self, claim: &Claim, view: &ChunkView, error: ApiError) -> Result<(), StoreError> {
+        let chunk = &claim.chunk;
         let now = self.store.now().await?;
         let failures = match after_failed_poll(&error, view.poll_failures, self.retry.max_attempts) {
-            PollDecision::GiveUp { failures } => return self.chunk_failed(chunk, exhausted(&error, failures)).await,
+            PollDecision::GiveUp { failures } => return self.chunk_failed(claim, exhausted(&error, failures)).await,
             PollDecision::FailChunk => {
                 tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "the remote batch failed");
-                return self.chunk_failed(chunk, error.to_job_error()).await;
+                return self.chunk_failed(claim, error.to_job_error()).await;
             }
             PollDecision::FailJob => {
                 tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "polling was refused permanently");
@@ -153,26 +144,16 @@ impl Pipeline {
             "poll failed; retrying"
         );
         let due = (now + wait.as_millis() as u64).min(view.deadline_at);
-        self.store
-            .update_chunk(
-                chunk,
-                Some(due),
-                None,
-                &[
-                    (field::CHUNK_POLL_FAILURES, failures.to_string()),
-                    (field::CHUNK_LAST_ERROR, error.to_job_error().to_json()),
-                ],
-                &[],
-            )
-            .await?;
+        self.store.mark_poll_failed(claim, failures, &error.to_job_error().to_json(), due).await?;
         Ok(())
     }
 
     /// Records a chunk that cannot finish; the job goes on with its other chunks and ends `failed`, listing it.
-    pub(super) async fn chunk_failed(&self, chunk: &ChunkRef, error: JobError) -> Result<(), StoreError> {
+    pub(super) async fn chunk_failed(&self, claim: &Claim, error: JobError) -> Result<(), StoreError> {
+        let chunk = &claim.chunk;
         tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error.message, "batch failed");
-        match self.store.chunk_done(chunk, ChunkState::Failed, &error.to_json(), self.store.now().await?).await? {
-            Some(0) => self.finish(&chunk.job_id).await,
+        match self.store.chunk_done(claim, ChunkState::Failed, &error.to_json(), self.store.now().await?).await? {
+            Some(0) => self.finish(claim).await,
             _ => Ok(()),
         }
     }

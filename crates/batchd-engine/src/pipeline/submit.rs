@@ -3,10 +3,9 @@
 
 use std::time::Instant;
 
-use batchd_core::ledger::field;
-use batchd_core::{ChunkRef, ChunkState, JobOutput, JobState, ModelName, RequestId, UnixMillis};
+use batchd_core::{ChunkState, JobOutput, ModelName, RequestId, UnixMillis};
 use batchd_provider::{ApiError, BatchTag, Checkpoint, ErrorKind, Provider, RemoteBatch, SubmitBatch};
-use batchd_queue::{NewChunk, Placement, StoreError, SubmitTicket};
+use batchd_queue::{Claim, NewChunk, Placement, StoreError, SubmitRetryRecord, SubmitTicket};
 use futures::future::BoxFuture;
 use serde_json::value::RawValue;
 use tracing::Instrument;
@@ -19,29 +18,30 @@ impl Pipeline {
     /// Submits one chunk from the schedule: mark `submitting` (reading its items back), then [`Pipeline::post`].
     pub(super) async fn submit(
         &self,
-        chunk: &ChunkRef,
+        claim: &Claim,
         provider: &dyn Provider,
         model: &ModelName,
         deadline_at: UnixMillis,
     ) -> Result<(), StoreError> {
-        if self.throttle(chunk, provider, model, ApiCall::Submit).await?.is_some() {
+        if self.throttle(claim, provider, model, ApiCall::Submit).await?.is_some() {
             return Ok(());
         }
         // Room for the items read back and the body built from them (each at most the provider's body limit),
-        // before either exists; then only what this chunk needs is kept until the submit is done.
+        // before either exists; then only what this chunk needs is kept until the submit is done. The lease is
+        // renewed while this waits, so a replica short of memory keeps the chunk rather than losing it to another.
         let limits = provider.limits();
-        let mut room = self.budget.hold(2 * limits.max_body_bytes).await;
-        let ticket = self.store.begin_submit(chunk, self.store.now().await?).await?;
+        let mut room = self.renewing(claim, self.budget.hold(2 * limits.max_body_bytes)).await;
+        let ticket = self.store.begin_submit(claim, self.store.now().await?).await?;
         match ticket {
             SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => {
                 let body = limits.body.bytes(requests.iter().map(|item| item.get().len()));
                 room.shrink_to(2 * body);
                 let post = Post { provider, model, attempt, resubmit, deadline_at };
-                self.post(chunk, post, &requests, placement).await
+                self.post(claim, post, &requests, placement).await
             }
             SubmitTicket::Cancelled => {
-                let reason = self.store.cancel_requested(&chunk.job_id).await?.unwrap_or_default();
-                self.cancel(&chunk.job_id, &reason).await
+                let reason = self.store.cancel_requested(&claim.chunk.job_id).await?.unwrap_or_default();
+                self.cancel(&claim.chunk.job_id, &reason).await
             }
             SubmitTicket::Skip { chunk_state } => {
                 tracing::debug!(chunk_state = %chunk_state, "chunk already submitted");
@@ -55,12 +55,13 @@ impl Pipeline {
     /// the first poll, or decides what the failure means.
     pub(super) async fn post<R: Item>(
         &self,
-        chunk: &ChunkRef,
+        claim: &Claim,
         post: Post<'_>,
         requests: &[R],
         placement: Placement,
     ) -> Result<(), StoreError> {
         let Post { provider, model, attempt, resubmit, deadline_at } = post;
+        let chunk = &claim.chunk;
         if resubmit {
             metrics::possible_duplicate_submit();
             tracing::warn!(
@@ -81,7 +82,7 @@ impl Pipeline {
         } else {
             None
         };
-        let checkpoint = LedgerCheckpoint { pipeline: self, chunk };
+        let checkpoint = LedgerCheckpoint { pipeline: self, claim };
         let batch = SubmitBatch {
             model,
             items: &items,
@@ -89,7 +90,8 @@ impl Pipeline {
             resume: resume.as_ref(),
             checkpoint: &checkpoint,
         };
-        let submitted = provider.submit(batch).instrument(span.clone()).await;
+        // The lease is renewed while the submit is in flight (a slow reply is not taken over).
+        let submitted = self.renewing(claim, provider.submit(batch).instrument(span.clone())).await;
         drop(items);
         match &submitted {
             Ok(_) => metrics::api_request(ApiCall::Submit, "ok", Some(200), started.elapsed()),
@@ -110,7 +112,7 @@ impl Pipeline {
                         maybe_delivered: true,
                     };
                     let failed = FailedSubmit { attempt, placement, deadline_at };
-                    return self.submit_failed(chunk, model, failed, requests, error).await;
+                    return self.submit_failed(claim, model, failed, requests, error).await;
                 };
                 span.record("request_id", tracing::field::display(&request_id));
                 if self.events {
@@ -125,7 +127,7 @@ impl Pipeline {
                         tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "could not index the request id for events; the batch is found by its fallback poll");
                     }
                 }
-                let recorded = self.record_submitted(chunk, &submitted.remote, &submitted.status).await?;
+                let recorded = self.record_submitted(claim, &submitted.remote, &submitted.status).await?;
                 tracing::debug!(
                     parent: &span,
                     request_id = %request_id,
@@ -138,7 +140,7 @@ impl Pipeline {
             }
             Err(error) => {
                 let failed = FailedSubmit { attempt, placement, deadline_at };
-                self.submit_failed(chunk, model, failed, requests, error).await
+                self.submit_failed(claim, model, failed, requests, error).await
             }
         }
     }
@@ -146,34 +148,20 @@ impl Pipeline {
     /// Records a submitted chunk's request id and schedules its first poll. The remote batch exists now, so a
     /// Redis error here must not lose the id (the chunk would be submitted again after its lease): the step is
     /// retried with backoff for as long as this replica holds the lease.
-    async fn record_submitted(&self, chunk: &ChunkRef, remote: &RemoteBatch, status: &str) -> Result<bool, StoreError> {
+    /// A claim taken over meanwhile is not retried: the chunk's new holder carries on.
+    async fn record_submitted(&self, claim: &Claim, remote: &RemoteBatch, status: &str) -> Result<bool, StoreError> {
+        let chunk = &claim.chunk;
         let started = Instant::now();
         let mut delay = batchd_queue::RetryDelay::new();
         let request_id = remote.id.as_ref().map(ToString::to_string).unwrap_or_default();
         loop {
             let now = self.store.now().await?;
             let due = now + poll_delay(0, &self.poll, self.events, unit_random()).as_millis() as u64;
-            let mut fields = vec![
-                (field::CHUNK_STATE, ChunkState::Polling.as_str().to_owned()),
-                (field::CHUNK_REQUEST_ID, request_id.clone()),
-                (field::CHUNK_SUBMITTED_AT, now.to_string()),
-                (field::CHUNK_REMOTE_STATUS, status.to_owned()),
-            ];
-            if remote.has_refs() {
-                fields.push((field::CHUNK_REMOTE, remote.refs_json()));
-            }
-            let recorded = self
-                .store
-                .update_chunk(
-                    chunk,
-                    Some(due),
-                    None,
-                    &fields,
-                    &[(field::STATE, JobState::Running.as_str().to_owned()), (field::UPDATED_AT, now.to_string())],
-                )
-                .await;
+            let refs = remote.has_refs().then(|| remote.refs_json());
+            let recorded = self.store.mark_submitted(claim, &request_id, status, refs.as_deref(), due).await;
             let error = match recorded {
                 Ok(recorded) => return Ok(recorded),
+                Err(error @ StoreError::StaleClaim { .. }) => return Err(error),
                 Err(error) => error,
             };
             let wait = delay.failed();
@@ -202,22 +190,23 @@ impl Pipeline {
 
     async fn submit_failed<R: Item>(
         &self,
-        chunk: &ChunkRef,
+        claim: &Claim,
         model: &ModelName,
         failed: FailedSubmit,
         requests: &[R],
         error: ApiError,
     ) -> Result<(), StoreError> {
+        let chunk = &claim.chunk;
         let FailedSubmit { attempt, placement, deadline_at } = failed;
         let now = self.store.now().await?;
         let retry = match after_failed_submit(&error, placement.len(), attempt, self.retry.max_attempts) {
             SubmitDecision::Split(cuts) => {
                 let owned = requests.iter().map(|item| item.borrow().to_owned()).collect();
-                return self.split(chunk, placement, owned, &cuts, &error).await;
+                return self.split(claim, placement, owned, &cuts, &error).await;
             }
-            SubmitDecision::AnswerItemAlone => return self.item_refused(chunk, &error).await,
-            SubmitDecision::FailChunk => return self.chunk_failed(chunk, error.to_job_error()).await,
-            SubmitDecision::GiveUp => return self.chunk_failed(chunk, exhausted(&error, attempt)).await,
+            SubmitDecision::AnswerItemAlone => return self.item_refused(claim, &error).await,
+            SubmitDecision::FailChunk => return self.chunk_failed(claim, error.to_job_error()).await,
+            SubmitDecision::GiveUp => return self.chunk_failed(claim, exhausted(&error, attempt)).await,
             SubmitDecision::FailJob => {
                 tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, model = %model, error = %error, "the Batch API refused the batch");
                 return self.conclude(&chunk.job_id, Ending::Failed(error.to_job_error())).await;
@@ -225,13 +214,11 @@ impl Pipeline {
             SubmitDecision::Retry(retry) => retry,
         };
         let wait = retry_delay(attempt.max(1), &self.retry, error.retry_after, unit_random());
-        let mut fields = vec![
-            (field::CHUNK_STATE, retry.state.as_str().to_owned()),
-            (field::CHUNK_LAST_ERROR, error.to_job_error().to_json()),
-        ];
+        let mut record =
+            SubmitRetryRecord { state: retry.state, last_error: error.to_job_error().to_json(), attempts: None };
         if retry.give_attempt_back {
             // Rate limiting is not a failure of the job: give the attempt back.
-            fields.push((field::CHUNK_ATTEMPTS, attempt.saturating_sub(1).to_string()));
+            record.attempts = Some(attempt.saturating_sub(1));
             metrics::throttled_wait(ApiCall::Submit);
         } else {
             metrics::retry(ApiCall::Submit);
@@ -247,13 +234,14 @@ impl Pipeline {
         );
         // Never due past the deadline (a long Retry-After included): the job expires on time.
         let due = (now + wait.as_millis() as u64).min(deadline_at);
-        self.store.update_chunk(chunk, Some(due), None, &fields, &[]).await?;
+        self.store.mark_submit_retry(claim, &record, due).await?;
         Ok(())
     }
 
     /// The API refused a one-item batch because of its input: the item is answered `success:false` with the API's
     /// error (code, message, HTTP status), and the chunk is done, so the job goes on and can still complete.
-    async fn item_refused(&self, chunk: &ChunkRef, error: &ApiError) -> Result<(), StoreError> {
+    async fn item_refused(&self, claim: &Claim, error: &ApiError) -> Result<(), StoreError> {
+        let chunk = &claim.chunk;
         tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "the Batch API refused one request item");
         metrics::item_refused();
         let output = JobOutput {
@@ -262,8 +250,8 @@ impl Pipeline {
             failed_batches: Vec::new(),
         };
         let payload = serde_json::to_string(&output).expect("output serialises");
-        match self.store.chunk_done(chunk, ChunkState::Done, &payload, self.store.now().await?).await? {
-            Some(0) => self.finish(&chunk.job_id).await,
+        match self.store.chunk_done(claim, ChunkState::Done, &payload, self.store.now().await?).await? {
+            Some(0) => self.finish(claim).await,
             _ => Ok(()),
         }
     }
@@ -272,12 +260,13 @@ impl Pipeline {
     /// the chunk), all due now: the first piece takes the chunk's place, the others are appended.
     async fn split(
         &self,
-        chunk: &ChunkRef,
+        claim: &Claim,
         placement: Placement,
         mut requests: Vec<Box<RawValue>>,
         cuts: &[usize],
         error: &ApiError,
     ) -> Result<(), StoreError> {
+        let chunk = &claim.chunk;
         let placements = split_placement(placement, cuts);
         let mut pieces = Vec::with_capacity(placements.len());
         for placement in placements.into_iter().rev() {
@@ -295,7 +284,7 @@ impl Pipeline {
             reason,
             "the API refused the batch; splitting it"
         );
-        self.store.add_chunks(&chunk.job_id, self.store.now().await?, Some(chunk.index), None, &pieces).await?;
+        self.store.add_chunks(claim, self.store.now().await?, true, None, &pieces).await?;
         Ok(())
     }
 }
@@ -315,19 +304,27 @@ pub(super) struct Post<'a> {
     pub deadline_at: UnixMillis,
 }
 
-/// Records what a multi-request submit created so far in the chunk's ledger (see [`Checkpoint`]).
+/// Records what a multi-request submit created so far in the chunk's ledger (see [`Checkpoint`]), fenced by the
+/// step's claim, whose lease it renews.
 struct LedgerCheckpoint<'a> {
     /// The pipeline whose store holds the ledger.
     pipeline: &'a Pipeline,
-    /// The chunk being submitted.
-    chunk: &'a ChunkRef,
+    /// The claim of the chunk being submitted.
+    claim: &'a Claim,
 }
 
 impl Checkpoint for LedgerCheckpoint<'_> {
     fn record<'a>(&'a self, remote: &'a RemoteBatch) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
-            let fields = [(field::CHUNK_REMOTE, remote.refs_json())];
-            match self.pipeline.store.update_chunk(self.chunk, None, None, &fields, &[]).await {
+            let store = &self.pipeline.store;
+            let recorded = match store.now().await {
+                Ok(now) => {
+                    let lease_until = now + self.pipeline.lease.as_millis() as u64;
+                    store.record_remote(self.claim, &remote.refs_json(), lease_until).await
+                }
+                Err(error) => Err(error),
+            };
+            match recorded {
                 Ok(true) => Ok(()),
                 Ok(false) => Err("the job finished while its batch was being created".to_owned()),
                 Err(error) => Err(format!("could not record the remote batch's progress: {error}")),

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use crate::runtime::IngressEntry;
 use batchd_core::result::code;
-use batchd_core::{ChunkRef, DecodeError, Job, JobError, JobId};
-use batchd_queue::{Accepted, DeadLetter, Intake, MAX_CHUNKS_PER_JOB, Placement, Rejection, StoreError};
+use batchd_core::{DecodeError, Job, JobError, JobId};
+use batchd_queue::{Accepted, Claim, DeadLetter, Intake, MAX_CHUNKS_PER_JOB, Placement, Rejection, StoreError};
 
 use super::submit::Post;
 use super::{Ending, Pipeline};
@@ -105,10 +105,13 @@ impl Pipeline {
                 }
                 // Post the first chunk with the items in hand instead of reading them back.
                 let first = &job.requests[..plan[0].1];
-                let chunk = ChunkRef::new(job.id.clone(), 0);
+                let claim = Claim::first(job.id.clone());
                 let placement = Placement::Range { start: 0, len: plan[0].1 };
                 let post = Post { provider, model: &job.model, attempt: 1, resubmit: false, deadline_at };
-                if let Err(error) = self.post(&chunk, post, first, placement).await {
+                let posted = self.post(&claim, post, first, placement).await;
+                if let Err(StoreError::StaleClaim { job_id, chunk, detail }) = &posted {
+                    super::stale_step(job_id, *chunk, detail);
+                } else if let Err(error) = posted {
                     // The entry is taken in (acknowledged); what is retried is the chunk, from the schedule.
                     metrics::redis_error("submit");
                     tracing::error!(

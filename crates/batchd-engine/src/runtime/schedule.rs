@@ -1,5 +1,6 @@
 //! The schedule fetcher: claims due chunks from the schedule sorted set in bounded batches (each claim re-scores
-//! its members to now + lease) and sleeps until the next due time when nothing is due.
+//! its members to now + lease and gives each a fencing token) and sleeps until the next due time when nothing is
+//! due.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::fetch::{FetchBackend, HandBack, pause, reserve};
-use batchd_queue::{RetryDelay, Store};
+use batchd_queue::{Claim, RetryDelay, Store};
 
 /// Settings of the schedule fetcher.
 #[derive(Debug, Clone)]
@@ -22,14 +23,15 @@ pub struct ScheduleSettings {
     pub idle_poll: Duration,
 }
 
-/// Starts the schedule fetcher and returns the backend the schedule worker reads from. Items are schedule
-/// members (`<job_id>#<chunk>`), parsed by the handler so that a hand-written member cannot stop the fetcher.
-pub fn backend(store: Store, settings: ScheduleSettings, stop: CancellationToken) -> FetchBackend<String> {
-    let hand_back: Arc<dyn HandBack<String>> = Arc::new(ScheduleHandBack { store: store.clone() });
+/// Starts the schedule fetcher and returns the backend the schedule worker reads from. Items are claims (a chunk
+/// and the fencing token of this replica's claim of it); a due member batchd did not write is dropped from the
+/// schedule here, so a hand-written member cannot stop the fetcher.
+pub fn backend(store: Store, settings: ScheduleSettings, stop: CancellationToken) -> FetchBackend<Claim> {
+    let hand_back: Arc<dyn HandBack<Claim>> = Arc::new(ScheduleHandBack { store: store.clone() });
     FetchBackend::spawn(settings.batch, stop, hand_back, move |tx, stop| fetch_loop(store, settings, tx, stop))
 }
 
-async fn fetch_loop(store: Store, settings: ScheduleSettings, tx: mpsc::Sender<String>, stop: CancellationToken) {
+async fn fetch_loop(store: Store, settings: ScheduleSettings, tx: mpsc::Sender<Claim>, stop: CancellationToken) {
     let mut delay = RetryDelay::new();
     tracing::info!(schedule = %store.keys().schedule(), "schedule fetcher started");
     while !stop.is_cancelled() {
@@ -37,17 +39,21 @@ async fn fetch_loop(store: Store, settings: ScheduleSettings, tx: mpsc::Sender<S
         let claimed = async {
             // Redis's time: a replica whose wall clock is off must neither take leases early nor leave steps late.
             let now = store.now().await?;
-            let members = store.claim_due(now, n).await?;
-            let next_due = if members.len() < n { store.next_due().await? } else { None };
-            Ok::<_, batchd_queue::StoreError>((members, next_due, now))
+            let claimed = store.claim_due(now, n).await?;
+            for member in &claimed.unknown {
+                tracing::warn!(member = %member, "dropping a schedule member batchd did not write");
+                store.drop_member(member).await?;
+            }
+            Ok::<_, batchd_queue::StoreError>((claimed, now))
         }
         .await;
         match claimed {
-            Ok((members, next_due, now)) => {
+            Ok((claimed, now)) => {
                 delay.succeeded();
-                let full = members.len() == n;
-                for (permit, member) in permits.zip(members) {
-                    permit.send(member);
+                let full = claimed.claims.len() + claimed.unknown.len() == n;
+                let next_due = claimed.next_due;
+                for (permit, claim) in permits.zip(claimed.claims) {
+                    permit.send(claim);
                 }
                 if !full {
                     let until_due = next_due
@@ -73,13 +79,14 @@ async fn fetch_loop(store: Store, settings: ScheduleSettings, tx: mpsc::Sender<S
     tracing::info!("schedule fetcher stopped");
 }
 
-/// Hands claimed-but-unstarted members back by making them due now.
+/// Hands claimed-but-unstarted members back by making them due now (each fenced: a claim taken over meanwhile is
+/// left to its new holder).
 struct ScheduleHandBack {
     store: Store,
 }
 
-impl HandBack<String> for ScheduleHandBack {
-    fn hand_back(&self, items: Vec<String>) -> BoxFuture<'static, ()> {
+impl HandBack<Claim> for ScheduleHandBack {
+    fn hand_back(&self, items: Vec<Claim>) -> BoxFuture<'static, ()> {
         let store = self.store.clone();
         async move {
             let released = match store.now().await {
@@ -87,7 +94,7 @@ impl HandBack<String> for ScheduleHandBack {
                 Err(error) => Err(error),
             };
             match released {
-                Ok(()) => tracing::info!(n = items.len(), "handed back unstarted schedule members"),
+                Ok(released) => tracing::info!(n = released, "handed back unstarted schedule members"),
                 Err(error) => tracing::warn!(
                     error = %error,
                     n = items.len(),

@@ -103,6 +103,11 @@ for chunk = 0, n_chunks - 1 do
   local chunk_fields = {chunk_field(chunk, C_STATE), state, chunk_field(chunk, C_ITEMS), items,
     chunk_field(chunk, C_REQUESTS), requests, chunk_field(chunk, C_ATTEMPTS), attempts,
     chunk_field(chunk, C_N_POLLS), 0, chunk_field(chunk, C_POLL_FAILURES), 0}
+  -- The first chunk posted at once is claimed by the take-in (its first claim, under its lease).
+  if state == CHUNK_SUBMITTING then
+    chunk_fields[#chunk_fields + 1] = chunk_field(chunk, C_CLAIM)
+    chunk_fields[#chunk_fields + 1] = FIRST_CLAIM
+  end
   for _, value in ipairs(chunk_fields) do fields[#fields + 1] = value end
   members[#members + 1] = due
   members[#members + 1] = member(job_id, chunk)

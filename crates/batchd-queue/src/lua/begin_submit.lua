@@ -1,18 +1,23 @@
 -- Marks a chunk `submitting` just before its POST, counting the attempt. A chunk found already `submitting`
 -- was being submitted by a replica that died inside the submit window (or whose POST had an unknown outcome):
 -- the remote batch may exist already, so the resubmission is counted as a possible duplicate.
--- A job whose cancellation was requested is not submitted. Everything is checked before the first write.
--- KEYS: 1 ledger, 2 cancel flag   ARGV: 1 chunk index, 2 now ms
+-- A job whose cancellation was requested is not submitted, and neither is a chunk whose claim the caller no
+-- longer holds (its fencing token, C_CLAIM, is not the caller's). Everything is checked before the first write.
+-- KEYS: 1 ledger, 2 cancel flag   ARGV: 1 chunk index, 2 now ms, 3 claim token
 -- Returns {verdict, attempts, previous state, items "start:len", indices JSON or "", requests JSON, model};
--- verdict: gone | cancelled | skip | submit | resubmit
+-- verdict: gone | stale | cancelled | skip | submit | resubmit
 local ledger = KEYS[1]
 local chunk = uint(ARGV[1], 'chunk index')
 uint(ARGV[2], 'now')
+local token = uint(ARGV[3], 'claim token')
 check_type(ledger, 'hash')
 local values = redis.call('HMGET', ledger, F_STATE, chunk_field(chunk, C_STATE), chunk_field(chunk, C_ATTEMPTS),
   chunk_field(chunk, C_ITEMS), chunk_field(chunk, C_INDICES), F_MODEL, chunk_field(chunk, C_REQUESTS),
-  F_POSSIBLE_DUPLICATE_SUBMITS)
+  F_POSSIBLE_DUPLICATE_SUBMITS, chunk_field(chunk, C_CLAIM))
 local state, chunk_state = values[1], values[2]
+if state and uint(values[9] or '0', 'the chunk\'s ' .. C_CLAIM) ~= token then
+  return {SUBMIT_STALE, 0, chunk_state or '', '', '', '', ''}
+end
 if not state or is_terminal(state) then
   return {SUBMIT_GONE, 0, state or '', '', '', '', ''}
 end

@@ -4,9 +4,14 @@
 -- another one picks the job up and publishes.
 -- The ledger keeps the number of unfinished chunks (F_OPEN_CHUNKS), so a completion costs the same whatever the
 -- job's chunk count. A ledger written before that counter existed is counted once, in slices, and then keeps it.
+-- Only the holder of the chunk's latest claim (its fencing token, C_CLAIM) may finish it, and only from a state
+-- a step finishes it from (submitting, polling, or finished already: the same holder storing it again).
 -- Everything is checked before the first write.
 -- KEYS: 1 ledger, 2 schedule
--- ARGV: 1 member, 2 chunk index, 3 chunk state (done|failed), 4 output or error JSON, 5 now ms, 6 lease-until ms
+-- ARGV: 1 member, 2 chunk index, 3 chunk state (done|failed), 4 output or error JSON, 5 now ms, 6 lease-until ms,
+--       7 claim token
+-- Returns {verdict, open}: verdict applied (open: the job's chunks still unfinished), gone (the job finished or
+-- has no ledger; the member is unscheduled), stale or refused (nothing written)
 local ledger, schedule, chunk_member = KEYS[1], KEYS[2], ARGV[1]
 local chunk = uint(ARGV[2], 'chunk index')
 if ARGV[3] ~= CHUNK_DONE and ARGV[3] ~= CHUNK_FAILED then
@@ -15,16 +20,22 @@ end
 if ARGV[4] == nil then refuse('no output or error given') end
 uint(ARGV[5], 'now')
 uint(ARGV[6], 'lease end')
+local token = uint(ARGV[7], 'claim token')
 check_type(ledger, 'hash')
 check_type(schedule, 'zset')
-local head = redis.call('HMGET', ledger, F_STATE, F_N_CHUNKS, F_OPEN_CHUNKS, chunk_field(chunk, C_STATE))
+local head = redis.call('HMGET', ledger, F_STATE, F_N_CHUNKS, F_OPEN_CHUNKS, chunk_field(chunk, C_STATE),
+  chunk_field(chunk, C_CLAIM))
+if head[1] and uint(head[5] or '0', 'the chunk\'s ' .. C_CLAIM) ~= token then return {FENCE_STALE, -1} end
 if not head[1] or is_terminal(head[1]) then
   redis.call('ZREM', schedule, chunk_member)
-  return -1
+  return {FENCE_GONE, -1}
 end
 local n = uint(head[2], 'the ledger\'s ' .. F_N_CHUNKS)
 if n > MAX_CHUNKS then refuse('the ledger has ' .. n .. ' chunks, more than ' .. MAX_CHUNKS) end
 if chunk >= n then refuse('chunk ' .. chunk .. ' is not one of the job\'s ' .. n) end
+if head[4] ~= CHUNK_SUBMITTING and head[4] ~= CHUNK_POLLING and not is_finished(head[4]) then
+  return {FENCE_REFUSED, -1}
+end
 local open
 if head[3] then
   open = uint(head[3], 'the ledger\'s ' .. F_OPEN_CHUNKS)
@@ -49,4 +60,4 @@ if open == 0 then
 else
   redis.call('ZREM', schedule, chunk_member)
 end
-return open
+return {FENCE_APPLIED, open}

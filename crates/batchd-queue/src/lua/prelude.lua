@@ -22,6 +22,28 @@ local function check_type(key, want)
   return found ~= 'none'
 end
 
+-- redis.call('HMGET', key, ...) for a script that reads before it writes: a key of another type is refused (with
+-- its type, read only on this error path) instead of costing a TYPE on every call.
+local function read_hash(key, ...)
+  local values = redis.pcall('HMGET', key, ...)
+  if values['err'] then
+    check_type(key, 'hash')
+    refuse(key .. ': ' .. values['err'])
+  end
+  return values
+end
+
+-- redis.call(command, key, ...) as a script's first write: a key of another type is refused (its type read only on
+-- this error path), and as nothing was written before, the script stays all-or-nothing without a TYPE per call.
+local function first_write(want, command, key, ...)
+  local reply = redis.pcall(command, key, ...)
+  if type(reply) == 'table' and reply['err'] then
+    check_type(key, want)
+    refuse(key .. ': ' .. reply['err'])
+  end
+  return reply
+end
+
 -- `value` as a number, refused unless it is a non-negative integer of at most 15 digits (exact in Lua).
 local function uint(value, what)
   if type(value) ~= 'string' or #value > 15 or not string.match(value, '^%d+$') then

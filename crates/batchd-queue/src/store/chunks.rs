@@ -1,16 +1,66 @@
-//! A chunk's steps: claiming due schedule members under a lease, marking a submit, recording its outcome, adding
-//! chunks (a split, the failed-items retry), the shared rate limiter, and batch events' request-id index.
+//! A chunk's steps: claiming due schedule members under a lease (each claim a fencing token), the named transitions
+//! a claim holder makes (marking a submit, recording its outcome, renewing or handing back the lease, adding
+//! chunks for a split or the failed-items retry), the shared rate limiter, and batch events' request-id index.
 
 use super::*;
 
+/// The error of a fenced write the script refused.
+fn stale(claim: &Claim, detail: String) -> StoreError {
+    StoreError::StaleClaim { job_id: claim.chunk.job_id.to_string(), chunk: claim.chunk.index, detail }
+}
+
 impl Store {
-    /// Claims up to `limit` (at most [`MAX_CLAIM`]) due schedule members (re-scored to now + lease).
-    pub async fn claim_due(&self, now: UnixMillis, limit: usize) -> Result<Vec<String>, StoreError> {
+    /// Claims up to `limit` (at most [`MAX_CLAIM`]) due schedule members: each is re-scored to now + lease and its
+    /// chunk's claim counter incremented (`claim.lua`), so the [`Claim`]s returned fence out any earlier holder.
+    /// One read of the schedule finds the candidates (and, when fewer are due, the next due time); the script
+    /// claims those still due. Nothing due: no script runs.
+    pub async fn claim_due(&self, now: UnixMillis, limit: usize) -> Result<Claimed, StoreError> {
+        let limit = limit.clamp(1, MAX_CLAIM);
+        let read: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
+            .arg(self.keys.schedule())
+            .arg("-inf")
+            .arg("+inf")
+            .arg("WITHSCORES")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let mut claimed = Claimed::default();
+        if read.len() == limit {
+            // Every member read may be due (and a few of them claimed by another replica meanwhile): look again soon.
+            claimed.next_due = Some(now);
+        }
+        let mut candidates = Vec::new();
+        for (member, score) in read {
+            let score = score as UnixMillis;
+            if score > now {
+                claimed.next_due = Some(score);
+                break;
+            }
+            match ChunkRef::parse(&member) {
+                Ok(chunk) => candidates.push((member, chunk)),
+                Err(_) => claimed.unknown.push(member),
+            }
+        }
+        if candidates.is_empty() {
+            return Ok(claimed);
+        }
         let lease_until = now + self.settings.lease.as_millis() as u64;
-        let mut cmd = ScriptCall::new(&self.scripts.claim, &[self.keys.schedule()]);
-        cmd.arg(now).arg(lease_until).arg(limit.clamp(1, MAX_CLAIM));
-        let members: Vec<String> = self.run(&cmd).await?;
-        Ok(members)
+        let mut keys = Vec::with_capacity(candidates.len() + 1);
+        keys.push(self.keys.schedule());
+        keys.extend(candidates.iter().map(|(_, chunk)| self.keys.job(&chunk.job_id)));
+        let mut cmd = ScriptCall::new(&self.scripts.claim, &keys);
+        cmd.arg(now).arg(lease_until);
+        for (member, chunk) in &candidates {
+            cmd.arg(member).arg(chunk.index);
+        }
+        let answer: Vec<(String, u64)> = self.run(&cmd).await?;
+        for (member, token) in answer {
+            let chunk = ChunkRef::parse(&member).map_err(|_| unknown_answer("claim", &member, &member))?;
+            claimed.claims.push(Claim { chunk, token });
+        }
+        Ok(claimed)
     }
 
     /// The score of the earliest schedule member, if any (to sleep until it is due).
@@ -19,27 +69,29 @@ impl Store {
         Ok(first.first().map(|(_, score)| *score as UnixMillis))
     }
 
-    /// Makes `members` due at `due` again (hands back claimed work that was never started).
-    pub async fn release(&self, members: &[String], due: UnixMillis) -> Result<(), StoreError> {
-        if members.is_empty() {
-            return Ok(());
+    /// Hands claimed work that was never started back, due at `due` (each claim fenced: one taken over meanwhile
+    /// is left to its new holder). Returns how many were handed back.
+    pub async fn release(&self, claims: &[Claim], due: UnixMillis) -> Result<usize, StoreError> {
+        let mut released = 0;
+        for claim in claims {
+            match self.transition(claim, Transition::Release, Some(due), &[]).await {
+                Ok(_) => released += 1,
+                Err(StoreError::StaleClaim { .. }) => {}
+                Err(error) => return Err(error),
+            }
         }
-        let mut cmd = redis::cmd("ZADD");
-        cmd.arg(self.keys.schedule()).arg("XX");
-        for member in members {
-            cmd.arg(due).arg(member);
-        }
-        let _: i64 = cmd.query_async(&mut self.conn.clone()).await?;
-        Ok(())
+        Ok(released)
     }
 
-    /// Marks a chunk `submitting` and counts the attempt (see `begin_submit.lua`), returning what to post.
-    pub async fn begin_submit(&self, chunk: &ChunkRef, now: UnixMillis) -> Result<SubmitTicket, StoreError> {
+    /// Marks a chunk `submitting` and counts the attempt (see `begin_submit.lua`), returning what to post; a claim
+    /// taken over meanwhile is [`StoreError::StaleClaim`].
+    pub async fn begin_submit(&self, claim: &Claim, now: UnixMillis) -> Result<SubmitTicket, StoreError> {
+        let chunk = &claim.chunk;
         let mut cmd = ScriptCall::new(
             &self.scripts.begin_submit,
             &[self.keys.job(&chunk.job_id), self.keys.cancel(&chunk.job_id)],
         );
-        cmd.arg(chunk.index).arg(now);
+        cmd.arg(chunk.index).arg(now).arg(claim.token);
         let (verdict, attempt, previous, items, indices, requests, model): (
             String,
             u64,
@@ -63,40 +115,136 @@ impl Store {
                 }
                 SubmitTicket::Go { attempt, resubmit: verdict == SubmitVerdict::Resubmit, model, requests, placement }
             }
+            SubmitVerdict::Stale => {
+                return Err(stale(claim, format!("begin_submit found the chunk {previous} under a later claim")));
+            }
             SubmitVerdict::Cancelled => SubmitTicket::Cancelled,
             SubmitVerdict::Skip => SubmitTicket::Skip { chunk_state: previous },
             SubmitVerdict::Gone => SubmitTicket::Gone,
         })
     }
 
-    /// Sets chunk fields (`chunk_fields`, stored as `c<i>:<name>`) and job-level fields (`job_fields`),
-    /// optionally increments one chunk field, and schedules the chunk at `due` — one atomic step. Returns false
-    /// (and unschedules the chunk) when the job has finished meanwhile.
-    pub async fn update_chunk(
+    /// The remote batch of a `submitting` chunk exists: records its request id and `remote_status`, marks the
+    /// chunk `polling` (the job `running`) and schedules its first poll at `due`. False when the job has finished.
+    pub async fn mark_submitted(
         &self,
-        chunk: &ChunkRef,
-        due: Option<UnixMillis>,
-        increment: Option<&str>,
-        chunk_fields: &[(&str, String)],
-        job_fields: &[(&str, String)],
+        claim: &Claim,
+        request_id: &str,
+        remote_status: &str,
+        remote: Option<&str>,
+        due: UnixMillis,
     ) -> Result<bool, StoreError> {
-        let mut cmd =
-            ScriptCall::new(&self.scripts.update_chunk, &[self.keys.job(&chunk.job_id), self.keys.schedule()]);
-        cmd.arg(chunk.to_string())
+        let values = [request_id, remote_status, remote.unwrap_or("")];
+        self.transition(claim, Transition::MarkSubmitted, Some(due), &values).await
+    }
+
+    /// A multi-request submit of the `submitting` chunk created part of its remote batch: records `remote` (the
+    /// provider's references, JSON) so a resumed submit reuses it, and renews the lease to `lease_until`.
+    pub async fn record_remote(
+        &self,
+        claim: &Claim,
+        remote: &str,
+        lease_until: UnixMillis,
+    ) -> Result<bool, StoreError> {
+        self.transition(claim, Transition::RecordRemote, Some(lease_until), &[remote]).await
+    }
+
+    /// A poll found the `polling` chunk's batch still running with `remote_status`: counts the poll, resets the
+    /// failed polls and schedules the next one at `due`.
+    pub async fn mark_pending_poll(
+        &self,
+        claim: &Claim,
+        remote_status: &str,
+        due: UnixMillis,
+    ) -> Result<bool, StoreError> {
+        self.transition(claim, Transition::MarkPendingPoll, Some(due), &[remote_status]).await
+    }
+
+    /// A poll of the `polling` chunk failed and is retried at `due`: records `failures` in a row and the error.
+    pub async fn mark_poll_failed(
+        &self,
+        claim: &Claim,
+        failures: u64,
+        last_error: &str,
+        due: UnixMillis,
+    ) -> Result<bool, StoreError> {
+        self.transition(claim, Transition::MarkPollFailed, Some(due), &[&failures.to_string(), last_error]).await
+    }
+
+    /// A submit of the `submitting` chunk failed and is retried at `due`, from the state in `record`.
+    pub async fn mark_submit_retry(
+        &self,
+        claim: &Claim,
+        record: &SubmitRetryRecord,
+        due: UnixMillis,
+    ) -> Result<bool, StoreError> {
+        let attempts = record.attempts.map(|n| n.to_string()).unwrap_or_default();
+        self.transition(
+            claim,
+            Transition::MarkSubmitRetry,
+            Some(due),
+            &[record.state.as_str(), &record.last_error, &attempts],
+        )
+        .await
+    }
+
+    /// The rate limiter said wait: the unfinished chunk is due again at `due`, nothing else changes.
+    pub async fn reschedule(&self, claim: &Claim, due: UnixMillis) -> Result<bool, StoreError> {
+        self.transition(claim, Transition::Reschedule, Some(due), &[]).await
+    }
+
+    /// Extends the claim's lease to `lease_until` while its step is still working (a heartbeat). A claim taken over
+    /// meanwhile is [`StoreError::StaleClaim`]: the step's own writes will be refused too.
+    pub async fn renew(&self, claim: &Claim, lease_until: UnixMillis) -> Result<bool, StoreError> {
+        self.transition(claim, Transition::Renew, Some(lease_until), &[]).await
+    }
+
+    /// Takes a chunk of a finished (or vanished) job off the schedule; a chunk of a live job is left alone.
+    pub async fn forget(&self, claim: &Claim) -> Result<(), StoreError> {
+        match self.transition(claim, Transition::Forget, None, &[]).await {
+            Ok(_) | Err(StoreError::StaleClaim { .. }) => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Runs `transition.lua`: `Ok(true)` applied, `Ok(false)` the job has finished (the member was unscheduled),
+    /// [`StoreError::StaleClaim`] when the claim was taken over or the chunk is not in a state `transition` starts
+    /// from (nothing written).
+    async fn transition(
+        &self,
+        claim: &Claim,
+        transition: Transition,
+        due: Option<UnixMillis>,
+        values: &[&str],
+    ) -> Result<bool, StoreError> {
+        let chunk = &claim.chunk;
+        let now = self.now().await?;
+        let mut cmd = ScriptCall::new(&self.scripts.transition, &[self.keys.job(&chunk.job_id), self.keys.schedule()]);
+        cmd.arg(transition.as_str())
+            .arg(chunk.to_string())
+            .arg(chunk.index)
+            .arg(claim.token)
             .arg(due.map(|due| due.to_string()).unwrap_or_default())
-            .arg(increment.map(|name| field::chunk(chunk.index, name)).unwrap_or_default());
-        for (name, value) in chunk_fields {
-            cmd.arg(field::chunk(chunk.index, name)).arg(value);
+            .arg(now);
+        for value in values {
+            cmd.arg(*value);
         }
-        for (name, value) in job_fields {
-            cmd.arg(*name).arg(value);
+        let (verdict, chunk_state, held): (String, String, String) = self.run(&cmd).await?;
+        match FenceVerdict::parse(&verdict, &chunk.job_id)? {
+            FenceVerdict::Applied => {
+                if let Some(due) = due.filter(|_| !matches!(transition, Transition::Renew | Transition::RecordRemote)) {
+                    self.scheduled(due);
+                }
+                Ok(true)
+            }
+            FenceVerdict::Gone => Ok(false),
+            FenceVerdict::Stale => {
+                Err(stale(claim, format!("{} found the chunk {chunk_state} under claim {held}", transition.as_str())))
+            }
+            FenceVerdict::Refused => {
+                Err(stale(claim, format!("{} does not start from a {chunk_state:?} chunk", transition.as_str())))
+            }
         }
-        let updated: i64 = self.run(&cmd).await?;
-        let updated = script_flag("update_chunk", updated, &chunk.job_id)?;
-        if let (Some(due), true) = (due, updated) {
-            self.scheduled(due);
-        }
-        Ok(updated)
     }
 
     /// Reads what a poll of `chunk` needs. `None` when the ledger does not exist (expired or never created).
@@ -116,6 +264,7 @@ impl Store {
             field::REPLY_TO.to_owned(),
             field::METADATA.to_owned(),
             field::chunk(chunk.index, field::CHUNK_REMOTE_STATUS),
+            field::chunk(chunk.index, field::CHUNK_CLAIM),
             field::chunk(chunk.index, field::CHUNK_REMOTE),
         ];
         let (values, cancel_requested): (Vec<Option<String>>, Option<String>) = redis::pipe()
@@ -145,31 +294,41 @@ impl Store {
             reply_to: values[11].clone().unwrap_or_else(|| self.keys.results()),
             metadata: values[12].clone(),
             remote_status: values[13].clone(),
-            remote: values[14].clone(),
+            claim: number(14),
+            remote: values[15].clone(),
             cancel_requested,
         }))
     }
 
     /// Stores a finished chunk's output (`state` done) or error (`state` failed) and unschedules it; returns the
-    /// number of the job's chunks still open, or `None` when the job already finished.
+    /// number of the job's chunks still open, or `None` when the job already finished. A claim taken over meanwhile
+    /// (or a chunk not in a state a step finishes) is [`StoreError::StaleClaim`], and nothing is stored.
     pub async fn chunk_done(
         &self,
-        chunk: &ChunkRef,
+        claim: &Claim,
         state: ChunkState,
         payload: &str,
         now: UnixMillis,
     ) -> Result<Option<u32>, StoreError> {
+        let chunk = &claim.chunk;
         let mut cmd = ScriptCall::new(&self.scripts.chunk_done, &[self.keys.job(&chunk.job_id), self.keys.schedule()]);
         cmd.arg(chunk.to_string())
             .arg(chunk.index)
             .arg(state.as_str())
             .arg(payload)
             .arg(now)
-            .arg(now + self.settings.lease.as_millis() as u64);
-        let open: i64 = self.run(&cmd).await?;
-        match open {
-            -1 => Ok(None),
-            open => u32::try_from(open).map(Some).map_err(|_| unknown_answer("chunk_done", open, &chunk.job_id)),
+            .arg(now + self.settings.lease.as_millis() as u64)
+            .arg(claim.token);
+        let (verdict, open): (String, i64) = self.run(&cmd).await?;
+        match FenceVerdict::parse(&verdict, &chunk.job_id)? {
+            FenceVerdict::Applied => {
+                u32::try_from(open).map(Some).map_err(|_| unknown_answer("chunk_done", open, &chunk.job_id))
+            }
+            FenceVerdict::Gone => Ok(None),
+            FenceVerdict::Stale => Err(stale(claim, "chunk_done found the chunk under a later claim".to_owned())),
+            FenceVerdict::Refused => {
+                Err(stale(claim, "chunk_done found the chunk in no state a step finishes".to_owned()))
+            }
         }
     }
 
@@ -186,34 +345,42 @@ impl Store {
         })
     }
 
-    /// Adds chunks to a running job, due at `due`: `replaced` (when given) is rewritten with the first of
-    /// `chunks`, the rest are appended. With `once_flag`, this happens at most once per job (the flag is set).
+    /// Adds chunks to a running job, due at `due`, for the holder of `claim`: with `replace`, the claimed chunk
+    /// (still `submitting`) is rewritten with the first of `chunks` (a split) and the rest are appended. With
+    /// `once_flag`, this happens at most once per job (the flag is set). A claim taken over meanwhile is
+    /// [`StoreError::StaleClaim`].
     pub async fn add_chunks(
         &self,
-        job_id: &JobId,
+        claim: &Claim,
         due: UnixMillis,
-        replaced: Option<u32>,
+        replace: bool,
         once_flag: Option<&str>,
         chunks: &[NewChunk],
     ) -> Result<AddOutcome, StoreError> {
+        let job_id = &claim.chunk.job_id;
         let mut cmd = ScriptCall::new(&self.scripts.add_chunks, &[self.keys.job(job_id), self.keys.schedule()]);
         cmd.arg(job_id.as_str())
             .arg(due)
-            .arg(replaced.map(|index| index.to_string()).unwrap_or_default())
-            .arg(once_flag.unwrap_or(""));
+            .arg(if replace { claim.chunk.index.to_string() } else { String::new() })
+            .arg(once_flag.unwrap_or(""))
+            .arg(claim.chunk.index)
+            .arg(claim.token);
         for chunk in chunks {
             let (items, indices) = chunk.placement.encode();
             cmd.arg(items).arg(indices).arg(RequestsArg(&chunk.requests));
         }
-        let outcome: i64 = self.run(&cmd).await?;
-        if outcome == 1 {
-            self.scheduled(due);
-        }
-        Ok(match outcome {
-            1 => AddOutcome::Added,
-            0 => AddOutcome::AlreadyDone,
-            -1 => AddOutcome::Gone,
-            other => return Err(unknown_answer("add_chunks", other, job_id)),
+        let verdict: String = self.run(&cmd).await?;
+        Ok(match AddVerdict::parse(&verdict, job_id)? {
+            AddVerdict::Added => {
+                self.scheduled(due);
+                AddOutcome::Added
+            }
+            AddVerdict::Guarded => AddOutcome::AlreadyDone,
+            AddVerdict::Gone => AddOutcome::Gone,
+            AddVerdict::Stale => return Err(stale(claim, "add_chunks found the chunk under a later claim".to_owned())),
+            AddVerdict::Refused => {
+                return Err(stale(claim, "add_chunks found the chunk to split no longer submitting".to_owned()));
+            }
         })
     }
 

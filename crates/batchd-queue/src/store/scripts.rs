@@ -9,7 +9,7 @@ pub(super) struct Scripts {
     pub(super) reject: Script,
     pub(super) claim: Script,
     pub(super) begin_submit: Script,
-    pub(super) update_chunk: Script,
+    pub(super) transition: Script,
     pub(super) chunk_done: Script,
     pub(super) add_chunks: Script,
     pub(super) publish: Script,
@@ -115,6 +115,8 @@ script_words! {
         Gone = "gone",
         /// The job's cancellation was requested.
         Cancelled = "cancelled",
+        /// The caller's claim of the chunk was taken over (its fencing token is not the chunk's latest).
+        Stale = "stale",
         /// The chunk is past submitting.
         Skip = "skip",
         /// The chunk is marked `submitting`: post it.
@@ -123,6 +125,65 @@ script_words! {
         Resubmit = "resubmit",
     }
 }
+
+script_words! {
+    /// A named transition of a claimed chunk: `transition.lua`'s first argument (see the script for the chunk
+    /// states each one starts from).
+    pub enum Transition ("transition", "T_") {
+        /// The remote batch exists: record its request id, the chunk polls next (from `submitting`).
+        MarkSubmitted = "mark_submitted",
+        /// A multi-request submit created part of the remote batch (an upload): record it, renew the lease (from
+        /// `submitting`).
+        RecordRemote = "record_remote",
+        /// A poll found the batch still running: count it, poll again (from `polling`).
+        MarkPendingPoll = "mark_pending_poll",
+        /// A poll failed and is retried: record the failure (from `polling`).
+        MarkPollFailed = "mark_poll_failed",
+        /// A submit failed and is retried (from `submitting`).
+        MarkSubmitRetry = "mark_submit_retry",
+        /// The rate limiter said wait: due again later, nothing else changes (from any unfinished state).
+        Reschedule = "reschedule",
+        /// The step is still working: its lease is extended (any state).
+        Renew = "renew",
+        /// Claimed work handed back unstarted (any state).
+        Release = "release",
+        /// The job has finished or is gone: take the member off the schedule (applies to nothing else).
+        Forget = "forget",
+    }
+}
+
+script_words! {
+    /// The verdict of a fenced write of a chunk (`transition.lua`, `chunk_done.lua`).
+    pub enum FenceVerdict ("transition", "FENCE_") {
+        /// Written.
+        Applied = "applied",
+        /// The job has finished or has no ledger: the member was taken off the schedule, nothing else written.
+        Gone = "gone",
+        /// The caller's claim was taken over by a later one: nothing written.
+        Stale = "stale",
+        /// The chunk is not in a state this write starts from: nothing written.
+        Refused = "refused",
+    }
+}
+
+script_words! {
+    /// The verdict of `add_chunks.lua`.
+    pub enum AddVerdict ("add_chunks", "ADD_") {
+        /// The chunks were added and scheduled.
+        Added = "added",
+        /// The once-only guard was already set; nothing was added.
+        Guarded = "guarded",
+        /// The job has finished or has no ledger.
+        Gone = "gone",
+        /// The caller's claim was taken over by a later one: nothing written.
+        Stale = "stale",
+        /// The chunk to split is no longer `submitting`: nothing written.
+        Refused = "refused",
+    }
+}
+
+/// The fencing token of a chunk's first claim: the take-in's, when it posts the first chunk at once.
+pub const FIRST_CLAIM: u64 = 1;
 
 /// The marker in `accept.lua`'s arguments between the ledger pairs and the chunks.
 pub(super) const CHUNKS_MARKER: &str = "--chunks";
@@ -144,8 +205,9 @@ fn lua_quote(text: &str) -> String {
 /// What every script gets from Rust before the shared prelude, generated so that no script writes a name of its
 /// own: a local per ledger field (`F_STATE`, ..., `F_OPEN_CHUNKS`), per per-chunk name (`C_STATE`, ...), per job
 /// state (`JOB_RUNNING`, ...) and chunk state (`CHUNK_POLLING`, ...), per script word (verdicts such as
-/// `ACCEPT_DUPLICATE`, the items sources `SOURCE_ENTRY`/`SOURCE_INLINE`, `CHUNKS_MARKER`), the ingress entry's
-/// job field (`ENTRY_JOB_FIELD`), the limits (`MAX_CHUNKS`, `MAX_PAIRS`, `MAX_LIMIT`), and the functions
+/// `ACCEPT_DUPLICATE`, the items sources `SOURCE_ENTRY`/`SOURCE_INLINE`, the transitions `T_MARK_SUBMITTED`...,
+/// `CHUNKS_MARKER`), the ingress entry's job field (`ENTRY_JOB_FIELD`), the limits (`MAX_CHUNKS`, `MAX_PAIRS`,
+/// `MAX_LIMIT`), the first claim's token (`FIRST_CLAIM`), and the functions
 /// `is_terminal(state)` and `is_finished(chunk_state)` (from [`JobState::is_terminal`] and
 /// [`ChunkState::is_finished`] over every state), `chunk_field(index, name)` (the format of [`field::chunk`])
 /// and `member(job_id, index)` (the format of [`ChunkRef`]).
@@ -163,6 +225,9 @@ fn script_constants() -> String {
     strings.extend(ItemsSource::lua_locals());
     strings.extend(RejectVerdict::lua_locals());
     strings.extend(SubmitVerdict::lua_locals());
+    strings.extend(Transition::lua_locals());
+    strings.extend(FenceVerdict::lua_locals());
+    strings.extend(AddVerdict::lua_locals());
     strings.push(("CHUNKS_MARKER".to_owned(), CHUNKS_MARKER));
     strings.push(("ENTRY_JOB_FIELD".to_owned(), batchd_core::job::JOB_FIELD));
 
@@ -173,6 +238,7 @@ fn script_constants() -> String {
     writeln!(text, "local MAX_CHUNKS = {MAX_CHUNKS_PER_JOB}").expect("writing into memory");
     writeln!(text, "local MAX_PAIRS = {MAX_SCRIPT_PAIRS}").expect("writing into memory");
     writeln!(text, "local MAX_LIMIT = {MAX_CLAIM}").expect("writing into memory");
+    writeln!(text, "local FIRST_CLAIM = {FIRST_CLAIM}").expect("writing into memory");
     let set =
         |states: Vec<&str>| states.iter().map(|state| format!("[{}] = true", lua_quote(state))).collect::<Vec<_>>();
     let terminal = set(JobState::ALL.iter().filter(|state| state.is_terminal()).map(|state| state.as_str()).collect());
@@ -207,7 +273,7 @@ pub fn script_source(name: &str) -> Option<String> {
         "reject" => include_str!("../lua/reject.lua"),
         "claim" => include_str!("../lua/claim.lua"),
         "begin_submit" => include_str!("../lua/begin_submit.lua"),
-        "update_chunk" => include_str!("../lua/update_chunk.lua"),
+        "transition" => include_str!("../lua/transition.lua"),
         "chunk_done" => include_str!("../lua/chunk_done.lua"),
         "add_chunks" => include_str!("../lua/add_chunks.lua"),
         "publish" => include_str!("../lua/publish.lua"),
@@ -224,7 +290,7 @@ pub const SCRIPT_NAMES: [&str; 10] = [
     "reject",
     "claim",
     "begin_submit",
-    "update_chunk",
+    "transition",
     "chunk_done",
     "add_chunks",
     "publish",
@@ -274,7 +340,7 @@ impl Scripts {
             reject: load("reject"),
             claim: load("claim"),
             begin_submit: load("begin_submit"),
-            update_chunk: load("update_chunk"),
+            transition: load("transition"),
             chunk_done: load("chunk_done"),
             add_chunks: load("add_chunks"),
             publish: load("publish"),

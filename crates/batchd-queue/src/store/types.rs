@@ -3,6 +3,36 @@
 
 use super::*;
 
+/// A chunk this replica claimed, and the fencing token of that claim: every transition of the chunk takes it, and
+/// the script behind the transition refuses it once a later claim (another replica's) has taken the chunk over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The claimed chunk.
+    pub chunk: ChunkRef,
+    /// The claim's fencing token: the chunk's claim counter as this claim set it (0: the job had finished or had
+    /// no ledger when claimed; only [`Store::forget`] applies).
+    pub token: u64,
+}
+
+impl Claim {
+    /// The take-in's claim of a job's first chunk, which it posts at once (see [`Intake::submit_first`]).
+    pub fn first(job_id: JobId) -> Self {
+        Self { chunk: ChunkRef::new(job_id, 0), token: FIRST_CLAIM }
+    }
+}
+
+/// What one [`Store::claim_due`] found on the schedule.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    /// The members claimed, each with its fencing token.
+    pub claims: Vec<Claim>,
+    /// Due members batchd did not write (not `<job_id>#<chunk>`), left unclaimed for the caller to drop.
+    pub unknown: Vec<String>,
+    /// When to look at the schedule again: the due time of the first member read that is not due yet, or the
+    /// time of the claim when every member read was due (there may be more).
+    pub next_due: Option<UnixMillis>,
+}
+
 /// What [`Store::accept`] did with an entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Accepted {
@@ -83,6 +113,8 @@ pub struct ChunkView {
     pub remote_status: Option<String>,
     /// The provider's references to the remote batch besides its id (JSON), when it needs any.
     pub remote: Option<String>,
+    /// The fencing token of the chunk's latest claim (0: never claimed).
+    pub claim: u64,
 }
 
 impl ChunkView {
@@ -217,6 +249,17 @@ pub enum AddOutcome {
     AlreadyDone,
     /// The job has finished or no longer exists.
     Gone,
+}
+
+/// The state a failed submit leaves its chunk in, for [`Store::mark_submit_retry`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubmitRetryRecord {
+    /// `submitting` when the failed submit may have reached the API, `pending` when it created nothing.
+    pub state: ChunkState,
+    /// The error, as JSON.
+    pub last_error: String,
+    /// The attempt count to record instead of the current one (a rate-limited attempt is given back).
+    pub attempts: Option<u64>,
 }
 
 /// How an accepted job is recorded (see [`Store::accept`]).
