@@ -6,12 +6,15 @@ use std::time::{Duration, SystemTime};
 
 use batchd_core::ApiCode;
 use batchd_provider::{ApiError, ErrorKind, ReplyBudget, ReplyHold};
-use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use reqwest::{Method, Url};
 use serde::Deserialize;
 
 use crate::settings::{AnthropicSettings, BuildError};
+
+/// Bytes percent-encoded in a path segment: everything but RFC 3986's unreserved characters.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 
 /// The `User-Agent` sent.
 const USER_AGENT: &str = concat!("batchd/", env!("CARGO_PKG_VERSION"));
@@ -73,15 +76,16 @@ mod url_origin {
 impl Client {
     /// Checks the settings and builds the client; nothing is sent yet.
     pub fn new(settings: &AnthropicSettings) -> Result<Self, BuildError> {
-        let invalid = |reason: &str| BuildError::InvalidBaseUrl {
-            url: settings.base_url.clone(),
-            reason: reason.to_owned(),
-        };
+        let invalid =
+            |reason: &str| BuildError::InvalidBaseUrl { url: settings.base_url.clone(), reason: reason.to_owned() };
         let base = Url::parse(settings.base_url.trim()).map_err(|error| invalid(&error.to_string()))?;
         if !matches!(base.scheme(), "http" | "https") || base.host().is_none() || base.cannot_be_a_base() {
             return Err(invalid("it must be an absolute http(s) URL"));
         }
-        if base.query().is_some() || base.fragment().is_some() || !base.username().is_empty() || base.password().is_some()
+        if base.query().is_some()
+            || base.fragment().is_some()
+            || !base.username().is_empty()
+            || base.password().is_some()
         {
             return Err(invalid("it must not have a query, a fragment or credentials"));
         }
@@ -126,7 +130,7 @@ impl Client {
         let mut path = url.path().to_owned();
         for segment in segments {
             path.push('/');
-            path.extend(utf8_percent_encode(segment, NON_ALPHANUMERIC));
+            path.extend(utf8_percent_encode(segment, SEGMENT));
         }
         url.set_path(&path);
         url
@@ -138,7 +142,11 @@ impl Client {
         match results_url.and_then(|url| Url::parse(url).ok()) {
             Some(url) if url_origin::of(&url) == self.origin && matches!(url.scheme(), "http" | "https") => url,
             Some(url) => {
-                tracing::warn!(batch_id = id, host = url.host_str().unwrap_or_default(), "results_url is not on the API's host; reading the results from the API instead");
+                tracing::warn!(
+                    batch_id = id,
+                    host = url.host_str().unwrap_or_default(),
+                    "results_url is not on the API's host; reading the results from the API instead"
+                );
                 self.url(&[id, "results"])
             }
             None => self.url(&[id, "results"]),
@@ -304,7 +312,14 @@ impl Client {
         } else {
             (ErrorKind::Transient, format!("connection failed: {}", chain(error)), true)
         };
-        ApiError { kind, http_status, api_code: None, message, retry_after: None, maybe_delivered: call == Call::Create && sent }
+        ApiError {
+            kind,
+            http_status,
+            api_code: None,
+            message,
+            retry_after: None,
+            maybe_delivered: call == Call::Create && sent,
+        }
     }
 
     /// Removes the key from an error's message, in case a server echoed it.
@@ -449,7 +464,9 @@ mod tests {
 
     #[test]
     fn statuses_map_to_what_the_engine_does() {
-        let error = |status: u16, call: Call| from_reply(call, status, None, br#"{"type":"error","error":{"type":"x","message":"m"}}"#);
+        let error = |status: u16, call: Call| {
+            from_reply(call, status, None, br#"{"type":"error","error":{"type":"x","message":"m"}}"#)
+        };
         assert_eq!(error(429, Call::Create).kind, ErrorKind::RateLimited);
         assert!(!error(429, Call::Create).maybe_delivered, "a 429 created nothing");
         assert_eq!(error(529, Call::Other).kind, ErrorKind::Transient);
@@ -462,7 +479,12 @@ mod tests {
         for status in [400, 401, 403] {
             assert_eq!(error(status, Call::Create).kind, ErrorKind::Permanent, "{status}");
         }
-        let limited = from_reply(Call::Create, 429, Some(Duration::from_secs(3)), br#"{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}"#);
+        let limited = from_reply(
+            Call::Create,
+            429,
+            Some(Duration::from_secs(3)),
+            br#"{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}"#,
+        );
         assert_eq!(limited.retry_after, Some(Duration::from_secs(3)));
         assert_eq!(limited.api_code, Some(ApiCode::Text("rate_limit_error".into())));
         assert_eq!(limited.message, "slow down");
@@ -473,7 +495,11 @@ mod tests {
     #[test]
     fn the_first_custom_id_is_read_from_a_whole_line_or_a_cut_one() {
         assert_eq!(first_custom_id(b"{\"custom_id\":\"b-1-0-1-0\",\"result\":{}}\n{}").as_deref(), Some("b-1-0-1-0"));
-        assert_eq!(first_custom_id(br#"{"custom_id":"b-1-0-1-3","result":{"type":"succeeded","message":{"content":"#).as_deref(), Some("b-1-0-1-3"));
+        assert_eq!(
+            first_custom_id(br#"{"custom_id":"b-1-0-1-3","result":{"type":"succeeded","message":{"content":"#)
+                .as_deref(),
+            Some("b-1-0-1-3")
+        );
         assert_eq!(first_custom_id(br#"{"custom_id":"b-1-0"#), None, "cut inside the id");
         assert_eq!(first_custom_id(b"garbage"), None);
     }

@@ -49,12 +49,7 @@ pub fn consider(batch: MessageBatch, from_ms: u64, n_items: usize) -> Listed {
     match (batch.id, n_requests) {
         (Some(id), Some(n)) if n == n_items as u64 && !id.is_empty() => {
             let status = batch.processing_status.unwrap_or_default();
-            Listed::Candidate(Candidate {
-                ended: status == "ended",
-                status,
-                id,
-                results_url: batch.results_url,
-            })
+            Listed::Candidate(Candidate { ended: status == "ended", status, id, results_url: batch.results_url })
         }
         _ => Listed::Other,
     }

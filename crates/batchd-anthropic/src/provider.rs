@@ -94,7 +94,10 @@ impl AnthropicProvider {
             after_id = last_id;
         }
         if !reached_window_start {
-            tracing::warn!(chunk = mark.chunk.as_str(), "more than 1,000 batches since the uncertain create; looked at the newest only");
+            tracing::warn!(
+                chunk = mark.chunk.as_str(),
+                "more than 1,000 batches since the uncertain create; looked at the newest only"
+            );
         }
         let mut checks = Vec::with_capacity(candidates.len());
         for candidate in &candidates {
@@ -112,12 +115,21 @@ impl AnthropicProvider {
         match lookup::choose(&checks) {
             Choice::Adopt { index, checked } => {
                 let found = &candidates[index];
-                tracing::info!(chunk = mark.chunk.as_str(), batch_id = found.id, checked, "found the batch an uncertain create made; not creating another");
+                tracing::info!(
+                    chunk = mark.chunk.as_str(),
+                    batch_id = found.id,
+                    checked,
+                    "found the batch an uncertain create made; not creating another"
+                );
                 Ok(Some((found.id.clone(), found.status.clone())))
             }
             Choice::Create => Ok(None),
             Choice::Ambiguous(n) => {
-                tracing::warn!(chunk = mark.chunk.as_str(), n_candidates = n, "several unchecked batches could be the one an uncertain create made; creating again (a possible duplicate)");
+                tracing::warn!(
+                    chunk = mark.chunk.as_str(),
+                    n_candidates = n,
+                    "several unchecked batches could be the one an uncertain create made; creating again (a possible duplicate)"
+                );
                 Ok(None)
             }
         }
@@ -168,7 +180,9 @@ impl Provider for AnthropicProvider {
     fn check_model(&self, model: &ModelName) -> Result<(), String> {
         let remote = model.remote_name();
         let valid = !remote.is_empty()
-            && remote.bytes().all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'@' | b':'));
+            && remote
+                .bytes()
+                .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'@' | b':'));
         if valid {
             Ok(())
         } else {
@@ -198,9 +212,14 @@ impl Provider for AnthropicProvider {
                     // the look answers, the earlier create stays uncertain.
                     match self.find(&mark, batch.items.len()).await {
                         Ok(Some((id, status))) => {
-                            let id = RequestId::parse(&id).map_err(|error| refusal(ErrorKind::Transient, error.to_string()))?;
+                            let id = RequestId::parse(&id)
+                                .map_err(|error| refusal(ErrorKind::Transient, error.to_string()))?;
                             return Ok(Submitted {
-                                remote: RemoteBatch { id: Some(id), tag: Some(mark.to_tag()), ..RemoteBatch::default() },
+                                remote: RemoteBatch {
+                                    id: Some(id),
+                                    tag: Some(mark.to_tag()),
+                                    ..RemoteBatch::default()
+                                },
                                 status: PendingStatus::documented(&status).as_str().to_owned(),
                                 body_bytes: 0,
                             });

@@ -113,9 +113,7 @@ impl Join {
                 }
                 ItemResponse { index, success: true, result: Some(message), error: None, external_reference: None }
             }
-            ("succeeded", None) => {
-                failure(index, "missing", "the result says succeeded but carries no message")
-            }
+            ("succeeded", None) => failure(index, "missing", "the result says succeeded but carries no message"),
             ("errored", _) => {
                 let (kind, message) = read_error(line.result.error.as_ref());
                 failure(index, &kind, &message)
@@ -126,7 +124,11 @@ impl Join {
                 "expired",
                 "not run: the batch expired (24 hours after it was created) before this request ran",
             ),
-            (other, _) => failure(index, "unknown_result", &format!("a result of undocumented type {}", capped(other, MAX_TYPE_CHARS))),
+            (other, _) => failure(
+                index,
+                "unknown_result",
+                &format!("a result of undocumented type {}", capped(other, MAX_TYPE_CHARS)),
+            ),
         };
         *slot = Some(response);
     }
@@ -177,7 +179,10 @@ fn capped(text: &str, max: usize) -> String {
 }
 
 /// Adds the numeric members of a Message's `usage` (input, output and cache tokens) to the total.
-fn add_usage(total: &mut serde_json::Map<String, serde_json::Value>, usage: serde_json::Map<String, serde_json::Value>) {
+fn add_usage(
+    total: &mut serde_json::Map<String, serde_json::Value>,
+    usage: serde_json::Map<String, serde_json::Value>,
+) {
     for (name, value) in usage {
         let Some(more) = value.as_u64() else { continue };
         let sum = total.get(&name).and_then(serde_json::Value::as_u64).unwrap_or(0).saturating_add(more);
@@ -229,13 +234,26 @@ mod tests {
         let mut join = Join::new(mark.clone(), 5);
         let nested = r#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: Field required"},"request_id":"req_1"}"#;
         let flat = r#"{"type":"overloaded_error","message":"Overloaded"}"#;
-        join.add_line(format!(r#"{{"custom_id":"{}","result":{{"type":"errored","error":{nested}}}}}"#, mark.custom_id(1, 0)).as_bytes());
-        join.add_line(format!(r#"{{"custom_id":"{}","result":{{"type":"errored","error":{flat}}}}}"#, mark.custom_id(1, 1)).as_bytes());
-        join.add_line(format!(r#"{{"custom_id":"{}","result":{{"type":"canceled"}}}}"#, mark.custom_id(1, 2)).as_bytes());
-        join.add_line(format!(r#"{{"custom_id":"{}","result":{{"type":"expired"}}}}"#, mark.custom_id(2, 3)).as_bytes());
+        join.add_line(
+            format!(r#"{{"custom_id":"{}","result":{{"type":"errored","error":{nested}}}}}"#, mark.custom_id(1, 0))
+                .as_bytes(),
+        );
+        join.add_line(
+            format!(r#"{{"custom_id":"{}","result":{{"type":"errored","error":{flat}}}}}"#, mark.custom_id(1, 1))
+                .as_bytes(),
+        );
+        join.add_line(
+            format!(r#"{{"custom_id":"{}","result":{{"type":"canceled"}}}}"#, mark.custom_id(1, 2)).as_bytes(),
+        );
+        join.add_line(
+            format!(r#"{{"custom_id":"{}","result":{{"type":"expired"}}}}"#, mark.custom_id(2, 3)).as_bytes(),
+        );
         let output = join.finish().expect("ours");
         assert!(output.responses.iter().all(|response| !response.success));
-        assert_eq!(error_of(&output, 0), serde_json::json!({"code": "invalid_request_error", "message": "max_tokens: Field required"}));
+        assert_eq!(
+            error_of(&output, 0),
+            serde_json::json!({"code": "invalid_request_error", "message": "max_tokens: Field required"})
+        );
         assert_eq!(error_of(&output, 1), serde_json::json!({"code": "overloaded_error", "message": "Overloaded"}));
         assert_eq!(error_of(&output, 2)["code"], "canceled");
         assert_eq!(error_of(&output, 3)["code"], "expired", "any attempt of the chunk is ours");

@@ -147,10 +147,7 @@ pub fn create_body(
 ) -> Result<Vec<u8>, BadItem> {
     let model_json = serde_json::to_string(remote_model).expect("a string always serialises");
     let exact: usize = r#"{"requests":[]}"#.len()
-        + items
-            .iter()
-            .map(|item| item.get().len() + 40 + model_json.len() + mark.prefix.len() + 24)
-            .sum::<usize>();
+        + items.iter().map(|item| item.get().len() + 40 + model_json.len() + mark.prefix.len() + 24).sum::<usize>();
     let mut body = Vec::with_capacity(exact);
     body.extend_from_slice(br#"{"requests":["#);
     for (index, item) in items.iter().enumerate() {
@@ -312,7 +309,11 @@ mod tests {
             assert_eq!(mark.index_of(custom_id), Some(index));
         }
         // The item's bytes are passed through as they came.
-        assert!(std::str::from_utf8(&body).expect("utf8").contains(r#""max_tokens":5,"messages":[{"role":"user","content":"hi"}]"#));
+        assert!(
+            std::str::from_utf8(&body)
+                .expect("utf8")
+                .contains(r#""max_tokens":5,"messages":[{"role":"user","content":"hi"}]"#)
+        );
         assert!(BODY_SHAPE.bytes(items.iter().map(|item| item.get().len())) >= body.len());
     }
 
@@ -339,7 +340,13 @@ mod tests {
         assert_eq!(mark.index_of(&id), Some(99_999));
         assert_eq!(ChunkMark::new(&job("a"), 1).index_of(&id), None, "another job's custom id");
         assert_eq!(ChunkMark::new(&job(&"a.b:c".repeat(40)), 999).index_of(&id), None, "another chunk's");
-        for hostile in ["", "b-", &format!("{}x-1", mark.as_str()), &format!("{}1-", mark.as_str()), &format!("{}1-1e3", mark.as_str())] {
+        for hostile in [
+            "",
+            "b-",
+            &format!("{}x-1", mark.as_str()),
+            &format!("{}1-", mark.as_str()),
+            &format!("{}1-1e3", mark.as_str()),
+        ] {
             assert_eq!(mark.index_of(hostile), None, "{hostile}");
         }
     }

@@ -37,6 +37,7 @@ impl Settings {
             ("CLOUDFLARE_ACCOUNT_ID", "cloudflare.account_id", "BATCHD__CLOUDFLARE__ACCOUNT_ID"),
             ("CLOUDFLARE_API_TOKEN", "cloudflare.api_token", "BATCHD__CLOUDFLARE__API_TOKEN"),
             ("REDIS_URL", "redis.url", "BATCHD__REDIS__URL"),
+            ("ANTHROPIC_API_KEY", "anthropic.api_key", "BATCHD__ANTHROPIC__API_KEY"),
         ] {
             if let (Some(value), false) = (env.get(conventional), batchd_env.contains_key(own)) {
                 builder = builder

@@ -23,8 +23,8 @@ pub use batchd_core::redact_url;
 pub use batchd_engine::settings::{PollSettings, RetrySettings};
 pub use secrets::Secret;
 pub use sections::{
-    AdminSettings, CloudflareSettings, EventSettings, IngressConfig, JobSettings, LogFormat, LogSettings, RedisMode,
-    RedisSettings, RetentionSettings, ScheduleConfig, ShutdownSettings, WorkerSettings,
+    AdminSettings, AnthropicConfig, CloudflareSettings, EventSettings, IngressConfig, JobSettings, LogFormat,
+    LogSettings, RedisMode, RedisSettings, RetentionSettings, ScheduleConfig, ShutdownSettings, WorkerSettings,
 };
 
 /// The built-in defaults; the same file documents every key.
@@ -74,6 +74,8 @@ pub struct Settings {
     pub admin: AdminSettings,
     /// Workers AI batch events from a Cloudflare Queue (off unless `queue_id` is set).
     pub events: EventSettings,
+    /// Anthropic Message Batches (configured when a key is given).
+    pub anthropic: AnthropicConfig,
 }
 
 /// `pairs` standing for the process environment of `Settings::load_from`, in the unit tests.
