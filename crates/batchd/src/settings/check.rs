@@ -166,6 +166,13 @@ impl Settings {
                 mode & 0o777
             ));
         }
+        if let Some(mode) = file_mode(&self.anthropic.api_key_file).filter(|mode| mode & 0o027 != 0) {
+            warnings.push(format!(
+                "anthropic.api_key_file {} is writable by its group or readable by others (mode {:o}); chmod 600 it",
+                self.anthropic.api_key_file,
+                mode & 0o777
+            ));
+        }
         warnings
     }
 

@@ -1,5 +1,6 @@
 //! Loading: the layers (built-in defaults, an optional file, `BATCHD__SECTION__KEY` variables, then
-//! `CLOUDFLARE_ACCOUNT_ID`, `CLOUDFLARE_API_TOKEN` and `REDIS_URL`) merged into `Settings`, then checked.
+//! `CLOUDFLARE_ACCOUNT_ID`, `CLOUDFLARE_API_TOKEN`, `ANTHROPIC_API_KEY` and `REDIS_URL`) merged into `Settings`,
+//! then checked.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,6 @@
 //! Layered configuration: built-in defaults (`config/default.toml`, compiled in), an optional file, then
 //! `BATCHD__SECTION__KEY` environment variables, then the conventional `CLOUDFLARE_ACCOUNT_ID`,
-//! `CLOUDFLARE_API_TOKEN` and `REDIS_URL`.
+//! `CLOUDFLARE_API_TOKEN`, `ANTHROPIC_API_KEY` and `REDIS_URL`.
 //!
 //! Unknown keys are errors, so a typo cannot silently leave a default in place. The API token never comes from
 //! a config file, and its type never prints it.
