@@ -253,6 +253,34 @@ mod tests {
     }
 
     #[test]
+    fn anthropic_settings_are_checked_at_load() {
+        let load = |pairs: &[(&str, &str)]| Settings::load_from(None, &env(pairs));
+        let defaults = load(&[]).unwrap();
+        assert_eq!(defaults.anthropic.base_url, "https://api.anthropic.com");
+        assert_eq!((defaults.anthropic.max_requests, defaults.anthropic.max_body_bytes), (100_000, 256_000_000));
+        assert!(!defaults.anthropic_configured(), "no key, no Anthropic");
+        let local = load(&[("BATCHD__ANTHROPIC__BASE_URL", "http://127.0.0.1:8787/anthropic")]).unwrap();
+        assert_eq!(local.anthropic.base_url, "http://127.0.0.1:8787/anthropic");
+        for (key, value, named) in [
+            ("BATCHD__ANTHROPIC__BASE_URL", "http://api.anthropic.com", "anthropic.base_url"),
+            ("BATCHD__ANTHROPIC__MAX_REQUESTS", "100001", "anthropic.max_requests"),
+            ("BATCHD__ANTHROPIC__MAX_BODY_BYTES", "300000000", "anthropic.max_body_bytes"),
+            ("BATCHD__ANTHROPIC__BURST", "0", "anthropic.burst"),
+        ] {
+            let error = load(&[(key, value)]).expect_err(key).to_string();
+            assert!(error.contains(named), "{error}");
+        }
+        let error = load(&[("ANTHROPIC_API_KEY", "sk"), ("BATCHD__ANTHROPIC__REQUEST_TIMEOUT_SECS", "120")])
+            .expect_err("a request longer than the lease")
+            .to_string();
+        assert!(error.contains("anthropic.request_timeout_secs"), "{error}");
+        let configured = load(&[("ANTHROPIC_API_KEY", "sk-secret-123")]).unwrap();
+        let client = configured.anthropic_settings(&configured.anthropic_key().unwrap().expect("key"));
+        assert_eq!((client.version.as_str(), client.beta.as_deref()), ("2023-06-01", None));
+        assert!(!format!("{client:?}").contains("sk-secret-123"), "the key never prints");
+    }
+
+    #[test]
     fn a_token_file_others_can_read_is_warned_about() {
         use std::os::unix::fs::PermissionsExt;
         let file = std::env::temp_dir().join(format!("batchd-token-mode-{}", std::process::id()));
