@@ -154,6 +154,7 @@ impl Client {
     }
 
     /// Creates a batch from a body built by `wire::create_body`.
+    #[tracing::instrument(level = "debug", skip_all, fields(body_bytes = body.len()))]
     pub async fn create(&self, body: Vec<u8>) -> Result<Vec<u8>, ApiError> {
         self.small(Call::Create, Method::POST, self.batches_url.clone(), Some(body)).await
     }
@@ -164,6 +165,7 @@ impl Client {
     }
 
     /// A page of at most `limit` batches, newest first, older than `after_id` when given.
+    #[tracing::instrument(level = "debug", skip(self))]
     pub async fn list(&self, after_id: Option<&str>, limit: u32) -> Result<Vec<u8>, ApiError> {
         let mut url = self.batches_url.clone();
         url.query_pairs_mut().append_pair("limit", &limit.to_string());
@@ -217,6 +219,7 @@ impl Client {
 
     /// Streams the results at `url` line by line into `line`, holding room in `budget` for the bytes read (1 MiB
     /// at a time, never waiting while holding room); refuses more than `max_reply_bytes`. Returns the room held.
+    #[tracing::instrument(level = "debug", skip_all, fields(url = %url.path()))]
     pub async fn results(
         &self,
         url: Url,
