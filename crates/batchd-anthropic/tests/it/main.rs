@@ -162,3 +162,45 @@ async fn another_chunks_batch_of_the_same_size_is_not_taken_for_the_lost_one() {
     assert_eq!(emulator.anthropic().batch_count(), 2);
     assert_eq!(results(&provider, &mine.remote, 2).await.n_failed(), 0);
 }
+
+#[tokio::test]
+async fn a_results_download_takes_room_in_the_budget_and_stops_at_the_reply_limit() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use batchd_provider::{ErrorKind, ReplyBudget, ReplyHold};
+
+    let emulator = emulator().await;
+    emulator.anthropic().set_timing(Duration::from_millis(1), Duration::from_millis(1));
+    let held = Arc::new(AtomicUsize::new(0));
+    let (wait, try_now) = (Arc::clone(&held), Arc::clone(&held));
+    let budget = ReplyBudget::new(
+        move |bytes| {
+            wait.fetch_add(bytes, Ordering::SeqCst);
+            async { Box::new(()) as ReplyHold }
+        },
+        move |bytes| {
+            try_now.fetch_add(bytes, Ordering::SeqCst);
+            Some(Box::new(()) as ReplyHold)
+        },
+    );
+    let provider = provider(&emulator).with_reply_budget(budget);
+    let items = items(20);
+    let submitted = submit(&provider, "budget", 0, 1, &items, None, &Recorded::default()).await.expect("submit");
+    let output = results(&provider, &submitted.remote, 20).await;
+    assert_eq!(output.n_failed(), 0);
+    assert!(held.load(Ordering::SeqCst) >= 20 * 200, "room was taken for the download: {held:?}");
+
+    // The same results, read with a reply limit below their size, are refused rather than held.
+    let control = emulator.anthropic();
+    let mut settings = AnthropicSettings::new(ApiKey::new(control.api_key()));
+    settings.base_url = control.base_url();
+    settings.max_reply_bytes = 1024;
+    let small = AnthropicProvider::new(&settings).expect("provider");
+    let model = ModelName::parse("anthropic/claude-sonnet-4-5").expect("model");
+    let Polled::Ready(ready) = small.poll(&model, &submitted.remote, 20).await.expect("poll").0 else {
+        panic!("the batch has ended")
+    };
+    let Err(error) = small.fetch_results(&model, &ready, 20).await else { panic!("read past the reply limit") };
+    assert_eq!(error.kind, ErrorKind::ReplyTooLarge, "{error}");
+}
