@@ -98,6 +98,7 @@ pub async fn run_with_providers(
         let anthropic = AnthropicProvider::new(&settings.anthropic_settings(&key))
             .context("anthropic settings")?
             .with_reply_budget(reply_budget);
+        tracing::info!(base_url = %settings.anthropic.base_url, "anthropic message batches configured (anthropic/... models)");
         providers = providers.with(Arc::new(anthropic));
     }
     let providers = extra.into_iter().fold(providers, |providers, extra| providers.with(extra));
