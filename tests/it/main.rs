@@ -4,6 +4,7 @@
 
 mod acl;
 mod admin_limits;
+mod anthropic;
 mod api_variants;
 mod architecture;
 mod backlog;

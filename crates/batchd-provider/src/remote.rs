@@ -26,6 +26,10 @@ pub struct RemoteBatch {
     /// Where the results are read (Anthropic's `results_url`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub results_url: Option<String>,
+    /// The provider's own mark of which chunk the batch is and when its first create began (Anthropic: the
+    /// custom-id prefix and a time), recorded before a create so an interrupted one can be recognised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
 }
 
 impl RemoteBatch {
@@ -40,6 +44,7 @@ impl RemoteBatch {
             || self.output_file.is_some()
             || self.error_file.is_some()
             || self.results_url.is_some()
+            || self.tag.is_some()
     }
 
     /// The record as the ledger stores it (JSON of the references; the id is stored in its own field).
@@ -53,10 +58,10 @@ impl RemoteBatch {
     pub fn from_ledger(id: Option<RequestId>, refs_json: Option<&str>) -> Option<Self> {
         let mut remote = match refs_json {
             None | Some("") => Self::default(),
-            Some(text) if text.len() > 5 * MAX_REMOTE_REF_LEN => return None,
+            Some(text) if text.len() > 6 * MAX_REMOTE_REF_LEN => return None,
             Some(text) => serde_json::from_str::<Self>(text).ok()?,
         };
-        let refs = [&remote.input_file, &remote.output_file, &remote.error_file, &remote.results_url];
+        let refs = [&remote.input_file, &remote.output_file, &remote.error_file, &remote.results_url, &remote.tag];
         if refs.iter().any(|value| value.as_ref().is_some_and(|value| value.len() > MAX_REMOTE_REF_LEN)) {
             return None;
         }

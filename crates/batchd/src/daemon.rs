@@ -15,9 +15,10 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use apalis::layers::WorkerBuilderExt;
 use apalis_core::worker::builder::WorkerBuilder;
+use batchd_anthropic::AnthropicProvider;
 use batchd_cloudflare::{BatchClient, CloudflareProvider, QueueClient};
 use batchd_engine::providers::Providers;
-use batchd_provider::{Provider, ReplyHold};
+use batchd_provider::{Provider, ReplyBudget, ReplyHold};
 use batchd_queue::Store;
 
 use batchd_engine::runtime::{ByteBudget, DeliveryLimit, EntryBudget, IngressSettings, ScheduleSettings};
@@ -83,8 +84,24 @@ pub async fn run_with_providers(
         settings.jobs.max_payload_bytes,
         Some(settings.jobs.max_batch_items).filter(|max| *max > 0),
     );
-    let providers =
-        extra.into_iter().fold(Providers::new().with(Arc::new(cloudflare)), |providers, extra| providers.with(extra));
+    let mut providers = Providers::new().with(Arc::new(cloudflare));
+    if let Some(key) = settings.anthropic_key()? {
+        let (hold, try_hold) = (budget.clone(), budget.clone());
+        // A results download is counted like a poll reply: the bytes, the responses read from them, the output.
+        let reply_budget = ReplyBudget::new(
+            move |bytes: usize| {
+                let budget = hold.clone();
+                async move { Box::new(budget.hold(bytes.saturating_mul(REPLY_COPIES)).await) as ReplyHold }
+            },
+            move |bytes| try_hold.try_hold(bytes.saturating_mul(REPLY_COPIES)).map(|room| Box::new(room) as ReplyHold),
+        );
+        let anthropic = AnthropicProvider::new(&settings.anthropic_settings(&key))
+            .context("anthropic settings")?
+            .with_reply_budget(reply_budget);
+        tracing::info!(base_url = %settings.anthropic.base_url, "anthropic message batches configured (anthropic/... models)");
+        providers = providers.with(Arc::new(anthropic));
+    }
+    let providers = extra.into_iter().fold(providers, |providers, extra| providers.with(extra));
 
     // Stopped last, after the drain, so probes and scrapes are answered while work in flight finishes.
     let background_stop = CancellationToken::new();

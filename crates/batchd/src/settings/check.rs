@@ -91,7 +91,23 @@ impl Settings {
         if self.cloudflare.max_reply_bytes < 64 * 1024 {
             return fail("cloudflare.max_reply_bytes", "must be at least 65536");
         }
-        check_base_url(&self.cloudflare.base_url)?;
+        check_base_url("cloudflare.base_url", &self.cloudflare.base_url)?;
+        check_base_url("anthropic.base_url", &self.anthropic.base_url)?;
+        if !(1024..=batchd_anthropic::MAX_BODY_BYTES).contains(&self.anthropic.max_body_bytes) {
+            return fail("anthropic.max_body_bytes", "must be 1024-256000000 (the API's limit is 256 MB)");
+        }
+        if !(1..=batchd_anthropic::MAX_REQUESTS).contains(&self.anthropic.max_requests) {
+            return fail("anthropic.max_requests", "must be 1-100000 (the API's limit)");
+        }
+        if self.anthropic.max_reply_bytes < 64 * 1024 {
+            return fail("anthropic.max_reply_bytes", "must be at least 65536");
+        }
+        if self.anthropic.burst == 0 {
+            return fail("anthropic.burst", "must be at least 1");
+        }
+        if self.schedule.lease_secs <= self.anthropic.request_timeout_secs && self.anthropic_configured() {
+            return fail("schedule.lease_secs", "must exceed anthropic.request_timeout_secs");
+        }
         if self.events.enabled() {
             if !(1..=batchd_cloudflare::MAX_PULL_BATCH).contains(&self.events.batch_size) {
                 return fail("events.batch_size", "must be 1-100 (the Queues limit)");
@@ -119,6 +135,12 @@ impl Settings {
         Ok(())
     }
 
+    /// Whether a key for Anthropic is given (by the environment or a file).
+    pub fn anthropic_configured(&self) -> bool {
+        self.anthropic.api_key.as_ref().is_some_and(|key| !key.expose().is_empty())
+            || !self.anthropic.api_key_file.is_empty()
+    }
+
     /// What is allowed but unsafe, for the daemon to log at start as warnings: certificate checks turned off, a
     /// token file other users can read.
     pub fn warnings(&self) -> Vec<String> {
@@ -144,6 +166,13 @@ impl Settings {
                 mode & 0o777
             ));
         }
+        if let Some(mode) = file_mode(&self.anthropic.api_key_file).filter(|mode| mode & 0o027 != 0) {
+            warnings.push(format!(
+                "anthropic.api_key_file {} is writable by its group or readable by others (mode {:o}); chmod 600 it",
+                self.anthropic.api_key_file,
+                mode & 0o777
+            ));
+        }
         warnings
     }
 
@@ -160,6 +189,10 @@ impl Settings {
             batchd_cloudflare::QueueClient::new(self.client_settings(&token), &self.events.queue_id)
                 .map_err(|e| ConfigError(format!("events: {e}")))?;
         }
+        if let Some(key) = self.anthropic_key()? {
+            batchd_anthropic::AnthropicProvider::new(&self.anthropic_settings(&key))
+                .map_err(|e| ConfigError(format!("anthropic: {e}")))?;
+        }
         self.redis_endpoint()?;
         crate::logging::check(&self.log, std::env::var("RUST_LOG").ok().as_deref()).map_err(ConfigError)?;
         Ok(())
@@ -167,7 +200,7 @@ impl Settings {
 }
 
 /// Refuses a plain-HTTP API base URL that is not on this machine: the token would cross the network in clear.
-fn check_base_url(base_url: &str) -> Result<(), ConfigError> {
+fn check_base_url(key: &str, base_url: &str) -> Result<(), ConfigError> {
     let Some(rest) = base_url.trim().strip_prefix("http://") else {
         return Ok(()); // https, or a URL the client itself refuses with a clearer message
     };
@@ -182,8 +215,8 @@ fn check_base_url(base_url: &str) -> Result<(), ConfigError> {
         Ok(())
     } else {
         Err(ConfigError(format!(
-            "cloudflare.base_url: {base_url:?} is plain http to another host, which would send the API token in \
-             clear; use https (http is allowed only for loopback, e.g. the emulator on 127.0.0.1)"
+            "{key}: {base_url:?} is plain http to another host, which would send the API token in clear; use \
+             https (http is allowed only for loopback, e.g. the emulator on 127.0.0.1)"
         )))
     }
 }
@@ -217,6 +250,34 @@ mod tests {
             let error = load(refused).expect_err(refused).to_string();
             assert!(error.contains("cloudflare.base_url") && error.contains("in clear"), "{error}");
         }
+    }
+
+    #[test]
+    fn anthropic_settings_are_checked_at_load() {
+        let load = |pairs: &[(&str, &str)]| Settings::load_from(None, &env(pairs));
+        let defaults = load(&[]).unwrap();
+        assert_eq!(defaults.anthropic.base_url, "https://api.anthropic.com");
+        assert_eq!((defaults.anthropic.max_requests, defaults.anthropic.max_body_bytes), (100_000, 256_000_000));
+        assert!(!defaults.anthropic_configured(), "no key, no Anthropic");
+        let local = load(&[("BATCHD__ANTHROPIC__BASE_URL", "http://127.0.0.1:8787/anthropic")]).unwrap();
+        assert_eq!(local.anthropic.base_url, "http://127.0.0.1:8787/anthropic");
+        for (key, value, named) in [
+            ("BATCHD__ANTHROPIC__BASE_URL", "http://api.anthropic.com", "anthropic.base_url"),
+            ("BATCHD__ANTHROPIC__MAX_REQUESTS", "100001", "anthropic.max_requests"),
+            ("BATCHD__ANTHROPIC__MAX_BODY_BYTES", "300000000", "anthropic.max_body_bytes"),
+            ("BATCHD__ANTHROPIC__BURST", "0", "anthropic.burst"),
+        ] {
+            let error = load(&[(key, value)]).expect_err(key).to_string();
+            assert!(error.contains(named), "{error}");
+        }
+        let error = load(&[("ANTHROPIC_API_KEY", "sk"), ("BATCHD__ANTHROPIC__REQUEST_TIMEOUT_SECS", "120")])
+            .expect_err("a request longer than the lease")
+            .to_string();
+        assert!(error.contains("anthropic.request_timeout_secs"), "{error}");
+        let configured = load(&[("ANTHROPIC_API_KEY", "sk-secret-123")]).unwrap();
+        let client = configured.anthropic_settings(&configured.anthropic_key().unwrap().expect("key"));
+        assert_eq!((client.version.as_str(), client.beta.as_deref()), ("2023-06-01", None));
+        assert!(!format!("{client:?}").contains("sk-secret-123"), "the key never prints");
     }
 
     #[test]

@@ -20,6 +20,25 @@ impl Settings {
         settings
     }
 
+    /// How to reach Anthropic Message Batches with `key` (`[anthropic]`).
+    pub fn anthropic_settings(&self, key: &Secret) -> batchd_anthropic::AnthropicSettings {
+        let config = &self.anthropic;
+        let mut settings =
+            batchd_anthropic::AnthropicSettings::new(batchd_anthropic::ApiKey::new(key.expose().to_owned()));
+        settings.base_url = config.base_url.clone();
+        settings.version = config.version.clone();
+        settings.beta = (!config.beta.is_empty()).then(|| config.beta.clone());
+        settings.workspace_id = (!config.workspace_id.is_empty()).then(|| config.workspace_id.clone());
+        settings.request_timeout = Duration::from_secs(config.request_timeout_secs);
+        settings.connect_timeout = Duration::from_secs(config.connect_timeout_secs);
+        settings.max_reply_bytes = config.max_reply_bytes;
+        settings.max_body_bytes = config.max_body_bytes;
+        settings.max_requests = config.max_requests;
+        settings.requests_per_minute = config.requests_per_minute;
+        settings.burst = config.burst;
+        settings
+    }
+
     /// How the batch event puller reads the queue (`[events]`).
     pub fn event_pull(&self) -> batchd_engine::events::PullSettings {
         batchd_engine::events::PullSettings {

@@ -78,6 +78,24 @@ impl Settings {
         }
     }
 
+    /// The Anthropic API key from `ANTHROPIC_API_KEY` (or `BATCHD__ANTHROPIC__API_KEY`) or
+    /// `anthropic.api_key_file`; `None` when neither is set (Anthropic is then not configured).
+    pub fn anthropic_key(&self) -> Result<Option<Secret>, ConfigError> {
+        if let Some(key) = self.anthropic.api_key.as_ref().filter(|key| !key.expose().is_empty()) {
+            return Ok(Some(key.clone()));
+        }
+        let file = &self.anthropic.api_key_file;
+        if file.is_empty() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| ConfigError(format!("anthropic.api_key_file: cannot read {file}: {e}")))?;
+        match text.trim() {
+            "" => Err(ConfigError(format!("anthropic.api_key_file: {file} is empty"))),
+            key => Ok(Some(Secret::new(key))),
+        }
+    }
+
     /// Points `cloudflare.api_token_file` at the systemd credential `cloudflare-api-token` when the token is
     /// given no other way and systemd passed credentials (`LoadCredential=` sets `$CREDENTIALS_DIRECTORY`).
     pub(super) fn use_systemd_credential(&mut self, env: &HashMap<String, String>) {
@@ -111,6 +129,13 @@ pub(super) fn refuse_token_in_file(file: &Path) -> Result<(), ConfigError> {
             file.display()
         )));
     }
+    if value.get("anthropic").and_then(|section| section.get("api_key")).is_some() {
+        return Err(ConfigError(format!(
+            "anthropic.api_key: not allowed in a config file ({}); give the key through ANTHROPIC_API_KEY or \
+             anthropic.api_key_file",
+            file.display()
+        )));
+    }
     if holds_token("cloudflare") {
         return Err(ConfigError(format!(
             "cloudflare.api_token: not allowed in a config file ({}); give the token through CLOUDFLARE_API_TOKEN, \
@@ -139,6 +164,27 @@ mod tests {
         let settings = Settings::load_from(Some(&file), &env(&[("CLOUDFLARE_API_TOKEN", "tok-env")])).unwrap();
         assert_eq!(settings.api_token().unwrap().expose(), "tok-env", "the environment still gives it");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_anthropic_key_comes_from_the_environment_or_a_file_never_the_config_file() {
+        let dir = std::env::temp_dir().join(format!("batchd-anthropic-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("batchd.toml");
+        std::fs::write(&config, "[anthropic]\napi_key = \"sk-in-file\"\n").unwrap();
+        let error = Settings::load_from(Some(&config), &env(&[])).expect_err("refused").to_string();
+        assert!(error.contains("anthropic.api_key: not allowed in a config file"), "{error}");
+        assert!(!error.contains("sk-in-file"));
+        assert!(Settings::load_from(None, &env(&[])).unwrap().anthropic_key().unwrap().is_none(), "not configured");
+        let settings = Settings::load_from(None, &env(&[("ANTHROPIC_API_KEY", "sk-env")])).unwrap();
+        assert_eq!(settings.anthropic_key().unwrap().expect("key").expose(), "sk-env");
+        assert!(!settings.to_redacted_toml().contains("sk-env"));
+        let file = dir.join("key");
+        std::fs::write(&file, "sk-file\n").unwrap();
+        let settings =
+            Settings::load_from(None, &env(&[("BATCHD__ANTHROPIC__API_KEY_FILE", file.to_str().unwrap())])).unwrap();
+        assert_eq!(settings.anthropic_key().unwrap().expect("key").expose(), "sk-file");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

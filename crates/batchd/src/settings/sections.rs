@@ -97,6 +97,39 @@ pub struct CloudflareSettings {
     pub max_reply_bytes: usize,
 }
 
+/// `[anthropic]`: Anthropic Message Batches, configured when a key is given.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnthropicConfig {
+    /// The API key, from the environment only (`ANTHROPIC_API_KEY`).
+    #[serde(default)]
+    pub api_key: Option<Secret>,
+    /// A file holding the API key.
+    pub api_key_file: String,
+    /// Base URL of the API.
+    pub base_url: String,
+    /// The `anthropic-version` header.
+    pub version: String,
+    /// The `anthropic-beta` header; empty: not sent.
+    pub beta: String,
+    /// The `anthropic-workspace-id` header; empty: not sent.
+    pub workspace_id: String,
+    /// Longest wait for one request (a create of a 256 MB body included).
+    pub request_timeout_secs: u64,
+    /// Longest wait to connect.
+    pub connect_timeout_secs: u64,
+    /// Largest results download read, in bytes.
+    pub max_reply_bytes: usize,
+    /// Largest create body, in bytes.
+    pub max_body_bytes: usize,
+    /// Most requests per batch.
+    pub max_requests: usize,
+    /// API requests per minute shared by every replica; 0: not paced by batchd.
+    pub requests_per_minute: u32,
+    /// Requests that may go back to back before the pacing applies.
+    pub burst: u32,
+}
+
 /// `[workers]`
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

@@ -1,0 +1,509 @@
+//! The HTTP side of Message Batches: one request per call (create, retrieve, list, cancel, results), the headers
+//! every call carries (`x-api-key`, `anthropic-version`, optional beta and workspace), replies read up to a limit,
+//! and every failure classified into the engine's [`ErrorKind`] here, in one place.
+
+use std::time::{Duration, SystemTime};
+
+use batchd_core::ApiCode;
+use batchd_provider::{ApiError, ErrorKind, ReplyBudget, ReplyHold};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
+use reqwest::{Method, Url};
+use serde::Deserialize;
+
+use crate::settings::{AnthropicSettings, BuildError};
+
+/// Bytes percent-encoded in a path segment: everything but RFC 3986's unreserved characters.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+/// The `User-Agent` sent.
+const USER_AGENT: &str = concat!("batchd/", env!("CARGO_PKG_VERSION"));
+
+/// Largest reply of a call other than results (a batch object, a page of 100 of them).
+const MAX_SMALL_REPLY: usize = 4 * 1024 * 1024;
+
+/// A results download takes room in the memory budget this many bytes at a time.
+const RESULTS_STEP: usize = 1024 * 1024;
+
+/// Longest part of an error body quoted in a message, in characters.
+const MAX_QUOTED: usize = 300;
+
+/// Which call failed: it decides whether a failure may have created a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// `POST /v1/messages/batches`.
+    Create,
+    /// Any other call.
+    Other,
+}
+
+/// Message Batches over HTTP. Cloning is cheap and shares the connection pool.
+#[derive(Clone)]
+pub struct Client {
+    /// The HTTP client: the settings' timeouts, no redirects.
+    http: reqwest::Client,
+    /// The headers every call carries (the key marked sensitive).
+    headers: HeaderMap,
+    /// `{base}/v1/messages/batches`.
+    batches_url: Url,
+    /// Scheme, host and port of the base URL: a `results_url` elsewhere is not sent the key.
+    origin: url_origin::Origin,
+    /// The key, to scrub from any error text a server echoes it in.
+    key: String,
+    /// The whole-request limit, quoted in timeout errors.
+    request_timeout: Duration,
+    /// Largest results download.
+    max_reply_bytes: usize,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("batches_url", &self.batches_url.as_str()).finish_non_exhaustive()
+    }
+}
+
+/// Comparing URLs by scheme, host and port.
+mod url_origin {
+    /// A URL's scheme, host and port.
+    pub type Origin = (String, Option<String>, Option<u16>);
+
+    /// The origin of `url`.
+    pub fn of(url: &reqwest::Url) -> Origin {
+        (url.scheme().to_owned(), url.host_str().map(str::to_owned), url.port_or_known_default())
+    }
+}
+
+impl Client {
+    /// Checks the settings and builds the client; nothing is sent yet.
+    pub fn new(settings: &AnthropicSettings) -> Result<Self, BuildError> {
+        let invalid =
+            |reason: &str| BuildError::InvalidBaseUrl { url: settings.base_url.clone(), reason: reason.to_owned() };
+        let base = Url::parse(settings.base_url.trim()).map_err(|error| invalid(&error.to_string()))?;
+        if !matches!(base.scheme(), "http" | "https") || base.host().is_none() || base.cannot_be_a_base() {
+            return Err(invalid("it must be an absolute http(s) URL"));
+        }
+        if base.query().is_some()
+            || base.fragment().is_some()
+            || !base.username().is_empty()
+            || base.password().is_some()
+        {
+            return Err(invalid("it must not have a query, a fragment or credentials"));
+        }
+        let mut batches_url = base.clone();
+        batches_url.set_path(&format!("{}/v1/messages/batches", base.path().trim_end_matches('/')));
+        let header = |name: &'static str, value: &str| {
+            HeaderValue::from_str(value).ok().filter(|_| !value.is_empty()).ok_or(BuildError::InvalidHeader(name))
+        };
+        let mut headers = HeaderMap::new();
+        let mut key = header("api key", settings.api_key.expose())?;
+        key.set_sensitive(true);
+        headers.insert("x-api-key", key);
+        headers.insert("anthropic-version", header("version", &settings.version)?);
+        if let Some(beta) = &settings.beta {
+            headers.insert("anthropic-beta", header("beta", beta)?);
+        }
+        if let Some(workspace) = &settings.workspace_id {
+            headers.insert("anthropic-workspace-id", header("workspace_id", workspace)?);
+        }
+        let http = reqwest::Client::builder()
+            .user_agent(USER_AGENT)
+            .timeout(settings.request_timeout)
+            .connect_timeout(settings.connect_timeout)
+            // A redirect would be a misconfigured base URL; following it could carry the key elsewhere.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(BuildError::Http)?;
+        Ok(Self {
+            http,
+            headers,
+            origin: url_origin::of(&base),
+            batches_url,
+            key: settings.api_key.expose().to_owned(),
+            request_timeout: settings.request_timeout,
+            max_reply_bytes: settings.max_reply_bytes,
+        })
+    }
+
+    /// `{base}/v1/messages/batches` followed by percent-encoded segments.
+    fn url(&self, segments: &[&str]) -> Url {
+        let mut url = self.batches_url.clone();
+        let mut path = url.path().to_owned();
+        for segment in segments {
+            path.push('/');
+            path.extend(utf8_percent_encode(segment, SEGMENT));
+        }
+        url.set_path(&path);
+        url
+    }
+
+    /// Where the results of batch `id` are read: its `results_url` when that is on the API's own origin (the key
+    /// goes nowhere else), `{base}/v1/messages/batches/{id}/results` otherwise.
+    pub fn results_url(&self, id: &str, results_url: Option<&str>) -> Url {
+        match results_url.and_then(|url| Url::parse(url).ok()) {
+            Some(url) if url_origin::of(&url) == self.origin && matches!(url.scheme(), "http" | "https") => url,
+            Some(url) => {
+                tracing::warn!(
+                    batch_id = id,
+                    host = url.host_str().unwrap_or_default(),
+                    "results_url is not on the API's host; reading the results from the API instead"
+                );
+                self.url(&[id, "results"])
+            }
+            None => self.url(&[id, "results"]),
+        }
+    }
+
+    /// Creates a batch from a body built by `wire::create_body`.
+    #[tracing::instrument(level = "debug", skip_all, fields(body_bytes = body.len()))]
+    pub async fn create(&self, body: Vec<u8>) -> Result<Vec<u8>, ApiError> {
+        self.small(Call::Create, Method::POST, self.batches_url.clone(), Some(body)).await
+    }
+
+    /// Retrieves batch `id`.
+    pub async fn retrieve(&self, id: &str) -> Result<Vec<u8>, ApiError> {
+        self.small(Call::Other, Method::GET, self.url(&[id]), None).await
+    }
+
+    /// A page of at most `limit` batches, newest first, older than `after_id` when given.
+    #[tracing::instrument(level = "debug", skip(self))]
+    pub async fn list(&self, after_id: Option<&str>, limit: u32) -> Result<Vec<u8>, ApiError> {
+        let mut url = self.batches_url.clone();
+        url.query_pairs_mut().append_pair("limit", &limit.to_string());
+        if let Some(after_id) = after_id {
+            url.query_pairs_mut().append_pair("after_id", after_id);
+        }
+        self.small(Call::Other, Method::GET, url, None).await
+    }
+
+    /// Asks for batch `id` to be canceled.
+    pub async fn cancel(&self, id: &str) -> Result<Vec<u8>, ApiError> {
+        self.small(Call::Other, Method::POST, self.url(&[id, "cancel"]), None).await
+    }
+
+    /// One request whose reply is small (at most 4 MiB): the reply body of a 2xx, the classified error otherwise.
+    async fn small(&self, call: Call, method: Method, url: Url, body: Option<Vec<u8>>) -> Result<Vec<u8>, ApiError> {
+        let mut response = self.send(call, method, url, body).await?;
+        let http_status = response.status().as_u16();
+        let mut reply = Vec::new();
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) if reply.len() + chunk.len() > MAX_SMALL_REPLY => {
+                    return Err(self.scrub(unreadable(call, http_status, "the reply is larger than 4 MiB")));
+                }
+                Ok(Some(chunk)) => reply.extend_from_slice(&chunk),
+                Ok(None) => break,
+                Err(error) => return Err(self.scrub(self.transport(call, &error, Some(http_status)))),
+            }
+        }
+        if (200..300).contains(&http_status) {
+            Ok(reply)
+        } else {
+            Err(self.scrub(from_reply(call, http_status, retry_after(response.headers()), &reply)))
+        }
+    }
+
+    /// Sends a request; a reply of any status is returned, a transport failure classified.
+    async fn send(
+        &self,
+        call: Call,
+        method: Method,
+        url: Url,
+        body: Option<Vec<u8>>,
+    ) -> Result<reqwest::Response, ApiError> {
+        let mut request = self.http.request(method, url).headers(self.headers.clone());
+        if let Some(body) = body {
+            request = request.header(CONTENT_TYPE, "application/json").body(body);
+        }
+        request.send().await.map_err(|error| self.scrub(self.transport(call, &error, None)))
+    }
+
+    /// Streams the results at `url` line by line into `line`, holding room in `budget` for the bytes read (1 MiB
+    /// at a time, never waiting while holding room); refuses more than `max_reply_bytes`. Returns the room held.
+    #[tracing::instrument(level = "debug", skip_all, fields(url = %url.path()))]
+    pub async fn results(
+        &self,
+        url: Url,
+        budget: Option<&ReplyBudget>,
+        mut line: impl FnMut(&[u8]),
+    ) -> Result<Vec<ReplyHold>, ApiError> {
+        let mut response = self.send(Call::Other, Method::GET, url, None).await?;
+        let http_status = response.status().as_u16();
+        if !(200..300).contains(&http_status) {
+            let headers = response.headers().clone();
+            let mut reply = Vec::new();
+            while let Ok(Some(chunk)) = response.chunk().await {
+                if reply.len() + chunk.len() > MAX_SMALL_REPLY {
+                    break;
+                }
+                reply.extend_from_slice(&chunk);
+            }
+            return Err(self.scrub(from_reply(Call::Other, http_status, retry_after(&headers), &reply)));
+        }
+        if let Some(declared) = response.content_length().filter(|declared| *declared > self.max_reply_bytes as u64) {
+            return Err(too_large(http_status, declared, self.max_reply_bytes));
+        }
+        let (mut held, mut held_bytes, mut total) = (Vec::<ReplyHold>::new(), 0usize, 0usize);
+        let mut partial: Vec<u8> = Vec::new();
+        loop {
+            let chunk = match response.chunk().await {
+                Ok(Some(chunk)) => chunk,
+                Ok(None) => break,
+                Err(error) => return Err(self.scrub(self.transport(Call::Other, &error, Some(http_status)))),
+            };
+            total += chunk.len();
+            if total > self.max_reply_bytes {
+                return Err(too_large(http_status, total as u64, self.max_reply_bytes));
+            }
+            if let Some(budget) = budget
+                && total > held_bytes
+            {
+                let want = total.next_multiple_of(RESULTS_STEP);
+                match budget.try_hold(want - held_bytes) {
+                    Some(more) => held.push(more),
+                    None => {
+                        held.clear();
+                        held.push(budget.hold(want).await);
+                    }
+                }
+                held_bytes = want;
+            }
+            let mut rest = &chunk[..];
+            while let Some(at) = rest.iter().position(|byte| *byte == b'\n') {
+                if partial.is_empty() {
+                    line(&rest[..at]);
+                } else {
+                    partial.extend_from_slice(&rest[..at]);
+                    line(&partial);
+                    partial.clear();
+                }
+                rest = &rest[at + 1..];
+            }
+            partial.extend_from_slice(rest);
+        }
+        if !partial.is_empty() {
+            line(&partial);
+        }
+        Ok(held)
+    }
+
+    /// The `custom_id` of the first result line of batch `id` (read no further than 1 MiB), or `None` when its
+    /// results cannot be read or name none.
+    pub async fn first_custom_id(&self, id: &str, results_url: Option<&str>) -> Option<String> {
+        let url = self.results_url(id, results_url);
+        let mut response = self.send(Call::Other, Method::GET, url, None).await.ok()?;
+        if !response.status().is_success() {
+            return None;
+        }
+        let mut head = Vec::new();
+        while let Ok(Some(chunk)) = response.chunk().await {
+            head.extend_from_slice(&chunk);
+            if head.contains(&b'\n') || head.len() > RESULTS_STEP {
+                break;
+            }
+        }
+        first_custom_id(&head)
+    }
+
+    /// A transport failure: a create that may have been sent may have created its batch.
+    fn transport(&self, call: Call, error: &reqwest::Error, http_status: Option<u16>) -> ApiError {
+        let (kind, message, sent) = if error.is_builder() {
+            (ErrorKind::Permanent, format!("could not build the request: {error}"), false)
+        } else if error.is_connect() {
+            (ErrorKind::Transient, format!("could not connect: {}", chain(error)), false)
+        } else if error.is_timeout() {
+            (ErrorKind::Transient, format!("request timed out after {:?}", self.request_timeout), true)
+        } else {
+            (ErrorKind::Transient, format!("connection failed: {}", chain(error)), true)
+        };
+        ApiError {
+            kind,
+            http_status,
+            api_code: None,
+            message,
+            retry_after: None,
+            maybe_delivered: call == Call::Create && sent,
+        }
+    }
+
+    /// Removes the key from an error's message, in case a server echoed it.
+    fn scrub(&self, mut error: ApiError) -> ApiError {
+        if !self.key.is_empty() && error.message.contains(&self.key) {
+            error.message = error.message.replace(&self.key, "[redacted]");
+        }
+        error
+    }
+}
+
+/// An error and its sources, joined by `: ` (a text already included once is not repeated), without the URL.
+fn chain(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    if let Some(url) = error.url() {
+        text = text.replace(url.as_str(), "[url]");
+    }
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// `Retry-After`, in seconds or as an HTTP date.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO))
+}
+
+/// The documented error envelope, read leniently.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Envelope {
+    /// `{type, message}`.
+    error: Option<EnvelopeError>,
+}
+
+/// The inner error.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct EnvelopeError {
+    /// `invalid_request_error`, `rate_limit_error`, ...
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    /// For people.
+    message: Option<String>,
+}
+
+/// What a non-2xx reply means. 429 waits (`retry-after`), 402 (billing) waits much longer, 413 splits, 5xx and
+/// 529 retry (a create answered 5xx may have created its batch: the next attempt looks before creating), 404 is a
+/// batch gone, any other 4xx a refusal.
+pub(crate) fn from_reply(call: Call, http_status: u16, retry_after: Option<Duration>, body: &[u8]) -> ApiError {
+    let envelope: Envelope = serde_json::from_slice(body).unwrap_or_default();
+    let error = envelope.error.unwrap_or_default();
+    let quoted = || {
+        let text = String::from_utf8_lossy(body);
+        let text: String = text.chars().filter(|c| !c.is_control()).take(MAX_QUOTED).collect();
+        if text.is_empty() { format!("HTTP {http_status} without a body") } else { text }
+    };
+    let message: String = error
+        .message
+        .map(|message| message.chars().filter(|c| !c.is_control()).take(MAX_QUOTED).collect())
+        .unwrap_or_else(quoted);
+    let kind = match http_status {
+        429 => ErrorKind::RateLimited,
+        402 => ErrorKind::QuotaExhausted,
+        413 => ErrorKind::TooLarge,
+        404 => ErrorKind::NotFound,
+        408 | 409 | 425 => ErrorKind::Transient,
+        500.. => ErrorKind::Transient,
+        _ => ErrorKind::Permanent,
+    };
+    let api_code = error.kind.map(|kind| ApiCode::Text(kind.chars().take(64).collect()));
+    ApiError {
+        kind,
+        http_status: Some(http_status),
+        api_code,
+        message,
+        retry_after,
+        maybe_delivered: call == Call::Create && http_status >= 500,
+    }
+}
+
+/// A 2xx reply that is not what the API documents.
+pub(crate) fn unreadable(call: Call, http_status: u16, what: &str) -> ApiError {
+    ApiError {
+        kind: ErrorKind::Transient,
+        http_status: Some(http_status),
+        api_code: None,
+        message: what.to_owned(),
+        retry_after: None,
+        maybe_delivered: call == Call::Create,
+    }
+}
+
+/// A results download over `anthropic.max_reply_bytes`.
+fn too_large(http_status: u16, bytes: u64, limit: usize) -> ApiError {
+    ApiError {
+        kind: ErrorKind::ReplyTooLarge,
+        http_status: Some(http_status),
+        api_code: None,
+        message: format!(
+            "the results are {bytes} bytes or more, over the limit of {limit} bytes (anthropic.max_reply_bytes); \
+             raise the limit to read them"
+        ),
+        retry_after: None,
+        maybe_delivered: false,
+    }
+}
+
+/// The `custom_id` of the first line of a results body's head.
+pub(crate) fn first_custom_id(head: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Head {
+        /// The line's custom id.
+        custom_id: String,
+    }
+    let line = head.split(|byte| *byte == b'\n').next()?;
+    if let Ok(parsed) = serde_json::from_slice::<Head>(line) {
+        return Some(parsed.custom_id);
+    }
+    // A line longer than what was read: take the custom id from its text (custom ids hold no quote or escape).
+    let text = String::from_utf8_lossy(line);
+    let at = text.find(r#""custom_id":""#)? + r#""custom_id":""#.len();
+    let id: String = text[at..].chars().take_while(|c| *c != '"').take(65).collect();
+    (text[at..].len() > id.len()).then_some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_map_to_what_the_engine_does() {
+        let error = |status: u16, call: Call| {
+            from_reply(call, status, None, br#"{"type":"error","error":{"type":"x","message":"m"}}"#)
+        };
+        assert_eq!(error(429, Call::Create).kind, ErrorKind::RateLimited);
+        assert!(!error(429, Call::Create).maybe_delivered, "a 429 created nothing");
+        assert_eq!(error(529, Call::Other).kind, ErrorKind::Transient);
+        assert_eq!(error(500, Call::Other).kind, ErrorKind::Transient);
+        assert!(error(500, Call::Create).maybe_delivered, "a 500 on create may have created the batch");
+        assert!(!error(500, Call::Other).maybe_delivered);
+        assert_eq!(error(413, Call::Create).kind, ErrorKind::TooLarge);
+        assert_eq!(error(404, Call::Other).kind, ErrorKind::NotFound);
+        assert_eq!(error(402, Call::Create).kind, ErrorKind::QuotaExhausted);
+        for status in [400, 401, 403] {
+            assert_eq!(error(status, Call::Create).kind, ErrorKind::Permanent, "{status}");
+        }
+        let limited = from_reply(
+            Call::Create,
+            429,
+            Some(Duration::from_secs(3)),
+            br#"{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}"#,
+        );
+        assert_eq!(limited.retry_after, Some(Duration::from_secs(3)));
+        assert_eq!(limited.api_code, Some(ApiCode::Text("rate_limit_error".into())));
+        assert_eq!(limited.message, "slow down");
+        let html = from_reply(Call::Other, 502, None, b"<html>\n\x07bad gateway</html>");
+        assert_eq!(html.message, "<html>bad gateway</html>");
+    }
+
+    #[test]
+    fn the_first_custom_id_is_read_from_a_whole_line_or_a_cut_one() {
+        assert_eq!(first_custom_id(b"{\"custom_id\":\"b-1-0-1-0\",\"result\":{}}\n{}").as_deref(), Some("b-1-0-1-0"));
+        assert_eq!(
+            first_custom_id(br#"{"custom_id":"b-1-0-1-3","result":{"type":"succeeded","message":{"content":"#)
+                .as_deref(),
+            Some("b-1-0-1-3")
+        );
+        assert_eq!(first_custom_id(br#"{"custom_id":"b-1-0"#), None, "cut inside the id");
+        assert_eq!(first_custom_id(b"garbage"), None);
+    }
+}

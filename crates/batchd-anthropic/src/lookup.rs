@@ -1,0 +1,140 @@
+//! Recognising the batch an uncertain create may have made, before creating again. Message Batches has no
+//! idempotency key and no metadata, and its list shows batches without their requests, so a batch is this
+//! chunk's when (1) it was created after the chunk's first create began (less a clock margin), (2) it holds as
+//! many requests as the chunk, and (3) where its results can be read already (it ended), its first `custom_id`
+//! carries the chunk's mark. Decisions only; the provider does the I/O.
+
+use crate::wire::MessageBatch;
+
+/// Margin for the difference between this replica's clock and the API's, in ms.
+pub const CLOCK_MARGIN_MS: u64 = 60_000;
+
+/// Batches listed per page while looking.
+pub const PAGE_SIZE: u32 = 100;
+
+/// Pages read at most while looking (1,000 batches): past that, the look is inconclusive.
+pub const MAX_PAGES: usize = 10;
+
+/// A listed batch that may be the chunk's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// Its id.
+    pub id: String,
+    /// Whether it has ended (its results can be read, so its custom ids checked).
+    pub ended: bool,
+    /// Its `processing_status`.
+    pub status: String,
+    /// Its `results_url`, when ended.
+    pub results_url: Option<String>,
+}
+
+/// What one listed batch means to the look.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listed {
+    /// Created too early: this and every older batch are out of the window; stop.
+    Older,
+    /// Not the chunk's (another size, or no id).
+    Other,
+    /// Could be the chunk's.
+    Candidate(Candidate),
+}
+
+/// Reads one listed batch against the window (created at or after `from_ms`) and the chunk's size.
+pub fn consider(batch: MessageBatch, from_ms: u64, n_items: usize) -> Listed {
+    if batch.created_ms().is_some_and(|created| created < from_ms) {
+        return Listed::Older;
+    }
+    // An unreadable time does not exclude a batch (lenient reader), a size that differs does.
+    let n_requests = batch.n_requests();
+    match (batch.id, n_requests) {
+        (Some(id), Some(n)) if n == n_items as u64 && !id.is_empty() => {
+            let status = batch.processing_status.unwrap_or_default();
+            Listed::Candidate(Candidate { ended: status == "ended", status, id, results_url: batch.results_url })
+        }
+        _ => Listed::Other,
+    }
+}
+
+/// What a candidate's first result line says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// Its custom id carries the chunk's mark.
+    Ours,
+    /// It carries another mark.
+    Foreign,
+    /// Not readable (not ended, results gone, or no line).
+    Unknown,
+}
+
+/// The decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Choice {
+    /// This candidate is (or, unchecked but alone, is taken to be) the chunk's batch.
+    Adopt {
+        /// Its index in the candidates.
+        index: usize,
+        /// Whether its custom ids were checked (otherwise they are when its results are read).
+        checked: bool,
+    },
+    /// No batch is the chunk's: create.
+    Create,
+    /// Several unchecked batches could be: creating again may duplicate one (counted), adopting the wrong one
+    /// would answer the chunk with another chunk's results; create.
+    Ambiguous(usize),
+}
+
+/// Picks the chunk's batch among `checks` (one per candidate, newest first): one checked as ours wins; else a
+/// single unchecked candidate is adopted; else none.
+pub fn choose(checks: &[Check]) -> Choice {
+    if let Some(index) = checks.iter().position(|check| *check == Check::Ours) {
+        return Choice::Adopt { index, checked: true };
+    }
+    let unknown: Vec<usize> =
+        checks.iter().enumerate().filter(|(_, check)| **check == Check::Unknown).map(|(index, _)| index).collect();
+    match unknown.as_slice() {
+        [] => Choice::Create,
+        [index] => Choice::Adopt { index: *index, checked: false },
+        many => Choice::Ambiguous(many.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(id: &str, created_at: &str, n: u64, status: &str) -> MessageBatch {
+        MessageBatch::read(
+            format!(
+                r#"{{"id":"{id}","processing_status":"{status}","created_at":"{created_at}",
+                    "request_counts":{{"processing":{n},"succeeded":0,"errored":0,"canceled":0,"expired":0}}}}"#
+            )
+            .as_bytes(),
+        )
+        .expect("batch")
+    }
+
+    #[test]
+    fn the_window_and_the_size_pick_candidates() {
+        let from = crate::wire::rfc3339_ms("2026-11-25T10:00:00Z").expect("time");
+        assert_eq!(consider(batch("a", "2026-11-25T09:59:59Z", 3, "ended"), from, 3), Listed::Older);
+        assert_eq!(consider(batch("b", "2026-11-25T10:00:01Z", 4, "ended"), from, 3), Listed::Other);
+        let Listed::Candidate(candidate) = consider(batch("c", "2026-11-25T10:00:01Z", 3, "in_progress"), from, 3)
+        else {
+            panic!("a candidate")
+        };
+        assert!(!candidate.ended);
+        assert!(matches!(consider(batch("d", "yesterday", 3, "ended"), from, 3), Listed::Candidate(_)));
+        let no_counts = MessageBatch::read(br#"{"id":"e","created_at":"2026-11-25T10:00:01Z"}"#).expect("batch");
+        assert_eq!(consider(no_counts, from, 3), Listed::Other);
+    }
+
+    #[test]
+    fn a_checked_batch_wins_a_lone_unchecked_one_is_taken_and_several_are_not() {
+        use Check::{Foreign, Ours, Unknown};
+        assert_eq!(choose(&[]), Choice::Create);
+        assert_eq!(choose(&[Foreign, Foreign]), Choice::Create);
+        assert_eq!(choose(&[Unknown, Ours]), Choice::Adopt { index: 1, checked: true });
+        assert_eq!(choose(&[Foreign, Unknown]), Choice::Adopt { index: 1, checked: false });
+        assert_eq!(choose(&[Unknown, Foreign, Unknown]), Choice::Ambiguous(2));
+    }
+}

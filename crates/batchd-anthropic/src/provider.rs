@@ -1,0 +1,321 @@
+//! Anthropic Message Batches as a [`Provider`]: a chunk is one create of `{custom_id, params}` requests, polled
+//! until `ended`, its results streamed from `results_url` and joined on `custom_id`; cancel is real. Before a
+//! create the chunk's mark and the time are recorded, so a resubmit after an uncertain create looks for the batch
+//! that create may have made (`lookup.rs`) before creating again.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use batchd_core::{JobOutput, ModelName, RequestId};
+use batchd_provider::{
+    ApiError, BatchLimits, Call, CancelOutcome, ErrorKind, MAX_REMOTE_REF_LEN, PendingStatus, Polled, Provider,
+    RateBucket, RemoteBatch, ReplyBudget, ReplyHold, SubmitBatch, Submitted,
+};
+use futures::future::BoxFuture;
+
+use crate::client::{self, Client};
+use crate::lookup::{self, Check, Choice, Listed};
+use crate::results::Join;
+use crate::settings::{AnthropicSettings, BuildError, MAX_BODY_BYTES, MAX_REQUESTS};
+use crate::wire::{self, BODY_SHAPE, ChunkMark, CreateMark, MessageBatch};
+
+/// The routing name: models are `anthropic/<model>`.
+pub const NAME: &str = "anthropic";
+
+/// Message Batches behind the provider seam.
+#[derive(Debug, Clone)]
+pub struct AnthropicProvider {
+    /// The HTTP client.
+    client: Client,
+    /// What one batch may hold.
+    limits: BatchLimits,
+    /// The shared pacing of API calls, if any.
+    bucket: Option<RateBucket>,
+    /// Where results downloads are counted.
+    budget: Option<ReplyBudget>,
+}
+
+impl AnthropicProvider {
+    /// Checks the settings and builds the provider.
+    pub fn new(settings: &AnthropicSettings) -> Result<Self, BuildError> {
+        if !(1..=MAX_BODY_BYTES).contains(&settings.max_body_bytes) || settings.max_body_bytes < 1024 {
+            return Err(BuildError::InvalidLimit(format!("max_body_bytes: must be 1024-{MAX_BODY_BYTES}")));
+        }
+        if !(1..=MAX_REQUESTS).contains(&settings.max_requests) {
+            return Err(BuildError::InvalidLimit(format!("max_requests: must be 1-{MAX_REQUESTS}")));
+        }
+        let bucket = (settings.requests_per_minute > 0).then(|| RateBucket {
+            name: format!("{NAME}:{}", settings.workspace_id.as_deref().unwrap_or("default")),
+            interval: Duration::from_secs(60).div_f64(f64::from(settings.requests_per_minute)),
+            burst: settings.burst.max(1),
+        });
+        Ok(Self {
+            client: Client::new(settings)?,
+            limits: BatchLimits {
+                max_body_bytes: settings.max_body_bytes,
+                max_items: Some(settings.max_requests),
+                body: BODY_SHAPE,
+            },
+            bucket,
+            budget: None,
+        })
+    }
+
+    /// Counts results downloads against the engine's memory budget while they are read.
+    pub fn with_reply_budget(mut self, budget: ReplyBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Looks for the batch an earlier, uncertain create of this chunk may have made (see `lookup.rs`).
+    async fn find(&self, mark: &CreateMark, n_items: usize) -> Result<Option<(String, String)>, ApiError> {
+        let from_ms = mark.started_ms.saturating_sub(lookup::CLOCK_MARGIN_MS);
+        let mut candidates = Vec::new();
+        let mut after_id: Option<String> = None;
+        let mut reached_window_start = false;
+        for _ in 0..lookup::MAX_PAGES {
+            let reply = self.client.list(after_id.as_deref(), lookup::PAGE_SIZE).await?;
+            let Some((batches, has_more, last_id)) = wire::BatchPage::read(&reply) else {
+                return Err(client::unreadable(client::Call::Other, 200, "the batch list is not a list of batches"));
+            };
+            for batch in batches {
+                match lookup::consider(batch, from_ms, n_items) {
+                    Listed::Older => reached_window_start = true,
+                    Listed::Other => {}
+                    Listed::Candidate(candidate) => candidates.push(candidate),
+                }
+                if reached_window_start {
+                    break;
+                }
+            }
+            if reached_window_start || !has_more || last_id.is_none() {
+                reached_window_start = true;
+                break;
+            }
+            after_id = last_id;
+        }
+        if !reached_window_start {
+            tracing::warn!(
+                chunk = mark.chunk.as_str(),
+                "more than 1,000 batches since the uncertain create; looked at the newest only"
+            );
+        }
+        let mut checks = Vec::with_capacity(candidates.len());
+        for candidate in &candidates {
+            let check = if candidate.ended {
+                match self.client.first_custom_id(&candidate.id, candidate.results_url.as_deref()).await {
+                    Some(custom_id) if mark.chunk.index_of(&custom_id).is_some() => Check::Ours,
+                    Some(_) => Check::Foreign,
+                    None => Check::Unknown,
+                }
+            } else {
+                Check::Unknown
+            };
+            checks.push(check);
+        }
+        match lookup::choose(&checks) {
+            Choice::Adopt { index, checked } => {
+                let found = &candidates[index];
+                tracing::info!(
+                    chunk = mark.chunk.as_str(),
+                    batch_id = found.id,
+                    checked,
+                    "found the batch an uncertain create made; not creating another"
+                );
+                Ok(Some((found.id.clone(), found.status.clone())))
+            }
+            Choice::Create => Ok(None),
+            Choice::Ambiguous(n) => {
+                tracing::warn!(
+                    chunk = mark.chunk.as_str(),
+                    n_candidates = n,
+                    "several unchecked batches could be the one an uncertain create made; creating again (a possible duplicate)"
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    /// The create itself: the body, the request, the batch's id.
+    async fn create(&self, batch: &SubmitBatch<'_>, mark: &CreateMark) -> Result<Submitted, ApiError> {
+        let body = wire::create_body(batch.items, batch.model.remote_name(), &mark.chunk, batch.tag.attempt)
+            .map_err(|bad| refusal(ErrorKind::InvalidInput, bad.message()))?;
+        let body_bytes = body.len();
+        let reply = self.client.create(body).await?;
+        let created = MessageBatch::read(&reply);
+        let Some(id) = created.as_ref().and_then(|batch| batch.id.as_deref()).and_then(|id| RequestId::parse(id).ok())
+        else {
+            return Err(client::unreadable(client::Call::Create, 200, "the create reply names no batch id"));
+        };
+        let status = created.and_then(|batch| batch.processing_status).unwrap_or_else(|| "in_progress".to_owned());
+        Ok(Submitted {
+            remote: RemoteBatch { id: Some(id), tag: Some(mark.to_tag()), ..RemoteBatch::default() },
+            status: PendingStatus::documented(&status).as_str().to_owned(),
+            body_bytes,
+        })
+    }
+
+    fn batch_id(remote: &RemoteBatch) -> Result<&RequestId, ApiError> {
+        remote.id.as_ref().ok_or_else(|| refusal(ErrorKind::NotFound, "the chunk records no batch id".to_owned()))
+    }
+}
+
+/// An error batchd itself decided on (nothing was sent, or nothing more is to be sent).
+fn refusal(kind: ErrorKind, message: String) -> ApiError {
+    ApiError { kind, http_status: None, api_code: None, message, retry_after: None, maybe_delivered: false }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(0))
+}
+
+impl Provider for AnthropicProvider {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn limits(&self) -> BatchLimits {
+        self.limits
+    }
+
+    fn check_model(&self, model: &ModelName) -> Result<(), String> {
+        let remote = model.remote_name();
+        let valid = !remote.is_empty()
+            && remote
+                .bytes()
+                .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'@' | b':'));
+        if valid {
+            Ok(())
+        } else {
+            Err(format!("{model} is not an Anthropic model name (anthropic/<model>, e.g. anthropic/claude-sonnet-4-5)"))
+        }
+    }
+
+    fn rate_bucket(&self, _model: &ModelName, _call: Call) -> Option<RateBucket> {
+        self.bucket.clone()
+    }
+
+    fn submit<'a>(&'a self, batch: SubmitBatch<'a>) -> BoxFuture<'a, Result<Submitted, ApiError>> {
+        Box::pin(async move {
+            // A batch id already recorded is the chunk's batch.
+            if let Some(remote) = batch.resume.filter(|remote| remote.id.is_some()) {
+                return Ok(Submitted { remote: remote.clone(), status: "in_progress".to_owned(), body_bytes: 0 });
+            }
+            let chunk = ChunkMark::new(batch.tag.job_id, batch.tag.chunk);
+            let earlier = batch
+                .resume
+                .and_then(|remote| remote.tag.as_deref())
+                .and_then(CreateMark::parse)
+                .filter(|mark| mark.chunk == chunk);
+            let mark = match earlier {
+                Some(mark) => {
+                    // An earlier create of this chunk may have made its batch: look before creating again. Until
+                    // the look answers, the earlier create stays uncertain.
+                    match self.find(&mark, batch.items.len()).await {
+                        Ok(Some((id, status))) => {
+                            let id = RequestId::parse(&id)
+                                .map_err(|error| refusal(ErrorKind::Transient, error.to_string()))?;
+                            return Ok(Submitted {
+                                remote: RemoteBatch {
+                                    id: Some(id),
+                                    tag: Some(mark.to_tag()),
+                                    ..RemoteBatch::default()
+                                },
+                                status: PendingStatus::documented(&status).as_str().to_owned(),
+                                body_bytes: 0,
+                            });
+                        }
+                        Ok(None) => mark,
+                        Err(mut error) => {
+                            error.maybe_delivered = true;
+                            return Err(error);
+                        }
+                    }
+                }
+                None => {
+                    let mark = CreateMark { chunk, started_ms: now_ms() };
+                    let record = RemoteBatch { tag: Some(mark.to_tag()), ..RemoteBatch::default() };
+                    batch.checkpoint.record(&record).await.map_err(|message| refusal(ErrorKind::Transient, message))?;
+                    mark
+                }
+            };
+            self.create(&batch, &mark).await
+        })
+    }
+
+    fn poll<'a>(
+        &'a self,
+        _model: &'a ModelName,
+        remote: &'a RemoteBatch,
+        _n_items: usize,
+    ) -> BoxFuture<'a, Result<(Polled, Vec<ReplyHold>), ApiError>> {
+        Box::pin(async move {
+            let id = Self::batch_id(remote)?;
+            let reply = self.client.retrieve(id.as_str()).await?;
+            let batch = MessageBatch::read(&reply).unwrap_or_default();
+            let polled = match batch.processing_status.as_deref() {
+                Some("ended") => {
+                    let results_url = batch.results_url.filter(|url| url.len() <= MAX_REMOTE_REF_LEN);
+                    Polled::Ready(RemoteBatch { results_url, ..remote.clone() })
+                }
+                Some(status @ ("in_progress" | "canceling")) => Polled::Pending(PendingStatus::documented(status)),
+                Some(other) => Polled::Pending(PendingStatus::undocumented(other)),
+                None => Polled::Pending(PendingStatus::undocumented("unreadable")),
+            };
+            Ok((polled, Vec::new()))
+        })
+    }
+
+    fn fetch_results<'a>(
+        &'a self,
+        _model: &'a ModelName,
+        remote: &'a RemoteBatch,
+        n_items: usize,
+    ) -> BoxFuture<'a, Result<(JobOutput, Vec<ReplyHold>), ApiError>> {
+        Box::pin(async move {
+            let id = Self::batch_id(remote)?;
+            let Some(mark) = remote.tag.as_deref().and_then(CreateMark::parse) else {
+                return Err(refusal(
+                    ErrorKind::BatchFailed,
+                    "the chunk records no custom-id mark, so its results cannot be joined".to_owned(),
+                ));
+            };
+            let url = self.client.results_url(id.as_str(), remote.results_url.as_deref());
+            let mut join = Join::new(mark.chunk.clone(), n_items);
+            let held = self.client.results(url, self.budget.as_ref(), |line| join.add_line(line)).await?;
+            let skipped = join.skipped;
+            if skipped != crate::results::Skipped::default() {
+                tracing::warn!(batch_id = %id, ?skipped, "result lines skipped");
+            }
+            match join.finish() {
+                Ok(output) => Ok((output, held)),
+                Err(foreign) => Err(refusal(
+                    ErrorKind::BatchFailed,
+                    format!(
+                        "batch {id} holds another chunk's requests ({} result lines), so it was not this chunk's \
+                         (found after an uncertain create)",
+                        foreign.foreign
+                    ),
+                )),
+            }
+        })
+    }
+
+    fn cancel<'a>(
+        &'a self,
+        _model: &'a ModelName,
+        remote: &'a RemoteBatch,
+    ) -> BoxFuture<'a, Result<CancelOutcome, ApiError>> {
+        Box::pin(async move {
+            let id = Self::batch_id(remote)?;
+            match self.client.cancel(id.as_str()).await {
+                Ok(_) => Ok(CancelOutcome::Requested),
+                // Refused as already ended: its results come through the poll all the same.
+                Err(error) if error.http_status == Some(400) => {
+                    tracing::debug!(batch_id = %id, error = %error, "cancel refused; the batch has likely ended");
+                    Ok(CancelOutcome::Requested)
+                }
+                Err(error) => Err(error),
+            }
+        })
+    }
+}

@@ -1,0 +1,211 @@
+//! Anthropic Message Batches through the whole daemon: a producer's `XADD` with `anthropic/<model>`, one result
+//! entry back, against the emulator's `/anthropic` API and a real Redis. Responses in request order with
+//! `errored`/`expired` requests marked; jobs over the byte or count limit split and merged; 429/529 retried
+//! without a second batch; an uncertain create (created, reply lost or the replica crashed) never repeated.
+
+use std::time::Duration;
+
+use batchd::settings::{Secret, Settings};
+use batchd_core::{ResultEntry, ResultStatus};
+use batchd_emulator::{AnthropicCallKind, AnthropicCalls, AnthropicFault, EmulatorConfig};
+use batchd_tests::{Daemon, World, wait_until};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+const MODEL: &str = "anthropic/claude-sonnet-4-5";
+
+/// The world's settings with Anthropic pointed at the emulator.
+fn with_anthropic(world: &World) -> Settings {
+    let mut settings = world.settings.clone();
+    let control = world.emulator.anthropic();
+    settings.anthropic.api_key = Some(Secret::new(control.api_key()));
+    settings.anthropic.base_url = control.base_url();
+    settings.anthropic.request_timeout_secs = 2;
+    settings
+}
+
+fn item(text: &str) -> serde_json::Value {
+    json!({"max_tokens": 32, "messages": [{"role": "user", "content": text}]})
+}
+
+fn job(id: &str, n: usize) -> serde_json::Value {
+    json!({"id": id, "model": MODEL, "requests": (0..n).map(|i| item(&format!("question {i}"))).collect::<Vec<_>>()})
+}
+
+/// Each response's text, `None` for a failed one.
+fn texts(entry: &ResultEntry) -> Vec<Option<String>> {
+    entry
+        .result
+        .as_ref()
+        .expect("result")
+        .responses
+        .iter()
+        .map(|response| {
+            response.result.as_ref().map(|message| {
+                let message: serde_json::Value = serde_json::from_str(message.get()).expect("json");
+                message["content"][0]["text"].as_str().expect("text").to_owned()
+            })
+        })
+        .collect()
+}
+
+fn error_code(entry: &ResultEntry, index: usize) -> String {
+    let response = &entry.result.as_ref().expect("result").responses[index];
+    assert!(!response.success, "item {index} succeeded");
+    let error: serde_json::Value = serde_json::from_str(response.error.as_ref().expect("error").get()).expect("json");
+    error["code"].as_str().expect("code").to_owned()
+}
+
+fn assert_in_order(entry: &ResultEntry, n: usize) {
+    assert_eq!(entry.status, ResultStatus::Completed);
+    assert_eq!(entry.model, MODEL);
+    let texts = texts(entry);
+    assert_eq!(texts.len(), n);
+    for (index, text) in texts.iter().enumerate() {
+        assert_eq!(text.as_deref(), Some(format!("echo: question {index}").as_str()), "item {index}");
+    }
+}
+
+#[tokio::test]
+async fn a_job_completes_in_request_order_with_its_messages_and_usage() {
+    let world = World::new().await;
+    let daemon = Daemon::start(with_anthropic(&world), &world.emulator);
+    world.enqueue(&job("claude-1", 6)).await;
+    let entry = world.wait_for_result("claude-1", WAIT).await;
+    assert_in_order(&entry, 6);
+    let usage = &entry.result.as_ref().expect("result").usage;
+    assert_eq!(usage["input_tokens"], 12, "two words per question, summed: {usage}");
+    assert!(usage["output_tokens"].as_u64().expect("output tokens") > 0);
+    let creates = world.emulator.anthropic().calls_of(AnthropicCallKind::Create);
+    assert_eq!(creates.len(), 1);
+    assert_eq!(entry.request_ids, [creates[0].batch_id.clone().expect("batch id")]);
+    let ledger = world.ledger("claude-1").await;
+    assert_eq!(ledger.get("possible_duplicate_submits").map_or("0", String::as_str), "0");
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn errored_and_expired_requests_are_marked_and_the_rest_answered() {
+    let mut config = EmulatorConfig::default();
+    // Six requests finish one every 500 ms; the batch expires after 1.5 s, when three have.
+    config.anthropic.processing_for = Duration::from_secs(3);
+    config.anthropic.expires_after = Duration::from_millis(1500);
+    let world = World::with_emulator(config).await;
+    let daemon = Daemon::start(with_anthropic(&world), &world.emulator);
+    let mut requests: Vec<serde_json::Value> = (0..6).map(|i| item(&format!("question {i}"))).collect();
+    requests[1] = json!({"messages": [{"role": "user", "content": "no max_tokens"}]});
+    world.enqueue(&json!({"id": "claude-2", "model": MODEL, "requests": requests})).await;
+    let entry = world.wait_for_result("claude-2", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Completed, "a batch that expired still answers every request");
+    let texts = texts(&entry);
+    assert_eq!(texts[0].as_deref(), Some("echo: question 0"));
+    assert_eq!(error_code(&entry, 1), "invalid_request_error");
+    assert_eq!(texts[2].as_deref(), Some("echo: question 2"));
+    for index in 3..6 {
+        assert_eq!(error_code(&entry, index), "expired");
+    }
+    assert_eq!(entry.items_failed, 4);
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn jobs_over_the_count_or_byte_limit_are_split_and_merged_in_order() {
+    let world = World::new().await;
+    let mut settings = with_anthropic(&world);
+    settings.anthropic.max_requests = 2;
+    let daemon = Daemon::start(settings, &world.emulator);
+    world.enqueue(&job("by-count", 5)).await;
+    let entry = world.wait_for_result("by-count", WAIT).await;
+    assert_in_order(&entry, 5);
+    assert_eq!(entry.request_ids.len(), 3);
+    let sizes: Vec<usize> = world
+        .emulator
+        .anthropic()
+        .calls_of(AnthropicCallKind::Create)
+        .iter()
+        .map(|call| call.n_requests.expect("n"))
+        .collect();
+    assert_eq!(sizes.iter().sum::<usize>(), 5);
+    assert!(sizes.iter().all(|n| *n <= 2), "{sizes:?}");
+    daemon.stop().await.expect("stop");
+
+    // Bytes: batchd's own limit plans the chunks; the API's 413 (a stricter limit than configured) splits more.
+    let world = World::new().await;
+    world.emulator.anthropic().update_config(|config| config.max_body_bytes = 1500);
+    let mut settings = with_anthropic(&world);
+    settings.anthropic.max_body_bytes = 4000;
+    let daemon = Daemon::start(settings, &world.emulator);
+    let padding = "x".repeat(300);
+    let requests: Vec<serde_json::Value> = (0..8)
+        .map(|i| json!({"max_tokens": 8, "messages": [{"role": "user", "content": format!("question {i} {padding}")}]}))
+        .collect();
+    world.enqueue(&json!({"id": "by-bytes", "model": MODEL, "requests": requests})).await;
+    let entry = world.wait_for_result("by-bytes", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Completed);
+    for (index, text) in texts(&entry).iter().enumerate() {
+        assert!(text.as_deref().expect("answered").starts_with(&format!("echo: question {index} ")), "{text:?}");
+    }
+    let creates = world.emulator.anthropic().calls_of(AnthropicCallKind::Create);
+    assert!(creates.iter().any(|call| call.status == 413), "the API refused a batch as too large");
+    let accepted: usize =
+        creates.iter().filter(|call| call.status == 200).map(|call| call.n_requests.expect("n")).sum();
+    assert_eq!(accepted, 8, "every request was created exactly once");
+    assert_eq!(world.emulator.anthropic().batch_count(), entry.request_ids.len());
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn rate_limits_and_overload_are_retried_without_a_second_batch() {
+    let world = World::new().await;
+    let control = world.emulator.anthropic();
+    control.inject(AnthropicFault::status(429).retry_after(1).on(AnthropicCalls::Create));
+    control.inject(AnthropicFault::status(529).on(AnthropicCalls::Create));
+    control.inject(AnthropicFault::status(529).on(AnthropicCalls::Retrieve));
+    let daemon = Daemon::start(with_anthropic(&world), &world.emulator);
+    world.enqueue(&job("limited", 3)).await;
+    let entry = world.wait_for_result("limited", WAIT).await;
+    assert_in_order(&entry, 3);
+    let statuses: Vec<u16> = control.calls_of(AnthropicCallKind::Create).iter().map(|call| call.status).collect();
+    assert_eq!(statuses, [429, 529, 200]);
+    assert_eq!(control.batch_count(), 1, "one batch");
+    assert_eq!(entry.request_ids.len(), 1);
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_create_whose_reply_is_lost_is_found_not_repeated() {
+    let world = World::new().await;
+    let control = world.emulator.anthropic();
+    control.inject(AnthropicFault::status_after(500).on(AnthropicCalls::Create));
+    let daemon = Daemon::start(with_anthropic(&world), &world.emulator);
+    world.enqueue(&job("lost-reply", 4)).await;
+    let entry = world.wait_for_result("lost-reply", WAIT).await;
+    assert_in_order(&entry, 4);
+    assert_eq!(control.calls_of(AnthropicCallKind::Create).len(), 1, "no second create");
+    assert_eq!(control.batch_count(), 1);
+    assert!(!control.calls_of(AnthropicCallKind::List).is_empty(), "the retry looked for the batch first");
+    assert_eq!(world.ledger("lost-reply").await["possible_duplicate_submits"], "1", "the uncertainty is counted");
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_crash_between_create_and_record_creates_no_second_batch() {
+    let world = World::new().await;
+    let control = world.emulator.anthropic();
+    // The batch is created at once, its reply held back: the replica dies before it can record the batch.
+    control.inject(AnthropicFault::delay(Duration::from_secs(30)).on(AnthropicCalls::Create));
+    let mut settings = with_anthropic(&world);
+    settings.anthropic.request_timeout_secs = 5;
+    let first = Daemon::start(settings.clone(), &world.emulator);
+    world.enqueue(&job("crashed", 3)).await;
+    wait_until("the create to reach the API", WAIT, async || control.batch_count() == 1).await;
+    first.crash().await;
+    // Another replica takes the chunk over once its lease runs out, and looks before creating.
+    let second = Daemon::start(settings, &world.emulator);
+    let entry = world.wait_for_result("crashed", WAIT).await;
+    assert_in_order(&entry, 3);
+    assert_eq!(control.batch_count(), 1, "no second batch");
+    assert_eq!(control.calls_of(AnthropicCallKind::Create).len(), 1);
+    second.stop().await.expect("stop");
+}
