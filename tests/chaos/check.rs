@@ -206,15 +206,7 @@ async fn read_results(
 
 /// `(XPENDING count, ZCARD schedule, XLEN submit)`.
 pub async fn leftovers(conn: &mut ConnectionManager, keys: &Keys) -> redis::RedisResult<(u64, u64, u64)> {
-    let pending = match redis::cmd("XPENDING").arg(keys.submit()).arg("batchd").query_async::<redis::Value>(conn).await
-    {
-        Ok(redis::Value::Array(items)) => {
-            items.first().and_then(|count| redis::from_redis_value::<u64>(count.clone()).ok()).unwrap_or(0)
-        }
-        Ok(_) => 0,
-        Err(error) if error.code() == Some("NOGROUP") => 0,
-        Err(error) => return Err(error),
-    };
+    let pending = crate::ingress_pending(conn, keys).await?;
     let scheduled: u64 = redis::cmd("ZCARD").arg(keys.schedule()).query_async(conn).await?;
     let waiting: u64 = redis::cmd("XLEN").arg(keys.submit()).query_async(conn).await?;
     Ok((pending, scheduled, waiting))
@@ -355,15 +347,22 @@ pub async fn verify(
 
     // Nothing left behind.
     let mut left = (u64::MAX, u64::MAX, u64::MAX);
+    let mut last_error = None;
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(15) {
-        if let Ok(found) = leftovers(&mut conn, &keys).await {
-            left = found;
-            if found == (0, 0, 0) {
-                break;
+        match leftovers(&mut conn, &keys).await {
+            Ok(found) => {
+                (left, last_error) = (found, None);
+                if found == (0, 0, 0) {
+                    break;
+                }
             }
+            Err(error) => last_error = Some(error),
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    if let Some(error) = last_error {
+        outcome.failures.push(format!("cannot read what is left in the ingress group and the schedule: {error}"));
     }
     outcome.figure("left_pending_ingress", left.0);
     outcome.figure("left_scheduled", left.1);
