@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use batchd_emulator::CallKind;
 
 use super::{AOF, FAULT_RATE, NO_PERSISTENCE, Timing, finish, secs, seed, start_daemons, supervised_sleep};
 use crate::chaos::check::Outcome;
@@ -315,8 +316,27 @@ pub(super) async fn redis_blip_while_recording() -> anyhow::Result<Outcome> {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     cluster.redis.restart().await;
     cluster.restarts += 1;
-    cluster.redis_outages.push((down_ms, unix_ms()));
+    let up_ms = unix_ms();
+    cluster.redis_outages.push((down_ms, up_ms));
     cluster.event("redis-server started again from its AOF");
+    // The finding's precondition, from the emulator's log: each batch's reply (sent one fixed latency after the
+    // submit arrived) left while Redis was down, so the daemon held a request id it could not record.
+    let latency_ms = timing.latency.0.as_millis() as u64;
+    let replies_in_outage = cluster
+        .emulator
+        .calls()
+        .iter()
+        .filter(|call| call.kind == CallKind::Submit && (200..300).contains(&call.http_status))
+        .filter(|call| call.at_ms + latency_ms > down_ms && call.at_ms + latency_ms < up_ms)
+        .count();
+    outcome.figure("submit_replies_during_outage", replies_in_outage);
+    outcome.expect(replies_in_outage == ids.len(), || {
+        format!(
+            "precondition: {replies_in_outage} of {} submit replies were sent while Redis was down (Unix ms \
+             {down_ms}..{up_ms}); the run tested nothing",
+            ids.len()
+        )
+    });
     finish(&mut cluster, collector, &produced, secs(90), false, &mut outcome).await;
     // `verify` explains these duplicates by the outage; the finding is that they happen at all.
     let duplicates = outcome.duplicate_submits;
