@@ -46,7 +46,7 @@ pub struct Outcome {
     pub duplicated_results: Vec<String>,
     /// Remote batches created more than once for the same job (from the emulator's call log).
     pub duplicate_submits: usize,
-    /// What caused them: `kill -9 inside the submit window`, `redis unavailable while recording`, ...
+    /// What caused them: `kill -9 inside the submit window`, `redis unavailable for a lease after the reply`.
     pub duplicate_causes: BTreeMap<String, usize>,
     /// Kills that landed inside at least one submit window (caused at least one duplicate).
     pub kills_in_submit_window: usize,
@@ -423,11 +423,8 @@ pub async fn verify(
     outcome.counted_possible_duplicates = counted.values().sum();
     // Every request id a daemon polled: the id was recorded first (a chunk is polled only once its request id is in
     // Redis), so a polled batch left behind is "recorded, then submitted again anyway", never a submit window.
-    let polled: HashSet<&str> = calls
-        .iter()
-        .filter(|call| call.kind == CallKind::Poll)
-        .filter_map(|call| call.request_id.as_deref())
-        .collect();
+    let polled: HashSet<&str> =
+        calls.iter().filter(|call| call.kind == CallKind::Poll).filter_map(|call| call.request_id.as_deref()).collect();
     let windows = Windows::of(cluster);
     outcome.figure("excuse_window_kill_ms", windows.kill_ms);
     outcome.figure("excuse_window_lease_ms", windows.lease_ms);
@@ -457,7 +454,9 @@ pub async fn verify(
                 // Created by a process killed before its reply could have been recorded (the reply is at most one
                 // request timeout away), and no other orphan of this job by the same kill.
                 Some((index, Some(End::Killed { at_ms })))
-                    if orphan.at_ms <= *at_ms && orphan.at_ms + windows.kill_ms >= *at_ms && job_kills.insert(index) =>
+                    if orphan.at_ms <= *at_ms
+                        && orphan.at_ms + windows.kill_ms >= *at_ms
+                        && job_kills.insert(index) =>
                 {
                     kills_hit.insert(index);
                     attributed_kills.push(index);
