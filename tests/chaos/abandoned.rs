@@ -14,6 +14,8 @@ use super::{human, unix_ms};
 /// What happened to the work a stopped or killed daemon held.
 #[derive(Debug, Clone, Default)]
 pub struct Abandoned {
+    /// When the daemon was killed or stopped, in Unix ms.
+    pub at_ms: u64,
     /// Leased schedule members (of any daemon) seen at the moment of the kill or stop.
     pub leased_at_kill: usize,
     /// Schedule claims (leased steps) the daemon held.
@@ -34,6 +36,9 @@ pub struct Abandoned {
 /// over. Claims are schedule members whose score lies more than `threshold` in the future (a lease; polls and
 /// retries are never scheduled that far out); those held by live daemons get re-scored before their lease ends,
 /// the dead one's only after. Ingress entries are those pending for a consumer named after `pid`.
+///
+/// Fails on the first query Redis does not answer: the scenarios that track take-over (1 and 4) keep Redis up, so
+/// an error is a fault of the run, and a claim the tracker could not see must not count as taken over.
 pub fn track_abandoned(
     mut conn: ConnectionManager,
     keys: Keys,
@@ -41,9 +46,9 @@ pub fn track_abandoned(
     at_ms: u64,
     threshold: Duration,
     give_up: Duration,
-) -> JoinHandle<Abandoned> {
+) -> JoinHandle<redis::RedisResult<Abandoned>> {
     tokio::spawn(async move {
-        let mut abandoned = Abandoned::default();
+        let mut abandoned = Abandoned { at_ms, ..Abandoned::default() };
         let floor = at_ms + threshold.as_millis() as u64;
         let claims: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
             .arg(keys.schedule())
@@ -51,8 +56,7 @@ pub fn track_abandoned(
             .arg("+inf")
             .arg("WITHSCORES")
             .query_async(&mut conn)
-            .await
-            .unwrap_or_default();
+            .await?;
         abandoned.leased_at_kill = claims.len();
         let marker = format!("-{pid}-");
         let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
@@ -62,8 +66,7 @@ pub fn track_abandoned(
             .arg("+")
             .arg(100_000)
             .query_async(&mut conn)
-            .await
-            .unwrap_or_default();
+            .await?;
         let mut entries: Vec<(String, String)> = pending
             .into_iter()
             .filter(|(_, consumer, _, _)| consumer.contains(&marker))
@@ -82,7 +85,7 @@ pub fn track_abandoned(
                 for (member, _) in &claims_open {
                     cmd.arg(member);
                 }
-                let Ok(scores) = cmd.query_async::<Vec<Option<f64>>>(&mut conn).await else { continue };
+                let scores = cmd.query_async::<Vec<Option<f64>>>(&mut conn).await?;
                 let mut still = Vec::new();
                 for ((member, lease_end), score) in claims_open.into_iter().zip(scores) {
                     if score.map(|score| score as u64) == Some(lease_end) {
@@ -101,9 +104,7 @@ pub fn track_abandoned(
                 for (id, _) in &entries {
                     pipe.cmd("XPENDING").arg(keys.submit()).arg("batchd").arg(id).arg(id).arg(1);
                 }
-                let Ok(replies) = pipe.query_async::<Vec<Vec<(String, String, u64, u64)>>>(&mut conn).await else {
-                    continue;
-                };
+                let replies = pipe.query_async::<Vec<Vec<(String, String, u64, u64)>>>(&mut conn).await?;
                 let mut still = Vec::new();
                 for ((id, consumer), reply) in entries.into_iter().zip(replies) {
                     if reply.first().is_some_and(|(_, owner, _, _)| *owner == consumer) {
@@ -126,8 +127,24 @@ pub fn track_abandoned(
             .collect();
         abandoned.entries += entries.len();
         abandoned.resumed_after = abandoned.claims_resumed_after.max(abandoned.entries_resumed_after);
-        abandoned
+        Ok(abandoned)
     })
+}
+
+/// Waits for the trackers of a run; a tracker that failed becomes a failure of the outcome (its kill is then not
+/// judged), the others are returned for [`judge_abandoned`].
+pub async fn collect_trackers(
+    outcome: &mut Outcome,
+    trackers: Vec<(String, JoinHandle<redis::RedisResult<Abandoned>>)>,
+) -> anyhow::Result<Vec<(String, Abandoned)>> {
+    let mut reports = Vec::new();
+    for (what, tracker) in trackers {
+        match tracker.await? {
+            Ok(report) => reports.push((what, report)),
+            Err(error) => outcome.failures.push(format!("after {what}: cannot follow the work it left: {error}")),
+        }
+    }
+    Ok(reports)
 }
 
 /// Summarises the trackers of a run into the outcome: the longest wait, and a failure for work taken over

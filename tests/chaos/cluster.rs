@@ -369,13 +369,24 @@ impl Cluster {
         }
     }
 
-    /// Stops every running daemon with SIGTERM (the end of a run; not counted as restarts).
-    pub async fn stop_all(&mut self) {
+    /// Stops every running daemon with SIGTERM (the end of a run; not counted as restarts); returns one failure
+    /// for each daemon that did not exit within 60 s (it is killed) or exited with anything but 0.
+    pub async fn stop_all(&mut self) -> Vec<String> {
+        let mut failures = Vec::new();
         for index in self.live() {
-            if let Err(error) = self.terminate(index, Duration::from_secs(60)).await {
-                self.event(format!("stopping daemon #{index}: {error:#}"));
+            match self.terminate(index, Duration::from_secs(60)).await {
+                Ok(End::Stopped { code: Some(0), .. }) => {}
+                Ok(end) => failures.push(format!(
+                    "daemon #{index} ended {end:?} after SIGTERM at the end of the run, not with exit code 0 ({})",
+                    self.incarnations[index].log.display()
+                )),
+                Err(error) => {
+                    self.event(format!("stopping daemon #{index}: {error:#}"));
+                    failures.push(format!("stopping daemon #{index} at the end of the run: {error:#}"));
+                }
             }
         }
+        failures
     }
 
     /// The daemon process that talked to the emulator on `port`, with its index.

@@ -35,11 +35,11 @@ pub fn ids(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i}")).collect()
 }
 
-/// Enqueues `ids` with one pipeline of `XADD`s.
-pub async fn enqueue(conn: &mut ConnectionManager, keys: &Keys, ids: &[String]) -> redis::RedisResult<()> {
+/// Enqueues `ids` with one pipeline of `XADD`s; returns the entry ids Redis gave them, in order.
+pub async fn enqueue(conn: &mut ConnectionManager, keys: &Keys, ids: &[String]) -> redis::RedisResult<Vec<String>> {
     let mut pipe = redis::pipe();
     for id in ids {
-        pipe.cmd("XADD").arg(keys.submit()).arg("*").arg("job").arg(job(id)).ignore();
+        pipe.cmd("XADD").arg(keys.submit()).arg("*").arg("job").arg(job(id));
     }
     pipe.query_async(conn).await
 }
@@ -49,6 +49,8 @@ pub async fn enqueue(conn: &mut ConnectionManager, keys: &Keys, ids: &[String]) 
 pub struct Produced {
     /// Every acknowledged job id with the Unix ms of its acknowledgement.
     pub acked: HashMap<String, u64>,
+    /// The stream entry id of each acknowledged job's (last) `XADD`, to tell whether a restarted Redis kept it.
+    pub entry_ids: HashMap<String, String>,
     /// Pipelines that failed (Redis away) and were sent again.
     pub failed_attempts: u64,
     /// When the last job was acknowledged, in Unix ms.
@@ -70,17 +72,18 @@ pub async fn produce(
     let mut produced = Produced::default();
     for chunk in ids.chunks(batch.max(1)) {
         let started = tokio::time::Instant::now();
-        loop {
+        let entry_ids = loop {
             match enqueue(&mut conn, &keys, chunk).await {
-                Ok(()) => break,
+                Ok(entry_ids) => break entry_ids,
                 Err(_) => {
                     produced.failed_attempts += 1;
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
             }
-        }
+        };
         let at = unix_ms();
         produced.acked.extend(chunk.iter().map(|id| (id.clone(), at)));
+        produced.entry_ids.extend(chunk.iter().cloned().zip(entry_ids));
         tokio::time::sleep_until(started + every).await;
     }
     produced.finished_ms = unix_ms();

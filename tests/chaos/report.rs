@@ -7,10 +7,21 @@ use super::check::Outcome;
 use super::human;
 
 /// The columns of the table.
-const HEADER: [&str; 10] =
-    ["scenario", "jobs", "kills", "restarts", "lost", "dup. results", "dup. submits", "recovery", "wall", "verdict"];
+const HEADER: [&str; 11] = [
+    "scenario",
+    "jobs",
+    "kills",
+    "restarts",
+    "lost",
+    "dup. results",
+    "dup. submits",
+    "excused",
+    "recovery",
+    "wall",
+    "verdict",
+];
 
-/// `0`, or the number with its causes: `84 (8 kills in window)`, `33 (redis down at record)`.
+/// `0`, or the number with its causes: `84 (8 kills in window)`, `16 (redis away > lease)`.
 fn duplicate_submits(outcome: &Outcome) -> String {
     if outcome.duplicate_submits == 0 {
         return "0".to_owned();
@@ -20,13 +31,13 @@ fn duplicate_submits(outcome: &Outcome) -> String {
         causes.push(format!("{} kills in window", outcome.kills_in_submit_window));
     }
     if outcome.duplicate_causes.keys().any(|cause| cause.starts_with("redis")) {
-        causes.push("redis down at record".to_owned());
+        causes.push("redis away > lease".to_owned());
     }
     format!("{} ({})", outcome.duplicate_submits, causes.join(", "))
 }
 
 /// One row per outcome, as cells.
-fn rows(outcomes: &[Outcome]) -> Vec<[String; 10]> {
+fn rows(outcomes: &[Outcome]) -> Vec<[String; 11]> {
     outcomes
         .iter()
         .map(|outcome| {
@@ -38,6 +49,7 @@ fn rows(outcomes: &[Outcome]) -> Vec<[String; 10]> {
                 outcome.lost.len().to_string(),
                 outcome.duplicated_results.len().to_string(),
                 duplicate_submits(outcome),
+                outcome.excused_duplicates().to_string(),
                 outcome.recovery.map_or("-".to_owned(), human),
                 human(outcome.wall),
                 if outcome.passed() { "pass".to_owned() } else { format!("FAIL ({})", outcome.failures.len()) },
@@ -103,6 +115,7 @@ pub fn json(outcome: &Outcome) -> serde_json::Value {
         "duplicated_result_ids": outcome.duplicated_results.iter().take(100).collect::<Vec<_>>(),
         "duplicate_submits": outcome.duplicate_submits,
         "duplicate_submit_causes": outcome.duplicate_causes,
+        "excused_duplicate_submits": outcome.excused_duplicates(),
         "kills_in_submit_window": outcome.kills_in_submit_window,
         "counted_possible_duplicate_submits": outcome.counted_possible_duplicates,
         "recovery_ms": outcome.recovery.map(|d| d.as_millis() as u64),

@@ -150,9 +150,17 @@ async fn three_daemons_share_one_rate_limit() {
     }
     let times: Vec<u64> = world.emulator.submits().iter().map(|call| call.at_ms).collect();
     assert_eq!(times.len(), ids.len(), "throttled jobs wait; they are not refused or retried");
+    // The limiter grants on Redis's clock; a submit reaches the emulator some milliseconds after its grant, more on a
+    // loaded machine, so two grants a full window apart can arrive closer than that. Arrivals are counted in the
+    // window less that jitter: a limiter that let a fifth submit through within the window still shows.
+    const ARRIVAL_JITTER_MS: u64 = 250;
     for (position, start) in times.iter().enumerate() {
-        let in_window = times[position..].iter().filter(|at| **at < start + WINDOW_MS).count();
-        assert!(in_window <= LIMIT, "{in_window} submits within {WINDOW_MS} ms from {start}: {times:?}");
+        let in_window = times[position..].iter().filter(|at| **at < start + WINDOW_MS - ARRIVAL_JITTER_MS).count();
+        assert!(
+            in_window <= LIMIT,
+            "{in_window} submits within {} ms from {start}: {times:?}",
+            WINDOW_MS - ARRIVAL_JITTER_MS
+        );
     }
     for daemon in daemons {
         daemon.stop().await.unwrap();

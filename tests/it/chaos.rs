@@ -111,6 +111,7 @@ async fn a_request_id_received_while_redis_is_down_is_recorded_not_resubmitted()
     assert_eq!(outcome.jobs, 3);
     assert_eq!(outcome.duplicate_submits, 0, "{}", outcome.explain());
     assert_eq!(figure(&outcome, "emulator_batches"), Some(3), "one remote batch per job");
+    assert_eq!(figure(&outcome, "submit_replies_during_outage"), Some(3), "every reply left while Redis was down");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

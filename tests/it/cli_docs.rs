@@ -1,6 +1,6 @@
 //! `docs/cli.md` against the binary: every command's `--help`, found by walking the help's own "Commands:"
 //! sections, is in the document verbatim. `BATCHD_UPDATE_DOCS=1 cargo nextest run -p batchd-tests docs_cli_md`
-//! rewrites the blocks instead.
+//! rewrites the blocks instead, and fails so that an update run is never mistaken for a check.
 
 use batchd_tests::World;
 
@@ -32,7 +32,8 @@ async fn help_text(world: &World, path: &[String]) -> String {
 }
 
 /// docs/cli.md holds each command's `--help` verbatim, in a ```text block that starts with `$ batchd ... --help`.
-/// With BATCHD_UPDATE_DOCS=1 the blocks are rewritten from the binary (and missing ones appended) instead.
+/// With BATCHD_UPDATE_DOCS=1 the blocks are rewritten from the binary (and missing ones appended) instead, and the
+/// test fails, so a run in update mode never counts as a pass.
 #[tokio::test]
 async fn docs_cli_md_matches_every_commands_help() {
     let world = World::new().await;
@@ -89,7 +90,12 @@ async fn docs_cli_md_matches_every_commands_help() {
             rebuilt.push_str(&format!("\n## `{title}`\n\n```text\n{prompt}\n{}\n```\n", blocks[*prompt]));
         }
         std::fs::write(&path, rebuilt).expect("write docs/cli.md");
-        return;
+        // Fails even so: a run with BATCHD_UPDATE_DOCS set rewrites the document and checks nothing, and must never
+        // pass as a check (set by accident in CI, it would hide every drift).
+        panic!(
+            "BATCHD_UPDATE_DOCS is set: docs/cli.md was rewritten from --help (stale: {stale:?}, missing: \
+             {missing:?}) and nothing was checked; review the diff and run again without it"
+        );
     }
     assert!(
         stale.is_empty() && missing.is_empty(),

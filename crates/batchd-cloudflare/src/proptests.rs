@@ -5,83 +5,26 @@
 //! Poll replies are generated as structured envelopes in both completion shapes (`responses[]` keyed by `id`,
 //! `results[]` keyed by `index`) with shuffled, duplicated, missing, out-of-range, negative, fractional and
 //! stringly indices, and checked against a model of the documented rules; then as arbitrary JSON and arbitrary or
-//! damaged bytes, checked for the invariants only. `PROPTEST_CASES` raises the number of cases (default 256).
+//! damaged bytes, checked for the invariants only. `PROPTEST_CASES` raises the number of cases (default 256; fewer than 32 is refused).
 //!
 //! Long because the generators and the model of the documented rules have to sit beside the properties that use
 //! them; it is test code only.
 
 use proptest::prelude::*;
 use proptest::sample::select;
-use proptest::test_runner::{Config, TestCaseError};
+use proptest::test_runner::TestCaseError;
 
 use crate::error::{ApiError, ErrorKind};
 use crate::reply::{FAILED, FINISHED, PollStatus, UNFINISHED, read_poll, read_submit, status_text};
 
-/// The proptest configuration: `cases` unless `PROPTEST_CASES` says otherwise; no regression files in the tree.
-fn config(cases: u32) -> Config {
-    let mut config = Config { failure_persistence: None, ..Config::default() };
-    if std::env::var_os("PROPTEST_CASES").is_none() {
-        config.cases = cases;
-    }
-    config
-}
+/// Shared with batchd-core's decode properties (the configuration and JSON as text).
+#[path = "../../batchd-core/tests/props_support/mod.rs"]
+mod props_support;
+use props_support::{Json, config};
 
-/// A JSON value as text-level parts, so numbers can be written in any form and values rendered compact or pretty.
-#[derive(Debug, Clone)]
-enum Json {
-    Null,
-    Bool(bool),
-    /// A JSON number exactly as written.
-    Number(String),
-    String(String),
-    Array(Vec<Json>),
-    Object(Vec<(String, Json)>),
-}
-
-impl Json {
-    fn render(&self, pretty: bool, out: &mut String) {
-        let separator = if pretty { ",\n  " } else { "," };
-        match self {
-            Json::Null => out.push_str("null"),
-            Json::Bool(value) => out.push_str(if *value { "true" } else { "false" }),
-            Json::Number(text) => out.push_str(text),
-            Json::String(text) => out.push_str(&serde_json::to_string(text).expect("a string serialises")),
-            Json::Array(items) => {
-                out.push('[');
-                for (position, item) in items.iter().enumerate() {
-                    if position > 0 {
-                        out.push_str(separator);
-                    }
-                    item.render(pretty, out);
-                }
-                out.push(']');
-            }
-            Json::Object(members) => {
-                out.push_str(if pretty { "{\n  " } else { "{" });
-                for (position, (key, value)) in members.iter().enumerate() {
-                    if position > 0 {
-                        out.push_str(separator);
-                    }
-                    Json::String(key.clone()).render(pretty, out);
-                    out.push_str(if pretty { " : " } else { ":" });
-                    value.render(pretty, out);
-                }
-                out.push_str(if pretty { "\n}" } else { "}" });
-            }
-        }
-    }
-
-    fn to_text(&self, pretty: bool) -> String {
-        let mut out = String::new();
-        self.render(pretty, &mut out);
-        out
-    }
-
-    fn object(members: Vec<(&str, Option<Json>)>) -> Json {
-        Json::Object(
-            members.into_iter().filter_map(|(name, value)| value.map(|value| (name.to_owned(), value))).collect(),
-        )
-    }
+/// A JSON object of the members that are present.
+fn object(members: Vec<(&str, Option<Json>)>) -> Json {
+    Json::Object(members.into_iter().filter_map(|(name, value)| value.map(|value| (name.to_owned(), value))).collect())
 }
 
 fn text() -> BoxedStrategy<String> {
@@ -239,7 +182,7 @@ struct Item {
 
 impl Item {
     fn json(&self) -> Json {
-        Json::object(vec![
+        object(vec![
             ("id", self.id.as_ref().map(Index::json)),
             ("index", self.index.as_ref().map(Index::json)),
             ("success", self.success.as_ref().map(Flag::json)),
@@ -298,12 +241,12 @@ impl Finished {
     fn body(&self) -> String {
         let items = Json::Array(self.items.iter().map(Item::json).collect());
         let shape = if self.keyed_by_id { "responses" } else { "results" };
-        let result = Json::object(vec![
+        let result = object(vec![
             ("status", self.status.clone().map(Json::String)),
             (shape, Some(items)),
             ("usage", self.usage.clone()),
         ]);
-        let envelope = Json::object(vec![
+        let envelope = object(vec![
             ("result", Some(result)),
             ("success", self.success.map(Json::Bool)),
             ("errors", Some(Json::Array(Vec::new()))),

@@ -5,22 +5,16 @@
 //! Inputs are generated JSON trees with the real field names and random value types (huge numbers, unicode and
 //! control characters, `..`, `%2e`, `/`, `?`, `#` in ids and models, pretty-printed values with newlines), then
 //! sometimes damaged byte by byte; plus arbitrary bytes and arbitrary field lists. `PROPTEST_CASES` raises the
-//! number of cases (default here: 256 per property, about a second in a debug build).
+//! number of cases (default here: 256 per property, about a second in a debug build; fewer than 32 is refused).
 
 use batchd_core::job::MAX_QUOTED_CHARS;
 use batchd_core::{DecodeError, Job, JobId, JobLimits, Keys, ModelName};
 use proptest::prelude::*;
 use proptest::sample::select;
-use proptest::test_runner::{Config, TestCaseError};
+use proptest::test_runner::TestCaseError;
 
-/// The proptest configuration: `cases` unless `PROPTEST_CASES` says otherwise; no regression files in the tree.
-fn config(cases: u32) -> Config {
-    let mut config = Config { failure_persistence: None, ..Config::default() };
-    if std::env::var_os("PROPTEST_CASES").is_none() {
-        config.cases = cases;
-    }
-    config
-}
+mod props_support;
+use props_support::{Json, config, json_string};
 
 /// Text fragments that ids, model names and keys are built from: the allowed alphabets and everything that must
 /// not get through (path traversal, URL syntax, percent-encoding, whitespace, control and bidi characters).
@@ -56,63 +50,6 @@ fn model_text() -> BoxedStrategy<String> {
         1 => (190usize..215).prop_map(|n| format!("@cf/a/{}", "b".repeat(n))),
     ]
     .boxed()
-}
-
-/// A JSON value as text-level parts, so numbers can be out of every Rust type's range and keys can repeat.
-#[derive(Debug, Clone)]
-enum Json {
-    Null,
-    Bool(bool),
-    /// A JSON number exactly as written.
-    Number(String),
-    String(String),
-    Array(Vec<Json>),
-    Object(Vec<(String, Json)>),
-}
-
-impl Json {
-    /// Renders the value; `pretty` puts newlines and indentation inside arrays and objects.
-    fn render(&self, pretty: bool, out: &mut String) {
-        let separator = if pretty { ",\n  " } else { "," };
-        match self {
-            Json::Null => out.push_str("null"),
-            Json::Bool(value) => out.push_str(if *value { "true" } else { "false" }),
-            Json::Number(text) => out.push_str(text),
-            Json::String(text) => out.push_str(&json_string(text)),
-            Json::Array(items) => {
-                out.push('[');
-                for (position, item) in items.iter().enumerate() {
-                    if position > 0 {
-                        out.push_str(separator);
-                    }
-                    item.render(pretty, out);
-                }
-                out.push(']');
-            }
-            Json::Object(members) => {
-                out.push_str(if pretty { "{\n  " } else { "{" });
-                for (position, (key, value)) in members.iter().enumerate() {
-                    if position > 0 {
-                        out.push_str(separator);
-                    }
-                    out.push_str(&json_string(key));
-                    out.push_str(if pretty { " : " } else { ":" });
-                    value.render(pretty, out);
-                }
-                out.push_str(if pretty { "\n}" } else { "}" });
-            }
-        }
-    }
-
-    fn to_text(&self, pretty: bool) -> String {
-        let mut out = String::new();
-        self.render(pretty, &mut out);
-        out
-    }
-}
-
-fn json_string(text: &str) -> String {
-    serde_json::to_string(text).expect("a string serialises")
 }
 
 /// JSON numbers, including ones no Rust integer or float holds.

@@ -230,10 +230,11 @@ async fn finish(
     outcome: &mut Outcome,
 ) -> (Option<Duration>, Collected) {
     let drained = drain(cluster, &collector, produced.acked.len() + produced.hostile.len(), drain_timeout).await;
-    cluster.stop_all().await;
+    let stop_failures = cluster.stop_all().await;
     let collected = collector.stop().await;
     outcome.figure("consumer_read_errors", collected.errors);
     verify(cluster, produced, &collected, no_duplicate_submits, outcome).await;
+    outcome.failures.extend(stop_failures);
     outcome.expect(drained.is_some(), || format!("not drained within {}", human(drain_timeout)));
     (drained, collected)
 }

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::{Dice, FAULT_RATE, NO_PERSISTENCE, Timing, finish, secs, seed, start_daemons, supervised_sleep};
-use crate::chaos::abandoned::{Abandoned, judge_abandoned, track_abandoned};
+use crate::chaos::abandoned::{collect_trackers, judge_abandoned, track_abandoned};
 use crate::chaos::check::Outcome;
 use crate::chaos::cluster::{Cluster, End};
 use crate::chaos::load::{self, Collector, spawn_producer};
@@ -59,10 +59,18 @@ pub(super) async fn kill9(size: Size) -> anyhow::Result<Outcome> {
     let produced = producer.await?;
     let (drained, _) =
         finish(&mut cluster, collector, &produced, size.pick(secs(600), secs(120)), false, &mut outcome).await;
-    let mut reports: Vec<(String, Abandoned)> = Vec::new();
-    for (what, tracker) in trackers {
-        reports.push((what, tracker.await?));
-    }
+    let reports = collect_trackers(&mut outcome, trackers).await?;
+    // Take-over is only tested by kills that abandoned something: every kill while jobs were still being enqueued
+    // must have left claims or ingress entries behind, or "taken over within the lease" holds trivially.
+    let idle_kills: Vec<&str> = reports
+        .iter()
+        .filter(|(_, report)| report.at_ms <= produced.finished_ms && report.claims + report.entries == 0)
+        .map(|(what, _)| what.as_str())
+        .collect();
+    outcome.figure("kills_under_load_that_abandoned_nothing", idle_kills.len());
+    outcome.expect(idle_kills.is_empty(), || {
+        format!("{} kills under load abandoned no claim and no ingress entry: {idle_kills:?}", idle_kills.len())
+    });
     // A claim waits at most its lease, an entry its idle time plus one reclaim round; the slack is for a loaded
     // 2-core machine (fetch intervals, the tracker's own 200 ms polling).
     let slack = size.pick(secs(10), secs(5));
@@ -141,10 +149,7 @@ pub(super) async fn rolling_sigterm(size: Size) -> anyhow::Result<Outcome> {
     }
     let produced = producer.await?;
     finish(&mut cluster, collector, &produced, size.pick(secs(600), secs(120)), true, &mut outcome).await;
-    let mut reports = Vec::new();
-    for (what, tracker) in trackers {
-        reports.push((what, tracker.await?));
-    }
+    let reports = collect_trackers(&mut outcome, trackers).await?;
     // A graceful stop hands its unstarted work back: no claim waits for its lease, entries are taken at the
     // next reclaim round.
     let abandoned_claims: usize = reports.iter().map(|(_, report)| report.claims).sum();

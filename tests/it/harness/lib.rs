@@ -136,6 +136,33 @@ impl RedisServer {
     }
 }
 
+impl RedisServer {
+    /// Starts a second server, with the same arguments, on a copy of this one's directory as it is now: after a
+    /// kill, exactly the data a restart will load (the AOF), readable before any client writes to it again.
+    pub async fn start_copy(&self) -> anyhow::Result<RedisServer> {
+        let dir = std::env::temp_dir().join(format!("batchd-it-redis-{}", uuid::Uuid::new_v4().simple()));
+        copy_dir(&self.dir, &dir).with_context(|| format!("copy {}", self.dir.display()))?;
+        let mut server = Self { port: free_port(), dir, args: self.args.clone(), child: None };
+        server.spawn().await;
+        Ok(server)
+    }
+}
+
+/// Copies a directory tree (a redis-server's working directory: files and `appendonlydir/`).
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
+}
+
 /// Sends a signal by name (`TERM`, `STOP`, `CONT`, `KILL`, ...) to a process with `kill(1)` (the workspace
 /// forbids `unsafe`, so no `libc::kill`).
 pub fn send_signal(pid: u32, name: &str) -> anyhow::Result<()> {
@@ -271,16 +298,10 @@ impl World {
         self.conn.clone().hgetall(self.keys.job(&id)).await.expect("hgetall")
     }
 
-    /// Number of entries pending in the ingress consumer group.
+    /// Number of entries pending in the ingress consumer group (0 while the group does not exist yet); panics on
+    /// any other error, so a check of "nothing pending" cannot pass because Redis did not answer.
     pub async fn ingress_pending(&self) -> usize {
-        let reply: redis::RedisResult<redis::Value> =
-            redis::cmd("XPENDING").arg(self.keys.submit()).arg("batchd").query_async(&mut self.conn.clone()).await;
-        match reply {
-            Ok(redis::Value::Array(items)) => {
-                items.first().and_then(|v| redis::from_redis_value::<usize>(v.clone()).ok()).unwrap_or(0)
-            }
-            _ => 0,
-        }
+        ingress_pending(&mut self.conn.clone(), &self.keys).await.expect("XPENDING of the ingress group") as usize
     }
 
     /// The environment a `batchd` process gets: the world's Redis, namespace and emulator, and nothing else (no
@@ -315,6 +336,23 @@ impl World {
             self.scheduled().await == 0 && self.ingress_pending().await == 0
         })
         .await;
+    }
+}
+
+/// Number of entries pending in the ingress consumer group `batchd` (`XPENDING {ns}:submit batchd`). Only
+/// `NOGROUP` (no daemon has created the group yet, so nothing can be pending) reads as 0; every other error, and a
+/// reply that is not the summary `XPENDING` sends, is returned.
+pub async fn ingress_pending(conn: &mut impl redis::aio::ConnectionLike, keys: &Keys) -> redis::RedisResult<u64> {
+    let reply = redis::cmd("XPENDING").arg(keys.submit()).arg("batchd").query_async::<redis::Value>(conn).await;
+    match reply {
+        Ok(redis::Value::Array(items)) if !items.is_empty() => Ok(redis::from_redis_value_ref::<u64>(&items[0])?),
+        Ok(other) => Err(redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "XPENDING summary",
+            format!("{other:?}"),
+        ))),
+        Err(error) if error.code() == Some("NOGROUP") => Ok(0),
+        Err(error) => Err(error),
     }
 }
 

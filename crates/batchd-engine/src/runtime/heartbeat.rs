@@ -56,14 +56,17 @@ pub(crate) fn beat() {
 mod tests {
     use super::*;
 
+    /// Reads the stamp itself rather than bounding `silent_for` from above, which a stalled thread could exceed.
     #[tokio::test]
     async fn a_loop_that_beats_stays_fresh_and_one_that_stops_goes_silent() {
         let heartbeat = Heartbeat::new();
         std::thread::sleep(Duration::from_millis(30));
         Arc::clone(&heartbeat).scope(async { beat() }).await;
-        assert!(heartbeat.silent_for() < Duration::from_millis(30), "the beat inside the scope stamped");
+        let stamped = heartbeat.last_ms.load(Ordering::Relaxed);
+        assert!(stamped >= 30, "the beat inside the scope stamped: {stamped} ms after the start");
         std::thread::sleep(Duration::from_millis(30));
         beat(); // outside the scope: stamps nothing
+        assert_eq!(heartbeat.last_ms.load(Ordering::Relaxed), stamped, "a beat outside the scope stamped");
         assert!(heartbeat.silent_for() >= Duration::from_millis(30));
     }
 }
