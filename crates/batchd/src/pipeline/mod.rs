@@ -178,7 +178,7 @@ impl Pipeline {
                 Ok(model) => self.submit(claim, &model, view.deadline_at).await,
                 Err(_) => Err(StoreError::Corrupt { job_id: chunk.job_id.to_string(), detail: "model".into() }),
             },
-            ChunkState::Polling => self.poll(claim, &view).await,
+            ChunkState::Polling => self.poll(claim, &view, std::time::Instant::now()).await,
             ChunkState::Done | ChunkState::Failed => self.finish(claim).await,
         }
     }
@@ -197,6 +197,18 @@ impl Pipeline {
                 }
             }
         }
+    }
+
+    /// Before an API call: if this step may have been paused since its claim was last checked at `checked_at` (for
+    /// longer than a renewal period: a frozen VM, a SIGSTOP), checks and extends the claim first, so a replica
+    /// resumed past its lease does not post or poll for a chunk another replica now holds
+    /// ([`StoreError::StaleClaim`]). `Ok(false)`: the job has finished meanwhile; the call is not made.
+    async fn still_held(&self, claim: &Claim, checked_at: std::time::Instant) -> Result<bool, StoreError> {
+        if checked_at.elapsed() < renew_every(self.lease) {
+            return Ok(true);
+        }
+        let now = self.store.now().await?;
+        self.store.renew(claim, now + self.lease.as_millis() as u64).await
     }
 
     /// Renews `claim`'s lease once; whether to keep renewing.

@@ -14,7 +14,13 @@ use crate::policy::{poll_delay, retry_delay};
 
 impl Pipeline {
     /// Polls one chunk's remote batch.
-    pub(super) async fn poll(&self, claim: &Claim, view: &ChunkView) -> Result<(), StoreError> {
+    /// `checked_at`: when the claim was last checked (the step's read of the ledger).
+    pub(super) async fn poll(
+        &self,
+        claim: &Claim,
+        view: &ChunkView,
+        checked_at: std::time::Instant,
+    ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
         let (Some(request_id), Ok(model)) =
             (view.request_id.as_deref().and_then(|id| RequestId::parse(id).ok()), ModelName::parse(&view.model))
@@ -25,6 +31,9 @@ impl Pipeline {
             });
         };
         if self.throttle(claim, &model, ApiCall::Poll).await?.is_some() {
+            return Ok(());
+        }
+        if !self.still_held(claim, checked_at).await? {
             return Ok(());
         }
         let span = tracing::debug_span!("poll", request_id = %request_id, model = %model, n_polls = view.n_polls);

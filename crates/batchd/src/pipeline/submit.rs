@@ -30,11 +30,13 @@ impl Pipeline {
         // this waits, so a replica short of memory keeps the chunk rather than losing it to another.
         let mut room = self.renewing(claim, self.budget.hold(2 * self.split.max_payload_bytes)).await;
         let ticket = self.store.begin_submit(claim, self.store.now().await?).await?;
+        let checked_at = Instant::now();
         match ticket {
             SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => {
                 let body = batchd_cloudflare::submit_body_bytes(requests.iter().map(|item| item.get().len()));
                 room.shrink_to(2 * body);
-                self.post(claim, model, attempt, resubmit, &requests, placement, deadline_at).await
+                let attempt = Attempt { number: attempt, resubmit, checked_at };
+                self.post(claim, model, attempt, &requests, placement, deadline_at).await
             }
             SubmitTicket::Cancelled => {
                 let reason = self.store.cancel_requested(&chunk.job_id).await?.unwrap_or_default();
@@ -50,18 +52,20 @@ impl Pipeline {
 
     /// POSTs a chunk already marked `submitting` (attempt `attempt`), then records the request id and schedules
     /// the first poll, or decides what the failure means. `deadline_at` is the job's: no retry is due after it.
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn post<R: Item>(
         &self,
         claim: &Claim,
         model: &ModelName,
-        attempt: u64,
-        resubmit: bool,
+        attempt: Attempt,
         requests: &[R],
         placement: Placement,
         deadline_at: UnixMillis,
     ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
+        let Attempt { number: attempt, resubmit, checked_at } = attempt;
+        if !self.still_held(claim, checked_at).await? {
+            return Ok(());
+        }
         if resubmit {
             metrics::possible_duplicate_submit();
             tracing::warn!(
@@ -256,6 +260,17 @@ impl Pipeline {
         self.store.add_chunks(claim, self.store.now().await?, true, None, &pieces).await?;
         Ok(())
     }
+}
+
+/// One submit attempt of a chunk marked `submitting`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Attempt {
+    /// The attempt (1-based).
+    pub number: u64,
+    /// Whether a previous submit of the chunk was interrupted (its remote batch may exist).
+    pub resubmit: bool,
+    /// When the claim was last checked (the chunk marked `submitting` under it).
+    pub checked_at: Instant,
 }
 
 /// What a failed submit's handling needs besides the error.

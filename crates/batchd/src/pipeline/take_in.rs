@@ -103,7 +103,9 @@ impl Pipeline {
                 let first = &job.requests[..plan[0].1];
                 let claim = Claim::first(job.id.clone());
                 let placement = Placement::Range { start: 0, len: plan[0].1 };
-                let posted = self.post(&claim, &job.model, 1, false, first, placement, deadline_at).await;
+                let attempt =
+                    super::submit::Attempt { number: 1, resubmit: false, checked_at: std::time::Instant::now() };
+                let posted = self.post(&claim, &job.model, attempt, first, placement, deadline_at).await;
                 if let Err(StoreError::StaleClaim { job_id, chunk, detail }) = &posted {
                     super::stale_step(job_id, *chunk, detail);
                 } else if let Err(error) = posted {
