@@ -462,11 +462,12 @@ pub async fn verify(
                     attributed_kills.push(index);
                     Some("kill -9 inside the submit window")
                 }
-                // Sent before a SIGSTOP (or served while the daemon was frozen): the daemon could not record it before
-                // its lease ended, another one resubmitted the chunk, and fencing refused the late record.
+                // Sent before a SIGSTOP, or by a step frozen between its last check of the claim and its POST (the
+                // reply comes within latency + the API timeout of the SIGCONT): the daemon could not record it, another
+                // one resubmitted the chunk, and fencing refused the late record.
                 Some((index, _))
                     if cluster.freezes.iter().any(|(frozen, from_ms, to_ms)| {
-                        *frozen == index && orphan.at_ms + 15_000 >= *from_ms && orphan.at_ms <= *to_ms
+                        *frozen == index && orphan.at_ms + 15_000 >= *from_ms && orphan.at_ms <= to_ms + 15_000
                     }) =>
                 {
                     Some("replica frozen (SIGSTOP) past its lease")

@@ -183,7 +183,7 @@ impl Pipeline {
             ChunkState::Pending | ChunkState::Submitting => {
                 self.submit(claim, provider.as_ref(), &model, view.deadline_at).await
             }
-            ChunkState::Polling => self.poll(claim, provider.as_ref(), &model, &view).await,
+            ChunkState::Polling => self.poll(claim, provider.as_ref(), &model, &view, std::time::Instant::now()).await,
             ChunkState::Done | ChunkState::Failed => self.finish(claim).await,
         }
     }
@@ -202,6 +202,18 @@ impl Pipeline {
                 }
             }
         }
+    }
+
+    /// Before an API call: if this step may have been paused since its claim was last checked at `checked_at` (for
+    /// longer than a renewal period: a frozen VM, a SIGSTOP), checks and extends the claim first, so a replica
+    /// resumed past its lease does not post or poll for a chunk another replica now holds
+    /// ([`StoreError::StaleClaim`]). `Ok(false)`: the job has finished meanwhile; the call is not made.
+    async fn still_held(&self, claim: &Claim, checked_at: std::time::Instant) -> Result<bool, StoreError> {
+        if checked_at.elapsed() < renew_every(self.lease) {
+            return Ok(true);
+        }
+        let now = self.store.now().await?;
+        self.store.renew(claim, now + self.lease.as_millis() as u64).await
     }
 
     /// Renews `claim`'s lease once; whether to keep renewing.

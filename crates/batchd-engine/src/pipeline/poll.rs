@@ -14,12 +14,14 @@ use crate::policy::{poll_delay, retry_delay};
 
 impl Pipeline {
     /// Polls one chunk's remote batch.
+    /// `checked_at`: when the claim was last checked (the step's read of the ledger).
     pub(super) async fn poll(
         &self,
         claim: &Claim,
         provider: &dyn Provider,
         model: &ModelName,
         view: &ChunkView,
+        checked_at: std::time::Instant,
     ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
         let request_id = view.request_id.as_deref().and_then(|id| RequestId::parse(id).ok());
@@ -31,6 +33,9 @@ impl Pipeline {
             });
         };
         if self.throttle(claim, provider, model, ApiCall::Poll).await?.is_some() {
+            return Ok(());
+        }
+        if !self.still_held(claim, checked_at).await? {
             return Ok(());
         }
         let span = tracing::debug_span!("poll", request_id = %request_id, model = %model, n_polls = view.n_polls);

@@ -32,11 +32,12 @@ impl Pipeline {
         let limits = provider.limits();
         let mut room = self.renewing(claim, self.budget.hold(2 * limits.max_body_bytes)).await;
         let ticket = self.store.begin_submit(claim, self.store.now().await?).await?;
+        let checked_at = Instant::now();
         match ticket {
             SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => {
                 let body = limits.body.bytes(requests.iter().map(|item| item.get().len()));
                 room.shrink_to(2 * body);
-                let post = Post { provider, model, attempt, resubmit, deadline_at };
+                let post = Post { provider, model, attempt, resubmit, checked_at, deadline_at };
                 self.post(claim, post, &requests, placement).await
             }
             SubmitTicket::Cancelled => {
@@ -60,8 +61,11 @@ impl Pipeline {
         requests: &[R],
         placement: Placement,
     ) -> Result<(), StoreError> {
-        let Post { provider, model, attempt, resubmit, deadline_at } = post;
+        let Post { provider, model, attempt, resubmit, checked_at, deadline_at } = post;
         let chunk = &claim.chunk;
+        if !self.still_held(claim, checked_at).await? {
+            return Ok(());
+        }
         if resubmit {
             metrics::possible_duplicate_submit();
             tracing::warn!(
@@ -300,6 +304,8 @@ pub(super) struct Post<'a> {
     pub attempt: u64,
     /// Whether an earlier attempt was interrupted (the remote batch may exist already).
     pub resubmit: bool,
+    /// When the claim was last checked (the chunk marked `submitting` under it).
+    pub checked_at: Instant,
     /// The job's deadline: no retry is due after it.
     pub deadline_at: UnixMillis,
 }

@@ -107,7 +107,14 @@ impl Pipeline {
                 let first = &job.requests[..plan[0].1];
                 let claim = Claim::first(job.id.clone());
                 let placement = Placement::Range { start: 0, len: plan[0].1 };
-                let post = Post { provider, model: &job.model, attempt: 1, resubmit: false, deadline_at };
+                let post = Post {
+                    provider,
+                    model: &job.model,
+                    attempt: 1,
+                    resubmit: false,
+                    checked_at: std::time::Instant::now(),
+                    deadline_at,
+                };
                 let posted = self.post(&claim, post, first, placement).await;
                 if let Err(StoreError::StaleClaim { job_id, chunk, detail }) = &posted {
                     super::stale_step(job_id, *chunk, detail);
