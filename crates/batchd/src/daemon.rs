@@ -1,4 +1,4 @@
-//! `batchd run`: wires storage, the API client and two apalis workers together, and runs them until shutdown.
+//! `batchd run`: wires storage, the providers (Cloudflare; OpenAI when `[openai]` has a key) and two apalis workers together, and runs them until shutdown.
 //!
 //! The workers are run one task each (not under apalis's `Monitor`, which reports success even when a worker
 //! died): a worker that ends before shutdown was requested makes `run` return an error, so the process exits
@@ -17,7 +17,8 @@ use apalis::layers::WorkerBuilderExt;
 use apalis_core::worker::builder::WorkerBuilder;
 use batchd_cloudflare::{BatchClient, CloudflareProvider, QueueClient};
 use batchd_engine::providers::Providers;
-use batchd_provider::{Provider, ReplyHold};
+use batchd_openai::OpenAiProvider;
+use batchd_provider::{Provider, ReplyBudget, ReplyHold};
 use batchd_queue::Store;
 
 use batchd_engine::runtime::{ByteBudget, DeliveryLimit, EntryBudget, IngressSettings, ScheduleSettings};
@@ -83,8 +84,21 @@ pub async fn run_with_providers(
         settings.jobs.max_payload_bytes,
         Some(settings.jobs.max_batch_items).filter(|max| *max > 0),
     );
-    let providers =
-        extra.into_iter().fold(Providers::new().with(Arc::new(cloudflare)), |providers, extra| providers.with(extra));
+    let mut providers = Providers::new().with(Arc::new(cloudflare));
+    if let Some(key) = settings.openai_api_key()? {
+        let (hold, try_hold) = (budget.clone(), budget.clone());
+        let results_budget = ReplyBudget::new(
+            move |bytes| {
+                let budget = hold.clone();
+                async move { Box::new(budget.hold(bytes.saturating_mul(REPLY_COPIES)).await) as ReplyHold }
+            },
+            move |bytes| try_hold.try_hold(bytes.saturating_mul(REPLY_COPIES)).map(|room| Box::new(room) as ReplyHold),
+        );
+        let openai = OpenAiProvider::new(settings.openai_settings(&key), Some(results_budget))
+            .context("openai settings")?;
+        providers = providers.with(Arc::new(openai));
+    }
+    let providers = extra.into_iter().fold(providers, |providers, extra| providers.with(extra));
 
     // Stopped last, after the drain, so probes and scrapes are answered while work in flight finishes.
     let background_stop = CancellationToken::new();

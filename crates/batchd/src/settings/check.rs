@@ -92,6 +92,7 @@ impl Settings {
             return fail("cloudflare.max_reply_bytes", "must be at least 65536");
         }
         check_base_url(&self.cloudflare.base_url)?;
+        self.check_openai()?;
         if self.events.enabled() {
             if !(1..=batchd_cloudflare::MAX_PULL_BATCH).contains(&self.events.batch_size) {
                 return fail("events.batch_size", "must be 1-100 (the Queues limit)");
@@ -163,6 +164,30 @@ impl Settings {
         self.redis_endpoint()?;
         crate::logging::check(&self.log, std::env::var("RUST_LOG").ok().as_deref()).map_err(ConfigError)?;
         Ok(())
+    }
+}
+
+impl Settings {
+    /// `[openai]`: limits within the API's, a lease longer than a request, a base URL that keeps the key private.
+    fn check_openai(&self) -> Result<(), ConfigError> {
+        let openai = &self.openai;
+        let fail = |key: &str, why: &str| Err(ConfigError(format!("openai.{key}: {why}")));
+        if !(1..=50_000).contains(&openai.max_requests) {
+            return fail("max_requests", "must be 1 to 50000 (the API's limit per batch)");
+        }
+        if !(1024..=200 * 1000 * 1000).contains(&openai.max_file_bytes) {
+            return fail("max_file_bytes", "must be 1024 to 200000000 (the API's limit per input file)");
+        }
+        if openai.max_result_bytes < 64 * 1024 {
+            return fail("max_result_bytes", "must be at least 65536");
+        }
+        if openai.request_timeout_secs == 0 || self.schedule.lease_secs <= openai.request_timeout_secs {
+            return fail("request_timeout_secs", "must be at least 1 and below schedule.lease_secs");
+        }
+        if openai.lookup_pages == 0 {
+            return fail("lookup_pages", "must be at least 1");
+        }
+        check_base_url(&openai.base_url).map_err(|error| ConfigError(error.0.replace("cloudflare.", "openai.")))
     }
 }
 
