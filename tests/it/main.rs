@@ -30,6 +30,7 @@ mod hostile;
 mod journald;
 mod liveness;
 mod memory;
+mod openai;
 mod ops;
 mod producer;
 mod recovery;

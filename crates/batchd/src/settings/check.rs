@@ -181,7 +181,11 @@ impl Settings {
         if openai.max_result_bytes < 64 * 1024 {
             return fail("max_result_bytes", "must be at least 65536");
         }
-        if openai.request_timeout_secs == 0 || self.schedule.lease_secs <= openai.request_timeout_secs {
+        // The lease must outlast a request only where OpenAI is used (a key is given).
+        let configured = openai.api_key.is_some() || !openai.api_key_file.is_empty();
+        if openai.request_timeout_secs == 0
+            || (configured && self.schedule.lease_secs <= openai.request_timeout_secs)
+        {
             return fail("request_timeout_secs", "must be at least 1 and below schedule.lease_secs");
         }
         if openai.lookup_pages == 0 {
