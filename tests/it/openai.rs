@@ -207,3 +207,52 @@ async fn cancelling_a_job_cancels_its_remote_batch() {
     .await;
     daemon.stop().await.expect("stop");
 }
+
+#[tokio::test]
+async fn embeddings_and_responses_jobs_go_to_their_endpoint_and_an_unknown_endpoint_fails_the_job() {
+    let world = openai_world(|_| {}).await;
+    let daemon = world.daemon();
+    world
+        .enqueue(&json!({
+            "id": "emb-1",
+            "model": "openai/text-embedding-3-small",
+            "endpoint": "/v1/embeddings",
+            "requests": [{"input": "one"}, {"input": ["two", "three"], "dimensions": 4}, {"input": "four"}],
+        }))
+        .await;
+    world
+        .enqueue(&json!({
+            "id": "resp-1",
+            "model": "openai/gpt-4.1-mini",
+            "endpoint": "/v1/responses",
+            "requests": [{"input": "first"}, {"no_input": true}, {"input": "third"}],
+        }))
+        .await;
+    world
+        .enqueue(&json!({"id": "bad-endpoint", "model": "openai/m", "endpoint": "/v1/videos", "requests": [{}]}))
+        .await;
+
+    let embeddings = world.wait_for_result("emb-1", WAIT).await;
+    assert_eq!(embeddings.status, ResultStatus::Completed, "{:?}", embeddings.error);
+    assert_eq!(embeddings.items_failed, 0);
+    let second = body(&embeddings, 1);
+    assert_eq!(second["object"], "list");
+    assert_eq!(second["data"].as_array().expect("vectors").len(), 2, "one vector per input of item 1");
+    assert_eq!(second["data"][0]["embedding"].as_array().expect("vector").len(), 4);
+    assert_eq!(body(&embeddings, 0)["data"].as_array().expect("vectors").len(), 1);
+
+    let responses = world.wait_for_result("resp-1", WAIT).await;
+    assert_eq!(responses.status, ResultStatus::Completed, "{:?}", responses.error);
+    assert_eq!(responses.items_failed, 1);
+    assert_eq!(body(&responses, 0)["object"], "response");
+    assert!(body(&responses, 2).to_string().contains("third"));
+    assert_eq!(error(&responses, 1)["http_status"], 400);
+    assert!(responses.result.as_ref().expect("result").usage["input_tokens"].as_u64().expect("usage") > 0);
+
+    let refused = world.wait_for_result("bad-endpoint", WAIT).await;
+    assert_eq!(refused.status, ResultStatus::Failed);
+    assert!(refused.error.as_ref().expect("error").message.contains("no endpoint \"/v1/videos\""), "{:?}", refused.error);
+    let creates = world.emulator.openai().calls_of(OpenAiCallKind::CreateBatch);
+    assert_eq!(creates.len(), 2, "the unknown endpoint was never sent");
+    daemon.stop().await.expect("stop");
+}

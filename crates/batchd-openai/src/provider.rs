@@ -197,7 +197,13 @@ impl Provider for OpenAiProvider {
 
     fn submit<'a>(&'a self, batch: SubmitBatch<'a>) -> BoxFuture<'a, Result<Submitted, ApiError>> {
         Box::pin(async move {
-            let endpoint = DEFAULT_ENDPOINT;
+            let endpoint = batch.endpoint.unwrap_or(DEFAULT_ENDPOINT);
+            if !jsonl::ENDPOINTS.contains(&endpoint) {
+                return Err(error::local(
+                    ErrorKind::Permanent,
+                    format!("the OpenAI Batch API has no endpoint {endpoint:?}; use one of {}", jsonl::ENDPOINTS.join(", ")),
+                ));
+            }
             if let Some(resume) = batch.resume {
                 if let Some(found) = self.find_created(&batch.tag, resume).await? {
                     tracing::info!(

@@ -156,7 +156,7 @@ impl Pipeline {
         };
         match view.chunk_state {
             ChunkState::Pending | ChunkState::Submitting => {
-                self.submit(chunk, provider.as_ref(), &model, view.deadline_at).await
+                self.submit(chunk, provider.as_ref(), &model, view.endpoint.as_deref(), view.deadline_at).await
             }
             ChunkState::Polling => self.poll(chunk, provider.as_ref(), &model, &view).await,
             ChunkState::Done | ChunkState::Failed => self.finish(&chunk.job_id).await,

@@ -22,6 +22,7 @@ impl Pipeline {
         chunk: &ChunkRef,
         provider: &dyn Provider,
         model: &ModelName,
+        endpoint: Option<&str>,
         deadline_at: UnixMillis,
     ) -> Result<(), StoreError> {
         if self.throttle(chunk, provider, model, ApiCall::Submit).await?.is_some() {
@@ -36,7 +37,7 @@ impl Pipeline {
             SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => {
                 let body = limits.body.bytes(requests.iter().map(|item| item.get().len()));
                 room.shrink_to(2 * body);
-                let post = Post { provider, model, attempt, resubmit, deadline_at };
+                let post = Post { provider, model, endpoint, attempt, resubmit, deadline_at };
                 self.post(chunk, post, &requests, placement).await
             }
             SubmitTicket::Cancelled => {
@@ -60,7 +61,7 @@ impl Pipeline {
         requests: &[R],
         placement: Placement,
     ) -> Result<(), StoreError> {
-        let Post { provider, model, attempt, resubmit, deadline_at } = post;
+        let Post { provider, model, endpoint, attempt, resubmit, deadline_at } = post;
         if resubmit {
             metrics::possible_duplicate_submit();
             tracing::warn!(
@@ -84,6 +85,7 @@ impl Pipeline {
         let checkpoint = LedgerCheckpoint { pipeline: self, chunk };
         let batch = SubmitBatch {
             model,
+            endpoint,
             items: &items,
             tag: BatchTag { job_id: &chunk.job_id, chunk: chunk.index, attempt },
             resume: resume.as_ref(),
@@ -307,6 +309,8 @@ pub(super) struct Post<'a> {
     pub provider: &'a dyn Provider,
     /// The job's model.
     pub model: &'a ModelName,
+    /// The job's endpoint, when it named one.
+    pub endpoint: Option<&'a str>,
     /// The attempt (1-based).
     pub attempt: u64,
     /// Whether an earlier attempt was interrupted (the remote batch may exist already).

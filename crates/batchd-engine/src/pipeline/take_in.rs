@@ -107,7 +107,14 @@ impl Pipeline {
                 let first = &job.requests[..plan[0].1];
                 let chunk = ChunkRef::new(job.id.clone(), 0);
                 let placement = Placement::Range { start: 0, len: plan[0].1 };
-                let post = Post { provider, model: &job.model, attempt: 1, resubmit: false, deadline_at };
+                let post = Post {
+                    provider,
+                    model: &job.model,
+                    endpoint: job.endpoint.as_deref(),
+                    attempt: 1,
+                    resubmit: false,
+                    deadline_at,
+                };
                 if let Err(error) = self.post(&chunk, post, first, placement).await {
                     // The entry is taken in (acknowledged); what is retried is the chunk, from the schedule.
                     metrics::redis_error("submit");

@@ -117,6 +117,7 @@ impl Store {
             field::METADATA.to_owned(),
             field::chunk(chunk.index, field::CHUNK_REMOTE_STATUS),
             field::chunk(chunk.index, field::CHUNK_REMOTE),
+            field::ENDPOINT.to_owned(),
         ];
         let (values, cancel_requested): (Vec<Option<String>>, Option<String>) = redis::pipe()
             .hmget(self.keys.job(&chunk.job_id), &names[..])
@@ -146,6 +147,7 @@ impl Store {
             metadata: values[12].clone(),
             remote_status: values[13].clone(),
             remote: values[14].clone(),
+            endpoint: values[15].clone(),
             cancel_requested,
         }))
     }

@@ -83,6 +83,8 @@ pub struct ChunkView {
     pub remote_status: Option<String>,
     /// The provider's references to the remote batch besides its id (JSON), when it needs any.
     pub remote: Option<String>,
+    /// The job's endpoint, when it named one.
+    pub endpoint: Option<String>,
 }
 
 impl ChunkView {
