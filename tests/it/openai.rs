@@ -130,7 +130,9 @@ async fn an_uncertain_create_is_resolved_by_looking_the_batch_up_not_by_creating
     // The create makes its batch, then its reply is replaced by a 500: batchd cannot know it worked.
     openai.inject(OpenAiFault::status(500).on(OpenAiCallKind::CreateBatch).after_handling());
     let daemon = world.daemon();
-    world.enqueue(&json!({"id": "uncertain-1", "model": "openai/gpt-4o-mini", "requests": [chat("a"), chat("b")]})).await;
+    world
+        .enqueue(&json!({"id": "uncertain-1", "model": "openai/gpt-4o-mini", "requests": [chat("a"), chat("b")]}))
+        .await;
     let entry = world.wait_for_result("uncertain-1", WAIT).await;
     assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
     assert_eq!(openai.batch_count(), 1, "no second batch was created");
@@ -251,7 +253,11 @@ async fn embeddings_and_responses_jobs_go_to_their_endpoint_and_an_unknown_endpo
 
     let refused = world.wait_for_result("bad-endpoint", WAIT).await;
     assert_eq!(refused.status, ResultStatus::Failed);
-    assert!(refused.error.as_ref().expect("error").message.contains("no endpoint \"/v1/videos\""), "{:?}", refused.error);
+    assert!(
+        refused.error.as_ref().expect("error").message.contains("no endpoint \"/v1/videos\""),
+        "{:?}",
+        refused.error
+    );
     let creates = world.emulator.openai().calls_of(OpenAiCallKind::CreateBatch);
     assert_eq!(creates.len(), 2, "the unknown endpoint was never sent");
     daemon.stop().await.expect("stop");

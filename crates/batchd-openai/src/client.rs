@@ -234,7 +234,11 @@ impl Client {
         request
     }
 
-    async fn send(&self, operation: Operation, request: reqwest::RequestBuilder) -> Result<reqwest::Response, ApiError> {
+    async fn send(
+        &self,
+        operation: Operation,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ApiError> {
         request.send().await.map_err(|error| self.scrub(error::from_transport(operation, &error, None)))
     }
 
@@ -250,8 +254,9 @@ impl Client {
         }
         let status = response.status().as_u16();
         let body = self.read_small(operation, response).await?;
-        serde_json::from_slice(&body)
-            .map_err(|_| self.scrub(error::unreadable(operation, status, "the reply is not the documented JSON", &body)))
+        serde_json::from_slice(&body).map_err(|_| {
+            self.scrub(error::unreadable(operation, status, "the reply is not the documented JSON", &body))
+        })
     }
 
     /// The error of a non-2xx reply.
@@ -278,8 +283,10 @@ impl Client {
     async fn read_small(&self, operation: Operation, mut response: reqwest::Response) -> Result<Vec<u8>, ApiError> {
         let status = response.status().as_u16();
         let mut body = Vec::new();
-        while let Some(bytes) =
-            response.chunk().await.map_err(|error| self.scrub(error::from_transport(operation, &error, Some(status))))?
+        while let Some(bytes) = response
+            .chunk()
+            .await
+            .map_err(|error| self.scrub(error::from_transport(operation, &error, Some(status))))?
         {
             if body.len() + bytes.len() > MAX_JSON_REPLY {
                 return Err(error::unreadable(operation, status, "the reply is larger than any documented one", b""));
@@ -371,7 +378,9 @@ mod tests {
         let text = String::from_utf8(body).expect("utf-8");
         assert!(text.starts_with(&format!("--{boundary}\r\n")));
         assert!(text.contains("name=\"purpose\"\r\n\r\nbatch\r\n"));
-        assert!(text.contains("filename=\"batchd-j-0.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n{\"a\":1}\n\r\n"));
+        assert!(
+            text.contains("filename=\"batchd-j-0.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n{\"a\":1}\n\r\n")
+        );
         assert!(text.ends_with(&format!("--{boundary}--\r\n")));
     }
 }

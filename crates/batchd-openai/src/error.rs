@@ -118,7 +118,14 @@ pub(crate) fn from_transport(operation: Operation, error: &reqwest::Error, http_
 
 /// A failure batchd itself detects (no usable reply).
 pub(crate) fn local(kind: ErrorKind, message: impl Into<String>) -> ApiError {
-    ApiError { kind, http_status: None, api_code: None, message: message.into(), retry_after: None, maybe_delivered: false }
+    ApiError {
+        kind,
+        http_status: None,
+        api_code: None,
+        message: message.into(),
+        retry_after: None,
+        maybe_delivered: false,
+    }
 }
 
 /// `Retry-After` as seconds or an HTTP date.

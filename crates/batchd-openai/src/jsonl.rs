@@ -237,9 +237,8 @@ fn item_index(custom_id: &RawValue) -> Option<usize> {
 /// failure that is not an HTTP reply) or its reply body's `error` (an HTTP failure).
 fn item_error(error: Option<&RawValue>, status: Option<u16>, body: Option<&RawValue>) -> Box<RawValue> {
     let from_line = error.and_then(|error| serde_json::from_str::<ErrorObject>(error.get()).ok());
-    let from_body = body
-        .and_then(|body| serde_json::from_str::<BodyWithError>(body.get()).ok())
-        .and_then(|body| body.error);
+    let from_body =
+        body.and_then(|body| serde_json::from_str::<BodyWithError>(body.get()).ok()).and_then(|body| body.error);
     let object = from_line.or(from_body).unwrap_or_default();
     let code = match object.code {
         Some(serde_json::Value::String(code)) => Some(code),
@@ -286,7 +285,12 @@ mod tests {
     #[test]
     fn each_item_becomes_one_line_with_the_model_filled_in() {
         let parsed = lines(
-            &[r#"{"messages":[{"role":"user","content":"hi\nthere"}], "max_tokens" : 5}"#, "{}", "{ }", "{\n  \"input\": \"x\"\n}"],
+            &[
+                r#"{"messages":[{"role":"user","content":"hi\nthere"}], "max_tokens" : 5}"#,
+                "{}",
+                "{ }",
+                "{\n  \"input\": \"x\"\n}",
+            ],
             "/v1/chat/completions",
             "gpt-4o-mini",
         );
@@ -336,8 +340,8 @@ mod tests {
             .iter()
             .map(|response| {
                 assert!(response.success);
-                let body: serde_json::Value = serde_json::from_str(response.result.as_ref().expect("result").get())
-                    .expect("json");
+                let body: serde_json::Value =
+                    serde_json::from_str(response.result.as_ref().expect("result").get()).expect("json");
                 body["content"].as_str().expect("content").to_owned()
             })
             .collect();
@@ -384,7 +388,10 @@ mod tests {
         ];
         let (joined, skipped) = join(&lines, 2);
         assert!(joined.responses[0].success, "a success replaces an earlier failure");
-        assert!(joined.responses[0].result.as_ref().expect("result").get().contains("\"a\""), "the first success stays");
+        assert!(
+            joined.responses[0].result.as_ref().expect("result").get().contains("\"a\""),
+            "the first success stays"
+        );
         assert!(!joined.responses[1].success);
         assert_eq!(skipped, Skipped { unreadable: 3, unknown: 3, repeated: 2 });
     }

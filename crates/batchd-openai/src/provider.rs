@@ -103,8 +103,7 @@ impl OpenAiProvider {
         let capacity = shape.bytes(batch.items.iter().map(|item| item.get().len()));
         let name = format!("batchd-{}-{}.jsonl", batch.tag.job_id, batch.tag.chunk);
         let model = batch.model.remote_name();
-        let (body, boundary) =
-            multipart(&name, capacity, |out| jsonl::write_lines(out, batch.items, endpoint, model));
+        let (body, boundary) = multipart(&name, capacity, |out| jsonl::write_lines(out, batch.items, endpoint, model));
         let bytes = body.len();
         let file = self.client.upload(body, &boundary).await?;
         Ok((file, bytes))
@@ -201,19 +200,22 @@ impl Provider for OpenAiProvider {
             if !jsonl::ENDPOINTS.contains(&endpoint) {
                 return Err(error::local(
                     ErrorKind::Permanent,
-                    format!("the OpenAI Batch API has no endpoint {endpoint:?}; use one of {}", jsonl::ENDPOINTS.join(", ")),
+                    format!(
+                        "the OpenAI Batch API has no endpoint {endpoint:?}; use one of {}",
+                        jsonl::ENDPOINTS.join(", ")
+                    ),
                 ));
             }
-            if let Some(resume) = batch.resume {
-                if let Some(found) = self.find_created(&batch.tag, resume).await? {
-                    tracing::info!(
-                        job_id = %batch.tag.job_id,
-                        chunk = batch.tag.chunk,
-                        batch_id = found.id.as_deref().unwrap_or_default(),
-                        "found the batch an interrupted submit created; not creating another"
-                    );
-                    return submitted(found, resume.input_file.clone(), 0);
-                }
+            if let Some(resume) = batch.resume
+                && let Some(found) = self.find_created(&batch.tag, resume).await?
+            {
+                tracing::info!(
+                    job_id = %batch.tag.job_id,
+                    chunk = batch.tag.chunk,
+                    batch_id = found.id.as_deref().unwrap_or_default(),
+                    "found the batch an interrupted submit created; not creating another"
+                );
+                return submitted(found, resume.input_file.clone(), 0);
             }
             let reused = batch.resume.and_then(|resume| resume.input_file.clone()).filter(|file| is_safe_id(file));
             let (input_file, body_bytes) = match reused {
@@ -233,8 +235,7 @@ impl Provider for OpenAiProvider {
                 (tag::CHUNK, batch.tag.chunk.to_string()),
                 (tag::ATTEMPT, batch.tag.attempt.to_string()),
             ]);
-            let create =
-                wire::CreateBatch { input_file_id: &input_file, endpoint, completion_window: "24h", metadata };
+            let create = wire::CreateBatch { input_file_id: &input_file, endpoint, completion_window: "24h", metadata };
             match self.client.create(&create).await {
                 Ok(created) => submitted(created, Some(input_file), body_bytes),
                 // The batch may exist: the engine resubmits, and the resumed submit looks before creating.

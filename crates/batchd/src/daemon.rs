@@ -94,8 +94,8 @@ pub async fn run_with_providers(
             },
             move |bytes| try_hold.try_hold(bytes.saturating_mul(REPLY_COPIES)).map(|room| Box::new(room) as ReplyHold),
         );
-        let openai = OpenAiProvider::new(settings.openai_settings(&key), Some(results_budget))
-            .context("openai settings")?;
+        let openai =
+            OpenAiProvider::new(settings.openai_settings(&key), Some(results_budget)).context("openai settings")?;
         providers = providers.with(Arc::new(openai));
     }
     let providers = extra.into_iter().fold(providers, |providers, extra| providers.with(extra));

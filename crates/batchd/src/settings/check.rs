@@ -183,9 +183,7 @@ impl Settings {
         }
         // The lease must outlast a request only where OpenAI is used (a key is given).
         let configured = openai.api_key.is_some() || !openai.api_key_file.is_empty();
-        if openai.request_timeout_secs == 0
-            || (configured && self.schedule.lease_secs <= openai.request_timeout_secs)
-        {
+        if openai.request_timeout_secs == 0 || (configured && self.schedule.lease_secs <= openai.request_timeout_secs) {
             return fail("request_timeout_secs", "must be at least 1 and below schedule.lease_secs");
         }
         if openai.lookup_pages == 0 {
