@@ -1,4 +1,5 @@
-//! `batchd run`: wires storage, the providers (Cloudflare; OpenAI when `[openai]` has a key) and two apalis workers together, and runs them until shutdown.
+//! `batchd run`: wires storage, the providers (Cloudflare; OpenAI when `[openai]` has a key) and two apalis
+//! workers together, and runs them until shutdown.
 //!
 //! The workers are run one task each (not under apalis's `Monitor`, which reports success even when a worker
 //! died): a worker that ends before shutdown was requested makes `run` return an error, so the process exits

@@ -229,6 +229,21 @@ mod tests {
     use crate::settings::test_env as env;
 
     #[test]
+    fn openai_limits_and_its_request_timeout_are_checked_where_a_key_is_given() {
+        let load = |pairs: &[(&str, &str)]| Settings::load_from(None, &env(pairs)).map_err(|e| e.to_string());
+        let error = load(&[("BATCHD__OPENAI__MAX_REQUESTS", "50001")]).unwrap_err();
+        assert!(error.contains("openai.max_requests"), "{error}");
+        let error = load(&[("BATCHD__OPENAI__MAX_FILE_BYTES", "300000000")]).unwrap_err();
+        assert!(error.contains("openai.max_file_bytes"), "{error}");
+        let error = load(&[("BATCHD__OPENAI__BASE_URL", "http://10.0.0.5/v1")]).unwrap_err();
+        assert!(error.contains("openai.base_url") && error.contains("in clear"), "{error}");
+        let short_lease = [("BATCHD__SCHEDULE__LEASE_SECS", "30"), ("BATCHD__CLOUDFLARE__REQUEST_TIMEOUT_SECS", "10")];
+        assert!(load(&short_lease).is_ok(), "no key: OpenAI's timeout does not matter");
+        let error = load(&[short_lease[0], short_lease[1], ("OPENAI_API_KEY", "sk-x")]).unwrap_err();
+        assert!(error.contains("openai.request_timeout_secs"), "{error}");
+    }
+
+    #[test]
     fn plain_http_is_refused_unless_the_api_is_on_this_machine() {
         let load = |url: &str| Settings::load_from(None, &env(&[("BATCHD__CLOUDFLARE__BASE_URL", url)]));
         for allowed in [
