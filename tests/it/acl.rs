@@ -214,7 +214,8 @@ async fn every_role_does_its_job_with_the_shipped_rules() {
     // by name as the operator), and cancelling it again changes nothing.
     wait_for_functions(&world).await;
     for _ in 0..2 {
-        let (code, _, stderr) = cli_as(&world, "operator", &["cancel", "acl-3", "--reason", "not needed"]).await;
+        let (code, _, stderr) =
+            cli_as(&world, "operator", &["cancel", "acl-3", "--before-arrival", "--reason", "not needed"]).await;
         assert_eq!(code, 0, "operator: batchd cancel: {stderr}");
     }
 
@@ -606,7 +607,7 @@ async fn the_read_only_operator_cannot_write_through_redis_or_the_cli() {
     let file = world.redis.dir.join("job.json");
     std::fs::write(&file, bge_m3_job("job-2", 1).to_string()).expect("job file");
     let commands: [&[&str]; 4] = [
-        &["cancel", "job-1"],
+        &["cancel", "job-1", "--before-arrival"],
         &["dead", "purge", "--all", "--yes"],
         &["dead", "purge", "--yes", &dead_entry],
         &["submit", file.to_str().expect("path")],

@@ -34,6 +34,8 @@ async fn json_output_parses_for_every_command() {
     let commands: Vec<Vec<&str>> = vec![
         vec!["status", "j-1", "--json"],
         vec!["cancel", "j-1", "--json"],
+        vec!["cancel", "u-1", "--before-arrival", "--json"],
+        vec!["uncancel", "u-1", "--json"],
         vec!["retry", "--dry-run", "--json"],
         vec!["jobs", "--json"],
         vec!["stats", "--json"],
@@ -51,7 +53,7 @@ async fn json_output_parses_for_every_command() {
         assert!(value.is_object() || value.is_array(), "{args:?}: {value}");
         covered.push(
             args.iter()
-                .take_while(|arg| !arg.starts_with('-') && **arg != "j-1" && **arg != dead_id)
+                .take_while(|arg| !arg.starts_with('-') && !["j-1", "u-1"].contains(*arg) && **arg != dead_id)
                 .copied()
                 .collect::<Vec<_>>()
                 .join(" "),

@@ -126,7 +126,7 @@ async fn cancel_is_a_function_that_works_before_anyone_loaded_it_and_twice_is_a_
     let mut admin = world.conn.clone();
     let _: () = redis::cmd("FUNCTION").arg("FLUSH").query_async(&mut admin).await.expect("flush functions");
     for _ in 0..2 {
-        let output = run(command_clone(&world, &["cancel", "early-1", "--json"])).await;
+        let output = run(command_clone(&world, &["cancel", "early-1", "--before-arrival", "--json"])).await;
         assert!(output.status.success(), "{}", text(&output.stderr));
         let answer: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
         assert_eq!(answer["outcome"], "not_taken_in", "{answer}");

@@ -33,6 +33,7 @@ mod memory;
 mod openai;
 mod ops;
 mod producer;
+mod provider_seam;
 mod recovery;
 mod schema;
 mod scripts;

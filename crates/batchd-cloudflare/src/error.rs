@@ -62,7 +62,7 @@ const MESSAGE_CHARS: usize = 4096;
 /// Classifies a reply by its HTTP status, the API's error code and message (the reference's error table).
 ///
 /// The code wins over the status where it is specific (5001, 3006, 3036, 3040, 3007, 3008, 8007); a submit refused
-/// with a 4xx because of its input (5004, 5006, or a schema message `oneOf ... not met`; 3003 is the batch as a
+/// with a 4xx because of its input (5004, 5006, or a schema message `oneOf ... not met` or `anyOf ... not met`; 3003 is the batch as a
 /// whole) is invalid input, to be split; otherwise 429 is a rate limit, 408 is transient, 413 is too large, 404 on a poll
 /// means the results are gone, 5xx is transient and everything else (401, 403, 400, 404 on submit, unexpected
 /// 3xx, a 2xx with `success:false`) is permanent.
@@ -70,7 +70,7 @@ pub(crate) fn classify(operation: Operation, http_status: u16, api_code: Option<
     let lower = message.to_ascii_lowercase();
     let not_batchable = api_code == Some(api_code::NOT_BATCHABLE) || lower.contains("does not support request queu");
     let names_input = matches!(api_code, Some(api_code::INVALID_DATA | api_code::BAD_INPUT))
-        || (lower.contains("oneof") && lower.contains("not met"));
+        || ((lower.contains("oneof") || lower.contains("anyof")) && lower.contains("not met"));
     match (http_status, api_code) {
         (_, Some(api_code::MODEL_EXECUTION_FAILED)) => ErrorKind::BatchFailed,
         (413, _) | (_, Some(api_code::TOO_LARGE)) => ErrorKind::TooLarge,
@@ -337,6 +337,11 @@ mod tests {
         assert_eq!(classify(Submit, 400, Some(3003), schema), ErrorKind::Permanent, "3003 is the whole batch");
         assert_eq!(classify(Submit, 500, None, schema), ErrorKind::Transient, "only 4xx names the input");
         assert_eq!(classify(Poll, 400, None, schema), ErrorKind::Permanent);
+        // Newer model schemas use anyOf; refusals come with or without a code and with or without a pointer.
+        for any_of in ["AiError: Bad input: Error: anyOf at '/requests/3' not met", "anyOf at '/' not met"] {
+            assert_eq!(classify(Submit, 400, None, any_of), ErrorKind::InvalidInput, "{any_of}");
+            assert_eq!(classify(Submit, 400, Some(5006), any_of), ErrorKind::InvalidInput, "{any_of}");
+        }
         let queuing = "@cf/x/y does not support request queuing";
         assert_eq!(classify(Submit, 400, None, queuing), ErrorKind::NotBatchable);
         assert_eq!(
@@ -357,7 +362,9 @@ mod tests {
         assert_eq!(error.refused_item(), Some(7));
         assert!(!error.is_ambiguous_submit());
         let whole = ApiError { message: "oneOf at '/' not met".into(), ..error.clone() };
-        assert_eq!(whole.refused_item(), None);
+        assert_eq!(whole.refused_item(), None, "no pointer: the engine bisects");
+        let any_of = ApiError { message: "anyOf at '/requests/3' not met".into(), ..error.clone() };
+        assert_eq!(any_of.refused_item(), Some(3));
         let job_error =
             ApiError::from_reply(Submit, 400, None, br#"{"errors":[{"code":"8007","message":"no queue"}]}"#)
                 .to_job_error();

@@ -363,6 +363,22 @@ pub async fn enqueue_many(conn: &mut Conn, keys: &Keys, jobs: &[&[u8]]) -> Resul
     Ok(pipe.query_async(conn).await?)
 }
 
+/// Whether job `id` has a ledger (it was taken in and its ledger has not expired).
+pub async fn job_exists(conn: &mut Conn, keys: &Keys, id: &JobId) -> Result<bool, StoreError> {
+    let n: u64 = redis::cmd("EXISTS").arg(keys.job(id)).query_async(conn).await?;
+    Ok(n == 1)
+}
+
+/// The reason of a pending cancellation request of job `id` (`{ns}:cancel:<id>`), if there is one.
+pub async fn cancel_request(conn: &mut Conn, keys: &Keys, id: &JobId) -> Result<Option<String>, StoreError> {
+    Ok(redis::cmd("GET").arg(keys.cancel(id)).query_async(conn).await?)
+}
+
+/// Withdraws a pending cancellation request of job `id` (`GETDEL` of its flag); returns the reason it had.
+pub async fn withdraw_cancel(conn: &mut Conn, keys: &Keys, id: &JobId) -> Result<Option<String>, StoreError> {
+    Ok(redis::cmd("GETDEL").arg(keys.cancel(id)).query_async(conn).await?)
+}
+
 /// Deletes dead-letter entries; returns how many existed.
 pub async fn delete_dead_letters(conn: &mut Conn, keys: &Keys, entry_ids: &[String]) -> Result<u64, StoreError> {
     Ok(redis::cmd("XDEL").arg(keys.dead()).arg(entry_ids).query_async(conn).await?)

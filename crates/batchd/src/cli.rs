@@ -53,7 +53,8 @@ pub const EXIT_CODES_HELP: &str = "Exit codes:
       when standard input is not a terminal), one line on stderr
   3   `submit --wait`: the job ended failed, expired or cancelled
   4   gave up waiting (`submit --wait --timeout`, `tail --timeout` before --count entries)
-  5   not found: no such job (`status`), no such dead-letter entry (`dead show|retry|purge`)
+  5   not found: no such job (`status`; `cancel` without --before-arrival), no pending
+      cancellation (`uncancel`), no such dead-letter entry (`dead show|retry|purge`)
   78  configuration error (bad or missing key); the message names the key";
 
 /// An outcome the CLI reports through its exit code, with its one-line message.
@@ -286,12 +287,32 @@ fn status_text(namespace: &str, view: &LedgerView) -> String {
 
 /// `batchd cancel <id>`: requests the job's cancellation through batchd's `cancel` Redis function: it sets the
 /// documented flag `{ns}:cancel:<id>` and makes the job's steps due at once, so a replica publishes the `cancelled`
-/// result right away. A job not taken in yet is never submitted; a finished job is not changed.
+/// result right away. A finished job is not changed. A job that was never taken in is "not found" (exit code 5:
+/// a mistyped id would otherwise cancel a future job silently) unless `before_arrival` is given; then the request
+/// waits for the job (`batchd uncancel` withdraws it).
 ///
 /// With `json`: `{"job_id":..,"outcome":"requested"|"already_finished"|"not_taken_in","state":..}`.
-pub async fn cancel(settings: &Settings, id: &str, reason: &str, json: bool) -> anyhow::Result<()> {
+pub async fn cancel(
+    settings: &Settings,
+    id: &str,
+    reason: &str,
+    before_arrival: bool,
+    json: bool,
+) -> anyhow::Result<()> {
     use batchd_producer::CancelOutcome;
     let job_id = parse_job_id(id)?;
+    let keys = settings.keys();
+    if !before_arrival {
+        let mut conn = connect(settings).await?;
+        if !batchd_queue::inspect::job_exists(&mut conn, &keys, &job_id).await.context("read ledger")? {
+            return Err(Exit::not_found(format!(
+                "no job {job_id} in namespace {} (not taken in yet, never enqueued, or its ledger expired); to \
+                 cancel it when it arrives, within {}s, add --before-arrival",
+                keys.namespace(),
+                settings.retention.ledger_ttl_secs
+            )));
+        }
+    }
     let producer = producer(settings).await?;
     let outcome = producer.cancel(&job_id, reason).await.map_err(|e| anyhow!("cancel job {job_id}: {e}"))?;
     if json {
@@ -309,10 +330,32 @@ pub async fn cancel(settings: &Settings, id: &str, reason: &str, json: bool) -> 
         ),
         CancelOutcome::Requested(None) => println!(
             "cancellation of job {job_id} requested; it is not taken in yet, and is never submitted if it arrives \
-             within {}s",
+             within {}s (batchd uncancel {job_id} withdraws the request)",
             settings.retention.ledger_ttl_secs
         ),
     }
+    Ok(())
+}
+
+/// `batchd uncancel <id>`: withdraws a pending cancellation request (one made with `cancel --before-arrival`
+/// for a job not taken in yet, or one the daemon has not acted on). A job already cancelled stays cancelled. No
+/// request is "not found" (exit code 5).
+pub async fn uncancel(settings: &Settings, id: &str, json: bool) -> anyhow::Result<()> {
+    let job_id = parse_job_id(id)?;
+    let keys = settings.keys();
+    let mut conn = connect(settings).await?;
+    let Some(reason) =
+        batchd_queue::inspect::withdraw_cancel(&mut conn, &keys, &job_id).await.context("withdraw the request")?
+    else {
+        return Err(Exit::not_found(format!(
+            "no cancellation of job {job_id} is pending in namespace {}",
+            keys.namespace()
+        )));
+    };
+    if json {
+        return print_json(&serde_json::json!({"job_id": job_id.as_str(), "withdrawn": true, "reason": reason}));
+    }
+    println!("cancellation of job {job_id} withdrawn (its reason was {:?})", escape_for_terminal(&reason));
     Ok(())
 }
 

@@ -70,7 +70,19 @@ discarded. A job not taken in yet is never submitted; a finished job is not chan
         /// Why, for the result's error message.
         #[arg(long, default_value = "cancelled", value_name = "TEXT")]
         reason: String,
+        /// Also when no job with this id was taken in yet: the job is cancelled when it arrives (within
+        /// retention.ledger_ttl_secs). Without it, an unknown id is "not found" (exit 5).
+        #[arg(long)]
+        before_arrival: bool,
         /// Print JSON: `{"job_id":..,"outcome":"requested"|"already_finished"|"not_taken_in","state":..}`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Withdraw a pending cancellation request (e.g. one made with `cancel --before-arrival`)
+    Uncancel {
+        /// The job id.
+        id: String,
+        /// Print JSON: `{"job_id":..,"withdrawn":true,"reason":..}`.
         #[arg(long)]
         json: bool,
     },
@@ -219,7 +231,10 @@ fn main() -> ExitCode {
             Command::Run => run_daemon(settings).await,
             Command::Submit(args) => cli::submit(&settings, args).await,
             Command::Status { id, json } => cli::status(&settings, id, *json).await,
-            Command::Cancel { id, reason, json } => cli::cancel(&settings, id, reason, *json).await,
+            Command::Cancel { id, reason, before_arrival, json } => {
+                cli::cancel(&settings, id, reason, *before_arrival, *json).await
+            }
+            Command::Uncancel { id, json } => cli::uncancel(&settings, id, *json).await,
             Command::Retry(args) => cli::retry::retry(&settings, args).await,
             Command::Tail(args) => cli::tail::tail(&settings, args).await,
             Command::Jobs(args) => cli::inspect::jobs(&settings, args).await,

@@ -375,6 +375,18 @@ impl Daemon {
         Self { shutdown, task }
     }
 
+    /// Starts `batchd::daemon::run_with_providers`: the configured providers and `extra` beside them.
+    pub fn start_with_providers(
+        settings: Settings,
+        emulator: &EmulatorHandle,
+        extra: Vec<std::sync::Arc<dyn batchd_provider::Provider>>,
+    ) -> Self {
+        let shutdown = CancellationToken::new();
+        let token = Secret::new(emulator.token());
+        let task = tokio::spawn(batchd::daemon::run_with_providers(settings, token, extra, shutdown.clone()));
+        Self { shutdown, task }
+    }
+
     /// Graceful stop; returns what `run` returned.
     pub async fn stop(self) -> anyhow::Result<()> {
         self.shutdown.cancel();

@@ -3,8 +3,8 @@
 //!
 //! `jobs` walks the ledgers with `SCAN` (1,000 keys per step, one pipelined `HMGET` per step): its time is O(number
 //! of ledgers) and its memory O(--limit), so it is an operator's tool, not something to poll. `stats` uses bounded
-//! commands only, except throughput, which reads at most `--scan-limit` result entries; it also says whether intake
-//! is paused (`batchd pause`). Names read from Redis
+//! commands only (throughput comes from the finished-jobs counters, never from the result entries, which hold every
+//! response); it also says whether intake is paused (`batchd pause`). Names read from Redis
 //! (job ids, states, models, statuses, consumer groups) are printed escaped (`escape_for_terminal`).
 
 use std::time::Duration;
@@ -20,9 +20,6 @@ use crate::settings::Settings;
 
 /// Keys asked for per `SCAN` step.
 const SCAN_COUNT: usize = 1000;
-
-/// Result entries read per `XREVRANGE` page when counting throughput.
-const PAGE: usize = 1000;
 
 /// Throughput windows, in minutes.
 const WINDOWS: [u64; 3] = [1, 5, 15];
@@ -187,28 +184,20 @@ fn jobs_table(rows: &[JobRow]) -> String {
 /// Options of `batchd stats`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StatsArgs {
-    /// Most result entries read to count throughput (newest first); past it, counts are lower bounds.
-    #[arg(long, default_value_t = 10_000, value_name = "N")]
-    pub scan_limit: usize,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
 }
 
 /// What `batchd stats --json` prints (and the dashboard's overview holds per namespace): queue depths, work in
-/// flight, the oldest waiting entry, throughput from the newest `scan_limit` result entries, the result streams'
-/// reader groups and the pause flag. Bounded commands only, but for the throughput's bounded page reads.
-pub(crate) async fn stats_report(
-    conn: &mut Conn,
-    keys: &Keys,
-    now: u64,
-    scan_limit: usize,
-) -> anyhow::Result<serde_json::Value> {
+/// flight, the oldest waiting entry, throughput from the finished-jobs counters, the result streams' reader groups
+/// and the pause flag. Bounded commands only.
+pub(crate) async fn stats_report(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<serde_json::Value> {
     let depths = batchd_queue::inspect::depths(conn, keys, now).await.context("read queue depths")?;
     let oldest_waiting_ms =
         depths.oldest_entry_id.as_deref().and_then(batchd_producer::entry_millis).map(|ms| now.saturating_sub(ms));
     let schedule_lag_ms = depths.earliest_due_ms.map(|due| now.saturating_sub(due));
-    let throughput = throughput(conn, &keys.results(), now, scan_limit).await?;
+    let throughput = throughput(conn, keys, now).await?;
     let readers = result_groups(conn, &keys.results()).await?;
     let paused = super::pause::read(conn, keys).await?;
     Ok(json!({
@@ -232,7 +221,7 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
     let keys = settings.keys();
     let mut conn = connect(settings).await?;
     let now = now_ms();
-    let report = stats_report(&mut conn, &keys, now, args.scan_limit).await?;
+    let report = stats_report(&mut conn, &keys, now).await?;
     let number = |value: &serde_json::Value| value.as_u64().unwrap_or(0);
     let (submit_entries, in_flight) = (number(&report["submit"]["entries"]), number(&report["submit"]["in_flight"]));
     let (scheduled, due) = (number(&report["schedule"]["chunks_in_flight"]), number(&report["schedule"]["due"]));
@@ -269,8 +258,7 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
             format!("{minutes}m {n} ({:.1}/min)", n as f64 / *minutes as f64)
         })
         .collect();
-    let capped = if throughput["capped"].as_bool() == Some(true) { " (at least; --scan-limit reached)" } else { "" };
-    out.push_str(&format!("  results          {results} entries; last {}{capped}\n", windows.join(", ")));
+    out.push_str(&format!("  results          {results} entries; last {}\n", windows.join(", ")));
     if let Some(statuses) = throughput["by_status_15m"].as_object().filter(|s| !s.is_empty()) {
         let parts: Vec<String> =
             statuses.iter().map(|(status, n)| format!("{n} {}", escape_for_terminal(status))).collect();
@@ -289,41 +277,35 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// Result entries published in the last 1, 5 and 15 minutes, counted from their ids (newest first, at most
-/// `scan_limit` entries read), and the last 15 minutes by status.
-async fn throughput(conn: &mut Conn, stream: &str, now: u64, scan_limit: usize) -> anyhow::Result<serde_json::Value> {
-    let oldest = now.saturating_sub(WINDOWS[WINDOWS.len() - 1] * 60_000);
+/// Jobs finished in the last 1, 5 and 15 minutes, and in the last 15 by status, from the finished-jobs counters
+/// (one small hash per minute, written when a result is published): a window of N minutes is the current minute
+/// and the N - 1 before it. Never reads a result entry (each holds every response of its job).
+async fn throughput(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<serde_json::Value> {
+    let longest = WINDOWS[WINDOWS.len() - 1];
+    let current = now / 60_000;
+    let first = current.saturating_sub(longest - 1);
+    let hashes = batchd_queue::inspect::counters(conn, (first..=current).map(|minute| keys.stats_minute(minute)))
+        .await
+        .context("read the minute counters")?;
     let mut counts = [0u64; WINDOWS.len()];
     let mut by_status: std::collections::BTreeMap<String, u64> = Default::default();
-    let (mut end, mut read, mut capped) = ("+".to_owned(), 0usize, false);
-    loop {
-        let page = PAGE.min(scan_limit - read);
-        if page == 0 {
-            capped = true;
-            break;
-        }
-        let entries: batchd_queue::inspect::Entries<String> =
-            batchd_queue::inspect::entries(conn, stream, &oldest.to_string(), &end, page, true)
-                .await
-                .with_context(|| format!("read {stream}"))?;
-        read += entries.len();
-        for (id, fields) in &entries {
-            let Some(ms) = batchd_producer::entry_millis(id) else { continue };
+    for (minute, hash) in (first..=current).zip(&hashes) {
+        for (name, n) in hash {
+            let Some(batchd_core::stats::StatField::Finished(status)) = batchd_core::stats::StatField::parse(name)
+            else {
+                continue;
+            };
+            *by_status.entry(status.to_owned()).or_default() += n;
             for (count, minutes) in counts.iter_mut().zip(WINDOWS) {
-                if ms >= now.saturating_sub(minutes * 60_000) {
-                    *count += 1;
+                if minute + minutes > current {
+                    *count += n;
                 }
             }
-            *by_status.entry(fields.get("status").cloned().unwrap_or_default()).or_default() += 1;
-        }
-        match entries.last() {
-            Some((id, _)) if entries.len() == page => end = format!("({id}"),
-            _ => break,
         }
     }
     let windows: serde_json::Map<String, serde_json::Value> =
         WINDOWS.iter().zip(counts).map(|(minutes, n)| (format!("{minutes}m"), n.into())).collect();
-    Ok(json!({"windows": windows, "by_status_15m": by_status, "entries_read": read, "capped": capped}))
+    Ok(json!({"windows": windows, "by_status_15m": by_status}))
 }
 
 /// The consumer groups reading the results stream, with their pending entries and lag (Redis 7).

@@ -35,8 +35,9 @@ use serde_json::value::RawValue;
 use super::{Exit, connect, escape_for_terminal, format_utc, print_json};
 use crate::settings::Settings;
 
-/// Result entries read per `XRANGE` page. Entries of completed jobs carry every response, so pages stay small.
-const PAGE: usize = 100;
+/// Result entries read per `XRANGE` page. Entries of completed jobs carry every response and Redis cannot read an
+/// entry's fields by name, so a page is small: what one read copies out of Redis is at most ten result entries.
+const PAGE: usize = 10;
 
 /// The statuses a finished job can be retried from.
 const RETRYABLE_STATUSES: [&str; 3] = ["failed", "expired", "cancelled"];

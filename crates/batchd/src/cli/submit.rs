@@ -95,6 +95,18 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
     };
 
     let mut conn = connect(settings).await?;
+    if explicit_id
+        && let Some(reason) =
+            batchd_queue::inspect::cancel_request(&mut conn, &keys, &job.id).await.context("read cancel requests")?
+    {
+        eprintln!(
+            "batchd: warning: a cancellation of job {} is pending (reason {:?}): the job is cancelled when it \
+             arrives; `batchd uncancel {}` withdraws it",
+            job.id,
+            super::escape_for_terminal(&reason),
+            job.id
+        );
+    }
     let entry_id = batchd_queue::inspect::enqueue(&mut conn, &keys, text.as_bytes()).await.context("enqueue job")?;
     let job_id = if explicit_id { job.id.clone() } else { JobId::parse(&entry_id).context("entry id")? };
     if args.json {

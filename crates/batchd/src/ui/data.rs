@@ -44,8 +44,7 @@ pub const STATUSES: [&str; 4] = {
 /// One namespace's overview: `stats --json`, `workers --json`, the chunk states of the work in flight (sampled),
 /// finished jobs per minute over the last hour by status, and tokens by model over the last hour and day.
 pub async fn overview(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<Value> {
-    // The overview counts throughput from the counters, so the stats report reads no result entries.
-    let stats = crate::cli::inspect::stats_report(conn, keys, now, 0).await?;
+    let stats = crate::cli::inspect::stats_report(conn, keys, now).await?;
     let workers = workers::report(conn, keys).await?;
     let chunks = chunk_states(conn, keys).await?;
     let (per_minute, tokens_hour) = minutes(conn, keys, now).await?;
