@@ -31,6 +31,7 @@ mod hostile;
 mod journald;
 mod liveness;
 mod memory;
+mod openai;
 mod ops;
 mod producer;
 mod provider_seam;

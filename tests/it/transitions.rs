@@ -16,7 +16,7 @@ fn allowed(transition: Transition) -> &'static [ChunkState] {
     use ChunkState::*;
     match transition {
         Transition::MarkSubmitted | Transition::MarkSubmitRetry | Transition::RecordRemote => &[Submitting],
-        Transition::MarkPendingPoll | Transition::MarkPollFailed => &[Polling],
+        Transition::MarkPendingPoll | Transition::MarkPollFailed | Transition::MarkRecreate => &[Polling],
         Transition::Reschedule => &[Pending, Submitting, Polling],
         Transition::Renew | Transition::Release => &[Pending, Submitting, Polling, Done, Failed],
         Transition::Forget => &[],
@@ -29,7 +29,7 @@ fn values(transition: Transition) -> Vec<&'static str> {
         Transition::MarkSubmitted => vec!["r-1", "queued", ""],
         Transition::RecordRemote => vec![r#"{"input_file":"file-1"}"#],
         Transition::MarkPendingPoll => vec!["running"],
-        Transition::MarkPollFailed => vec!["1", "{}"],
+        Transition::MarkPollFailed | Transition::MarkRecreate => vec!["1", "{}"],
         Transition::MarkSubmitRetry => vec!["pending", "{}", ""],
         _ => vec![],
     }

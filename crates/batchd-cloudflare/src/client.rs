@@ -2,7 +2,6 @@
 //! `error` (everything else), so this file holds I/O and nothing to decide.
 
 use std::fmt;
-use std::future::Future;
 use std::time::{Duration, Instant, SystemTime};
 
 use batchd_core::{ModelName, RequestId};
@@ -110,13 +109,8 @@ impl BatchClient {
     /// room 1 MiB at a time as it arrives, and never waits while it holds room (short of room, it gives back what
     /// it holds and waits for the sum). [`BatchClient::poll_held`] hands the room to the caller, to drop once the
     /// reply is processed. Submit replies (a request id) are not counted.
-    pub fn with_reply_budget<H, F, T>(mut self, hold: H, try_hold: T) -> Self
-    where
-        H: Fn(usize) -> F + Send + Sync + 'static,
-        F: Future<Output = ReplyHold> + Send + 'static,
-        T: Fn(usize) -> Option<ReplyHold> + Send + Sync + 'static,
-    {
-        self.transport.reply_budget = Some(ReplyBudget::new(hold, try_hold));
+    pub fn with_reply_budget(mut self, budget: ReplyBudget) -> Self {
+        self.transport.reply_budget = Some(budget);
         self
     }
 

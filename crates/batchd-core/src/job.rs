@@ -23,8 +23,11 @@ use crate::keys::Keys;
 pub const JOB_FIELD: &str = "job";
 
 /// The fields a v1 job may have; anything else is refused, so a typo cannot be silently ignored.
-const KNOWN_FIELDS: [&str; 7] =
-    ["id", "model", "requests", "reply_to", "metadata", "deadline_secs", "retry_failed_items"];
+const KNOWN_FIELDS: [&str; 8] =
+    ["id", "model", "requests", "reply_to", "metadata", "deadline_secs", "retry_failed_items", "endpoint"];
+
+/// Longest accepted `endpoint`, in bytes.
+pub const MAX_ENDPOINT_LEN: usize = 64;
 
 /// Longest part of a producer's value quoted back in an error message, in characters. A message goes into logs,
 /// the result entry and the ledger, so a producer must not be able to make it megabytes long.
@@ -70,6 +73,10 @@ pub struct Job<R = Box<RawValue>> {
     /// Resubmit the items that came back `success:false`, once, when not the configured default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_failed_items: Option<bool>,
+    /// The provider endpoint every item is a request body of (`/v1/embeddings`), for providers that have more
+    /// than one (OpenAI; default `/v1/chat/completions`); a path of `[a-z0-9/._-]` starting with `/`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
     /// Where each request item sits in the decoded text: byte offsets `(start, end)` into the entry's `job`
     /// field, so storage can copy a run of items from the entry inside Redis instead of sending them back.
     #[serde(skip)]
@@ -166,9 +173,10 @@ impl<'a> Job<&'a RawValue> {
 
     /// A copy of the job that owns its items.
     pub fn into_owned(self) -> Job {
-        let Job { id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, item_spans } = self;
+        let Job { id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, endpoint, item_spans } =
+            self;
         let requests = requests.into_iter().map(RawValue::to_owned).collect();
-        Job { id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, item_spans }
+        Job { id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, endpoint, item_spans }
     }
 
     fn decode_text(text: &'a str, default_id: &str, limits: &JobLimits, keys: &Keys) -> Result<Self, DecodeError> {
@@ -301,7 +309,27 @@ impl<'a> Job<&'a RawValue> {
             })?),
         };
 
-        Ok(Job { id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, item_spans })
+        let endpoint = match members.optional("endpoint") {
+            None => None,
+            Some(raw) => {
+                let endpoint = string_field(raw).map_err(|reason| invalid("endpoint", reason))?;
+                let path_chars =
+                    endpoint.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"/._-".contains(&b));
+                if !endpoint.starts_with('/') || endpoint.len() > MAX_ENDPOINT_LEN || !path_chars {
+                    return Err(invalid(
+                        "endpoint",
+                        format!(
+                            "{} is not an endpoint path; it must start with / and hold at most {MAX_ENDPOINT_LEN} of \
+                             a-z 0-9 / . _ - (e.g. \"/v1/embeddings\")",
+                            quote(&endpoint)
+                        ),
+                    ));
+                }
+                Some(endpoint)
+            }
+        };
+
+        Ok(Job { id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, endpoint, item_spans })
     }
 }
 
@@ -577,7 +605,15 @@ mod tests {
         );
         assert_eq!(
             error(r#"{"model":"@cf/a/b","requests":[{}],"modle":1}"#),
-            "invalid `job`: unknown field \"modle\"; the fields of a v1 job are id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items"
+            "invalid `job`: unknown field \"modle\"; the fields of a v1 job are id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, endpoint"
+        );
+        assert_eq!(
+            error(r#"{"model":"openai/m","requests":[{}],"endpoint":"v1/../x?"}"#),
+            "invalid `endpoint`: \"v1/../x?\" is not an endpoint path; it must start with / and hold at most 64 of a-z 0-9 / . _ - (e.g. \"/v1/embeddings\")"
+        );
+        assert_eq!(
+            decode(r#"{"model":"openai/m","requests":[{}],"endpoint":"/v1/embeddings"}"#).unwrap().endpoint.as_deref(),
+            Some("/v1/embeddings")
         );
         assert_eq!(
             error(r#"{"model":"@cf/a/b","requests":[{}],"metadata":[1]}"#),
@@ -665,7 +701,7 @@ mod tests {
     fn the_first_unknown_field_in_sorted_order_is_named() {
         assert_eq!(
             error(r#"{"zz":1,"model":"@cf/a/b","requests":[{}],"b":2,"\u0061":3}"#),
-            "invalid `job`: unknown field \"a\"; the fields of a v1 job are id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items"
+            "invalid `job`: unknown field \"a\"; the fields of a v1 job are id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, endpoint"
         );
         // An escaped name of a real field is that field.
         assert!(decode(r#"{"\u006dodel":"@cf/a/b","requests":[{}]}"#).is_ok());
@@ -681,7 +717,7 @@ mod tests {
             message,
             format!(
                 "invalid `job`: unknown field \"{}\"… (1048576 bytes); the fields of a v1 job are id, model, requests, \
-                 reply_to, metadata, deadline_secs, retry_failed_items",
+                 reply_to, metadata, deadline_secs, retry_failed_items, endpoint",
                 "n".repeat(MAX_QUOTED_CHARS)
             )
         );

@@ -157,10 +157,12 @@ pub mod field {
     /// chunk's completion costs the same whatever the job's chunk count. Ledgers written before it existed lack
     /// it; `chunk_done.lua` counts them once and then keeps it.
     pub const OPEN_CHUNKS: &str = "open_chunks";
+    /// The job's `endpoint`, when it named one (absent: the provider's default).
+    pub const ENDPOINT: &str = "endpoint";
 
     /// Every job-level field name, as `(constant name, field name)`: what the storage scripts' prelude is
     /// generated from.
-    pub const JOB_FIELDS: [(&str, &str); 18] = [
+    pub const JOB_FIELDS: [(&str, &str); 19] = [
         ("STATE", STATE),
         ("METADATA", METADATA),
         ("RETRY_FAILED_ITEMS", RETRY_FAILED_ITEMS),
@@ -179,6 +181,7 @@ pub mod field {
         ("POSSIBLE_DUPLICATE_SUBMITS", POSSIBLE_DUPLICATE_SUBMITS),
         ("ERROR", ERROR),
         ("OPEN_CHUNKS", OPEN_CHUNKS),
+        ("ENDPOINT", ENDPOINT),
     ];
 
     /// What a per-chunk field name starts with, before the chunk index.

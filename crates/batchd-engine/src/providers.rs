@@ -33,7 +33,7 @@ impl Providers {
         self.by_name.get(name).ok_or_else(|| {
             let how = match name {
                 batchd_core::ids::CLOUDFLARE => "set cloudflare.account_id and CLOUDFLARE_API_TOKEN",
-                "openai" => "add an [openai] section and OPENAI_API_KEY",
+                "openai" => "set OPENAI_API_KEY or api_key_file in [openai]",
                 "anthropic" => "add an [anthropic] section and ANTHROPIC_API_KEY",
                 _ => "use a model name of a provider batchd supports (@cf/..., openai/..., anthropic/...)",
             };

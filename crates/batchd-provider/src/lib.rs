@@ -160,6 +160,8 @@ pub trait Checkpoint: Send + Sync {
 pub struct SubmitBatch<'a> {
     /// The model (routed to this provider).
     pub model: &'a ModelName,
+    /// The job's endpoint, for providers with more than one (OpenAI); `None`: the provider's default.
+    pub endpoint: Option<&'a str>,
     /// The request items, in order, each sent byte for byte (the provider adds only the model and its own
     /// per-item ids).
     pub items: &'a [&'a RawValue],
@@ -175,6 +177,7 @@ impl fmt::Debug for SubmitBatch<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SubmitBatch")
             .field("model", &self.model)
+            .field("endpoint", &self.endpoint)
             .field("n_items", &self.items.len())
             .field("tag", &self.tag)
             .field("resume", &self.resume)

@@ -1,4 +1,5 @@
-//! `batchd run`: wires storage, the API client and two apalis workers together, and runs them until shutdown.
+//! `batchd run`: wires storage, the providers (Cloudflare; OpenAI when `[openai]` has a key) and two apalis
+//! workers together, and runs them until shutdown.
 //!
 //! The workers are run one task each (not under apalis's `Monitor`, which reports success even when a worker
 //! died): a worker that ends before shutdown was requested makes `run` return an error, so the process exits
@@ -18,6 +19,7 @@ use apalis_core::worker::builder::WorkerBuilder;
 use batchd_anthropic::AnthropicProvider;
 use batchd_cloudflare::{BatchClient, CloudflareProvider, QueueClient};
 use batchd_engine::providers::Providers;
+use batchd_openai::OpenAiProvider;
 use batchd_provider::{Provider, ReplyBudget, ReplyHold};
 use batchd_queue::Store;
 
@@ -67,16 +69,9 @@ pub async fn run_with_providers(
     let conn = endpoint.shared().context("redis")?;
     // One memory budget for the process, shared by every namespace (docs/operations.md, "Memory and threads").
     let budget = ByteBudget::new(settings.workers.inflight_bytes);
-    let client = {
-        let (hold, try_hold) = (budget.clone(), budget.clone());
-        BatchClient::new(settings.client_settings(&token)).context("cloudflare settings")?.with_reply_budget(
-            move |bytes| {
-                let budget = hold.clone();
-                async move { Box::new(budget.hold(bytes.saturating_mul(REPLY_COPIES)).await) as ReplyHold }
-            },
-            move |bytes| try_hold.try_hold(bytes.saturating_mul(REPLY_COPIES)).map(|room| Box::new(room) as ReplyHold),
-        )
-    };
+    let client = BatchClient::new(settings.client_settings(&token))
+        .context("cloudflare settings")?
+        .with_reply_budget(reply_budget(&budget));
     let cloudflare = CloudflareProvider::new(
         client,
         settings.cloudflare.account_id.clone(),
@@ -86,20 +81,17 @@ pub async fn run_with_providers(
     );
     let mut providers = Providers::new().with(Arc::new(cloudflare));
     if let Some(key) = settings.anthropic_key()? {
-        let (hold, try_hold) = (budget.clone(), budget.clone());
-        // A results download is counted like a poll reply: the bytes, the responses read from them, the output.
-        let reply_budget = ReplyBudget::new(
-            move |bytes: usize| {
-                let budget = hold.clone();
-                async move { Box::new(budget.hold(bytes.saturating_mul(REPLY_COPIES)).await) as ReplyHold }
-            },
-            move |bytes| try_hold.try_hold(bytes.saturating_mul(REPLY_COPIES)).map(|room| Box::new(room) as ReplyHold),
-        );
         let anthropic = AnthropicProvider::new(&settings.anthropic_settings(&key))
             .context("anthropic settings")?
-            .with_reply_budget(reply_budget);
+            .with_reply_budget(reply_budget(&budget));
         tracing::info!(base_url = %settings.anthropic.base_url, "anthropic message batches configured (anthropic/... models)");
         providers = providers.with(Arc::new(anthropic));
+    }
+    if let Some(key) = settings.openai_api_key()? {
+        let openai = OpenAiProvider::new(settings.openai_settings(&key), Some(reply_budget(&budget)))
+            .context("openai settings")?;
+        tracing::info!(base_url = %settings.openai.base_url, "openai batch configured (openai/... models)");
+        providers = providers.with(Arc::new(openai));
     }
     let providers = extra.into_iter().fold(providers, |providers, extra| providers.with(extra));
 
@@ -224,6 +216,21 @@ pub async fn run_with_providers(
     stop_background(background_stop, background).await;
     tracing::info!("batchd stopped");
     Ok(())
+}
+
+/// Counts a provider's poll replies and results downloads against the process's memory budget: the bytes, the
+/// responses read from them and the output built from those ([`REPLY_COPIES`] times the bytes).
+fn reply_budget(budget: &ByteBudget) -> ReplyBudget {
+    let (hold, try_hold) = (budget.clone(), budget.clone());
+    ReplyBudget::new(
+        move |bytes: usize| {
+            let budget = hold.clone();
+            async move { Box::new(budget.hold(bytes.saturating_mul(REPLY_COPIES)).await) as ReplyHold }
+        },
+        move |bytes: usize| {
+            try_hold.try_hold(bytes.saturating_mul(REPLY_COPIES)).map(|room| Box::new(room) as ReplyHold)
+        },
+    )
 }
 
 /// The result of one worker task: its name and how it ended.

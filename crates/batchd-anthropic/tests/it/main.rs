@@ -59,6 +59,7 @@ async fn submit(
     let batch = SubmitBatch {
         model: &model,
         items: &items,
+        endpoint: None,
         tag: BatchTag { job_id: &job_id, chunk, attempt },
         resume,
         checkpoint,

@@ -181,7 +181,7 @@ impl Pipeline {
         };
         match view.chunk_state {
             ChunkState::Pending | ChunkState::Submitting => {
-                self.submit(claim, provider.as_ref(), &model, view.deadline_at).await
+                self.submit(claim, provider.as_ref(), &model, view.endpoint.as_deref(), view.deadline_at).await
             }
             ChunkState::Polling => self.poll(claim, provider.as_ref(), &model, &view, std::time::Instant::now()).await,
             ChunkState::Done | ChunkState::Failed => self.finish(claim).await,

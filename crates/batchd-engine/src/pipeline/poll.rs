@@ -48,6 +48,8 @@ impl Pipeline {
             Ok((status, room)) => (Ok(status), room),
             Err(error) => (Err(error), Vec::new()),
         };
+        // What the provider keeps of an ended batch (files), deleted once its outcome is stored.
+        let mut ended: Option<RemoteBatch> = None;
         let polled = match polled {
             Ok(Polled::Pending(status)) => Ok(Answer::Pending(status)),
             Ok(Polled::Done(output)) => Ok(Answer::Done(output)),
@@ -56,12 +58,18 @@ impl Pipeline {
                 match provider.fetch_results(model, &ready, view.items_len).instrument(span).await {
                     Ok((output, held)) => {
                         room.extend(held);
+                        ended = Some(ready);
                         Ok(Answer::Done(output))
                     }
                     Err(error) => Err(error),
                 }
             }
-            Err(error) => Err(error),
+            Err(error) => {
+                if error.kind == ErrorKind::BatchFailed {
+                    ended = Some(remote.clone());
+                }
+                Err(error)
+            }
         };
         let _room = room;
         let elapsed = started.elapsed();
@@ -70,24 +78,41 @@ impl Pipeline {
             Ok(_) => metrics::api_request(ApiCall::Poll, "pending", Some(200), elapsed),
             Err(error) => metrics::api_request(ApiCall::Poll, error.kind.as_str(), error.http_status, elapsed),
         }
-        match polled {
+        let stored = match polled {
             Ok(Answer::Pending(status)) => self.still_pending(claim, view, &status).await,
-            Ok(Answer::Done(output)) => {
-                metrics::polls_per_batch(view.n_polls + 1);
-                tracing::debug!(request_id = %request_id, n_polls = view.n_polls + 1, n_failed = output.n_failed(), "batch finished");
-                if view.n_chunks <= 1 && output.n_failed() == 0 {
-                    // The common case: one batch, nothing to retry: publish straight from what the poll read,
-                    // without storing the output or reading the ledger again.
-                    let context = view.single_chunk_context(chunk.index);
-                    return self.conclude(&chunk.job_id, Ending::FinishedOneBatch { context, output }).await;
-                }
-                let payload = serde_json::to_string(&output).expect("output serialises");
-                match self.store.chunk_done(claim, ChunkState::Done, &payload, self.store.now().await?).await? {
-                    Some(0) => self.finish(claim).await,
-                    _ => Ok(()),
-                }
-            }
+            Ok(Answer::Done(output)) => self.batch_done(claim, view, &request_id, output).await,
             Err(error) => self.poll_failed(claim, view, error).await,
+        };
+        if let (Ok(()), Some(ended)) = (&stored, ended) {
+            // Best effort, after the outcome is stored: a crash before it leaves files, never loses results.
+            if let Err(error) = provider.clean_up(&ended).await {
+                tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "could not clean up an ended batch at its provider");
+            }
+        }
+        stored
+    }
+
+    /// Stores a finished batch's output (or publishes it straight away when it is the job's only batch).
+    async fn batch_done(
+        &self,
+        claim: &Claim,
+        view: &ChunkView,
+        request_id: &RequestId,
+        output: batchd_core::JobOutput,
+    ) -> Result<(), StoreError> {
+        let chunk = &claim.chunk;
+        metrics::polls_per_batch(view.n_polls + 1);
+        tracing::debug!(request_id = %request_id, n_polls = view.n_polls + 1, n_failed = output.n_failed(), "batch finished");
+        if view.n_chunks <= 1 && output.n_failed() == 0 {
+            // The common case: one batch, nothing to retry: publish straight from what the poll read,
+            // without storing the output or reading the ledger again.
+            let context = view.single_chunk_context(chunk.index);
+            return self.conclude(&chunk.job_id, Ending::FinishedOneBatch { context, output }).await;
+        }
+        let payload = serde_json::to_string(&output).expect("output serialises");
+        match self.store.chunk_done(claim, ChunkState::Done, &payload, self.store.now().await?).await? {
+            Some(0) => self.finish(claim).await,
+            _ => Ok(()),
         }
     }
 
@@ -122,6 +147,17 @@ impl Pipeline {
     async fn poll_failed(&self, claim: &Claim, view: &ChunkView, error: ApiError) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
         let now = self.store.now().await?;
+        if error.kind == ErrorKind::QuotaExhausted && view.remote.is_some() {
+            // A batch refused for a quota after it was created (OpenAI's enqueued-token limit): not now. The chunk
+            // is submitted again after a backoff, resuming with what the provider recorded (its input file).
+            let failures = view.poll_failures + 1;
+            let wait = retry_delay(failures, &self.retry, error.retry_after, unit_random());
+            metrics::throttled_wait(ApiCall::Poll);
+            tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, retry_in = ?wait, "the batch hit a quota; creating it again later");
+            let due = (now + wait.as_millis() as u64).min(view.deadline_at);
+            self.store.mark_recreate(claim, failures, &error.to_job_error().to_json(), due).await?;
+            return Ok(());
+        }
         let failures = match after_failed_poll(&error, view.poll_failures, self.retry.max_attempts) {
             PollDecision::GiveUp { failures } => return self.chunk_failed(claim, exhausted(&error, failures)).await,
             PollDecision::FailChunk => {

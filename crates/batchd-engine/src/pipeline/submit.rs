@@ -21,6 +21,7 @@ impl Pipeline {
         claim: &Claim,
         provider: &dyn Provider,
         model: &ModelName,
+        endpoint: Option<&str>,
         deadline_at: UnixMillis,
     ) -> Result<(), StoreError> {
         if self.throttle(claim, provider, model, ApiCall::Submit).await?.is_some() {
@@ -37,7 +38,7 @@ impl Pipeline {
             SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => {
                 let body = limits.body.bytes(requests.iter().map(|item| item.get().len()));
                 room.shrink_to(2 * body);
-                let post = Post { provider, model, attempt, resubmit, checked_at, deadline_at };
+                let post = Post { provider, model, endpoint, attempt, resubmit, checked_at, deadline_at };
                 self.post(claim, post, &requests, placement).await
             }
             SubmitTicket::Cancelled => {
@@ -61,7 +62,7 @@ impl Pipeline {
         requests: &[R],
         placement: Placement,
     ) -> Result<(), StoreError> {
-        let Post { provider, model, attempt, resubmit, checked_at, deadline_at } = post;
+        let Post { provider, model, endpoint, attempt, resubmit, checked_at, deadline_at } = post;
         let chunk = &claim.chunk;
         if !self.still_held(claim, checked_at).await? {
             return Ok(());
@@ -89,6 +90,7 @@ impl Pipeline {
         let checkpoint = LedgerCheckpoint { pipeline: self, claim };
         let batch = SubmitBatch {
             model,
+            endpoint,
             items: &items,
             tag: BatchTag { job_id: &chunk.job_id, chunk: chunk.index, attempt },
             resume: resume.as_ref(),
@@ -300,6 +302,8 @@ pub(super) struct Post<'a> {
     pub provider: &'a dyn Provider,
     /// The job's model.
     pub model: &'a ModelName,
+    /// The job's endpoint, when it named one.
+    pub endpoint: Option<&'a str>,
     /// The attempt (1-based).
     pub attempt: u64,
     /// Whether an earlier attempt was interrupted (the remote batch may exist already).

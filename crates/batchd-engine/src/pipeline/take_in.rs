@@ -110,6 +110,7 @@ impl Pipeline {
                 let post = Post {
                     provider,
                     model: &job.model,
+                    endpoint: job.endpoint.as_deref(),
                     attempt: 1,
                     resubmit: false,
                     checked_at: std::time::Instant::now(),

@@ -15,6 +15,8 @@
 --   mark_pending_poll   7 remote status                  (polling: one more poll answered, failures reset)
 --   mark_poll_failed    7 consecutive failures, 8 error  (polling)
 --   mark_submit_retry   7 next state (pending|submitting), 8 error, 9 attempts to record or ""   (submitting)
+--   mark_recreate       7 consecutive failures, 8 error  (polling -> submitting: the batch was refused for a quota
+--                                                         after it was created; it is created again)
 --   reschedule          -                                (pending, submitting, polling: a throttled step)
 --   renew, release      -                                (any state: the lease re-scored, only if still scheduled)
 --   forget              -                                (applies only to a finished job)
@@ -28,12 +30,14 @@ local allowed = {
   [T_MARK_PENDING_POLL] = {[CHUNK_POLLING] = true},
   [T_MARK_POLL_FAILED] = {[CHUNK_POLLING] = true},
   [T_MARK_SUBMIT_RETRY] = {[CHUNK_SUBMITTING] = true},
+  [T_MARK_RECREATE] = {[CHUNK_POLLING] = true},
   [T_RESCHEDULE] = {[CHUNK_PENDING] = true, [CHUNK_SUBMITTING] = true, [CHUNK_POLLING] = true},
   [T_RENEW] = any_state,
   [T_RELEASE] = any_state,
   [T_FORGET] = {},
 }
-local extra = {[T_MARK_SUBMITTED] = 3, [T_RECORD_REMOTE] = 1, [T_MARK_PENDING_POLL] = 1, [T_MARK_POLL_FAILED] = 2, [T_MARK_SUBMIT_RETRY] = 3}
+local extra = {[T_MARK_SUBMITTED] = 3, [T_RECORD_REMOTE] = 1, [T_MARK_PENDING_POLL] = 1, [T_MARK_POLL_FAILED] = 2, [T_MARK_SUBMIT_RETRY] = 3,
+  [T_MARK_RECREATE] = 2}
 if not allowed[transition] then refuse('unknown transition ' .. string.sub(tostring(transition), 1, 64)) end
 if #ARGV ~= 6 + (extra[transition] or 0) then
   refuse(transition .. ' takes ' .. (6 + (extra[transition] or 0)) .. ' arguments, got ' .. #ARGV)
@@ -43,7 +47,7 @@ local token = uint(ARGV[4], 'claim token')
 local due = ARGV[5]
 if transition ~= T_FORGET then uint(due, 'due time') end
 local now = uint(ARGV[6], 'now')
-if transition == T_MARK_POLL_FAILED then uint(ARGV[7], 'failures') end
+if transition == T_MARK_POLL_FAILED or transition == T_MARK_RECREATE then uint(ARGV[7], 'failures') end
 if transition == T_MARK_SUBMIT_RETRY then
   if ARGV[7] ~= CHUNK_PENDING and ARGV[7] ~= CHUNK_SUBMITTING then
     refuse('a submit is retried ' .. CHUNK_PENDING .. ' or ' .. CHUNK_SUBMITTING)
@@ -81,6 +85,8 @@ elseif transition == T_MARK_PENDING_POLL then
   redis.call('HSET', ledger, f(C_N_POLLS), n_polls + 1, f(C_REMOTE_STATUS), ARGV[7], f(C_POLL_FAILURES), 0)
 elseif transition == T_MARK_POLL_FAILED then
   redis.call('HSET', ledger, f(C_POLL_FAILURES), ARGV[7], f(C_LAST_ERROR), ARGV[8])
+elseif transition == T_MARK_RECREATE then
+  redis.call('HSET', ledger, f(C_STATE), CHUNK_SUBMITTING, f(C_POLL_FAILURES), ARGV[7], f(C_LAST_ERROR), ARGV[8])
 elseif transition == T_MARK_SUBMIT_RETRY then
   redis.call('HSET', ledger, f(C_STATE), ARGV[7], f(C_LAST_ERROR), ARGV[8])
   if ARGV[9] ~= '' then redis.call('HSET', ledger, f(C_ATTEMPTS), ARGV[9]) end

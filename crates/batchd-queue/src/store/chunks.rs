@@ -160,6 +160,19 @@ impl Store {
         self.transition(claim, Transition::MarkPendingPoll, Some(due), &[remote_status]).await
     }
 
+    /// The `polling` chunk's batch was refused for a quota after it was created (OpenAI's enqueued-token limit):
+    /// it goes back to `submitting`, due at `due`, with `failures` in a row and the error recorded; the resubmit
+    /// reuses what the provider recorded.
+    pub async fn mark_recreate(
+        &self,
+        claim: &Claim,
+        failures: u64,
+        last_error: &str,
+        due: UnixMillis,
+    ) -> Result<bool, StoreError> {
+        self.transition(claim, Transition::MarkRecreate, Some(due), &[&failures.to_string(), last_error]).await
+    }
+
     /// A poll of the `polling` chunk failed and is retried at `due`: records `failures` in a row and the error.
     pub async fn mark_poll_failed(
         &self,
@@ -266,6 +279,7 @@ impl Store {
             field::chunk(chunk.index, field::CHUNK_REMOTE_STATUS),
             field::chunk(chunk.index, field::CHUNK_CLAIM),
             field::chunk(chunk.index, field::CHUNK_REMOTE),
+            field::ENDPOINT.to_owned(),
         ];
         let (values, cancel_requested): (Vec<Option<String>>, Option<String>) = redis::pipe()
             .hmget(self.keys.job(&chunk.job_id), &names[..])
@@ -296,6 +310,7 @@ impl Store {
             remote_status: values[13].clone(),
             claim: number(14),
             remote: values[15].clone(),
+            endpoint: values[16].clone(),
             cancel_requested,
         }))
     }

@@ -128,6 +128,9 @@ impl Store {
         if retry_failed_items {
             ledger.push((field::RETRY_FAILED_ITEMS, "1".to_owned()));
         }
+        if let Some(endpoint) = &job.endpoint {
+            ledger.push((field::ENDPOINT, endpoint.clone()));
+        }
         for (name, value) in &ledger {
             cmd.arg(*name).arg(value);
         }

@@ -141,6 +141,8 @@ script_words! {
         MarkPollFailed = "mark_poll_failed",
         /// A submit failed and is retried (from `submitting`).
         MarkSubmitRetry = "mark_submit_retry",
+        /// A created batch was refused for a quota: the chunk is created again after a backoff (from `polling`).
+        MarkRecreate = "mark_recreate",
         /// The rate limiter said wait: due again later, nothing else changes (from any unfinished state).
         Reschedule = "reschedule",
         /// The step is still working: its lease is extended (any state).

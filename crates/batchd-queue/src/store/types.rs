@@ -115,6 +115,8 @@ pub struct ChunkView {
     pub remote: Option<String>,
     /// The fencing token of the chunk's latest claim (0: never claimed).
     pub claim: u64,
+    /// The job's endpoint, when it named one.
+    pub endpoint: Option<String>,
 }
 
 impl ChunkView {

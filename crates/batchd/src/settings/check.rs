@@ -108,6 +108,7 @@ impl Settings {
         if self.schedule.lease_secs <= self.anthropic.request_timeout_secs && self.anthropic_configured() {
             return fail("schedule.lease_secs", "must exceed anthropic.request_timeout_secs");
         }
+        self.check_openai()?;
         if self.events.enabled() {
             if !(1..=batchd_cloudflare::MAX_PULL_BATCH).contains(&self.events.batch_size) {
                 return fail("events.batch_size", "must be 1-100 (the Queues limit)");
@@ -199,6 +200,32 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// `[openai]`: limits within the API's, a lease longer than a request, a base URL that keeps the key private.
+    fn check_openai(&self) -> Result<(), ConfigError> {
+        let openai = &self.openai;
+        let fail = |key: &str, why: &str| Err(ConfigError(format!("openai.{key}: {why}")));
+        if !(1..=50_000).contains(&openai.max_requests) {
+            return fail("max_requests", "must be 1 to 50000 (the API's limit per batch)");
+        }
+        if !(1024..=200 * 1000 * 1000).contains(&openai.max_file_bytes) {
+            return fail("max_file_bytes", "must be 1024 to 200000000 (the API's limit per input file)");
+        }
+        if openai.max_result_bytes < 64 * 1024 {
+            return fail("max_result_bytes", "must be at least 65536");
+        }
+        // The lease must outlast a request only where OpenAI is used (a key is given).
+        let configured = openai.api_key.is_some() || !openai.api_key_file.is_empty();
+        if openai.request_timeout_secs == 0 || (configured && self.schedule.lease_secs <= openai.request_timeout_secs) {
+            return fail("request_timeout_secs", "must be at least 1 and below schedule.lease_secs");
+        }
+        if openai.lookup_pages == 0 {
+            return fail("lookup_pages", "must be at least 1");
+        }
+        check_base_url("openai.base_url", &openai.base_url)
+    }
+}
+
 /// Refuses a plain-HTTP API base URL that is not on this machine: the token would cross the network in clear.
 fn check_base_url(key: &str, base_url: &str) -> Result<(), ConfigError> {
     let Some(rest) = base_url.trim().strip_prefix("http://") else {
@@ -233,6 +260,21 @@ mod tests {
 
     use super::*;
     use crate::settings::test_env as env;
+
+    #[test]
+    fn openai_limits_and_its_request_timeout_are_checked_where_a_key_is_given() {
+        let load = |pairs: &[(&str, &str)]| Settings::load_from(None, &env(pairs)).map_err(|e| e.to_string());
+        let error = load(&[("BATCHD__OPENAI__MAX_REQUESTS", "50001")]).unwrap_err();
+        assert!(error.contains("openai.max_requests"), "{error}");
+        let error = load(&[("BATCHD__OPENAI__MAX_FILE_BYTES", "300000000")]).unwrap_err();
+        assert!(error.contains("openai.max_file_bytes"), "{error}");
+        let error = load(&[("BATCHD__OPENAI__BASE_URL", "http://10.0.0.5/v1")]).unwrap_err();
+        assert!(error.contains("openai.base_url") && error.contains("in clear"), "{error}");
+        let short_lease = [("BATCHD__SCHEDULE__LEASE_SECS", "30"), ("BATCHD__CLOUDFLARE__REQUEST_TIMEOUT_SECS", "10")];
+        assert!(load(&short_lease).is_ok(), "no key: OpenAI's timeout does not matter");
+        let error = load(&[short_lease[0], short_lease[1], ("OPENAI_API_KEY", "sk-x")]).unwrap_err();
+        assert!(error.contains("openai.request_timeout_secs"), "{error}");
+    }
 
     #[test]
     fn plain_http_is_refused_unless_the_api_is_on_this_machine() {

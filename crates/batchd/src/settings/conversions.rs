@@ -39,6 +39,29 @@ impl Settings {
         settings
     }
 
+    /// The OpenAI provider's settings with `key`: the input file is bounded by `openai.max_file_bytes` and by a
+    /// quarter of `workers.inflight_bytes` (a submit holds room for its items and the file built from them).
+    pub fn openai_settings(&self, key: &Secret) -> batchd_openai::OpenAiClientSettings {
+        let openai = &self.openai;
+        let mut settings =
+            batchd_openai::OpenAiClientSettings::new(batchd_openai::ApiKey::new(key.expose().to_owned()));
+        settings.base_url = openai.base_url.clone();
+        settings.organization = Some(openai.organization.clone()).filter(|value| !value.is_empty());
+        settings.project = Some(openai.project.clone()).filter(|value| !value.is_empty());
+        settings.request_timeout = Duration::from_secs(openai.request_timeout_secs);
+        settings.connect_timeout = Duration::from_secs(openai.connect_timeout_secs);
+        settings.max_requests = openai.max_requests;
+        settings.max_file_bytes = openai.max_file_bytes.min(self.workers.inflight_bytes / 4);
+        settings.max_result_bytes = openai.max_result_bytes;
+        settings.delete_files = openai.delete_files;
+        settings.batches_per_hour = openai.batches_per_hour;
+        settings.burst = openai.burst;
+        settings.model_batches_per_hour =
+            openai.models.iter().map(|limit| (limit.model.clone(), limit.batches_per_hour)).collect();
+        settings.lookup_pages = openai.lookup_pages;
+        settings
+    }
+
     /// How the batch event puller reads the queue (`[events]`).
     pub fn event_pull(&self) -> batchd_engine::events::PullSettings {
         batchd_engine::events::PullSettings {

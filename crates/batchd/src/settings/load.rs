@@ -1,6 +1,6 @@
 //! Loading: the layers (built-in defaults, an optional file, `BATCHD__SECTION__KEY` variables, then
-//! `CLOUDFLARE_ACCOUNT_ID`, `CLOUDFLARE_API_TOKEN`, `ANTHROPIC_API_KEY` and `REDIS_URL`) merged into `Settings`,
-//! then checked.
+//! `CLOUDFLARE_ACCOUNT_ID`, `CLOUDFLARE_API_TOKEN`, `OPENAI_API_KEY`, `ANTHROPIC_API_KEY` and `REDIS_URL`) merged
+//! into `Settings`, then checked.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -37,6 +37,7 @@ impl Settings {
         for (conventional, key, own) in [
             ("CLOUDFLARE_ACCOUNT_ID", "cloudflare.account_id", "BATCHD__CLOUDFLARE__ACCOUNT_ID"),
             ("CLOUDFLARE_API_TOKEN", "cloudflare.api_token", "BATCHD__CLOUDFLARE__API_TOKEN"),
+            ("OPENAI_API_KEY", "openai.api_key", "BATCHD__OPENAI__API_KEY"),
             ("REDIS_URL", "redis.url", "BATCHD__REDIS__URL"),
             ("ANTHROPIC_API_KEY", "anthropic.api_key", "BATCHD__ANTHROPIC__API_KEY"),
         ] {

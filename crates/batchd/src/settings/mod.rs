@@ -1,6 +1,6 @@
 //! Layered configuration: built-in defaults (`config/default.toml`, compiled in), an optional file, then
 //! `BATCHD__SECTION__KEY` environment variables, then the conventional `CLOUDFLARE_ACCOUNT_ID`,
-//! `CLOUDFLARE_API_TOKEN`, `ANTHROPIC_API_KEY` and `REDIS_URL`.
+//! `CLOUDFLARE_API_TOKEN`, `OPENAI_API_KEY`, `ANTHROPIC_API_KEY` and `REDIS_URL`.
 //!
 //! Unknown keys are errors, so a typo cannot silently leave a default in place. The API token never comes from
 //! a config file, and its type never prints it.
@@ -24,7 +24,8 @@ pub use batchd_engine::settings::{PollSettings, RetrySettings};
 pub use secrets::Secret;
 pub use sections::{
     AdminSettings, AnthropicConfig, CloudflareSettings, EventSettings, IngressConfig, JobSettings, LogFormat,
-    LogSettings, RedisMode, RedisSettings, RetentionSettings, ScheduleConfig, ShutdownSettings, WorkerSettings,
+    LogSettings, OpenAiModelLimit, OpenAiSettings, RedisMode, RedisSettings, RetentionSettings, ScheduleConfig,
+    ShutdownSettings, WorkerSettings,
 };
 
 /// The built-in defaults; the same file documents every key.
@@ -50,6 +51,8 @@ pub struct Settings {
     pub redis: RedisSettings,
     /// The Batch API.
     pub cloudflare: CloudflareSettings,
+    /// The OpenAI Batch provider (configured when a key is given).
+    pub openai: OpenAiSettings,
     /// Worker concurrency.
     pub workers: WorkerSettings,
     /// Reading the submit stream.

@@ -96,6 +96,24 @@ impl Settings {
         }
     }
 
+    /// The OpenAI API key from the environment or `openai.api_key_file`; `None` when neither gives one (the
+    /// OpenAI provider is then not configured).
+    pub fn openai_api_key(&self) -> Result<Option<Secret>, ConfigError> {
+        if let Some(key) = self.openai.api_key.as_ref().filter(|key| !key.expose().trim().is_empty()) {
+            return Ok(Some(Secret::new(key.expose().trim())));
+        }
+        let file = &self.openai.api_key_file;
+        if file.is_empty() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| ConfigError(format!("openai.api_key_file: cannot read {file}: {e}")))?;
+        match text.trim() {
+            "" => Err(ConfigError(format!("openai.api_key_file: {file} is empty"))),
+            key => Ok(Some(Secret::new(key))),
+        }
+    }
+
     /// Points `cloudflare.api_token_file` at the systemd credential `cloudflare-api-token` when the token is
     /// given no other way and systemd passed credentials (`LoadCredential=` sets `$CREDENTIALS_DIRECTORY`).
     pub(super) fn use_systemd_credential(&mut self, env: &HashMap<String, String>) {
@@ -126,6 +144,13 @@ pub(super) fn refuse_token_in_file(file: &Path) -> Result<(), ConfigError> {
         return Err(ConfigError(format!(
             "events.api_token: not allowed in a config file ({}); give it through BATCHD__EVENTS__API_TOKEN or \
              events.api_token_file",
+            file.display()
+        )));
+    }
+    if value.get("openai").and_then(|section| section.get("api_key")).is_some() {
+        return Err(ConfigError(format!(
+            "openai.api_key: not allowed in a config file ({}); give the key through OPENAI_API_KEY or \
+             openai.api_key_file",
             file.display()
         )));
     }
@@ -220,5 +245,28 @@ mod tests {
         let settings = Settings::load_from(None, &env(&[("CREDENTIALS_DIRECTORY", empty.to_str().unwrap())])).unwrap();
         assert!(settings.api_token().is_err(), "no such credential: the token is not set");
         std::fs::remove_dir_all(&empty).ok();
+    }
+
+    #[test]
+    fn the_openai_key_comes_from_the_environment_or_a_file_never_from_the_config_file() {
+        let dir = std::env::temp_dir().join(format!("batchd-openai-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("batchd.toml");
+        std::fs::write(&config, "[openai]\napi_key = \"sk-in-file\"\n").unwrap();
+        let error = Settings::load_from(Some(&config), &env(&[])).expect_err("refused").to_string();
+        assert!(error.contains("openai.api_key: not allowed in a config file") && !error.contains("sk-in-file"));
+        assert_eq!(Settings::load_from(None, &env(&[])).unwrap().openai_api_key().unwrap(), None, "not configured");
+        let settings = Settings::load_from(None, &env(&[("OPENAI_API_KEY", "sk-env")])).unwrap();
+        assert_eq!(settings.openai_api_key().unwrap().unwrap().expose(), "sk-env");
+        assert!(!format!("{settings:?}").contains("sk-env") && !settings.to_redacted_toml().contains("sk-env"));
+        let key_file = dir.join("key");
+        std::fs::write(&key_file, "sk-file\n").unwrap();
+        let settings =
+            Settings::load_from(None, &env(&[("BATCHD__OPENAI__API_KEY_FILE", key_file.to_str().unwrap())])).unwrap();
+        assert_eq!(settings.openai_api_key().unwrap().unwrap().expose(), "sk-file");
+        let settings =
+            Settings::load_from(None, &env(&[("BATCHD__OPENAI__BASE_URL", "http://127.0.0.1:9/openai/v1")])).unwrap();
+        assert_eq!(settings.openai.base_url, "http://127.0.0.1:9/openai/v1");
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -130,6 +130,53 @@ pub struct AnthropicConfig {
     pub burst: u32,
 }
 
+/// `[openai]`: the OpenAI Batch provider, configured when a key is given (`OPENAI_API_KEY` or `api_key_file`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiSettings {
+    /// The API key, from the environment only (`OPENAI_API_KEY`, `BATCHD__OPENAI__API_KEY`).
+    #[serde(default)]
+    pub api_key: Option<Secret>,
+    /// A file holding the API key.
+    pub api_key_file: String,
+    /// Base URL of the API, `.../v1`.
+    pub base_url: String,
+    /// Sent as `OpenAI-Organization` when not empty.
+    pub organization: String,
+    /// Sent as `OpenAI-Project` when not empty.
+    pub project: String,
+    /// Longest wait for one request (an upload of a whole input file included).
+    pub request_timeout_secs: u64,
+    /// Longest wait to connect.
+    pub connect_timeout_secs: u64,
+    /// Most requests in one batch (the API's limit: 50,000).
+    pub max_requests: usize,
+    /// Largest input file, in bytes (the API's limit: 200 MB), lowered to a quarter of `workers.inflight_bytes`.
+    pub max_file_bytes: usize,
+    /// Largest output plus error file read for one batch, in bytes.
+    pub max_result_bytes: usize,
+    /// Delete the input, output and error files once a batch's results are stored.
+    pub delete_files: bool,
+    /// Batches created per hour and model, shared by every replica (0: not limited).
+    pub batches_per_hour: u32,
+    /// Creates allowed back to back.
+    pub burst: u32,
+    /// Own limits for some models.
+    pub models: Vec<OpenAiModelLimit>,
+    /// Pages of 100 batches looked through when an interrupted submit is resumed.
+    pub lookup_pages: usize,
+}
+
+/// One `[[openai.models]]` entry.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiModelLimit {
+    /// The model as OpenAI names it (without `openai/`).
+    pub model: String,
+    /// Batches created per hour (0: not limited).
+    pub batches_per_hour: u32,
+}
+
 /// `[workers]`
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

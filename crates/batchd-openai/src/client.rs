@@ -1,0 +1,386 @@
+//! The HTTP side: one function per API call (upload, create, retrieve, list, cancel, delete a file, stream a
+//! file's content), each sending one request and handing the reply to `error` or `wire`. Result files are read as
+//! a stream, line by line into the join, counted against `max_result_bytes` and the engine's memory budget.
+
+use std::time::SystemTime;
+
+use batchd_provider::{ApiError, ErrorKind, ReplyBudget, ReplyHold};
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use reqwest::{Method, Url};
+use serde::de::DeserializeOwned;
+
+use crate::error::{self, Operation};
+use crate::jsonl::Joiner;
+use crate::settings::{ApiKey, OpenAiBuildError, OpenAiClientSettings};
+use crate::wire;
+
+/// The `User-Agent` sent.
+const USER_AGENT: &str = concat!("batchd/", env!("CARGO_PKG_VERSION"));
+
+/// Largest JSON reply read (a batch object, a list page of 100 batches).
+const MAX_JSON_REPLY: usize = 8 * 1024 * 1024;
+
+/// A result file is counted in the memory budget this many bytes at a time.
+const BUDGET_STEP: usize = 1024 * 1024;
+
+/// Longest id batchd puts in a URL path.
+const MAX_ID_LEN: usize = 256;
+
+/// An OpenAI API client. Cloning is cheap and shares the connection pool.
+#[derive(Clone)]
+pub(crate) struct Client {
+    /// The HTTP client (timeouts set, redirects off: one could carry the key elsewhere).
+    http: reqwest::Client,
+    /// The base URL, `.../v1`.
+    base: Url,
+    /// The key, to scrub it from any text a server echoes.
+    key: ApiKey,
+    /// `Bearer <key>`, marked sensitive.
+    authorization: HeaderValue,
+    /// `OpenAI-Organization`, when configured.
+    organization: Option<HeaderValue>,
+    /// `OpenAI-Project`, when configured.
+    project: Option<HeaderValue>,
+    /// Largest result file read.
+    max_result_bytes: usize,
+    /// Where result files are counted while they are read.
+    budget: Option<ReplyBudget>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("base", &self.base.as_str()).field("key", &self.key).finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Checks the settings and builds the client; nothing is sent.
+    pub(crate) fn new(settings: &OpenAiClientSettings, budget: Option<ReplyBudget>) -> Result<Self, OpenAiBuildError> {
+        let base = base_url(&settings.base_url)?;
+        let key = settings.api_key.expose();
+        let mut authorization = HeaderValue::from_str(&format!("Bearer {key}"))
+            .ok()
+            .filter(|_| !key.is_empty())
+            .ok_or(OpenAiBuildError::InvalidHeader("openai api key"))?;
+        authorization.set_sensitive(true);
+        let header = |value: &Option<String>, what| match value.as_deref().map(str::trim) {
+            None | Some("") => Ok(None),
+            Some(value) => HeaderValue::from_str(value).map(Some).map_err(|_| OpenAiBuildError::InvalidHeader(what)),
+        };
+        let organization = header(&settings.organization, "openai.organization")?;
+        let project = header(&settings.project, "openai.project")?;
+        let http = reqwest::Client::builder()
+            .user_agent(USER_AGENT)
+            .timeout(settings.request_timeout)
+            .connect_timeout(settings.connect_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(OpenAiBuildError::Http)?;
+        Ok(Self {
+            http,
+            base,
+            key: settings.api_key.clone(),
+            authorization,
+            organization,
+            project,
+            max_result_bytes: settings.max_result_bytes,
+            budget,
+        })
+    }
+
+    /// `POST /files` with a multipart body already built by [`multipart`]; the new file's id.
+    pub(crate) async fn upload(&self, body: Vec<u8>, boundary: &str) -> Result<String, ApiError> {
+        let request = self
+            .request(Method::POST, &["files"])
+            .header(CONTENT_TYPE, format!("multipart/form-data; boundary={boundary}"))
+            .body(body);
+        let file: wire::FileObject = self.json(Operation::Upload, request).await?;
+        file.id.filter(|id| is_safe_id(id)).ok_or_else(|| {
+            error::unreadable(Operation::Upload, 200, "the upload was answered without a usable file id", b"")
+        })
+    }
+
+    /// `POST /batches`.
+    pub(crate) async fn create(&self, create: &wire::CreateBatch<'_>) -> Result<wire::Batch, ApiError> {
+        let request = self.request(Method::POST, &["batches"]).json(create);
+        self.json(Operation::Create, request).await
+    }
+
+    /// `GET /batches/{id}`.
+    pub(crate) async fn retrieve(&self, id: &str) -> Result<wire::Batch, ApiError> {
+        let request = self.request(Method::GET, &["batches", checked(id)?]);
+        self.json(Operation::Retrieve, request).await
+    }
+
+    /// `GET /batches?limit=100[&after=id]`: one page, newest first.
+    pub(crate) async fn list(&self, after: Option<&str>) -> Result<wire::BatchList, ApiError> {
+        let query = match after {
+            Some(after) => format!("limit=100&after={}", checked(after)?),
+            None => "limit=100".to_owned(),
+        };
+        let request = self.request_with_query(Method::GET, &["batches"], Some(&query));
+        self.json(Operation::List, request).await
+    }
+
+    /// `POST /batches/{id}/cancel`.
+    pub(crate) async fn cancel(&self, id: &str) -> Result<wire::Batch, ApiError> {
+        let request = self.request(Method::POST, &["batches", checked(id)?, "cancel"]);
+        self.json(Operation::Cancel, request).await
+    }
+
+    /// `DELETE /files/{id}`; a file that is already gone counts as deleted.
+    pub(crate) async fn delete_file(&self, id: &str) -> Result<(), ApiError> {
+        let request = self.request(Method::DELETE, &["files", checked(id)?]);
+        match self.json::<serde_json::Value>(Operation::Delete, request).await {
+            Ok(_) => Ok(()),
+            Err(error) if error.kind == ErrorKind::NotFound => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Streams `GET /files/{id}/content` line by line into `joiner`, within `max_result_bytes` (`already` bytes
+    /// of an earlier file included) and the memory budget (room is added to `held`); returns the bytes read.
+    pub(crate) async fn stream_content(
+        &self,
+        id: &str,
+        joiner: &mut Joiner,
+        already: usize,
+        held: &mut Vec<ReplyHold>,
+    ) -> Result<usize, ApiError> {
+        let request = self.request(Method::GET, &["files", checked(id)?, "content"]);
+        let mut response = self.send(Operation::Content, request).await?;
+        let status = response.status().as_u16();
+        if !response.status().is_success() {
+            return Err(self.error_reply(Operation::Content, response).await);
+        }
+        let limit = self.max_result_bytes;
+        let too_large = |bytes: usize| ApiError {
+            kind: ErrorKind::ReplyTooLarge,
+            http_status: Some(status),
+            api_code: None,
+            message: format!(
+                "the batch's result files are {bytes} bytes or more, over the limit of {limit} bytes \
+                 (openai.max_result_bytes)"
+            ),
+            retry_after: None,
+            maybe_delivered: false,
+        };
+        if let Some(declared) = response.content_length() {
+            let declared = usize::try_from(declared).unwrap_or(usize::MAX);
+            if already.saturating_add(declared) > limit {
+                return Err(too_large(already.saturating_add(declared)));
+            }
+        }
+        let mut total = already;
+        // Room is held for every byte read so far, `already` included (taken while reading the earlier file).
+        let mut held_bytes = if already == 0 { 0 } else { already.next_multiple_of(BUDGET_STEP) };
+        let mut partial: Vec<u8> = Vec::new();
+        while let Some(bytes) =
+            response.chunk().await.map_err(|error| error::from_transport(Operation::Content, &error, Some(status)))?
+        {
+            total += bytes.len();
+            if total > limit {
+                return Err(too_large(total));
+            }
+            if let Some(budget) = &self.budget
+                && total > held_bytes
+            {
+                // Room for what was read so far and the next step, never waiting while holding room.
+                let want = total.next_multiple_of(BUDGET_STEP);
+                match budget.try_hold(want - held_bytes) {
+                    Some(more) => held.push(more),
+                    None => {
+                        held.clear();
+                        held.push(budget.hold(want).await);
+                    }
+                }
+                held_bytes = want;
+            }
+            let mut rest: &[u8] = &bytes;
+            while let Some(at) = rest.iter().position(|b| *b == b'\n') {
+                if partial.is_empty() {
+                    joiner.add_line(&rest[..at]);
+                } else {
+                    partial.extend_from_slice(&rest[..at]);
+                    joiner.add_line(&partial);
+                    partial.clear();
+                }
+                rest = &rest[at + 1..];
+            }
+            partial.extend_from_slice(rest);
+        }
+        joiner.add_line(&partial);
+        Ok(total - already)
+    }
+
+    /// A request to `{base}/{segments}` with the headers every call carries.
+    fn request(&self, method: Method, segments: &[&str]) -> reqwest::RequestBuilder {
+        self.request_with_query(method, segments, None)
+    }
+
+    /// [`Client::request`] with a query string (built by the caller from checked ids only).
+    fn request_with_query(&self, method: Method, segments: &[&str], query: Option<&str>) -> reqwest::RequestBuilder {
+        let mut url = self.base.clone();
+        let path = format!("{}/{}", url.path().trim_end_matches('/'), segments.join("/"));
+        url.set_path(&path);
+        url.set_query(query);
+        let mut request = self.http.request(method, url).header(AUTHORIZATION, self.authorization.clone());
+        if let Some(organization) = &self.organization {
+            request = request.header("OpenAI-Organization", organization.clone());
+        }
+        if let Some(project) = &self.project {
+            request = request.header("OpenAI-Project", project.clone());
+        }
+        request
+    }
+
+    async fn send(
+        &self,
+        operation: Operation,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ApiError> {
+        request.send().await.map_err(|error| self.scrub(error::from_transport(operation, &error, None)))
+    }
+
+    /// Sends a request and reads its JSON reply (at most [`MAX_JSON_REPLY`] bytes).
+    async fn json<T: DeserializeOwned>(
+        &self,
+        operation: Operation,
+        request: reqwest::RequestBuilder,
+    ) -> Result<T, ApiError> {
+        let response = self.send(operation, request).await?;
+        if !response.status().is_success() {
+            return Err(self.error_reply(operation, response).await);
+        }
+        let status = response.status().as_u16();
+        let body = self.read_small(operation, response).await?;
+        serde_json::from_slice(&body).map_err(|_| {
+            self.scrub(error::unreadable(operation, status, "the reply is not the documented JSON", &body))
+        })
+    }
+
+    /// The error of a non-2xx reply.
+    async fn error_reply(&self, operation: Operation, response: reqwest::Response) -> ApiError {
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| error::parse_retry_after(value, SystemTime::now()));
+        match self.read_small(operation, response).await {
+            Ok(body) => self.scrub(error::from_reply(operation, status, retry_after, &body)),
+            Err(mut error) => {
+                error.http_status = Some(status);
+                error.retry_after = retry_after;
+                if status == 429 {
+                    error.kind = ErrorKind::RateLimited;
+                }
+                error
+            }
+        }
+    }
+
+    async fn read_small(&self, operation: Operation, mut response: reqwest::Response) -> Result<Vec<u8>, ApiError> {
+        let status = response.status().as_u16();
+        let mut body = Vec::new();
+        while let Some(bytes) = response
+            .chunk()
+            .await
+            .map_err(|error| self.scrub(error::from_transport(operation, &error, Some(status))))?
+        {
+            if body.len() + bytes.len() > MAX_JSON_REPLY {
+                return Err(error::unreadable(operation, status, "the reply is larger than any documented one", b""));
+            }
+            body.extend_from_slice(&bytes);
+        }
+        Ok(body)
+    }
+
+    /// Removes the key from an error's message, in case a server echoed it back.
+    fn scrub(&self, mut error: ApiError) -> ApiError {
+        let key = self.key.expose();
+        if !key.is_empty() && error.message.contains(key) {
+            error.message = error.message.replace(key, "[redacted]");
+        }
+        error
+    }
+}
+
+/// The multipart body of an upload: `purpose=batch` and the JSONL file `file_name`, its lines written by `lines`
+/// straight into the body (so the file is built once). Returns the body and its boundary.
+pub(crate) fn multipart(file_name: &str, capacity: usize, lines: impl FnOnce(&mut Vec<u8>)) -> (Vec<u8>, String) {
+    let boundary = format!("batchd-{}", uuid::Uuid::new_v4().simple());
+    let mut body = Vec::with_capacity(capacity + 512);
+    body.extend_from_slice(
+        format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{boundary}\r\n\
+             Content-Disposition: form-data; name=\"file\"; filename=\"{file_name}\"\r\n\
+             Content-Type: application/jsonl\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    lines(&mut body);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    (body, boundary)
+}
+
+/// Whether an id the API gave can go into a URL path as it is: 1-256 of `[A-Za-z0-9_-]`.
+pub(crate) fn is_safe_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_ID_LEN && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn checked(id: &str) -> Result<&str, ApiError> {
+    if is_safe_id(id) {
+        Ok(id)
+    } else {
+        Err(error::local(ErrorKind::NotFound, "the recorded batch or file id is not one the API gives"))
+    }
+}
+
+/// The base URL: absolute `http(s)`, no query, fragment or credentials.
+fn base_url(raw: &str) -> Result<Url, OpenAiBuildError> {
+    let invalid = |reason: &str| OpenAiBuildError::InvalidBaseUrl { url: raw.to_owned(), reason: reason.to_owned() };
+    let url = Url::parse(raw.trim()).map_err(|error| invalid(&error.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(invalid("the scheme must be http or https"));
+    }
+    if url.host().is_none() || url.cannot_be_a_base() {
+        return Err(invalid("it has no host"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(invalid("it must not have a query or fragment"));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(invalid("it must not contain credentials"));
+    }
+    Ok(url)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_and_base_urls_are_checked() {
+        assert!(is_safe_id("batch_abc-123") && is_safe_id("file-XYZ"));
+        for bad in ["", "../x", "a/b", "a?b", "a b", &"a".repeat(257)] {
+            assert!(!is_safe_id(bad), "{bad:?}");
+        }
+        assert!(base_url("https://api.openai.com/v1").is_ok());
+        for bad in ["api.openai.com/v1", "ftp://x/v1", "https://x/v1?a=1", "https://u:p@x/v1"] {
+            assert!(base_url(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_multipart_body_holds_the_purpose_and_the_file() {
+        let (body, boundary) = multipart("batchd-j-0.jsonl", 10, |out| out.extend_from_slice(b"{\"a\":1}\n"));
+        let text = String::from_utf8(body).expect("utf-8");
+        assert!(text.starts_with(&format!("--{boundary}\r\n")));
+        assert!(text.contains("name=\"purpose\"\r\n\r\nbatch\r\n"));
+        assert!(
+            text.contains("filename=\"batchd-j-0.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n{\"a\":1}\n\r\n")
+        );
+        assert!(text.ends_with(&format!("--{boundary}--\r\n")));
+    }
+}

@@ -1,0 +1,218 @@
+//! OpenAI's failures classified once into the kinds the engine acts on ([`ErrorKind`]): 429 is a rate limit
+//! (`insufficient_quota` a quota), 408/409/5xx and broken connections are transient, 413 and `file_too_large` are
+//! too large, 404 while polling or downloading means the batch or file is gone, and every other 4xx is permanent.
+//! A create whose outcome is unknown (timeout or reset after sending, a 5xx, an unreadable 2xx) is marked
+//! `maybe_delivered`, so the engine resumes it by looking the batch up instead of creating it again.
+
+use std::time::{Duration, SystemTime};
+
+use batchd_core::ApiCode;
+use batchd_provider::{ApiError, ErrorKind};
+
+use crate::wire::ErrorEnvelope;
+
+/// Which call failed; a 404 or a lost reply means different things for each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Operation {
+    /// `POST /files`.
+    Upload,
+    /// `POST /batches`.
+    Create,
+    /// `GET /batches/{id}`.
+    Retrieve,
+    /// `GET /batches`.
+    List,
+    /// `GET /files/{id}/content`.
+    Content,
+    /// `DELETE /files/{id}`.
+    Delete,
+    /// `POST /batches/{id}/cancel`.
+    Cancel,
+}
+
+/// Longest provider message kept, in characters.
+const MESSAGE_CHARS: usize = 2048;
+
+/// The kind of a non-2xx reply.
+pub(crate) fn classify(operation: Operation, http_status: u16, code: Option<&str>) -> ErrorKind {
+    match (http_status, code) {
+        (_, Some("insufficient_quota")) => ErrorKind::QuotaExhausted,
+        (429, _) => ErrorKind::RateLimited,
+        (413, _) | (_, Some("file_too_large")) => ErrorKind::TooLarge,
+        (404, _) if matches!(operation, Operation::Retrieve | Operation::Content | Operation::Delete) => {
+            ErrorKind::NotFound
+        }
+        (408 | 409, _) | (500..=599, _) => ErrorKind::Transient,
+        _ => ErrorKind::Permanent,
+    }
+}
+
+/// The error of a non-2xx reply, from its `{"error": {...}}` envelope when it has one.
+pub(crate) fn from_reply(
+    operation: Operation,
+    http_status: u16,
+    retry_after: Option<Duration>,
+    body: &[u8],
+) -> ApiError {
+    let envelope = serde_json::from_slice::<ErrorEnvelope>(body).ok().and_then(|envelope| envelope.error);
+    let code = envelope.as_ref().and_then(|error| match &error.code {
+        Some(serde_json::Value::String(code)) => Some(code.clone()),
+        Some(serde_json::Value::Number(code)) => Some(code.to_string()),
+        _ => error.kind.clone(),
+    });
+    let message = envelope
+        .and_then(|error| error.message)
+        .filter(|message| !message.trim().is_empty())
+        .unwrap_or_else(|| format!("HTTP {http_status}: {}", snippet(body)));
+    let kind = classify(operation, http_status, code.as_deref());
+    ApiError {
+        kind,
+        http_status: Some(http_status),
+        api_code: code.map(|code| ApiCode::Text(one_line(&code, 64))),
+        message: one_line(&message, MESSAGE_CHARS),
+        retry_after,
+        maybe_delivered: operation == Operation::Create && (http_status >= 500 || http_status == 408),
+    }
+}
+
+/// The error of a 2xx reply that is not what the API documents. A create with such a reply may have worked.
+pub(crate) fn unreadable(operation: Operation, http_status: u16, what: &str, body: &[u8]) -> ApiError {
+    ApiError {
+        kind: ErrorKind::Transient,
+        http_status: Some(http_status),
+        api_code: None,
+        message: format!("{what}: {}", snippet(body)),
+        retry_after: None,
+        maybe_delivered: operation == Operation::Create,
+    }
+}
+
+/// The error of a request that got no complete reply. A create that was sent may have worked.
+pub(crate) fn from_transport(operation: Operation, error: &reqwest::Error, http_status: Option<u16>) -> ApiError {
+    let mut chain = error.to_string().split(" for url (").next().unwrap_or_default().to_owned();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !chain.contains(&text) {
+            chain.push_str(": ");
+            chain.push_str(&text);
+        }
+        source = cause.source();
+    }
+    let (kind, sent) = if error.is_builder() {
+        (ErrorKind::Permanent, false)
+    } else if error.is_connect() {
+        (ErrorKind::Transient, false)
+    } else {
+        (ErrorKind::Transient, true)
+    };
+    ApiError {
+        kind,
+        http_status,
+        api_code: None,
+        message: one_line(&format!("request failed: {chain}"), MESSAGE_CHARS),
+        retry_after: None,
+        maybe_delivered: operation == Operation::Create && sent,
+    }
+}
+
+/// A failure batchd itself detects (no usable reply).
+pub(crate) fn local(kind: ErrorKind, message: impl Into<String>) -> ApiError {
+    ApiError {
+        kind,
+        http_status: None,
+        api_code: None,
+        message: message.into(),
+        retry_after: None,
+        maybe_delivered: false,
+    }
+}
+
+/// `Retry-After` as seconds or an HTTP date.
+pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs.min(86_400)));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or_default().min(Duration::from_secs(86_400)))
+}
+
+/// The start of a body for a message, one line.
+pub(crate) fn snippet(body: &[u8]) -> String {
+    if body.is_empty() {
+        return "(empty)".to_owned();
+    }
+    one_line(&String::from_utf8_lossy(&body[..body.len().min(2048)]), 200)
+}
+
+/// `text` with whitespace and control characters collapsed to one space, cut to `max_chars` (marked `…`).
+pub(crate) fn one_line(text: &str, max_chars: usize) -> String {
+    let mut out = String::new();
+    let mut count = 0;
+    let mut space = false;
+    for c in text.chars() {
+        if c.is_whitespace() || c.is_control() {
+            space = !out.is_empty();
+            continue;
+        }
+        if count >= max_chars {
+            out.push('…');
+            return out;
+        }
+        if space {
+            out.push(' ');
+            count += 1;
+            space = false;
+        }
+        out.push(c);
+        count += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_classified_by_status_and_code() {
+        use Operation::*;
+        assert_eq!(classify(Create, 429, Some("rate_limit_exceeded")), ErrorKind::RateLimited);
+        assert_eq!(classify(Create, 429, Some("insufficient_quota")), ErrorKind::QuotaExhausted);
+        assert_eq!(classify(Upload, 400, Some("file_too_large")), ErrorKind::TooLarge);
+        assert_eq!(classify(Retrieve, 404, None), ErrorKind::NotFound);
+        assert_eq!(classify(Create, 404, None), ErrorKind::Permanent, "an unknown input file");
+        assert_eq!(classify(Content, 503, None), ErrorKind::Transient);
+        assert_eq!(classify(Create, 401, Some("invalid_api_key")), ErrorKind::Permanent);
+    }
+
+    #[test]
+    fn an_error_envelope_gives_code_message_and_whether_a_create_may_have_worked() {
+        let body = br#"{"error":{"message":"Rate limit reached","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
+        let error = from_reply(Operation::Create, 429, Some(Duration::from_secs(2)), body);
+        assert_eq!(error.kind, ErrorKind::RateLimited);
+        assert_eq!(error.api_code, Some(ApiCode::Text("rate_limit_exceeded".into())));
+        assert_eq!(error.message, "Rate limit reached");
+        assert!(!error.maybe_delivered, "a 429 created nothing");
+        let lost = from_reply(Operation::Create, 502, None, b"<html>bad gateway</html>");
+        assert!(lost.maybe_delivered && lost.kind == ErrorKind::Transient);
+        assert!(lost.message.contains("bad gateway"));
+        assert!(!from_reply(Operation::Upload, 502, None, b"").maybe_delivered);
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        assert_eq!(parse_retry_after("7", now), Some(Duration::from_secs(7)));
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(parse_retry_after(&later, now), Some(Duration::from_secs(30)));
+        assert_eq!(parse_retry_after("soon", now), None);
+    }
+
+    #[test]
+    fn messages_are_one_bounded_line() {
+        assert_eq!(one_line("a\n\tb\u{7}c ", 10), "a b c");
+        assert_eq!(one_line("abcdef", 3), "abc…");
+    }
+}

@@ -1,0 +1,131 @@
+//! What the OpenAI provider is built from: where the API is, the key, the headers, the limits of one batch and the
+//! rate of creates. batchd's `[openai]` section is converted into it by the binary.
+//!
+//! The key is wrapped so that no `Debug`, `Display` or log line can print it; only the code that builds the
+//! `Authorization` header reads its text.
+
+use std::fmt;
+use std::time::Duration;
+
+/// OpenAI's API base URL.
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+/// The endpoint a job's items go to when it names none.
+pub const DEFAULT_ENDPOINT: &str = "/v1/chat/completions";
+
+/// A secret OpenAI API key. `Debug` and `Display` print `[redacted]`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// Wraps a key. Surrounding whitespace (a trailing newline from a key file) is ignored.
+    pub fn new(key: impl Into<String>) -> Self {
+        Self(key.into())
+    }
+
+    /// The key's text, for the `Authorization` header and for scrubbing error texts.
+    pub(crate) fn expose(&self) -> &str {
+        self.0.trim()
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl fmt::Display for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// How to reach OpenAI and what one batch may hold.
+#[derive(Debug, Clone)]
+pub struct OpenAiClientSettings {
+    /// The API's base URL (`https://api.openai.com/v1`; the emulator's `http://ADDR/openai/v1` in tests).
+    pub base_url: String,
+    /// The API key, sent as `Authorization: Bearer <key>`.
+    pub api_key: ApiKey,
+    /// Sent as `OpenAI-Organization` when set.
+    pub organization: Option<String>,
+    /// Sent as `OpenAI-Project` when set.
+    pub project: Option<String>,
+    /// Limit on one whole request (an upload of a 200 MB file included).
+    pub request_timeout: Duration,
+    /// Limit on opening a connection.
+    pub connect_timeout: Duration,
+    /// Most request lines in one batch (the API's limit is 50,000).
+    pub max_requests: usize,
+    /// Largest input file, in bytes (the API's limit is 200 MB; the daemon lowers it to its memory budget).
+    pub max_file_bytes: usize,
+    /// Largest output or error file read, in bytes; a larger one fails the chunk instead of taking the memory.
+    pub max_result_bytes: usize,
+    /// Whether the input, output and error files are deleted once a batch's results are stored.
+    pub delete_files: bool,
+    /// Batches created per hour and model (0: not limited); the API allows 2,000 per hour.
+    pub batches_per_hour: u32,
+    /// Creates allowed back to back in a model's bucket.
+    pub burst: u32,
+    /// Own limits for some models (`(model without "openai/", batches per hour)`; 0: not limited).
+    pub model_batches_per_hour: Vec<(String, u32)>,
+    /// Pages of `GET /v1/batches` (100 batches each, newest first) looked through when a resumed submit looks for
+    /// the batch an interrupted attempt may have created.
+    pub lookup_pages: usize,
+}
+
+impl OpenAiClientSettings {
+    /// Settings for the production API with the defaults of `config/default.toml`.
+    pub fn new(api_key: ApiKey) -> Self {
+        Self {
+            base_url: DEFAULT_BASE_URL.to_owned(),
+            api_key,
+            organization: None,
+            project: None,
+            request_timeout: Duration::from_secs(100),
+            connect_timeout: Duration::from_secs(10),
+            max_requests: 50_000,
+            max_file_bytes: 200 * 1000 * 1000,
+            max_result_bytes: 512 * 1024 * 1024,
+            delete_files: true,
+            batches_per_hour: 2000,
+            burst: 10,
+            model_batches_per_hour: Vec::new(),
+            lookup_pages: 10,
+        }
+    }
+}
+
+/// Why the provider could not be built; every variant is a configuration mistake.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenAiBuildError {
+    /// The base URL is not an absolute `http(s)` URL without query, fragment or credentials.
+    #[error("invalid base url {url:?}: {reason}")]
+    InvalidBaseUrl {
+        /// The URL as configured.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The key, organization or project cannot be sent in a header, or the key is empty.
+    #[error("invalid {0}: empty, or holds characters that cannot be sent in a header")]
+    InvalidHeader(&'static str),
+    /// A limit is zero.
+    #[error("invalid {0}: must be at least 1")]
+    InvalidLimit(&'static str),
+    /// The HTTP client could not be created.
+    #[error("build http client")]
+    Http(#[source] reqwest::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_is_redacted_and_trimmed() {
+        let key = ApiKey::new("sk-secret\n");
+        assert_eq!(format!("{key:?} {key}"), "[redacted] [redacted]");
+        assert_eq!(key.expose(), "sk-secret");
+    }
+}
