@@ -184,10 +184,15 @@ async fn metrics_parse_and_move_as_jobs_run() {
     assert!(delta("batchd_jobs_finished_total{outcome=\"completed\"}") >= 2.0);
     assert!(delta("batchd_results_published_total") >= 2.0);
     assert!(delta("batchd_jobs_rejected_total{reason=\"invalid_entry\"}") >= 1.0);
-    assert!(delta("batchd_api_requests_total{call=\"submit\",outcome=\"ok\",status_class=\"2xx\"}") >= 2.0);
-    assert!(delta("batchd_api_request_duration_seconds_count{call=\"poll\"}") >= 2.0);
+    assert!(
+        delta("batchd_api_requests_total{call=\"submit\",outcome=\"ok\",provider=\"cloudflare\",status_class=\"2xx\"}")
+            >= 2.0
+    );
+    assert!(delta("batchd_api_request_duration_seconds_count{call=\"poll\",provider=\"cloudflare\"}") >= 2.0);
     assert!(delta("batchd_batch_turnaround_seconds_count{outcome=\"completed\"}") >= 2.0);
-    assert!(after.contains_key("batchd_api_request_duration_seconds_bucket{call=\"submit\",le=\"+Inf\"}"));
+    assert!(after.contains_key(
+        "batchd_api_request_duration_seconds_bucket{call=\"submit\",le=\"+Inf\",provider=\"cloudflare\"}"
+    ));
     // The sampler catches up with the dead-letter entry within a few samples.
     let metrics = {
         let started = Instant::now();

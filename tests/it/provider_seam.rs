@@ -79,7 +79,7 @@ fn transient(message: &str, maybe_delivered: bool) -> ApiError {
 }
 
 impl Provider for DownloadProvider {
-    fn name(&self) -> &str {
+    fn name(&self) -> &'static str {
         "fake-download"
     }
 

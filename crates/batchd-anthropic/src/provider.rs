@@ -169,7 +169,7 @@ fn now_ms() -> u64 {
 }
 
 impl Provider for AnthropicProvider {
-    fn name(&self) -> &str {
+    fn name(&self) -> &'static str {
         NAME
     }
 

@@ -64,7 +64,7 @@ impl CloudflareProvider {
 }
 
 impl Provider for CloudflareProvider {
-    fn name(&self) -> &str {
+    fn name(&self) -> &'static str {
         batchd_core::ids::CLOUDFLARE
     }
 

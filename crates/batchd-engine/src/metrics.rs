@@ -190,9 +190,13 @@ pub fn describe() {
     describe_counter!("batchd_jobs_finished_total", "Jobs finished, by outcome (completed, failed, expired).");
     describe_counter!(
         "batchd_api_requests_total",
-        "Batch API requests by call (submit, poll), outcome and HTTP status class (2xx, 4xx, 5xx, none)."
+        "Batch API requests by provider, call (submit, poll), outcome and HTTP status class (2xx, 4xx, 5xx, none)."
     );
-    describe_histogram!("batchd_api_request_duration_seconds", Unit::Seconds, "Batch API request duration, by call.");
+    describe_histogram!(
+        "batchd_api_request_duration_seconds",
+        Unit::Seconds,
+        "Batch API request duration, by provider and call."
+    );
     describe_histogram!(
         "batchd_batch_turnaround_seconds",
         Unit::Seconds,
@@ -306,7 +310,6 @@ pub fn describe() {
     for step in ["submit", "poll"] {
         counter!("batchd_retries_total", "step" => step).absolute(0);
         counter!("batchd_throttled_waits_total", "step" => step).absolute(0);
-        counter!("batchd_api_auth_failures_total", "call" => step).absolute(0);
     }
     for operation in ["take_in", "step", "submit", "record_submitted", "index_request", "wake", "sample"] {
         counter!("batchd_redis_errors_total", "operation" => operation).absolute(0);
@@ -346,8 +349,25 @@ pub fn job_finished(outcome: &'static str, turnaround: Duration) {
     counter!("batchd_results_published_total").increment(1);
 }
 
+/// Pre-initialises the per-provider series of the configured providers (at 0, so alerts and dashboards see them
+/// before the first failure).
+pub fn providers_configured<'a>(names: impl IntoIterator<Item = &'a str>) {
+    for provider in names {
+        for call in [ApiCall::Submit, ApiCall::Poll] {
+            counter!("batchd_api_auth_failures_total", "provider" => provider.to_owned(), "call" => call.as_str())
+                .absolute(0);
+        }
+    }
+}
+
 /// One API request finished; `outcome` is `ok` or the error kind, `http_status` the status if any.
-pub fn api_request(call: ApiCall, outcome: &'static str, http_status: Option<u16>, elapsed: Duration) {
+pub fn api_request(
+    provider: &'static str,
+    call: ApiCall,
+    outcome: &'static str,
+    http_status: Option<u16>,
+    elapsed: Duration,
+) {
     let class = match http_status {
         Some(status) if (200..300).contains(&status) => "2xx",
         Some(status) if (400..500).contains(&status) => "4xx",
@@ -355,12 +375,19 @@ pub fn api_request(call: ApiCall, outcome: &'static str, http_status: Option<u16
         Some(_) => "other",
         None => "none",
     };
-    counter!("batchd_api_requests_total", "call" => call.as_str(), "outcome" => outcome, "status_class" => class)
-        .increment(1);
+    counter!(
+        "batchd_api_requests_total",
+        "provider" => provider,
+        "call" => call.as_str(),
+        "outcome" => outcome,
+        "status_class" => class
+    )
+    .increment(1);
     if matches!(http_status, Some(401 | 403)) {
-        counter!("batchd_api_auth_failures_total", "call" => call.as_str()).increment(1);
+        counter!("batchd_api_auth_failures_total", "provider" => provider, "call" => call.as_str()).increment(1);
     }
-    histogram!("batchd_api_request_duration_seconds", "call" => call.as_str()).record(elapsed.as_secs_f64());
+    histogram!("batchd_api_request_duration_seconds", "provider" => provider, "call" => call.as_str())
+        .record(elapsed.as_secs_f64());
 }
 
 /// A step was rescheduled after a transient error.
@@ -476,10 +503,15 @@ mod tests {
         let first = install().expect("install");
         let second = install().expect("second install returns the same handle");
         job_accepted();
-        api_request(ApiCall::Poll, "ok", Some(200), Duration::from_millis(30));
+        api_request("cloudflare", ApiCall::Poll, "ok", Some(200), Duration::from_millis(30));
         let text = second.render();
         assert!(text.contains("# TYPE batchd_jobs_accepted_total counter"), "{text}");
-        assert!(text.contains("batchd_api_request_duration_seconds_bucket{call=\"poll\",le=\"0.05\"} 1"), "{text}");
+        assert!(
+            text.contains(
+                "batchd_api_request_duration_seconds_bucket{provider=\"cloudflare\",call=\"poll\",le=\"0.05\"} 1"
+            ),
+            "{text}"
+        );
         assert!(text.contains("batchd_build_info{version=\""), "{text}");
         assert!(first.render().contains("# TYPE batchd_jobs_accepted_total counter"));
     }

@@ -164,7 +164,7 @@ fn failed_batch(batch: &wire::Batch) -> ApiError {
 }
 
 impl Provider for OpenAiProvider {
-    fn name(&self) -> &str {
+    fn name(&self) -> &'static str {
         NAME
     }
 

@@ -30,7 +30,7 @@ pub use remote::{MAX_REMOTE_REF_LEN, RemoteBatch};
 pub trait Provider: Send + Sync + fmt::Debug {
     /// The provider's routing name (`cloudflare`, `openai`, `anthropic`): the first segment of its models' names
     /// (Cloudflare's are scoped, `@cf/...`), and the `provider` label of its metrics.
-    fn name(&self) -> &str;
+    fn name(&self) -> &'static str;
 
     /// What one remote batch may hold.
     fn limits(&self) -> BatchLimits;

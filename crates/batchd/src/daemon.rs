@@ -94,6 +94,7 @@ pub async fn run_with_providers(
         providers = providers.with(Arc::new(openai));
     }
     let providers = extra.into_iter().fold(providers, |providers, extra| providers.with(extra));
+    batchd_engine::metrics::providers_configured(providers.names());
 
     // Stopped last, after the drain, so probes and scrapes are answered while work in flight finishes.
     let background_stop = CancellationToken::new();

@@ -74,9 +74,11 @@ impl Pipeline {
         let _room = room;
         let elapsed = started.elapsed();
         match &polled {
-            Ok(Answer::Done(_)) => metrics::api_request(ApiCall::Poll, "done", Some(200), elapsed),
-            Ok(_) => metrics::api_request(ApiCall::Poll, "pending", Some(200), elapsed),
-            Err(error) => metrics::api_request(ApiCall::Poll, error.kind.as_str(), error.http_status, elapsed),
+            Ok(Answer::Done(_)) => metrics::api_request(provider.name(), ApiCall::Poll, "done", Some(200), elapsed),
+            Ok(_) => metrics::api_request(provider.name(), ApiCall::Poll, "pending", Some(200), elapsed),
+            Err(error) => {
+                metrics::api_request(provider.name(), ApiCall::Poll, error.kind.as_str(), error.http_status, elapsed)
+            }
         }
         let stored = match polled {
             Ok(Answer::Pending(status)) => self.still_pending(claim, view, &status).await,

@@ -100,10 +100,14 @@ impl Pipeline {
         let submitted = self.renewing(claim, provider.submit(batch).instrument(span.clone())).await;
         drop(items);
         match &submitted {
-            Ok(_) => metrics::api_request(ApiCall::Submit, "ok", Some(200), started.elapsed()),
-            Err(error) => {
-                metrics::api_request(ApiCall::Submit, error.kind.as_str(), error.http_status, started.elapsed())
-            }
+            Ok(_) => metrics::api_request(provider.name(), ApiCall::Submit, "ok", Some(200), started.elapsed()),
+            Err(error) => metrics::api_request(
+                provider.name(),
+                ApiCall::Submit,
+                error.kind.as_str(),
+                error.http_status,
+                started.elapsed(),
+            ),
         }
         match submitted {
             Ok(submitted) => {
