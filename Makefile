@@ -15,7 +15,7 @@ deps: ## Install (as root, with apt-get) or name what the tests need from the sy
 build: ## Build the batchd and batchd-emulator binaries
 	$(CARGO) build --workspace --bins
 
-demo: deps build ## Start a private redis-server, the emulator, the daemon and the dashboard; submit sample jobs; stop everything (DEMO_KEEP_UI=1 keeps the dashboard up)
+demo: deps build ## Start a private redis-server, the emulator (Cloudflare, OpenAI, Anthropic), the daemon and the dashboard; submit four sample jobs; stop everything (DEMO_KEEP_UI=1 keeps the dashboard up)
 	@scripts/demo.sh
 
 test: deps examples-deps lint-deploy ## Run every test (unit, golden, integration with real Redis and the emulator, deploy lint)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole flow on one machine: a private redis-server on a free port, the Batch API emulator, the daemon, two
-# sample jobs submitted with `batchd submit --wait`, and the dashboard (`batchd ui`; DEMO_KEEP_UI=1 keeps it up
+# The whole flow on one machine: a private redis-server on a free port, the emulator (Cloudflare Workers AI, OpenAI
+# Batch and Anthropic Message Batches on one port), one daemon serving all three providers, four sample jobs (two
+# for Cloudflare, one for OpenAI, one for Anthropic) followed to their results, and the dashboard (`batchd ui`; DEMO_KEEP_UI=1 keeps it up
 # until Enter). Everything is stopped and removed on exit.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,17 +42,22 @@ redis-server --port "$redis_port" --bind 127.0.0.1 --dir "$work" --save "" --app
 pids+=($!)
 wait_for_port "$redis_port"
 
-step "starting the Batch API emulator (batches stay queued 1.5 s, then run 1.5 s)"
+step "starting the emulator of the three batch APIs (Cloudflare batches stay queued 1.5 s, then run 1.5 s)"
 "$bin/batchd-emulator" --listen 127.0.0.1:0 --queued-ms 1500 --running-ms 1500 >"$work/emulator.out" 2>"$work/emulator.log" &
 pids+=($!)
 for _ in $(seq 1 100); do grep -q "listening on" "$work/emulator.out" 2>/dev/null && break; sleep 0.05; done
 api=$(sed -n 's/.*listening on \(http[^ ]*\).*/\1/p' "$work/emulator.out")
-echo "emulator at $api"
+echo "emulator at $api (Cloudflare), ${api%/client/v4}/openai/v1 (OpenAI), ${api%/client/v4}/anthropic (Anthropic)"
 
 export REDIS_URL="redis://127.0.0.1:$redis_port"
 export BATCHD__CLOUDFLARE__BASE_URL="$api"
 export CLOUDFLARE_ACCOUNT_ID="emulator-account"
 export CLOUDFLARE_API_TOKEN="emulator-token"
+# The OpenAI and Anthropic providers are configured by their keys (never in a config file).
+export OPENAI_API_KEY="emulator-openai-key"
+export BATCHD__OPENAI__BASE_URL="${api%/client/v4}/openai/v1"
+export ANTHROPIC_API_KEY="emulator-anthropic-key"
+export BATCHD__ANTHROPIC__BASE_URL="${api%/client/v4}/anthropic"
 export BATCHD__POLL__INITIAL_INTERVAL_MS=500
 export BATCHD__POLL__MAX_INTERVAL_MS=1000
 # The admin server on a free port too, so a daemon already running on this machine (on 9090) does not stop the demo.
@@ -62,10 +68,14 @@ step "starting the daemon (logs in $work/daemon.log)"
 "$bin/batchd" run 2>"$work/daemon.log" &
 pids+=($!)
 
-for job in demo-embeddings demo-generation; do
-  step "batchd submit --wait examples/$job.json"
-  "$bin/batchd" submit --wait "$root/examples/$job.json"
+step "batchd submit: four jobs at once, routed by model name (@cf/... Cloudflare, openai/..., anthropic/...)"
+for job in demo-embeddings demo-generation demo-openai demo-anthropic; do
+  printf '%-30s -> job ' "examples/$job.json"
+  "$bin/batchd" submit "$root/examples/$job.json"
 done
+
+step "batchd tail --from-start --count 4: one line per result, as the daemon publishes them"
+"$bin/batchd" tail --from-start --count 4 --timeout 60
 
 step "batchd status demo-bge-m3"
 "$bin/batchd" status demo-bge-m3
