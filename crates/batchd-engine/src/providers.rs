@@ -34,7 +34,7 @@ impl Providers {
             let how = match name {
                 batchd_core::ids::CLOUDFLARE => "set cloudflare.account_id and CLOUDFLARE_API_TOKEN",
                 "openai" => "set OPENAI_API_KEY or api_key_file in [openai]",
-                "anthropic" => "add an [anthropic] section and ANTHROPIC_API_KEY",
+                "anthropic" => "set ANTHROPIC_API_KEY or api_key_file in [anthropic]",
                 _ => "use a model name of a provider batchd supports (@cf/..., openai/..., anthropic/...)",
             };
             format!("model {model} runs on the {name} provider, which this daemon does not have configured; {how}")
