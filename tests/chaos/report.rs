@@ -21,7 +21,8 @@ const HEADER: [&str; 11] = [
     "verdict",
 ];
 
-/// `0`, or the number with its causes: `84 (8 kills in window)`, `16 (redis away > lease)`.
+/// `0`, or the number with its causes: `84 (8 kills in window)`, `16 (redis away > lease)`, `24 (frozen past
+/// lease)`.
 fn duplicate_submits(outcome: &Outcome) -> String {
     if outcome.duplicate_submits == 0 {
         return "0".to_owned();
@@ -32,6 +33,9 @@ fn duplicate_submits(outcome: &Outcome) -> String {
     }
     if outcome.duplicate_causes.keys().any(|cause| cause.starts_with("redis")) {
         causes.push("redis away > lease".to_owned());
+    }
+    if outcome.duplicate_causes.keys().any(|cause| cause.starts_with("replica frozen")) {
+        causes.push("frozen past lease".to_owned());
     }
     format!("{} ({})", outcome.duplicate_submits, causes.join(", "))
 }
