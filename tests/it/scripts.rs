@@ -747,10 +747,9 @@ fn cases(f: &Fixture) -> Vec<Case> {
 
     // wake: KEYS ledger, schedule
     let keys = vec![f.ledger("live"), k.schedule()];
-    let args = strings(&["live#0", "0", "5000", "1000", batchd_queue::ledger_view::CHUNK_WOKEN_AT]);
+    let args = strings(&["live#0", "0", "5000", "1000"]);
     case("wake: now", "wake", vec![], keys.clone(), with(&args, 2, Some("now")), Err("now"));
     case("wake: gap", "wake", vec![], keys.clone(), with(&args, 3, Some("-1")), Err("wake gap"));
-    case("wake: field", "wake", vec![], keys.clone(), with(&args, 4, None), Err("wake field"));
     case("wake: index", "wake", vec![], keys.clone(), with(&args, 1, Some("c0")), Err("chunk index"));
     case(
         "wake: ledger type",

@@ -224,10 +224,13 @@ pub mod field {
     /// Per-chunk: the fencing token of the chunk's latest claim, a counter every claim increments (absent: 0, never
     /// claimed). Every script that writes the chunk refuses a writer whose token is not this one.
     pub const CHUNK_CLAIM: &str = "claim";
+    /// Per-chunk: when a batch event last woke the chunk, Unix ms (Redis's clock), written by `wake.lua` so that a
+    /// wake within `poll.initial_interval_ms` of the last one is ignored.
+    pub const CHUNK_WOKEN_AT: &str = "woken_at";
 
     /// Every per-chunk name (the part after `c<index>:`), as `(constant name without `CHUNK_`, name)`: what the
     /// storage scripts' prelude is generated from.
-    pub const CHUNK_FIELDS: [(&str, &str); 14] = [
+    pub const CHUNK_FIELDS: [(&str, &str); 15] = [
         ("STATE", CHUNK_STATE),
         ("REQUEST_ID", CHUNK_REQUEST_ID),
         ("ATTEMPTS", CHUNK_ATTEMPTS),
@@ -242,6 +245,7 @@ pub mod field {
         ("SUBMITTED_AT", CHUNK_SUBMITTED_AT),
         ("REMOTE", CHUNK_REMOTE),
         ("CLAIM", CHUNK_CLAIM),
+        ("WOKEN_AT", CHUNK_WOKEN_AT),
     ];
 }
 

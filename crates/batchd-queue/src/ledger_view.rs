@@ -31,11 +31,6 @@ pub fn chunk_metadata() -> impl Iterator<Item = &'static str> {
 /// The per-chunk fields a view never reads: their size is the producer's (items) or the model's (outputs).
 pub const CHUNK_PAYLOADS: [&str; 2] = [field::CHUNK_REQUESTS, field::CHUNK_OUTPUT];
 
-/// Per-chunk: when a batch event last woke the chunk, Unix ms (Redis's clock), written by `wake.lua` so that a
-/// wake within `poll.initial_interval_ms` of the last one is ignored. Not in `batchd_core`'s schema lists (the
-/// fencing work changes those at the same time); the name reaches the script as an argument.
-pub const CHUNK_WOKEN_AT: &str = "woken_at";
-
 /// A chunk's `start:len` (`c<i>:items`) as numbers; `None` unless it is exactly two unsigned integers.
 pub fn parse_items(raw: Option<&str>) -> Option<(usize, usize)> {
     let (start, len) = raw?.split_once(':')?;

@@ -449,11 +449,7 @@ impl Store {
             return Ok(None);
         };
         let mut cmd = ScriptCall::new(&self.scripts.wake, &[self.keys.job(&chunk.job_id), self.keys.schedule()]);
-        cmd.arg(chunk.to_string())
-            .arg(chunk.index)
-            .arg(now)
-            .arg(min_gap.as_millis() as u64)
-            .arg(crate::ledger_view::CHUNK_WOKEN_AT);
+        cmd.arg(chunk.to_string()).arg(chunk.index).arg(now).arg(min_gap.as_millis() as u64);
         let woken: i64 = self.run(&cmd).await?;
         let woken = script_flag("wake", woken, &chunk.job_id)?;
         if woken {
