@@ -354,12 +354,7 @@ fn chain(error: &reqwest::Error) -> String {
 
 /// `Retry-After`, in seconds or as an HTTP date.
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO))
+    batchd_provider::text::parse_retry_after(headers.get(RETRY_AFTER)?.to_str().ok()?, SystemTime::now())
 }
 
 /// The documented error envelope, read leniently.

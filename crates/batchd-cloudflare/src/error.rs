@@ -7,11 +7,13 @@
 //! Long because its tests walk the reference's error table row by row, with the transport failures and unreadable
 //! replies beside them: the table is one concern and reads best whole.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use batchd_core::ApiCode;
 
 use crate::wire;
+
+pub(crate) use batchd_provider::text::{one_line, parse_retry_after};
 
 pub use batchd_provider::{ApiError, ErrorKind};
 
@@ -246,39 +248,9 @@ pub(crate) fn body_snippet(body: &[u8]) -> String {
     one_line(title.filter(|title| !title.trim().is_empty()).unwrap_or(&text), SNIPPET_CHARS)
 }
 
-/// `text` with runs of whitespace and control characters collapsed to one space (a server's bytes must not
-/// forge log lines or drive a terminal), cut to `max_chars` characters (marked with `…`).
-fn one_line(text: &str, max_chars: usize) -> String {
-    let collapsed = text
-        .split(|c: char| c.is_whitespace() || c.is_control())
-        .filter(|part| !part.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ");
-    if collapsed.chars().count() <= max_chars {
-        return collapsed;
-    }
-    let mut cut: String = collapsed.chars().take(max_chars).collect();
-    cut.push('…');
-    cut
-}
-
-/// Reads a `Retry-After` value: delay seconds (`120`) or an HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`, or one of
-/// the two obsolete formats RFC 9110 §5.6.7 asks recipients to accept); a date in the past means "now". `None` when
-/// the value is neither.
-pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
-    let value = value.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    use std::time::UNIX_EPOCH;
 
     use Operation::{Poll, Submit};
 
@@ -505,32 +477,5 @@ mod tests {
             !ApiError::from_reply(Submit, 400, None, br#"{"errors":[{"code":5004,"message":"d"}]}"#)
                 .is_ambiguous_submit()
         );
-    }
-
-    #[test]
-    fn retry_after_accepts_seconds_and_http_dates() {
-        let now = UNIX_EPOCH + Duration::from_secs(784_111_700); // Sun, 06 Nov 1994 08:48:20 GMT
-        assert_eq!(parse_retry_after("120", now), Some(Duration::from_secs(120)));
-        assert_eq!(parse_retry_after(" 0 ", now), Some(Duration::ZERO));
-        assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now), Some(Duration::from_secs(77)));
-        assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:00:00 GMT", now), Some(Duration::ZERO));
-        let leap_day = UNIX_EPOCH + Duration::from_secs(1_582_977_000); // Sat, 29 Feb 2020 11:50:00 GMT
-        assert_eq!(parse_retry_after("Sat, 29 Feb 2020 12:00:00 GMT", leap_day), Some(Duration::from_secs(600)));
-        assert_eq!(parse_retry_after("Thu, 01 Jan 1970 00:00:00 GMT", now), Some(Duration::ZERO), "the epoch itself");
-        // The obsolete RFC 850 and asctime forms, which RFC 9110 asks recipients to read too.
-        assert_eq!(parse_retry_after("Sunday, 06-Nov-94 08:49:37 GMT", now), Some(Duration::from_secs(77)));
-        assert_eq!(parse_retry_after("Sun Nov  6 08:49:37 1994", now), Some(Duration::from_secs(77)));
-        for bad in [
-            "",
-            "-5",
-            "1.5",
-            "soon",
-            "Sun, 06 Nov 1994 08:49:37 UTC",
-            "Sun, 06 Nov 1994 25:00:00 GMT",
-            "Mon, 06 Nov 1994 08:49:37 GMT",
-            "Sun, 31 Nov 1994 08:49:37 GMT",
-        ] {
-            assert_eq!(parse_retry_after(bad, now), None, "{bad:?}");
-        }
     }
 }

@@ -266,7 +266,9 @@ impl Client {
             .headers()
             .get(RETRY_AFTER)
             .and_then(|value| value.to_str().ok())
-            .and_then(|value| error::parse_retry_after(value, SystemTime::now()));
+            .and_then(|value| batchd_provider::text::parse_retry_after(value, SystemTime::now()))
+            // A day at most, whatever the server says: the engine's backoff caps it further.
+            .map(|wait| wait.min(std::time::Duration::from_secs(86_400)));
         match self.read_small(operation, response).await {
             Ok(body) => self.scrub(error::from_reply(operation, status, retry_after, &body)),
             Err(mut error) => {

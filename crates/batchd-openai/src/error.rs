@@ -4,7 +4,9 @@
 //! A create whose outcome is unknown (timeout or reset after sending, a 5xx, an unreadable 2xx) is marked
 //! `maybe_delivered`, so the engine resumes it by looking the batch up instead of creating it again.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
+
+pub(crate) use batchd_provider::text::one_line;
 
 use batchd_core::ApiCode;
 use batchd_provider::{ApiError, ErrorKind};
@@ -128,47 +130,12 @@ pub(crate) fn local(kind: ErrorKind, message: impl Into<String>) -> ApiError {
     }
 }
 
-/// `Retry-After` as seconds or an HTTP date.
-pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
-    let value = value.trim();
-    if let Ok(secs) = value.parse::<u64>() {
-        return Some(Duration::from_secs(secs.min(86_400)));
-    }
-    let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(now).unwrap_or_default().min(Duration::from_secs(86_400)))
-}
-
 /// The start of a body for a message, one line.
 pub(crate) fn snippet(body: &[u8]) -> String {
     if body.is_empty() {
         return "(empty)".to_owned();
     }
     one_line(&String::from_utf8_lossy(&body[..body.len().min(2048)]), 200)
-}
-
-/// `text` with whitespace and control characters collapsed to one space, cut to `max_chars` (marked `…`).
-pub(crate) fn one_line(text: &str, max_chars: usize) -> String {
-    let mut out = String::new();
-    let mut count = 0;
-    let mut space = false;
-    for c in text.chars() {
-        if c.is_whitespace() || c.is_control() {
-            space = !out.is_empty();
-            continue;
-        }
-        if count >= max_chars {
-            out.push('…');
-            return out;
-        }
-        if space {
-            out.push(' ');
-            count += 1;
-            space = false;
-        }
-        out.push(c);
-        count += 1;
-    }
-    out
 }
 
 #[cfg(test)]
@@ -199,20 +166,5 @@ mod tests {
         assert!(lost.maybe_delivered && lost.kind == ErrorKind::Transient);
         assert!(lost.message.contains("bad gateway"));
         assert!(!from_reply(Operation::Upload, 502, None, b"").maybe_delivered);
-    }
-
-    #[test]
-    fn retry_after_reads_seconds_and_dates() {
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        assert_eq!(parse_retry_after("7", now), Some(Duration::from_secs(7)));
-        let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
-        assert_eq!(parse_retry_after(&later, now), Some(Duration::from_secs(30)));
-        assert_eq!(parse_retry_after("soon", now), None);
-    }
-
-    #[test]
-    fn messages_are_one_bounded_line() {
-        assert_eq!(one_line("a\n\tb\u{7}c ", 10), "a b c");
-        assert_eq!(one_line("abcdef", 3), "abc…");
     }
 }

@@ -13,6 +13,7 @@
 mod budget;
 mod error;
 mod remote;
+pub mod text;
 
 use std::fmt;
 use std::time::Duration;
