@@ -60,16 +60,23 @@ pub(super) async fn kill9(size: Size) -> anyhow::Result<Outcome> {
     let (drained, _) =
         finish(&mut cluster, collector, &produced, size.pick(secs(600), secs(120)), false, &mut outcome).await;
     let reports = collect_trackers(&mut outcome, trackers).await?;
-    // Take-over is only tested by kills that abandoned something: every kill while jobs were still being enqueued
-    // must have left claims or ingress entries behind, or "taken over within the lease" holds trivially.
-    let idle_kills: Vec<&str> = reports
+    // Take-over is only tested by kills that abandoned something: the kills made while jobs were still being
+    // enqueued must have left claims or ingress entries behind, or "taken over within the lease" holds trivially.
+    // One such kill may find its replica with nothing in hand (restarted a moment before, its batch just finished),
+    // so what is required is work abandoned by the kills under load together, and every idle one is counted.
+    let under_load: Vec<_> = reports.iter().filter(|(_, report)| report.at_ms <= produced.finished_ms).collect();
+    let idle_kills: Vec<&str> = under_load
         .iter()
-        .filter(|(_, report)| report.at_ms <= produced.finished_ms && report.claims + report.entries == 0)
+        .filter(|(_, report)| report.claims + report.entries == 0)
         .map(|(what, _)| what.as_str())
         .collect();
+    outcome.figure("kills_under_load", under_load.len());
     outcome.figure("kills_under_load_that_abandoned_nothing", idle_kills.len());
-    outcome.expect(idle_kills.is_empty(), || {
-        format!("{} kills under load abandoned no claim and no ingress entry: {idle_kills:?}", idle_kills.len())
+    outcome.expect(under_load.is_empty() || idle_kills.len() < under_load.len(), || {
+        format!(
+            "none of the {} kills under load abandoned a claim or an ingress entry: {idle_kills:?}",
+            under_load.len()
+        )
     });
     // A claim waits at most its lease, an entry its idle time plus one reclaim round; the slack is for a loaded
     // 2-core machine (fetch intervals, the tracker's own 200 ms polling).
