@@ -425,15 +425,20 @@ const BATCHD_COMMANDS: &[&[&str]] = &[
     &["FUNCTION", "LOAD", "REPLACE", "#!lua name=probe\nredis.register_function('probe', function() return 1 end)"],
 ];
 
-/// Every command name a storage script calls (`redis.call('X'` or `call_sliced('X'`), from the scripts as Redis runs
-/// them.
+/// Every command name a storage script calls (`redis.call('X'`, `redis.pcall('X'`, `call_sliced('X'` or
+/// `typed('type', 'X'`), from the scripts as Redis runs them.
 fn script_commands() -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     for script in batchd_queue::store::SCRIPT_NAMES {
         let source = batchd_queue::store::script_source(script).expect("a known script");
-        for marker in ["redis.call('", "call_sliced('"] {
+        for marker in ["redis.call('", "redis.pcall('", "call_sliced('", "typed('"] {
             for (at, _) in source.match_indices(marker) {
-                let rest = &source[at + marker.len()..];
+                let mut rest = &source[at + marker.len()..];
+                if marker == "typed('" {
+                    // typed('zset', 'ZADD', ...): the command is the second word.
+                    let Some((_, after)) = rest.split_once("', '") else { continue };
+                    rest = after;
+                }
                 let name: String = rest.chars().take_while(|c| c.is_ascii_alphabetic()).collect();
                 if rest[name.len()..].starts_with('\'') && !name.is_empty() {
                     names.insert(name.to_ascii_uppercase());

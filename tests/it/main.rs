@@ -20,6 +20,7 @@ mod cli_ops;
 mod cli_terminal;
 mod clock;
 mod config_check;
+mod cost;
 mod dead_letters;
 mod deploy;
 mod edges;

@@ -229,8 +229,8 @@ fn cases(f: &Fixture) -> Vec<Case> {
     from_entry[12] = "3:9".to_owned();
     case("accept: entry not as read", "accept", vec![], keys.clone(), from_entry, Ok("missing"));
 
-    // reject: KEYS ledger, submit, results, dead
-    let keys = vec![f.ledger("rj"), k.submit(), k.results(), k.dead()];
+    // reject: KEYS ledger, submit, results, dead, minute and hour counters
+    let keys = vec![f.ledger("rj"), k.submit(), k.results(), k.dead(), k.stats_minute(1), k.stats_hour(1)];
     let args = strings(&[
         CONSUMER_GROUP,
         e,
@@ -247,6 +247,9 @@ fn cases(f: &Fixture) -> Vec<Case> {
         "1",
         "source_id",
         e,
+        "1",
+        "finished:failed",
+        "1",
     ]);
     case("reject: entry id", "reject", vec![], keys.clone(), with(&args, 1, Some("1")), Err("entry id"));
     case("reject: maxlen", "reject", vec![], keys.clone(), with(&args, 2, Some("~")), Err("results maxlen"));
@@ -271,7 +274,7 @@ fn cases(f: &Fixture) -> Vec<Case> {
     let mut leftover = args.clone();
     leftover.push("extra".into());
     case("reject: arguments left over", "reject", vec![], keys.clone(), leftover, Err("left over"));
-    let no_result = strings(&[CONSUMER_GROUP, e, "100", "100", "60", "0", "0", "1", "state", "failed", "0"]);
+    let no_result = strings(&[CONSUMER_GROUP, e, "100", "100", "60", "0", "0", "1", "state", "failed", "0", "0"]);
     case("reject: no result", "reject", vec![], keys.clone(), no_result, Err("needs result"));
     let mut huge =
         strings(&[CONSUMER_GROUP, e, "100", "100", "60", "0", "1", "v", "1", "1", "state", "failed", "5000"]);
@@ -298,6 +301,7 @@ fn cases(f: &Fixture) -> Vec<Case> {
     );
     case("reject: results type", "reject", wrong(k.results(), "hash"), keys.clone(), args.clone(), Err("holds a hash"));
     case("reject: dead type", "reject", wrong(k.dead(), "list"), keys.clone(), args.clone(), Err("holds a list"));
+    case("reject: counter amount", "reject", vec![], keys.clone(), with(&args, 17, Some("-1")), Err("counter amount"));
     let dup_keys = vec![f.ledger("live"), k.submit(), k.results(), k.dead()];
     case(
         "reject: duplicate counter",
@@ -577,16 +581,24 @@ fn cases(f: &Fixture) -> Vec<Case> {
         Err("holds a list"),
     );
 
-    // claim: KEYS schedule, a ledger per candidate
-    let keys = vec![k.schedule(), f.ledger("live"), f.ledger("live")];
+    // claim: KEYS schedule, a ledger and a cancel flag per candidate
+    let keys = vec![k.schedule(), f.ledger("live"), f.cancel("live"), f.ledger("live"), f.cancel("live")];
     let args = strings(&["9999", "20000", "live#0", "0", "live#1", "1"]);
     let mut too_many = vec![k.schedule()];
-    too_many.extend((0..=MAX_CLAIM).map(|_| f.ledger("live")));
+    too_many.extend((0..=MAX_CLAIM).flat_map(|_| [f.ledger("live"), f.cancel("live")]));
     case("claim: now", "claim", vec![], keys.clone(), with(&args, 0, Some("+inf")), Err("now"));
     case("claim: lease", "claim", vec![], keys.clone(), with(&args, 1, Some("later")), Err("lease end"));
     case("claim: no candidate", "claim", vec![], vec![k.schedule()], with(&args, 2, None), Err("candidates"));
     case("claim: too many candidates", "claim", vec![], too_many, args.clone(), Err("candidates"));
-    case("claim: a key short", "claim", vec![], keys[..2].to_vec(), args.clone(), Err("each candidate"));
+    case("claim: a key short", "claim", vec![], keys[..4].to_vec(), args.clone(), Err("each candidate"));
+    case(
+        "claim: cancel flag type",
+        "claim",
+        wrong(f.cancel("live"), "hash"),
+        keys.clone(),
+        args.clone(),
+        Err("holds a hash"),
+    );
     case("claim: index", "claim", vec![], keys.clone(), with(&args, 5, Some("one")), Err("chunk index"));
     case("claim: claim", "claim", hset("live", "c1:claim", "x"), keys.clone(), args.clone(), Err("claim"));
     case(
@@ -607,9 +619,9 @@ fn cases(f: &Fixture) -> Vec<Case> {
         Err("holds a string"),
     );
 
-    // publish: KEYS ledger, results, schedule, cancel flag
-    let keys = vec![f.ledger("live"), k.results(), k.schedule(), f.cancel("live")];
-    let args = strings(&["completed", "5000", "100", "60", "live", "", "1", "v", "1"]);
+    // publish: KEYS ledger, results, schedule, cancel flag, minute and hour counters
+    let keys = vec![f.ledger("live"), k.results(), k.schedule(), f.cancel("live"), k.stats_minute(1), k.stats_hour(1)];
+    let args = strings(&["completed", "5000", "100", "60", "live", "", "1", "v", "1", "1", "finished:completed", "1"]);
     case("publish: state", "publish", vec![], keys.clone(), with(&args, 0, Some("running")), Err("final state"));
     case("publish: now", "publish", vec![], keys.clone(), with(&args, 1, Some("-")), Err("now"));
     case("publish: maxlen", "publish", vec![], keys.clone(), with(&args, 2, Some("lots")), Err("results maxlen"));
@@ -635,8 +647,17 @@ fn cases(f: &Fixture) -> Vec<Case> {
         "publish",
         vec![],
         keys.clone(),
-        strings(&["completed", "5000", "100", "60", "live", "", "0"]),
+        strings(&["completed", "5000", "100", "60", "live", "", "0", "0"]),
         Err("needs fields"),
+    );
+    case("publish: counter amount", "publish", vec![], keys.clone(), with(&args, 11, Some("x")), Err("counter amount"));
+    case(
+        "publish: counters past the end",
+        "publish",
+        vec![],
+        keys.clone(),
+        with(&args, 9, Some("2")),
+        Err("fewer arguments"),
     );
     let mut leftover = args.clone();
     leftover.push("extra".into());
@@ -674,7 +695,8 @@ fn cases(f: &Fixture) -> Vec<Case> {
         args.clone(),
         Err("holds a hash"),
     );
-    let missing = vec![f.ledger("ghost"), k.results(), k.schedule(), f.cancel("ghost")];
+    let missing =
+        vec![f.ledger("ghost"), k.results(), k.schedule(), f.cancel("ghost"), k.stats_minute(1), k.stats_hour(1)];
     case("publish: no ledger", "publish", vec![], missing, args.clone(), Ok("0"));
 
     // rate_limit: KEYS bucket
@@ -850,8 +872,7 @@ async fn the_ledger_counts_unfinished_chunks_and_old_ledgers_are_counted_once() 
         StoreSettings::default(),
     );
     // Never claimed: token 0.
-    let chunk =
-        |job: &str, index: u32| Claim { chunk: ChunkRef::new(JobId::parse(job).expect("job id"), index), token: 0 };
+    let chunk = |job: &str, index: u32| Claim::new(ChunkRef::new(JobId::parse(job).expect("job id"), index), 0);
     let reader = conn.clone();
     let open = |job: &str| {
         let mut conn = reader.clone();
@@ -899,4 +920,64 @@ async fn the_ledger_counts_unfinished_chunks_and_old_ledgers_are_counted_once() 
     let score: Option<f64> =
         redis::cmd("ZSCORE").arg(fixture.keys.schedule()).arg("live#1").query_async(&mut conn).await.expect("redis");
     assert!(score.is_some(), "the last chunk stays on the schedule, leased, until the job is published");
+}
+
+/// Publishing counts the job in the minute's and the hour's counters in the same script: a counter hash gets its
+/// time to live when it (or one of its fields) is new, not on every job; a counter key of another type is skipped
+/// and reported (reply 2), never in the way of the result.
+#[tokio::test]
+async fn publish_counts_the_job_and_sets_a_counter_ttl_only_for_new_fields() {
+    use batchd_core::keys::{STATS_HOUR_TTL_SECS, STATS_MINUTE_TTL_SECS};
+    let redis = RedisServer::start().await;
+    let mut conn = test_connection(&redis.url()).await;
+    let f = Fixture::new(&mut conn).await;
+    let k = &f.keys;
+    let (minute, hour) = (k.stats_minute(7), k.stats_hour(7));
+    let script = redis::Script::new(&script_source("publish").expect("publish"));
+    let publish = async |conn: &mut MultiplexedConnection, job: &str, counts: &[(&str, &str)]| -> i64 {
+        f.run(conn, &["HSET", &f.ledger(job), "state", "running", "n_chunks", "1"]).await;
+        let mut call = script.prepare_invoke();
+        for key in [f.ledger(job), k.results(), k.schedule(), f.cancel(job), minute.clone(), hour.clone()] {
+            call.key(key);
+        }
+        call.arg("completed").arg("5000").arg("100").arg("60").arg(job).arg("").arg(1).arg("v").arg("1");
+        call.arg(counts.len());
+        for (name, n) in counts {
+            call.arg(*name).arg(*n);
+        }
+        call.invoke_async(conn).await.expect("publish")
+    };
+    let ttl = async |conn: &mut MultiplexedConnection, key: &str| -> i64 {
+        redis::cmd("TTL").arg(key).query_async(conn).await.expect("TTL")
+    };
+    let count = async |conn: &mut MultiplexedConnection, key: &str, field: &str| -> Option<u64> {
+        redis::cmd("HGET").arg(key).arg(field).query_async(conn).await.expect("HGET")
+    };
+
+    let first = [("finished:completed", "1"), ("tokens:prompt:m", "5")];
+    assert_eq!(publish(&mut conn, "a", &first).await, 1);
+    assert_eq!(count(&mut conn, &minute, "tokens:prompt:m").await, Some(5));
+    assert_eq!(count(&mut conn, &hour, "finished:completed").await, Some(1));
+    assert!(ttl(&mut conn, &minute).await > STATS_MINUTE_TTL_SECS as i64 - 60);
+    assert!(ttl(&mut conn, &hour).await > STATS_HOUR_TTL_SECS as i64 - 60);
+
+    // Same fields again: counted, and the time to live is left alone.
+    f.run(&mut conn, &["EXPIRE", &minute, "100"]).await;
+    assert_eq!(publish(&mut conn, "b", &first).await, 1);
+    assert_eq!(count(&mut conn, &minute, "finished:completed").await, Some(2));
+    assert!(ttl(&mut conn, &minute).await <= 100);
+    // A new field (another outcome) sets it again.
+    assert_eq!(publish(&mut conn, "c", &[("finished:failed", "1")]).await, 1);
+    assert!(ttl(&mut conn, &minute).await > 100);
+
+    // A minute key of another type: the result is published, the hour counted, the foreign key untouched.
+    f.run(&mut conn, &["DEL", &minute]).await;
+    f.run(&mut conn, &["SET", &minute, "not a hash"]).await;
+    assert_eq!(publish(&mut conn, "d", &first).await, 2);
+    let state: String = redis::cmd("HGET").arg(f.ledger("d")).arg("state").query_async(&mut conn).await.expect("HGET");
+    assert_eq!(state, "completed");
+    assert_eq!(count(&mut conn, &hour, "finished:completed").await, Some(3));
+    let foreign: String = redis::cmd("GET").arg(&minute).query_async(&mut conn).await.expect("GET");
+    assert_eq!(foreign, "not a hash");
+    assert_eq!(ttl(&mut conn, &minute).await, -1);
 }

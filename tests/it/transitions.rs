@@ -248,7 +248,10 @@ async fn a_claim_taken_over_fences_out_every_write_of_its_earlier_holder() {
 
     // The take-in's lease ends while it is paused; another replica claims the chunk.
     let claimed = store.claim_due(now + 61_000, 10).await.expect("claim");
-    assert_eq!(claimed.claims, [Claim { chunk: ChunkRef::new(job.id.clone(), 0), token: 2 }]);
+    let found: Vec<(ChunkRef, u64)> = claimed.claims.iter().map(|claim| (claim.chunk.clone(), claim.token)).collect();
+    assert_eq!(found, [(ChunkRef::new(job.id.clone(), 0), 2)]);
+    let view = claimed.claims[0].view.as_deref().expect("the claim reads the chunk's view");
+    assert_eq!(view.claim, 2, "the view carries the new claim's token");
     let second = claimed.claims[0].clone();
     assert!(store.claim_due(now + 61_000, 10).await.expect("claim").claims.is_empty(), "leased now");
 

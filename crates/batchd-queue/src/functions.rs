@@ -27,7 +27,7 @@ struct Library {
 const FUNCTIONS: [&str; 2] = ["cancel", "dead_retry"];
 
 static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
-    let body = crate::store::script_text(include_str!("lua/functions.lua"));
+    let body = crate::store::library_text(include_str!("lua/functions.lua"));
     let hash = redis::Script::new(&body).get_hash().to_owned();
     let name = format!("batchd_{}", &hash[..12]);
     let registrations: String = FUNCTIONS

@@ -142,7 +142,12 @@ impl Pipeline {
     #[tracing::instrument(level = "debug", skip_all, fields(job_id = %claim.chunk.job_id, chunk = claim.chunk.index))]
     pub async fn step(&self, claim: &Claim) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
-        let Some(view) = self.store.load_chunk(chunk).await? else {
+        // The claim read the view in the same step; a claim made elsewhere reads it now.
+        let view = match &claim.view {
+            Some(view) => Some(view.as_ref().clone()),
+            None => self.store.load_chunk(chunk).await?,
+        };
+        let Some(view) = view else {
             tracing::debug!("ledger gone; dropping schedule member");
             self.store.forget(claim).await?;
             return Ok(());

@@ -15,7 +15,9 @@
 -- Returns {verdict, state}; verdict: accepted | cancelled | duplicate | missing (the entry is gone or not what
 -- the caller read, with "entry": nothing was done, the caller retries "inline")
 -- Everything is checked before the first write (key types, every argument, at most MAX_CHUNKS chunks), so an
--- error reply means nothing was written. The ledger starts its count of unfinished chunks (F_OPEN_CHUNKS).
+-- error reply means nothing was written: the ledger is read, the entry is read from the stream (an "inline" call
+-- checks the stream's type instead), and the schedule is written first. The ledger starts its count of unfinished
+-- chunks (F_OPEN_CHUNKS).
 local ledger, stream, schedule = KEYS[1], KEYS[2], KEYS[3]
 local group, entry_id, job_id = ARGV[1], ARGV[2], ARGV[3]
 check_entry_id(entry_id)
@@ -33,16 +35,14 @@ end
 if source ~= SOURCE_ENTRY and source ~= SOURCE_INLINE then
   refuse('items source must be ' .. SOURCE_ENTRY .. ' or ' .. SOURCE_INLINE)
 end
-local ledger_exists = check_type(ledger, 'hash')
-check_type(stream, 'stream')
-check_type(schedule, 'zset')
-
-if ledger_exists then
-  check_counter(redis.call('HGET', ledger, F_DUPLICATES), 'the ledger\'s ' .. F_DUPLICATES)
-  redis.call('XACK', stream, group, entry_id)
+-- A ledger always has a state; a job id whose ledger has one is a duplicate.
+local head = read_hash(ledger, F_STATE, F_DUPLICATES)
+if head[1] then
+  check_counter(head[2], 'the ledger\'s ' .. F_DUPLICATES)
+  typed('stream', 'XACK', stream, group, entry_id)
   redis.call('XDEL', stream, entry_id)
   redis.call('HINCRBY', ledger, F_DUPLICATES, 1)
-  return {ACCEPT_DUPLICATE, redis.call('HGET', ledger, F_STATE) or ''}
+  return {ACCEPT_DUPLICATE, head[1]}
 end
 
 local i = 9
@@ -61,7 +61,7 @@ fields[#fields + 1] = n_chunks
 
 local body
 if source == SOURCE_ENTRY then
-  local entry = redis.call('XRANGE', stream, entry_id, entry_id)[1]
+  local entry = typed('stream', 'XRANGE', stream, entry_id, entry_id)[1]
   if entry then
     local values = entry[2]
     for k = 1, #values, 2 do
@@ -72,6 +72,8 @@ if source == SOURCE_ENTRY then
     end
   end
   if not body then return {ACCEPT_MISSING, ''} end
+else
+  check_type(stream, 'stream')
 end
 
 local verdict = ACCEPT_ACCEPTED
@@ -112,8 +114,8 @@ for chunk = 0, n_chunks - 1 do
   members[#members + 1] = due
   members[#members + 1] = member(job_id, chunk)
 end
+call_sliced('ZADD', schedule, {}, members, 'zset')
 call_sliced('HSET', ledger, {}, fields)
-call_sliced('ZADD', schedule, {}, members)
 redis.call('XACK', stream, group, entry_id)
 redis.call('XDEL', stream, entry_id)
 return {verdict, ''}

@@ -10,8 +10,7 @@ local ledger = KEYS[1]
 local chunk = uint(ARGV[1], 'chunk index')
 uint(ARGV[2], 'now')
 local token = uint(ARGV[3], 'claim token')
-check_type(ledger, 'hash')
-local values = redis.call('HMGET', ledger, F_STATE, chunk_field(chunk, C_STATE), chunk_field(chunk, C_ATTEMPTS),
+local values = read_hash(ledger, F_STATE, chunk_field(chunk, C_STATE), chunk_field(chunk, C_ATTEMPTS),
   chunk_field(chunk, C_ITEMS), chunk_field(chunk, C_INDICES), F_MODEL, chunk_field(chunk, C_REQUESTS),
   F_POSSIBLE_DUPLICATE_SUBMITS, chunk_field(chunk, C_CLAIM))
 local state, chunk_state = values[1], values[2]

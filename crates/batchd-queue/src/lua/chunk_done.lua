@@ -6,7 +6,7 @@
 -- job's chunk count. A ledger written before that counter existed is counted once, in slices, and then keeps it.
 -- Only the holder of the chunk's latest claim (its fencing token, C_CLAIM) may finish it, and only from a state
 -- a step finishes it from (submitting, polling, or finished already: the same holder storing it again).
--- Everything is checked before the first write.
+-- Everything is checked before the first write (the ledger is read, the schedule written first).
 -- KEYS: 1 ledger, 2 schedule
 -- ARGV: 1 member, 2 chunk index, 3 chunk state (done|failed), 4 output or error JSON, 5 now ms, 6 lease-until ms,
 --       7 claim token
@@ -21,13 +21,11 @@ if ARGV[4] == nil then refuse('no output or error given') end
 uint(ARGV[5], 'now')
 uint(ARGV[6], 'lease end')
 local token = uint(ARGV[7], 'claim token')
-check_type(ledger, 'hash')
-check_type(schedule, 'zset')
-local head = redis.call('HMGET', ledger, F_STATE, F_N_CHUNKS, F_OPEN_CHUNKS, chunk_field(chunk, C_STATE),
+local head = read_hash(ledger, F_STATE, F_N_CHUNKS, F_OPEN_CHUNKS, chunk_field(chunk, C_STATE),
   chunk_field(chunk, C_CLAIM))
 if head[1] and uint(head[5] or '0', 'the chunk\'s ' .. C_CLAIM) ~= token then return {FENCE_STALE, -1} end
 if not head[1] or is_terminal(head[1]) then
-  redis.call('ZREM', schedule, chunk_member)
+  typed('zset', 'ZREM', schedule, chunk_member)
   return {FENCE_GONE, -1}
 end
 local n = uint(head[2], 'the ledger\'s ' .. F_N_CHUNKS)
@@ -53,11 +51,11 @@ if not is_finished(head[4]) and open > 0 then open = open - 1 end
 
 local payload_field = C_OUTPUT
 if ARGV[3] == CHUNK_FAILED then payload_field = C_LAST_ERROR end
+if open == 0 then
+  typed('zset', 'ZADD', schedule, ARGV[6], chunk_member)
+else
+  typed('zset', 'ZREM', schedule, chunk_member)
+end
 redis.call('HSET', ledger, chunk_field(chunk, C_STATE), ARGV[3], chunk_field(chunk, payload_field), ARGV[4],
   F_UPDATED_AT, ARGV[5], F_OPEN_CHUNKS, open)
-if open == 0 then
-  redis.call('ZADD', schedule, ARGV[6], chunk_member)
-else
-  redis.call('ZREM', schedule, chunk_member)
-end
 return {FENCE_APPLIED, open}

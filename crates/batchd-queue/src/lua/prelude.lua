@@ -7,6 +7,12 @@
 -- Scripts check, then write: Redis keeps the writes a script made before an error, so everything that can fail
 -- (key types, argument formats, counts, the ledger's own numbers) is checked with the helpers below before a
 -- script's first write, and no `unpack` sees more than ~1,000 values.
+--
+-- Key types are paid for without a TYPE per key per call: a key the script reads anyway is read with `typed`
+-- (the read itself refuses a key of another type, and reads come before writes), and of the keys it only writes,
+-- the first write goes through `typed` too (a refused first write has written nothing). A key that is neither read
+-- nor written first still gets a `check_type` (one command), so every key a script writes is known to be of the
+-- right type before anything is written.
 
 -- Ends the script with an error reply. Only ever called before the script's first write.
 local function refuse(message)
@@ -22,26 +28,20 @@ local function check_type(key, want)
   return found ~= 'none'
 end
 
--- redis.call('HMGET', key, ...) for a script that reads before it writes: a key of another type is refused (with
--- its type, read only on this error path) instead of costing a TYPE on every call.
-local function read_hash(key, ...)
-  local values = redis.pcall('HMGET', key, ...)
-  if values['err'] then
-    check_type(key, 'hash')
-    refuse(key .. ': ' .. values['err'])
-  end
-  return values
-end
-
--- redis.call(command, key, ...) as a script's first write: a key of another type is refused (its type read only on
--- this error path), and as nothing was written before, the script stays all-or-nothing without a TYPE per call.
-local function first_write(want, command, key, ...)
+-- redis.call(command, key, ...) for a read, or for the script's first write, on a key that must be absent or a
+-- `want`: a key of another type is refused (its type read only on this error path) before anything is written.
+local function typed(want, command, key, ...)
   local reply = redis.pcall(command, key, ...)
   if type(reply) == 'table' and reply['err'] then
     check_type(key, want)
     refuse(key .. ': ' .. reply['err'])
   end
   return reply
+end
+
+-- HMGET of a hash the script reads before it writes (see `typed`).
+local function read_hash(key, ...)
+  return typed('hash', 'HMGET', key, ...)
 end
 
 -- `value` as a number, refused unless it is a non-negative integer of at most 15 digits (exact in Lua).
@@ -85,12 +85,15 @@ local function take_pairs(count_at, what)
 end
 
 -- redis.call(command, key, ...head, ...list), with `list` sent in slices of 1,000 values: one call for any
--- ordinary job, and never more values than Lua's unpack can take. Slices are even, so pairs stay whole.
-local function call_sliced(command, key, head, list)
+-- ordinary job, and never more values than Lua's unpack can take. Slices are even, so pairs stay whole. With
+-- `want`, the first slice is the script's first write and goes through `typed`.
+local function call_sliced(command, key, head, list, want)
   for first = 1, math.max(#list, 1), 1000 do
     local args = {}
     for _, value in ipairs(head) do args[#args + 1] = value end
     for k = first, math.min(first + 999, #list) do args[#args + 1] = list[k] end
-    if #args > #head then redis.call(command, key, unpack(args)) end
+    if #args > #head then
+      if want and first == 1 then typed(want, command, key, unpack(args)) else redis.call(command, key, unpack(args)) end
+    end
   end
 end

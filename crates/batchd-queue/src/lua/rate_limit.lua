@@ -9,10 +9,9 @@ if not interval or interval ~= interval or interval <= 0 or interval >= 1e15 the
 end
 local burst = uint(ARGV[2], 'burst')
 if burst < 1 then refuse('burst must be at least 1') end
-check_type(KEYS[1], 'string')
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local tat = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+local tat = tonumber(typed('string', 'GET', KEYS[1]) or '0') or 0
 if tat ~= tat or tat < now then tat = now end
 local tolerance = interval * (burst - 1)
 if tat - now > tolerance then

@@ -6,10 +6,12 @@
 -- pending with more than N deliveries; otherwise nothing is done ("gone": another replica finished it).
 -- The caller bounds the dead-letter copy (the original fields, cut to a byte budget); every list is at most
 -- MAX_PAIRS pairs, so no `unpack` exceeds Lua's limit. Everything is checked before the first write.
--- KEYS: 1 ledger, 2 submit stream, 3 results stream, 4 dead-letter stream
+-- A rejected job is counted in the finished-jobs counters in the same step (see count_finished).
+-- KEYS: 1 ledger, 2 submit stream, 3 results stream, 4 dead-letter stream, 5 this minute's counters, 6 this
+--       hour's counters
 -- ARGV: 1 group, 2 entry id, 3 results maxlen, 4 dead maxlen, 5 ledger ttl secs, 6 delivery guard (0: none),
 --       7 n result pairs, then result field/value pairs, then n ledger pairs, ledger pairs, then n dead pairs,
---       dead pairs
+--       dead pairs, then n counter pairs, counter field/amount pairs
 -- Returns rejected | duplicate | gone
 local ledger, stream, results, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, entry_id = ARGV[1], ARGV[2]
@@ -23,7 +25,10 @@ local ledger_fields
 ledger_fields, i = take_pairs(i, 'ledger fields')
 local dead_fields
 dead_fields, i = take_pairs(i, 'dead-letter fields')
-if i - 1 ~= #ARGV then refuse('arguments left over after the dead-letter fields') end
+local counts
+counts, i = take_pairs(i, 'counter fields')
+if i - 1 ~= #ARGV then refuse('arguments left over after the counter fields') end
+for k = 2, #counts, 2 do uint(counts[k], 'counter amount') end
 if #result_fields == 0 or #ledger_fields == 0 then refuse('a rejection needs result and ledger fields') end
 local ledger_exists = check_type(ledger, 'hash')
 local stream_exists = check_type(stream, 'stream')
@@ -47,6 +52,7 @@ else
   redis.call('XADD', results, 'MAXLEN', '~', ARGV[3], '*', unpack(result_fields))
   redis.call('HSET', ledger, unpack(ledger_fields))
   redis.call('EXPIRE', ledger, ARGV[5])
+  count_finished(KEYS[5], KEYS[6], counts)
 end
 if #dead_fields > 0 then
   redis.call('XADD', dead, 'MAXLEN', '~', ARGV[4], '*', unpack(dead_fields))

@@ -4,7 +4,7 @@
 -- replica whose claim was taken over while it was paused) or a chunk in another state gets a verdict, and nothing
 -- is written. On a job that has finished (or has no ledger) a transition of the latest claim (and `forget`, from
 -- any claim) only takes the member off the schedule. Every read (read_hash refuses a key of another type) and
--- check comes before the first write, and the first write is the schedule's (first_write refuses a schedule of
+-- check comes before the first write, and the first write is the schedule's (`typed` refuses a schedule of
 -- another type before anything is written), so no TYPE is paid per call.
 -- KEYS: 1 ledger, 2 schedule
 -- ARGV: 1 transition, 2 member, 3 chunk index, 4 claim token, 5 due ms ("" for forget), 6 now ms, then:
@@ -60,7 +60,7 @@ local state, chunk_state = values[1], values[2]
 local held = uint(values[3] or '0', 'the chunk\'s ' .. C_CLAIM)
 if state and held ~= token and transition ~= T_FORGET then return {FENCE_STALE, chunk_state or '', held} end
 if not state or is_terminal(state) then
-  first_write('zset', 'ZREM', schedule, chunk_member)
+  typed('zset', 'ZREM', schedule, chunk_member)
   return {FENCE_GONE, chunk_state or '', held}
 end
 if allowed[transition] ~= any_state and not allowed[transition][chunk_state or ''] then
@@ -70,15 +70,19 @@ local n_polls = 0
 if transition == T_MARK_PENDING_POLL then n_polls = uint(values[4] or '0', 'the chunk\'s ' .. C_N_POLLS) end
 
 if transition == T_RENEW or transition == T_RELEASE or transition == T_RECORD_REMOTE then
-  first_write('zset', 'ZADD', schedule, 'XX', due, chunk_member)
+  typed('zset', 'ZADD', schedule, 'XX', due, chunk_member)
 else
-  first_write('zset', 'ZADD', schedule, due, chunk_member)
+  typed('zset', 'ZADD', schedule, due, chunk_member)
 end
 local function f(name) return chunk_field(chunk, name) end
 if transition == T_MARK_SUBMITTED then
-  redis.call('HSET', ledger, f(C_STATE), CHUNK_POLLING, f(C_REQUEST_ID), ARGV[7], f(C_SUBMITTED_AT), now,
-    f(C_REMOTE_STATUS), ARGV[8], F_STATE, JOB_RUNNING, F_UPDATED_AT, now)
-  if ARGV[9] ~= '' then redis.call('HSET', ledger, f(C_REMOTE), ARGV[9]) end
+  local fields = {f(C_STATE), CHUNK_POLLING, f(C_REQUEST_ID), ARGV[7], f(C_SUBMITTED_AT), now,
+    f(C_REMOTE_STATUS), ARGV[8], F_STATE, JOB_RUNNING, F_UPDATED_AT, now}
+  if ARGV[9] ~= '' then
+    fields[#fields + 1] = f(C_REMOTE)
+    fields[#fields + 1] = ARGV[9]
+  end
+  redis.call('HSET', ledger, unpack(fields))
 elseif transition == T_RECORD_REMOTE then
   redis.call('HSET', ledger, f(C_REMOTE), ARGV[7])
 elseif transition == T_MARK_PENDING_POLL then
@@ -88,7 +92,10 @@ elseif transition == T_MARK_POLL_FAILED then
 elseif transition == T_MARK_RECREATE then
   redis.call('HSET', ledger, f(C_STATE), CHUNK_SUBMITTING, f(C_POLL_FAILURES), ARGV[7], f(C_LAST_ERROR), ARGV[8])
 elseif transition == T_MARK_SUBMIT_RETRY then
-  redis.call('HSET', ledger, f(C_STATE), ARGV[7], f(C_LAST_ERROR), ARGV[8])
-  if ARGV[9] ~= '' then redis.call('HSET', ledger, f(C_ATTEMPTS), ARGV[9]) end
+  if ARGV[9] ~= '' then
+    redis.call('HSET', ledger, f(C_STATE), ARGV[7], f(C_LAST_ERROR), ARGV[8], f(C_ATTEMPTS), ARGV[9])
+  else
+    redis.call('HSET', ledger, f(C_STATE), ARGV[7], f(C_LAST_ERROR), ARGV[8])
+  end
 end
 return {FENCE_APPLIED, chunk_state, held}

@@ -9,10 +9,8 @@
 local now = uint(ARGV[3], 'now')
 local gap = uint(ARGV[4], 'wake gap')
 uint(ARGV[2], 'chunk index')
-check_type(KEYS[1], 'hash')
-check_type(KEYS[2], 'zset')
 local woken_field = chunk_field(ARGV[2], C_WOKEN_AT)
-local chunk = redis.call('HMGET', KEYS[1], chunk_field(ARGV[2], C_STATE), woken_field)
+local chunk = read_hash(KEYS[1], chunk_field(ARGV[2], C_STATE), woken_field)
 if chunk[1] ~= CHUNK_POLLING then
   return 0
 end
@@ -20,7 +18,7 @@ local last = tonumber(chunk[2] or '')
 if last and now < last + gap then
   return 0
 end
-local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
+local score = typed('zset', 'ZSCORE', KEYS[2], ARGV[1])
 if not score or tonumber(score) <= now then
   return 0
 end

@@ -12,6 +12,7 @@ fn stale(claim: &Claim, detail: String) -> StoreError {
 impl Store {
     /// Claims up to `limit` (at most [`MAX_CLAIM`]) due schedule members: each is re-scored to now + lease and its
     /// chunk's claim counter incremented (`claim.lua`), so the [`Claim`]s returned fence out any earlier holder.
+    /// Each claim carries the chunk's view ([`ChunkView`]) as the claim read it, so its step starts without a read.
     /// One read of the schedule finds the candidates (and, when fewer are due, the next due time); the script
     /// claims those still due. Nothing due: no script runs.
     pub async fn claim_due(&self, now: UnixMillis, limit: usize) -> Result<Claimed, StoreError> {
@@ -47,18 +48,38 @@ impl Store {
             return Ok(claimed);
         }
         let lease_until = now + self.settings.lease.as_millis() as u64;
-        let mut keys = Vec::with_capacity(candidates.len() + 1);
+        let mut keys = Vec::with_capacity(2 * candidates.len() + 1);
         keys.push(self.keys.schedule());
-        keys.extend(candidates.iter().map(|(_, chunk)| self.keys.job(&chunk.job_id)));
+        for (_, chunk) in &candidates {
+            keys.push(self.keys.job(&chunk.job_id));
+            keys.push(self.keys.cancel(&chunk.job_id));
+        }
         let mut cmd = ScriptCall::new(&self.scripts.claim, &keys);
         cmd.arg(now).arg(lease_until);
         for (member, chunk) in &candidates {
             cmd.arg(member).arg(chunk.index);
         }
-        let answer: Vec<(String, u64)> = self.run(&cmd).await?;
-        for (member, token) in answer {
+        let answer: Vec<redis::Value> = self.run(&cmd).await?;
+        let mut answer = answer.into_iter();
+        let bad = |what: &str| unknown_answer("claim", what, &"a claim");
+        while let Some(member) = answer.next() {
+            let member: String = redis::from_redis_value(member).map_err(|_| bad("member"))?;
             let chunk = ChunkRef::parse(&member).map_err(|_| unknown_answer("claim", &member, &member))?;
-            claimed.claims.push(Claim { chunk, token });
+            let token: u64 =
+                redis::from_redis_value(answer.next().ok_or_else(|| bad("no token"))?).map_err(|_| bad("token"))?;
+            let mut claim = Claim::new(chunk, token);
+            if token > 0 {
+                // The chunk's view as the claim found it, then its cancel flag.
+                let mut values = Vec::with_capacity(VIEW_FIELDS.len());
+                for _ in 0..VIEW_FIELDS.len() {
+                    let value = answer.next().ok_or_else(|| bad("a short view"))?;
+                    values.push(redis::from_redis_value(value).map_err(|_| bad("a view value"))?);
+                }
+                let cancel = redis::from_redis_value(answer.next().ok_or_else(|| bad("no cancel flag"))?)
+                    .map_err(|_| bad("the cancel flag"))?;
+                claim.view = self.view(&claim.chunk, values, cancel)?.map(Box::new);
+            }
+            claimed.claims.push(claim);
         }
         Ok(claimed)
     }
@@ -260,57 +281,59 @@ impl Store {
         }
     }
 
-    /// Reads what a poll of `chunk` needs. `None` when the ledger does not exist (expired or never created).
+    /// Reads what a step of `chunk` needs (what [`Store::claim_due`] reads in the claim). `None` when the ledger
+    /// does not exist (expired or never created).
     pub async fn load_chunk(&self, chunk: &ChunkRef) -> Result<Option<ChunkView>, StoreError> {
-        let names = [
-            field::STATE.to_owned(),
-            field::MODEL.to_owned(),
-            field::chunk(chunk.index, field::CHUNK_STATE),
-            field::chunk(chunk.index, field::CHUNK_REQUEST_ID),
-            field::chunk(chunk.index, field::CHUNK_ITEMS),
-            field::chunk(chunk.index, field::CHUNK_N_POLLS),
-            field::chunk(chunk.index, field::CHUNK_POLL_FAILURES),
-            field::DEADLINE_AT.to_owned(),
-            field::ACCEPTED_AT.to_owned(),
-            field::N_CHUNKS.to_owned(),
-            field::N_ITEMS.to_owned(),
-            field::REPLY_TO.to_owned(),
-            field::METADATA.to_owned(),
-            field::chunk(chunk.index, field::CHUNK_REMOTE_STATUS),
-            field::chunk(chunk.index, field::CHUNK_CLAIM),
-            field::chunk(chunk.index, field::CHUNK_REMOTE),
-            field::ENDPOINT.to_owned(),
-        ];
+        let names: Vec<String> = VIEW_FIELDS.iter().map(|field| field.name(chunk.index)).collect();
         let (values, cancel_requested): (Vec<Option<String>>, Option<String>) = redis::pipe()
             .hmget(self.keys.job(&chunk.job_id), &names[..])
             .get(self.keys.cancel(&chunk.job_id))
             .query_async(&mut self.conn.clone())
             .await?;
-        let Some(state) = values[0].as_deref() else {
+        self.view(chunk, values, cancel_requested)
+    }
+
+    /// A [`ChunkView`] from the values of [`VIEW_FIELDS`] (in that order) and the cancel flag; `None` when the
+    /// ledger has no state (it does not exist).
+    fn view(
+        &self,
+        chunk: &ChunkRef,
+        values: Vec<Option<String>>,
+        cancel_requested: Option<String>,
+    ) -> Result<Option<ChunkView>, StoreError> {
+        let corrupt = |what: &str| StoreError::Corrupt { job_id: chunk.job_id.to_string(), detail: what.to_owned() };
+        if values.len() != VIEW_FIELDS.len() {
+            return Err(corrupt("the chunk's view has the wrong number of fields"));
+        }
+        let mut values = values.into_iter();
+        let mut next = || values.next().flatten();
+        let Some(state) = next() else {
             return Ok(None);
         };
-        let corrupt = |what: &str| StoreError::Corrupt { job_id: chunk.job_id.to_string(), detail: what.to_owned() };
-        let number = |index: usize| -> u64 { values[index].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0) };
-        let (items_start, items_len) = parse_items(values[4].as_deref()).ok_or_else(|| corrupt("chunk items"))?;
+        let number = |value: Option<String>| -> u64 { value.as_deref().and_then(|v| v.parse().ok()).unwrap_or(0) };
+        let model = next().unwrap_or_default();
+        let chunk_state = next().unwrap_or_default().parse().map_err(|_| corrupt("chunk state"))?;
+        let request_id = next();
+        let (items_start, items_len) = parse_items(next().as_deref()).ok_or_else(|| corrupt("chunk items"))?;
         Ok(Some(ChunkView {
             job_state: state.parse().map_err(|_| corrupt("job state"))?,
-            model: values[1].clone().unwrap_or_default(),
-            chunk_state: values[2].as_deref().unwrap_or("").parse().map_err(|_| corrupt("chunk state"))?,
-            request_id: values[3].clone(),
+            model,
+            chunk_state,
+            request_id,
             items_start,
             items_len,
-            n_polls: number(5),
-            poll_failures: number(6),
-            deadline_at: number(7),
-            accepted_at: number(8),
-            n_chunks: number(9) as u32,
-            n_items: number(10) as usize,
-            reply_to: values[11].clone().unwrap_or_else(|| self.keys.results()),
-            metadata: values[12].clone(),
-            remote_status: values[13].clone(),
-            claim: number(14),
-            remote: values[15].clone(),
-            endpoint: values[16].clone(),
+            n_polls: number(next()),
+            poll_failures: number(next()),
+            deadline_at: number(next()),
+            accepted_at: number(next()),
+            n_chunks: number(next()) as u32,
+            n_items: number(next()) as usize,
+            reply_to: next().unwrap_or_else(|| self.keys.results()),
+            metadata: next(),
+            remote_status: next(),
+            claim: number(next()),
+            remote: next(),
+            endpoint: next(),
             cancel_requested,
         }))
     }

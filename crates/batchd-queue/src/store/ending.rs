@@ -118,9 +118,10 @@ impl Store {
             entry.result.as_ref().map(|output| &output.usage),
         );
         drop(entry);
+        let [minute, hour] = self.stats_keys(now);
         let mut cmd = ScriptCall::new(
             &self.scripts.publish,
-            &[self.keys.job(job_id), reply_to.to_owned(), self.keys.schedule(), self.keys.cancel(job_id)],
+            &[self.keys.job(job_id), reply_to.to_owned(), self.keys.schedule(), self.keys.cancel(job_id), minute, hour],
         );
         cmd.arg(state.as_str())
             .arg(now)
@@ -133,31 +134,25 @@ impl Store {
             cmd.arg(*name).arg(value);
         }
         drop(fields);
+        count_args(&mut cmd, &counts);
         let published: i64 = self.run(&cmd).await?;
-        let published = script_flag("publish", published, job_id)?;
-        if published {
-            self.count_finished(job_id, &counts, now).await;
+        if published == 2 {
+            tracing::warn!(job_id = %job_id, "finished-jobs counters not updated (a counter key of another type)");
         }
-        Ok(published)
+        script_flag("publish", published.min(1), job_id)
     }
 
-    /// Adds a finished job's `counts` ([`batchd_core::stats::increments`]) to the minute's and the hour's counters
-    /// (`now` is Redis's time). Runs after the publish, not inside its script: a replica that dies between the two
-    /// leaves one job uncounted, which the dashboard's rates can bear, and the publish script's layout stays the
-    /// one every replica speaks. A failure is logged, never returned: the result is out already.
-    pub(super) async fn count_finished(&self, job_id: &JobId, counts: &[(String, u64)], now: UnixMillis) {
-        use batchd_core::keys::{STATS_HOUR_TTL_SECS, STATS_MINUTE_TTL_SECS};
-        let minute = self.keys.stats_minute(now / 60_000);
-        let hour = self.keys.stats_hour(now / 3_600_000);
-        let mut pipe = redis::pipe();
-        for (key, ttl) in [(&minute, STATS_MINUTE_TTL_SECS), (&hour, STATS_HOUR_TTL_SECS)] {
-            for (name, n) in counts {
-                pipe.hincr(key, name, *n).ignore();
-            }
-            pipe.expire(key, ttl as i64).ignore();
-        }
-        if let Err(error) = pipe.query_async::<()>(&mut self.conn.clone()).await {
-            tracing::warn!(job_id = %job_id, error = %error, "finished-jobs counters not updated");
-        }
+    /// The counter hashes a job finished at `now` (Redis's time) is counted in: the minute's and the hour's.
+    pub(super) fn stats_keys(&self, now: UnixMillis) -> [String; 2] {
+        [self.keys.stats_minute(now / 60_000), self.keys.stats_hour(now / 3_600_000)]
+    }
+}
+
+/// A finished job's counts ([`batchd_core::stats::increments`]) as a script's counter pairs (`count_finished` in
+/// prelude.lua): their number, then field/amount pairs.
+pub(super) fn count_args(cmd: &mut redis::Cmd, counts: &[(String, u64)]) {
+    cmd.arg(counts.len());
+    for (name, n) in counts {
+        cmd.arg(name).arg(*n);
     }
 }

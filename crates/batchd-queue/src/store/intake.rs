@@ -231,9 +231,10 @@ impl Store {
             (field::REPLY_TO, self.keys.results()),
             (field::ERROR, error.to_json()),
         ];
+        let [minute, hour] = self.stats_keys(now);
         let mut cmd = ScriptCall::new(
             &self.scripts.reject,
-            &[self.keys.job(job_id), self.keys.submit(), self.keys.results(), self.keys.dead()],
+            &[self.keys.job(job_id), self.keys.submit(), self.keys.results(), self.keys.dead(), minute, hour],
         );
         cmd.arg(batchd_core::keys::CONSUMER_GROUP)
             .arg(entry_id)
@@ -275,13 +276,10 @@ impl Store {
                 }
             }
         }
+        let counts = batchd_core::stats::increments(batchd_core::ResultStatus::Failed.as_str(), model, None);
+        super::ending::count_args(&mut cmd, &counts);
         let verdict: String = self.run(&cmd).await?;
-        let verdict = RejectVerdict::parse(&verdict, job_id)?;
-        if verdict == RejectVerdict::Rejected {
-            let counts = batchd_core::stats::increments(batchd_core::ResultStatus::Failed.as_str(), model, None);
-            self.count_finished(job_id, &counts, now).await;
-        }
-        Ok(verdict)
+        RejectVerdict::parse(&verdict, job_id)
     }
 }
 

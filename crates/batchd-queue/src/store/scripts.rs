@@ -187,6 +187,51 @@ script_words! {
 /// The fencing token of a chunk's first claim: the take-in's, when it posts the first chunk at once.
 pub const FIRST_CLAIM: u64 = 1;
 
+/// One ledger field of a chunk's view: a job field, or a field of the chunk (`c<index>:<name>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ViewField {
+    /// A job-level field.
+    Job(&'static str),
+    /// A per-chunk field.
+    Chunk(&'static str),
+}
+
+impl ViewField {
+    /// The field's name in the ledger, for chunk `index`.
+    pub fn name(self, index: u32) -> String {
+        match self {
+            Self::Job(name) => name.to_owned(),
+            Self::Chunk(name) => field::chunk(index, name),
+        }
+    }
+}
+
+/// The ledger fields of a chunk's view ([`ChunkView`]), in the order its parser reads them: read by
+/// [`Store::load_chunk`] and, in the claim itself, by `claim.lua` (which gets this list generated as
+/// `VIEW_FIELDS`). The job's state comes first and the claim token is [`VIEW_CLAIM`].
+pub const VIEW_FIELDS: [ViewField; 17] = [
+    ViewField::Job(field::STATE),
+    ViewField::Job(field::MODEL),
+    ViewField::Chunk(field::CHUNK_STATE),
+    ViewField::Chunk(field::CHUNK_REQUEST_ID),
+    ViewField::Chunk(field::CHUNK_ITEMS),
+    ViewField::Chunk(field::CHUNK_N_POLLS),
+    ViewField::Chunk(field::CHUNK_POLL_FAILURES),
+    ViewField::Job(field::DEADLINE_AT),
+    ViewField::Job(field::ACCEPTED_AT),
+    ViewField::Job(field::N_CHUNKS),
+    ViewField::Job(field::N_ITEMS),
+    ViewField::Job(field::REPLY_TO),
+    ViewField::Job(field::METADATA),
+    ViewField::Chunk(field::CHUNK_REMOTE_STATUS),
+    ViewField::Chunk(field::CHUNK_CLAIM),
+    ViewField::Chunk(field::CHUNK_REMOTE),
+    ViewField::Job(field::ENDPOINT),
+];
+
+/// Where the claim token is in [`VIEW_FIELDS`] (1-based, as Lua counts).
+pub const VIEW_CLAIM: usize = 15;
+
 /// The marker in `accept.lua`'s arguments between the ledger pairs and the chunks.
 pub(super) const CHUNKS_MARKER: &str = "--chunks";
 
@@ -241,6 +286,18 @@ fn script_constants() -> String {
     writeln!(text, "local MAX_PAIRS = {MAX_SCRIPT_PAIRS}").expect("writing into memory");
     writeln!(text, "local MAX_LIMIT = {MAX_CLAIM}").expect("writing into memory");
     writeln!(text, "local FIRST_CLAIM = {FIRST_CLAIM}").expect("writing into memory");
+    let view: Vec<String> = VIEW_FIELDS
+        .iter()
+        .map(|field| match field {
+            ViewField::Job(name) => format!("{{false, {}}}", lua_quote(name)),
+            ViewField::Chunk(name) => format!("{{true, {}}}", lua_quote(name)),
+        })
+        .collect();
+    writeln!(text, "local VIEW_FIELDS = {{{}}}", view.join(", ")).expect("writing into memory");
+    writeln!(text, "local VIEW_CLAIM = {VIEW_CLAIM}").expect("writing into memory");
+    writeln!(text, "local STATS_MINUTE_TTL = {}", batchd_core::keys::STATS_MINUTE_TTL_SECS)
+        .expect("writing into memory");
+    writeln!(text, "local STATS_HOUR_TTL = {}", batchd_core::keys::STATS_HOUR_TTL_SECS).expect("writing into memory");
     let set =
         |states: Vec<&str>| states.iter().map(|state| format!("[{}] = true", lua_quote(state))).collect::<Vec<_>>();
     let terminal = set(JobState::ALL.iter().filter(|state| state.is_terminal()).map(|state| state.as_str()).collect());
@@ -262,8 +319,14 @@ fn script_constants() -> String {
 
 /// A script as Redis runs it: the names, words and limits it shares with Rust ([`script_constants`], so a Lua
 /// literal can never drift from the Rust one), then the shared prelude (`refuse`, the checks, `call_sliced`), then
-/// the script itself.
+/// the finished-jobs counters (`counters.lua`), then the script itself.
 pub(crate) fn script_text(body: &str) -> String {
+    library_text(&format!("{}\n{body}", include_str!("../lua/counters.lua")))
+}
+
+/// The names, words and limits from Rust and the shared prelude, then `body`: what the Functions library
+/// (`functions.lua`, which never counts finished jobs) is built on.
+pub(crate) fn library_text(body: &str) -> String {
     format!("{}{}\n{body}", script_constants(), include_str!("../lua/prelude.lua"))
 }
 
@@ -368,12 +431,21 @@ mod tests {
         let files = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/src/lua")).expect("lua dir");
         let mut on_disk: Vec<String> = files
             .map(|file| file.expect("entry").file_name().to_string_lossy().trim_end_matches(".lua").to_owned())
-            .filter(|name| name != "prelude" && name != "functions")
+            .filter(|name| !["prelude", "counters", "functions"].contains(&name.as_str()))
             .collect();
         on_disk.sort();
         let mut known: Vec<&str> = SCRIPT_NAMES.to_vec();
         known.sort_unstable();
         assert_eq!(on_disk, known, "every script file is loaded");
+    }
+
+    #[test]
+    fn the_view_starts_with_the_state_and_has_the_claim_where_the_claim_script_looks() {
+        assert_eq!(VIEW_FIELDS[0], ViewField::Job(field::STATE));
+        assert_eq!(VIEW_FIELDS[VIEW_CLAIM - 1], ViewField::Chunk(field::CHUNK_CLAIM));
+        assert!(
+            script_constants().contains("local VIEW_FIELDS = {{false, 'state'}, {false, 'model'}, {true, 'state'}")
+        );
     }
 
     #[test]

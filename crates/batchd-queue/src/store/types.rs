@@ -12,12 +12,20 @@ pub struct Claim {
     /// The claim's fencing token: the chunk's claim counter as this claim set it (0: the job had finished or had
     /// no ledger when claimed; only [`Store::forget`] applies).
     pub token: u64,
+    /// What the ledger said of the chunk when it was claimed ([`Store::claim_due`] reads it in the same step, so
+    /// the step need not read it again); `None` for a claim made elsewhere, or a job without a running ledger.
+    pub view: Option<Box<ChunkView>>,
 }
 
 impl Claim {
     /// The take-in's claim of a job's first chunk, which it posts at once (see [`Intake::submit_first`]).
     pub fn first(job_id: JobId) -> Self {
-        Self { chunk: ChunkRef::new(job_id, 0), token: FIRST_CLAIM }
+        Self::new(ChunkRef::new(job_id, 0), FIRST_CLAIM)
+    }
+
+    /// A claim of `chunk` with fencing token `token`, without a view.
+    pub fn new(chunk: ChunkRef, token: u64) -> Self {
+        Self { chunk, token, view: None }
     }
 }
 
@@ -77,7 +85,7 @@ pub enum SubmitTicket {
 }
 
 /// The part of the ledger a poll needs.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChunkView {
     /// Job state.
     pub job_state: JobState,
