@@ -395,6 +395,7 @@ const BATCHD_COMMANDS: &[&[&str]] = &[
     &["EXPIRE", "K", "1"],
     &["TIME"],
     &["HGET", "K", "f"],
+    &["HGETALL", "K"],
     &["HMGET", "K", "f"],
     &["HSET", "K", "f", "v"],
     &["HDEL", "K", "f"],

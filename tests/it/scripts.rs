@@ -229,8 +229,8 @@ fn cases(f: &Fixture) -> Vec<Case> {
     from_entry[12] = "3:9".to_owned();
     case("accept: entry not as read", "accept", vec![], keys.clone(), from_entry, Ok("missing"));
 
-    // reject: KEYS ledger, submit, results, dead, minute and hour counters
-    let keys = vec![f.ledger("rj"), k.submit(), k.results(), k.dead(), k.stats_minute(1), k.stats_hour(1)];
+    // reject: KEYS ledger, submit, results, dead, minute counters
+    let keys = vec![f.ledger("rj"), k.submit(), k.results(), k.dead(), k.stats_minute(1)];
     let args = strings(&[
         CONSUMER_GROUP,
         e,
@@ -695,9 +695,60 @@ fn cases(f: &Fixture) -> Vec<Case> {
         args.clone(),
         Err("holds a hash"),
     );
-    let missing =
-        vec![f.ledger("ghost"), k.results(), k.schedule(), f.cancel("ghost"), k.stats_minute(1), k.stats_hour(1)];
+    let missing = vec![f.ledger("ghost"), k.results(), k.schedule(), f.cancel("ghost"), k.stats_minute(1)];
     case("publish: no ledger", "publish", vec![], missing, args.clone(), Ok("0"));
+
+    // roll_up: KEYS cursor, then per minute its counters and its hour's; the fixture's cursor is at minute 5
+    let setup =
+        vec![strings(&["SET", &k.stats_rolled(), "5"]), strings(&["HSET", &k.stats_minute(6), "finished:failed", "2"])];
+    let with_setup = |extra: Vec<Vec<String>>| setup.iter().cloned().chain(extra).collect::<Vec<_>>();
+    let keys = vec![k.stats_rolled(), k.stats_minute(6), k.stats_hour(0), k.stats_minute(7), k.stats_hour(0)];
+    let args = strings(&["5", "6", "7"]);
+    case("roll_up: a key short", "roll_up", setup.clone(), keys[..4].to_vec(), args.clone(), Err("each minute"));
+    case("roll_up: a number short", "roll_up", setup.clone(), keys.clone(), with(&args, 2, None), Err("each minute"));
+    case("roll_up: cursor moved", "roll_up", setup.clone(), keys.clone(), with(&args, 0, Some("4")), Ok("0"));
+    case("roll_up: gap", "roll_up", setup.clone(), keys.clone(), with(&args, 2, Some("9")), Err("one by one"));
+    case("roll_up: minute", "roll_up", setup.clone(), keys.clone(), with(&args, 1, Some("six")), Err("minute"));
+    case(
+        "roll_up: cursor",
+        "roll_up",
+        vec![strings(&["SET", &k.stats_rolled(), "x"])],
+        keys.clone(),
+        with(&args, 0, Some("x")),
+        Err("cursor"),
+    );
+    case(
+        "roll_up: cursor type",
+        "roll_up",
+        with_setup(vec![strings(&["DEL", &k.stats_rolled()]), strings(&["HSET", &k.stats_rolled(), "a", "1"])]),
+        keys.clone(),
+        args.clone(),
+        Err("holds a hash"),
+    );
+    case(
+        "roll_up: counter",
+        "roll_up",
+        with_setup(vec![strings(&["HSET", &k.stats_minute(7), "finished:completed", "many"])]),
+        keys.clone(),
+        args.clone(),
+        Err("not an integer"),
+    );
+    case(
+        "roll_up: minute type",
+        "roll_up",
+        with_setup(vec![strings(&["SET", &k.stats_minute(7), "x"])]),
+        keys.clone(),
+        args.clone(),
+        Err("holds a string"),
+    );
+    case(
+        "roll_up: hour type",
+        "roll_up",
+        with_setup(vec![strings(&["SET", &k.stats_hour(0), "x"])]),
+        keys.clone(),
+        args.clone(),
+        Err("holds a string"),
+    );
 
     // rate_limit: KEYS bucket
     let keys = vec![k.rate_limit("b")];
@@ -922,22 +973,22 @@ async fn the_ledger_counts_unfinished_chunks_and_old_ledgers_are_counted_once() 
     assert!(score.is_some(), "the last chunk stays on the schedule, leased, until the job is published");
 }
 
-/// Publishing counts the job in the minute's and the hour's counters in the same script: a counter hash gets its
-/// time to live when it (or one of its fields) is new, not on every job; a counter key of another type is skipped
-/// and reported (reply 2), never in the way of the result.
+/// Publishing counts the job in the minute's counters in the same script: a counter hash gets its time to live
+/// when it (or one of its fields) is new, not on every job; a counter key of another type is skipped and reported
+/// (reply 2), never in the way of the result.
 #[tokio::test]
 async fn publish_counts_the_job_and_sets_a_counter_ttl_only_for_new_fields() {
-    use batchd_core::keys::{STATS_HOUR_TTL_SECS, STATS_MINUTE_TTL_SECS};
+    use batchd_core::keys::STATS_MINUTE_TTL_SECS;
     let redis = RedisServer::start().await;
     let mut conn = test_connection(&redis.url()).await;
     let f = Fixture::new(&mut conn).await;
     let k = &f.keys;
-    let (minute, hour) = (k.stats_minute(7), k.stats_hour(7));
+    let minute = k.stats_minute(7);
     let script = redis::Script::new(&script_source("publish").expect("publish"));
     let publish = async |conn: &mut MultiplexedConnection, job: &str, counts: &[(&str, &str)]| -> i64 {
         f.run(conn, &["HSET", &f.ledger(job), "state", "running", "n_chunks", "1"]).await;
         let mut call = script.prepare_invoke();
-        for key in [f.ledger(job), k.results(), k.schedule(), f.cancel(job), minute.clone(), hour.clone()] {
+        for key in [f.ledger(job), k.results(), k.schedule(), f.cancel(job), minute.clone()] {
             call.key(key);
         }
         call.arg("completed").arg("5000").arg("100").arg("60").arg(job).arg("").arg(1).arg("v").arg("1");
@@ -957,9 +1008,8 @@ async fn publish_counts_the_job_and_sets_a_counter_ttl_only_for_new_fields() {
     let first = [("finished:completed", "1"), ("tokens:prompt:m", "5")];
     assert_eq!(publish(&mut conn, "a", &first).await, 1);
     assert_eq!(count(&mut conn, &minute, "tokens:prompt:m").await, Some(5));
-    assert_eq!(count(&mut conn, &hour, "finished:completed").await, Some(1));
+    assert_eq!(count(&mut conn, &minute, "finished:completed").await, Some(1));
     assert!(ttl(&mut conn, &minute).await > STATS_MINUTE_TTL_SECS as i64 - 60);
-    assert!(ttl(&mut conn, &hour).await > STATS_HOUR_TTL_SECS as i64 - 60);
 
     // Same fields again: counted, and the time to live is left alone.
     f.run(&mut conn, &["EXPIRE", &minute, "100"]).await;
@@ -970,14 +1020,71 @@ async fn publish_counts_the_job_and_sets_a_counter_ttl_only_for_new_fields() {
     assert_eq!(publish(&mut conn, "c", &[("finished:failed", "1")]).await, 1);
     assert!(ttl(&mut conn, &minute).await > 100);
 
-    // A minute key of another type: the result is published, the hour counted, the foreign key untouched.
+    // A minute key of another type: the result is published, the foreign key untouched.
     f.run(&mut conn, &["DEL", &minute]).await;
     f.run(&mut conn, &["SET", &minute, "not a hash"]).await;
     assert_eq!(publish(&mut conn, "d", &first).await, 2);
     let state: String = redis::cmd("HGET").arg(f.ledger("d")).arg("state").query_async(&mut conn).await.expect("HGET");
     assert_eq!(state, "completed");
-    assert_eq!(count(&mut conn, &hour, "finished:completed").await, Some(3));
     let foreign: String = redis::cmd("GET").arg(&minute).query_async(&mut conn).await.expect("GET");
     assert_eq!(foreign, "not a hash");
     assert_eq!(ttl(&mut conn, &minute).await, -1);
+}
+
+/// The hours' counters are the sums of their minutes', each minute added once after it is over, whoever calls.
+#[tokio::test]
+async fn finished_minutes_roll_up_into_their_hours_once() {
+    let redis = RedisServer::start().await;
+    let mut conn = test_connection(&redis.url()).await;
+    let keys = Keys::new("rollup").expect("namespace");
+    let open = || {
+        let client = redis::Client::open(redis.url()).expect("url");
+        let conn = batchd_queue::connect(client, std::time::Duration::from_secs(5)).expect("connect");
+        Store::new(conn, keys.clone(), StoreSettings::default())
+    };
+    let store = open();
+    let (seconds, _): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.expect("TIME");
+    let current = seconds / 60;
+    let now = seconds * 1000;
+
+    // The first call only sets the cursor (what came before was counted into hours directly).
+    assert_eq!(store.roll_up_counters(now).await.expect("roll up"), 0);
+    let cursor: u64 = redis::cmd("GET").arg(keys.stats_rolled()).query_async(&mut conn).await.expect("GET");
+    assert_eq!(cursor, current - 2);
+
+    // Counters of three earlier minutes, of the minute before the current one and of the current one.
+    let _: () = redis::cmd("SET").arg(keys.stats_rolled()).arg(current - 11).query_async(&mut conn).await.unwrap();
+    for (minute, n) in [(current - 10, 1), (current - 9, 2), (current - 3, 4), (current - 1, 8), (current, 16)] {
+        let _: () = redis::cmd("HSET")
+            .arg(keys.stats_minute(minute))
+            .arg("finished:completed")
+            .arg(n)
+            .arg("tokens:prompt:m")
+            .arg(10 * n)
+            .query_async(&mut conn)
+            .await
+            .expect("HSET");
+    }
+    let hour_sum = async |conn: &mut MultiplexedConnection, field: &str| -> u64 {
+        let mut sum = 0;
+        for hour in (current - 10) / 60..=current / 60 {
+            let n: Option<u64> =
+                redis::cmd("HGET").arg(keys.stats_hour(hour)).arg(field).query_async(conn).await.unwrap();
+            sum += n.unwrap_or(0);
+        }
+        sum
+    };
+    // Minutes current-10 ..= current-2 are over by a minute; current-1 and current are not.
+    assert_eq!(store.roll_up_counters(now).await.expect("roll up"), 9);
+    assert_eq!(hour_sum(&mut conn, "finished:completed").await, 1 + 2 + 4);
+    assert_eq!(hour_sum(&mut conn, "tokens:prompt:m").await, 70);
+    let hour_ttl: i64 = redis::cmd("TTL").arg(keys.stats_hour(current / 60)).query_async(&mut conn).await.unwrap();
+    assert!(hour_ttl > 0, "an hour's counters expire");
+    // Again, and from a second store (another replica): nothing is added twice.
+    let other = open();
+    assert_eq!(store.roll_up_counters(now).await.expect("roll up"), 0);
+    assert_eq!(other.roll_up_counters(now).await.expect("roll up"), 0);
+    assert_eq!(hour_sum(&mut conn, "finished:completed").await, 7);
+    let cursor: u64 = redis::cmd("GET").arg(keys.stats_rolled()).query_async(&mut conn).await.expect("GET");
+    assert_eq!(cursor, current - 2);
 }

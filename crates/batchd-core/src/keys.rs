@@ -113,16 +113,23 @@ impl Keys {
 
     /// HASH of the jobs that finished in one minute (`minute` = Unix ms / 60,000, Redis's clock): field
     /// `finished:<status>` counts results published with that status, `tokens:<kind>:<model>` the tokens of
-    /// their `usage` (`prompt`, `completion`). Written after each publish; expires after [`STATS_MINUTE_TTL_SECS`].
-    /// The dashboard's "finished per minute" reads the last 60 of them.
+    /// their `usage` (`prompt`, `completion`). Written by the publish itself; expires after
+    /// [`STATS_MINUTE_TTL_SECS`]. The dashboard's "finished per minute" reads the last 60 of them.
     pub fn stats_minute(&self, minute: u64) -> String {
         format!("{}:stats:m:{minute}", self.prefix)
     }
 
-    /// HASH with the same fields as [`Self::stats_minute`], for one hour (`hour` = Unix ms / 3,600,000); expires
-    /// after [`STATS_HOUR_TTL_SECS`]. The dashboard's "last day" reads the last 24 of them.
+    /// HASH with the same fields as [`Self::stats_minute`], for one hour (`hour` = Unix ms / 3,600,000): the sum
+    /// of its minutes, each added once it is over (a minute is rolled up about two minutes after it ends, so the
+    /// current hour lags by that much); expires after [`STATS_HOUR_TTL_SECS`]. The dashboard's "last day" reads
+    /// the last 24 of them.
     pub fn stats_hour(&self, hour: u64) -> String {
         format!("{}:stats:h:{hour}", self.prefix)
+    }
+
+    /// STRING: the last minute (as in [`Self::stats_minute`]) whose counters were added to its hour's.
+    pub fn stats_rolled(&self) -> String {
+        format!("{}:stats:rolled", self.prefix)
     }
 
     /// Whether `key` is a results stream a job may name in `reply_to`: the default results stream or

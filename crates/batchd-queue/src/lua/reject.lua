@@ -7,8 +7,7 @@
 -- The caller bounds the dead-letter copy (the original fields, cut to a byte budget); every list is at most
 -- MAX_PAIRS pairs, so no `unpack` exceeds Lua's limit. Everything is checked before the first write.
 -- A rejected job is counted in the finished-jobs counters in the same step (see count_finished).
--- KEYS: 1 ledger, 2 submit stream, 3 results stream, 4 dead-letter stream, 5 this minute's counters, 6 this
---       hour's counters
+-- KEYS: 1 ledger, 2 submit stream, 3 results stream, 4 dead-letter stream, 5 this minute's counters
 -- ARGV: 1 group, 2 entry id, 3 results maxlen, 4 dead maxlen, 5 ledger ttl secs, 6 delivery guard (0: none),
 --       7 n result pairs, then result field/value pairs, then n ledger pairs, ledger pairs, then n dead pairs,
 --       dead pairs, then n counter pairs, counter field/amount pairs
@@ -52,7 +51,7 @@ else
   redis.call('XADD', results, 'MAXLEN', '~', ARGV[3], '*', unpack(result_fields))
   redis.call('HSET', ledger, unpack(ledger_fields))
   redis.call('EXPIRE', ledger, ARGV[5])
-  count_finished(KEYS[5], KEYS[6], counts)
+  count_finished(KEYS[5], counts)
 end
 if #dead_fields > 0 then
   redis.call('XADD', dead, 'MAXLEN', '~', ARGV[4], '*', unpack(dead_fields))

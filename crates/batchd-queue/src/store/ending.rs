@@ -118,10 +118,15 @@ impl Store {
             entry.result.as_ref().map(|output| &output.usage),
         );
         drop(entry);
-        let [minute, hour] = self.stats_keys(now);
         let mut cmd = ScriptCall::new(
             &self.scripts.publish,
-            &[self.keys.job(job_id), reply_to.to_owned(), self.keys.schedule(), self.keys.cancel(job_id), minute, hour],
+            &[
+                self.keys.job(job_id),
+                reply_to.to_owned(),
+                self.keys.schedule(),
+                self.keys.cancel(job_id),
+                self.stats_minute(now),
+            ],
         );
         cmd.arg(state.as_str())
             .arg(now)
@@ -142,9 +147,34 @@ impl Store {
         script_flag("publish", published.min(1), job_id)
     }
 
-    /// The counter hashes a job finished at `now` (Redis's time) is counted in: the minute's and the hour's.
-    pub(super) fn stats_keys(&self, now: UnixMillis) -> [String; 2] {
-        [self.keys.stats_minute(now / 60_000), self.keys.stats_hour(now / 3_600_000)]
+    /// The counter hash of the minute a job finished in at `now` (Redis's time).
+    pub(super) fn stats_minute(&self, now: UnixMillis) -> String {
+        self.keys.stats_minute(now / 60_000)
+    }
+
+    /// Adds the finished minutes' counters to their hours' (`roll_up.lua`), each minute once whichever replica
+    /// calls; the daemon calls it on its sampler's rhythm. `now` only bounds how many minutes are offered: the
+    /// script decides by Redis's clock which are over. Returns how many minutes were rolled up.
+    pub async fn roll_up_counters(&self, now: UnixMillis) -> Result<u64, StoreError> {
+        let cursor: Option<String> = self.conn.clone().get(self.keys.stats_rolled()).await?;
+        let last = cursor.as_deref().and_then(|value| value.parse::<u64>().ok());
+        let offered = match last {
+            // A clock a few minutes behind Redis's still offers every minute that is over.
+            Some(last) => (now / 60_000 + 5).saturating_sub(last).clamp(1, MAX_ROLL_UP),
+            None => 0,
+        };
+        let first = last.unwrap_or(0) + 1;
+        let mut keys = vec![self.keys.stats_rolled()];
+        for minute in first..first + offered {
+            keys.push(self.keys.stats_minute(minute));
+            keys.push(self.keys.stats_hour(minute / 60));
+        }
+        let mut cmd = ScriptCall::new(&self.scripts.roll_up, &keys);
+        cmd.arg(cursor.unwrap_or_default());
+        for minute in first..first + offered {
+            cmd.arg(minute);
+        }
+        self.run(&cmd).await
     }
 }
 

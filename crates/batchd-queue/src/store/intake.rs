@@ -231,10 +231,9 @@ impl Store {
             (field::REPLY_TO, self.keys.results()),
             (field::ERROR, error.to_json()),
         ];
-        let [minute, hour] = self.stats_keys(now);
         let mut cmd = ScriptCall::new(
             &self.scripts.reject,
-            &[self.keys.job(job_id), self.keys.submit(), self.keys.results(), self.keys.dead(), minute, hour],
+            &[self.keys.job(job_id), self.keys.submit(), self.keys.results(), self.keys.dead(), self.stats_minute(now)],
         );
         cmd.arg(batchd_core::keys::CONSUMER_GROUP)
             .arg(entry_id)

@@ -15,6 +15,7 @@ pub(super) struct Scripts {
     pub(super) publish: Script,
     pub(super) rate_limit: Script,
     pub(super) wake: Script,
+    pub(super) roll_up: Script,
 }
 
 /// Defines a word a script and Rust exchange (a verdict a script returns, or an argument it takes): an enum with
@@ -295,6 +296,7 @@ fn script_constants() -> String {
         .collect();
     writeln!(text, "local VIEW_FIELDS = {{{}}}", view.join(", ")).expect("writing into memory");
     writeln!(text, "local VIEW_CLAIM = {VIEW_CLAIM}").expect("writing into memory");
+    writeln!(text, "local MAX_ROLL_UP = {MAX_ROLL_UP}").expect("writing into memory");
     writeln!(text, "local STATS_MINUTE_TTL = {}", batchd_core::keys::STATS_MINUTE_TTL_SECS)
         .expect("writing into memory");
     writeln!(text, "local STATS_HOUR_TTL = {}", batchd_core::keys::STATS_HOUR_TTL_SECS).expect("writing into memory");
@@ -344,13 +346,14 @@ pub fn script_source(name: &str) -> Option<String> {
         "publish" => include_str!("../lua/publish.lua"),
         "rate_limit" => include_str!("../lua/rate_limit.lua"),
         "wake" => include_str!("../lua/wake.lua"),
+        "roll_up" => include_str!("../lua/roll_up.lua"),
         _ => return None,
     };
     Some(script_text(body))
 }
 
 /// The file names (without `.lua`) of every storage script, for [`script_source`].
-pub const SCRIPT_NAMES: [&str; 10] = [
+pub const SCRIPT_NAMES: [&str; 11] = [
     "accept",
     "reject",
     "claim",
@@ -361,7 +364,11 @@ pub const SCRIPT_NAMES: [&str; 10] = [
     "publish",
     "rate_limit",
     "wake",
+    "roll_up",
 ];
+
+/// Most minutes one roll-up of the finished-jobs counters takes (`roll_up.lua` refuses more): three hours.
+pub const MAX_ROLL_UP: u64 = 180;
 
 /// One script call: `EVALSHA <script> <n keys> <keys>`, the caller adding the arguments through the command it
 /// derefs to. Built as one [`redis::Cmd`] (not redis-rs's `ScriptInvocation`, which holds the arguments and then
@@ -411,6 +418,7 @@ impl Scripts {
             publish: load("publish"),
             rate_limit: load("rate_limit"),
             wake: load("wake"),
+            roll_up: load("roll_up"),
         }
     }
 }

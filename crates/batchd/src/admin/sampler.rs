@@ -1,5 +1,6 @@
 //! The sampler: reads each namespace's queue depths and pause flag from Redis with bounded commands, sets the
-//! queue gauges, and records Redis reachability and paused namespaces in [`Health`] for `/readyz`.
+//! queue gauges, and records Redis reachability and paused namespaces in [`Health`] for `/readyz`. On the same
+//! rhythm it rolls the finished minutes' counters up into their hours' (`Store::roll_up_counters`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,6 +94,10 @@ pub async fn run_sampler(
     stop: CancellationToken,
 ) {
     let timeout = interval.max(Duration::from_secs(2));
+    let stores: Vec<batchd_queue::Store> = namespaces
+        .iter()
+        .map(|keys| batchd_queue::Store::new(conn.clone(), keys.clone(), batchd_queue::StoreSettings::default()))
+        .collect();
     loop {
         let now_ms = batchd_queue::now_ms();
         let mut outcome = Ok(());
@@ -131,6 +136,13 @@ pub async fn run_sampler(
         } else if health.set_redis(Ok(())) {
             tracing::info!("ready: redis reachable");
             notify_status("running; redis reachable");
+        }
+        if outcome.is_ok() {
+            for store in &stores {
+                if let Err(error) = store.roll_up_counters(now_ms).await {
+                    tracing::warn!(namespace = %store.keys().namespace(), error = %error, "finished-jobs counters not rolled up into hours");
+                }
+            }
         }
         recorder.run_upkeep();
         tokio::select! {
