@@ -118,27 +118,38 @@ pub const MAX_SEEN_MODELS: usize = 1000;
 /// The Cloudflare models this process has submitted batches for, and those not yet handed to the task that
 /// records them in Redis (for `batchd events setup`) and checks their event subscriptions.
 #[derive(Debug, Clone, Default)]
-pub struct SeenModels(Arc<Mutex<(BTreeSet<String>, Vec<String>)>>);
+pub struct SeenModels {
+    /// Every model seen, and those not yet taken.
+    models: Arc<Mutex<(BTreeSet<String>, Vec<String>)>>,
+    /// Woken when a model is seen for the first time.
+    new_model: Arc<tokio::sync::Notify>,
+}
 
 impl SeenModels {
     /// Notes a submit for `model` (cheap after the first time).
     pub fn saw(&self, model: &str) {
-        let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = self.models.lock().unwrap_or_else(PoisonError::into_inner);
         let (all, new) = &mut *guard;
         if all.len() < MAX_SEEN_MODELS && !all.contains(model) {
             all.insert(model.to_owned());
             new.push(model.to_owned());
+            self.new_model.notify_one();
         }
+    }
+
+    /// Waits until a model is seen for the first time (at once if one was since the last wait).
+    pub async fn wait_for_new(&self) {
+        self.new_model.notified().await;
     }
 
     /// The models seen since the last call.
     pub fn take_new(&self) -> Vec<String> {
-        std::mem::take(&mut self.0.lock().unwrap_or_else(PoisonError::into_inner).1)
+        std::mem::take(&mut self.models.lock().unwrap_or_else(PoisonError::into_inner).1)
     }
 
     /// Every model seen, in order.
     pub fn all(&self) -> Vec<String> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).0.iter().cloned().collect()
+        self.models.lock().unwrap_or_else(PoisonError::into_inner).0.iter().cloned().collect()
     }
 }
 
