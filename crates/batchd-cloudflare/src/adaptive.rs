@@ -68,7 +68,7 @@ impl AdaptiveRates {
         };
         self.recover(state, now);
         let fraction = state.fraction;
-        if fraction >= 1.0 {
+        if self.settled(state, now) {
             buckets.remove(bucket);
         }
         fraction
@@ -109,10 +109,16 @@ impl AdaptiveRates {
         buckets.retain(|name, state| {
             self.recover(state, now);
             out.push((name.clone(), f64::from(state.limit) * state.fraction));
-            state.fraction < 1.0
+            !self.settled(state, now)
         });
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
+    }
+
+    /// Whether a bucket is back at its configured limit with no recent 429 counted: nothing left to remember.
+    fn settled(&self, state: &Bucket, now: Instant) -> bool {
+        state.fraction >= 1.0
+            && (state.strikes == 0 || now.saturating_duration_since(state.first_strike_at) > self.window)
     }
 
     /// Gives back [`INCREASE`] per whole quiet window since the last change.
@@ -137,6 +143,7 @@ mod tests {
         let at = |secs: u64| start + Duration::from_secs(secs);
         assert_eq!(rates.fraction("a:m", start), 1.0);
         assert_eq!(rates.rate_limited("a:m", 20, at(0)), None, "one 429 is not repeated");
+        assert_eq!(rates.fraction("a:m", at(0)), 1.0, "and is remembered across the submits in between");
         assert_eq!(rates.rate_limited("a:m", 20, at(1)), Some(0.5));
         assert_eq!(rates.rate_limited("a:m", 20, at(2)), None);
         assert_eq!(rates.rate_limited("a:m", 20, at(3)), Some(0.25));
