@@ -36,7 +36,9 @@ fn actions(report: &serde_json::Value) -> Vec<(String, String)> {
         .as_array()
         .expect("models")
         .iter()
-        .map(|row| (row["model"].as_str().unwrap().to_owned(), row["action"].as_str().unwrap().to_owned()))
+        .map(|row| {
+            (row["model"].as_str().expect("model").to_owned(), row["action"].as_str().expect("action").to_owned())
+        })
         .collect()
 }
 
