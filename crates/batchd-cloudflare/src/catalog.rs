@@ -191,11 +191,7 @@ pub(crate) fn read_catalog_page(http_status: u16, body: &[u8]) -> Result<Catalog
     let Some(Value::Array(items)) = reply.get("result") else {
         return Err(unreadable("the catalog reply has no result list"));
     };
-    let total_pages = reply
-        .get("result_info")
-        .and_then(|info| info.get("total_pages"))
-        .and_then(wire::integer)
-        .and_then(|n| usize::try_from(n).ok());
+    let total_pages = wire::total_pages(&reply);
     Ok(CatalogPage { models: items.iter().filter_map(read_model).collect(), n_items: items.len(), total_pages })
 }
 

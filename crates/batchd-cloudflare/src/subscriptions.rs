@@ -256,11 +256,7 @@ fn result_of(http_status: u16, body: &[u8]) -> Result<(Value, Option<usize>), Ap
     if wire::flag(reply.get("success")) == Some(false) {
         return Err(ApiError::from_reply(Operation::Subscriptions, http_status, None, body));
     }
-    let total_pages = reply
-        .get("result_info")
-        .and_then(|info| info.get("total_pages"))
-        .and_then(wire::integer)
-        .and_then(|n| usize::try_from(n).ok());
+    let total_pages = wire::total_pages(&reply);
     let result = reply.remove("result").ok_or_else(|| unreadable("the subscriptions reply has no result"))?;
     Ok((result, total_pages))
 }
