@@ -19,6 +19,7 @@ mod cli_operator;
 mod cli_ops;
 mod cli_terminal;
 mod clock;
+mod cloudflare;
 mod config_check;
 mod cost;
 mod dead_letters;

@@ -30,7 +30,9 @@ const USER_AGENT: &str = concat!("batchd/", env!("CARGO_PKG_VERSION"));
 #[derive(Clone)]
 pub struct BatchClient {
     /// Sends requests and reads replies.
-    transport: Transport,
+    pub(crate) transport: Transport,
+    /// `{base}/accounts/{account}`, the prefix of the catalog's URL.
+    pub(crate) account_url: Url,
     /// `{base}/accounts/{account}/ai/run`, the prefix of every model URL.
     run_url: Url,
 }
@@ -100,7 +102,7 @@ impl BatchClient {
     pub fn new(settings: ClientSettings) -> Result<Self, ClientBuildError> {
         let (transport, account_url) = Transport::new(settings)?;
         let run_url = join(&account_url, &["ai", "run"]);
-        Ok(Self { transport, run_url })
+        Ok(Self { transport, account_url, run_url })
     }
 
     /// Counts every poll reply against the caller's memory budget while it is read: `hold(n)` waits for room for
@@ -129,7 +131,7 @@ impl BatchClient {
         let url = model_url(&self.run_url, model);
         let result = self
             .transport
-            .exchange_held(Operation::Submit, url, body, false, |http_status, body| {
+            .exchange_held(Operation::Submit, Request::post(url, body), false, |http_status, body| {
                 read_submit(http_status, body, body_bytes)
             })
             .await
@@ -181,7 +183,9 @@ impl BatchClient {
         let url = model_url(&self.run_url, model);
         let result = self
             .transport
-            .exchange_held(Operation::Poll, url, body, true, |http_status, body| read_poll(http_status, body, n_items))
+            .exchange_held(Operation::Poll, Request::post(url, body), true, |http_status, body| {
+                read_poll(http_status, body, n_items)
+            })
             .await;
         match result {
             Ok((status, held)) => {
@@ -206,17 +210,43 @@ impl BatchClient {
     }
 }
 
+/// One request to the Cloudflare API: a JSON `POST` (or `PATCH`) with its body, or a `GET`.
+pub(crate) struct Request {
+    /// The method.
+    method: reqwest::Method,
+    /// The URL, query included.
+    url: Url,
+    /// The JSON body; `None` for a `GET`.
+    body: Option<Vec<u8>>,
+}
+
+impl Request {
+    /// `POST url` with a JSON body.
+    pub(crate) fn post(url: Url, body: Vec<u8>) -> Self {
+        Self { method: reqwest::Method::POST, url, body: Some(body) }
+    }
+
+    /// `PATCH url` with a JSON body.
+    pub(crate) fn patch(url: Url, body: Vec<u8>) -> Self {
+        Self { method: reqwest::Method::PATCH, url, body: Some(body) }
+    }
+
+    /// `GET url`.
+    pub(crate) fn get(url: Url) -> Self {
+        Self { method: reqwest::Method::GET, url, body: None }
+    }
+}
+
 impl Transport {
-    /// Sends one JSON `POST` and reads its reply: a 2xx with `read`, anything else as an API error; the token is
+    /// Sends one request and reads its reply: a 2xx with `read`, anything else as an API error; the token is
     /// scrubbed from every error.
     pub(crate) async fn exchange<T>(
         &self,
         operation: Operation,
-        url: Url,
-        body: Vec<u8>,
+        request: Request,
         read: impl Fn(u16, &[u8]) -> Result<T, ApiError>,
     ) -> Result<T, ApiError> {
-        self.exchange_held(operation, url, body, false, read).await.map(|(value, _)| value)
+        self.exchange_held(operation, request, false, read).await.map(|(value, _)| value)
     }
 
     /// [`Transport::exchange`]; with `counted`, the reply is counted in the reply budget (if any) while it is read,
@@ -224,13 +254,12 @@ impl Transport {
     async fn exchange_held<T>(
         &self,
         operation: Operation,
-        url: Url,
-        body: Vec<u8>,
+        request: Request,
         counted: bool,
         read: impl Fn(u16, &[u8]) -> Result<T, ApiError>,
     ) -> Result<(T, Vec<ReplyHold>), ApiError> {
         let budget = self.reply_budget.as_ref().filter(|_| counted);
-        let result = match self.post(operation, url, body, budget).await {
+        let result = match self.send(operation, request, budget).await {
             Ok((reply, held)) if reply.is_success() => reply.read(&self.token, read).map(|value| (value, held)),
             Ok((reply, _)) => Err(reply.into_error(operation, &self.token)),
             Err(error) => Err(error),
@@ -238,28 +267,24 @@ impl Transport {
         self.scrub(result)
     }
 
-    /// Sends one JSON `POST` to `url` and reads the whole reply, up to `max_reply_bytes`: a reply that declares or
-    /// sends more is refused before it is held. With `budget`, the reply's bytes are counted in it before they are
-    /// held (see [`BatchClient::with_reply_budget`]), and the room is returned with the reply.
-    async fn post(
+    /// Sends one request and reads the whole reply, up to `max_reply_bytes`: a reply that declares or sends more is
+    /// refused before it is held. With `budget`, the reply's bytes are counted in it before they are held (see
+    /// [`BatchClient::with_reply_budget`]), and the room is returned with the reply.
+    async fn send(
         &self,
         operation: Operation,
-        url: Url,
-        body: Vec<u8>,
+        request: Request,
         budget: Option<&ReplyBudget>,
     ) -> Result<(Reply, Vec<ReplyHold>), ApiError> {
         let started = Instant::now();
         let transport_error =
             |error: reqwest::Error, status| ApiError::from_transport(operation, &error, status, self.request_timeout);
-        let mut response = self
-            .http
-            .post(url)
-            .header(AUTHORIZATION, self.authorization.clone())
-            .header(CONTENT_TYPE, "application/json")
-            .body(body)
-            .send()
-            .await
-            .map_err(|error| transport_error(error, None))?;
+        let mut builder =
+            self.http.request(request.method, request.url).header(AUTHORIZATION, self.authorization.clone());
+        if let Some(body) = request.body {
+            builder = builder.header(CONTENT_TYPE, "application/json").body(body);
+        }
+        let mut response = builder.send().await.map_err(|error| transport_error(error, None))?;
         let http_status = response.status().as_u16();
         let retry_after = response
             .headers()

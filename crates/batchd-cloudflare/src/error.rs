@@ -52,6 +52,10 @@ pub(crate) enum Operation {
     Pull,
     /// Acknowledging pulled messages.
     Ack,
+    /// Reading the model catalog (`ai/models/search`).
+    Catalog,
+    /// Listing, creating or updating event subscriptions.
+    Subscriptions,
 }
 
 /// Longest body excerpt quoted in an error message, in characters.

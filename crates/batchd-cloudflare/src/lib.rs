@@ -6,6 +6,8 @@
 //! whether to retry. The API token never leaves [`ApiToken`] except in the `Authorization` header.
 //! [`CloudflareProvider`] puts the client behind the engine's provider seam (`batchd_provider::Provider`).
 
+mod adaptive;
+mod catalog;
 mod client;
 mod error;
 mod provider;
@@ -13,19 +15,26 @@ mod queues;
 mod rate_limits;
 mod reply;
 mod settings;
+mod subscriptions;
 mod wire;
 
 #[cfg(test)]
 mod proptests;
 
+pub use adaptive::{AdaptiveRates, MIN_FRACTION};
+pub use catalog::{
+    CATALOG_PAGE_SIZE, CatalogModel, MAX_CATALOG_PAGES, MAX_SEEN_MODELS, ModelCatalog, SeenModels, SharedCatalog,
+    task_type_of,
+};
 pub use client::BatchClient;
 pub use error::{ApiError, ErrorKind};
 pub use provider::{BODY_SHAPE, CloudflareProvider};
 pub use queues::{BatchEvent, EventKind, MAX_PULL_BATCH, Pulled, QueueClient, QueueMessage};
-pub use rate_limits::{ModelLimit, ModelTask, RateLimitSettings, TaskType, rate_bucket};
+pub use rate_limits::{ModelLimit, ModelTask, RateLimitSettings, TaskSource, TaskType, rate_bucket};
 pub use reply::{PendingStatus, PollStatus, Submitted};
 pub use settings::{
     ApiToken, ClientBuildError, ClientSettings, DEFAULT_BASE_URL, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_REPLY_BYTES,
     DEFAULT_REQUEST_TIMEOUT, MAX_ACCOUNT_ID_LEN,
 };
+pub use subscriptions::{BATCH_EVENTS, SOURCE_TYPE, Step, Subscription, SubscriptionClient, plan};
 pub use wire::submit_body_bytes;

@@ -1,8 +1,13 @@
 //! Cloudflare Workers AI as a [`Provider`]: a batch is one `POST ?queueRequest=true` of the items, its results
 //! come inside the poll reply, there is no cancel call, and rate limits are shared per account and task type
 //! (`[rate_limits]`).
+//!
+//! The model catalog ([`SharedCatalog`], refreshed by the daemon) refuses at take-in a model it lists without
+//! `async_queue`, and gives the task type of a model's bucket; repeated 429s lower a bucket's rate
+//! ([`AdaptiveRates`]); every model submitted for is noted ([`SeenModels`]).
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use batchd_core::{JobOutput, ModelName, RequestId};
 use batchd_provider::{
@@ -11,6 +16,8 @@ use batchd_provider::{
 };
 use futures::future::BoxFuture;
 
+use crate::adaptive::AdaptiveRates;
+use crate::catalog::{SeenModels, SharedCatalog};
 use crate::rate_limits::{RateLimitSettings, rate_bucket};
 use crate::{BatchClient, PollStatus};
 
@@ -31,6 +38,12 @@ pub struct CloudflareProvider {
     rate_limits: RateLimitSettings,
     /// What one batch may hold.
     limits: BatchLimits,
+    /// The model catalog in use (empty: the hand table applies).
+    catalog: SharedCatalog,
+    /// The adaptive rate of each bucket that was rate-limited.
+    adaptive: Arc<AdaptiveRates>,
+    /// The models submitted for.
+    seen: SeenModels,
 }
 
 impl CloudflareProvider {
@@ -43,11 +56,57 @@ impl CloudflareProvider {
         max_body_bytes: usize,
         max_items: Option<usize>,
     ) -> Self {
+        let adaptive = Arc::new(AdaptiveRates::new(Duration::from_secs(rate_limits.window_secs)));
         Self {
             client,
             account_id: account_id.into(),
             rate_limits,
             limits: BatchLimits { max_body_bytes, max_items, body: BODY_SHAPE },
+            catalog: SharedCatalog::default(),
+            adaptive,
+            seen: SeenModels::default(),
+        }
+    }
+
+    /// The catalog this provider reads (refreshed by whoever holds a clone).
+    pub fn catalog(&self) -> &SharedCatalog {
+        &self.catalog
+    }
+
+    /// The models this provider has submitted for.
+    pub fn seen_models(&self) -> &SeenModels {
+        &self.seen
+    }
+
+    /// The API client.
+    pub fn client(&self) -> &BatchClient {
+        &self.client
+    }
+
+    /// Each bucket's effective limit per window now: the configured one, lowered by repeated 429s
+    /// ([`AdaptiveRates`]). Only buckets that were rate-limited are listed.
+    pub fn effective_limits(&self) -> Vec<(String, f64)> {
+        self.adaptive.snapshot(Instant::now())
+    }
+
+    /// Counts a 429 for the model's submit bucket; a repeated one lowers the bucket's rate (logged).
+    fn note_rate_limited(&self, model: &ModelName) {
+        let catalog = self.catalog.get();
+        let Some((bucket, limit)) =
+            rate_bucket(&self.account_id, model.as_str(), &self.rate_limits, catalog.as_deref())
+        else {
+            return;
+        };
+        if let Some(fraction) = self.adaptive.rate_limited(&bucket, limit, Instant::now()) {
+            let effective = f64::from(limit) * fraction;
+            tracing::warn!(
+                bucket = %bucket,
+                model = %model,
+                configured = limit,
+                effective,
+                window_secs = self.rate_limits.window_secs,
+                "repeated 429s: submitting slower for this bucket until they stop (it recovers a tenth of its limit per quiet window)"
+            );
         }
     }
 
@@ -72,22 +131,47 @@ impl Provider for CloudflareProvider {
         self.limits
     }
 
+    fn check_model(&self, model: &ModelName) -> Result<(), String> {
+        match self.catalog.get() {
+            Some(catalog) if catalog.refuses(model.as_str()) => Err(format!(
+                "the Workers AI model catalog lists {model} without async_queue: it does not take batch requests, so \
+                 nothing was submitted; use a model with the Batch capability (batchd models lists them)"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     fn rate_bucket(&self, model: &ModelName, call: Call) -> Option<RateBucket> {
         if call == Call::Poll && !self.rate_limits.limit_polls {
             return None;
         }
-        let (bucket, limit) = rate_bucket(&self.account_id, model.as_str(), &self.rate_limits)?;
+        let catalog = self.catalog.get();
+        let (bucket, limit) = rate_bucket(&self.account_id, model.as_str(), &self.rate_limits, catalog.as_deref())?;
+        let fraction = if self.rate_limits.adaptive && call == Call::Submit {
+            self.adaptive.fraction(&bucket, Instant::now())
+        } else {
+            1.0
+        };
         let name = if call == Call::Poll { format!("poll:{bucket}") } else { bucket };
         Some(RateBucket {
             name,
-            interval: Duration::from_secs(self.rate_limits.window_secs).div_f64(f64::from(limit)),
+            interval: Duration::from_secs(self.rate_limits.window_secs).div_f64(f64::from(limit) * fraction),
             burst: self.rate_limits.burst,
         })
     }
 
     fn submit<'a>(&'a self, batch: SubmitBatch<'a>) -> BoxFuture<'a, Result<Submitted, ApiError>> {
         Box::pin(async move {
-            let submitted = self.client.submit(batch.model, batch.items).await?;
+            self.seen.saw(batch.model.as_str());
+            let submitted = match self.client.submit(batch.model, batch.items).await {
+                Ok(submitted) => submitted,
+                Err(error) => {
+                    if error.kind == ErrorKind::RateLimited && self.rate_limits.adaptive {
+                        self.note_rate_limited(batch.model);
+                    }
+                    return Err(error);
+                }
+            };
             Ok(Submitted {
                 remote: RemoteBatch::with_id(submitted.request_id),
                 status: QUEUED.to_owned(),

@@ -14,7 +14,7 @@ use reqwest::Url;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::client::{Transport, join};
+use crate::client::{Request, Transport, join};
 use crate::error::{ApiError, Build as _, Operation};
 use crate::settings::{ClientBuildError, ClientSettings};
 use crate::wire;
@@ -45,8 +45,12 @@ impl fmt::Debug for QueueClient {
 pub struct Pulled {
     /// The messages, each leased to this puller until acknowledged or until the visibility timeout passes.
     pub messages: Vec<QueueMessage>,
-    /// Messages waiting in the queue, when the reply says.
+    /// Messages waiting in the queue (not acknowledged), when the reply says: `message_backlog_count`, else
+    /// `metadata.metrics.backlog_count`.
     pub backlog: Option<u64>,
+    /// When the oldest unacknowledged message was sent, Unix milliseconds (`metadata.metrics.
+    /// oldest_message_timestamp_ms`), when the reply says; the API's `0` ("unknown") is `None`.
+    pub oldest_message_ms: Option<u64>,
 }
 
 /// One pulled message.
@@ -118,12 +122,7 @@ struct LeaseRef<'a> {
 impl QueueClient {
     /// A client for `queue_id` of the account in `settings` (its token needs Queues Edit: acknowledging writes).
     pub fn new(settings: ClientSettings, queue_id: &str) -> Result<Self, ClientBuildError> {
-        if queue_id.is_empty()
-            || queue_id.len() > 64
-            || !queue_id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
-            return Err(ClientBuildError::InvalidQueueId(queue_id.chars().take(64).collect()));
-        }
+        validate_queue_id(queue_id)?;
         let (transport, account_url) = crate::client::Transport::new(settings)?;
         let messages_url = join(&account_url, &["queues", queue_id, "messages"]);
         Ok(Self { transport, messages_url })
@@ -138,7 +137,7 @@ impl QueueClient {
         };
         let body = serde_json::to_vec(&body).expect("the pull body serialises");
         let url = join(&self.messages_url, &["pull"]);
-        self.transport.exchange(Operation::Pull, url, body, read_pull).await
+        self.transport.exchange(Operation::Pull, Request::post(url, body), read_pull).await
     }
 
     /// Acknowledges messages by their lease ids; returns how many the queue counted (a lease that expired meanwhile
@@ -149,7 +148,7 @@ impl QueueClient {
         let body = serde_json::to_vec(&body).expect("the ack body serialises");
         let url = join(&self.messages_url, &["ack"]);
         self.transport
-            .exchange(Operation::Ack, url, body, |http_status, body| {
+            .exchange(Operation::Ack, Request::post(url, body), |http_status, body| {
                 let envelope: wire::Envelope<Value> = serde_json::from_slice(body).map_err(|_| {
                     ApiError::unreadable_reply(Operation::Ack, http_status, "the ack reply is not a JSON object", body)
                 })?;
@@ -164,6 +163,17 @@ impl QueueClient {
     }
 }
 
+/// Checks a queue id: 1–64 characters of `[A-Za-z0-9_-]`.
+pub(crate) fn validate_queue_id(queue_id: &str) -> Result<(), ClientBuildError> {
+    if queue_id.is_empty()
+        || queue_id.len() > 64
+        || !queue_id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(ClientBuildError::InvalidQueueId(queue_id.chars().take(64).collect()));
+    }
+    Ok(())
+}
+
 /// Reads a 2xx pull reply: the envelope's `result.messages[]`, each message field by field.
 fn read_pull(http_status: u16, body: &[u8]) -> Result<Pulled, ApiError> {
     let envelope: wire::Envelope<Value> = serde_json::from_slice(body).map_err(|_| {
@@ -175,12 +185,17 @@ fn read_pull(http_status: u16, body: &[u8]) -> Result<Pulled, ApiError> {
     let Some(result) = envelope.result.and_then(wire::Shape::into_option) else {
         return Err(ApiError::unreadable_reply(Operation::Pull, http_status, "the pull reply has no result", body));
     };
-    let backlog = result.get("message_backlog_count").and_then(wire::integer).and_then(|n| u64::try_from(n).ok());
+    let count = |value: Option<&Value>| value.and_then(wire::integer).and_then(|n| u64::try_from(n).ok());
+    let metrics = result.get("metadata").and_then(|metadata| metadata.get("metrics"));
+    let backlog = count(result.get("message_backlog_count"))
+        .or_else(|| count(metrics.and_then(|metrics| metrics.get("backlog_count"))));
+    let oldest_message_ms =
+        count(metrics.and_then(|metrics| metrics.get("oldest_message_timestamp_ms"))).filter(|ms| *ms > 0);
     let messages = match result.get("messages") {
         Some(Value::Array(messages)) => messages.iter().filter_map(read_message).collect(),
         _ => Vec::new(),
     };
-    Ok(Pulled { messages, backlog })
+    Ok(Pulled { messages, backlog, oldest_message_ms })
 }
 
 /// One message; `None` when it has no lease id (it could not be acknowledged anyway).
@@ -241,7 +256,9 @@ mod tests {
 
     fn pull_reply(messages: Vec<Value>) -> Vec<u8> {
         serde_json::json!({"success": true, "errors": [], "messages": [],
-            "result": {"message_backlog_count": 3, "messages": messages}})
+            "result": {"message_backlog_count": 3, "messages": messages,
+                       "metadata": {"metrics": {"backlog_count": 3, "backlog_bytes": 512,
+                                                "oldest_message_timestamp_ms": 1710950954154u64}}}})
         .to_string()
         .into_bytes()
     }
@@ -262,7 +279,7 @@ mod tests {
             serde_json::json!({"id": "m6", "body": event_json("cf.workersAi.model.batch.queued", "r6")}),
         ]);
         let pulled = read_pull(200, &reply).expect("readable");
-        assert_eq!(pulled.backlog, Some(3));
+        assert_eq!((pulled.backlog, pulled.oldest_message_ms), (Some(3), Some(1710950954154)));
         let leases: Vec<&str> = pulled.messages.iter().map(|m| m.lease_id.as_str()).collect();
         assert_eq!(leases, ["l1", "l2", "l3", "l4", "l5"], "a message without a lease cannot be acknowledged");
         let event = |i: usize| pulled.messages[i].event.clone();
@@ -288,6 +305,9 @@ mod tests {
         assert!(read_pull(200, &pull_reply(vec![])).expect("empty").messages.is_empty());
         let no_list = br#"{"success":true,"result":{"messages":null}}"#;
         assert!(read_pull(200, no_list).expect("no list").messages.is_empty());
+        let metrics_only = br#"{"success":true,"result":{"messages":[],"metadata":{"metrics":{"backlog_count":"7","oldest_message_timestamp_ms":0}}}}"#;
+        let pulled = read_pull(200, metrics_only).expect("metrics only");
+        assert_eq!((pulled.backlog, pulled.oldest_message_ms), (Some(7), None), "0 means unknown");
         let refused = br#"{"success":false,"errors":[{"code":10000,"message":"Authentication error"}]}"#;
         assert!(read_pull(200, refused).is_err());
         assert!(read_pull(200, b"<html>").is_err());

@@ -1,6 +1,13 @@
 //! `[rate_limits]`: the shared submit limits per task type, and the tables that give each model its task type.
+//!
+//! A model's bucket comes from, in order: its own entry in `models` (the large paid models are capped far below
+//! their task's limit, docs/batch-api.md, "Rate limits"); the operator's `extra_task_types`; the model catalog's
+//! task (`catalog.rs`, the source of truth while it can be read); the shipped `task_types` table (the fallback);
+//! `unknown_model_task`.
 
 use serde::{Deserialize, Serialize};
+
+use crate::catalog::ModelCatalog;
 
 /// `[rate_limits]`
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -28,16 +35,30 @@ pub struct RateLimitSettings {
     pub extra_task_types: Vec<ModelTask>,
     /// The task type of a model listed in neither table.
     pub unknown_model_task: TaskType,
+    /// Whether repeated 429s for one bucket lower its rate until they stop (AIMD, `adaptive.rs`).
+    pub adaptive: bool,
 }
 
 impl RateLimitSettings {
-    /// The task type of `model`: from `extra_task_types`, then `task_types`, else `unknown_model_task`.
-    pub fn task_of(&self, model: &str) -> TaskType {
-        self.extra_task_types
-            .iter()
-            .chain(&self.task_types)
-            .find(|entry| entry.model == model)
-            .map_or(self.unknown_model_task, |entry| entry.task)
+    /// The task type of `model` and where it came from: `extra_task_types`, then the catalog's task (when it
+    /// lists the model with a task batchd has a bucket for), then `task_types`, else `unknown_model_task`.
+    pub fn task_of(&self, model: &str, catalog: Option<&ModelCatalog>) -> (TaskType, TaskSource) {
+        let find = |table: &[ModelTask]| table.iter().find(|entry| entry.model == model).map(|entry| entry.task);
+        if let Some(task) = find(&self.extra_task_types) {
+            return (task, TaskSource::Operator);
+        }
+        if let Some(task) = catalog.and_then(|catalog| catalog.get(model)).and_then(|entry| entry.task_type()) {
+            return (task, TaskSource::Catalog);
+        }
+        match find(&self.task_types) {
+            Some(task) => (task, TaskSource::Table),
+            None => (self.unknown_model_task, TaskSource::Unknown),
+        }
+    }
+
+    /// The own limit of `model` in `models`, if it has one.
+    pub fn model_limit(&self, model: &str) -> Option<u32> {
+        self.models.iter().find(|limit| limit.model == model).map(|limit| limit.limit)
     }
 
     /// Requests per window for a task type (0: not limited).
@@ -77,6 +98,31 @@ impl TaskType {
     }
 }
 
+/// Where a model's task type came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskSource {
+    /// The operator's `extra_task_types`.
+    Operator,
+    /// The model catalog.
+    Catalog,
+    /// The shipped `task_types` table.
+    Table,
+    /// Nowhere: `unknown_model_task`.
+    Unknown,
+}
+
+impl TaskSource {
+    /// A stable name for output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Operator => "extra_task_types",
+            Self::Catalog => "catalog",
+            Self::Table => "task_types",
+            Self::Unknown => "unknown_model_task",
+        }
+    }
+}
+
 /// One entry of the model-to-task table.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -99,12 +145,18 @@ pub struct ModelLimit {
 
 /// The shared limiter bucket (`<account>:<task type or model>`) and its limit per window for `model`, or `None`
 /// when submits of that model are not limited. A per-model limit has its own bucket; otherwise the model's task
-/// type (from the configured table, with its fallback for unknown models) picks the bucket.
-pub fn rate_bucket(account: &str, model: &str, limits: &RateLimitSettings) -> Option<(String, u32)> {
-    if let Some(own) = limits.models.iter().find(|limit| limit.model == model) {
-        return (own.limit > 0).then(|| (format!("{account}:{model}"), own.limit));
+/// type ([`RateLimitSettings::task_of`]: the operator's table, the catalog, the shipped table, the fallback)
+/// picks the bucket.
+pub fn rate_bucket(
+    account: &str,
+    model: &str,
+    limits: &RateLimitSettings,
+    catalog: Option<&ModelCatalog>,
+) -> Option<(String, u32)> {
+    if let Some(own) = limits.model_limit(model) {
+        return (own > 0).then(|| (format!("{account}:{model}"), own));
     }
-    let task = limits.task_of(model);
+    let (task, _) = limits.task_of(model, catalog);
     let limit = limits.limit_of(task);
     (limit > 0).then(|| (format!("{account}:{}", task.as_str()), limit))
 }
@@ -131,26 +183,63 @@ mod tests {
             ],
             extra_task_types: vec![ModelTask { model: "@cf/acme/embedder".into(), task: TaskType::SpeechRecognition }],
             unknown_model_task: TaskType::TextGeneration,
+            adaptive: true,
         };
-        assert_eq!(rate_bucket("a", "@cf/baai/bge-m3", &limits), Some(("a:embeddings".into(), 3000)));
+        assert_eq!(rate_bucket("a", "@cf/baai/bge-m3", &limits, None), Some(("a:embeddings".into(), 3000)));
         assert_eq!(
-            rate_bucket("a", "@cf/meta/llama-3.3-70b-instruct-fp8-fast", &limits),
+            rate_bucket("a", "@cf/meta/llama-3.3-70b-instruct-fp8-fast", &limits, None),
             Some(("a:text_generation".into(), 300))
         );
         assert_eq!(
-            rate_bucket("a", "@cf/baai/bge-large-en-v1.5", &limits),
+            rate_bucket("a", "@cf/baai/bge-large-en-v1.5", &limits, None),
             Some(("a:@cf/baai/bge-large-en-v1.5".into(), 1500))
         );
-        assert_eq!(rate_bucket("a", "@cf/meta/m2m100-1.2b", &limits), None, "0 disables");
+        assert_eq!(rate_bucket("a", "@cf/meta/m2m100-1.2b", &limits, None), None, "0 disables");
         assert_eq!(
-            rate_bucket("a", "@cf/acme/embedder", &limits),
+            rate_bucket("a", "@cf/acme/embedder", &limits, None),
             Some(("a:speech_recognition".into(), 720)),
             "the operator's table wins"
         );
         assert_eq!(
-            rate_bucket("a", "@cf/acme/bge-embed-unknown", &limits),
+            rate_bucket("a", "@cf/acme/bge-embed-unknown", &limits, None),
             Some(("a:text_generation".into(), 300)),
             "an unknown model takes the fallback, whatever its name suggests"
+        );
+        // The catalog's task wins over the shipped table, and the operator's table wins over the catalog.
+        let mut catalog = ModelCatalog::default();
+        for (name, task) in [
+            ("@cf/moonshotai/kimi-k2.6", "Text Generation"),
+            ("@cf/baai/bge-m3", "Translation"),
+            ("@cf/acme/embedder", "Text Embeddings"),
+            ("@cf/acme/new-embedder", "Text Embeddings"),
+            ("@cf/acme/painter", "Text-to-Image"),
+        ] {
+            let model = crate::catalog::CatalogModel {
+                name: name.into(),
+                task: task.into(),
+                batchable: true,
+                paid_only: false,
+            };
+            catalog.models.insert(name.into(), model);
+        }
+        let catalog = Some(&catalog);
+        assert_eq!(limits.task_of("@cf/acme/new-embedder", catalog), (TaskType::Embeddings, TaskSource::Catalog));
+        assert_eq!(
+            rate_bucket("a", "@cf/baai/bge-m3", &limits, catalog),
+            None,
+            "the catalog's task (translation, disabled here) wins over the table's embeddings"
+        );
+        assert_eq!(limits.task_of("@cf/acme/embedder", catalog), (TaskType::SpeechRecognition, TaskSource::Operator));
+        assert_eq!(limits.task_of("@cf/acme/painter", catalog), (TaskType::TextGeneration, TaskSource::Unknown));
+        assert_eq!(
+            limits.task_of("@cf/meta/m2m100-1.2b", catalog),
+            (TaskType::Translation, TaskSource::Table),
+            "a model the catalog does not list keeps the table's task"
+        );
+        assert_eq!(
+            rate_bucket("a", "@cf/baai/bge-large-en-v1.5", &limits, catalog),
+            Some(("a:@cf/baai/bge-large-en-v1.5".into(), 1500)),
+            "an own limit wins over everything"
         );
     }
 }

@@ -236,6 +236,15 @@ pub(crate) fn flag(value: Option<&Value>) -> Option<bool> {
     }
 }
 
+/// `result_info.total_pages` of a paged reply, when it says.
+pub(crate) fn total_pages(reply: &serde_json::Map<String, Value>) -> Option<usize> {
+    reply
+        .get("result_info")
+        .and_then(|info| info.get("total_pages"))
+        .and_then(integer)
+        .and_then(|n| usize::try_from(n).ok())
+}
+
 /// An integer given as a number or a numeric string.
 pub(crate) fn integer(value: &Value) -> Option<i64> {
     match value {

@@ -111,6 +111,20 @@ impl Keys {
         format!("{}:ratelimit:{}", self.prefix, bucket)
     }
 
+    /// STRING: the Workers AI model catalog of `account` as batchd last read it (JSON: when it was read and, per
+    /// model, its task, whether it takes batch requests and whether it needs the paid plan). Written by whichever
+    /// replica refreshes it (hourly), read by the others and by `batchd models`. No expiry: a stale catalog is
+    /// better than none, and its age is in it.
+    pub fn cloudflare_catalog(&self, account: &str) -> String {
+        format!("{}:cf:catalog:{}", self.prefix, account)
+    }
+
+    /// ZSET of the Cloudflare models of `account` that batchd has submitted batches for, scored by when a replica
+    /// first noted one (Unix ms): the "seen" models `batchd events setup` subscribes besides the configured ones.
+    pub fn cloudflare_models_seen(&self, account: &str) -> String {
+        format!("{}:cf:models:{}", self.prefix, account)
+    }
+
     /// HASH of the jobs that finished in one minute (`minute` = Unix ms / 60,000, Redis's clock): field
     /// `finished:<status>` counts results published with that status, `tokens:<kind>:<model>` the tokens of
     /// their `usage` (`prompt`, `completion`). Written by the publish itself; expires after
@@ -167,6 +181,8 @@ mod tests {
         assert_eq!(keys.rate_limit("acct:embeddings"), "{batchd}:ratelimit:acct:embeddings");
         assert_eq!(keys.stats_minute(29_000_000), "{batchd}:stats:m:29000000");
         assert_eq!(keys.stats_hour(483_000), "{batchd}:stats:h:483000");
+        assert_eq!(keys.cloudflare_catalog("acct"), "{batchd}:cf:catalog:acct");
+        assert_eq!(keys.cloudflare_models_seen("acct"), "{batchd}:cf:models:acct");
         assert_eq!(CONSUMER_GROUP, "batchd");
     }
 

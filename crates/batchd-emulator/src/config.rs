@@ -45,6 +45,8 @@ pub struct EmulatorConfig {
     /// API does: HTTP 400, code 5006, naming the first bad item's index; no batch is created. When `false`,
     /// such an item fails alone in the completion (`success: false`, code 5004).
     pub strict_items: bool,
+    /// How a strict-mode refusal is worded (the live API's forms vary by model schema and over time).
+    pub strict_refusal: RefusalForm,
     /// Models that do not support request queuing: a submit with `?queueRequest=true` to one of them is
     /// refused with HTTP 400, code 8007, and creates no batch.
     pub unbatchable_models: Vec<String>,
@@ -83,6 +85,7 @@ impl Default for EmulatorConfig {
             random_faults: None,
             random_latency: None,
             strict_items: false,
+            strict_refusal: RefusalForm::default(),
             unbatchable_models: Vec::new(),
             events: None,
             event_faults: EventFaults::default(),
@@ -91,6 +94,37 @@ impl Default for EmulatorConfig {
             openai: crate::openai::OpenAiConfig::default(),
         }
     }
+}
+
+/// The wording of a strict-mode refusal of a whole submit: `oneOf` or `anyOf` (newer model schemas), with or
+/// without an envelope code, with or without the `/requests/N` pointer to the first bad item. The default is the
+/// form seen live first: `AiError: Bad input: Error: oneOf at '/requests/N' not met`, code 5006.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RefusalForm {
+    /// `oneOf` or `anyOf`.
+    pub keyword: SchemaKeyword,
+    /// The envelope's `code`; `None`: the error has no code.
+    pub code: Option<i64>,
+    /// Whether the message points at the bad item (`'/requests/N'`) or at the root (`'/'`).
+    pub pointer: bool,
+}
+
+impl Default for RefusalForm {
+    fn default() -> Self {
+        Self { keyword: SchemaKeyword::OneOf, code: Some(5006), pointer: true }
+    }
+}
+
+/// The JSON Schema keyword a refusal names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SchemaKeyword {
+    /// `oneOf`.
+    #[default]
+    OneOf,
+    /// `anyOf`.
+    AnyOf,
 }
 
 /// Per-batch random durations: each accepted batch draws its total time to completion uniformly from

@@ -110,6 +110,8 @@ struct ConfigChange {
     random_latency: Option<Option<DurationRange>>,
     /// Whether submits with an unfit item are refused as a whole (5006).
     strict_items: Option<bool>,
+    /// How such a refusal is worded: `{"keyword":"any_of","code":null,"pointer":false}`.
+    strict_refusal: Option<crate::config::RefusalForm>,
     /// Models whose queued submits are refused (8007); replaces the list, `[]` refuses none.
     unbatchable_models: Option<Vec<String>>,
     /// Events settings, replaced as a whole (absent fields take their defaults); `null`: events off.
@@ -149,6 +151,8 @@ struct ConfigView {
     random_latency: Option<DurationRange>,
     /// Whether submits with an unfit item are refused as a whole (5006).
     strict_items: bool,
+    /// How such a refusal is worded.
+    strict_refusal: crate::config::RefusalForm,
     /// Models whose queued submits are refused (8007).
     unbatchable_models: Vec<String>,
     /// Events settings; `null`: events off.
@@ -177,6 +181,7 @@ fn config_view(state: &State) -> ConfigView {
         limit_polls: limits.limit_polls,
         retention_ms: limits.retention.map(millis),
         strict_items: state.strict_items(),
+        strict_refusal: state.strict_refusal(),
         unbatchable_models: state.unbatchable_models(),
         events: state.events(),
         event_faults: state.event_faults(),
@@ -222,6 +227,9 @@ async fn set_config(AxumState(state): AxumState<Shared>, Json(change): Json<Conf
     }
     if let Some(faults) = change.random_faults {
         state.set_random_faults(faults.map(|faults| RandomFaults::new(faults.rate).on(faults.calls)));
+    }
+    if let Some(form) = change.strict_refusal {
+        state.set_strict_refusal(form);
     }
     if let Some(strict_items) = change.strict_items {
         state.set_strict_items(strict_items);

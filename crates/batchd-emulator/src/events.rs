@@ -28,10 +28,13 @@ const SOURCE_TYPE: &str = "workersAi.model";
 /// `metadata.eventSchemaVersion` of every event.
 const SCHEMA_VERSION: u32 = 1;
 
-/// Settings of the event subscription and of the queue it feeds (one queue, in the configured account).
+/// Settings of the event subscriptions and of the queue they feed (one queue, in the configured account).
 ///
 /// With events on, every accepted submit publishes `cf.workersAi.model.batch.queued`, and every batch publishes
-/// `cf.workersAi.model.batch.succeeded` (or `.failed` for a `fail_batch` batch) once its done time passes.
+/// `cf.workersAi.model.batch.succeeded` (or `.failed` for a `fail_batch` batch) once its done time passes: for
+/// every model while [`EventsConfig::all_models`] is set, otherwise only for a model with an enabled subscription
+/// of that event to this queue (made through the subscriptions API, `crate::subscriptions`), as on the live API,
+/// where a `workersAi.model` subscription names one model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EventsConfig {
@@ -56,6 +59,9 @@ pub struct EventsConfig {
     /// `None`: unlimited. Acks are never limited.
     #[serde(with = "rate_limit_ms")]
     pub pull_rate_limit: Option<RateLimit>,
+    /// Whether every model's events reach the queue as if each had its subscription (the state `batchd events
+    /// setup` leaves); `false`: only the models subscribed through the subscriptions API.
+    pub all_models: bool,
 }
 
 impl Default for EventsConfig {
@@ -69,6 +75,7 @@ impl Default for EventsConfig {
             ack_warnings: AckWarnings::default(),
             max_retries: Some(3),
             pull_rate_limit: None,
+            all_models: true,
         }
     }
 }
@@ -77,6 +84,11 @@ impl EventsConfig {
     /// Events on, published to the queue `queue_id`, everything else default.
     pub fn queue(queue_id: impl Into<String>) -> Self {
         Self { queue_id: queue_id.into(), ..Self::default() }
+    }
+
+    /// Events on, published to `queue_id` only for the models subscribed through the subscriptions API.
+    pub fn per_model(queue_id: impl Into<String>) -> Self {
+        Self { queue_id: queue_id.into(), all_models: false, ..Self::default() }
     }
 }
 
@@ -227,6 +239,11 @@ impl EventType {
             EventType::Failed => "cf.workersAi.model.batch.failed",
         }
     }
+
+    /// The short name subscriptions list it by (`batch.succeeded`).
+    pub fn short(self) -> &'static str {
+        self.as_str().trim_start_matches("cf.workersAi.model.")
+    }
 }
 
 /// What one event is about.
@@ -301,7 +318,7 @@ struct Metadata<'a> {
 }
 
 /// The JSON text of the event `facts` describe, under `config`.
-pub(crate) fn event_json(facts: EventFacts<'_>, config: &EventsConfig) -> String {
+pub(crate) fn event_json(facts: EventFacts<'_>, config: &EventsConfig, subscription_id: &str) -> String {
     let request_id =
         if config.prefix_request_ids { format!("req-{}", facts.request_id) } else { facts.request_id.to_owned() };
     let failed = facts.event_type == EventType::Failed;
@@ -316,7 +333,7 @@ pub(crate) fn event_json(facts: EventFacts<'_>, config: &EventsConfig) -> String
         },
         metadata: Metadata {
             account_id: facts.account_id,
-            event_subscription_id: &config.subscription_id,
+            event_subscription_id: subscription_id,
             event_schema_version: SCHEMA_VERSION,
             event_timestamp: rfc3339_millis(facts.at_ms),
         },
@@ -404,7 +421,9 @@ mod tests {
     #[test]
     fn events_have_the_documented_shape() {
         let config = EventsConfig::default();
-        let succeeded: Value = serde_json::from_str(&event_json(facts(EventType::Succeeded), &config)).expect("json");
+        let succeeded: Value =
+            serde_json::from_str(&event_json(facts(EventType::Succeeded), &config, &config.subscription_id))
+                .expect("json");
         assert_eq!(
             succeeded,
             json!({
@@ -419,12 +438,16 @@ mod tests {
                 }
             })
         );
-        let queued: Value = serde_json::from_str(&event_json(facts(EventType::Queued), &config)).expect("json");
+        let queued: Value =
+            serde_json::from_str(&event_json(facts(EventType::Queued), &config, &config.subscription_id))
+                .expect("json");
         assert_eq!(queued["type"], "cf.workersAi.model.batch.queued");
         assert_eq!(queued["payload"], succeeded["payload"]);
 
         let config = EventsConfig { prefix_request_ids: true, ..EventsConfig::default() };
-        let failed: Value = serde_json::from_str(&event_json(facts(EventType::Failed), &config)).expect("json");
+        let failed: Value =
+            serde_json::from_str(&event_json(facts(EventType::Failed), &config, &config.subscription_id))
+                .expect("json");
         assert_eq!(failed["type"], "cf.workersAi.model.batch.failed");
         assert_eq!(
             failed["payload"],

@@ -44,6 +44,10 @@ pub enum Calls {
     Ack,
     /// Pulls and acks.
     Queue,
+    /// Only reads of the model catalog (`ai/models/search`).
+    Catalog,
+    /// Only calls of the event subscriptions API.
+    Subscriptions,
 }
 
 /// The endpoint a call reached, to match it against [`Calls`].
@@ -57,6 +61,10 @@ pub(crate) enum Endpoint {
     Pull,
     /// An ack of the events queue.
     Ack,
+    /// A read of the model catalog.
+    Catalog,
+    /// A call of the event subscriptions API.
+    Subscriptions,
 }
 
 impl Calls {
@@ -69,6 +77,8 @@ impl Calls {
             Calls::Pull => endpoint == Endpoint::Pull,
             Calls::Ack => endpoint == Endpoint::Ack,
             Calls::Queue => matches!(endpoint, Endpoint::Pull | Endpoint::Ack),
+            Calls::Catalog => endpoint == Endpoint::Catalog,
+            Calls::Subscriptions => endpoint == Endpoint::Subscriptions,
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::{
     events::{EventCounts, EventFacts, EventFaults, EventsConfig, event_json},
     limits::RateLimiter,
     queue::{AckOutcome, Backlog, Delivery, EventQueue},
+    subscriptions::Subscriptions,
 };
 
 /// Mixed into [`EmulatorConfig::seed`] for the events generator, so that event faults do not shift the draws of
@@ -33,6 +34,8 @@ pub struct QueueStats {
     pub published: EventCounts,
     /// Events the drop fault kept out of the queue.
     pub dropped: u64,
+    /// Events not published because no subscription covers their model and type (with `all_models` off).
+    pub unsubscribed: u64,
     /// Extra copies the duplicate fault enqueued.
     pub duplicated: u64,
     /// Messages enqueued (published − dropped + duplicated).
@@ -95,6 +98,10 @@ pub(crate) struct EventHub {
     published: EventCounts,
     /// Events dropped by the drop fault.
     dropped: u64,
+    /// Events no subscription covered.
+    unsubscribed: u64,
+    /// The account's event subscriptions.
+    pub subscriptions: Subscriptions,
     /// Extra copies enqueued by the duplicate fault.
     duplicated: u64,
     /// Pulls answered 200.
@@ -121,6 +128,8 @@ impl EventHub {
             queue: EventQueue::default(),
             published: EventCounts::default(),
             dropped: 0,
+            unsubscribed: 0,
+            subscriptions: Subscriptions::default(),
             duplicated: 0,
             pulls: 0,
             acks: 0,
@@ -157,6 +166,22 @@ impl EventHub {
         let Some(config) = &self.config else {
             return;
         };
+        let subscription_id = if config.all_models {
+            config.subscription_id.clone()
+        } else {
+            match self.subscriptions.covering(facts.model, &config.queue_id, facts.event_type.short()) {
+                Some(id) => id.to_owned(),
+                None => {
+                    self.unsubscribed += 1;
+                    tracing::debug!(
+                        model = facts.model,
+                        event = facts.event_type.as_str(),
+                        "no subscription: event not published"
+                    );
+                    return;
+                }
+            }
+        };
         self.published.add(facts.event_type);
         if self.faults.drop_next > 0 {
             self.faults.drop_next -= 1;
@@ -169,7 +194,7 @@ impl EventHub {
             tracing::debug!(request_id = facts.request_id, event = facts.event_type.as_str(), "event dropped");
             return;
         }
-        let body: Arc<str> = Arc::from(event_json(facts, config));
+        let body: Arc<str> = Arc::from(event_json(facts, config, &subscription_id));
         let enters_at = at + self.faults.delay;
         let timestamp_ms = unix_ms_at(enters_at, now, now_ms);
         let copies = if self.faults.duplicate { 2 } else { 1 };
@@ -226,6 +251,7 @@ impl EventHub {
             enabled: self.config.is_some(),
             published: self.published,
             dropped: self.dropped,
+            unsubscribed: self.unsubscribed,
             duplicated: self.duplicated,
             enqueued: counters.enqueued,
             in_flight: census.in_flight,

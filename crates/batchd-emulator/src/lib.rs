@@ -15,6 +15,7 @@
 //! ([`EmulatorHandle::openai_base_url`]), controlled through [`EmulatorHandle::openai`] or `/_emulator/openai/`
 //! (see the README, "OpenAI Batch API").
 
+mod account_api;
 mod anthropic;
 mod calls;
 mod config;
@@ -30,6 +31,7 @@ mod queue;
 mod queue_api;
 mod server;
 mod state;
+mod subscriptions;
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
@@ -49,7 +51,9 @@ pub use crate::{
         AnthropicFaultKind, ErrorShape,
     },
     calls::{CallKind, CallRecord, QueueCallKind, QueueCallRecord},
-    config::{DurationRange, EmulatorConfig, Family, RandomFaults, RateLimit, default_models},
+    config::{
+        DurationRange, EmulatorConfig, Family, RandomFaults, RateLimit, RefusalForm, SchemaKeyword, default_models,
+    },
     events::{
         AckWarnings, DEFAULT_EVENTS_QUEUE, DEFAULT_SUBSCRIPTION_ID, EventBody, EventCounts, EventFaults, EventsConfig,
         PullOrder,
@@ -60,6 +64,7 @@ pub use crate::{
         OPENAI_PREFIX, OpenAiCallKind, OpenAiCallRecord, OpenAiConfig, OpenAiFault, OpenAiFaultKind, OpenAiHandle,
         OpenAiLimits, OpenAiTiming,
     },
+    subscriptions::Subscription,
 };
 use crate::{
     listener::{Connection, ResettableListener},
@@ -317,6 +322,34 @@ impl EmulatorHandle {
     /// Replaces the event faults (see [`EventFaults`]) for events published from now on.
     pub fn set_event_faults(&self, faults: EventFaults) {
         self.state.set_event_faults(faults);
+    }
+
+    /// Changes how strict-mode refusals are worded (see [`RefusalForm`]), for submits from now on.
+    pub fn set_strict_refusal(&self, form: RefusalForm) {
+        self.state.set_strict_refusal(form);
+    }
+
+    /// The account's event subscriptions, in creation order.
+    pub fn subscriptions(&self) -> Vec<Subscription> {
+        self.state.with_subscriptions(|subs| subs.list(None))
+    }
+
+    /// Subscribes `model`'s `batch.succeeded` and `batch.failed` events to the events queue, as `batchd events
+    /// setup` would (events must be on).
+    pub fn subscribe(&self, model: &str) {
+        let queue_id = self.state.events().map(|events| events.queue_id).unwrap_or_default();
+        let events = vec!["batch.succeeded".to_owned(), "batch.failed".to_owned()];
+        let created = self
+            .state
+            .with_subscriptions(|subs| subs.create(format!("test {model}"), model.to_owned(), queue_id, true, events));
+        if let Err(error) = created {
+            tracing::debug!(%error, "subscribe: already subscribed");
+        }
+    }
+
+    /// Pages of the model catalog served since start.
+    pub fn catalog_calls(&self) -> u64 {
+        self.state.catalog_calls()
     }
 
     /// The event faults in force (`drop_next` counts down as events are dropped).

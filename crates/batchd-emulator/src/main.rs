@@ -210,6 +210,7 @@ async fn main() -> anyhow::Result<()> {
             .zip(args.latency_max_ms)
             .map(|(min, max)| DurationRange::new(Duration::from_millis(min), Duration::from_millis(max))),
         strict_items: args.strict_items,
+        strict_refusal: batchd_emulator::RefusalForm::default(),
         unbatchable_models: args.unbatchable_models,
         events: args.events.then(|| EventsConfig {
             queue_id: args.events_queue,

@@ -114,10 +114,15 @@ impl SchemaError {
         format!("Invalid data: oneOf at '/' not met ({})", self.detail)
     }
 
-    /// Message of a strict-mode refusal of a whole submit whose first bad item is `index` (code 5006), worded
-    /// like the live API's.
-    pub fn submit_message(&self, index: usize) -> String {
-        format!("AiError: Bad input: Error: oneOf at '/requests/{index}' not met, 0 matches: {}", self.detail)
+    /// Message of a strict-mode refusal of a whole submit whose first bad item is `index`, worded like the live
+    /// API's in `form` (`oneOf at '/requests/3' not met`, `anyOf at '/' not met`, ...).
+    pub fn submit_message(&self, index: usize, form: crate::config::RefusalForm) -> String {
+        let keyword = match form.keyword {
+            crate::config::SchemaKeyword::OneOf => "oneOf",
+            crate::config::SchemaKeyword::AnyOf => "anyOf",
+        };
+        let at = if form.pointer { format!("/requests/{index}") } else { "/".to_owned() };
+        format!("AiError: Bad input: Error: {keyword} at '{at}' not met, 0 matches: {}", self.detail)
     }
 }
 
@@ -387,8 +392,14 @@ mod tests {
         let error = run_item("@cf/x", Family::TextGeneration, &item(json!({"max_tokens": 3}))).expect_err("unfit");
         assert_eq!(error.item_message(), "Invalid data: oneOf at '/' not met (expected prompt or messages)");
         assert_eq!(
-            error.submit_message(7),
+            error.submit_message(7, crate::config::RefusalForm::default()),
             "AiError: Bad input: Error: oneOf at '/requests/7' not met, 0 matches: expected prompt or messages"
+        );
+        let any_of =
+            crate::config::RefusalForm { keyword: crate::config::SchemaKeyword::AnyOf, code: None, pointer: false };
+        assert_eq!(
+            error.submit_message(7, any_of),
+            "AiError: Bad input: Error: anyOf at '/' not met, 0 matches: expected prompt or messages"
         );
     }
 }

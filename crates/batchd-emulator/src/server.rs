@@ -82,10 +82,12 @@ impl IntoResponse for ApiError {
 }
 
 pub(crate) fn error_response(status: StatusCode, code: i64, message: &str) -> Response {
+    let error =
+        if code == NO_CODE { json!({ "message": message }) } else { json!({ "code": code, "message": message }) };
     let body = json!({
         "result": null,
         "success": false,
-        "errors": [{ "code": code, "message": message }],
+        "errors": [error],
         "messages": [],
     });
     (status, Json(body)).into_response()
@@ -279,6 +281,18 @@ async fn api(
     if let Some(queue_path) = parse_queue_path(uri.path()) {
         return handle_queue_call(&state, &connection, &method, &headers, &body, queue_path).await;
     }
+    if let Some(account_path) = crate::account_api::parse_account_path(uri.path()) {
+        return crate::account_api::handle_account_call(
+            &state,
+            &connection,
+            &method,
+            &uri,
+            &headers,
+            &body,
+            account_path,
+        )
+        .await;
+    }
     let run_path = parse_run_path(uri.path());
     let body_bytes = body.len();
     let parsed: Option<Value> = serde_json::from_slice(&body).ok();
@@ -354,8 +368,8 @@ async fn api(
 /// Message of a 429 from the rate limit, as Cloudflare words its capacity errors.
 const RATE_LIMITED_MESSAGE: &str = "Capacity temporarily exceeded, please try again.";
 
-/// Envelope code of a strict-mode refusal of a submit with an item that does not fit its model's schema.
-const STRICT_ITEMS_CODE: i64 = 5006;
+/// The envelope code that means "no code": [`error_response`] leaves `code` out of such an error.
+pub(crate) const NO_CODE: i64 = i64::MIN;
 
 /// Validates a run call and answers it as a submit or a poll.
 #[allow(clippy::too_many_arguments)]
@@ -466,7 +480,9 @@ fn handle_run(
         && let Some((index, error)) =
             runs.iter().enumerate().find_map(|(index, run)| run.outcome.as_ref().err().map(|error| (index, error)))
     {
-        return Err(ApiError::new(StatusCode::BAD_REQUEST, STRICT_ITEMS_CODE, error.submit_message(index)));
+        let form = state.strict_refusal();
+        let message = error.submit_message(index, form);
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, form.code.unwrap_or(NO_CODE), message));
     }
 
     let request_id = uuid::Uuid::new_v4().to_string();

@@ -84,8 +84,12 @@ struct Inner {
     random_latency: Option<DurationRange>,
     /// Whether a submit with any item that does not fit its model's schema is refused as a whole (5006).
     strict_items: bool,
+    /// How that refusal is worded.
+    strict_refusal: crate::config::RefusalForm,
     /// Models whose queued submits are refused with 8007.
     unbatchable_models: Vec<String>,
+    /// Model catalog pages served (`ai/models/search`).
+    catalog_calls: u64,
     /// The seeded generator behind both.
     rng: StdRng,
     /// Request ids of stored batches whose `succeeded`/`failed` event is not published yet (while events are off,
@@ -404,6 +408,7 @@ impl State {
         let random_faults = config.random_faults;
         let random_latency = config.random_latency;
         let strict_items = config.strict_items;
+        let strict_refusal = config.strict_refusal;
         let unbatchable_models = config.unbatchable_models.clone();
         let rng = StdRng::seed_from_u64(config.seed);
         let hub = EventHub::new(&config);
@@ -428,7 +433,9 @@ impl State {
                 random_faults,
                 random_latency,
                 strict_items,
+                strict_refusal,
                 unbatchable_models,
+                catalog_calls: 0,
                 rng,
                 unannounced: HashSet::new(),
                 hub,
@@ -520,6 +527,15 @@ impl State {
         self.lock().strict_items = strict_items;
     }
 
+    pub fn strict_refusal(&self) -> crate::config::RefusalForm {
+        self.lock().strict_refusal
+    }
+
+    /// Changes how strict-mode refusals are worded, for submits from now on.
+    pub fn set_strict_refusal(&self, form: crate::config::RefusalForm) {
+        self.lock().strict_refusal = form;
+    }
+
     pub fn unbatchable_models(&self) -> Vec<String> {
         self.lock().unbatchable_models.clone()
     }
@@ -532,6 +548,40 @@ impl State {
     /// Whether queued submits to `model` are refused with 8007.
     pub fn is_unbatchable(&self, model: &str) -> bool {
         self.lock().unbatchable_models.iter().any(|name| name == model)
+    }
+
+    /// Counts one catalog page served and returns every model the catalog lists, as `(name, family, batchable)`:
+    /// the extra models first, then the default ones not overridden; a model refused with 8007 is listed without
+    /// `async_queue`.
+    pub fn catalog_models(&self) -> Vec<(String, Family, bool)> {
+        let mut inner = self.lock();
+        inner.catalog_calls += 1;
+        let mut models: Vec<(String, Family)> = self.config.extra_models.clone();
+        for (name, family) in crate::config::default_models() {
+            if !models.iter().any(|(known, _)| *known == name) {
+                models.push((name, family));
+            }
+        }
+        models
+            .into_iter()
+            .map(|(name, family)| {
+                let batchable = !inner.unbatchable_models.contains(&name);
+                (name, family, batchable)
+            })
+            .collect()
+    }
+
+    /// Catalog pages served since start.
+    pub fn catalog_calls(&self) -> u64 {
+        self.lock().catalog_calls
+    }
+
+    /// Runs `change` on the account's event subscriptions (events due under the current ones are published
+    /// first, so a new subscription only covers events from now on).
+    pub fn with_subscriptions<T>(&self, change: impl FnOnce(&mut crate::subscriptions::Subscriptions) -> T) -> T {
+        let mut inner = self.lock();
+        inner.publish_due_events();
+        change(&mut inner.hub.subscriptions)
     }
 
     /// Draws the delay of one reply (zero without a random latency).

@@ -89,7 +89,15 @@ pub async fn run_puller(
     let mut idle = Backoff::new(FIRST_IDLE, max_idle);
     tracing::info!(queue_id = %settings.queue_id, "batch event puller started");
     while !stop.is_cancelled() {
-        let wait = match client.pull(settings.batch_size, settings.visibility_timeout).await {
+        let pulled = client.pull(settings.batch_size, settings.visibility_timeout).await;
+        if let Ok(pulled) = &pulled {
+            let oldest_age = pulled
+                .oldest_message_ms
+                .map(|sent| Duration::from_millis(batchd_queue::now_ms().saturating_sub(sent)))
+                .or_else(|| (pulled.backlog == Some(0)).then_some(Duration::ZERO));
+            metrics::events_backlog(pulled.backlog, oldest_age);
+        }
+        let wait = match pulled {
             Ok(pulled) if pulled.messages.is_empty() => idle.failed(),
             Ok(pulled) => {
                 idle.succeeded();

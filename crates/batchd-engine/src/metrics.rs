@@ -41,6 +41,11 @@ pub const NAMES: &[&str] = &[
     "batchd_polls_per_batch",
     "batchd_api_auth_failures_total",
     "batchd_tokens_total",
+    "batchd_models_without_events",
+    "batchd_rate_limit_effective",
+    "batchd_model_catalog_age_seconds",
+    "batchd_events_backlog",
+    "batchd_events_oldest_message_age_seconds",
 ];
 
 /// Most distinct `model` label values of `batchd_tokens_total` besides the configured models; later models are
@@ -175,6 +180,29 @@ impl ApiCall {
 /// Registers every metric's description and unit (shown as `# HELP` / `# TYPE` lines).
 pub fn describe() {
     describe_counter!("batchd_jobs_accepted_total", "Jobs taken in from the submit stream.");
+    describe_gauge!(
+        "batchd_models_without_events",
+        "Cloudflare models this replica submitted for whose batch events have no subscription to the events queue \
+         (their results wait for the fallback poll; `batchd events setup` subscribes them)."
+    );
+    describe_gauge!(
+        "batchd_rate_limit_effective",
+        "Effective submit limit per rate-limit window of a bucket lowered by repeated 429s (AIMD), by bucket."
+    );
+    describe_gauge!(
+        "batchd_model_catalog_age_seconds",
+        Unit::Seconds,
+        "Age of the Workers AI model catalog in use (absent while none could be read: the hand table applies)."
+    );
+    describe_gauge!(
+        "batchd_events_backlog",
+        "Messages in the events queue not yet acknowledged, as the last pull said."
+    );
+    describe_gauge!(
+        "batchd_events_oldest_message_age_seconds",
+        Unit::Seconds,
+        "Age of the oldest unacknowledged message in the events queue, as the last pull said (event lag)."
+    );
     describe_counter!(
         "batchd_jobs_rejected_total",
         "Ingress entries refused before any work, by reason (invalid_job, invalid_entry)."
@@ -464,6 +492,31 @@ pub fn oldest_waiting_job_age(namespace: &str, age: Duration) {
 /// Sets how long the most overdue scheduled step has been due.
 pub fn schedule_lag(namespace: &str, lag: Duration) {
     gauge!("batchd_schedule_lag_seconds", "queue" => namespace.to_owned()).set(lag.as_secs_f64());
+}
+
+/// Sets how many submitted-for models have no event subscription.
+pub fn models_without_events(n: usize) {
+    gauge!("batchd_models_without_events").set(n as f64);
+}
+
+/// Sets a bucket's effective limit per window (lowered by repeated 429s).
+pub fn rate_limit_effective(bucket: &str, per_window: f64) {
+    gauge!("batchd_rate_limit_effective", "bucket" => bucket.to_owned()).set(per_window);
+}
+
+/// Sets the age of the model catalog in use.
+pub fn model_catalog_age(age: Duration) {
+    gauge!("batchd_model_catalog_age_seconds").set(age.as_secs_f64());
+}
+
+/// Sets the events queue's backlog and the age of its oldest message, from a pull reply.
+pub fn events_backlog(backlog: Option<u64>, oldest_age: Option<Duration>) {
+    if let Some(backlog) = backlog {
+        gauge!("batchd_events_backlog").set(backlog as f64);
+    }
+    if let Some(age) = oldest_age {
+        gauge!("batchd_events_oldest_message_age_seconds").set(age.as_secs_f64());
+    }
 }
 
 /// Records whether the last sample reached Redis.

@@ -6,6 +6,7 @@
 //! - [`inspect`]: read-only looks for operators and producers (depths, ledgers, consumers, entries, counters).
 //! - [`ledger_view`]: one typed, bounded view of a job's ledger for every reader outside the daemon.
 //! - [`functions`]: the Redis Functions operators and producers call by name (`FCALL`): cancel, dead-letter retry.
+//! - [`provider_cache`]: a provider account's model catalog and seen models, shared by the replicas.
 //! - [`results`]: following a results stream, and a results reader's consumer-group commands.
 //! - [`connection`] and [`clock`]: one connection type for every deployment, and Redis's clock.
 //!
@@ -18,6 +19,7 @@ pub mod functions;
 pub mod ingress;
 pub mod inspect;
 pub mod ledger_view;
+pub mod provider_cache;
 pub mod results;
 pub mod store;
 

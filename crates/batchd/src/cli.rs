@@ -13,7 +13,9 @@
 //! bars and spinners (which then become plain lines, or nothing), see [`no_color`].
 
 pub mod dead;
+pub mod events;
 pub mod inspect;
+pub mod models;
 pub mod pause;
 pub mod probe;
 pub mod retry;

@@ -17,7 +17,7 @@ use anyhow::{Context as _, bail};
 use apalis::layers::WorkerBuilderExt;
 use apalis_core::worker::builder::WorkerBuilder;
 use batchd_anthropic::AnthropicProvider;
-use batchd_cloudflare::{BatchClient, CloudflareProvider, QueueClient};
+use batchd_cloudflare::{BatchClient, CloudflareProvider, QueueClient, SubscriptionClient};
 use batchd_engine::providers::Providers;
 use batchd_openai::OpenAiProvider;
 use batchd_provider::{Provider, ReplyBudget, ReplyHold};
@@ -38,6 +38,9 @@ const ITEM_BYTES: usize = 32;
 /// Room a poll holds per byte of its reply: the reply, what is read from it (the items' results), and the result
 /// or chunk output written from that to Redis.
 const REPLY_COPIES: usize = 3;
+
+/// Longest wait for the model catalog at start, before jobs are taken in.
+const CATALOG_AT_START: Duration = Duration::from_secs(10);
 
 /// How long the admin server, the sampler and the watchdog get to stop once the workers are done.
 const BACKGROUND_STOP: Duration = Duration::from_secs(2);
@@ -79,7 +82,8 @@ pub async fn run_with_providers(
         settings.jobs.max_payload_bytes,
         Some(settings.jobs.max_batch_items).filter(|max| *max > 0),
     );
-    let mut providers = Providers::new().with(Arc::new(cloudflare));
+    let cloudflare = Arc::new(cloudflare);
+    let mut providers = Providers::new().with(Arc::clone(&cloudflare) as Arc<dyn Provider>);
     if let Some(key) = settings.anthropic_key()? {
         let anthropic = AnthropicProvider::new(&settings.anthropic_settings(&key))
             .context("anthropic settings")?
@@ -142,6 +146,28 @@ pub async fn run_with_providers(
     }
     let consumer = consumer_name();
     let fetch_stop = shutdown.child_token();
+    // The model catalog is read (or taken from Redis) before any job is taken in, so the first jobs are checked
+    // against it; a slow or failing catalog only delays the start by its timeout (the tables apply meanwhile).
+    let events_token =
+        if settings.events.enabled() { Some(settings.events_token()?.unwrap_or_else(|| token.clone())) } else { None };
+    let upkeep = batchd_engine::catalog::CloudflareUpkeep {
+        provider: Arc::clone(&cloudflare),
+        account_id: settings.cloudflare.account_id.clone(),
+        store: Store::new(conn.clone(), namespaces[0].clone(), settings.store_settings()),
+        refresh: Some(Duration::from_secs(settings.cloudflare.catalog_refresh_secs))
+            .filter(|refresh| !refresh.is_zero()),
+        subscriptions: match &events_token {
+            Some(events_token) => Some(
+                SubscriptionClient::new(settings.client_settings(events_token), &settings.events.queue_id)
+                    .context("events settings")?,
+            ),
+            None => None,
+        },
+    };
+    if tokio::time::timeout(CATALOG_AT_START, upkeep.load_catalog()).await.is_err() {
+        tracing::warn!(timeout = ?CATALOG_AT_START, "the model catalog did not load in time; the [rate_limits] tables apply until it does");
+    }
+    background.push(tokio::spawn(upkeep.run(background_stop.clone())));
     let mut workers = JoinSet::new();
     let mut stores = Vec::with_capacity(namespaces.len());
     for keys in &namespaces {
@@ -162,8 +188,7 @@ pub async fn run_with_providers(
         });
         spawn_workers(&mut workers, &settings, &endpoint, pipeline, &consumer, &fetch_stop, &shutdown, &health);
     }
-    if settings.events.enabled() {
-        let events_token = settings.events_token()?.unwrap_or(token);
+    if let Some(events_token) = events_token {
         let mut queue_settings = settings.client_settings(&events_token);
         // A pull brings at most 100 small event messages.
         queue_settings.max_reply_bytes = 16 * 1024 * 1024;

@@ -134,6 +134,13 @@ unless --addr or --url is given. Prints the answer's text (`ok`) and exits 0 on 
 line on stderr and exit code 1."
     )]
     Probe(ProbeArgs),
+    /// Manage the Workers AI batch events of the events queue ([events]).
+    Events {
+        #[command(subcommand)]
+        command: batchd::cli::events::EventsCommand,
+    },
+    /// List the Cloudflare models that take batch requests, with their task, rate-limit bucket and limit.
+    Models(batchd::cli::models::ModelsArgs),
     /// Check the configuration.
     Config {
         #[command(subcommand)]
@@ -244,6 +251,8 @@ fn main() -> ExitCode {
             Command::Resume(args) => cli::pause::resume(&settings, args).await,
             Command::Dead { command } => cli::dead::dead(&settings, command).await,
             Command::Probe(args) => cli::probe::probe(&settings, args).await,
+            Command::Events { command } => cli::events::events(&settings, command).await,
+            Command::Models(args) => cli::models::models(&settings, args).await,
             Command::Ui(args) => {
                 let stop = tokio_util::sync::CancellationToken::new();
                 let signals = stop.clone();

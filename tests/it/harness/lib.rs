@@ -392,7 +392,10 @@ pub fn test_settings(redis_url: &str, emulator: &EmulatorHandle, namespace: &str
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
-    Settings::load_from(None, &env).expect("test settings")
+    let mut settings = Settings::load_from(None, &env).expect("test settings");
+    // The per-model limits (20 a minute for the large text models) too.
+    settings.rate_limits.models.clear();
+    settings
 }
 
 /// A daemon running in-process (`batchd::run`) on its own task.

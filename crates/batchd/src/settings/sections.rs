@@ -95,6 +95,8 @@ pub struct CloudflareSettings {
     pub connect_timeout_secs: u64,
     /// Largest reply body read from the API, in bytes.
     pub max_reply_bytes: usize,
+    /// How often the model catalog is read again (seconds); 0: never read, the `[rate_limits]` tables alone.
+    pub catalog_refresh_secs: u64,
 }
 
 /// `[anthropic]`: Anthropic Message Batches, configured when a key is given.

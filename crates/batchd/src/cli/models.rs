@@ -1,0 +1,123 @@
+//! `batchd models`: the Cloudflare models that take batch requests, with the task type, rate-limit bucket and limit
+//! batchd gives each, from the model catalog (the copy the daemons share in Redis; read from the API when there
+//! is none, or with `--refresh`), or from the `[rate_limits]` tables when the catalog cannot be read.
+
+use anyhow::Context as _;
+use batchd_cloudflare::{BatchClient, ModelCatalog, rate_bucket};
+use serde_json::json;
+
+use super::{escape_for_terminal, print_json};
+use crate::settings::Settings;
+
+/// Options of `batchd models`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModelsArgs {
+    /// Read the catalog from the API now (and share it through Redis) instead of using the daemons' copy.
+    #[arg(long)]
+    pub refresh: bool,
+    /// Print JSON: `{"source":..,"fetched_at":..,"models":[{"model":..,"task":..,"bucket":..,"limit":..}]}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One listed model.
+struct Row {
+    /// The model's name.
+    model: String,
+    /// The task type batchd limits it under.
+    task: &'static str,
+    /// Where that task type came from.
+    task_source: &'static str,
+    /// Its limiter bucket, `None` when not limited.
+    bucket: Option<String>,
+    /// Requests per window of that bucket (0: not limited).
+    limit: u32,
+    /// Whether the catalog says it needs the Workers Paid plan.
+    paid_only: bool,
+}
+
+/// Runs `batchd models`.
+pub async fn models(settings: &Settings, args: &ModelsArgs) -> anyhow::Result<()> {
+    let mut conn = super::connect(settings).await?;
+    let keys = settings.keys();
+    let account = &settings.cloudflare.account_id;
+    let cached = if args.refresh {
+        None
+    } else {
+        batchd_queue::provider_cache::read_catalog(&mut conn, &keys, account)
+            .await?
+            .as_deref()
+            .and_then(ModelCatalog::from_json)
+    };
+    let (catalog, source) = match cached {
+        Some(catalog) => (Some(catalog), "cache".to_owned()),
+        None => {
+            let token = settings.api_token()?;
+            let client = BatchClient::new(settings.client_settings(&token)).context("cloudflare settings")?;
+            match client.model_catalog().await {
+                Ok(mut catalog) => {
+                    catalog.fetched_at_ms = batchd_queue::inspect::redis_now(&mut conn).await?;
+                    batchd_queue::provider_cache::write_catalog(&mut conn, &keys, account, &catalog.to_json()).await?;
+                    (Some(catalog), "api".to_owned())
+                }
+                Err(error) => (None, format!("tables (the catalog could not be read: {error})")),
+            }
+        }
+    };
+    let limits = &settings.rate_limits;
+    let names: Vec<(String, bool)> = match &catalog {
+        Some(catalog) => catalog.batchable().map(|model| (model.name.clone(), model.paid_only)).collect(),
+        None => {
+            limits.task_types.iter().chain(&limits.extra_task_types).map(|entry| (entry.model.clone(), false)).collect()
+        }
+    };
+    let mut rows: Vec<Row> = Vec::with_capacity(names.len());
+    for (model, paid_only) in names {
+        if rows.iter().any(|row| row.model == model) {
+            continue;
+        }
+        let (task, task_source) = limits.task_of(&model, catalog.as_ref());
+        let bucket = rate_bucket(account, &model, limits, catalog.as_ref());
+        rows.push(Row {
+            task: task.as_str(),
+            task_source: if limits.model_limit(&model).is_some() { "models" } else { task_source.as_str() },
+            limit: bucket.as_ref().map_or(0, |(_, limit)| *limit),
+            bucket: bucket.map(|(bucket, _)| bucket),
+            paid_only,
+            model,
+        });
+    }
+    let fetched_at = catalog.as_ref().map(|catalog| catalog.fetched_at_ms);
+    if args.json {
+        let models: Vec<_> = rows
+            .iter()
+            .map(|row| {
+                json!({"model": row.model, "task": row.task, "task_source": row.task_source, "bucket": row.bucket,
+                       "limit": row.limit, "window_secs": limits.window_secs, "paid_only": row.paid_only})
+            })
+            .collect();
+        return print_json(&json!({"source": source, "fetched_at": fetched_at, "models": models}));
+    }
+    println!(
+        "{} batchable models (source: {}; limits per {} s)",
+        rows.len(),
+        escape_for_terminal(&source),
+        limits.window_secs
+    );
+    let width = rows.iter().map(|row| row.model.chars().count()).max().unwrap_or(5).max(5);
+    println!("{:<width$}  {:<18}  {:<18}  {:>6}  BUCKET", "MODEL", "TASK", "FROM", "LIMIT");
+    for row in &rows {
+        let limit = if row.limit == 0 { "-".to_owned() } else { row.limit.to_string() };
+        let bucket = row.bucket.as_deref().unwrap_or("(not limited)");
+        let paid = if row.paid_only { "  (Workers Paid plan)" } else { "" };
+        println!(
+            "{:<width$}  {:<18}  {:<18}  {:>6}  {}{paid}",
+            escape_for_terminal(&row.model),
+            row.task,
+            row.task_source,
+            limit,
+            escape_for_terminal(bucket)
+        );
+    }
+    Ok(())
+}
