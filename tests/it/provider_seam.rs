@@ -3,6 +3,7 @@
 //! driven through the real pipeline, a real Redis and a daemon that serves Cloudflare beside it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -55,49 +56,19 @@ struct DownloadProvider {
     asked: Mutex<Vec<Asked>>,
     /// Creates whose reply is lost (the batch exists, the submit fails as possibly delivered).
     lose_create_replies: Mutex<usize>,
+    /// While set, every submit waits (a provider that has stopped answering) until it is cleared.
+    stalled: AtomicBool,
+    /// Wakes stalled submits.
+    unstall: tokio::sync::Notify,
+    /// Submits in flight now, and the most at once.
+    in_submit: AtomicUsize,
+    max_in_submit: AtomicUsize,
 }
 
 impl DownloadProvider {
-    fn ask(&self, what: Asked) {
-        self.asked.lock().expect("lock").push(what);
-    }
-
-    fn count(&self, what: &Asked) -> usize {
-        self.asked.lock().expect("lock").iter().filter(|asked| *asked == what).count()
-    }
-}
-
-fn transient(message: &str, maybe_delivered: bool) -> ApiError {
-    ApiError {
-        kind: ErrorKind::Transient,
-        http_status: Some(500),
-        api_code: None,
-        message: message.to_owned(),
-        retry_after: Some(Duration::from_millis(10)),
-        maybe_delivered,
-    }
-}
-
-impl Provider for DownloadProvider {
-    fn name(&self) -> &'static str {
-        "fake-download"
-    }
-
-    fn limits(&self) -> BatchLimits {
-        // Three items per batch, so a job of seven is three batches merged in order.
-        BatchLimits {
-            max_body_bytes: 1 << 20,
-            max_items: Some(3),
-            body: BodyShape { envelope: 0, per_item: 64, separator: 1 },
-        }
-    }
-
-    fn rate_bucket(&self, _model: &ModelName, _call: Call) -> Option<RateBucket> {
-        None
-    }
-
-    fn submit<'a>(&'a self, batch: SubmitBatch<'a>) -> BoxFuture<'a, Result<Submitted, ApiError>> {
-        Box::pin(async move {
+    /// Uploads a batch's items and creates the batch (looking first for one an interrupted attempt created).
+    async fn create(&self, batch: SubmitBatch<'_>) -> Result<Submitted, ApiError> {
+        {
             let tag = (batch.tag.job_id.to_string(), batch.tag.chunk);
             if let Some(resume) = batch.resume {
                 // Look before creating again: an interrupted attempt may have created the batch already.
@@ -147,6 +118,61 @@ impl Provider for DownloadProvider {
             }
             remote.id = Some(RequestId::parse(&id).expect("id"));
             Ok(Submitted { remote, status: "in_progress".into(), body_bytes: 0 })
+        }
+    }
+
+    fn ask(&self, what: Asked) {
+        self.asked.lock().expect("lock").push(what);
+    }
+
+    fn count(&self, what: &Asked) -> usize {
+        self.asked.lock().expect("lock").iter().filter(|asked| *asked == what).count()
+    }
+}
+
+fn transient(message: &str, maybe_delivered: bool) -> ApiError {
+    ApiError {
+        kind: ErrorKind::Transient,
+        http_status: Some(500),
+        api_code: None,
+        message: message.to_owned(),
+        retry_after: Some(Duration::from_millis(10)),
+        maybe_delivered,
+    }
+}
+
+impl Provider for DownloadProvider {
+    fn name(&self) -> &'static str {
+        "fake-download"
+    }
+
+    fn limits(&self) -> BatchLimits {
+        // Three items per batch, so a job of seven is three batches merged in order.
+        BatchLimits {
+            max_body_bytes: 1 << 20,
+            max_items: Some(3),
+            body: BodyShape { envelope: 0, per_item: 64, separator: 1 },
+        }
+    }
+
+    fn rate_bucket(&self, _model: &ModelName, _call: Call) -> Option<RateBucket> {
+        None
+    }
+
+    fn submit<'a>(&'a self, batch: SubmitBatch<'a>) -> BoxFuture<'a, Result<Submitted, ApiError>> {
+        Box::pin(async move {
+            let now = self.in_submit.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max_in_submit.fetch_max(now, Ordering::SeqCst);
+            loop {
+                let unstalled = self.unstall.notified();
+                if !self.stalled.load(Ordering::SeqCst) {
+                    break;
+                }
+                unstalled.await;
+            }
+            let submitted = self.create(batch).await;
+            self.in_submit.fetch_sub(1, Ordering::SeqCst);
+            submitted
         })
     }
 
@@ -301,5 +327,42 @@ async fn a_model_whose_provider_is_not_configured_is_refused_at_take_in_naming_t
     let unknown = world.wait_for_result("nx-1", WAIT).await.error.expect("error");
     assert!(unknown.message.contains("nosuch provider"), "{}", unknown.message);
     assert_eq!(world.emulator.calls().len(), 0, "nothing was sent anywhere");
+    daemon.stop().await.expect("clean stop");
+}
+
+/// With `workers.calls_per_provider`, a provider that stops answering holds at most that many workers: the other
+/// provider's jobs go on, and the held-back jobs run once it answers again.
+#[tokio::test]
+async fn a_provider_that_stops_answering_holds_no_more_than_its_calls_and_the_other_provider_goes_on() {
+    let mut world = World::new().await;
+    world.settings.workers.submit_concurrency = 4;
+    world.settings.workers.poll_concurrency = 4;
+    world.settings.workers.calls_per_provider = 2;
+    let provider = Arc::new(DownloadProvider::default());
+    provider.stalled.store(true, Ordering::SeqCst);
+    let daemon = Daemon::start_with_providers(world.settings.clone(), &world.emulator, vec![provider.clone()]);
+
+    for i in 0..6 {
+        world.enqueue(&download_job(&format!("dl-{i}"), 1)).await;
+    }
+    batchd_tests::wait_until("two stalled submits", WAIT, async || provider.in_submit.load(Ordering::SeqCst) == 2)
+        .await;
+    // Without the cap, four stalled take-ins would hold all four workers and nothing else would be taken in.
+    for i in 0..3 {
+        world.enqueue(&bge_m3_job(&format!("cf-{i}"), 2)).await;
+    }
+    for i in 0..3 {
+        let result = world.wait_for_result(&format!("cf-{i}"), WAIT).await;
+        assert_eq!(result.status, ResultStatus::Completed);
+    }
+    assert_eq!(provider.in_submit.load(Ordering::SeqCst), 2, "the stalled provider still holds its two calls");
+
+    provider.stalled.store(false, Ordering::SeqCst);
+    provider.unstall.notify_waiters();
+    for i in 0..6 {
+        let result = world.wait_for_result(&format!("dl-{i}"), WAIT).await;
+        assert_eq!(result.status, ResultStatus::Completed, "{:?}", result.error);
+    }
+    assert_eq!(provider.max_in_submit.load(Ordering::SeqCst), 2, "never more than the cap at once");
     daemon.stop().await.expect("clean stop");
 }

@@ -181,6 +181,11 @@ impl ApiCall {
 pub fn describe() {
     describe_counter!("batchd_jobs_accepted_total", "Jobs taken in from the submit stream.");
     describe_gauge!(
+        "batchd_api_calls_in_flight",
+        "API calls (submits, polls, result downloads) this replica has in flight, by provider; at most \
+         workers.calls_per_provider when that is set."
+    );
+    describe_gauge!(
         "batchd_models_without_events",
         "Cloudflare models this replica submitted for whose batch events have no subscription to the events queue \
          (their results wait for the fallback poll; `batchd events setup` subscribes them)."
@@ -381,11 +386,17 @@ pub fn job_finished(outcome: &'static str, turnaround: Duration) {
 /// before the first failure).
 pub fn providers_configured<'a>(names: impl IntoIterator<Item = &'a str>) {
     for provider in names {
+        calls_in_flight(provider, 0);
         for call in [ApiCall::Submit, ApiCall::Poll] {
             counter!("batchd_api_auth_failures_total", "provider" => provider.to_owned(), "call" => call.as_str())
                 .absolute(0);
         }
     }
+}
+
+/// `n` API calls in flight to `provider` now.
+pub fn calls_in_flight(provider: &str, n: usize) {
+    gauge!("batchd_api_calls_in_flight", "provider" => provider.to_owned()).set(n as f64);
 }
 
 /// One API request finished; `outcome` is `ok` or the error kind, `http_status` the status if any.

@@ -97,7 +97,10 @@ pub async fn run_with_providers(
         tracing::info!(base_url = %settings.openai.base_url, "openai batch configured (openai/... models)");
         providers = providers.with(Arc::new(openai));
     }
-    let providers = extra.into_iter().fold(providers, |providers, extra| providers.with(extra));
+    let providers = extra
+        .into_iter()
+        .fold(providers, |providers, extra| providers.with(extra))
+        .with_call_cap(settings.workers.calls_per_provider);
     batchd_engine::metrics::providers_configured(providers.names());
 
     // Stopped last, after the drain, so probes and scrapes are answered while work in flight finishes.

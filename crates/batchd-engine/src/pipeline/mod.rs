@@ -26,7 +26,7 @@ pub(crate) use self::finish::Ending;
 use serde_json::value::RawValue;
 
 use crate::metrics::{self, ApiCall};
-use crate::providers::Providers;
+use crate::providers::{CallSlot, Providers};
 use crate::runtime::{ByteBudget, IngressEntry};
 use crate::settings::{PollSettings, RetrySettings};
 
@@ -119,6 +119,9 @@ pub(crate) fn stale_step(job_id: &str, chunk: u32, detail: &str) {
         "this replica's claim of the chunk was taken over (it was paused past its lease); the step is dropped"
     );
 }
+
+/// How long a step whose provider has `workers.calls_per_provider` calls in flight waits before it is tried again.
+const CALL_CAP_WAIT: Duration = Duration::from_millis(500);
 
 /// How often a step renews its lease while it waits on the API: three times per lease, so one late or failed
 /// renewal still leaves a third of the lease.
@@ -241,43 +244,53 @@ impl Pipeline {
         }
     }
 
-    /// Asks the shared rate limiter for a slot of `model`'s bucket at `provider`: `None` means go now (the slot is
-    /// booked), otherwise how long to wait.
-    async fn rate_wait(
+    /// Whether an API call to `provider` for `model` may go now: a place among the provider's calls in flight
+    /// (`workers.calls_per_provider`; the caller holds it until the call is done), then the shared rate limiter.
+    /// `Err(wait)`: not now, try again after `wait`.
+    async fn admit(
         &self,
         provider: &dyn Provider,
         model: &ModelName,
         call: ApiCall,
-    ) -> Result<Option<Duration>, StoreError> {
+    ) -> Result<Result<CallSlot, Duration>, StoreError> {
+        let Some(slot) = self.providers.call_slot(provider.name()) else {
+            metrics::throttled_wait(call);
+            tracing::debug!(provider = provider.name(), wait = ?CALL_CAP_WAIT, "provider at its calls in flight; waiting");
+            return Ok(Err(CALL_CAP_WAIT));
+        };
         let asked = match call {
             ApiCall::Submit => Call::Submit,
             ApiCall::Poll => Call::Poll,
         };
         let Some(bucket) = provider.rate_bucket(model, asked) else {
-            return Ok(None);
+            return Ok(Ok(slot));
         };
-        let wait = self.store.rate_limit(&bucket.name, bucket.interval, bucket.burst).await?;
-        if let Some(wait) = wait {
-            metrics::throttled_wait(call);
-            tracing::debug!(bucket = %bucket.name, wait = ?wait, "rate limited; waiting");
+        match self.store.rate_limit(&bucket.name, bucket.interval, bucket.burst).await? {
+            Some(wait) => {
+                metrics::throttled_wait(call);
+                tracing::debug!(bucket = %bucket.name, wait = ?wait, "rate limited; waiting");
+                Ok(Err(wait))
+            }
+            None => Ok(Ok(slot)),
         }
-        Ok(wait)
     }
 
-    /// Waits for the shared rate limiter if `model`'s bucket is full: returns how long, after rescheduling the
-    /// chunk (a throttled job neither fails nor uses up attempts).
-    async fn throttle(
+    /// [`Pipeline::admit`] for a step of the schedule: when the call may not go now, the chunk is rescheduled for
+    /// then (a throttled job neither fails nor uses up attempts, and holds no worker meanwhile) and `None` returned.
+    async fn admit_step(
         &self,
         claim: &Claim,
         provider: &dyn Provider,
         model: &ModelName,
         call: ApiCall,
-    ) -> Result<Option<Duration>, StoreError> {
-        let Some(wait) = self.rate_wait(provider, model, call).await? else {
-            return Ok(None);
-        };
-        self.store.reschedule(claim, self.store.now().await? + wait.as_millis() as u64).await?;
-        Ok(Some(wait))
+    ) -> Result<Option<CallSlot>, StoreError> {
+        match self.admit(provider, model, call).await? {
+            Ok(slot) => Ok(Some(slot)),
+            Err(wait) => {
+                self.store.reschedule(claim, self.store.now().await? + wait.as_millis() as u64).await?;
+                Ok(None)
+            }
+        }
     }
 }
 

@@ -32,9 +32,10 @@ impl Pipeline {
                 detail: format!("chunk {} is polling without a readable request id", chunk.index),
             });
         };
-        if self.throttle(claim, provider, model, ApiCall::Poll).await?.is_some() {
+        // Held until the poll (and a results download) is done.
+        let Some(_slot) = self.admit_step(claim, provider, model, ApiCall::Poll).await? else {
             return Ok(());
-        }
+        };
         if !self.still_held(claim, checked_at).await? {
             return Ok(());
         }

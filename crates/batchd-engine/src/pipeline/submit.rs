@@ -24,9 +24,10 @@ impl Pipeline {
         endpoint: Option<&str>,
         deadline_at: UnixMillis,
     ) -> Result<(), StoreError> {
-        if self.throttle(claim, provider, model, ApiCall::Submit).await?.is_some() {
+        // Held until the submit is done.
+        let Some(_slot) = self.admit_step(claim, provider, model, ApiCall::Submit).await? else {
             return Ok(());
-        }
+        };
         // Room for the items read back and the body built from them (each at most the provider's body limit),
         // before either exists; then only what this chunk needs is kept until the submit is done. The lease is
         // renewed while this waits, so a replica short of memory keeps the chunk rather than losing it to another.

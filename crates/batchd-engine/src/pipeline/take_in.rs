@@ -73,14 +73,19 @@ impl Pipeline {
         // (which waits for room holding nothing), like a throttled one.
         let first_body = limits.body.bytes(sizes[..plan[0].1].iter().copied());
         let body_room = self.budget.try_hold(first_body);
-        // Ask the shared limiter before the job exists: a throttled first batch is accepted `pending`, due when
-        // its slot comes; otherwise it is accepted already `submitting` and posted at once, under its lease.
-        let wait = match &body_room {
-            Some(_) => self.rate_wait(provider, &job.model, ApiCall::Submit).await?,
+        // Ask for a call slot and the shared limiter before the job exists: a throttled first batch is accepted
+        // `pending`, due when its slot comes; otherwise it is accepted already `submitting` and posted at once,
+        // under its lease, holding its call slot until the post is done.
+        let admitted = match &body_room {
+            Some(_) => self.admit(provider, &job.model, ApiCall::Submit).await?,
             None => {
                 tracing::debug!(first_body, "no room in workers.inflight_bytes for the first batch now; scheduling it");
-                Some(Duration::ZERO)
+                Err(Duration::ZERO)
             }
+        };
+        let (_slot, wait) = match admitted {
+            Ok(slot) => (Some(slot), None),
+            Err(wait) => (None, Some(wait)),
         };
         let first_due = match wait {
             Some(wait) => now + wait.as_millis() as u64,

@@ -187,6 +187,8 @@ pub struct WorkerSettings {
     pub submit_concurrency: usize,
     /// Scheduled steps handled at once.
     pub poll_concurrency: usize,
+    /// Most API calls (submits, polls, result downloads) in flight to one provider at once; 0: no cap.
+    pub calls_per_provider: usize,
     /// Threads of the async runtime; 0 means one per CPU the process may use.
     pub runtime_threads: usize,
     /// Bytes of work in flight one process may hold (entries being read and taken in, submit bodies, poll
