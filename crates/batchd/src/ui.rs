@@ -28,6 +28,7 @@ mod pages;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Router;
@@ -119,7 +120,10 @@ pub async fn ui(settings: Settings, args: &UiArgs, stop: CancellationToken) -> a
     )
     .map_err(|error| Exit { code: crate::cli::EXIT_USAGE, message: format!("{error:#}") })?;
     crate::logging::init(&settings.log).map_err(crate::settings::ConfigError)?;
-    let conn = crate::cli::connect(&settings).await?;
+    // Opened lazily and healed after every connection error: a Redis that is down at start (or goes away later)
+    // makes the pages say so, answer 503 and recover by themselves; the dashboard never exits for it (on
+    // Kubernetes an exit is a restart loop).
+    let conn = settings.redis_endpoint()?.dedicated(Duration::from_secs(settings.redis.response_timeout_secs.max(5)));
     let listener =
         crate::admin::bind(args.listen).await.with_context(|| format!("--listen: cannot listen on {}", args.listen))?;
     let addr = listener.local_addr().context("read the bound address")?;
@@ -143,7 +147,41 @@ pub async fn ui(settings: Settings, args: &UiArgs, stop: CancellationToken) -> a
         "dashboard listening ({mode}, namespaces {})",
         state.namespaces.iter().map(Keys::namespace).collect::<Vec<_>>().join(", ")
     );
+    tokio::spawn(warn_if_unreachable(state.conn(), crate::settings::redact_url(state.settings.redis.url.expose())));
     crate::admin::serve_limited(listener, router(state), stop, &what).await.context("serve the dashboard")
+}
+
+/// Logs once at start when Redis does not answer, so the log says why the pages say "Redis unreachable".
+async fn warn_if_unreachable(mut conn: Conn, redis: String) {
+    if let Err(error) = ping(&mut conn).await {
+        tracing::warn!(
+            redis = %redis,
+            error = %error,
+            "Redis unreachable at start: the pages say so (503) until it answers, /readyz answers 503"
+        );
+    }
+}
+
+/// Longest wait for Redis's answer to the readiness probe's `PING`.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `PING` within [`READY_TIMEOUT`].
+async fn ping(conn: &mut Conn) -> Result<(), String> {
+    match tokio::time::timeout(READY_TIMEOUT, batchd_queue::results::ping(conn)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err(format!("no answer within {} s", READY_TIMEOUT.as_secs())),
+    }
+}
+
+/// `/readyz`: 200 while Redis answers, 503 otherwise (a Kubernetes readiness probe; no token needed, see
+/// [`access::PUBLIC_PATHS`]). The dashboard itself stays up either way.
+async fn readyz(State(ui): State<Ui>) -> Response {
+    let plain = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
+    match ping(&mut ui.conn()).await {
+        Ok(()) => (StatusCode::OK, plain, "ready\n").into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, plain, "redis unreachable\n").into_response(),
+    }
 }
 
 fn router(state: Ui) -> Router {
@@ -162,6 +200,10 @@ fn router(state: Ui) -> Router {
         .route("/api/dead/{entry}", get(dead_entry))
         .route("/dead/{entry}/retry", post(actions::dead_retry))
         .route("/dead/{entry}/purge", post(actions::dead_purge))
+        .route("/dead/purge", post(actions::dead_purge_matching))
+        .route("/pause", post(actions::pause))
+        .route("/resume", post(actions::resume))
+        .route("/readyz", get(readyz))
         .route("/assets/ui.css", get(|| async { asset("text/css; charset=utf-8", include_str!("ui/ui.css")) }))
         .route("/assets/ui.js", get(|| async { asset("text/javascript; charset=utf-8", include_str!("ui/ui.js")) }))
         .fallback(|| async { UiError::NotFound("no such page".to_owned()) })
@@ -202,18 +244,23 @@ enum UiError {
     BadRequest(String),
     /// 403: actions are off, or the request is not from the dashboard's own page.
     Forbidden(String),
-    /// 502: Redis failed.
+    /// 502: Redis failed (an error it answered: a permission, a wrong type).
     Redis(String),
+    /// 503: Redis cannot be reached (down, refused, timed out, loading); the page retries by itself.
+    Unavailable(String),
 }
 
 impl From<anyhow::Error> for UiError {
     fn from(error: anyhow::Error) -> Self {
         match error.downcast_ref::<Exit>() {
             Some(exit) if exit.code == crate::cli::EXIT_NOT_FOUND => Self::NotFound(exit.message.clone()),
-            _ if error.chain().any(|cause| cause.downcast_ref::<redis::RedisError>().is_some()) => {
-                Self::Redis(format!("{error:#}"))
-            }
-            _ => Self::BadRequest(format!("{error:#}")),
+            _ => match error.chain().find_map(|cause| cause.downcast_ref::<redis::RedisError>()) {
+                Some(redis) if batchd_queue::connection::is_unreachable(redis) => {
+                    Self::Unavailable(format!("{error:#}"))
+                }
+                Some(_) => Self::Redis(format!("{error:#}")),
+                None => Self::BadRequest(format!("{error:#}")),
+            },
         }
     }
 }
@@ -225,6 +272,10 @@ impl IntoResponse for UiError {
             Self::BadRequest(message) => (StatusCode::BAD_REQUEST, message),
             Self::Forbidden(message) => (StatusCode::FORBIDDEN, message),
             Self::Redis(message) => (StatusCode::BAD_GATEWAY, message),
+            Self::Unavailable(message) => {
+                let message = crate::cli::escape_for_terminal(&message).into_owned();
+                return (StatusCode::SERVICE_UNAVAILABLE, pages::unavailable_page(&message)).into_response();
+            }
         };
         let message = crate::cli::escape_for_terminal(&message).into_owned();
         (status, pages::error_page(status, &message)).into_response()
@@ -338,12 +389,32 @@ pub(crate) enum Notice {
     DeadRequeued,
     /// A dead letter was deleted.
     DeadPurged,
+    /// The dead letters a filter matched were deleted.
+    DeadPurgedMatching,
+    /// The namespace's intake was paused.
+    IntakePaused,
+    /// The namespace's intake was paused already; the first pause was kept.
+    AlreadyPaused,
+    /// The namespace's intake was resumed.
+    IntakeResumed,
+    /// The namespace's intake was not paused.
+    NotPaused,
 }
 
 impl Notice {
     /// Every notice, for parsing and tests.
-    pub const ALL: [Self; 5] =
-        [Self::CancelRequested, Self::CancelBeforeTakeIn, Self::AlreadyEnded, Self::DeadRequeued, Self::DeadPurged];
+    pub const ALL: [Self; 10] = [
+        Self::CancelRequested,
+        Self::CancelBeforeTakeIn,
+        Self::AlreadyEnded,
+        Self::DeadRequeued,
+        Self::DeadPurged,
+        Self::DeadPurgedMatching,
+        Self::IntakePaused,
+        Self::AlreadyPaused,
+        Self::IntakeResumed,
+        Self::NotPaused,
+    ];
 
     /// The code in the URL.
     pub fn code(self) -> &'static str {
@@ -353,6 +424,11 @@ impl Notice {
             Self::AlreadyEnded => "already-ended",
             Self::DeadRequeued => "dead-requeued",
             Self::DeadPurged => "dead-purged",
+            Self::DeadPurgedMatching => "dead-purged-matching",
+            Self::IntakePaused => "intake-paused",
+            Self::AlreadyPaused => "already-paused",
+            Self::IntakeResumed => "intake-resumed",
+            Self::NotPaused => "not-paused",
         }
     }
 
@@ -369,6 +445,13 @@ impl Notice {
             Self::AlreadyEnded => "This job had already ended; nothing was cancelled.",
             Self::DeadRequeued => "The dead-letter entry was put back on the submit stream.",
             Self::DeadPurged => "The dead-letter entry was deleted.",
+            Self::DeadPurgedMatching => "The matching dead-letter entries were deleted.",
+            Self::IntakePaused => {
+                "Intake paused: replicas stop reading the submit stream and finish the jobs they have."
+            }
+            Self::AlreadyPaused => "Intake was paused already; the first pause is kept.",
+            Self::IntakeResumed => "Intake resumed: replicas read the submit stream again.",
+            Self::NotPaused => "Intake was not paused; nothing changed.",
         }
     }
 }

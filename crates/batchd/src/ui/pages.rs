@@ -118,6 +118,33 @@ pub fn error_page(status: StatusCode, message: &str) -> Markup {
     }
 }
 
+/// Seconds between the "Redis unreachable" page's retries, whatever `--refresh-secs` says.
+pub const UNAVAILABLE_RETRY_SECS: u64 = 3;
+
+/// The page while Redis cannot be reached (503): what happened, and a retry every [`UNAVAILABLE_RETRY_SECS`] by
+/// the script, which loads the page the operator asked for as soon as it answers again.
+pub fn unavailable_page(message: &str) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                title { "batchd · Redis unreachable" }
+                link rel="stylesheet" href="/assets/ui.css";
+                script src="/assets/ui.js" defer {}
+            }
+            body data-unavailable="" data-refresh-secs=(UNAVAILABLE_RETRY_SECS) {
+                main #content {
+                    h1 #unavailable { "Redis unreachable" }
+                    p { "The dashboard is up, but the Redis it reads does not answer; this page tries again every "
+                        (UNAVAILABLE_RETRY_SECS) " s and shows the page as soon as Redis is back." }
+                    p #error.error { (shown(message, 2_000)) }
+                }
+            }
+        }
+    }
+}
+
 /// A hidden-field form that posts an action.
 fn action(frame: &Frame<'_>, path: &str, label: &str, id: &str, confirm: &str) -> Markup {
     let Some(token) = frame.token else { return html! {} };
