@@ -468,19 +468,30 @@ async fn redis_now(conn: &mut Conn) -> Result<u64, UiError> {
     Ok(crate::cli::pause::redis_now_ms(conn).await?)
 }
 
-async fn overview_value(ui: &Ui) -> Result<serde_json::Value, UiError> {
+/// The overview's parameters.
+#[derive(Debug, Deserialize)]
+struct OverviewQuery {
+    ns: Option<String>,
+    /// A [`Notice`] code.
+    notice: Option<String>,
+    /// The chart's [`data::Range`] (`1h`, `24h`, `8d`).
+    range: Option<String>,
+}
+
+async fn overview(
+    State(ui): State<Ui>,
+    Query(query): Query<OverviewQuery>,
+    request: Request,
+) -> Result<Response, UiError> {
+    let keys = ui.keys(query.ns.as_deref())?;
+    let range = data::Range::parse(query.range.as_deref());
     let mut conn = ui.conn();
     let now = redis_now(&mut conn).await?;
     let mut namespaces = Vec::new();
     for keys in ui.namespaces.iter() {
-        namespaces.push(data::overview(&mut conn, keys, now).await?);
+        namespaces.push(data::overview(&mut conn, keys, now, range).await?);
     }
-    Ok(serde_json::json!({"at": now, "namespaces": namespaces}))
-}
-
-async fn overview(State(ui): State<Ui>, Query(query): Query<NsQuery>, request: Request) -> Result<Response, UiError> {
-    let value = overview_value(&ui).await?;
-    let keys = ui.keys(query.ns.as_deref())?;
+    let value = serde_json::json!({"at": now, "namespaces": namespaces});
     Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, pages::overview))
 }
 

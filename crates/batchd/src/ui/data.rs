@@ -41,22 +41,79 @@ pub const STATUSES: [&str; 4] = {
     [a.as_str(), b.as_str(), c.as_str(), d.as_str()]
 };
 
+/// How far back the overview's chart of finished jobs reaches, and in what buckets: the last hour by minute (the
+/// per-minute counters, kept two hours), the last day or the last eight days by hour (the hourly counters, kept
+/// eight days).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Range {
+    /// 60 minutes, one bar a minute.
+    #[default]
+    Hour,
+    /// 24 hours, one bar an hour.
+    Day,
+    /// 8 days, one bar an hour.
+    EightDays,
+}
+
+impl Range {
+    /// Every range, in the order the switch shows them.
+    pub const ALL: [Self; 3] = [Self::Hour, Self::Day, Self::EightDays];
+
+    /// Its name in the URL (`?range=`) and on the switch.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Hour => "1h",
+            Self::Day => "24h",
+            Self::EightDays => "8d",
+        }
+    }
+
+    /// The range a `?range=` value names; the last hour for anything else.
+    pub fn parse(code: Option<&str>) -> Self {
+        Self::ALL.into_iter().find(|range| Some(range.code()) == code).unwrap_or_default()
+    }
+
+    /// The length of one bucket, ms.
+    pub fn bucket_ms(self) -> u64 {
+        match self {
+            Self::Hour => MINUTE_MS,
+            Self::Day | Self::EightDays => HOUR_MS,
+        }
+    }
+
+    /// How many buckets it shows.
+    pub fn buckets(self) -> usize {
+        match self {
+            Self::Hour => 60,
+            Self::Day => 24,
+            Self::EightDays => 8 * 24,
+        }
+    }
+}
+
+/// A minute and an hour, ms: the counters' buckets.
+const MINUTE_MS: u64 = 60_000;
+const HOUR_MS: u64 = 3_600_000;
+
 /// One namespace's overview: `stats --json`, `workers --json`, the chunk states of the work in flight (sampled),
-/// finished jobs per minute over the last hour by status, and tokens by model over the last hour and day.
-pub async fn overview(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<Value> {
+/// finished jobs by status over `range` (per minute or per hour), and tokens by model over the last hour and day.
+pub async fn overview(conn: &mut Conn, keys: &Keys, now: u64, range: Range) -> anyhow::Result<Value> {
     let stats = crate::cli::inspect::stats_report(conn, keys, now).await?;
     let workers = workers::report(conn, keys).await?;
     let chunks = chunk_states(conn, keys).await?;
-    let (per_minute, tokens_hour) = minutes(conn, keys, now).await?;
-    let tokens_day = hours(conn, keys, now).await?;
+    let minutes = counters(conn, now, MINUTE_MS, 60, |minute| keys.stats_minute(minute)).await?;
+    // The day's tokens need the last 24 hours; eight days of bars, 192.
+    let n_hours = if range == Range::EightDays { range.buckets() } else { 24 };
+    let hours = counters(conn, now, HOUR_MS, n_hours, |hour| keys.stats_hour(hour)).await?;
+    let shown = if range == Range::Hour { &minutes[..] } else { &hours[hours.len() - range.buckets()..] };
     Ok(json!({
         "namespace": keys.namespace(),
         "at": now,
         "stats": stats,
         "workers": workers,
         "chunks": chunks,
-        "finished_per_minute": per_minute,
-        "tokens": {"last_hour": tokens_hour, "last_day": tokens_day},
+        "finished": {"range": range.code(), "bucket_ms": range.bucket_ms(), "buckets": finished(shown)},
+        "tokens": {"last_hour": tokens(&minutes), "last_day": tokens(&hours[hours.len() - 24..])},
     }))
 }
 
@@ -75,51 +132,52 @@ async fn chunk_states(conn: &mut Conn, keys: &Keys) -> anyhow::Result<Value> {
 /// Tokens by model and kind, summed over counters.
 type Tokens = BTreeMap<String, BTreeMap<String, u64>>;
 
-/// Adds one counter hash to the per-status counts and the token sums.
-fn add_counters(hash: &HashMap<String, u64>, statuses: &mut BTreeMap<String, u64>, tokens: &mut Tokens) {
-    for (name, n) in hash {
-        match StatField::parse(name) {
-            Some(StatField::Finished(status)) => *statuses.entry(status.to_owned()).or_default() += n,
-            Some(StatField::Tokens { kind, model }) => {
-                *tokens.entry(model.to_owned()).or_default().entry(kind.to_owned()).or_default() += n;
+/// One bucket's counters: its start (Unix ms) and its hash.
+type Bucket = (u64, HashMap<String, u64>);
+
+/// The counter hashes of the `n` buckets of `bucket_ms` up to the one holding `now` (the current one last), in one
+/// round trip; `key` names a bucket's hash from its number (Unix ms / `bucket_ms`).
+async fn counters(
+    conn: &mut Conn,
+    now: u64,
+    bucket_ms: u64,
+    n: usize,
+    key: impl Fn(u64) -> String,
+) -> anyhow::Result<Vec<Bucket>> {
+    let current = now / bucket_ms;
+    let numbers = current.saturating_sub(n as u64 - 1)..=current;
+    let hashes = inspect::counters(conn, numbers.clone().map(key)).await.context("read the finished-jobs counters")?;
+    Ok(numbers.map(|number| number * bucket_ms).zip(hashes).collect())
+}
+
+/// Finished jobs by status, one `{"at":<Unix ms>,"<status>":n,..}` per bucket (every status, 0 when none).
+fn finished(buckets: &[Bucket]) -> Vec<Value> {
+    buckets
+        .iter()
+        .map(|(at, hash)| {
+            let mut row = json!({"at": at});
+            for status in STATUSES {
+                row[status] = 0.into();
             }
-            None => {}
-        }
-    }
+            for (name, n) in hash {
+                if let Some(StatField::Finished(status)) = StatField::parse(name) {
+                    row[status] = (row[status].as_u64().unwrap_or(0) + n).into();
+                }
+            }
+            row
+        })
+        .collect()
 }
 
-/// The last 60 minutes' counters (the current minute last): one `{"minute":<Unix ms>,"<status>":n,..}` each, and
-/// the hour's tokens.
-async fn minutes(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<(Vec<Value>, Tokens)> {
-    let current = now / 60_000;
-    let first = current.saturating_sub(59);
-    let hashes = inspect::counters(conn, (first..=current).map(|minute| keys.stats_minute(minute)))
-        .await
-        .context("read the minute counters")?;
+/// Tokens by model and kind, summed over `buckets`.
+fn tokens(buckets: &[Bucket]) -> Tokens {
     let mut tokens = Tokens::new();
-    let mut per_minute = Vec::with_capacity(hashes.len());
-    for (minute, hash) in (first..=current).zip(&hashes) {
-        let mut statuses: BTreeMap<String, u64> = STATUSES.iter().map(|s| ((*s).to_owned(), 0)).collect();
-        add_counters(hash, &mut statuses, &mut tokens);
-        let mut row = json!({"minute": minute * 60_000});
-        for (status, n) in statuses {
-            row[status] = n.into();
+    for (name, n) in buckets.iter().flat_map(|(_, hash)| hash) {
+        if let Some(StatField::Tokens { kind, model }) = StatField::parse(name) {
+            *tokens.entry(model.to_owned()).or_default().entry(kind.to_owned()).or_default() += n;
         }
-        per_minute.push(row);
     }
-    Ok((per_minute, tokens))
-}
-
-/// Tokens of the last 24 hours (the current hour included).
-async fn hours(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<Tokens> {
-    let current = now / 3_600_000;
-    let hours = (current.saturating_sub(23)..=current).map(|hour| keys.stats_hour(hour));
-    let hashes = inspect::counters(conn, hours).await.context("read the hour counters")?;
-    let mut tokens = Tokens::new();
-    for hash in &hashes {
-        add_counters(hash, &mut BTreeMap::new(), &mut tokens);
-    }
-    Ok(tokens)
+    tokens
 }
 
 /// One page of jobs, as `batchd jobs --json` shapes it (with `next_cursor` while the walk goes on).

@@ -13,7 +13,7 @@ use maud::{DOCTYPE, Markup, html};
 use serde_json::Value;
 
 use super::Frame;
-use super::data::{RESPONSES_PAGE, STATUSES};
+use super::data::{RESPONSES_PAGE, Range, STATUSES};
 
 use crate::cli::{escape_for_terminal, format_age, format_utc};
 
@@ -145,31 +145,47 @@ pub fn unavailable_page(message: &str) -> Markup {
     }
 }
 
-/// A hidden-field form that posts an action.
+/// A form that posts an action on the page's namespace (nothing when actions are off).
 fn action(frame: &Frame<'_>, path: &str, label: &str, id: &str, confirm: &str) -> Markup {
+    action_form(frame, frame.namespace, path, label, id, confirm, html! {})
+}
+
+/// A form that posts an action on namespace `ns` with the session's token, its own `fields` (inputs) before the
+/// button; nothing when actions are off. With `confirm`, the script asks first.
+fn action_form(
+    frame: &Frame<'_>,
+    ns: &str,
+    path: &str,
+    label: &str,
+    id: &str,
+    confirm: &str,
+    fields: Markup,
+) -> Markup {
     let Some(token) = frame.token else { return html! {} };
     html! {
         form.action method="post" action=(path) data-confirm=(confirm) {
             input type="hidden" name="token" value=(token);
-            input type="hidden" name="ns" value=(frame.namespace);
+            input type="hidden" name="ns" value=(ns);
+            (fields)
             button id=(id) type="submit" { (label) }
         }
     }
 }
 
-/// The overview: every namespace's depths, chunk states, finished jobs per minute, consumers and tokens.
+/// The overview: every namespace's depths, chunk states, finished jobs over the chosen range, consumers and
+/// tokens; with actions, pause or resume per namespace.
 pub fn overview(frame: &Frame<'_>, value: &Value) -> Markup {
     let body = html! {
         h1 { "Overview" }
         @for ns in value["namespaces"].as_array().into_iter().flatten() {
-            (namespace_overview(ns))
+            (namespace_overview(frame, ns))
         }
         p.updated { "Redis time " (time(&value["at"])) }
     };
     layout(frame, "Overview", body)
 }
 
-fn namespace_overview(ns: &Value) -> Markup {
+fn namespace_overview(frame: &Frame<'_>, ns: &Value) -> Markup {
     let name = ns["namespace"].as_str().unwrap_or("");
     let stats = &ns["stats"];
     let workers = &ns["workers"];
@@ -178,8 +194,16 @@ fn namespace_overview(ns: &Value) -> Markup {
     html! {
         section.namespace id=(format!("ns-{name}")) {
             h2 { "Namespace " (name) }
-            @if !stats["paused"].is_null() {
-                p.warning.paused { "Intake paused by " (text(&stats["paused"]["by"])) " at " (time(&stats["paused"]["at"])) }
+            @if stats["paused"].is_null() {
+                (action_form(frame, name, "/pause", "Pause intake", &format!("pause-{name}"),
+                    &format!("Pause intake of namespace {name}? Replicas stop reading the submit stream and finish the jobs they have."),
+                    html! { input type="text" name="reason" placeholder="reason (optional)" size="24" maxlength="200"; }))
+            } @else {
+                p.warning.paused id=(format!("paused-{name}")) {
+                    "Intake paused by " (text(&stats["paused"]["by"])) " at " (time(&stats["paused"]["at"]))
+                    @if let Some(reason) = stats["paused"]["reason"].as_str() { ": " (shown(reason, 200)) }
+                }
+                (action_form(frame, name, "/resume", "Resume intake", &format!("resume-{name}"), "", html! {}))
             }
             div.cards {
                 (card("waiting", "Waiting", &stats["submit"]["waiting"], None))
@@ -204,8 +228,7 @@ fn namespace_overview(ns: &Value) -> Markup {
                 }
             }
             }
-            h3 { "Finished in the last hour" }
-            (finished(name, &ns["finished_per_minute"]))
+            (finished(frame, name, &ns["finished"]))
             h3 { "Replicas reading the submit stream" }
             @let consumers = workers["consumers"].as_array().cloned().unwrap_or_default();
             @if consumers.is_empty() {
@@ -239,41 +262,158 @@ fn card(id: &str, label: &str, value: &Value, href: Option<String>) -> Markup {
     }
 }
 
-/// Finished jobs per minute as stacked bars (inline SVG), with the hour's totals by status.
-fn finished(name: &str, minutes: &Value) -> Markup {
-    let minutes = minutes.as_array().cloned().unwrap_or_default();
+/// Finished jobs over the chosen range as stacked bars by status (inline SVG) with a time axis and a jobs axis,
+/// the range switch (1 h by minute, 24 h and 8 d by hour: links, so it works without the script), and the range's
+/// totals by status.
+fn finished(frame: &Frame<'_>, name: &str, finished: &Value) -> Markup {
+    let range = Range::parse(finished["range"].as_str());
+    let buckets = finished["buckets"].as_array().cloned().unwrap_or_default();
     let count = |row: &Value, status: &str| row[status].as_u64().unwrap_or(0);
-    let peak = minutes.iter().map(|row| STATUSES.iter().map(|s| count(row, s)).sum::<u64>()).max().unwrap_or(0).max(1);
-    let (width, height, bar) = (600.0, 80.0, 10.0);
+    let peak = buckets.iter().map(|row| STATUSES.iter().map(|s| count(row, s)).sum::<u64>()).max().unwrap_or(0);
+    let axis = Axis::new(range, peak, buckets.len());
+    let (left, right, top, bottom) = (Axis::LEFT, Axis::WIDTH - Axis::RIGHT, Axis::TOP, Axis::HEIGHT - Axis::BOTTOM);
+    let unit = if range == Range::Hour { "jobs/min" } else { "jobs/h" };
+    let title = match range {
+        Range::Hour => "Finished in the last hour",
+        Range::Day => "Finished in the last 24 hours",
+        Range::EightDays => "Finished in the last 8 days",
+    };
     html! {
+        h3 { (title) }
+        p.range id=(format!("range-{name}")) {
+            "show "
+            @for choice in Range::ALL {
+                @if choice == range {
+                    strong data-range=(choice.code()) { (choice.code()) }
+                } @else {
+                    a data-range=(choice.code()) href=(format!("/?ns={}&range={}#ns-{}", encode(frame.namespace), choice.code(), encode(name))) { (choice.code()) }
+                }
+                " "
+            }
+        }
         div.finished {
-            table.totals id=(format!("finished-{name}")) {
+            table.totals id=(format!("finished-{name}")) data-range=(range.code()) {
                 tr {
                     @for status in STATUSES {
                         td class=(format!("status-{status}")) {
                             span.label { (status) } " "
-                            span.value data-status=(status) { (minutes.iter().map(|row| count(row, status)).sum::<u64>()) }
+                            span.value data-status=(status) { (buckets.iter().map(|row| count(row, status)).sum::<u64>()) }
                         }
                     }
                 }
             }
-            svg.chart viewBox=(format!("0 0 {width} {height}")) width="100%" height="80" role="img" {
-                title { "Jobs finished per minute, last 60 minutes (peak " (peak) ")" }
-                @for (i, row) in minutes.iter().enumerate() {
-                    @let mut y = height;
+            svg.chart id=(format!("chart-{name}")) data-range=(range.code()) viewBox=(format!("0 0 {} {}", Axis::WIDTH, Axis::HEIGHT)) width="100%" role="img" {
+                title { (title) ", " (unit) " by status (peak " (peak) ")" }
+                // The jobs axis: a line at 0, half and the top of the scale, each labelled.
+                @for tick in axis.y_ticks() {
+                    @let y = axis.y(tick);
+                    line.grid x1=(left) x2=(right) y1=(format!("{y:.1}")) y2=(format!("{y:.1}")) {}
+                    text.tick.y-tick x=(left - 4.0) y=(format!("{:.1}", y + 3.5)) text-anchor="end" { (tick) }
+                }
+                text.axis-title.y-title x="10" y=(format!("{:.1}", (top + bottom) / 2.0)) text-anchor="middle" transform=(format!("rotate(-90 10 {:.1})", (top + bottom) / 2.0)) { (unit) }
+                @for (i, row) in buckets.iter().enumerate() {
+                    @let mut y = bottom;
+                    @let at = row["at"].as_u64().unwrap_or(0);
                     @for status in STATUSES {
                         @let n = count(row, status);
                         @if n > 0 {
-                            @let h = n as f64 / peak as f64 * (height - 2.0);
-                            @let top = { y -= h; y };
-                            rect class=(format!("status-{status}")) x=(i as f64 * bar) y=(format!("{top:.1}")) width=(bar - 1.0) height=(format!("{h:.1}")) {
-                                title { (format_utc(row["minute"].as_u64().unwrap_or(0))) ": " (n) " " (status) }
+                            @let h = bottom - axis.y(n);
+                            @let top_of_bar = { y -= h; y };
+                            rect class=(format!("status-{status}")) x=(format!("{:.2}", axis.x(i))) y=(format!("{top_of_bar:.1}")) width=(format!("{:.2}", (axis.bar() - 0.6).max(0.6))) height=(format!("{h:.1}")) {
+                                title { (format_utc(at)) ": " (n) " " (status) }
                             }
                         }
                     }
+                    // The time axis: a tick and a label at each round time (every 15 minutes, 6 hours or day).
+                    @if at % axis.label_every_ms == 0 {
+                        line.axis x1=(format!("{:.2}", axis.x(i))) x2=(format!("{:.2}", axis.x(i))) y1=(bottom) y2=(bottom + 4.0) {}
+                        text.tick.x-tick x=(format!("{:.2}", axis.x(i))) y=(bottom + 15.0) text-anchor="middle" { (axis.label(at)) }
+                    }
                 }
+                line.axis x1=(left) x2=(right) y1=(bottom) y2=(bottom) {}
+                line.axis x1=(left) x2=(left) y1=(top) y2=(bottom) {}
+                text.axis-title.x-title x=(right) y=(Axis::HEIGHT - 1.0) text-anchor="end" { "time (UTC)" }
             }
         }
+    }
+}
+
+/// The chart's geometry and scales: bars left to right, one per bucket; the jobs scale rounded up to a round
+/// number so its labels are whole.
+#[derive(Debug, Clone, Copy)]
+struct Axis {
+    /// The top of the jobs scale (1, 2 or 5 times a power of ten, at least the peak).
+    scale: u64,
+    /// How many bars.
+    n: usize,
+    /// A time label at each multiple of this (ms).
+    label_every_ms: u64,
+    /// How the labels read: `HH:MM`, or `MM-DD` for days.
+    days: bool,
+}
+
+impl Axis {
+    /// The SVG's size and the plot's margins (room for the labels).
+    const WIDTH: f64 = 640.0;
+    const HEIGHT: f64 = 150.0;
+    const LEFT: f64 = 44.0;
+    const RIGHT: f64 = 8.0;
+    const TOP: f64 = 8.0;
+    const BOTTOM: f64 = 30.0;
+
+    fn new(range: Range, peak: u64, n: usize) -> Self {
+        let label_every_ms = match range {
+            Range::Hour => 15 * 60_000,
+            Range::Day => 6 * 3_600_000,
+            Range::EightDays => 24 * 3_600_000,
+        };
+        Self { scale: round_up(peak), n: n.max(1), label_every_ms, days: range == Range::EightDays }
+    }
+
+    /// Width of one bar's slot.
+    fn bar(&self) -> f64 {
+        (Self::WIDTH - Self::LEFT - Self::RIGHT) / self.n as f64
+    }
+
+    /// Left edge of bar `i`.
+    fn x(&self, i: usize) -> f64 {
+        Self::LEFT + i as f64 * self.bar()
+    }
+
+    /// Height on the plot of `n` jobs.
+    fn y(&self, n: u64) -> f64 {
+        let bottom = Self::HEIGHT - Self::BOTTOM;
+        bottom - n as f64 / self.scale as f64 * (bottom - Self::TOP)
+    }
+
+    /// The labelled values of the jobs axis: 0, the half when whole, the top.
+    fn y_ticks(&self) -> Vec<u64> {
+        let mut ticks = vec![0];
+        if self.scale % 2 == 0 {
+            ticks.push(self.scale / 2);
+        }
+        ticks.push(self.scale);
+        ticks
+    }
+
+    /// A time label: `HH:MM` (UTC), or `MM-DD` on the 8-day chart.
+    fn label(&self, at: u64) -> String {
+        let utc = format_utc(at); // 2025-11-22T08:15:00.000Z
+        if self.days { utc.get(5..10) } else { utc.get(11..16) }.unwrap_or("").to_owned()
+    }
+}
+
+/// The smallest of 1, 2 and 5 times a power of ten that is at least `n` (1 for 0).
+fn round_up(n: u64) -> u64 {
+    let mut power = 1u64;
+    loop {
+        for step in [1u64, 2, 5] {
+            let candidate = step.saturating_mul(power);
+            if candidate >= n {
+                return candidate;
+            }
+        }
+        power = power.saturating_mul(10);
     }
 }
 
