@@ -592,10 +592,38 @@ async fn job(
     Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, pages::job))
 }
 
-async fn dead_list(State(ui): State<Ui>, Query(query): Query<NsQuery>, request: Request) -> Result<Response, UiError> {
+/// The dead-letter list's filter, as query parameters.
+#[derive(Debug, Deserialize)]
+struct DeadQuery {
+    ns: Option<String>,
+    /// A [`Notice`] code.
+    notice: Option<String>,
+    /// Text the entry's error contains (any case).
+    error: Option<String>,
+    /// Dead before this time: an age (`30m`, `2h`, `1d`) or a time, read as `batchd retry --since` reads it.
+    before: Option<String>,
+}
+
+async fn dead_list(State(ui): State<Ui>, Query(query): Query<DeadQuery>, request: Request) -> Result<Response, UiError> {
     let keys = ui.keys(query.ns.as_deref())?;
-    let value = data::dead_list(&mut ui.conn(), &keys).await?;
-    Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, pages::dead_list))
+    let mut conn = ui.conn();
+    let before = match nonempty(&query.before) {
+        Some(before) => Some(
+            crate::cli::retry::parse_time(before)
+                .map_err(|e| UiError::BadRequest(format!("dead before {before:?}: {e}")))?
+                .resolve(redis_now(&mut conn).await?),
+        ),
+        None => None,
+    };
+    let filter = data::DeadFilter { error: nonempty(&query.error).map(str::to_lowercase), before };
+    let value = data::dead_list(&mut conn, &keys, &filter).await?;
+    let filters = pages::DeadFilters {
+        error: query.error.as_deref().unwrap_or(""),
+        before: query.before.as_deref().unwrap_or(""),
+    };
+    Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, |frame, value| {
+        pages::dead_list(frame, &filters, value)
+    }))
 }
 
 async fn dead_entry(

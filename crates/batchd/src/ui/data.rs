@@ -273,11 +273,48 @@ async fn result_entry(
     Ok(Some(entry))
 }
 
-/// Dead-letter entries, newest first, as `batchd dead list --json` shapes them, with the stream's length.
-pub async fn dead_list(conn: &mut Conn, keys: &Keys) -> anyhow::Result<Value> {
+/// Which of the newest [`DEAD_LIST_LIMIT`] dead letters the list shows (all when empty).
+#[derive(Debug, Clone, Default)]
+pub struct DeadFilter {
+    /// Text the entry's error contains, lowercase (matched in any case).
+    pub error: Option<String>,
+    /// Dead at or before this time, Unix ms.
+    pub before: Option<u64>,
+}
+
+impl DeadFilter {
+    /// Whether the filter narrows anything.
+    pub fn is_empty(&self) -> bool {
+        self.error.is_none() && self.before.is_none()
+    }
+
+    /// Whether an entry as `dead list --json` shapes it matches.
+    fn matches(&self, entry: &Value) -> bool {
+        let error_matches = self.error.as_ref().is_none_or(|wanted| {
+            entry["error"].as_str().is_some_and(|error| error.to_lowercase().contains(wanted.as_str()))
+        });
+        let age_matches =
+            self.before.is_none_or(|before| entry["dead_at"].as_u64().is_some_and(|dead_at| dead_at <= before));
+        error_matches && age_matches
+    }
+}
+
+/// The newest [`DEAD_LIST_LIMIT`] dead-letter entries that `filter` matches, newest first, as `batchd dead list
+/// --json` shapes them, with the stream's length: `{"namespace":..,"total":N,"scanned":N,"filtered":bool,
+/// "entries":[..]}`. The filter looks at the newest [`DEAD_LIST_LIMIT`] entries only (`scanned`), so a purge of
+/// what matches deletes at most that many at a time.
+pub async fn dead_list(conn: &mut Conn, keys: &Keys, filter: &DeadFilter) -> anyhow::Result<Value> {
     let entries = dead::list_json(conn, keys, DEAD_LIST_LIMIT).await?;
+    let scanned = entries.len();
+    let entries: Vec<Value> = entries.into_iter().filter(|entry| filter.matches(entry)).collect();
     let total = inspect::stream_len(conn, &keys.dead()).await.context("count dead letters")?;
-    Ok(json!({"namespace": keys.namespace(), "total": total, "entries": entries}))
+    Ok(json!({
+        "namespace": keys.namespace(),
+        "total": total,
+        "scanned": scanned,
+        "filtered": !filter.is_empty(),
+        "entries": entries,
+    }))
 }
 
 /// One dead-letter entry, as `batchd dead show --json` shapes it.

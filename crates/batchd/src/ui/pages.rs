@@ -636,12 +636,45 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
     layout(frame, &format!("job {}", shown(id, 60)), body)
 }
 
-/// The dead-letter stream, newest first.
-pub fn dead_list(frame: &Frame<'_>, value: &Value) -> Markup {
+/// The dead-letter list's current filter, to fill the form again.
+#[derive(Debug)]
+pub struct DeadFilters<'a> {
+    /// Text the error contains, or empty.
+    pub error: &'a str,
+    /// Dead before (an age or a time), or empty.
+    pub before: &'a str,
+}
+
+/// The dead-letter stream, newest first, with a filter (error text, age) and, with actions, a purge of exactly the
+/// entries the filter matched (the page's list: what the operator saw is what is deleted).
+pub fn dead_list(frame: &Frame<'_>, filters: &DeadFilters<'_>, value: &Value) -> Markup {
     let entries = value["entries"].as_array().cloned().unwrap_or_default();
+    let ids: Vec<&str> = entries.iter().filter_map(|entry| entry["entry_id"].as_str()).collect();
+    let filtered = value["filtered"] == true;
     let body = html! {
         h1 { "Dead letters" }
-        p.note #dead-note { (entries.len()) " of " (text(&value["total"])) " entries shown, newest first." }
+        p.note {
+            "Entries that could not be read as a job (no job field, bad JSON, too large, too many delivery attempts). "
+            "Jobs that ran and ended without completing are on the " a href=(link(frame, "/failed")) { "failed jobs" } " page."
+        }
+        form #dead-filters.filters method="get" action="/dead" {
+            input type="hidden" name="ns" value=(frame.namespace);
+            label { "error contains " input type="text" name="error" value=(filters.error) placeholder="delivery attempts"; }
+            label { "dead before " input type="text" name="before" value=(filters.before) placeholder="1d" size="10"; }
+            button type="submit" { "Filter" }
+        }
+        p.note #dead-note {
+            @if filtered {
+                span #dead-matching { (entries.len()) } " of the newest " (text(&value["scanned"])) " entries match (" (text(&value["total"])) " in all), newest first."
+            } @else {
+                (entries.len()) " of " (text(&value["total"])) " entries shown, newest first."
+            }
+        }
+        @if filtered && !ids.is_empty() {
+            (action_form(frame, frame.namespace, "/dead/purge", &format!("Purge these {} entries", ids.len()), "purge-matching",
+                &format!("Delete the {} dead-letter entries listed, for good?", ids.len()),
+                html! { input type="hidden" name="entries" value=(ids.join(",")); }))
+        }
         table #dead.dead {
             thead { tr { th { "entry" } th { "dead at" } th { "source" } th { "error" } th { "fields" } @if frame.token.is_some() { th { "actions" } } } }
             tbody {
