@@ -96,6 +96,54 @@ impl ChunkMetadata {
     }
 }
 
+/// A chunk's state and its remote batch's status as they are true now, for people (the dashboard's job page,
+/// `batchd status`): the ledger keeps the last values a step wrote, so once the job has ended a chunk can still
+/// say `submitting` (the job failed or was cancelled before its submit finished) and a `done` chunk still holds
+/// the last status a pending poll saw (`running`). [`ChunkMetadata::status`] says what they mean at the end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkStatus {
+    /// `pending`, `submitting`, `polling`, `done` or `failed` while they hold; `abandoned (<state> when the job
+    /// ended <job state>)` for a chunk still open when its job ended.
+    pub state: String,
+    /// The remote batch: the status a poll saw while the chunk is followed; `finished, results read` once done;
+    /// `never submitted`; or what is known once the job ended without it.
+    pub remote: String,
+}
+
+impl ChunkMetadata {
+    /// The chunk's state and remote status as they are true now, given its job's state (see [`ChunkStatus`]).
+    pub fn status(&self, job: Option<JobState>) -> ChunkStatus {
+        let stored = self.get(field::CHUNK_STATE).unwrap_or("-");
+        let last_seen = self.get(field::CHUNK_REMOTE_STATUS);
+        let submitted = self.get(field::CHUNK_REQUEST_ID).is_some() || self.get(field::CHUNK_REMOTE).is_some();
+        let ended = job.filter(|job| job.is_terminal());
+        let (state, remote) = match (self.state(), ended) {
+            (Some(ChunkState::Done), _) => (stored.to_owned(), "finished, results read".to_owned()),
+            (Some(ChunkState::Failed), _) if !submitted => (stored.to_owned(), "never submitted".to_owned()),
+            (Some(ChunkState::Failed), _) => {
+                (stored.to_owned(), last_seen.map_or_else(|| "unknown".to_owned(), |seen| format!("last seen {seen}")))
+            }
+            (Some(open), Some(job)) => {
+                let remote = match (open, submitted) {
+                    (ChunkState::Submitting, false) => "unknown: a submit was in flight when the job ended".to_owned(),
+                    (_, false) => "never submitted".to_owned(),
+                    (_, true) => format!("no longer followed (last seen {})", last_seen.unwrap_or("nothing yet")),
+                };
+                (format!("abandoned ({stored} when the job ended {job})"), remote)
+            }
+            (_, _) => {
+                let remote = match (last_seen, submitted) {
+                    (Some(seen), _) => seen.to_owned(),
+                    (None, true) => "submitted, not polled yet".to_owned(),
+                    (None, false) => "-".to_owned(),
+                };
+                (stored.to_owned(), remote)
+            }
+        };
+        ChunkStatus { state, remote }
+    }
+}
+
 impl LedgerView {
     /// Reads job `job_id`'s ledger: the size of its `metadata` (`HSTRLEN`) and one `HMGET` of the header (with
     /// the metadata when it is small), then one `HMGET` per [`CHUNKS_PER_READ`] chunks of their metadata. `None`
@@ -230,6 +278,41 @@ pub async fn chunk_requests(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn chunk(fields: &[(&'static str, &str)]) -> ChunkMetadata {
+        ChunkMetadata { fields: fields.iter().map(|(name, value)| (*name, (*value).to_owned())).collect() }
+    }
+
+    #[test]
+    fn a_chunk_says_what_is_true_once_its_job_has_ended() {
+        let status = |fields: &[(&'static str, &str)], job| {
+            let ChunkStatus { state, remote } = chunk(fields).status(job);
+            (state, remote)
+        };
+        let (running, failed, cancelled) = (Some(JobState::Running), Some(JobState::Failed), Some(JobState::Cancelled));
+        let polling = [("state", "polling"), ("request_id", "r-1"), ("remote_status", "running")];
+        assert_eq!(status(&polling, running), ("polling".into(), "running".into()), "while it runs, as stored");
+        let done = [("state", "done"), ("request_id", "r-1"), ("remote_status", "running")];
+        assert_eq!(status(&done, Some(JobState::Completed)), ("done".into(), "finished, results read".into()));
+        assert_eq!(
+            status(&[("state", "submitting")], failed),
+            (
+                "abandoned (submitting when the job ended failed)".into(),
+                "unknown: a submit was in flight when the job ended".into()
+            )
+        );
+        assert_eq!(
+            status(&polling, cancelled),
+            (
+                "abandoned (polling when the job ended cancelled)".into(),
+                "no longer followed (last seen running)".into()
+            )
+        );
+        assert_eq!(status(&[("state", "pending")], cancelled).1, "never submitted");
+        assert_eq!(status(&[("state", "failed")], failed), ("failed".into(), "never submitted".into()));
+        assert_eq!(status(&[("state", "submitting")], running), ("submitting".into(), "-".into()));
+        assert_eq!(status(&[("state", "polling"), ("request_id", "r")], running).1, "submitted, not polled yet");
+    }
 
     #[test]
     fn items_and_placements_parse_once_here() {

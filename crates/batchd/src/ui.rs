@@ -573,6 +573,10 @@ struct JobQuery {
     ns: Option<String>,
     /// The page of responses (from 0).
     page: Option<usize>,
+    /// The chunk whose request items are shown (from 0).
+    chunk: Option<usize>,
+    /// The page of that chunk's request items (from 0).
+    items_page: Option<usize>,
     /// A [`Notice`] code.
     notice: Option<String>,
 }
@@ -587,7 +591,12 @@ async fn job(
     let job_id = crate::cli::parse_job_id(&id).map_err(|e| UiError::BadRequest(format!("{e:#}")))?;
     let mut conn = ui.conn();
     let now = redis_now(&mut conn).await?;
-    let mut value = data::job(&mut conn, &keys, &job_id, query.page.unwrap_or(0)).await?;
+    let pages = data::JobPages {
+        responses: query.page.unwrap_or(0),
+        chunk: query.chunk.unwrap_or(0),
+        items: query.items_page.unwrap_or(0),
+    };
+    let mut value = data::job(&mut conn, &keys, &job_id, pages).await?;
     value["at"] = now.into();
     Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, pages::job))
 }
@@ -604,7 +613,11 @@ struct DeadQuery {
     before: Option<String>,
 }
 
-async fn dead_list(State(ui): State<Ui>, Query(query): Query<DeadQuery>, request: Request) -> Result<Response, UiError> {
+async fn dead_list(
+    State(ui): State<Ui>,
+    Query(query): Query<DeadQuery>,
+    request: Request,
+) -> Result<Response, UiError> {
     let keys = ui.keys(query.ns.as_deref())?;
     let mut conn = ui.conn();
     let before = match nonempty(&query.before) {

@@ -15,6 +15,7 @@ use batchd_core::stats::StatField;
 use batchd_core::{JobId, Keys, ResultStatus};
 use batchd_queue::Conn;
 use batchd_queue::inspect;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::cli::inspect::{JobFilter, JobsPage};
@@ -185,13 +186,39 @@ pub async fn jobs(conn: &mut Conn, keys: &Keys, filter: &JobFilter, cursor: u64)
     crate::cli::inspect::jobs_page(conn, keys, filter, cursor, JOBS_PAGE_SIZE, JOBS_PAGE_SCAN).await
 }
 
-/// A job for its page: `{"job": <status --json>, "result": <the result entry, responses paged> | null,
-/// "responses_page": {"page":..,"pages":..,"total":..}}`. The ledger is read without its payloads
-/// ([`batchd_queue::LedgerView`]); the result entry is read from Redis once per process and paged from memory
-/// ([`ResultCache`]), so 40 open tabs of one big job cost Redis one read of it, not 40.
-pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> anyhow::Result<Value> {
+/// What a job's page asks for besides the job: a page of its responses, and a chunk and page of its request
+/// items.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct JobPages {
+    /// The page of the result's responses (from 0).
+    pub responses: usize,
+    /// The chunk whose request items are shown.
+    pub chunk: usize,
+    /// The page of that chunk's items (from 0).
+    pub items: usize,
+}
+
+/// A job for its page: `{"job": <status --json>, "chunks": [{"index":..,"state":..,"remote":..}], "requests":
+/// <a page of request items>, "result": <the result entry, responses paged> | null, "responses_page":
+/// {"page":..,"pages":..,"total":..}}`. The ledger is read without its payloads ([`batchd_queue::LedgerView`]);
+/// `chunks` says what each chunk's state and remote status mean now ([`batchd_queue::ledger_view::ChunkStatus`]);
+/// the request items are read one chunk per page view ([`request_items`]); the result entry is read from Redis once
+/// per process and paged from memory ([`ResultCache`]), so 40 open tabs of one big job cost Redis one read of it,
+/// not 40.
+pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, pages: JobPages) -> anyhow::Result<Value> {
     let view = cli::read_ledger(conn, keys, job_id).await?;
     let status = cli::status_json(&view);
+    let job_state = view.state();
+    let chunks: Vec<Value> = view
+        .chunks
+        .iter()
+        .enumerate()
+        .map(|(index, chunk)| {
+            let status = chunk.status(job_state);
+            json!({"index": index, "state": status.state, "remote": status.remote})
+        })
+        .collect();
+    let requests = request_items(conn, keys, &view, pages.chunk, pages.items).await?;
     let mut result = Value::Null;
     let mut paging = json!({"page": 0, "pages": 0, "total": 0});
     let entry_id = view.get(field::RESULT_ENTRY);
@@ -202,21 +229,74 @@ pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> a
                 result = entry.head.clone();
                 result["entry_id"] = entry_id.into();
                 if let Some(responses) = &entry.responses {
-                    let total = responses.len();
-                    let pages = total.div_ceil(RESPONSES_PAGE);
-                    let page = page.min(pages.saturating_sub(1));
-                    let start = page * RESPONSES_PAGE;
+                    let (page, pages, start) = page_of(responses.len(), pages.responses, RESPONSES_PAGE);
                     let shown: Vec<Value> = responses.iter().skip(start).take(RESPONSES_PAGE).cloned().collect();
                     if let Some(output) = result.get_mut("result").and_then(Value::as_object_mut) {
                         output.insert("responses".into(), shown.into());
                     }
-                    paging = json!({"page": page, "pages": pages, "total": total, "first_index": start});
+                    paging = json!({"page": page, "pages": pages, "total": responses.len(), "first_index": start});
                 }
             }
             None => result = json!({"entry_id": entry_id, "trimmed": true}),
         }
     }
-    Ok(json!({"job": status, "result": result, "responses_page": paging}))
+    Ok(json!({"job": status, "chunks": chunks, "requests": requests, "result": result, "responses_page": paging}))
+}
+
+/// Page `page` of `total` things shown `per_page` at a time, clamped to the last page: `(page, pages, first)`.
+fn page_of(total: usize, page: usize, per_page: usize) -> (usize, usize, usize) {
+    let pages = total.div_ceil(per_page);
+    let page = page.min(pages.saturating_sub(1));
+    (page, pages, page * per_page)
+}
+
+/// Request items shown per page.
+pub const ITEMS_PAGE: usize = 50;
+
+/// Page `page` of chunk `chunk`'s request items, each with its index in the job: `{"chunk":..,"chunks":..,
+/// "stored":bool,"page":..,"pages":..,"total":..,"items":[{"index":..,"item":..}]}`. Read with the bounded
+/// reader, one chunk per page view ([`batchd_queue::ledger_view::chunk_requests`]): what one view copies out of
+/// Redis is one chunk's items, which the daemon's chunking keeps under the provider's payload limit. A completed
+/// job's items are gone (`stored: false`): its ledger keeps only its timeline.
+async fn request_items(
+    conn: &mut Conn,
+    keys: &Keys,
+    view: &batchd_queue::LedgerView,
+    chunk: usize,
+    page: usize,
+) -> anyhow::Result<Value> {
+    let n_chunks = view.chunks.len();
+    let chunk = chunk.min(n_chunks.saturating_sub(1));
+    let missing = json!({"chunk": chunk, "chunks": n_chunks, "stored": false, "items": []});
+    let Some(placement) = view.chunks.get(chunk).and_then(|metadata| metadata.placement()) else {
+        return Ok(missing);
+    };
+    let stored = batchd_queue::ledger_view::chunk_requests(conn, keys, &view.job_id, chunk as u32)
+        .await
+        .with_context(|| format!("read the request items of chunk {chunk}"))?;
+    let Some(items) = stored.and_then(|text| serde_json::from_str::<Vec<Box<RawValue>>>(&text).ok()) else {
+        return Ok(missing);
+    };
+    let (page, pages, first) = page_of(items.len(), page, ITEMS_PAGE);
+    let shown: Vec<Value> = items
+        .iter()
+        .enumerate()
+        .skip(first)
+        .take(ITEMS_PAGE)
+        .map(|(local, item)| {
+            let item: Value = serde_json::from_str(item.get()).unwrap_or(Value::Null);
+            json!({"index": placement.job_index(local), "item": item})
+        })
+        .collect();
+    Ok(json!({
+        "chunk": chunk,
+        "chunks": n_chunks,
+        "stored": true,
+        "page": page,
+        "pages": pages,
+        "total": items.len(),
+        "items": shown,
+    }))
 }
 
 /// A result entry as the job page shows it: its fields as `result --json` shapes them, with the responses kept

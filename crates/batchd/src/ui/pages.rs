@@ -13,7 +13,7 @@ use maud::{DOCTYPE, Markup, html};
 use serde_json::Value;
 
 use super::Frame;
-use super::data::{RESPONSES_PAGE, Range, STATUSES};
+use super::data::{ITEMS_PAGE, RESPONSES_PAGE, Range, STATUSES};
 
 use crate::cli::{escape_for_terminal, format_age, format_utc};
 
@@ -518,16 +518,17 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
     let id = job["job_id"].as_str().unwrap_or("");
     let state = job[field::STATE].as_str().unwrap_or("");
     let terminal = state.parse::<batchd_core::JobState>().is_ok_and(batchd_core::JobState::is_terminal);
-    let n_chunks = job[field::N_CHUNKS].as_str().and_then(|n| n.parse::<u32>().ok()).unwrap_or(0);
+    // `status --json` gives a number as text or as a number: either reads.
+    let number = |value: &Value| value.as_u64().or_else(|| value.as_str().and_then(|n| n.parse::<u64>().ok()));
+    let n_chunks = number(&job[field::N_CHUNKS]).and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
     let chunk = |index: u32, name: &str| &job[field::chunk(index, name)];
-    let number = |value: &Value| value.as_str().and_then(|n| n.parse::<u64>().ok());
     let mut timeline: Vec<(u64, String)> = Vec::new();
     if let Some(at) = number(&job[field::ACCEPTED_AT]) {
         timeline.push((at, "accepted".to_owned()));
     }
     for index in 0..n_chunks {
         if let Some(at) = number(chunk(index, field::CHUNK_SUBMITTED_AT)) {
-            let polls = chunk(index, field::CHUNK_N_POLLS).as_str().unwrap_or("0");
+            let polls = number(chunk(index, field::CHUNK_N_POLLS)).unwrap_or(0);
             timeline.push((
                 at,
                 format!(
@@ -563,9 +564,7 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
                 tr { th { "finished" } td { (time(&number(&job[field::FINISHED_AT]).into())) } }
             }
             tr { th { "results to" } td { (text(&job[field::REPLY_TO])) } }
-            @if !job[field::ERROR].is_null() {
-                tr { th { "error" } td #job-error.error { (text(&job[field::ERROR]["code"])) ": " (text(&job[field::ERROR]["message"])) } }
-            }
+            tr { th { "metadata" } td { (metadata(job)) } }
             @if !job[field::POSSIBLE_DUPLICATE_SUBMITS].is_null() {
                 tr { th { "resubmits" } td { (text(&job[field::POSSIBLE_DUPLICATE_SUBMITS])) } }
             }
@@ -577,10 +576,11 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
                 @for index in 0..n_chunks {
                     tr {
                         td.num { (index) }
-                        td { (text(chunk(index, field::CHUNK_STATE))) }
+                        @let status = &value["chunks"][index as usize];
+                        td.chunk-state { (text(&status["state"])) }
                         td { (text(chunk(index, field::CHUNK_ITEMS))) }
                         td.mono { (text(chunk(index, field::CHUNK_REQUEST_ID))) }
-                        td { (text(chunk(index, field::CHUNK_REMOTE_STATUS))) }
+                        td.chunk-remote { (text(&status["remote"])) }
                         td.num { (text(chunk(index, field::CHUNK_N_POLLS))) }
                         td.num { (text(chunk(index, field::CHUNK_ATTEMPTS))) }
                         td { (time(&number(chunk(index, field::CHUNK_SUBMITTED_AT)).into())) }
@@ -589,6 +589,12 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
                 }
             }
         }
+        @if !job[field::ERROR].is_null() {
+            h2 { "Error" }
+            (error_fields(&job[field::ERROR]))
+        }
+        h2 { "Request items" }
+        (request_items(frame, id, &value["requests"]))
         h2 { "Timeline" }
         ol #timeline.timeline {
             @for (at, what) in &timeline { li { span.time { (format_utc(*at)) } " " (what) } }
@@ -634,6 +640,74 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
         }
     };
     layout(frame, &format!("job {}", shown(id, 60)), body)
+}
+
+/// An error (a job's, a result's) field by field: `code`, `message`, the provider's code and HTTP status, and any
+/// other field it carries; a value that is not an object is its message.
+fn error_fields(error: &Value) -> Markup {
+    let fields: Vec<(String, &Value)> = match error.as_object() {
+        Some(object) => object.iter().map(|(name, value)| (name.clone(), value)).collect(),
+        None => vec![("message".to_owned(), error)],
+    };
+    html! {
+        table.summary.error-fields #job-error {
+            @for (name, value) in &fields {
+                tr data-field=(shown(name, 40)) { th { (shown(name, 40)) } td.error { (text(value)) } }
+            }
+        }
+    }
+}
+
+/// A job's metadata as the producer gave it (JSON, cut for the page), or its size when the view left it out.
+fn metadata(job: &Value) -> Markup {
+    html! {
+        @if let Some(bytes) = job["metadata_bytes"].as_u64() {
+            span.note { (bytes) " bytes, too large to show here (the JSON twin leaves it out too)" }
+        } @else if job[field::METADATA].is_null() {
+            "-"
+        } @else {
+            pre.field #job-metadata { (shown(&serde_json::to_string_pretty(&job[field::METADATA]).unwrap_or_default(), 4_000)) }
+        }
+    }
+}
+
+/// One page of a chunk's request items, with links to the chunk's other pages and to the other chunks.
+fn request_items(frame: &Frame<'_>, id: &str, requests: &Value) -> Markup {
+    let chunk = requests["chunk"].as_u64().unwrap_or(0);
+    let chunks = requests["chunks"].as_u64().unwrap_or(0);
+    let page = requests["page"].as_u64().unwrap_or(0);
+    let pages = requests["pages"].as_u64().unwrap_or(0);
+    let href =
+        |chunk: u64, page: u64| link(frame, &format!("/jobs/{}?chunk={chunk}&items_page={page}#items", encode(id)));
+    html! {
+        @if chunks > 1 {
+            p.pager #item-chunks {
+                "chunk "
+                @for other in 0..chunks.min(100) {
+                    @if other == chunk { strong { (other) } } @else { a href=(href(other, 0)) { (other) } }
+                    " "
+                }
+                @if chunks > 100 { "… (" (chunks) " chunks)" }
+            }
+        }
+        @if requests["stored"] != true {
+            p.note #no-items { "Not stored any more: a completed job's ledger keeps only its timeline (its responses are below)." }
+        } @else {
+            table #items.responses {
+                thead { tr { th { "#" } th { "request item" } } }
+                tbody {
+                    @for item in requests["items"].as_array().into_iter().flatten() {
+                        tr { td.num { (text(&item["index"])) } td.mono { (text(&item["item"])) } }
+                    }
+                }
+            }
+            p.pager {
+                @if page > 0 { a href=(href(chunk, page - 1)) { "← previous" } " " }
+                "chunk " (chunk) ": page " (page + 1) " of " (pages) " (" (text(&requests["total"])) " items, " (ITEMS_PAGE) " a page)"
+                @if page + 1 < pages { " " a #next-items href=(href(chunk, page + 1)) { "next →" } }
+            }
+        }
+    }
 }
 
 /// The dead-letter list's current filter, to fill the form again.
