@@ -44,3 +44,4 @@ mod topologies;
 mod transitions;
 mod ui_access;
 mod ui_browser;
+mod ui_operations;

@@ -6,7 +6,7 @@
 //! cancelled, and the effect is checked in Redis. With `--auth-token-file` the browser logs in with basic auth and
 //! the page refreshes itself as before.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use batchd_core::{JobId, ResultStatus};
 use batchd_emulator::EmulatorConfig;
@@ -17,19 +17,12 @@ use redis::AsyncCommands;
 const WAIT: Duration = Duration::from_secs(60);
 
 /// Polls `check` until it returns `Some`, failing with `what` after [`WAIT`].
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
+async fn wait_for<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let started = Instant::now();
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(started.elapsed() < WAIT, "timed out after {WAIT:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    batchd_tests::browser::wait_for(what, WAIT, check).await
 }
 
 /// Runs the `batchd` CLI with the world's settings and parses its JSON output.

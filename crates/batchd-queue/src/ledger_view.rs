@@ -102,8 +102,8 @@ impl ChunkMetadata {
 /// the last status a pending poll saw (`running`). [`ChunkMetadata::status`] says what they mean at the end.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChunkStatus {
-    /// `pending`, `submitting`, `polling`, `done` or `failed` while they hold; `abandoned (<state> when the job
-    /// ended <job state>)` for a chunk still open when its job ended.
+    /// `pending`, `submitting`, `polling`, `done` or `failed` while they hold; `<job state> with the job (was
+    /// <state>)` for a chunk still open when its job ended (it will not finish any more).
     pub state: String,
     /// The remote batch: the status a poll saw while the chunk is followed; `finished, results read` once done;
     /// `never submitted`; or what is known once the job ended without it.
@@ -125,11 +125,11 @@ impl ChunkMetadata {
             }
             (Some(open), Some(job)) => {
                 let remote = match (open, submitted) {
-                    (ChunkState::Submitting, false) => "unknown: a submit was in flight when the job ended".to_owned(),
+                    (ChunkState::Submitting, false) => "none recorded (the job ended during its submit)".to_owned(),
                     (_, false) => "never submitted".to_owned(),
                     (_, true) => format!("no longer followed (last seen {})", last_seen.unwrap_or("nothing yet")),
                 };
-                (format!("abandoned ({stored} when the job ended {job})"), remote)
+                (format!("{job} with the job (was {stored})"), remote)
             }
             (_, _) => {
                 let remote = match (last_seen, submitted) {
@@ -296,17 +296,11 @@ mod tests {
         assert_eq!(status(&done, Some(JobState::Completed)), ("done".into(), "finished, results read".into()));
         assert_eq!(
             status(&[("state", "submitting")], failed),
-            (
-                "abandoned (submitting when the job ended failed)".into(),
-                "unknown: a submit was in flight when the job ended".into()
-            )
+            ("failed with the job (was submitting)".into(), "none recorded (the job ended during its submit)".into())
         );
         assert_eq!(
             status(&polling, cancelled),
-            (
-                "abandoned (polling when the job ended cancelled)".into(),
-                "no longer followed (last seen running)".into()
-            )
+            ("cancelled with the job (was polling)".into(), "no longer followed (last seen running)".into())
         );
         assert_eq!(status(&[("state", "pending")], cancelled).1, "never submitted");
         assert_eq!(status(&[("state", "failed")], failed), ("failed".into(), "never submitted".into()));

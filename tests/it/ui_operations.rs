@@ -1,0 +1,256 @@
+//! The dashboard's operations of issue 25 in a real browser (headless Chromium through chromedriver), against a
+//! real `batchd ui` process, a real redis-server, a real daemon and the emulator: the throughput chart's axes and
+//! its 1 h / 24 h / 8 d switch over the per-minute and hourly counters; a job's page (metadata, request items a
+//! page at a time, the error field by field, chunk states true at the end); pausing and resuming intake and
+//! purging the dead letters a filter matched, each clicked and then checked in Redis; and the "Redis unreachable"
+//! page, which turns into the page asked for by itself when Redis returns.
+
+use std::time::Duration;
+
+use batchd_core::ResultStatus;
+use batchd_tests::browser::{Browser, Dashboard};
+use batchd_tests::{World, bge_m3_job};
+use fantoccini::Locator;
+use redis::AsyncCommands;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Polls `check` until it returns `Some`, failing with `what` after [`WAIT`].
+async fn wait_for<T, F, Fut>(what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    batchd_tests::browser::wait_for(what, WAIT, check).await
+}
+
+/// Redis's clock, Unix ms (the counters are keyed by it).
+async fn redis_now(world: &World) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut world.conn.clone()).await.expect("TIME");
+    secs * 1000 + micros / 1000
+}
+
+/// Adds `n` to the finished-jobs counter of `status` in hash `key`, as the daemon does after a publish.
+async fn count_finished(world: &World, key: &str, status: &str, n: u64) {
+    let _: () = world.conn.clone().hincr(key, batchd_core::stats::finished_field(status), n).await.expect("HINCRBY");
+}
+
+/// The texts of every element `css` of the current page.
+async fn texts(browser: &Browser, css: &str) -> Vec<String> {
+    let mut texts = Vec::new();
+    for element in browser.all(css).await.expect("elements") {
+        texts.push(element.text().await.expect("text"));
+    }
+    texts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_has_axes_and_switches_between_the_last_hour_day_and_eight_days() {
+    let world = World::new().await;
+    let now = redis_now(&world).await;
+    let (minute, hour) = (now / 60_000, now / 3_600_000);
+    // What the daemons' counters would hold: 3 completed two minutes ago; 4 completed five hours ago; 7 failed
+    // three days ago (only the hourly counters reach that far).
+    count_finished(&world, &world.keys.stats_minute(minute - 2), "completed", 3).await;
+    count_finished(&world, &world.keys.stats_hour(hour - 5), "completed", 4).await;
+    count_finished(&world, &world.keys.stats_hour(hour - 72), "failed", 7).await;
+
+    let dashboard = Dashboard::start(&world, &["--refresh-secs", "0"]).await.expect("batchd ui");
+    let browser = Browser::start().await.expect("browser");
+    let ns = world.keys.namespace().to_owned();
+    let total = |status: &'static str| {
+        let css = format!("#finished-{ns} [data-status={status}]");
+        let browser = &browser;
+        async move { browser.text(&css).await.expect("total") }
+    };
+
+    // The last hour, by minute: the jobs axis says jobs/min, the time axis has a label every 15 minutes.
+    browser.open(&dashboard.url(&format!("/?ns={ns}")), &format!("#chart-{ns}[data-range='1h']")).await.expect("1h");
+    assert_eq!((total("completed").await, total("failed").await), ("3".to_owned(), "0".to_owned()));
+    assert_eq!(browser.text(&format!("#chart-{ns} .y-title")).await.expect("unit"), "jobs/min");
+    assert_eq!(texts(&browser, &format!("#chart-{ns} .y-tick")).await, ["0", "5"], "0 to the round number above 3");
+    let minutes = texts(&browser, &format!("#chart-{ns} .x-tick")).await;
+    assert!((4..=5).contains(&minutes.len()), "a label every 15 minutes: {minutes:?}");
+    assert!(minutes.iter().all(|label| label.len() == 5 && label.ends_with(['0', '5'])), "HH:MM: {minutes:?}");
+    assert_eq!(browser.text(&format!("#chart-{ns} .x-title")).await.expect("time axis"), "time (UTC)");
+    assert_eq!(browser.all(&format!("#chart-{ns} rect.status-completed")).await.expect("bars").len(), 1);
+
+    // 24 hours, by hour: clicked on the switch.
+    browser.click(&format!("#range-{ns} a[data-range='24h']")).await.expect("24h");
+    browser.wait_for(&format!("#chart-{ns}[data-range='24h']")).await.expect("the 24 h chart");
+    assert_eq!((total("completed").await, total("failed").await), ("4".to_owned(), "0".to_owned()));
+    assert_eq!(browser.text(&format!("#chart-{ns} .y-title")).await.expect("unit"), "jobs/h");
+    let hours = texts(&browser, &format!("#chart-{ns} .x-tick")).await;
+    assert!(!hours.is_empty() && hours.iter().all(|label| label.ends_with(":00")), "every 6 hours: {hours:?}");
+    assert_eq!(browser.text(&format!("#range-{ns} strong")).await.expect("current"), "24h");
+
+    // Eight days, by hour: the failures of three days ago appear; the scale rounds 7 up to 10.
+    browser.click(&format!("#range-{ns} a[data-range='8d']")).await.expect("8d");
+    browser.wait_for(&format!("#chart-{ns}[data-range='8d']")).await.expect("the 8 d chart");
+    assert_eq!((total("completed").await, total("failed").await), ("4".to_owned(), "7".to_owned()));
+    assert_eq!(texts(&browser, &format!("#chart-{ns} .y-tick")).await, ["0", "5", "10"]);
+    let days = texts(&browser, &format!("#chart-{ns} .x-tick")).await;
+    assert!((7..=8).contains(&days.len()), "a label a day: {days:?}");
+    assert!(days.iter().all(|label| label.len() == 5 && label.as_bytes()[2] == b'-'), "MM-DD: {days:?}");
+
+    // The JSON twin has the same buckets.
+    let overview: serde_json::Value = reqwest::get(dashboard.url(&format!("/api/overview?ns={ns}&range=8d")))
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    let finished = &overview["namespaces"][0]["finished"];
+    assert_eq!((finished["range"].as_str(), finished["bucket_ms"].as_u64()), (Some("8d"), Some(3_600_000)));
+    let buckets = finished["buckets"].as_array().expect("buckets");
+    assert_eq!(buckets.len(), 192);
+    assert_eq!(buckets.iter().map(|bucket| bucket["failed"].as_u64().unwrap_or(0)).sum::<u64>(), 7);
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_jobs_page_shows_its_items_its_error_by_field_and_chunks_that_are_true_at_the_end() {
+    let world = World::new().await;
+    // The model refuses queued requests: the job fails at its first submit (no remote batch was made).
+    world.emulator.set_unbatchable_models(["@cf/baai/bge-m3"]);
+    let daemon = world.daemon();
+    let mut job = bge_m3_job("ops-refused", 60);
+    job["metadata"] = serde_json::json!({"ticket": "OPS-7", "owner": "<b>team</b>"});
+    world.enqueue(&job).await;
+    assert_eq!(world.wait_for_result("ops-refused", WAIT).await.status, ResultStatus::Failed);
+
+    let dashboard = Dashboard::start(&world, &["--refresh-secs", "0"]).await.expect("batchd ui");
+    let browser = Browser::start().await.expect("browser");
+    let ns = world.keys.namespace().to_owned();
+    browser.open(&dashboard.url(&format!("/jobs/ops-refused?ns={ns}")), "#job-state").await.expect("job page");
+    assert_eq!(browser.text("#job-state").await.expect("state"), "failed");
+    // The error, one row per field, as the ledger holds it.
+    let field = |name: &'static str| {
+        let browser = &browser;
+        async move { browser.text(&format!("#job-error tr[data-field={name}] td")).await.expect(name) }
+    };
+    assert_eq!(field("code").await, "model_not_batchable");
+    assert_eq!(field("api_code").await, "8007");
+    assert_eq!(field("http_status").await, "400");
+    assert!(field("message").await.contains("does not support batch requests"));
+    // The producer's metadata, shown as text.
+    let metadata = browser.text("#job-metadata").await.expect("metadata");
+    assert!(metadata.contains("\"ticket\": \"OPS-7\"") && metadata.contains("<b>team</b>"), "{metadata}");
+    // The chunk: the API refused its submit and the job failed at once, so the ledger's chunk still says
+    // `submitting`; the page says what is true now, not that stale value.
+    assert_eq!(world.ledger("ops-refused").await["c0:state"], "submitting", "the ledger's last written value");
+    assert_eq!(
+        browser.text("#chunks .chunk-state").await.expect("chunk state"),
+        "failed with the job (was submitting)"
+    );
+    assert_eq!(
+        browser.text("#chunks .chunk-remote").await.expect("remote"),
+        "none recorded (the job ended during its submit)"
+    );
+    // The request items, 50 a page, read back from the ledger.
+    let rows = browser.all("#items tbody tr").await.expect("items");
+    assert_eq!(rows.len(), 50);
+    assert!(rows[0].text().await.expect("row").contains("question 0"));
+    browser.click("#next-items").await.expect("next page of items");
+    wait_for("the second page of items", || async {
+        let rows = browser.all("#items tbody tr").await.ok()?;
+        (rows.len() == 10).then_some(rows)
+    })
+    .await;
+    assert!(browser.text("#items").await.expect("items").contains("question 59"));
+    // The JSON twin carries the same.
+    let value: serde_json::Value = reqwest::get(dashboard.url(&format!("/api/jobs/ops-refused?ns={ns}&items_page=1")))
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(value["chunks"][0]["state"], "failed with the job (was submitting)");
+    assert_eq!(value["requests"]["total"], 60);
+    assert_eq!(value["requests"]["items"][0]["index"], 50);
+    browser.close().await;
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_actions_intake_is_paused_and_resumed_and_the_matching_dead_letters_are_purged() {
+    let world = World::new().await;
+    let daemon = world.daemon();
+    // Three dead letters: two without a `job` field, one whose job is not JSON.
+    world.enqueue_raw(&[("payload", "x".to_owned())]).await;
+    world.enqueue_raw(&[("jbo", "{}".to_owned())]).await;
+    world.enqueue_raw(&[("job", "{not json".to_owned())]).await;
+    wait_for("three dead letters", || async { (world.stream(&world.keys.dead()).await.len() == 3).then_some(()) })
+        .await;
+
+    let dashboard = Dashboard::start(&world, &["--allow-actions", "--refresh-secs", "0"]).await.expect("batchd ui");
+    let browser = Browser::start().await.expect("browser");
+    let ns = world.keys.namespace().to_owned();
+    let paused_key = world.keys.paused();
+    let paused = || {
+        let mut conn = world.conn.clone();
+        let key = paused_key.clone();
+        async move { conn.get::<_, Option<String>>(&key).await.expect("GET the pause flag") }
+    };
+
+    // Pause from the overview (the browser asks first), with a reason; the flag is what `batchd pause` writes.
+    browser.open(&dashboard.url(&format!("/?ns={ns}")), &format!("#pause-{ns}")).await.expect("overview");
+    let reason = browser.wait_for(&format!("#ns-{ns} input[name=reason]")).await.expect("reason field");
+    reason.send_keys("deploy freeze").await.expect("type the reason");
+    browser.click(&format!("#pause-{ns}")).await.expect("pause");
+    browser.client.accept_alert().await.expect("confirm the pause");
+    assert_eq!(
+        browser.text("#notice[data-notice=intake-paused]").await.expect("notice"),
+        "Intake paused: replicas stop reading the submit stream and finish the jobs they have."
+    );
+    let record: serde_json::Value = serde_json::from_str(&paused().await.expect("paused")).expect("a pause record");
+    assert_eq!((record["by"].as_str(), record["reason"].as_str()), (Some("dashboard (-)"), Some("deploy freeze")));
+    assert!(browser.text(&format!("#paused-{ns}")).await.expect("banner").contains("deploy freeze"));
+    // `batchd stats` reads the same flag.
+    let stats = world.batchd().args(["stats", "--json"]).output().expect("stats");
+    let stats: serde_json::Value = serde_json::from_slice(&stats.stdout).expect("stats JSON");
+    assert_eq!(stats["paused"]["by"], "dashboard (-)");
+
+    // Resume.
+    browser.click(&format!("#resume-{ns}")).await.expect("resume");
+    browser.text("#notice[data-notice=intake-resumed]").await.expect("notice");
+    assert_eq!(paused().await, None, "the pause flag is gone");
+    browser.wait_for(&format!("#pause-{ns}")).await.expect("the pause button is back");
+
+    // Dead letters: filter by the error's text, then purge exactly what the filter listed.
+    browser.open(&dashboard.url(&format!("/dead?ns={ns}")), "#dead-filters").await.expect("dead letters");
+    let error = browser.wait_for("#dead-filters input[name=error]").await.expect("error filter");
+    error.send_keys("HAS NO `job`").await.expect("type the filter");
+    browser.click("#dead-filters button").await.expect("filter");
+    assert_eq!(browser.text("#dead-matching").await.expect("matching"), "2");
+    assert_eq!(browser.all("#dead tbody tr").await.expect("rows").len(), 2);
+    browser.click("#purge-matching").await.expect("purge");
+    browser.client.accept_alert().await.expect("confirm the purge");
+    browser.text("#notice[data-notice=dead-purged-matching]").await.expect("notice");
+    let left = world.stream(&world.keys.dead()).await;
+    assert_eq!(left.len(), 1, "only the entry the filter did not match is left");
+    assert!(left[0]["error"].contains("not valid JSON"), "{:?}", left[0]);
+
+    let log = dashboard.log();
+    let actions: Vec<&str> = log.lines().filter(|line| line.contains("dashboard action")).collect();
+    assert_eq!(actions.len(), 3, "pause, resume, purge: {log}");
+    assert!(actions[2].contains("dead purge") && actions[2].contains("purged=2"), "{}", actions[2]);
+    browser.close().await;
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_unreachable_page_turns_into_the_page_by_itself_when_redis_returns() {
+    let mut world = World::new().await;
+    world.redis.kill();
+    let dashboard = Dashboard::start(&world, &["--refresh-secs", "0"]).await.expect("batchd ui");
+    let browser = Browser::start().await.expect("browser");
+    let ns = world.keys.namespace().to_owned();
+    let heading = browser.open(&dashboard.url(&format!("/jobs?ns={ns}")), "#unavailable").await.expect("page");
+    assert_eq!(heading, "Redis unreachable");
+    world.redis.restart().await;
+    // Nobody clicks: the page tries again by itself and shows the jobs list once Redis answers.
+    wait_for("the jobs page", || async { browser.client.find(Locator::Css("#filters")).await.ok() }).await;
+    assert!(browser.all("#unavailable").await.expect("elements").is_empty());
+    browser.close().await;
+}
