@@ -325,7 +325,7 @@ fn finished(frame: &Frame<'_>, name: &str, finished: &Value) -> Markup {
                         }
                     }
                     // The time axis: a tick and a label at each round time (every 15 minutes, 6 hours or day).
-                    @if at % axis.label_every_ms == 0 {
+                    @if at.is_multiple_of(axis.label_every_ms) {
                         line.axis x1=(format!("{:.2}", axis.x(i))) x2=(format!("{:.2}", axis.x(i))) y1=(bottom) y2=(bottom + 4.0) {}
                         text.tick.x-tick x=(format!("{:.2}", axis.x(i))) y=(bottom + 15.0) text-anchor="middle" { (axis.label(at)) }
                     }
@@ -389,7 +389,7 @@ impl Axis {
     /// The labelled values of the jobs axis: 0, the half when whole, the top.
     fn y_ticks(&self) -> Vec<u64> {
         let mut ticks = vec![0];
-        if self.scale % 2 == 0 {
+        if self.scale.is_multiple_of(2) {
             ticks.push(self.scale / 2);
         }
         ticks.push(self.scale);
@@ -793,4 +793,36 @@ pub fn dead_entry(frame: &Frame<'_>, value: &Value) -> Markup {
         }
     };
     layout(frame, "Dead letter", body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_jobs_scale_is_a_round_number_at_least_the_peak() {
+        let scales: Vec<u64> = [0, 1, 2, 3, 7, 10, 11, 26, 99, 4_999].into_iter().map(round_up).collect();
+        assert_eq!(scales, [1, 1, 2, 5, 10, 10, 20, 50, 100, 5_000]);
+        assert_eq!(round_up(u64::MAX), u64::MAX, "no overflow, no endless loop");
+        assert_eq!(Axis::new(Range::EightDays, 7, 192).y_ticks(), [0, 5, 10]);
+        assert_eq!(Axis::new(Range::Hour, 3, 60).y_ticks(), [0, 5], "a half that is not whole is left out");
+    }
+
+    #[test]
+    fn time_labels_are_utc_hours_or_days() {
+        let at = 1_763_799_300_000; // 2025-11-22T08:15:00Z
+        assert_eq!(Axis::new(Range::Hour, 1, 60).label(at), "08:15");
+        assert_eq!(Axis::new(Range::Day, 1, 24).label(at), "08:15");
+        assert_eq!(Axis::new(Range::EightDays, 1, 192).label(at), "11-22");
+    }
+
+    #[test]
+    fn a_range_is_one_of_three_and_the_hour_by_default() {
+        for range in Range::ALL {
+            assert_eq!(Range::parse(Some(range.code())), range);
+        }
+        assert_eq!(Range::parse(Some("7d")), Range::Hour);
+        assert_eq!(Range::parse(None), Range::Hour);
+        assert_eq!(Range::EightDays.buckets() as u64 * Range::EightDays.bucket_ms(), 8 * 86_400_000);
+    }
 }
