@@ -8,21 +8,12 @@
 use std::time::Duration;
 
 use batchd_core::ResultStatus;
-use batchd_tests::browser::{Browser, Dashboard};
+use batchd_tests::browser::{Browser, Dashboard, wait_for};
 use batchd_tests::{World, bge_m3_job};
 use fantoccini::Locator;
 use redis::AsyncCommands;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Polls `check` until it returns `Some`, failing with `what` after [`WAIT`].
-async fn wait_for<T, F, Fut>(what: &str, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    batchd_tests::browser::wait_for(what, WAIT, check).await
-}
 
 /// Redis's clock, Unix ms (the counters are keyed by it).
 async fn redis_now(world: &World) -> u64 {
@@ -152,7 +143,7 @@ async fn a_failed_jobs_page_shows_its_items_its_error_by_field_and_chunks_that_a
     assert_eq!(rows.len(), 50);
     assert!(rows[0].text().await.expect("row").contains("question 0"));
     browser.click("#next-items").await.expect("next page of items");
-    wait_for("the second page of items", || async {
+    wait_for(WAIT, "the second page of items", || async {
         let rows = browser.all("#items tbody tr").await.ok()?;
         (rows.len() == 10).then_some(rows)
     })
@@ -180,8 +171,10 @@ async fn with_actions_intake_is_paused_and_resumed_and_the_matching_dead_letters
     world.enqueue_raw(&[("payload", "x".to_owned())]).await;
     world.enqueue_raw(&[("jbo", "{}".to_owned())]).await;
     world.enqueue_raw(&[("job", "{not json".to_owned())]).await;
-    wait_for("three dead letters", || async { (world.stream(&world.keys.dead()).await.len() == 3).then_some(()) })
-        .await;
+    wait_for(WAIT, "three dead letters", || async {
+        (world.stream(&world.keys.dead()).await.len() == 3).then_some(())
+    })
+    .await;
 
     let dashboard = Dashboard::start(&world, &["--allow-actions", "--refresh-secs", "0"]).await.expect("batchd ui");
     let browser = Browser::start().await.expect("browser");
@@ -250,7 +243,7 @@ async fn the_redis_unreachable_page_turns_into_the_page_by_itself_when_redis_ret
     assert_eq!(heading, "Redis unreachable");
     world.redis.restart().await;
     // Nobody clicks: the page tries again by itself and shows the jobs list once Redis answers.
-    wait_for("the jobs page", || async { browser.client.find(Locator::Css("#filters")).await.ok() }).await;
+    wait_for(WAIT, "the jobs page", || async { browser.client.find(Locator::Css("#filters")).await.ok() }).await;
     assert!(browser.all("#unavailable").await.expect("elements").is_empty());
     browser.close().await;
 }

@@ -521,6 +521,18 @@ struct JobsQuery {
     cursor: Option<u64>,
 }
 
+/// A time given as a query parameter, in Unix ms: the CLI's own reading of a time (`batchd retry --since`), an age
+/// counted back from `now` (`30m`, `2h`, `1d`) or a time; `None` when absent or empty.
+fn time_param(what: &str, value: &Option<String>, now: u64) -> Result<Option<u64>, UiError> {
+    nonempty(value)
+        .map(|text| {
+            crate::cli::retry::parse_time(text)
+                .map(|time| time.resolve(now))
+                .map_err(|e| UiError::BadRequest(format!("{what} {text:?}: {e}")))
+        })
+        .transpose()
+}
+
 /// A query parameter's value, trimmed; `None` when absent or empty.
 fn nonempty(value: &Option<String>) -> Option<&str> {
     value.as_deref().map(str::trim).filter(|v| !v.is_empty())
@@ -534,15 +546,7 @@ impl JobsQuery {
             }
             None => Vec::new(),
         };
-        // The CLI's own reading of a time (`batchd retry --since`): an age (`30m`, `2h`, `1d`) or a time.
-        let accepted_since = match nonempty(&self.since) {
-            Some(since) => Some(
-                crate::cli::retry::parse_time(since)
-                    .map_err(|e| UiError::BadRequest(format!("accepted within {since:?}: {e}")))?
-                    .resolve(now),
-            ),
-            None => None,
-        };
+        let accepted_since = time_param("accepted within", &self.since, now)?;
         Ok(JobFilter {
             states,
             model: nonempty(&self.model).map(str::to_owned),
@@ -620,14 +624,7 @@ async fn dead_list(
 ) -> Result<Response, UiError> {
     let keys = ui.keys(query.ns.as_deref())?;
     let mut conn = ui.conn();
-    let before = match nonempty(&query.before) {
-        Some(before) => Some(
-            crate::cli::retry::parse_time(before)
-                .map_err(|e| UiError::BadRequest(format!("dead before {before:?}: {e}")))?
-                .resolve(redis_now(&mut conn).await?),
-        ),
-        None => None,
-    };
+    let before = time_param("dead before", &query.before, redis_now(&mut conn).await?)?;
     let filter = data::DeadFilter { error: nonempty(&query.error).map(str::to_lowercase), before };
     let value = data::dead_list(&mut conn, &keys, &filter).await?;
     let filters = pages::DeadFilters {

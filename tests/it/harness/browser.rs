@@ -38,7 +38,7 @@ async fn answers(url: &str, what: &str) -> anyhow::Result<()> {
 }
 
 /// Polls `check` until it returns `Some`, failing with `what` after `limit`.
-pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
+pub async fn wait_for<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
