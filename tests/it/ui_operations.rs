@@ -100,7 +100,7 @@ async fn the_chart_has_axes_and_switches_between_the_last_hour_day_and_eight_day
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_jobs_page_shows_its_items_its_error_by_field_and_chunks_that_are_true_at_the_end() {
+async fn failed_jobs_are_listed_by_code_and_model_and_a_failed_jobs_page_shows_items_error_fields_and_true_chunks() {
     let world = World::new().await;
     // The model refuses queued requests: the job fails at its first submit (no remote batch was made).
     world.emulator.set_unbatchable_models(["@cf/baai/bge-m3"]);
@@ -108,7 +108,10 @@ async fn a_failed_jobs_page_shows_its_items_its_error_by_field_and_chunks_that_a
     let mut job = bge_m3_job("ops-refused", 60);
     job["metadata"] = serde_json::json!({"ticket": "OPS-7", "owner": "<b>team</b>"});
     world.enqueue(&job).await;
-    assert_eq!(world.wait_for_result("ops-refused", WAIT).await.status, ResultStatus::Failed);
+    world.enqueue(&bge_m3_job("ops-refused-2", 1)).await;
+    for id in ["ops-refused", "ops-refused-2"] {
+        assert_eq!(world.wait_for_result(id, WAIT).await.status, ResultStatus::Failed);
+    }
 
     let dashboard = Dashboard::start(&world, &["--refresh-secs", "0"]).await.expect("batchd ui");
     let browser = Browser::start().await.expect("browser");
@@ -159,6 +162,27 @@ async fn a_failed_jobs_page_shows_its_items_its_error_by_field_and_chunks_that_a
     assert_eq!(value["chunks"][0]["state"], "failed with the job (was submitting)");
     assert_eq!(value["requests"]["total"], 60);
     assert_eq!(value["requests"]["items"][0]["index"], 50);
+
+    // The failed-jobs page: one group (the code and the model) of two, the newest examples linking to their jobs.
+    browser.click("header nav a[href^='/failed']").await.expect("failed jobs link");
+    let group = format!("#failed tr.group[data-code=model_not_batchable][data-model='@cf/baai/bge-m3']");
+    assert_eq!(browser.text(&format!("{group} a.count")).await.expect("count"), "2");
+    assert_eq!(browser.text("#failed-total").await.expect("total"), "2");
+    let examples = texts(&browser, &format!("{group} .example a.job-link")).await;
+    assert_eq!(examples.len(), 2, "{examples:?}");
+    assert!(examples.contains(&"ops-refused".to_owned()) && examples.contains(&"ops-refused-2".to_owned()));
+    // A filter that matches nothing; the JSON twin of a filter on the code.
+    browser.open(&dashboard.url(&format!("/failed?ns={ns}&state=cancelled")), "#failed-total").await.expect("filtered");
+    assert_eq!(browser.text("#failed-total").await.expect("total"), "0");
+    let report: serde_json::Value =
+        reqwest::get(dashboard.url(&format!("/api/failed?ns={ns}&code=model_not_batchable")))
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json");
+    assert_eq!((report["total"].as_u64(), report["groups"][0]["count"].as_u64()), (Some(2), Some(2)));
+    assert_eq!(report["groups"][0]["examples"][0]["error"]["http_status"], 400);
     browser.close().await;
     daemon.stop().await.expect("clean stop");
 }

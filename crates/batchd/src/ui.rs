@@ -194,6 +194,8 @@ fn router(state: Ui) -> Router {
         .route("/jobs/{id}", get(job))
         .route("/api/jobs/{id}", get(job))
         .route("/jobs/{id}/cancel", post(actions::cancel))
+        .route("/failed", get(failed))
+        .route("/api/failed", get(failed))
         .route("/dead", get(dead_list))
         .route("/api/dead", get(dead_list))
         .route("/dead/{entry}", get(dead_entry))
@@ -603,6 +605,66 @@ async fn job(
     let mut value = data::job(&mut conn, &keys, &job_id, pages).await?;
     value["at"] = now.into();
     Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, pages::job))
+}
+
+/// The failed-jobs page's filters and position, as query parameters.
+#[derive(Debug, Default, Deserialize)]
+struct FailedQuery {
+    ns: Option<String>,
+    /// A [`Notice`] code.
+    notice: Option<String>,
+    /// `failed`, `expired` or `cancelled` (all three when empty).
+    state: Option<String>,
+    /// A model name.
+    model: Option<String>,
+    /// An error code.
+    code: Option<String>,
+    /// Finished within this long (`30m`, `2h`, `1d`) or since this time.
+    since: Option<String>,
+    /// The `SCAN` cursor to continue the walk from.
+    cursor: Option<u64>,
+}
+
+impl FailedQuery {
+    /// The listing's query: at most [`data::FAILED_SCAN`] ledgers, [`data::FAILED_EXAMPLES`] examples a group.
+    fn query(&self, now: u64) -> Result<batchd_queue::failed::FailedQuery, UiError> {
+        let states = match nonempty(&self.state) {
+            Some(state) => {
+                let state =
+                    state.parse::<JobState>().map_err(|_| UiError::BadRequest(format!("no job state {state:?}")))?;
+                if !batchd_queue::failed::FAILED_STATES.contains(&state) {
+                    return Err(UiError::BadRequest(format!("{state} is not a state of a failed job")));
+                }
+                vec![state]
+            }
+            None => Vec::new(),
+        };
+        Ok(batchd_queue::failed::FailedQuery {
+            states,
+            model: nonempty(&self.model).map(str::to_owned),
+            code: nonempty(&self.code).map(str::to_owned),
+            since: time_param("finished within", &self.since, now)?,
+            examples: data::FAILED_EXAMPLES,
+            max_scanned: data::FAILED_SCAN,
+            cursor: self.cursor.unwrap_or(0),
+        })
+    }
+}
+
+async fn failed(State(ui): State<Ui>, Query(query): Query<FailedQuery>, request: Request) -> Result<Response, UiError> {
+    let keys = ui.keys(query.ns.as_deref())?;
+    let mut conn = ui.conn();
+    let now = redis_now(&mut conn).await?;
+    let value = data::failed(&mut conn, &keys, &query.query(now)?).await?;
+    let filters = pages::FailedFilters {
+        state: query.state.as_deref().unwrap_or(""),
+        model: query.model.as_deref().unwrap_or(""),
+        code: query.code.as_deref().unwrap_or(""),
+        since: query.since.as_deref().unwrap_or(""),
+    };
+    Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, |frame, value| {
+        pages::failed(frame, &filters, value)
+    }))
 }
 
 /// The dead-letter list's filter, as query parameters.

@@ -14,6 +14,7 @@ use batchd_core::ledger::field;
 use batchd_core::stats::StatField;
 use batchd_core::{JobId, Keys, ResultStatus};
 use batchd_queue::Conn;
+use batchd_queue::failed::FailedQuery;
 use batchd_queue::inspect;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -351,6 +352,22 @@ async fn result_entry(
     }
     cache.entries.push((key, std::sync::Arc::clone(&entry)));
     Ok(Some(entry))
+}
+
+/// Most ledgers one view of the failed-jobs page reads; the page links to the rest of the walk.
+pub const FAILED_SCAN: usize = 20_000;
+
+/// Examples shown per group of failed jobs.
+pub const FAILED_EXAMPLES: usize = 5;
+
+/// The failed jobs (finished without completing) grouped by error code and model, with counts and the newest
+/// examples, as `batchd failed --json` prints them: the listing of `batchd_queue::failed`, one bounded walk of at
+/// most [`FAILED_SCAN`] ledgers from `query.cursor`.
+pub async fn failed(conn: &mut Conn, keys: &Keys, query: &FailedQuery) -> anyhow::Result<Value> {
+    let report = batchd_queue::failed::failed_jobs(conn, keys, query).await.context("list the failed jobs")?;
+    let mut value = serde_json::to_value(&report).context("encode the failed jobs")?;
+    value["namespace"] = keys.namespace().into();
+    Ok(value)
 }
 
 /// Which of the newest [`DEAD_LIST_LIMIT`] dead letters the list shows (all when empty).

@@ -79,6 +79,7 @@ fn layout(frame: &Frame<'_>, title: &str, body: Markup) -> Markup {
                         a.brand href=(link(frame, "/")) { "batchd" }
                         a href=(link(frame, "/")) { "Overview" }
                         a href=(link(frame, "/jobs")) { "Jobs" }
+                        a href=(link(frame, "/failed")) { "Failed jobs" }
                         a href=(link(frame, "/dead")) { "Dead letters" }
                     }
                     div.meta {
@@ -708,6 +709,93 @@ fn request_items(frame: &Frame<'_>, id: &str, requests: &Value) -> Markup {
             }
         }
     }
+}
+
+/// The failed-jobs page's current filters, to fill the form again.
+#[derive(Debug)]
+pub struct FailedFilters<'a> {
+    /// `failed`, `expired`, `cancelled`, or empty.
+    pub state: &'a str,
+    /// A model, or empty.
+    pub model: &'a str,
+    /// An error code, or empty.
+    pub code: &'a str,
+    /// An age (`1d`) or a time, or empty.
+    pub since: &'a str,
+}
+
+/// The failed jobs (finished without completing) grouped by error code and model: counts, the newest finished, and
+/// the newest examples with their errors, each linking to its job; the filters; the link to the rest of the walk.
+pub fn failed(frame: &Frame<'_>, filters: &FailedFilters<'_>, report: &Value) -> Markup {
+    let states = ["", "failed", "expired", "cancelled"];
+    let groups = report["groups"].as_array().cloned().unwrap_or_default();
+    let query = |code: &str, model: &str| {
+        format!(
+            "state={}&model={}&code={}&since={}",
+            encode(filters.state),
+            encode(model),
+            encode(code),
+            encode(filters.since)
+        )
+    };
+    let next = report["next_cursor"]
+        .as_u64()
+        .map(|cursor| link(frame, &format!("/failed?{}&cursor={cursor}", query(filters.code, filters.model))));
+    let body = html! {
+        h1 { "Failed jobs" }
+        p.note {
+            "Jobs that were read, ran (or were refused) and ended without completing: "
+            code { "failed" } ", " code { "expired" } ", " code { "cancelled" } ". Each has a ledger and a result entry with its error. "
+            "Entries that could not be read as a job at all are the " a href=(link(frame, "/dead")) { "dead letters" } "."
+        }
+        form #failed-filters.filters method="get" action="/failed" {
+            input type="hidden" name="ns" value=(frame.namespace);
+            label { "state " select name="state" {
+                @for state in states {
+                    option value=(state) selected[state == filters.state] { @if state.is_empty() { "any" } @else { (state) } }
+                }
+            } }
+            label { "error code " input type="text" name="code" value=(filters.code) placeholder="retries_exhausted"; }
+            label { "model " input type="text" name="model" value=(filters.model) placeholder="@cf/baai/bge-m3"; }
+            label { "finished within " input type="text" name="since" value=(filters.since) placeholder="1d" size="5"; }
+            button type="submit" { "Filter" }
+        }
+        p.note #failed-note {
+            span #failed-total { (text(&report["total"])) } " failed jobs in " (groups.len()) " groups, from "
+            (text(&report["scanned"])) " ledgers read"
+            @if next.is_none() { " (every ledger of the namespace)" } @else { " (not every ledger yet: continue below)" }
+            "."
+        }
+        table #failed.failed {
+            thead { tr { th { "error code" } th { "model" } th { "jobs" } th { "newest finished" } th { "newest examples" } } }
+            tbody {
+                @for group in &groups {
+                    @let code = group["code"].as_str().unwrap_or("");
+                    @let model = group["model"].as_str().unwrap_or("");
+                    tr.group data-code=(shown(code, 80)) data-model=(shown(model, 80)) {
+                        td.error { (shown(code, 80)) }
+                        td { (shown(model, 80)) }
+                        td.num { a.count href=(link(frame, &format!("/failed?{}", query(code, model)))) { (text(&group["count"])) } }
+                        td { (time(&group["newest_finished_at"])) }
+                        td {
+                            @for example in group["examples"].as_array().into_iter().flatten() {
+                                @let id = example["job_id"].as_str().unwrap_or("");
+                                div.example {
+                                    a.job-link href=(link(frame, &format!("/jobs/{}", encode(id)))) { (shown(id, 120)) }
+                                    " " span class=(format!("state state-{}", example["state"].as_str().unwrap_or(""))) { (text(&example["state"])) }
+                                    " " span.error { (text(&example["error"]["message"])) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        @if let Some(next) = next {
+            p { a #next-walk href=(next) { "Continue the walk →" } }
+        }
+    };
+    layout(frame, "Failed jobs", body)
 }
 
 /// The dead-letter list's current filter, to fill the form again.
