@@ -165,7 +165,7 @@ async fn failed_jobs_are_listed_by_code_and_model_and_a_failed_jobs_page_shows_i
 
     // The failed-jobs page: one group (the code and the model) of two, the newest examples linking to their jobs.
     browser.click("header nav a[href^='/failed']").await.expect("failed jobs link");
-    let group = format!("#failed tr.group[data-code=model_not_batchable][data-model='@cf/baai/bge-m3']");
+    let group = "#failed tr.group[data-code=model_not_batchable][data-model='@cf/baai/bge-m3']";
     assert_eq!(browser.text(&format!("{group} a.count")).await.expect("count"), "2");
     assert_eq!(browser.text("#failed-total").await.expect("total"), "2");
     let examples = texts(&browser, &format!("{group} .example a.job-link")).await;
