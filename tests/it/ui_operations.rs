@@ -129,7 +129,7 @@ async fn failed_jobs_are_listed_by_code_and_model_and_a_failed_jobs_page_shows_i
     assert!(field("message").await.contains("does not support batch requests"));
     // The producer's metadata, shown as text.
     let metadata = browser.text("#job-metadata").await.expect("metadata");
-    assert!(metadata.contains("\"ticket\": \"OPS-7\"") && metadata.contains("<b>team</b>"), "{metadata}");
+    assert!(metadata.contains("ticket OPS-7") && metadata.contains("owner <b>team</b>"), "{metadata}");
     // The chunk: the API refused its submit and the job failed at once, so the ledger's chunk still says
     // `submitting`; the page says what is true now, not that stale value.
     assert_eq!(world.ledger("ops-refused").await["c0:state"], "submitting", "the ledger's last written value");

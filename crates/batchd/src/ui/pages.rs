@@ -659,7 +659,8 @@ fn error_fields(error: &Value) -> Markup {
     }
 }
 
-/// A job's metadata as the producer gave it (JSON, cut for the page), or its size when the view left it out.
+/// A job's metadata as the producer gave it: an object's fields one a row (values as JSON, cut), anything else as
+/// JSON; its size when the view left it out.
 fn metadata(job: &Value) -> Markup {
     html! {
         @if let Some(bytes) = job["metadata_bytes"].as_u64() {
@@ -667,7 +668,17 @@ fn metadata(job: &Value) -> Markup {
         } @else if job[field::METADATA].is_null() {
             "-"
         } @else {
-            pre.field #job-metadata { (shown(&serde_json::to_string_pretty(&job[field::METADATA]).unwrap_or_default(), 4_000)) }
+            table.metadata #job-metadata {
+                @match job[field::METADATA].as_object() {
+                    Some(object) => {
+                        @for (name, value) in object.iter().take(50) {
+                            tr { th { (shown(name, 80)) } td.mono { (text(value)) } }
+                        }
+                        @if object.len() > 50 { tr { td colspan="2" { "… " (object.len() - 50) " more (the JSON twin has them)" } } }
+                    }
+                    None => tr { td.mono { (text(&job[field::METADATA])) } },
+                }
+            }
         }
     }
 }
