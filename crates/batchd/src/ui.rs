@@ -12,13 +12,17 @@
 //! configured (`--auth-token-file`, `--trusted-user-header`), authenticated ones ([`access`]). Every answer is
 //! `Cache-Control: no-store`.
 //!
-//! Actions (cancel a job; retry or purge a dead letter) exist only with `--allow-actions`, which refuses to start on
-//! an address that is not loopback unless authentication is configured. Each action is a `POST` that must come from
-//! a page of the dashboard itself: the browser's `Origin` must be one of the dashboard's hosts (or, without one,
-//! `Sec-Fetch-Site` must say same origin), and the form's token must equal the session's (a random token in a
-//! `SameSite=Strict`, `HttpOnly` cookie, the double-submit pattern). Every action is logged with what it did and
-//! who asked. Its outcome comes back to the page as a [`Notice`] code, never as text. Without the flag the buttons
-//! are absent and the endpoints answer 403.
+//! Actions (cancel a job; pause and resume intake; retry or purge dead letters) exist only with `--allow-actions`,
+//! which refuses to start on an address that is not loopback unless authentication is configured. Each action is a
+//! `POST` that must come from a page of the dashboard itself: the browser's `Origin` must be one of the dashboard's
+//! hosts (or, without one, `Sec-Fetch-Site` must say same origin), and the form's token must equal the session's (a
+//! random token in a `SameSite=Strict`, `HttpOnly` cookie, the double-submit pattern); one extractor checks it all
+//! before the body is read (`actions::Act`). Every action is logged with what it did and who asked. Its outcome
+//! comes back to the page as a [`Notice`] code, never as text. Without the flag the buttons are absent and the
+//! endpoints answer 403.
+//!
+//! Redis may be down when it starts or go away later: the connection is opened on use and healed, pages answer 503
+//! with a "Redis unreachable" page that retries by itself, and `/readyz` says whether Redis answers.
 
 mod access;
 mod actions;
@@ -51,8 +55,9 @@ pub struct UiArgs {
     /// Address to serve the dashboard on.
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
     pub listen: SocketAddr,
-    /// Offer the actions (cancel a job, retry or purge dead letters). Without it the dashboard is read-only. On
-    /// an address that is not loopback it needs --auth-token-file or --trusted-user-header.
+    /// Offer the actions (cancel a job, pause and resume intake, retry or purge dead letters). Without it the
+    /// dashboard is read-only. On an address that is not loopback it needs --auth-token-file or
+    /// --trusted-user-header.
     #[arg(long)]
     pub allow_actions: bool,
     /// Seconds between the pages' refreshes (0: never).
