@@ -69,7 +69,7 @@ async fn main() -> anyhow::Result<()> {
         ("job", format!("/jobs/{done}?ns={ns}"), "#chunks"),
         ("job-failed", format!("/jobs/report-002?ns={ns}"), "#job-error"),
         ("failed", format!("/failed?ns={ns}"), "#failed"),
-        ("dead", format!("/dead?ns={ns}"), "#dead"),
+        ("dead", format!("/dead?ns={ns}&error=job"), "#dead"),
         ("dead-entry", format!("/dead/{dead_id}?ns={ns}"), "#dead-error"),
     ];
     for (name, path, ready) in pages {

@@ -88,7 +88,8 @@ impl Range {
         match self {
             Self::Hour => 60,
             Self::Day => 24,
-            Self::EightDays => 8 * 24,
+            // As far back as the hourly counters are kept (eight days).
+            Self::EightDays => (batchd_core::keys::STATS_HOUR_TTL_SECS * 1000 / HOUR_MS) as usize,
         }
     }
 }
