@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use anyhow::Context as _;
 use batchd_core::ledger::field;
-use batchd_core::stats::StatField;
+use batchd_core::stats::Totals;
 use batchd_core::{JobId, Keys, ResultStatus};
 use batchd_queue::Conn;
 use batchd_queue::failed::FailedQuery;
@@ -162,10 +162,8 @@ fn finished(buckets: &[Bucket]) -> Vec<Value> {
             for status in STATUSES {
                 row[status] = 0.into();
             }
-            for (name, n) in hash {
-                if let Some(StatField::Finished(status)) = StatField::parse(name) {
-                    row[status] = (row[status].as_u64().unwrap_or(0) + n).into();
-                }
+            for (status, n) in Totals::of([hash]).finished {
+                row[status] = n.into();
             }
             row
         })
@@ -174,13 +172,7 @@ fn finished(buckets: &[Bucket]) -> Vec<Value> {
 
 /// Tokens by model and kind, summed over `buckets`.
 fn tokens(buckets: &[Bucket]) -> Tokens {
-    let mut tokens = Tokens::new();
-    for (name, n) in buckets.iter().flat_map(|(_, hash)| hash) {
-        if let Some(StatField::Tokens { kind, model }) = StatField::parse(name) {
-            *tokens.entry(model.to_owned()).or_default().entry(kind.to_owned()).or_default() += n;
-        }
-    }
-    tokens
+    Totals::of(buckets.iter().map(|(_, hash)| hash)).tokens
 }
 
 /// One page of jobs, as `batchd jobs --json` shapes it (with `next_cursor` while the walk goes on).
