@@ -130,13 +130,17 @@ async fn post_action(ui: &Ui, host: &str, origin: &str, path: &str, extra: &[(&s
 }
 
 /// Every route of the dashboard, as (method, path).
-const ROUTES: [(&str, &str); 20] = [
+const ROUTES: [(&str, &str); 26] = [
     ("GET", "/"),
     ("GET", "/api/overview"),
     ("GET", "/jobs"),
     ("GET", "/api/jobs"),
     ("GET", "/jobs/some-job"),
     ("GET", "/api/jobs/some-job"),
+    ("GET", "/failed"),
+    ("GET", "/api/failed"),
+    ("GET", "/retry"),
+    ("GET", "/api/retry"),
     ("GET", "/dead"),
     ("GET", "/api/dead"),
     ("GET", "/dead/1-0"),
@@ -146,6 +150,8 @@ const ROUTES: [(&str, &str); 20] = [
     ("GET", "/readyz"),
     ("GET", "/no-such-page"),
     ("POST", "/jobs/some-job/cancel"),
+    ("POST", "/jobs/some-job/retry"),
+    ("POST", "/retry"),
     ("POST", "/dead/1-0/retry"),
     ("POST", "/dead/1-0/purge"),
     ("POST", "/dead/purge"),

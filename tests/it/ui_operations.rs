@@ -1,7 +1,8 @@
 //! The dashboard's operations of issue 25 in a real browser (headless Chromium through chromedriver), against a
 //! real `batchd ui` process, a real redis-server, a real daemon and the emulator: the throughput chart's axes and
 //! its 1 h / 24 h / 8 d switch over the per-minute and hourly counters; a job's page (metadata, request items a
-//! page at a time, the error field by field, chunk states true at the end); pausing and resuming intake and
+//! page at a time, the error field by field, chunk states true at the end) and the failed-jobs page; retrying a
+//! failed job from its page and the failed jobs a filter matched after a dry run; pausing and resuming intake and
 //! purging the dead letters a filter matched, each clicked and then checked in Redis; and the "Redis unreachable"
 //! page, which turns into the page asked for by itself when Redis returns.
 
@@ -183,6 +184,64 @@ async fn failed_jobs_are_listed_by_code_and_model_and_a_failed_jobs_page_shows_i
             .expect("json");
     assert_eq!((report["total"].as_u64(), report["groups"][0]["count"].as_u64()), (Some(2), Some(2)));
     assert_eq!(report["groups"][0]["examples"][0]["error"]["http_status"], 400);
+    browser.close().await;
+    daemon.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_actions_a_failed_job_is_retried_from_its_page_and_the_matching_ones_after_a_dry_run() {
+    let world = World::new().await;
+    // Three jobs fail (the model refuses queued requests), then the model accepts them again: retries complete.
+    world.emulator.set_unbatchable_models(["@cf/baai/bge-m3"]);
+    let daemon = world.daemon();
+    for (id, n) in [("rt-a", 2), ("rt-b", 3), ("rt-c", 1)] {
+        world.enqueue(&bge_m3_job(id, n)).await;
+    }
+    for id in ["rt-a", "rt-b", "rt-c"] {
+        assert_eq!(world.wait_for_result(id, WAIT).await.status, ResultStatus::Failed);
+    }
+    world.emulator.set_unbatchable_models(Vec::<String>::new());
+    let dashboard = Dashboard::start(&world, &["--allow-actions", "--refresh-secs", "0"]).await.expect("batchd ui");
+    let browser = Browser::start().await.expect("browser");
+    let ns = world.keys.namespace().to_owned();
+
+    // One job, from its page: its retry runs as rt-a.retry-1 with the same items, and completes.
+    browser.open(&dashboard.url(&format!("/jobs/rt-a?ns={ns}")), "#retry-job").await.expect("job page");
+    assert_eq!(browser.text("#retry-link").await.expect("retry link"), "rt-a.retry-1");
+    browser.click("#retry-job").await.expect("retry");
+    browser.client.accept_alert().await.expect("confirm the retry");
+    browser.text("#notice[data-notice=job-retried]").await.expect("notice");
+    let retried = world.wait_for_result("rt-a.retry-1", WAIT).await;
+    assert_eq!(retried.status, ResultStatus::Completed);
+    assert_eq!(world.ledger("rt-a.retry-1").await["n_items"], "2", "the same items, rebuilt from the ledger");
+    // Again: its retry exists, nothing more is enqueued.
+    browser.open(&dashboard.url(&format!("/jobs/rt-a?ns={ns}")), "#retry-job").await.expect("job page");
+    browser.click("#retry-job").await.expect("retry again");
+    browser.client.accept_alert().await.expect("confirm");
+    browser.text("#notice[data-notice=already-retried]").await.expect("notice");
+
+    // The rest, from the failed-jobs page: a dry run first (nothing enqueued), then the confirm step.
+    browser.open(&dashboard.url(&format!("/failed?ns={ns}")), "#retry-matching").await.expect("failed jobs");
+    browser.click("#retry-matching").await.expect("dry run");
+    assert_eq!(browser.text("#would-retry").await.expect("would retry"), "2");
+    assert_eq!(browser.text("#already-retried").await.expect("already"), "1");
+    assert_eq!(browser.text("#not-retryable").await.expect("not retryable"), "0");
+    let outcomes = texts(&browser, "#retry-plan tbody tr[data-outcome=would_retry] a.job-link").await;
+    assert_eq!(outcomes.len(), 2, "{outcomes:?}");
+    for id in ["rt-b.retry-1", "rt-c.retry-1"] {
+        assert!(world.ledger(id).await.is_empty(), "the dry run enqueued nothing ({id})");
+    }
+    assert_eq!(browser.text("#confirm-retry").await.expect("confirm button"), "Retry these 2 jobs");
+    browser.click("#confirm-retry").await.expect("confirm");
+    browser.client.accept_alert().await.expect("confirm the retries");
+    browser.text("#notice[data-notice=retries-enqueued]").await.expect("notice");
+    for id in ["rt-b.retry-1", "rt-c.retry-1"] {
+        assert_eq!(world.wait_for_result(id, WAIT).await.status, ResultStatus::Completed, "{id}");
+    }
+    let log = dashboard.log();
+    let actions: Vec<&str> = log.lines().filter(|line| line.contains("dashboard action")).collect();
+    assert_eq!(actions.len(), 3, "retry, retry again, retry matching: {log}");
+    assert!(actions[2].contains("retry matching") && actions[2].contains("retried=2"), "{}", actions[2]);
     browser.close().await;
     daemon.stop().await.expect("clean stop");
 }

@@ -20,6 +20,7 @@ pub mod functions;
 pub mod ingress;
 pub mod inspect;
 pub mod ledger_view;
+pub mod rerun;
 pub mod results;
 pub mod store;
 

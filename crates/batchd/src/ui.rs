@@ -199,6 +199,9 @@ fn router(state: Ui) -> Router {
         .route("/jobs/{id}", get(job))
         .route("/api/jobs/{id}", get(job))
         .route("/jobs/{id}/cancel", post(actions::cancel))
+        .route("/jobs/{id}/retry", post(actions::retry_job))
+        .route("/retry", get(retry_plan).post(actions::retry_jobs))
+        .route("/api/retry", get(retry_plan))
         .route("/failed", get(failed))
         .route("/api/failed", get(failed))
         .route("/dead", get(dead_list))
@@ -251,6 +254,8 @@ enum UiError {
     BadRequest(String),
     /// 403: actions are off, or the request is not from the dashboard's own page.
     Forbidden(String),
+    /// 409: the action cannot be done to this thing as it is (a job that cannot be retried).
+    Conflict(String),
     /// 502: Redis failed (an error it answered: a permission, a wrong type).
     Redis(String),
     /// 503: Redis cannot be reached (down, refused, timed out, loading); the page retries by itself.
@@ -278,6 +283,7 @@ impl IntoResponse for UiError {
             Self::NotFound(message) => (StatusCode::NOT_FOUND, message),
             Self::BadRequest(message) => (StatusCode::BAD_REQUEST, message),
             Self::Forbidden(message) => (StatusCode::FORBIDDEN, message),
+            Self::Conflict(message) => (StatusCode::CONFLICT, message),
             Self::Redis(message) => (StatusCode::BAD_GATEWAY, message),
             Self::Unavailable(message) => {
                 let message = crate::cli::escape_for_terminal(&message).into_owned();
@@ -406,11 +412,19 @@ pub(crate) enum Notice {
     IntakeResumed,
     /// The namespace's intake was not paused.
     NotPaused,
+    /// A failed job's retry was enqueued.
+    JobRetried,
+    /// The job had been retried already.
+    AlreadyRetried,
+    /// Every retry of a bulk retry was enqueued (or had been).
+    RetriesEnqueued,
+    /// Some retries of a bulk retry could not be enqueued.
+    RetriesPartly,
 }
 
 impl Notice {
     /// Every notice, for parsing and tests.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 14] = [
         Self::CancelRequested,
         Self::CancelBeforeTakeIn,
         Self::AlreadyEnded,
@@ -421,6 +435,10 @@ impl Notice {
         Self::AlreadyPaused,
         Self::IntakeResumed,
         Self::NotPaused,
+        Self::JobRetried,
+        Self::AlreadyRetried,
+        Self::RetriesEnqueued,
+        Self::RetriesPartly,
     ];
 
     /// The code in the URL.
@@ -436,6 +454,10 @@ impl Notice {
             Self::AlreadyPaused => "already-paused",
             Self::IntakeResumed => "intake-resumed",
             Self::NotPaused => "not-paused",
+            Self::JobRetried => "job-retried",
+            Self::AlreadyRetried => "already-retried",
+            Self::RetriesEnqueued => "retries-enqueued",
+            Self::RetriesPartly => "retries-partly",
         }
     }
 
@@ -459,6 +481,12 @@ impl Notice {
             Self::AlreadyPaused => "Intake was paused already; the first pause is kept.",
             Self::IntakeResumed => "Intake resumed: replicas read the submit stream again.",
             Self::NotPaused => "Intake was not paused; nothing changed.",
+            Self::JobRetried => "A retry of this job was enqueued; it runs as a new job (its id ends in .retry-N).",
+            Self::AlreadyRetried => "This job had been retried already; nothing was enqueued.",
+            Self::RetriesEnqueued => "The retries were enqueued; each runs as a new job (its id ends in .retry-N).",
+            Self::RetriesPartly => {
+                "Some retries were enqueued; the others could not be (the action's log line and JSON answer say why)."
+            }
         }
     }
 }
@@ -654,6 +682,16 @@ impl FailedQuery {
             cursor: self.cursor.unwrap_or(0),
         })
     }
+
+    /// The filters as given, to fill the form again and build links.
+    fn filters(&self) -> pages::FailedFilters<'_> {
+        pages::FailedFilters {
+            state: self.state.as_deref().unwrap_or(""),
+            model: self.model.as_deref().unwrap_or(""),
+            code: self.code.as_deref().unwrap_or(""),
+            since: self.since.as_deref().unwrap_or(""),
+        }
+    }
 }
 
 async fn failed(State(ui): State<Ui>, Query(query): Query<FailedQuery>, request: Request) -> Result<Response, UiError> {
@@ -661,15 +699,25 @@ async fn failed(State(ui): State<Ui>, Query(query): Query<FailedQuery>, request:
     let mut conn = ui.conn();
     let now = redis_now(&mut conn).await?;
     let value = data::failed(&mut conn, &keys, &query.query(now)?).await?;
-    let filters = pages::FailedFilters {
-        state: query.state.as_deref().unwrap_or(""),
-        model: query.model.as_deref().unwrap_or(""),
-        code: query.code.as_deref().unwrap_or(""),
-        since: query.since.as_deref().unwrap_or(""),
-    };
+    let filters = query.filters();
     Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, |frame, value| {
         pages::failed(frame, &filters, value)
     }))
+}
+
+/// A bulk retry's dry run (`/retry` with the failed-jobs page's filters): what would be retried, checked without
+/// reading a payload; with actions, the form that retries exactly those jobs.
+async fn retry_plan(
+    State(ui): State<Ui>,
+    Query(query): Query<FailedQuery>,
+    request: Request,
+) -> Result<Response, UiError> {
+    let keys = ui.keys(query.ns.as_deref())?;
+    let mut conn = ui.conn();
+    let now = redis_now(&mut conn).await?;
+    let value = data::retry_plan(&mut conn, &keys, &query.query(now)?).await?;
+    let filters = query.filters();
+    Ok(answer(&ui, &request, &keys, None, value, |frame, value| pages::retry_plan(frame, &filters, value)))
 }
 
 /// The dead-letter list's filter, as query parameters.

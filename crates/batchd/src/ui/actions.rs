@@ -1,14 +1,17 @@
-//! The dashboard's actions (with `--allow-actions`): cancel a job; retry or purge dead letters (one, or all that
-//! match a filter); pause and resume a namespace's intake. Each is a `POST` that passes one guard, the [`Act`]
+//! The dashboard's actions (with `--allow-actions`): cancel a job; retry a failed job, or the failed jobs a filter
+//! matched (after a dry run); retry or purge dead letters (one, or all that match a filter); pause and resume a
+//! namespace's intake. Each is a `POST` that passes one guard, the [`Act`]
 //! extractor, before anything is read from its body: actions on (403 otherwise, even for a bare `POST`), an
 //! `Origin` among the dashboard's hosts, and the form's token equal to the session's. Each is carried out through
-//! the same functions as the CLI's (the producer's `cancel`, `dead::requeue`, `dead::delete`, the pause flag),
+//! the same functions as the CLI's (the producer's `cancel`, `rerun::prepare`, `dead::requeue`, `dead::delete`,
+//! the pause flag),
 //! logged with what it did and who asked, and answered with a redirect whose [`Notice`] code the next page shows.
 
 use axum::extract::{Form, FromRequest, Path, State};
 use axum::response::{IntoResponse, Redirect, Response};
 use batchd_core::{JobId, JobState, Keys};
 use batchd_producer::CancelOutcome;
+use batchd_queue::rerun::Rerun;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
@@ -241,4 +244,116 @@ pub(super) async fn resume(State(ui): State<Ui>, act: Act<NoFields>) -> Result<R
     tracing::info!(action = "resume", user = act.who(), namespace = keys.namespace(), changed, "dashboard action");
     let notice = if changed { Notice::IntakeResumed } else { Notice::NotPaused };
     Ok(act.answer("/", notice, serde_json::json!({"namespace": keys.namespace(), "paused": false, "changed": changed})))
+}
+
+/// Retries job `job_id` as `batchd retry <id>` does: checks it ended without completing and still holds its items,
+/// rebuilds it from its ledger, validates it with the daemon's rules and enqueues it as `<id>.retry-<n>`
+/// ([`batchd_queue::rerun::prepare`]). `{"job_id":..,"retry_id":..,"outcome":"retried|already_retried|
+/// not_retryable","reason":..,"submit_entry_id":..}`.
+async fn retry_one(ui: &Ui, keys: &Keys, job_id: &JobId) -> Result<serde_json::Value, UiError> {
+    let mut conn = ui.conn();
+    let retry = match super::data::retry_id(job_id) {
+        Ok(retry) => retry,
+        Err(reason) => {
+            return Ok(serde_json::json!({"job_id": job_id.as_str(), "outcome": "not_retryable", "reason": reason}));
+        }
+    };
+    let prepared = batchd_queue::rerun::prepare(&mut conn, keys, &ui.settings.job_limits(), job_id, &retry)
+        .await
+        .map_err(|e| anyhow::Error::new(e).context(format!("prepare the retry of {job_id}")))?;
+    let (outcome, reason, entry) = match prepared {
+        Rerun::Ready(job) => {
+            let entry = batchd_queue::inspect::enqueue(&mut conn, keys, job.as_bytes())
+                .await
+                .map_err(|e| anyhow::Error::new(e).context(format!("enqueue the retry of {job_id}")))?;
+            ("retried", None, Some(entry))
+        }
+        Rerun::AlreadyRetried => ("already_retried", None, None),
+        Rerun::NotRetryable(reason) => ("not_retryable", Some(reason), None),
+        Rerun::Possible => ("not_retryable", Some("not rebuilt".to_owned()), None),
+    };
+    Ok(serde_json::json!({
+        "job_id": job_id.as_str(),
+        "retry_id": retry.as_str(),
+        "outcome": outcome,
+        "reason": reason,
+        "submit_entry_id": entry,
+    }))
+}
+
+/// Retries one job from its page (a job that ended failed, expired or cancelled).
+pub(super) async fn retry_job(
+    State(ui): State<Ui>,
+    Path(id): Path<String>,
+    act: Act<NoFields>,
+) -> Result<Response, UiError> {
+    let job_id = JobId::parse(&id).map_err(|e| UiError::BadRequest(format!("job id {id:?} {e}")))?;
+    let row = retry_one(&ui, &act.keys, &job_id).await?;
+    tracing::info!(
+        action = "retry",
+        user = act.who(),
+        namespace = act.keys.namespace(),
+        job_id = %job_id,
+        outcome = %row["outcome"].as_str().unwrap_or(""),
+        retry_id = %row["retry_id"].as_str().unwrap_or(""),
+        "dashboard action"
+    );
+    let notice = match row["outcome"].as_str() {
+        Some("retried") => Notice::JobRetried,
+        Some("already_retried") => Notice::AlreadyRetried,
+        _ => {
+            let reason = row["reason"].as_str().unwrap_or("");
+            return Err(UiError::Conflict(format!("job {job_id} cannot be retried: {reason}")));
+        }
+    };
+    Ok(act.answer(&format!("/jobs/{}", super::pages::encode(job_id.as_str())), notice, row))
+}
+
+/// The fields of a bulk retry: the jobs its dry run listed as retryable.
+#[derive(Debug, Deserialize)]
+pub(super) struct RetryFields {
+    /// Their ids, separated by commas.
+    jobs: String,
+}
+
+/// Retries the jobs a bulk retry's dry run listed (at most [`super::data::RETRY_BATCH`]), each as [`retry_job`]
+/// does: exactly those the operator saw and confirmed, not whatever matches when the request arrives.
+pub(super) async fn retry_jobs(State(ui): State<Ui>, act: Act<RetryFields>) -> Result<Response, UiError> {
+    let ids: Vec<&str> = act.fields.jobs.split(',').map(str::trim).filter(|id| !id.is_empty()).collect();
+    if ids.is_empty() || ids.len() > super::data::RETRY_BATCH {
+        return Err(UiError::BadRequest(format!(
+            "a bulk retry takes 1 to {} jobs, {} given",
+            super::data::RETRY_BATCH,
+            ids.len()
+        )));
+    }
+    let job_ids = ids
+        .iter()
+        .map(|id| JobId::parse(id).map_err(|e| UiError::BadRequest(format!("job id {id:?} {e}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut rows = Vec::with_capacity(job_ids.len());
+    for job_id in &job_ids {
+        rows.push(retry_one(&ui, &act.keys, job_id).await?);
+    }
+    let count = |outcome: &str| rows.iter().filter(|row| row["outcome"] == outcome).count();
+    let (retried, already, refused) = (count("retried"), count("already_retried"), count("not_retryable"));
+    tracing::info!(
+        action = "retry matching",
+        user = act.who(),
+        namespace = act.keys.namespace(),
+        retried,
+        already_retried = already,
+        not_retryable = refused,
+        job_ids = %ids.join(","),
+        "dashboard action"
+    );
+    let notice = if refused == 0 { Notice::RetriesEnqueued } else { Notice::RetriesPartly };
+    let value = serde_json::json!({
+        "namespace": act.keys.namespace(),
+        "retried": retried,
+        "already_retried": already,
+        "not_retryable": refused,
+        "jobs": rows,
+    });
+    Ok(act.answer("/failed", notice, value))
 }

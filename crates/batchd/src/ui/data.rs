@@ -14,8 +14,9 @@ use batchd_core::ledger::field;
 use batchd_core::stats::Totals;
 use batchd_core::{JobId, Keys, ResultStatus};
 use batchd_queue::Conn;
-use batchd_queue::failed::FailedQuery;
+use batchd_queue::failed::{FailedJob, FailedQuery};
 use batchd_queue::inspect;
+use batchd_queue::rerun::Rerun;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
@@ -361,6 +362,73 @@ pub async fn failed(conn: &mut Conn, keys: &Keys, query: &FailedQuery) -> anyhow
     let mut value = serde_json::to_value(&report).context("encode the failed jobs")?;
     value["namespace"] = keys.namespace().into();
     Ok(value)
+}
+
+/// Most jobs one bulk retry handles (the newest that match); run it again for more.
+pub const RETRY_BATCH: usize = 100;
+
+/// The id a retry of `job_id` runs under: `batchd retry`'s (`<id>.retry-1`, then `.retry-2`, ...).
+pub fn retry_id(job_id: &JobId) -> Result<JobId, String> {
+    crate::cli::retry::retry_id(job_id.as_str())
+        .ok_or_else(|| "its id is too long to derive a retry id from".to_owned())
+}
+
+/// What retrying one job would do or did: `{"job_id":..,"retry_id":..,"state":..,"model":..,"code":..,
+/// "finished_at":..,"outcome":"would_retry|retried|already_retried|not_retryable","reason":..,
+/// "submit_entry_id":..}`.
+pub fn retry_row(job: &FailedJob, model: &str, retry: Result<&JobId, &str>, outcome: &Rerun) -> Value {
+    let (name, reason) = match (retry, outcome) {
+        (Err(reason), _) => ("not_retryable", Some(reason)),
+        (Ok(_), Rerun::Possible | Rerun::Ready(_)) => ("would_retry", None),
+        (Ok(_), Rerun::AlreadyRetried) => ("already_retried", None),
+        (Ok(_), Rerun::NotRetryable(reason)) => ("not_retryable", Some(reason.as_str())),
+    };
+    json!({
+        "job_id": job.job_id,
+        "retry_id": retry.ok().map(JobId::as_str),
+        "state": job.state,
+        "model": model,
+        "code": job.error.as_ref().and_then(|error| error.code.as_deref()),
+        "finished_at": job.finished_at,
+        "outcome": name,
+        "reason": reason,
+    })
+}
+
+/// A bulk retry's dry run: the newest [`RETRY_BATCH`] failed jobs that `query` matches (through `batchd failed`'s
+/// listing), each checked without reading a payload ([`batchd_queue::rerun::check`]): `{"namespace":..,
+/// "matching":N,"scanned":N,"complete":bool,"jobs":[<retry_row>..],"would_retry":N,"already_retried":N,
+/// "not_retryable":N}`. Nothing is enqueued; the confirm step retries the jobs listed here.
+pub async fn retry_plan(conn: &mut Conn, keys: &Keys, query: &FailedQuery) -> anyhow::Result<Value> {
+    let query = FailedQuery { examples: RETRY_BATCH, ..query.clone() };
+    let report = batchd_queue::failed::failed_jobs(conn, keys, &query).await.context("list the failed jobs")?;
+    let mut jobs: Vec<(&FailedJob, &str)> =
+        report.groups.iter().flat_map(|group| group.examples.iter().map(|job| (job, group.model.as_str()))).collect();
+    jobs.sort_by(|(a, _), (b, _)| b.finished_at.cmp(&a.finished_at).then_with(|| a.job_id.cmp(&b.job_id)));
+    jobs.truncate(RETRY_BATCH);
+    let mut rows = Vec::with_capacity(jobs.len());
+    for (job, model) in jobs {
+        let Ok(job_id) = JobId::parse(&job.job_id) else { continue };
+        let retry = retry_id(&job_id);
+        let outcome = match &retry {
+            Ok(retry) => batchd_queue::rerun::check(conn, keys, &job_id, retry)
+                .await
+                .with_context(|| format!("check whether {job_id} can be retried"))?,
+            Err(_) => Rerun::NotRetryable(String::new()),
+        };
+        rows.push(retry_row(job, model, retry.as_ref().map_err(String::as_str), &outcome));
+    }
+    let count = |outcome: &str| rows.iter().filter(|row| row["outcome"] == outcome).count();
+    Ok(json!({
+        "namespace": keys.namespace(),
+        "matching": report.total,
+        "scanned": report.scanned,
+        "complete": report.next_cursor.is_none(),
+        "would_retry": count("would_retry"),
+        "already_retried": count("already_retried"),
+        "not_retryable": count("not_retryable"),
+        "jobs": rows,
+    }))
 }
 
 /// Which of the newest [`DEAD_LIST_LIMIT`] dead letters the list shows (all when empty).

@@ -553,6 +553,12 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
         @if !terminal {
             (action(frame, &format!("/jobs/{}/cancel", encode(id)), "Cancel job", "cancel-job", "Cancel this job? Batches already submitted keep running remotely; their results are discarded."))
         }
+        @if terminal && state != "completed" {
+            (action(frame, &format!("/jobs/{}/retry", encode(id)), "Retry job", "retry-job", "Enqueue a retry of this job? It runs again as a new job, from the request items its ledger kept."))
+            @if let Some(retry) = crate::cli::retry::retry_id(id) {
+                p.note { "Its retry runs as " a #retry-link href=(link(frame, &format!("/jobs/{}", encode(retry.as_str())))) { (shown(retry.as_str(), 120)) } "." }
+            }
+        }
         table.summary {
             tr { th { "model" } td { (text(&job[field::MODEL])) } }
             tr { th { "items" } td { (text(&job[field::N_ITEMS])) } }
@@ -777,6 +783,10 @@ pub fn failed(frame: &Frame<'_>, filters: &FailedFilters<'_>, report: &Value) ->
             @if next.is_none() { " (every ledger of the namespace)" } @else { " (not every ledger yet: continue below)" }
             "."
         }
+        @if !groups.is_empty() {
+            p { a #retry-matching href=(link(frame, &format!("/retry?{}", query(filters.code, filters.model)))) {
+                "Retry the jobs that match these filters…" } " (a dry run first: nothing is enqueued before you confirm)" }
+        }
         table #failed.failed {
             thead { tr { th { "error code" } th { "model" } th { "jobs" } th { "newest finished" } th { "newest examples" } } }
             tbody {
@@ -786,7 +796,11 @@ pub fn failed(frame: &Frame<'_>, filters: &FailedFilters<'_>, report: &Value) ->
                     tr.group data-code=(shown(code, 80)) data-model=(shown(model, 80)) {
                         td.error { (shown(code, 80)) }
                         td { (shown(model, 80)) }
-                        td.num { a.count href=(link(frame, &format!("/failed?{}", query(code, model)))) { (text(&group["count"])) } }
+                        td.num {
+                            a.count href=(link(frame, &format!("/failed?{}", query(code, model)))) { (text(&group["count"])) }
+                            br;
+                            a.retry-group href=(link(frame, &format!("/retry?{}", query(code, model)))) { "retry…" }
+                        }
                         td { (time(&group["newest_finished_at"])) }
                         td {
                             @for example in group["examples"].as_array().into_iter().flatten() {
@@ -807,6 +821,58 @@ pub fn failed(frame: &Frame<'_>, filters: &FailedFilters<'_>, report: &Value) ->
         }
     };
     layout(frame, "Failed jobs", body)
+}
+
+/// A bulk retry's dry run: how many jobs match, what would happen to the newest of them (retried, retried
+/// already, not retryable and why), and with actions the confirm form that retries exactly the retryable ones.
+pub fn retry_plan(frame: &Frame<'_>, filters: &FailedFilters<'_>, plan: &Value) -> Markup {
+    let jobs = plan["jobs"].as_array().cloned().unwrap_or_default();
+    let retryable: Vec<&str> =
+        jobs.iter().filter(|job| job["outcome"] == "would_retry").filter_map(|job| job["job_id"].as_str()).collect();
+    let described = [
+        ("state", filters.state),
+        ("error code", filters.code),
+        ("model", filters.model),
+        ("finished within", filters.since),
+    ];
+    let body = html! {
+        h1 { "Retry failed jobs: dry run" }
+        p.note {
+            "Failed jobs matching "
+            @let given: Vec<String> = described.iter().filter(|(_, value)| !value.is_empty()).map(|(name, value)| format!("{name} {}", shown(value, 80))).collect();
+            @if given.is_empty() { "any filter" } @else { (given.join(", ")) }
+            ": " span #retry-matching-count { (text(&plan["matching"])) } " found in " (text(&plan["scanned"])) " ledgers read"
+            @if plan["complete"] != true { " (not every ledger: the walk stopped at its budget)" }
+            ". The newest " (jobs.len()) " are checked below; nothing has been enqueued."
+        }
+        p #retry-summary {
+            span #would-retry { (text(&plan["would_retry"])) } " would be retried, "
+            span #already-retried { (text(&plan["already_retried"])) } " were retried already, "
+            span #not-retryable { (text(&plan["not_retryable"])) } " cannot be retried."
+        }
+        @if !retryable.is_empty() {
+            (action_form(frame, frame.namespace, "/retry", &format!("Retry these {} jobs", retryable.len()), "confirm-retry",
+                &format!("Enqueue a retry of each of the {} jobs listed as would be retried?", retryable.len()),
+                html! { input type="hidden" name="jobs" value=(retryable.join(",")); }))
+        }
+        table #retry-plan.jobs {
+            thead { tr { th { "job" } th { "retry as" } th { "state" } th { "error code" } th { "finished" } th { "outcome" } } }
+            tbody {
+                @for job in &jobs {
+                    @let id = job["job_id"].as_str().unwrap_or("");
+                    tr data-outcome=(job["outcome"].as_str().unwrap_or("")) {
+                        td { a.job-link href=(link(frame, &format!("/jobs/{}", encode(id)))) { (shown(id, 120)) } }
+                        td.mono { (text(&job["retry_id"])) }
+                        td { (text(&job["state"])) }
+                        td { (text(&job["code"])) }
+                        td { (time(&job["finished_at"])) }
+                        td { (text(&job["outcome"])) @if let Some(reason) = job["reason"].as_str() { ": " span.error { (shown(reason, 300)) } } }
+                    }
+                }
+            }
+        }
+    };
+    layout(frame, "Retry failed jobs", body)
 }
 
 /// The dead-letter list's current filter, to fill the form again.
