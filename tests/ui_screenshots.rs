@@ -4,7 +4,7 @@
 //! flight), a daemon and `batchd ui --allow-actions`; enqueues three jobs for a model that refuses queued requests
 //! (they fail), a mix of jobs and two entries that are not jobs; waits until the first results are out; then opens
 //! each page in headless Chromium and writes `overview.png`, `jobs.png`, `job.png`, `job-failed.png`,
-//! `failed.png`, `dead.png` and `dead-entry.png` into the directory given (default `docs/ui`).
+//! `failed.png`, `retry.png`, `dead.png` and `dead-entry.png` into the directory given (default `docs/ui`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -69,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
         ("job", format!("/jobs/{done}?ns={ns}"), "#chunks"),
         ("job-failed", format!("/jobs/report-002?ns={ns}"), "#job-error"),
         ("failed", format!("/failed?ns={ns}"), "#failed"),
+        ("retry", format!("/retry?ns={ns}"), "#retry-summary"),
         ("dead", format!("/dead?ns={ns}&error=job"), "#dead"),
         ("dead-entry", format!("/dead/{dead_id}?ns={ns}"), "#dead-error"),
     ];

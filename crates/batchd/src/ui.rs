@@ -12,7 +12,8 @@
 //! configured (`--auth-token-file`, `--trusted-user-header`), authenticated ones ([`access`]). Every answer is
 //! `Cache-Control: no-store`.
 //!
-//! Actions (cancel a job; pause and resume intake; retry or purge dead letters) exist only with `--allow-actions`,
+//! Actions (cancel or retry jobs; pause and resume intake; retry or purge dead letters) exist only with
+//! `--allow-actions`,
 //! which refuses to start on an address that is not loopback unless authentication is configured. Each action is a
 //! `POST` that must come from a page of the dashboard itself: the browser's `Origin` must be one of the dashboard's
 //! hosts (or, without one, `Sec-Fetch-Site` must say same origin), and the form's token must equal the session's (a
@@ -55,8 +56,8 @@ pub struct UiArgs {
     /// Address to serve the dashboard on.
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
     pub listen: SocketAddr,
-    /// Offer the actions (cancel a job, pause and resume intake, retry or purge dead letters). Without it the
-    /// dashboard is read-only. On an address that is not loopback it needs --auth-token-file or
+    /// Offer the actions (cancel or retry jobs, pause and resume intake, retry or purge dead letters). Without it
+    /// the dashboard is read-only. On an address that is not loopback it needs --auth-token-file or
     /// --trusted-user-header.
     #[arg(long)]
     pub allow_actions: bool,
