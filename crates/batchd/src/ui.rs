@@ -13,12 +13,11 @@
 //! `Cache-Control: no-store`.
 //!
 //! Actions (cancel or retry jobs; pause and resume intake; retry or purge dead letters) exist only with
-//! `--allow-actions`,
-//! which refuses to start on an address that is not loopback unless authentication is configured. Each action is a
-//! `POST` that must come from a page of the dashboard itself: the browser's `Origin` must be one of the dashboard's
-//! hosts (or, without one, `Sec-Fetch-Site` must say same origin), and the form's token must equal the session's (a
-//! random token in a `SameSite=Strict`, `HttpOnly` cookie, the double-submit pattern); one extractor checks it all
-//! before the body is read (`actions::Act`). Every action is logged with what it did and who asked. Its outcome
+//! `--allow-actions`, which refuses to start on an address that is not loopback unless authentication is configured.
+//! Each action is a `POST` that must come from a page of the dashboard itself: the browser's `Origin` must be one of
+//! the dashboard's hosts (or, without one, `Sec-Fetch-Site` must say same origin), and the form's token must equal
+//! the session's (a random token in a `SameSite=Strict`, `HttpOnly` cookie, the double-submit pattern); one
+//! extractor checks it all before the body is read (`actions::Act`). Every action is logged with what it did and who asked. Its outcome
 //! comes back to the page as a [`Notice`] code, never as text. Without the flag the buttons are absent and the
 //! endpoints answer 403.
 //!
