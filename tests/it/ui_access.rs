@@ -130,13 +130,15 @@ async fn post_action(ui: &Ui, host: &str, origin: &str, path: &str, extra: &[(&s
 }
 
 /// Every route of the dashboard, as (method, path).
-const ROUTES: [(&str, &str); 26] = [
+const ROUTES: [(&str, &str); 28] = [
     ("GET", "/"),
     ("GET", "/api/overview"),
     ("GET", "/jobs"),
     ("GET", "/api/jobs"),
     ("GET", "/jobs/some-job"),
     ("GET", "/api/jobs/some-job"),
+    ("GET", "/jobs/some-job/items"),
+    ("GET", "/api/jobs/some-job/items"),
     ("GET", "/failed"),
     ("GET", "/api/failed"),
     ("GET", "/retry"),

@@ -142,7 +142,9 @@ async fn failed_jobs_are_listed_by_code_and_model_and_a_failed_jobs_page_shows_i
         browser.text("#chunks .chunk-remote").await.expect("remote"),
         "none recorded (the job ended during its submit)"
     );
-    // The request items, 50 a page, read back from the ledger.
+    // The request items, a page of their own (the job's page reads none), 50 a page, read back from the ledger.
+    browser.click("#items-link").await.expect("request items");
+    browser.wait_for("#items").await.expect("the items page");
     let rows = browser.all("#items tbody tr").await.expect("items");
     assert_eq!(rows.len(), 50);
     assert!(rows[0].text().await.expect("row").contains("question 0"));
@@ -154,15 +156,16 @@ async fn failed_jobs_are_listed_by_code_and_model_and_a_failed_jobs_page_shows_i
     .await;
     assert!(browser.text("#items").await.expect("items").contains("question 59"));
     // The JSON twin carries the same.
-    let value: serde_json::Value = reqwest::get(dashboard.url(&format!("/api/jobs/ops-refused?ns={ns}&items_page=1")))
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+    let api = |path: String| {
+        let url = dashboard.url(&path);
+        async move { reqwest::get(url).await.expect("get").json::<serde_json::Value>().await.expect("json") }
+    };
+    let value = api(format!("/api/jobs/ops-refused?ns={ns}")).await;
     assert_eq!(value["chunks"][0]["state"], "failed with the job (was submitting)");
-    assert_eq!(value["requests"]["total"], 60);
-    assert_eq!(value["requests"]["items"][0]["index"], 50);
+    assert!(value.get("requests").is_none(), "the job's page reads no request item");
+    let items = api(format!("/api/jobs/ops-refused/items?ns={ns}&page=1")).await;
+    assert_eq!(items["requests"]["total"], 60);
+    assert_eq!(items["requests"]["items"][0]["index"], 50);
 
     // The failed-jobs page: one group (the code and the model) of two, the newest examples linking to their jobs.
     browser.click("header nav a[href^='/failed']").await.expect("failed jobs link");

@@ -198,6 +198,8 @@ fn router(state: Ui) -> Router {
         .route("/api/jobs", get(jobs))
         .route("/jobs/{id}", get(job))
         .route("/api/jobs/{id}", get(job))
+        .route("/jobs/{id}/items", get(job_items))
+        .route("/api/jobs/{id}/items", get(job_items))
         .route("/jobs/{id}/cancel", post(actions::cancel))
         .route("/jobs/{id}/retry", post(actions::retry_job))
         .route("/retry", get(retry_plan).post(actions::retry_jobs))
@@ -612,10 +614,6 @@ struct JobQuery {
     ns: Option<String>,
     /// The page of responses (from 0).
     page: Option<usize>,
-    /// The chunk whose request items are shown (from 0).
-    chunk: Option<usize>,
-    /// The page of that chunk's request items (from 0).
-    items_page: Option<usize>,
     /// A [`Notice`] code.
     notice: Option<String>,
 }
@@ -630,14 +628,33 @@ async fn job(
     let job_id = crate::cli::parse_job_id(&id).map_err(|e| UiError::BadRequest(format!("{e:#}")))?;
     let mut conn = ui.conn();
     let now = redis_now(&mut conn).await?;
-    let pages = data::JobPages {
-        responses: query.page.unwrap_or(0),
-        chunk: query.chunk.unwrap_or(0),
-        items: query.items_page.unwrap_or(0),
-    };
-    let mut value = data::job(&mut conn, &keys, &job_id, pages).await?;
+    let mut value = data::job(&mut conn, &keys, &job_id, query.page.unwrap_or(0)).await?;
     value["at"] = now.into();
     Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, pages::job))
+}
+
+/// Which of a job's request items to show.
+#[derive(Debug, Deserialize)]
+struct ItemsQuery {
+    ns: Option<String>,
+    /// The chunk (from 0).
+    chunk: Option<usize>,
+    /// The page of that chunk's items (from 0).
+    page: Option<usize>,
+}
+
+/// A job's request items, one chunk and one page at a time, read only here (the job's page reads none).
+async fn job_items(
+    State(ui): State<Ui>,
+    Path(id): Path<String>,
+    Query(query): Query<ItemsQuery>,
+    request: Request,
+) -> Result<Response, UiError> {
+    let keys = ui.keys(query.ns.as_deref())?;
+    let job_id = crate::cli::parse_job_id(&id).map_err(|e| UiError::BadRequest(format!("{e:#}")))?;
+    let (chunk, page) = (query.chunk.unwrap_or(0), query.page.unwrap_or(0));
+    let value = data::job_items(&mut ui.conn(), &keys, &job_id, chunk, page).await?;
+    Ok(answer(&ui, &request, &keys, None, value, pages::job_items))
 }
 
 /// The failed-jobs page's filters and position, as query parameters.

@@ -181,26 +181,13 @@ pub async fn jobs(conn: &mut Conn, keys: &Keys, filter: &JobFilter, cursor: u64)
     crate::cli::inspect::jobs_page(conn, keys, filter, cursor, JOBS_PAGE_SIZE, JOBS_PAGE_SCAN).await
 }
 
-/// What a job's page asks for besides the job: a page of its responses, and a chunk and page of its request
-/// items.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct JobPages {
-    /// The page of the result's responses (from 0).
-    pub responses: usize,
-    /// The chunk whose request items are shown.
-    pub chunk: usize,
-    /// The page of that chunk's items (from 0).
-    pub items: usize,
-}
-
-/// A job for its page: `{"job": <status --json>, "chunks": [{"index":..,"state":..,"remote":..}], "requests":
-/// <a page of request items>, "result": <the result entry, responses paged> | null, "responses_page":
-/// {"page":..,"pages":..,"total":..}}`. The ledger is read without its payloads ([`batchd_queue::LedgerView`]);
-/// `chunks` says what each chunk's state and remote status mean now ([`batchd_queue::ledger_view::ChunkStatus`]);
-/// the request items are read one chunk per page view ([`request_items`]); the result entry is read from Redis once
-/// per process and paged from memory ([`ResultCache`]), so 40 open tabs of one big job cost Redis one read of it,
-/// not 40.
-pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, pages: JobPages) -> anyhow::Result<Value> {
+/// A job for its page: `{"job": <status --json>, "chunks": [{"index":..,"state":..,"remote":..}], "result": <the
+/// result entry, responses paged> | null, "responses_page": {"page":..,"pages":..,"total":..}}`. The ledger is read
+/// without its payloads ([`batchd_queue::LedgerView`]); `chunks` says what each chunk's state and remote status
+/// mean now ([`batchd_queue::ledger_view::ChunkStatus`]); the result entry is read from Redis once per process and
+/// paged from memory ([`ResultCache`]), so 40 open tabs of one big job cost Redis one read of it, not 40. The request
+/// items are a page of their own ([`job_items`]): the job's page reads none.
+pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> anyhow::Result<Value> {
     let view = cli::read_ledger(conn, keys, job_id).await?;
     let status = cli::status_json(&view);
     let job_state = view.state();
@@ -213,7 +200,6 @@ pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, pages: JobPages) 
             json!({"index": index, "state": status.state, "remote": status.remote})
         })
         .collect();
-    let requests = request_items(conn, keys, &view, pages.chunk, pages.items).await?;
     let mut result = Value::Null;
     let mut paging = json!({"page": 0, "pages": 0, "total": 0});
     let entry_id = view.get(field::RESULT_ENTRY);
@@ -224,7 +210,7 @@ pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, pages: JobPages) 
                 result = entry.head.clone();
                 result["entry_id"] = entry_id.into();
                 if let Some(responses) = &entry.responses {
-                    let (page, pages, start) = page_of(responses.len(), pages.responses, RESPONSES_PAGE);
+                    let (page, pages, start) = page_of(responses.len(), page, RESPONSES_PAGE);
                     let shown: Vec<Value> = responses.iter().skip(start).take(RESPONSES_PAGE).cloned().collect();
                     if let Some(output) = result.get_mut("result").and_then(Value::as_object_mut) {
                         output.insert("responses".into(), shown.into());
@@ -235,7 +221,7 @@ pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, pages: JobPages) 
             None => result = json!({"entry_id": entry_id, "trimmed": true}),
         }
     }
-    Ok(json!({"job": status, "chunks": chunks, "requests": requests, "result": result, "responses_page": paging}))
+    Ok(json!({"job": status, "chunks": chunks, "result": result, "responses_page": paging}))
 }
 
 /// Page `page` of `total` things shown `per_page` at a time, clamped to the last page: `(page, pages, first)`.
@@ -248,11 +234,25 @@ fn page_of(total: usize, page: usize, per_page: usize) -> (usize, usize, usize) 
 /// Request items shown per page.
 pub const ITEMS_PAGE: usize = 50;
 
-/// Page `page` of chunk `chunk`'s request items, each with its index in the job: `{"chunk":..,"chunks":..,
-/// "stored":bool,"page":..,"pages":..,"total":..,"items":[{"index":..,"item":..}]}`. Read with the bounded
-/// reader, one chunk per page view ([`batchd_queue::ledger_view::chunk_requests`]): what one view copies out of
-/// Redis is one chunk's items, which the daemon's chunking keeps under the provider's payload limit. A completed
-/// job's items are gone (`stored: false`): its ledger keeps only its timeline.
+/// Page `page` of chunk `chunk`'s request items of job `job_id`, each with its index in the job: `{"job_id":..,
+/// "state":..,"chunk":..,"chunks":..,"stored":bool,"page":..,"pages":..,"total":..,"items":[{"index":..,
+/// "item":..}]}`. Read with the bounded reader, only when asked for and one chunk per view
+/// ([`batchd_queue::ledger_view::chunk_requests`]): what one view copies out of Redis is one chunk's items, which
+/// the daemon's chunking keeps under the provider's payload limit. A completed job's items are gone (`stored:
+/// false`): its ledger keeps only its timeline.
+pub async fn job_items(
+    conn: &mut Conn,
+    keys: &Keys,
+    job_id: &JobId,
+    chunk: usize,
+    page: usize,
+) -> anyhow::Result<Value> {
+    let view = cli::read_ledger(conn, keys, job_id).await?;
+    let items = request_items(conn, keys, &view, chunk, page).await?;
+    Ok(json!({"job_id": job_id.as_str(), "state": view.get(field::STATE), "requests": items}))
+}
+
+/// [`job_items`]' `requests`.
 async fn request_items(
     conn: &mut Conn,
     keys: &Keys,

@@ -601,7 +601,8 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
             (error_fields(&job[field::ERROR]))
         }
         h2 { "Request items" }
-        (request_items(frame, id, &value["requests"]))
+        p { a #items-link href=(link(frame, &format!("/jobs/{}/items", encode(id)))) { "Show the request items" }
+            " (read from the ledger one chunk at a time, while it stores them: until the job completes)" }
         h2 { "Timeline" }
         ol #timeline.timeline {
             @for (at, what) in &timeline { li { span.time { (format_utc(*at)) } " " (what) } }
@@ -689,14 +690,24 @@ fn metadata(job: &Value) -> Markup {
     }
 }
 
+/// A job's request items: one page of one chunk's, with links to the chunk's other pages and to the other chunks.
+pub fn job_items(frame: &Frame<'_>, value: &Value) -> Markup {
+    let id = value["job_id"].as_str().unwrap_or("");
+    let body = html! {
+        h1 { "Request items of job " a #items-job href=(link(frame, &format!("/jobs/{}", encode(id)))) { (shown(id, 120)) } }
+        p { span class=(format!("state state-{}", value["state"].as_str().unwrap_or(""))) { (text(&value["state"])) } }
+        (request_items(frame, id, &value["requests"]))
+    };
+    layout(frame, &format!("items of {}", shown(id, 60)), body)
+}
+
 /// One page of a chunk's request items, with links to the chunk's other pages and to the other chunks.
 fn request_items(frame: &Frame<'_>, id: &str, requests: &Value) -> Markup {
     let chunk = requests["chunk"].as_u64().unwrap_or(0);
     let chunks = requests["chunks"].as_u64().unwrap_or(0);
     let page = requests["page"].as_u64().unwrap_or(0);
     let pages = requests["pages"].as_u64().unwrap_or(0);
-    let href =
-        |chunk: u64, page: u64| link(frame, &format!("/jobs/{}?chunk={chunk}&items_page={page}#items", encode(id)));
+    let href = |chunk: u64, page: u64| link(frame, &format!("/jobs/{}/items?chunk={chunk}&page={page}", encode(id)));
     html! {
         @if chunks > 1 {
             p.pager #item-chunks {
