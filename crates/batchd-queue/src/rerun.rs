@@ -3,7 +3,7 @@
 //! derived id (the caller's; `batchd retry` derives `<id>.retry-<n>`), because a job id is its identity while its
 //! ledger lives and an entry repeating it is never run.
 //!
-//! Two depths, both bounded: [`check`] answers from one pipelined round trip and reads no payload (for a dry run a
+//! Two depths, both bounded: [`check`] answers from two small round trips and reads no payload (for a dry run a
 //! read-only page may trigger); [`prepare`] checks, then reads the ledger's view, its metadata when the view left
 //! it out, and each chunk's stored request items one chunk per command, puts the items back in request order
 //! ([`rebuild_job`]) and validates the result with the daemon's own rules, so what is enqueued is what the daemon
@@ -31,7 +31,7 @@ pub enum Rerun {
     NotRetryable(String),
 }
 
-/// Whether job `job_id` can run again as `retry_id`, from one pipelined round trip that reads no payload: its state
+/// Whether job `job_id` can run again as `retry_id`, from two small round trips that read no payload: its state
 /// (one that ended without completing), its ledger and first chunk's stored items still there, and no ledger for
 /// `retry_id` yet.
 pub async fn check(conn: &mut Conn, keys: &Keys, job_id: &JobId, retry_id: &JobId) -> Result<Rerun, StoreError> {
