@@ -167,3 +167,38 @@ pub fn rebuild_job(view: &LedgerView, requests: &[Option<String>], id: &JobId, k
     };
     serde_json::to_string(&job).map_err(|e| format!("encode the retry: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger_view::ChunkMetadata;
+
+    fn view(header: &[(&'static str, &str)], chunks: &[&[(&'static str, &str)]]) -> LedgerView {
+        let fields = |pairs: &[(&'static str, &str)]| pairs.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+        LedgerView {
+            job_id: JobId::parse("inv-1").unwrap_or_else(|e| panic!("{e}")),
+            header: fields(header),
+            metadata_bytes: None,
+            chunks: chunks.iter().map(|chunk| ChunkMetadata { fields: fields(chunk) }).collect(),
+        }
+    }
+
+    #[test]
+    fn a_retry_is_rebuilt_in_request_order_from_its_chunks() {
+        let keys = Keys::new("batchd").unwrap_or_else(|e| panic!("{e}"));
+        let header = [("model", "@cf/m"), ("n_items", "3"), ("accepted_at", "1000"), ("deadline_at", "61000")];
+        // Chunk 0 holds item 1; chunk 1, split off later, holds items 2 and 0 (listed by index).
+        let ledger = view(&header, &[&[("items", "1:1")], &[("items", "0:2"), ("indices", "[2,0]")]]);
+        let requests = [Some(r#"[{"t":"b"}]"#.to_owned()), Some(r#"[{"t":"c"},{"t":"a"}]"#.to_owned())];
+        let retry = JobId::parse("inv-1.retry-1").unwrap_or_else(|e| panic!("{e}"));
+        let job = rebuild_job(&ledger, &requests, &retry, &keys).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            job,
+            r#"{"id":"inv-1.retry-1","model":"@cf/m","requests":[{"t":"a"},{"t":"b"},{"t":"c"}],"deadline_secs":60,"retry_failed_items":false}"#
+        );
+        let gone = rebuild_job(&ledger, &[requests[0].clone(), None], &retry, &keys).unwrap_err();
+        assert!(gone.contains("no longer stored"), "{gone}");
+        let short = [Some(r#"[{"t":"b"}]"#.to_owned()), Some(r#"[{"t":"c"}]"#.to_owned())];
+        assert_eq!(rebuild_job(&ledger, &short, &retry, &keys).unwrap_err(), "chunk 1 holds 1 requests for 2 items");
+    }
+}
