@@ -570,6 +570,11 @@ fn time_param(what: &str, value: &Option<String>, now: u64) -> Result<Option<u64
         .transpose()
 }
 
+/// A job id from a URL's path, as the CLI parses one; 400 for anything else.
+fn job_id(id: &str) -> Result<batchd_core::JobId, UiError> {
+    crate::cli::parse_job_id(id).map_err(|e| UiError::BadRequest(format!("{e:#}")))
+}
+
 /// A query parameter's value, trimmed; `None` when absent or empty.
 fn nonempty(value: &Option<String>) -> Option<&str> {
     value.as_deref().map(str::trim).filter(|v| !v.is_empty())
@@ -625,7 +630,7 @@ async fn job(
     request: Request,
 ) -> Result<Response, UiError> {
     let keys = ui.keys(query.ns.as_deref())?;
-    let job_id = crate::cli::parse_job_id(&id).map_err(|e| UiError::BadRequest(format!("{e:#}")))?;
+    let job_id = job_id(&id)?;
     let mut conn = ui.conn();
     let now = redis_now(&mut conn).await?;
     let mut value = data::job(&mut conn, &keys, &job_id, query.page.unwrap_or(0)).await?;
@@ -651,7 +656,7 @@ async fn job_items(
     request: Request,
 ) -> Result<Response, UiError> {
     let keys = ui.keys(query.ns.as_deref())?;
-    let job_id = crate::cli::parse_job_id(&id).map_err(|e| UiError::BadRequest(format!("{e:#}")))?;
+    let job_id = job_id(&id)?;
     let (chunk, page) = (query.chunk.unwrap_or(0), query.page.unwrap_or(0));
     let value = data::job_items(&mut ui.conn(), &keys, &job_id, chunk, page).await?;
     Ok(answer(&ui, &request, &keys, None, value, pages::job_items))

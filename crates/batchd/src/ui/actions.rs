@@ -108,7 +108,7 @@ pub(super) async fn cancel(
     act: Act<NoFields>,
 ) -> Result<Response, UiError> {
     let keys = &act.keys;
-    let job_id = JobId::parse(&id).map_err(|e| UiError::BadRequest(format!("job id {id:?} {e}")))?;
+    let job_id = super::job_id(&id)?;
     let producer =
         crate::cli::producer_on(&ui.settings, ui.conn(), keys.clone()).map_err(|e| UiError::Redis(format!("{e:#}")))?;
     let outcome = producer
@@ -287,7 +287,7 @@ pub(super) async fn retry_job(
     Path(id): Path<String>,
     act: Act<NoFields>,
 ) -> Result<Response, UiError> {
-    let job_id = JobId::parse(&id).map_err(|e| UiError::BadRequest(format!("job id {id:?} {e}")))?;
+    let job_id = super::job_id(&id)?;
     let row = retry_one(&ui, &act.keys, &job_id).await?;
     tracing::info!(
         action = "retry",
