@@ -1,10 +1,10 @@
 //! `ui-screenshots` (`make ui-screenshots`): takes the screenshots of `docs/ui.md` from a real dashboard.
 //!
 //! Starts a private redis-server, the emulator (batches of 1 s to 3 min, so some jobs finish and some stay in
-//! flight), a daemon and `batchd ui --allow-actions`; enqueues a mix of jobs, a job that is cancelled and two
-//! entries that are not jobs; waits until the first results are out; then opens each page in headless Chromium
-//! and writes `overview.png`, `jobs.png`, `job.png`, `dead.png` and `dead-entry.png` into the directory given
-//! (default `docs/ui`).
+//! flight), a daemon and `batchd ui --allow-actions`; enqueues three jobs for a model that refuses queued requests
+//! (they fail), a mix of jobs and two entries that are not jobs; waits until the first results are out; then opens
+//! each page in headless Chromium and writes `overview.png`, `jobs.png`, `job.png`, `job-failed.png`,
+//! `failed.png`, `retry.png`, `dead.png` and `dead-entry.png` into the directory given (default `docs/ui`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -24,12 +24,23 @@ async fn main() -> anyhow::Result<()> {
     };
     let world = World::with_emulator(config).await;
     let daemon = world.daemon();
+    // Failed jobs first: the model refuses queued requests while these are submitted, then accepts them again.
+    world.emulator.set_unbatchable_models(["@cf/baai/bge-m3"]);
+    for i in 0..3 {
+        let mut job = bge_m3_job(&format!("report-{i:03}"), 4 + i * 3);
+        job["metadata"] = serde_json::json!({"customer": "acme", "batch": i});
+        world.enqueue(&job).await;
+    }
+    for i in 0..3 {
+        world.wait_for_result(&format!("report-{i:03}"), Duration::from_secs(60)).await;
+    }
+    world.emulator.set_unbatchable_models(Vec::<String>::new());
     for i in 0..40 {
         world.enqueue(&bge_m3_job(&format!("invoice-{i:03}"), 1 + (i * 7) % 120)).await;
     }
     world.enqueue_raw(&[("job", "{\"id\":\"broken-1\",\"model\":".to_owned())]).await;
     world.enqueue_raw(&[("payload", "{\"text\":\"hello\"}".to_owned())]).await;
-    world.wait_for_results(12, Duration::from_secs(120)).await;
+    world.wait_for_results(15, Duration::from_secs(120)).await;
     let ns = world.keys.namespace().to_owned();
 
     let dashboard = Dashboard::start(&world, &["--allow-actions", "--refresh-secs", "0"]).await?;
@@ -56,7 +67,10 @@ async fn main() -> anyhow::Result<()> {
         ("overview", format!("/?ns={ns}"), "#dead"),
         ("jobs", format!("/jobs?ns={ns}"), "#jobs"),
         ("job", format!("/jobs/{done}?ns={ns}"), "#chunks"),
-        ("dead", format!("/dead?ns={ns}"), "#dead"),
+        ("job-failed", format!("/jobs/report-002?ns={ns}"), "#job-error"),
+        ("failed", format!("/failed?ns={ns}"), "#failed"),
+        ("retry", format!("/retry?ns={ns}"), "#retry-summary"),
+        ("dead", format!("/dead?ns={ns}&error=job"), "#dead"),
         ("dead-entry", format!("/dead/{dead_id}?ns={ns}"), "#dead-error"),
     ];
     for (name, path, ready) in pages {

@@ -95,7 +95,7 @@ async fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
-    if method == "POST" {
+    if method == "POST" && !body.is_empty() {
         request.push_str(&format!(
             "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n",
             body.len()
@@ -130,24 +130,39 @@ async fn post_action(ui: &Ui, host: &str, origin: &str, path: &str, extra: &[(&s
 }
 
 /// Every route of the dashboard, as (method, path).
-const ROUTES: [(&str, &str); 16] = [
+const ROUTES: [(&str, &str); 28] = [
     ("GET", "/"),
     ("GET", "/api/overview"),
     ("GET", "/jobs"),
     ("GET", "/api/jobs"),
     ("GET", "/jobs/some-job"),
     ("GET", "/api/jobs/some-job"),
+    ("GET", "/jobs/some-job/items"),
+    ("GET", "/api/jobs/some-job/items"),
+    ("GET", "/failed"),
+    ("GET", "/api/failed"),
+    ("GET", "/retry"),
+    ("GET", "/api/retry"),
     ("GET", "/dead"),
     ("GET", "/api/dead"),
     ("GET", "/dead/1-0"),
     ("GET", "/api/dead/1-0"),
     ("GET", "/assets/ui.css"),
     ("GET", "/assets/ui.js"),
+    ("GET", "/readyz"),
     ("GET", "/no-such-page"),
     ("POST", "/jobs/some-job/cancel"),
+    ("POST", "/jobs/some-job/retry"),
+    ("POST", "/retry"),
     ("POST", "/dead/1-0/retry"),
     ("POST", "/dead/1-0/purge"),
+    ("POST", "/dead/purge"),
+    ("POST", "/pause"),
+    ("POST", "/resume"),
 ];
+
+/// The routes answered without authentication: the two assets and the readiness probe.
+const PUBLIC: [&str; 3] = ["/assets/ui.css", "/assets/ui.js", "/readyz"];
 
 /// A dead-letter entry to purge (the dead-letter stream's fields as the daemon writes them); returns its path.
 async fn dead_letter(world: &World) -> String {
@@ -262,8 +277,9 @@ async fn ui_with_a_token_file_every_request_must_carry_the_token() {
             "GET" => get(&ui, &host, path, &[]).await,
             _ => post_action(&ui, &host, &format!("http://{host}"), path, &[]).await,
         };
-        if path.starts_with("/assets/") {
-            // The stylesheet and the script are the binary's own text, answered to probes without a token.
+        if PUBLIC.contains(&path) {
+            // The stylesheet and the script are the binary's own text, and /readyz says only whether Redis
+            // answers: answered to probes without a token.
             assert_eq!(answer.status, 200, "{path}: {answer:?}");
             continue;
         }
@@ -362,4 +378,59 @@ async fn ui_answers_are_no_store_and_a_notice_is_a_code_never_text() {
         assert_eq!(page.status, 200, "{forged}");
         assert!(!page.body.contains("id=\"notice\"") && !page.body.contains("evil") && !page.body.contains("bold"));
     }
+}
+
+#[tokio::test]
+async fn ui_a_read_only_dashboard_answers_403_to_every_post_even_a_bare_one() {
+    let world = World::new().await;
+    let ui = Ui::start(&world, "127.0.0.1", &[]).await;
+    let host = ui.host();
+    let origin = format!("http://{host}");
+    for (method, path) in ROUTES.into_iter().filter(|(method, _)| *method == "POST") {
+        // No Content-Type and no body (what `curl -X POST` sends): refused as disabled, not as a bad form (415).
+        let bare = send(ui.addr, method, path, &[("Host", &host)], "").await.expect("answer");
+        assert_eq!(bare.status, 403, "bare POST {path}: {bare:?}");
+        assert!(bare.body.contains("read-only"), "{path}: {}", bare.body);
+        // And the same with everything an honest page would send.
+        let full = post_action(&ui, &host, &origin, path, &[]).await;
+        assert_eq!(full.status, 403, "POST {path} from the dashboard's page: {full:?}");
+    }
+    assert!(!ui.log().contains("dashboard action"), "nothing was done: {}", ui.log());
+}
+
+#[tokio::test]
+async fn ui_starts_while_redis_is_down_says_so_and_recovers_by_itself() {
+    let mut world = World::new().await;
+    world.redis.kill();
+    // Started against a Redis that does not answer: it serves (no exit 1, no restart loop on Kubernetes).
+    let mut ui = Ui::start(&world, "127.0.0.1", &["--allow-actions"]).await;
+    let host = ui.host();
+    for path in ["/", "/jobs", "/dead", "/jobs/some-job"] {
+        let answer = get(&ui, &host, path, &[]).await;
+        assert_eq!(answer.status, 503, "{path}: {answer:?}");
+        assert!(answer.body.contains("Redis unreachable") && answer.body.contains("data-unavailable"), "{path}");
+        assert_no_store(&answer, path);
+    }
+    let ready = get(&ui, &host, "/readyz", &[]).await;
+    assert_eq!((ready.status, ready.body.as_str()), (503, "redis unreachable\n"), "{ready:?}");
+    // An action cannot be carried out either, and says why.
+    let answer = post_action(&ui, &host, &format!("http://{host}"), "/pause", &[]).await;
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert!(ui.child.try_wait().expect("wait").is_none(), "batchd ui is still running: {}", ui.log());
+    assert!(ui.log().contains("Redis unreachable at start"), "the log says why: {}", ui.log());
+
+    // Redis comes back on the same address: the same process answers again, nothing restarted.
+    world.redis.restart().await;
+    let started = Instant::now();
+    loop {
+        let (page, ready) = (get(&ui, &host, "/", &[]).await, get(&ui, &host, "/readyz", &[]).await);
+        if page.status == 200 && ready.status == 200 {
+            assert_eq!(ready.body, "ready\n");
+            assert!(page.body.contains("Overview"), "{}", page.body);
+            break;
+        }
+        assert!(started.elapsed() < WAIT, "the dashboard did not recover within {WAIT:?}: {page:?} {ready:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ui.child.try_wait().expect("wait").is_none(), "the same process recovered");
 }

@@ -6,31 +6,15 @@
 //! cancelled, and the effect is checked in Redis. With `--auth-token-file` the browser logs in with basic auth and
 //! the page refreshes itself as before.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use batchd_core::{JobId, ResultStatus};
 use batchd_emulator::EmulatorConfig;
-use batchd_tests::browser::{Browser, Dashboard};
+use batchd_tests::browser::{Browser, Dashboard, wait_for};
 use batchd_tests::{World, bge_m3_job};
 use redis::AsyncCommands;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Polls `check` until it returns `Some`, failing with `what` after [`WAIT`].
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let started = Instant::now();
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(started.elapsed() < WAIT, "timed out after {WAIT:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// Runs the `batchd` CLI with the world's settings and parses its JSON output.
 fn cli_json(world: &World, args: &[&str]) -> serde_json::Value {
@@ -52,7 +36,7 @@ async fn poison_dead_letter(world: &World, job_id: &str) -> String {
     let poisoned = world.keys.job(&JobId::parse(job_id).expect("job id"));
     let _: () = world.conn.clone().set(&poisoned, "not a ledger").await.expect("redis");
     let source = world.enqueue(&bge_m3_job(job_id, 2)).await;
-    wait_for("the dead letter", || async {
+    wait_for(WAIT, "the dead letter", || async {
         let entries = world.entries(&world.keys.dead()).await;
         entries.into_iter().find(|(_, fields)| fields.get("source_id") == Some(&source)).map(|(id, _)| id)
     })
@@ -88,7 +72,7 @@ async fn the_dashboard_shows_what_the_daemon_did_and_is_read_only_without_the_fl
     // It refreshes itself without a reload: a new job's completion shows up in the page that is open.
     world.enqueue(&bge_m3_job("ui-gamma", 1)).await;
     world.wait_for_result("ui-gamma", WAIT).await;
-    wait_for("the overview to refresh itself", || async {
+    wait_for(WAIT, "the overview to refresh itself", || async {
         let text = browser.text(&format!("#finished-{ns} [data-status=completed]")).await.ok()?;
         (text == "3").then_some(())
     })
@@ -111,7 +95,7 @@ async fn the_dashboard_shows_what_the_daemon_did_and_is_read_only_without_the_fl
     assert!(chunks.contains("done") && chunks.contains("0:60"), "{chunks}");
     assert_eq!(browser.all("#responses tbody tr").await.expect("rows").len(), 50, "responses are paged by 50");
     browser.click("#next-responses").await.expect("next page of responses");
-    wait_for("the second page of responses", || async {
+    wait_for(WAIT, "the second page of responses", || async {
         (browser.all("#responses tbody tr").await.ok()?.len() == 10).then_some(())
     })
     .await;
@@ -206,7 +190,7 @@ async fn with_actions_allowed_a_dead_letter_is_retried_and_a_job_cancelled_from_
     let daemon = world.daemon();
     let dead_id = poison_dead_letter(&world, "ui-poison").await;
     world.enqueue(&bge_m3_job("ui-long", 2)).await;
-    wait_for("ui-long to be submitted", || async {
+    wait_for(WAIT, "ui-long to be submitted", || async {
         let ledger = world.ledger("ui-long").await;
         (ledger.get("c0:state").map(String::as_str) == Some("polling")).then_some(())
     })
@@ -255,7 +239,7 @@ async fn with_actions_allowed_a_dead_letter_is_retried_and_a_job_cancelled_from_
     );
     assert!(world.stream(&world.keys.dead()).await.is_empty(), "the dead letter left the dead-letter stream");
     // And the daemon takes the job in (its batches then stay queued, like every batch of this test).
-    wait_for("ui-poison to be taken in", || async {
+    wait_for(WAIT, "ui-poison to be taken in", || async {
         let ledger = world.ledger("ui-poison").await;
         (ledger.get("c0:state").map(String::as_str) == Some("polling")).then_some(())
     })
@@ -269,7 +253,7 @@ async fn with_actions_allowed_a_dead_letter_is_retried_and_a_job_cancelled_from_
     assert_eq!(notice, "Cancellation of this job requested.");
     assert_eq!(world.wait_for_result("ui-long", WAIT).await.status, ResultStatus::Cancelled);
     assert_eq!(world.ledger("ui-long").await["state"], "cancelled");
-    wait_for("the page to show the cancelled job", || async {
+    wait_for(WAIT, "the page to show the cancelled job", || async {
         browser.client.refresh().await.ok()?;
         let state = browser.text("#job-state").await.ok()?;
         (state == "cancelled").then_some(())
@@ -311,7 +295,7 @@ async fn with_a_token_the_browser_logs_in_with_basic_auth_and_the_page_refreshes
     assert_eq!(browser.open(&url, "#mode").await.expect("overview"), "read-only");
     assert_eq!(browser.text("#dead").await.expect("dead letters"), "0");
     // The stylesheet loaded with the same credentials, and the refresh fetches the page with them.
-    wait_for("the overview to refresh itself", || async {
+    wait_for(WAIT, "the overview to refresh itself", || async {
         browser.client.find(fantoccini::Locator::Css("body[data-refreshed]")).await.ok().map(|_| ())
     })
     .await;

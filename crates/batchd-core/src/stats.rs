@@ -1,6 +1,8 @@
 //! The fields of the finished-jobs counters ([`crate::Keys::stats_minute`], [`crate::Keys::stats_hour`]): built
 //! here for the storage that writes them and read back here for the dashboard, so the two cannot disagree.
 
+use std::collections::{BTreeMap, HashMap};
+
 /// Token kinds counted from a result's `usage`, as `(kind, usage key)`.
 pub const TOKEN_KINDS: [(&str, &str); 2] = [("prompt", "prompt_tokens"), ("completion", "completion_tokens")];
 
@@ -54,6 +56,33 @@ impl<'a> StatField<'a> {
     }
 }
 
+/// What counter hashes add up to: finished jobs by status and tokens by model and kind. Every reader of the
+/// counters (the dashboard's chart and tokens, `batchd stats`) sums them here.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Totals {
+    /// Results published, by status.
+    pub finished: BTreeMap<String, u64>,
+    /// Tokens by model, then by kind (`prompt`, `completion`).
+    pub tokens: BTreeMap<String, BTreeMap<String, u64>>,
+}
+
+impl Totals {
+    /// The sums of `hashes` (each a counter hash as `HGETALL` returns it); fields that are not counters are skipped.
+    pub fn of<'a>(hashes: impl IntoIterator<Item = &'a HashMap<String, u64>>) -> Self {
+        let mut totals = Self::default();
+        for (name, n) in hashes.into_iter().flatten() {
+            match StatField::parse(name) {
+                Some(StatField::Finished(status)) => *totals.finished.entry(status.to_owned()).or_default() += n,
+                Some(StatField::Tokens { kind, model }) => {
+                    *totals.tokens.entry(model.to_owned()).or_default().entry(kind.to_owned()).or_default() += n;
+                }
+                None => {}
+            }
+        }
+        totals
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,6 +100,17 @@ mod tests {
         );
         assert_eq!(StatField::parse("other"), None);
         assert_eq!(increments("failed", "", None), [("finished:failed".to_owned(), 1)]);
+    }
+
+    #[test]
+    fn counters_add_up_by_status_and_by_model() {
+        let hash = |pairs: &[(&str, u64)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect::<HashMap<_, _>>();
+        let a = hash(&[("finished:completed", 2), ("tokens:prompt:m", 10), ("other", 7)]);
+        let b = hash(&[("finished:completed", 1), ("finished:failed", 4), ("tokens:prompt:m", 5)]);
+        let totals = Totals::of([&a, &b]);
+        assert_eq!(totals.finished, BTreeMap::from([("completed".to_owned(), 3), ("failed".to_owned(), 4)]));
+        assert_eq!(totals.tokens["m"]["prompt"], 15);
+        assert_eq!(Totals::of([]), Totals::default());
     }
 
     #[test]

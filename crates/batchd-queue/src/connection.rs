@@ -261,6 +261,17 @@ fn tls_certificates(settings: &RedisSettings) -> Result<Option<redis::TlsCertifi
     Ok((root_cert.is_some() || client_tls.is_some()).then_some(redis::TlsCertificates { client_tls, root_cert }))
 }
 
+/// Whether `error` means the server (or the role a connection needs, a writable master) cannot be reached now:
+/// the connection dropped, was refused or timed out, or the server is loading, read-only or without a master. A
+/// healing connection reconnects after one; a reader (the dashboard) says "Redis unreachable" and tries again.
+pub fn is_unreachable(error: &RedisError) -> bool {
+    error.is_connection_dropped()
+        || error.is_io_error()
+        || error.is_connection_refusal()
+        || error.is_timeout()
+        || matches!(error.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
+}
+
 /// A connection to whichever Redis is configured.
 #[derive(Clone)]
 pub enum Conn {
@@ -359,12 +370,7 @@ impl Healing {
 
     /// Forgets the connection when `error` means it (or the server role behind it) is gone.
     async fn after_error(&self, error: &RedisError) {
-        let gone = error.is_connection_dropped()
-            || error.is_io_error()
-            || error.is_connection_refusal()
-            || error.is_timeout()
-            || matches!(error.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"));
-        if gone {
+        if is_unreachable(error) {
             *self.current.lock().await = None;
         }
     }

@@ -14,6 +14,7 @@ use batchd_core::ledger::field;
 use batchd_core::{ChunkRef, ChunkState, JobId, JobState, Keys};
 
 use crate::{Conn, Placement, StoreError};
+use serde::{Deserialize, Serialize};
 
 /// Most bytes of a job's `metadata` a view holds: the producer sizes it, so a larger one is left out and only its
 /// size is kept ([`LedgerView::metadata_bytes`]); `batchd retry` reads it whole ([`job_metadata`]).
@@ -96,6 +97,54 @@ impl ChunkMetadata {
     }
 }
 
+/// A chunk's state and its remote batch's status as they are true now, for people (the dashboard's job page,
+/// `batchd status`): the ledger keeps the last values a step wrote, so once the job has ended a chunk can still
+/// say `submitting` (the job failed or was cancelled before its submit finished) and a `done` chunk still holds
+/// the last status a pending poll saw (`running`). [`ChunkMetadata::status`] says what they mean at the end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkStatus {
+    /// `pending`, `submitting`, `polling`, `done` or `failed` while they hold; `<job state> with the job (was
+    /// <state>)` for a chunk still open when its job ended (it will not finish any more).
+    pub state: String,
+    /// The remote batch: the status a poll saw while the chunk is followed; `finished, results read` once done;
+    /// `never submitted`; or what is known once the job ended without it.
+    pub remote: String,
+}
+
+impl ChunkMetadata {
+    /// The chunk's state and remote status as they are true now, given its job's state (see [`ChunkStatus`]).
+    pub fn status(&self, job: Option<JobState>) -> ChunkStatus {
+        let stored = self.get(field::CHUNK_STATE).unwrap_or("-");
+        let last_seen = self.get(field::CHUNK_REMOTE_STATUS);
+        let submitted = self.get(field::CHUNK_REQUEST_ID).is_some() || self.get(field::CHUNK_REMOTE).is_some();
+        let ended = job.filter(|job| job.is_terminal());
+        let (state, remote) = match (self.state(), ended) {
+            (Some(ChunkState::Done), _) => (stored.to_owned(), "finished, results read".to_owned()),
+            (Some(ChunkState::Failed), _) if !submitted => (stored.to_owned(), "never submitted".to_owned()),
+            (Some(ChunkState::Failed), _) => {
+                (stored.to_owned(), last_seen.map_or_else(|| "unknown".to_owned(), |seen| format!("last seen {seen}")))
+            }
+            (Some(open), Some(job)) => {
+                let remote = match (open, submitted) {
+                    (ChunkState::Submitting, false) => "none recorded (the job ended during its submit)".to_owned(),
+                    (_, false) => "never submitted".to_owned(),
+                    (_, true) => format!("no longer followed (last seen {})", last_seen.unwrap_or("nothing yet")),
+                };
+                (format!("{job} with the job (was {stored})"), remote)
+            }
+            (_, _) => {
+                let remote = match (last_seen, submitted) {
+                    (Some(seen), _) => seen.to_owned(),
+                    (None, true) => "submitted, not polled yet".to_owned(),
+                    (None, false) => "-".to_owned(),
+                };
+                (stored.to_owned(), remote)
+            }
+        };
+        ChunkStatus { state, remote }
+    }
+}
+
 impl LedgerView {
     /// Reads job `job_id`'s ledger: the size of its `metadata` (`HSTRLEN`) and one `HMGET` of the header (with
     /// the metadata when it is small), then one `HMGET` per [`CHUNKS_PER_READ`] chunks of their metadata. `None`
@@ -161,6 +210,97 @@ impl LedgerView {
         }
         fields
     }
+}
+
+/// Most bytes of a job's `error` a reader parses: batchd writes a code and one bounded line (plus the provider's code
+/// and HTTP status), a few hundred bytes; a larger value was not written by batchd and is not read.
+pub const ERROR_READ_BYTES: u64 = 16 * 1024;
+
+/// A job's or a chunk's error (the ledger's `error`, a chunk's `last_error`: JSON `{code, message, api_code,
+/// http_status}`), read field by field and leniently: a field of another type is left out, a value that is not a
+/// JSON object is kept whole as the message.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorFields {
+    /// batchd's reason (`api_error`, `retries_exhausted`, `deadline_exceeded`, `cancelled`, ...).
+    pub code: Option<String>,
+    /// A sentence for people (the provider's own text, as batchd recorded it).
+    pub message: Option<String>,
+    /// The provider's own code, a number (Cloudflare) or a string (OpenAI, Anthropic), shown as text.
+    pub api_code: Option<String>,
+    /// The HTTP status the provider answered with.
+    pub http_status: Option<u16>,
+}
+
+impl ErrorFields {
+    /// Reads an error as the ledger stores it.
+    pub fn parse(raw: &str) -> Self {
+        let Ok(serde_json::Value::Object(object)) = serde_json::from_str::<serde_json::Value>(raw) else {
+            return Self { message: Some(raw.to_owned()), ..Self::default() };
+        };
+        let text = |name: &str| object.get(name).and_then(serde_json::Value::as_str).map(str::to_owned);
+        let api_code = match object.get("api_code") {
+            Some(serde_json::Value::String(code)) => Some(code.clone()),
+            Some(serde_json::Value::Number(code)) => Some(code.to_string()),
+            _ => None,
+        };
+        let http_status =
+            object.get("http_status").and_then(serde_json::Value::as_u64).and_then(|n| u16::try_from(n).ok());
+        Self { code: text("code"), message: text("message"), api_code, http_status }
+    }
+}
+
+impl LedgerView {
+    /// The job's error (`failed`, `expired`, `cancelled` jobs have one), read field by field.
+    pub fn error(&self) -> Option<ErrorFields> {
+        self.get(field::ERROR).map(ErrorFields::parse)
+    }
+}
+
+impl ChunkMetadata {
+    /// The chunk's last error, read field by field.
+    pub fn last_error(&self) -> Option<ErrorFields> {
+        self.get(field::CHUNK_LAST_ERROR).map(ErrorFields::parse)
+    }
+}
+
+/// The `error` of each of `jobs`' ledgers, in order, in two pipelined round trips: its size (`HSTRLEN`), then the
+/// values of those up to [`ERROR_READ_BYTES`]. `None` for a ledger without an error; a larger value reads as an
+/// error with no code and a message saying its size.
+pub async fn job_errors(conn: &mut Conn, keys: &Keys, jobs: &[JobId]) -> Result<Vec<Option<ErrorFields>>, StoreError> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sizes = redis::pipe();
+    for job in jobs {
+        sizes.cmd("HSTRLEN").arg(keys.job(job)).arg(field::ERROR);
+    }
+    let sizes: Vec<u64> = sizes.query_async(conn).await?;
+    let readable: Vec<&JobId> = jobs
+        .iter()
+        .zip(&sizes)
+        .filter(|(_, size)| (1..=ERROR_READ_BYTES).contains(*size))
+        .map(|(job, _)| job)
+        .collect();
+    let mut values: Vec<Option<String>> = Vec::new();
+    if !readable.is_empty() {
+        let mut read = redis::pipe();
+        for job in &readable {
+            read.cmd("HGET").arg(keys.job(job)).arg(field::ERROR);
+        }
+        values = read.query_async(conn).await?;
+    }
+    let mut values = values.into_iter();
+    Ok(sizes
+        .into_iter()
+        .map(|size| match size {
+            0 => None,
+            size if size <= ERROR_READ_BYTES => values.next().flatten().map(|raw| ErrorFields::parse(&raw)),
+            size => Some(ErrorFields {
+                message: Some(format!("(an error of {size} bytes, not read: batchd writes no error that large)")),
+                ..ErrorFields::default()
+            }),
+        })
+        .collect())
 }
 
 /// Job `job_id`'s whole `metadata`, for `batchd retry`, which must carry it over (a view leaves out a large one).
@@ -231,6 +371,35 @@ pub async fn chunk_requests(
 mod tests {
     use super::*;
 
+    fn chunk(fields: &[(&'static str, &str)]) -> ChunkMetadata {
+        ChunkMetadata { fields: fields.iter().map(|(name, value)| (*name, (*value).to_owned())).collect() }
+    }
+
+    #[test]
+    fn a_chunk_says_what_is_true_once_its_job_has_ended() {
+        let status = |fields: &[(&'static str, &str)], job| {
+            let ChunkStatus { state, remote } = chunk(fields).status(job);
+            (state, remote)
+        };
+        let (running, failed, cancelled) = (Some(JobState::Running), Some(JobState::Failed), Some(JobState::Cancelled));
+        let polling = [("state", "polling"), ("request_id", "r-1"), ("remote_status", "running")];
+        assert_eq!(status(&polling, running), ("polling".into(), "running".into()), "while it runs, as stored");
+        let done = [("state", "done"), ("request_id", "r-1"), ("remote_status", "running")];
+        assert_eq!(status(&done, Some(JobState::Completed)), ("done".into(), "finished, results read".into()));
+        assert_eq!(
+            status(&[("state", "submitting")], failed),
+            ("failed with the job (was submitting)".into(), "none recorded (the job ended during its submit)".into())
+        );
+        assert_eq!(
+            status(&polling, cancelled),
+            ("cancelled with the job (was polling)".into(), "no longer followed (last seen running)".into())
+        );
+        assert_eq!(status(&[("state", "pending")], cancelled).1, "never submitted");
+        assert_eq!(status(&[("state", "failed")], failed), ("failed".into(), "never submitted".into()));
+        assert_eq!(status(&[("state", "submitting")], running), ("submitting".into(), "-".into()));
+        assert_eq!(status(&[("state", "polling"), ("request_id", "r")], running).1, "submitted, not polled yet");
+    }
+
     #[test]
     fn items_and_placements_parse_once_here() {
         assert_eq!(parse_items(Some("3:2")), Some((3, 2)));
@@ -249,6 +418,28 @@ mod tests {
             assert!(!asked.contains(&payload), "{payload}");
         }
         assert_eq!(asked.len() + CHUNK_PAYLOADS.len(), field::CHUNK_FIELDS.len());
+    }
+
+    #[test]
+    fn errors_read_field_by_field() {
+        let error =
+            ErrorFields::parse(r#"{"code":"api_error","message":"bad","api_code":5007,"http_status":400,"extra":[1]}"#);
+        assert_eq!(
+            error,
+            ErrorFields {
+                code: Some("api_error".into()),
+                message: Some("bad".into()),
+                api_code: Some("5007".into()),
+                http_status: Some(400),
+            }
+        );
+        assert_eq!(
+            ErrorFields::parse(r#"{"code":"x","api_code":"rate_limit_error"}"#).api_code.as_deref(),
+            Some("rate_limit_error")
+        );
+        let odd = ErrorFields::parse(r#"{"code":7,"http_status":70000}"#);
+        assert_eq!(odd, ErrorFields::default(), "wrong types are left out");
+        assert_eq!(ErrorFields::parse("not json").message.as_deref(), Some("not json"));
     }
 
     #[test]

@@ -12,13 +12,17 @@
 //! configured (`--auth-token-file`, `--trusted-user-header`), authenticated ones ([`access`]). Every answer is
 //! `Cache-Control: no-store`.
 //!
-//! Actions (cancel a job; retry or purge a dead letter) exist only with `--allow-actions`, which refuses to start on
-//! an address that is not loopback unless authentication is configured. Each action is a `POST` that must come from
-//! a page of the dashboard itself: the browser's `Origin` must be one of the dashboard's hosts (or, without one,
-//! `Sec-Fetch-Site` must say same origin), and the form's token must equal the session's (a random token in a
-//! `SameSite=Strict`, `HttpOnly` cookie, the double-submit pattern). Every action is logged with what it did and
-//! who asked. Its outcome comes back to the page as a [`Notice`] code, never as text. Without the flag the buttons
-//! are absent and the endpoints answer 403.
+//! Actions (cancel or retry jobs; pause and resume intake; retry or purge dead letters) exist only with
+//! `--allow-actions`, which refuses to start on an address that is not loopback unless authentication is configured.
+//! Each action is a `POST` that must come from a page of the dashboard itself: the browser's `Origin` must be one of
+//! the dashboard's hosts (or, without one, `Sec-Fetch-Site` must say same origin), and the form's token must equal
+//! the session's (a random token in a `SameSite=Strict`, `HttpOnly` cookie, the double-submit pattern); one
+//! extractor checks it all before the body is read (`actions::Act`). Every action is logged with what it did and who asked. Its outcome
+//! comes back to the page as a [`Notice`] code, never as text. Without the flag the buttons are absent and the
+//! endpoints answer 403.
+//!
+//! Redis may be down when it starts or go away later: the connection is opened on use and healed, pages answer 503
+//! with a "Redis unreachable" page that retries by itself, and `/readyz` says whether Redis answers.
 
 mod access;
 mod actions;
@@ -28,6 +32,7 @@ mod pages;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Router;
@@ -50,8 +55,9 @@ pub struct UiArgs {
     /// Address to serve the dashboard on.
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
     pub listen: SocketAddr,
-    /// Offer the actions (cancel a job, retry or purge dead letters). Without it the dashboard is read-only. On
-    /// an address that is not loopback it needs --auth-token-file or --trusted-user-header.
+    /// Offer the actions (cancel or retry jobs, pause and resume intake, retry or purge dead letters). Without it
+    /// the dashboard is read-only. On an address that is not loopback it needs --auth-token-file or
+    /// --trusted-user-header.
     #[arg(long)]
     pub allow_actions: bool,
     /// Seconds between the pages' refreshes (0: never).
@@ -119,7 +125,10 @@ pub async fn ui(settings: Settings, args: &UiArgs, stop: CancellationToken) -> a
     )
     .map_err(|error| Exit { code: crate::cli::EXIT_USAGE, message: format!("{error:#}") })?;
     crate::logging::init(&settings.log).map_err(crate::settings::ConfigError)?;
-    let conn = crate::cli::connect(&settings).await?;
+    // Opened lazily and healed after every connection error: a Redis that is down at start (or goes away later)
+    // makes the pages say so, answer 503 and recover by themselves; the dashboard never exits for it (on
+    // Kubernetes an exit is a restart loop).
+    let conn = settings.redis_endpoint()?.dedicated(Duration::from_secs(settings.redis.response_timeout_secs.max(5)));
     let listener =
         crate::admin::bind(args.listen).await.with_context(|| format!("--listen: cannot listen on {}", args.listen))?;
     let addr = listener.local_addr().context("read the bound address")?;
@@ -143,7 +152,41 @@ pub async fn ui(settings: Settings, args: &UiArgs, stop: CancellationToken) -> a
         "dashboard listening ({mode}, namespaces {})",
         state.namespaces.iter().map(Keys::namespace).collect::<Vec<_>>().join(", ")
     );
+    tokio::spawn(warn_if_unreachable(state.conn(), crate::settings::redact_url(state.settings.redis.url.expose())));
     crate::admin::serve_limited(listener, router(state), stop, &what).await.context("serve the dashboard")
+}
+
+/// Logs once at start when Redis does not answer, so the log says why the pages say "Redis unreachable".
+async fn warn_if_unreachable(mut conn: Conn, redis: String) {
+    if let Err(error) = ping(&mut conn).await {
+        tracing::warn!(
+            redis = %redis,
+            error = %error,
+            "Redis unreachable at start: the pages say so (503) until it answers, /readyz answers 503"
+        );
+    }
+}
+
+/// Longest wait for Redis's answer to the readiness probe's `PING`.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `PING` within [`READY_TIMEOUT`].
+async fn ping(conn: &mut Conn) -> Result<(), String> {
+    match tokio::time::timeout(READY_TIMEOUT, batchd_queue::results::ping(conn)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err(format!("no answer within {} s", READY_TIMEOUT.as_secs())),
+    }
+}
+
+/// `/readyz`: 200 while Redis answers, 503 otherwise (a Kubernetes readiness probe; no token needed, see
+/// [`access::PUBLIC_PATHS`]). The dashboard itself stays up either way.
+async fn readyz(State(ui): State<Ui>) -> Response {
+    let plain = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
+    match ping(&mut ui.conn()).await {
+        Ok(()) => (StatusCode::OK, plain, "ready\n").into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, plain, "redis unreachable\n").into_response(),
+    }
 }
 
 fn router(state: Ui) -> Router {
@@ -155,13 +198,24 @@ fn router(state: Ui) -> Router {
         .route("/api/jobs", get(jobs))
         .route("/jobs/{id}", get(job))
         .route("/api/jobs/{id}", get(job))
+        .route("/jobs/{id}/items", get(job_items))
+        .route("/api/jobs/{id}/items", get(job_items))
         .route("/jobs/{id}/cancel", post(actions::cancel))
+        .route("/jobs/{id}/retry", post(actions::retry_job))
+        .route("/retry", get(retry_plan).post(actions::retry_jobs))
+        .route("/api/retry", get(retry_plan))
+        .route("/failed", get(failed))
+        .route("/api/failed", get(failed))
         .route("/dead", get(dead_list))
         .route("/api/dead", get(dead_list))
         .route("/dead/{entry}", get(dead_entry))
         .route("/api/dead/{entry}", get(dead_entry))
         .route("/dead/{entry}/retry", post(actions::dead_retry))
         .route("/dead/{entry}/purge", post(actions::dead_purge))
+        .route("/dead/purge", post(actions::dead_purge_matching))
+        .route("/pause", post(actions::pause))
+        .route("/resume", post(actions::resume))
+        .route("/readyz", get(readyz))
         .route("/assets/ui.css", get(|| async { asset("text/css; charset=utf-8", include_str!("ui/ui.css")) }))
         .route("/assets/ui.js", get(|| async { asset("text/javascript; charset=utf-8", include_str!("ui/ui.js")) }))
         .fallback(|| async { UiError::NotFound("no such page".to_owned()) })
@@ -202,18 +256,25 @@ enum UiError {
     BadRequest(String),
     /// 403: actions are off, or the request is not from the dashboard's own page.
     Forbidden(String),
-    /// 502: Redis failed.
+    /// 409: the action cannot be done to this thing as it is (a job that cannot be retried).
+    Conflict(String),
+    /// 502: Redis failed (an error it answered: a permission, a wrong type).
     Redis(String),
+    /// 503: Redis cannot be reached (down, refused, timed out, loading); the page retries by itself.
+    Unavailable(String),
 }
 
 impl From<anyhow::Error> for UiError {
     fn from(error: anyhow::Error) -> Self {
         match error.downcast_ref::<Exit>() {
             Some(exit) if exit.code == crate::cli::EXIT_NOT_FOUND => Self::NotFound(exit.message.clone()),
-            _ if error.chain().any(|cause| cause.downcast_ref::<redis::RedisError>().is_some()) => {
-                Self::Redis(format!("{error:#}"))
-            }
-            _ => Self::BadRequest(format!("{error:#}")),
+            _ => match error.chain().find_map(|cause| cause.downcast_ref::<redis::RedisError>()) {
+                Some(redis) if batchd_queue::connection::is_unreachable(redis) => {
+                    Self::Unavailable(format!("{error:#}"))
+                }
+                Some(_) => Self::Redis(format!("{error:#}")),
+                None => Self::BadRequest(format!("{error:#}")),
+            },
         }
     }
 }
@@ -224,7 +285,12 @@ impl IntoResponse for UiError {
             Self::NotFound(message) => (StatusCode::NOT_FOUND, message),
             Self::BadRequest(message) => (StatusCode::BAD_REQUEST, message),
             Self::Forbidden(message) => (StatusCode::FORBIDDEN, message),
+            Self::Conflict(message) => (StatusCode::CONFLICT, message),
             Self::Redis(message) => (StatusCode::BAD_GATEWAY, message),
+            Self::Unavailable(message) => {
+                let message = crate::cli::escape_for_terminal(&message).into_owned();
+                return (StatusCode::SERVICE_UNAVAILABLE, pages::unavailable_page(&message)).into_response();
+            }
         };
         let message = crate::cli::escape_for_terminal(&message).into_owned();
         (status, pages::error_page(status, &message)).into_response()
@@ -338,12 +404,44 @@ pub(crate) enum Notice {
     DeadRequeued,
     /// A dead letter was deleted.
     DeadPurged,
+    /// The dead letters a filter matched were deleted.
+    DeadPurgedMatching,
+    /// The namespace's intake was paused.
+    IntakePaused,
+    /// The namespace's intake was paused already; the first pause was kept.
+    AlreadyPaused,
+    /// The namespace's intake was resumed.
+    IntakeResumed,
+    /// The namespace's intake was not paused.
+    NotPaused,
+    /// A failed job's retry was enqueued.
+    JobRetried,
+    /// The job had been retried already.
+    AlreadyRetried,
+    /// Every retry of a bulk retry was enqueued (or had been).
+    RetriesEnqueued,
+    /// Some retries of a bulk retry could not be enqueued.
+    RetriesPartly,
 }
 
 impl Notice {
     /// Every notice, for parsing and tests.
-    pub const ALL: [Self; 5] =
-        [Self::CancelRequested, Self::CancelBeforeTakeIn, Self::AlreadyEnded, Self::DeadRequeued, Self::DeadPurged];
+    pub const ALL: [Self; 14] = [
+        Self::CancelRequested,
+        Self::CancelBeforeTakeIn,
+        Self::AlreadyEnded,
+        Self::DeadRequeued,
+        Self::DeadPurged,
+        Self::DeadPurgedMatching,
+        Self::IntakePaused,
+        Self::AlreadyPaused,
+        Self::IntakeResumed,
+        Self::NotPaused,
+        Self::JobRetried,
+        Self::AlreadyRetried,
+        Self::RetriesEnqueued,
+        Self::RetriesPartly,
+    ];
 
     /// The code in the URL.
     pub fn code(self) -> &'static str {
@@ -353,6 +451,15 @@ impl Notice {
             Self::AlreadyEnded => "already-ended",
             Self::DeadRequeued => "dead-requeued",
             Self::DeadPurged => "dead-purged",
+            Self::DeadPurgedMatching => "dead-purged-matching",
+            Self::IntakePaused => "intake-paused",
+            Self::AlreadyPaused => "already-paused",
+            Self::IntakeResumed => "intake-resumed",
+            Self::NotPaused => "not-paused",
+            Self::JobRetried => "job-retried",
+            Self::AlreadyRetried => "already-retried",
+            Self::RetriesEnqueued => "retries-enqueued",
+            Self::RetriesPartly => "retries-partly",
         }
     }
 
@@ -369,6 +476,19 @@ impl Notice {
             Self::AlreadyEnded => "This job had already ended; nothing was cancelled.",
             Self::DeadRequeued => "The dead-letter entry was put back on the submit stream.",
             Self::DeadPurged => "The dead-letter entry was deleted.",
+            Self::DeadPurgedMatching => "The matching dead-letter entries were deleted.",
+            Self::IntakePaused => {
+                "Intake paused: replicas stop reading the submit stream and finish the jobs they have."
+            }
+            Self::AlreadyPaused => "Intake was paused already; the first pause is kept.",
+            Self::IntakeResumed => "Intake resumed: replicas read the submit stream again.",
+            Self::NotPaused => "Intake was not paused; nothing changed.",
+            Self::JobRetried => "A retry of this job was enqueued; it runs as a new job (its id ends in .retry-N).",
+            Self::AlreadyRetried => "This job had been retried already; nothing was enqueued.",
+            Self::RetriesEnqueued => "The retries were enqueued; each runs as a new job (its id ends in .retry-N).",
+            Self::RetriesPartly => {
+                "Some retries were enqueued; the others could not be (the action's log line and JSON answer say why)."
+            }
         }
     }
 }
@@ -385,19 +505,30 @@ async fn redis_now(conn: &mut Conn) -> Result<u64, UiError> {
     Ok(crate::cli::pause::redis_now_ms(conn).await?)
 }
 
-async fn overview_value(ui: &Ui) -> Result<serde_json::Value, UiError> {
+/// The overview's parameters.
+#[derive(Debug, Deserialize)]
+struct OverviewQuery {
+    ns: Option<String>,
+    /// A [`Notice`] code.
+    notice: Option<String>,
+    /// The chart's [`data::Range`] (`1h`, `24h`, `8d`).
+    range: Option<String>,
+}
+
+async fn overview(
+    State(ui): State<Ui>,
+    Query(query): Query<OverviewQuery>,
+    request: Request,
+) -> Result<Response, UiError> {
+    let keys = ui.keys(query.ns.as_deref())?;
+    let range = data::Range::parse(query.range.as_deref());
     let mut conn = ui.conn();
     let now = redis_now(&mut conn).await?;
     let mut namespaces = Vec::new();
     for keys in ui.namespaces.iter() {
-        namespaces.push(data::overview(&mut conn, keys, now).await?);
+        namespaces.push(data::overview(&mut conn, keys, now, range).await?);
     }
-    Ok(serde_json::json!({"at": now, "namespaces": namespaces}))
-}
-
-async fn overview(State(ui): State<Ui>, Query(query): Query<NsQuery>, request: Request) -> Result<Response, UiError> {
-    let value = overview_value(&ui).await?;
-    let keys = ui.keys(query.ns.as_deref())?;
+    let value = serde_json::json!({"at": now, "namespaces": namespaces});
     Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, pages::overview))
 }
 
@@ -427,6 +558,23 @@ struct JobsQuery {
     cursor: Option<u64>,
 }
 
+/// A time given as a query parameter, in Unix ms: the CLI's own reading of a time (`batchd retry --since`), an age
+/// counted back from `now` (`30m`, `2h`, `1d`) or a time; `None` when absent or empty.
+fn time_param(what: &str, value: &Option<String>, now: u64) -> Result<Option<u64>, UiError> {
+    nonempty(value)
+        .map(|text| {
+            crate::cli::retry::parse_time(text)
+                .map(|time| time.resolve(now))
+                .map_err(|e| UiError::BadRequest(format!("{what} {text:?}: {e}")))
+        })
+        .transpose()
+}
+
+/// A job id from a URL's path, as the CLI parses one; 400 for anything else.
+fn job_id(id: &str) -> Result<batchd_core::JobId, UiError> {
+    crate::cli::parse_job_id(id).map_err(|e| UiError::BadRequest(format!("{e:#}")))
+}
+
 /// A query parameter's value, trimmed; `None` when absent or empty.
 fn nonempty(value: &Option<String>) -> Option<&str> {
     value.as_deref().map(str::trim).filter(|v| !v.is_empty())
@@ -440,15 +588,7 @@ impl JobsQuery {
             }
             None => Vec::new(),
         };
-        // The CLI's own reading of a time (`batchd retry --since`): an age (`30m`, `2h`, `1d`) or a time.
-        let accepted_since = match nonempty(&self.since) {
-            Some(since) => Some(
-                crate::cli::retry::parse_time(since)
-                    .map_err(|e| UiError::BadRequest(format!("accepted within {since:?}: {e}")))?
-                    .resolve(now),
-            ),
-            None => None,
-        };
+        let accepted_since = time_param("accepted within", &self.since, now)?;
         Ok(JobFilter {
             states,
             model: nonempty(&self.model).map(str::to_owned),
@@ -490,7 +630,7 @@ async fn job(
     request: Request,
 ) -> Result<Response, UiError> {
     let keys = ui.keys(query.ns.as_deref())?;
-    let job_id = crate::cli::parse_job_id(&id).map_err(|e| UiError::BadRequest(format!("{e:#}")))?;
+    let job_id = job_id(&id)?;
     let mut conn = ui.conn();
     let now = redis_now(&mut conn).await?;
     let mut value = data::job(&mut conn, &keys, &job_id, query.page.unwrap_or(0)).await?;
@@ -498,10 +638,139 @@ async fn job(
     Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, pages::job))
 }
 
-async fn dead_list(State(ui): State<Ui>, Query(query): Query<NsQuery>, request: Request) -> Result<Response, UiError> {
+/// Which of a job's request items to show.
+#[derive(Debug, Deserialize)]
+struct ItemsQuery {
+    ns: Option<String>,
+    /// The chunk (from 0).
+    chunk: Option<usize>,
+    /// The page of that chunk's items (from 0).
+    page: Option<usize>,
+}
+
+/// A job's request items, one chunk and one page at a time, read only here (the job's page reads none).
+async fn job_items(
+    State(ui): State<Ui>,
+    Path(id): Path<String>,
+    Query(query): Query<ItemsQuery>,
+    request: Request,
+) -> Result<Response, UiError> {
     let keys = ui.keys(query.ns.as_deref())?;
-    let value = data::dead_list(&mut ui.conn(), &keys).await?;
-    Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, pages::dead_list))
+    let job_id = job_id(&id)?;
+    let (chunk, page) = (query.chunk.unwrap_or(0), query.page.unwrap_or(0));
+    let value = data::job_items(&mut ui.conn(), &keys, &job_id, chunk, page).await?;
+    Ok(answer(&ui, &request, &keys, None, value, pages::job_items))
+}
+
+/// The failed-jobs page's filters and position, as query parameters.
+#[derive(Debug, Default, Deserialize)]
+struct FailedQuery {
+    ns: Option<String>,
+    /// A [`Notice`] code.
+    notice: Option<String>,
+    /// `failed`, `expired` or `cancelled` (all three when empty).
+    state: Option<String>,
+    /// A model name.
+    model: Option<String>,
+    /// An error code.
+    code: Option<String>,
+    /// Finished within this long (`30m`, `2h`, `1d`) or since this time.
+    since: Option<String>,
+    /// The `SCAN` cursor to continue the walk from.
+    cursor: Option<u64>,
+}
+
+impl FailedQuery {
+    /// The listing's query: at most [`data::FAILED_SCAN`] ledgers, [`data::FAILED_EXAMPLES`] examples a group.
+    fn query(&self, now: u64) -> Result<batchd_queue::failed::FailedQuery, UiError> {
+        let states = match nonempty(&self.state) {
+            Some(state) => {
+                let state =
+                    state.parse::<JobState>().map_err(|_| UiError::BadRequest(format!("no job state {state:?}")))?;
+                if !batchd_queue::failed::FAILED_STATES.contains(&state) {
+                    return Err(UiError::BadRequest(format!("{state} is not a state of a failed job")));
+                }
+                vec![state]
+            }
+            None => Vec::new(),
+        };
+        Ok(batchd_queue::failed::FailedQuery {
+            states,
+            model: nonempty(&self.model).map(str::to_owned),
+            code: nonempty(&self.code).map(str::to_owned),
+            since: time_param("finished within", &self.since, now)?,
+            examples: data::FAILED_EXAMPLES,
+            max_scanned: data::FAILED_SCAN,
+            cursor: self.cursor.unwrap_or(0),
+        })
+    }
+
+    /// The filters as given, to fill the form again and build links.
+    fn filters(&self) -> pages::FailedFilters<'_> {
+        pages::FailedFilters {
+            state: self.state.as_deref().unwrap_or(""),
+            model: self.model.as_deref().unwrap_or(""),
+            code: self.code.as_deref().unwrap_or(""),
+            since: self.since.as_deref().unwrap_or(""),
+        }
+    }
+}
+
+async fn failed(State(ui): State<Ui>, Query(query): Query<FailedQuery>, request: Request) -> Result<Response, UiError> {
+    let keys = ui.keys(query.ns.as_deref())?;
+    let mut conn = ui.conn();
+    let now = redis_now(&mut conn).await?;
+    let value = data::failed(&mut conn, &keys, &query.query(now)?).await?;
+    let filters = query.filters();
+    Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, |frame, value| {
+        pages::failed(frame, &filters, value)
+    }))
+}
+
+/// A bulk retry's dry run (`/retry` with the failed-jobs page's filters): what would be retried, checked without
+/// reading a payload; with actions, the form that retries exactly those jobs.
+async fn retry_plan(
+    State(ui): State<Ui>,
+    Query(query): Query<FailedQuery>,
+    request: Request,
+) -> Result<Response, UiError> {
+    let keys = ui.keys(query.ns.as_deref())?;
+    let mut conn = ui.conn();
+    let now = redis_now(&mut conn).await?;
+    let value = data::retry_plan(&mut conn, &keys, &query.query(now)?).await?;
+    let filters = query.filters();
+    Ok(answer(&ui, &request, &keys, None, value, |frame, value| pages::retry_plan(frame, &filters, value)))
+}
+
+/// The dead-letter list's filter, as query parameters.
+#[derive(Debug, Deserialize)]
+struct DeadQuery {
+    ns: Option<String>,
+    /// A [`Notice`] code.
+    notice: Option<String>,
+    /// Text the entry's error contains (any case).
+    error: Option<String>,
+    /// Dead before this time: an age (`30m`, `2h`, `1d`) or a time, read as `batchd retry --since` reads it.
+    before: Option<String>,
+}
+
+async fn dead_list(
+    State(ui): State<Ui>,
+    Query(query): Query<DeadQuery>,
+    request: Request,
+) -> Result<Response, UiError> {
+    let keys = ui.keys(query.ns.as_deref())?;
+    let mut conn = ui.conn();
+    let before = time_param("dead before", &query.before, redis_now(&mut conn).await?)?;
+    let filter = data::DeadFilter { error: nonempty(&query.error).map(str::to_lowercase), before };
+    let value = data::dead_list(&mut conn, &keys, &filter).await?;
+    let filters = pages::DeadFilters {
+        error: query.error.as_deref().unwrap_or(""),
+        before: query.before.as_deref().unwrap_or(""),
+    };
+    Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, |frame, value| {
+        pages::dead_list(frame, &filters, value)
+    }))
 }
 
 async fn dead_entry(

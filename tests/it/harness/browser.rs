@@ -37,6 +37,22 @@ async fn answers(url: &str, what: &str) -> anyhow::Result<()> {
     }
 }
 
+/// Polls `check` until it returns `Some`, failing with `what` after `limit`.
+pub async fn wait_for<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(started.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A headless Chromium session. Dropping it ends the driver (and the browser with it).
 #[allow(missing_debug_implementations)]
 pub struct Browser {

@@ -1,8 +1,8 @@
 //! Who the dashboard answers. Every request must name one of the dashboard's own hosts (`Host`), so a page that
 //! rebinds its own DNS name to the dashboard's address (DNS rebinding) gets nothing: its requests carry its name.
 //! When authentication is configured, every request must also carry the token (bearer or basic-auth password) or
-//! the user header an authenticating proxy sets, except the two assets under [`PUBLIC_PREFIX`] (the same bytes for
-//! everyone; health probes fetch one). Actions, on top, must come from a page of one of those hosts
+//! the user header an authenticating proxy sets, except [`PUBLIC_PATHS`]: the two assets (the same bytes for
+//! everyone) and the readiness probe (which says only whether Redis answers). Actions, on top, must come from a page of one of those hosts
 //! (`Origin`, checked against the same list, never against `Host` alone).
 //!
 //! The hosts are `localhost`, any IP address (an address cannot be rebound: a page served from it is the dashboard
@@ -22,9 +22,9 @@ use base64::Engine as _;
 use subtle::ConstantTimeEq as _;
 
 /// The paths answered without authentication (still only to the dashboard's hosts): the stylesheet and the
-/// script, which hold nothing but the binary's own text, so a health probe (the Kubernetes manifests probe
-/// `/assets/ui.css`) needs no token.
-pub const PUBLIC_PREFIX: &str = "/assets/";
+/// script, which hold nothing but the binary's own text, and `/readyz`, which says only whether Redis answers, so
+/// the Kubernetes probes (liveness on `/assets/ui.css`, readiness on `/readyz`) need no token.
+pub const PUBLIC_PATHS: [&str; 3] = ["/assets/ui.css", "/assets/ui.js", "/readyz"];
 
 /// Shortest token `--auth-token-file` may hold.
 pub const MIN_TOKEN_BYTES: usize = 16;
@@ -227,7 +227,7 @@ impl IntoResponse for Refusal {
     }
 }
 
-/// The middleware in front of every route: the host check, then authentication (but for [`PUBLIC_PREFIX`]); the
+/// The middleware in front of every route: the host check, then authentication (but for [`PUBLIC_PATHS`]); the
 /// user found is handed to the handlers as a [`User`] extension.
 pub async fn guard(State(access): State<Arc<Access>>, mut request: Request, next: Next) -> Response {
     let headers = request.headers();
@@ -237,7 +237,7 @@ pub async fn guard(State(access): State<Arc<Access>>, mut request: Request, next
     if !host_ok {
         return Refusal::ForeignHost.into_response();
     }
-    if request.uri().path().starts_with(PUBLIC_PREFIX) {
+    if PUBLIC_PATHS.contains(&request.uri().path()) {
         request.extensions_mut().insert(User(None));
         return next.run(request).await;
     }
