@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use batchd_core::result::code;
 use batchd_core::{FailedBatch, ItemResponse, JobError, JobOutput, backoff};
 use batchd_provider::BodyShape;
 use batchd_queue::Placement;
@@ -139,11 +140,15 @@ pub enum ChunkOutcome {
     },
     /// The batch had not finished (the job was cancelled, expired or failed meanwhile).
     Unfinished,
+    /// The batch was never sent (the job was cancelled first): its items are `not_run`, unless an earlier chunk
+    /// answered them (a failed-items retry that never ran keeps the first answers).
+    NotRun,
 }
 
 /// Assembles the job's output from its chunks: every item gets exactly one response, at its own index, in
 /// request order. Later chunks win (a chunk of retried items replaces the first answers); items of failed batches
-/// get `success:false` with the batch's error, items never answered get `unanswered`. Usage is summed.
+/// get `success:false` with the batch's error, items of batches never sent get `not_run`, items never answered
+/// get `unanswered`. Usage is summed.
 pub fn assemble(n_items: usize, chunks: Vec<(u32, Placement, ChunkOutcome)>, unanswered: &JobError) -> JobOutput {
     let mut slots: Vec<Option<ItemResponse>> = vec![None; n_items];
     let mut usage = serde_json::Map::new();
@@ -152,6 +157,7 @@ pub fn assemble(n_items: usize, chunks: Vec<(u32, Placement, ChunkOutcome)>, una
         let text = serde_json::json!({"code": error.code, "message": error.message}).to_string();
         RawValue::from_string(text).ok()
     };
+    let not_run = JobError::new(code::NOT_RUN, "not run: the job ended before this request was sent to the provider");
     for (chunk, placement, outcome) in chunks {
         match outcome {
             ChunkOutcome::Done(output) => {
@@ -171,6 +177,11 @@ pub fn assemble(n_items: usize, chunks: Vec<(u32, Placement, ChunkOutcome)>, una
                 failed_batches.push(FailedBatch { chunk, items, request_id, error });
             }
             ChunkOutcome::Unfinished => {}
+            ChunkOutcome::NotRun => {
+                for index in placement.job_indices().into_iter().filter(|index| *index < n_items) {
+                    slots[index].get_or_insert_with(|| ItemResponse::failure(index, error_item(&not_run)));
+                }
+            }
         }
     }
     let responses = slots
@@ -419,6 +430,27 @@ mod tests {
         assert_eq!(merged.failed_batches.len(), 1);
         assert_eq!(merged.failed_batches[0].items, [3, 4]);
         assert!(merged.responses[3].error.as_ref().unwrap().get().contains("batch_failed"));
+    }
+
+    #[test]
+    fn items_of_a_batch_never_sent_are_not_run_unless_answered_before() {
+        let unanswered = JobError::new("cancelled", "not answered");
+        let merged = assemble(
+            4,
+            vec![
+                (0, Placement::Range { start: 0, len: 2 }, ChunkOutcome::Done(output(&[(0, true), (1, false)], 1))),
+                (1, Placement::Range { start: 2, len: 2 }, ChunkOutcome::NotRun),
+                (2, Placement::Indices(vec![1]), ChunkOutcome::NotRun),
+            ],
+            &unanswered,
+        );
+        let successes: Vec<bool> = merged.responses.iter().map(|r| r.success).collect();
+        assert_eq!(successes, [true, false, false, false]);
+        assert!(merged.responses[1].error.is_none(), "the first answer of a retried item is kept");
+        for index in [2, 3] {
+            assert!(merged.responses[index].error.as_ref().unwrap().get().contains(r#""code":"not_run""#));
+        }
+        assert!(merged.failed_batches.is_empty());
     }
 
     #[test]
