@@ -367,6 +367,48 @@ async fn a_60000_line_job_is_split_into_batches_of_50000_and_merged_in_order() {
     daemon.stop().await.expect("stop");
 }
 
+/// The polls-per-batch figures of docs/providers.md come from `policy::polls_until`; this checks the daemon
+/// against it, from the emulator's call log: never a poll sooner than the schedule says, never more polls than
+/// it counts.
+#[tokio::test]
+async fn a_batch_is_polled_no_more_often_than_the_schedule_the_docs_count_with() {
+    let world = openai_world(|settings| {
+        settings.poll.initial_interval_ms = 100;
+        settings.poll.multiplier = 1.5;
+        settings.poll.max_interval_ms = 400;
+        settings.poll.jitter = 0.0;
+    })
+    .await;
+    let openai = world.emulator.openai();
+    let mut timing = openai.timing();
+    (timing.validating_for, timing.in_progress_for, timing.finalizing_for) =
+        (Duration::from_millis(200), Duration::from_millis(1000), Duration::from_millis(200));
+    openai.set_timing(timing);
+    let ends_after = Duration::from_millis(1400);
+    let daemon = world.daemon();
+    world.enqueue(&json!({"id": "polls-1", "model": "openai/gpt-4o-mini", "requests": [chat("a")]})).await;
+    let entry = world.wait_for_result("polls-1", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+    let created = openai.calls_of(OpenAiCallKind::CreateBatch)[0].at_ms;
+    let polls: Vec<u64> = openai
+        .calls_of(OpenAiCallKind::GetBatch)
+        .into_iter()
+        .filter(|call| call.batch_id.as_deref() == Some(entry.request_ids[0].as_str()))
+        .map(|call| call.at_ms)
+        .collect();
+    let schedule = &world.settings.poll;
+    // The emulator's clock starts the batch when it handles the create, a little after the call arrived.
+    let most = batchd_engine::policy::polls_until(ends_after + Duration::from_millis(50), schedule, 0.5);
+    assert!((2..=most as usize).contains(&polls.len()), "{} polls, at most {most}: {polls:?}", polls.len());
+    let mut previous = created;
+    for (n, at) in polls.iter().enumerate() {
+        let delay = batchd_engine::policy::next_poll_delay(n as u64, schedule, 0.5).as_millis() as u64;
+        assert!(at + 10 >= previous + delay, "poll {} came {} ms after the one before, sooner than {delay} ms", n + 1, at - previous);
+        previous = *at;
+    }
+    daemon.stop().await.expect("stop");
+}
+
 #[tokio::test]
 async fn embeddings_and_responses_jobs_go_to_their_endpoint_and_an_unknown_endpoint_fails_the_job() {
     let world = openai_world(|_| {}).await;

@@ -20,6 +20,20 @@ pub fn next_poll_delay(n_polls: u64, settings: &PollSettings, unit_random: f64) 
     Duration::from_millis((capped * spread).max(1.0) as u64)
 }
 
+/// How many polls see a batch that ends `ended_after` its submit, polled on the [`next_poll_delay`] schedule with
+/// `unit_random` as every delay's spread (0.5: none): the first poll whose time (the sum of the delays before it)
+/// reaches the end is the last. An upper bound for the daemon, whose every delay also starts after a reply: each
+/// request's latency only makes the count smaller. Without events; with them, the event ends the polling.
+pub fn polls_until(ended_after: Duration, settings: &PollSettings, unit_random: f64) -> u64 {
+    let mut elapsed = Duration::ZERO;
+    let mut n_polls = 0;
+    while elapsed < ended_after {
+        elapsed += next_poll_delay(n_polls, settings, unit_random);
+        n_polls += 1;
+    }
+    n_polls.max(1)
+}
+
 /// Delay before the next poll of a batch: [`next_poll_delay`], or with batch events on, the long fallback interval
 /// `max_interval_ms_with_events` from the start (the batch's completion event wakes it earlier), jittered alike.
 pub fn poll_delay(n_polls: u64, settings: &PollSettings, events: bool, unit_random: f64) -> Duration {
@@ -232,6 +246,21 @@ mod tests {
         assert_eq!(next_poll_delay(2, &poll(), mid), Duration::from_millis(2250));
         assert_eq!(next_poll_delay(50, &poll(), mid), Duration::from_millis(30_000));
         assert_eq!(next_poll_delay(u64::MAX, &poll(), mid), Duration::from_millis(30_000));
+    }
+
+    /// The polls-per-batch figures docs/providers.md quotes for the default `[poll]` (OpenAI, "Costs").
+    #[test]
+    fn a_batch_is_polled_on_the_backoff_then_every_cap() {
+        let mid = 0.5;
+        // 1 + 1.5 + 2.25 + ... : the ninth poll comes 74.9 s after the submit, then one every 30 s.
+        assert_eq!(polls_until(Duration::from_secs(1), &poll(), mid), 1);
+        assert_eq!(polls_until(Duration::from_secs(75), &poll(), mid), 10);
+        assert_eq!(polls_until(Duration::from_secs(600), &poll(), mid), 27);
+        assert_eq!(polls_until(Duration::from_secs(3600), &poll(), mid), 127);
+        assert_eq!(polls_until(Duration::from_secs(24 * 3600), &poll(), mid), 2887);
+        // Jitter (±20 %) moves the count by about a fifth either way.
+        assert_eq!(polls_until(Duration::from_secs(3600), &poll(), 0.0), 157);
+        assert_eq!(polls_until(Duration::from_secs(3600), &poll(), 0.999_999), 107);
     }
 
     #[test]
