@@ -403,7 +403,12 @@ async fn a_batch_is_polled_no_more_often_than_the_schedule_the_docs_count_with()
     let mut previous = created;
     for (n, at) in polls.iter().enumerate() {
         let delay = batchd_engine::policy::next_poll_delay(n as u64, schedule, 0.5).as_millis() as u64;
-        assert!(at + 10 >= previous + delay, "poll {} came {} ms after the one before, sooner than {delay} ms", n + 1, at - previous);
+        assert!(
+            at + 10 >= previous + delay,
+            "poll {} came {} ms after the one before, sooner than {delay} ms",
+            n + 1,
+            at - previous
+        );
         previous = *at;
     }
     daemon.stop().await.expect("stop");

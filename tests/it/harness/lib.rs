@@ -295,9 +295,10 @@ impl World {
     /// Requests the cancellation of `job_id` the way `batchd cancel` and the dashboard do (the `cancel` Redis
     /// function, through the producer library).
     pub async fn cancel(&self, job_id: &str, reason: &str) {
-        let producer = batchd_producer::Producer::connect(self.settings.redis.url.expose(), &self.settings.redis.namespace)
-            .await
-            .expect("connect");
+        let producer =
+            batchd_producer::Producer::connect(self.settings.redis.url.expose(), &self.settings.redis.namespace)
+                .await
+                .expect("connect");
         producer.cancel(&batchd_core::JobId::parse(job_id).expect("job id"), reason).await.expect("cancel");
     }
 

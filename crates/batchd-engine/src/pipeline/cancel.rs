@@ -83,7 +83,9 @@ impl Pipeline {
             return Ok(());
         };
         let waited = match cancelling {
-            Some((model, provider)) => Waited::DeadlinePassed(self.cancel_running(job_id, &context, model, provider).await),
+            Some((model, provider)) => {
+                Waited::DeadlinePassed(self.cancel_running(job_id, &context, model, provider).await)
+            }
             None => Waited::NoCancel,
         };
         tracing::info!(job_id = %job_id, "job cancelled");

@@ -8,8 +8,7 @@ use std::time::Duration;
 use batchd_core::ledger::field;
 use batchd_core::result::code;
 use batchd_core::{
-    ChunkRef, ChunkState, JobError, JobId, JobOutput, JobState, ModelName, ResultEntry, ResultStatus,
-    UnixMillis,
+    ChunkRef, ChunkState, JobError, JobId, JobOutput, JobState, ModelName, ResultEntry, ResultStatus, UnixMillis,
 };
 use batchd_queue::{
     AddOutcome, ChunkView, Claim, NewChunk, Placement, PublishContext, Rejection, StoreError, Undeliverable,
