@@ -128,34 +128,28 @@ async fn redis_value(world: &World, args: &[&str]) -> Value {
     json(value)
 }
 
-#[tokio::test]
-async fn the_python_example_enqueues_a_job_per_provider_and_reads_each_result_through_a_consumer_group() {
-    let python = python();
+/// Runs `program script <job id> <provider>` for every provider against one daemon, and checks each summary.
+async fn run_for_every_provider(program: &Path, script: &str, language: &str, group: &str) {
     let world = every_provider_world().await;
     let daemon = world.daemon();
     for provider in PROVIDERS {
-        let job_id = format!("py-{provider}");
-        let mut command = Command::new(&python);
-        command.arg("examples/python/enqueue_and_read.py").arg(&job_id).arg(provider);
+        let job_id = format!("{language}-{provider}");
+        let mut command = Command::new(program);
+        command.arg(script).arg(&job_id).arg(provider);
         let summary = run_example(&world, command).await;
-        check(&world, &summary, &job_id, "py-example", "python", provider).await;
+        check(&world, &summary, &job_id, group, language, provider).await;
     }
     daemon.stop().await.unwrap();
 }
 
 #[tokio::test]
+async fn the_python_example_enqueues_a_job_per_provider_and_reads_each_result_through_a_consumer_group() {
+    run_for_every_provider(&python(), "examples/python/enqueue_and_read.py", "python", "py-example").await;
+}
+
+#[tokio::test]
 async fn the_node_example_enqueues_a_job_per_provider_and_reads_each_result_through_a_consumer_group() {
-    let node = node();
-    let world = every_provider_world().await;
-    let daemon = world.daemon();
-    for provider in PROVIDERS {
-        let job_id = format!("node-{provider}");
-        let mut command = Command::new(&node);
-        command.arg("examples/node/enqueue_and_read.js").arg(&job_id).arg(provider);
-        let summary = run_example(&world, command).await;
-        check(&world, &summary, &job_id, "node-example", "node", provider).await;
-    }
-    daemon.stop().await.unwrap();
+    run_for_every_provider(&node(), "examples/node/enqueue_and_read.js", "node", "node-example").await;
 }
 
 /// The Rust producer's example binary (`cargo test`/`nextest run --workspace` build it; built here if missing).
