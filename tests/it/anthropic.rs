@@ -251,6 +251,41 @@ async fn cancelling_a_job_cancels_its_batch_and_keeps_what_finished() {
 }
 
 #[tokio::test]
+async fn a_cancelled_job_with_two_running_batches_is_published_once_both_have_ended() {
+    let mut config = EmulatorConfig::default();
+    config.anthropic.processing_for = Duration::from_secs(600);
+    config.anthropic.canceling_for = Duration::from_millis(500);
+    let world = World::with_emulator(config).await;
+    let control = world.emulator.anthropic();
+    let mut settings = anthropic_settings(&world);
+    settings.anthropic.max_requests = 2;
+    let daemon = Daemon::start(settings, &world.emulator);
+    world.enqueue(&job("claude-cancel-2", 4)).await;
+    wait_until("both batches are polled", WAIT, async || {
+        let ledger = world.ledger("claude-cancel-2").await;
+        ["c0:state", "c1:state"].iter().all(|state| ledger.get(*state).map(String::as_str) == Some("polling"))
+    })
+    .await;
+    let ledger = world.ledger("claude-cancel-2").await;
+    for chunk in ["c0", "c1"] {
+        assert!(control.finish_items(&ledger[&format!("{chunk}:request_id")], 1), "the first request of {chunk} ran");
+    }
+    world.cancel("claude-cancel-2", "").await;
+    let entry = world.wait_for_result("claude-cancel-2", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Cancelled);
+    let texts = texts(&entry);
+    assert_eq!(texts[0].as_deref(), Some("echo: question 0"));
+    assert_eq!(texts[2].as_deref(), Some("echo: question 2"));
+    for index in [1, 3] {
+        assert_eq!(error_code(&entry, index), "canceled", "item {index}");
+    }
+    assert_eq!(control.calls_of(AnthropicCallKind::Cancel).len(), 2, "each batch cancelled once");
+    assert_eq!(entry.request_ids.len(), 2);
+    daemon.stop().await.expect("stop");
+    assert_eq!(world.results().await.len(), 1, "one result, however many chunks settled the job");
+}
+
+#[tokio::test]
 async fn ended_batches_are_deleted_after_their_result_and_a_failed_delete_changes_nothing() {
     let world = World::new().await;
     let control = world.emulator.anthropic();
