@@ -139,7 +139,7 @@ async fn run_for_every_provider(program: &Path, script: &str, language: &str, gr
         let summary = run_example(&world, command).await;
         check(&world, &summary, &job_id, group, language, provider).await;
     }
-    daemon.stop().await.unwrap();
+    daemon.stop().await.expect("stop");
 }
 
 #[tokio::test]
