@@ -217,13 +217,18 @@ async fn polling_batch(world: &World, job_id: &str) -> String {
     world.ledger(job_id).await["c0:request_id"].clone()
 }
 
-#[tokio::test]
-async fn cancelling_a_job_cancels_its_batch_and_keeps_what_finished() {
+/// A world whose batches finish nothing on their own (tests finish items by hand) and end half a second after a
+/// cancel.
+async fn cancel_world() -> World {
     let mut config = EmulatorConfig::default();
-    // Nothing finishes on its own; a cancel takes half a second to end the batch.
     config.anthropic.processing_for = Duration::from_secs(600);
     config.anthropic.canceling_for = Duration::from_millis(500);
-    let world = World::with_emulator(config).await;
+    World::with_emulator(config).await
+}
+
+#[tokio::test]
+async fn cancelling_a_job_cancels_its_batch_and_keeps_what_finished() {
+    let world = cancel_world().await;
     let control = world.emulator.anthropic();
     let daemon = Daemon::start(anthropic_settings(&world), &world.emulator);
     world.enqueue(&job("claude-cancel", 5)).await;
@@ -252,10 +257,7 @@ async fn cancelling_a_job_cancels_its_batch_and_keeps_what_finished() {
 
 #[tokio::test]
 async fn a_cancelled_job_with_two_running_batches_is_published_once_both_have_ended() {
-    let mut config = EmulatorConfig::default();
-    config.anthropic.processing_for = Duration::from_secs(600);
-    config.anthropic.canceling_for = Duration::from_millis(500);
-    let world = World::with_emulator(config).await;
+    let world = cancel_world().await;
     let control = world.emulator.anthropic();
     let mut settings = anthropic_settings(&world);
     settings.anthropic.max_requests = 2;
