@@ -1,9 +1,14 @@
 #!/usr/bin/env node
 // Enqueue one batchd job and read its result through a consumer group, with ioredis.
 //
-//     REDIS_URL=redis://127.0.0.1:6379 BATCHD_NAMESPACE=batchd node enqueue_and_read.js [JOB_ID]
+//     REDIS_URL=redis://127.0.0.1:6379 BATCHD_NAMESPACE=batchd node enqueue_and_read.js [JOB_ID [PROVIDER]]
 //
-// Prints one JSON line, {"job_id": .., "status": .., "responses": N, "redelivered": bool}, and exits 0 when the job
+// PROVIDER picks the job: `cloudflare` (the default: Workers AI, @cf/...), `openai` (OpenAI Batch, openai/...) or
+// `anthropic` (Anthropic Message Batches, anthropic/...). The daemon routes a job by its model name; the job, the
+// result entry and the reading loop are the same for every provider, only the request items differ (each is the
+// provider's own request body, without "model": docs/providers.md).
+//
+// Prints one JSON line, {"job_id": .., "status": .., "responses": N, "succeeded": N, ...}, and exits 0 when the job
 // completed; exits 1 with a one-line error otherwise (or after 60 s without its result).
 //
 // The reading loop is the reliable pattern from docs/producers.md: a consumer group of the application's own, its
@@ -17,6 +22,33 @@ const Redis = require("ioredis");
 const GROUP = "node-example"; // one consumer group per consuming application
 const CONSUMER = "worker-1"; // stable across restarts, so a restart resumes its pending entries
 const CLAIM_MIN_IDLE_MS = 60000; // entries another consumer held this long without XACK are taken over
+
+// One sample job per provider: its model and two request items.
+const JOBS = {
+  cloudflare: {
+    model: "@cf/baai/bge-m3",
+    requests: [
+      { query: "What is batchd?", contexts: [{ text: "A batch daemon." }, { text: "A fruit." }] },
+      { text: "batchd runs Workers AI batch jobs fed through Redis" },
+    ],
+  },
+  // Chat Completions bodies; a job may add endpoint: "/v1/embeddings" (or "/v1/responses", ...) instead.
+  openai: {
+    model: "openai/gpt-4o-mini",
+    requests: [
+      { messages: [{ role: "user", content: "What is batchd?" }], max_tokens: 50 },
+      { messages: [{ role: "user", content: "Name one use of a batch API." }], max_tokens: 50 },
+    ],
+  },
+  // Messages API bodies (max_tokens is required).
+  anthropic: {
+    model: "anthropic/claude-sonnet-4-5",
+    requests: [
+      { max_tokens: 50, messages: [{ role: "user", content: "What is batchd?" }] },
+      { max_tokens: 50, messages: [{ role: "user", content: "Name one use of a batch API." }] },
+    ],
+  },
+};
 
 /** A field list [name, value, name, value, ...] as an object, or null for an entry trimmed while pending. */
 function fieldsOf(list) {
@@ -41,6 +73,7 @@ function summary(fields, redelivered) {
     job_id: fields.job_id,
     status: fields.status,
     responses: result.responses.length,
+    succeeded: result.responses.filter((response) => response.success).length,
     in_order: result.responses.every((response, i) => response.index === i),
     metadata: fields.metadata ? JSON.parse(fields.metadata) : null,
     redelivered,
@@ -51,6 +84,10 @@ async function main() {
   const url = process.env.REDIS_URL || "redis://127.0.0.1:6379";
   const namespace = process.env.BATCHD_NAMESPACE || "batchd";
   const jobId = process.argv[2] || `node-example-${process.pid}`;
+  const provider = process.argv[3] || "cloudflare";
+  if (!Object.hasOwn(JOBS, provider)) {
+    throw new Error(`unknown provider "${provider}"; use one of ${Object.keys(JOBS).join(", ")}`);
+  }
   const submit = `{${namespace}}:submit`;
   const results = `{${namespace}}:results`;
   const redis = new Redis(url, { maxRetriesPerRequest: 1, lazyConnect: true });
@@ -65,15 +102,7 @@ async function main() {
     }
 
     // 2. Enqueue: one XADD, one field `job`. With an `id`, enqueueing again after a timeout is harmless.
-    const job = {
-      id: jobId,
-      model: "@cf/baai/bge-m3",
-      requests: [
-        { query: "What is batchd?", contexts: [{ text: "A batch daemon." }, { text: "A fruit." }] },
-        { text: "batchd runs Workers AI batch jobs fed through Redis" },
-      ],
-      metadata: { example: "node" },
-    };
+    const job = { id: jobId, ...JOBS[provider], metadata: { example: "node", provider } };
     await redis.xadd(submit, "*", "job", JSON.stringify(job));
     console.error(`enqueued ${jobId}`);
 

@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
 """Enqueue one batchd job and read its result through a consumer group, with redis-py.
 
-    REDIS_URL=redis://127.0.0.1:6379 BATCHD_NAMESPACE=batchd python3 enqueue_and_read.py [JOB_ID]
+    REDIS_URL=redis://127.0.0.1:6379 BATCHD_NAMESPACE=batchd python3 enqueue_and_read.py [JOB_ID [PROVIDER]]
 
-Prints one JSON line, {"job_id": .., "status": .., "responses": N, "redelivered": bool}, and exits 0 when the job
+PROVIDER picks the job: `cloudflare` (the default: Workers AI, @cf/...), `openai` (OpenAI Batch, openai/...) or
+`anthropic` (Anthropic Message Batches, anthropic/...). The daemon routes a job by its model name; the job, the
+result entry and the reading loop are the same for every provider, only the request items differ (each is the
+provider's own request body, without "model": docs/providers.md).
+
+Prints one JSON line, {"job_id": .., "status": .., "responses": N, "succeeded": N, ...}, and exits 0 when the job
 completed; exits 1 with a one-line error otherwise (or after 60 s without its result).
 
 The reading loop is the reliable pattern from docs/producers.md: a consumer group of the application's own, its own
@@ -23,11 +28,42 @@ GROUP = "py-example"  # one consumer group per consuming application
 CONSUMER = "worker-1"  # stable across restarts (a host or pod name), so a restart resumes its pending entries
 CLAIM_MIN_IDLE_MS = 60_000  # entries another consumer held this long without XACK are taken over
 
+# One sample job per provider: its model and two request items.
+JOBS = {
+    "cloudflare": {
+        "model": "@cf/baai/bge-m3",
+        "requests": [
+            {"query": "What is batchd?", "contexts": [{"text": "A batch daemon."}, {"text": "A fruit."}]},
+            {"text": "batchd runs Workers AI batch jobs fed through Redis"},
+        ],
+    },
+    # Chat Completions bodies; a job may add "endpoint": "/v1/embeddings" (or "/v1/responses", ...) instead.
+    "openai": {
+        "model": "openai/gpt-4o-mini",
+        "requests": [
+            {"messages": [{"role": "user", "content": "What is batchd?"}], "max_tokens": 50},
+            {"messages": [{"role": "user", "content": "Name one use of a batch API."}], "max_tokens": 50},
+        ],
+    },
+    # Messages API bodies (max_tokens is required).
+    "anthropic": {
+        "model": "anthropic/claude-sonnet-4-5",
+        "requests": [
+            {"max_tokens": 50, "messages": [{"role": "user", "content": "What is batchd?"}]},
+            {"max_tokens": 50, "messages": [{"role": "user", "content": "Name one use of a batch API."}]},
+        ],
+    },
+}
+
 
 def main() -> int:
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379")
     namespace = os.environ.get("BATCHD_NAMESPACE", "batchd")
     job_id = sys.argv[1] if len(sys.argv) > 1 else f"py-example-{os.getpid()}"
+    provider = sys.argv[2] if len(sys.argv) > 2 else "cloudflare"
+    if provider not in JOBS:
+        print(f"enqueue_and_read: unknown provider {provider!r}; use one of {', '.join(JOBS)}", file=sys.stderr)
+        return 2
     submit, results = f"{{{namespace}}}:submit", f"{{{namespace}}}:results"
     r = redis.Redis.from_url(url, decode_responses=True, protocol=2)
 
@@ -39,15 +75,7 @@ def main() -> int:
             raise
 
     # 2. Enqueue: one XADD, one field `job`. With an `id`, enqueueing again after a timeout is harmless.
-    job = {
-        "id": job_id,
-        "model": "@cf/baai/bge-m3",
-        "requests": [
-            {"query": "What is batchd?", "contexts": [{"text": "A batch daemon."}, {"text": "A fruit."}]},
-            {"text": "batchd runs Workers AI batch jobs fed through Redis"},
-        ],
-        "metadata": {"example": "python"},
-    }
+    job = {"id": job_id, **JOBS[provider], "metadata": {"example": "python", "provider": provider}}
     r.xadd(submit, {"job": json.dumps(job)})
     print(f"enqueued {job_id}", file=sys.stderr)
 
@@ -98,6 +126,7 @@ def summary(fields: dict, redelivered: bool) -> dict:
         "job_id": fields["job_id"],
         "status": fields["status"],
         "responses": len(result["responses"]),
+        "succeeded": sum(1 for response in result["responses"] if response["success"]),
         "in_order": [response["index"] for response in result["responses"]] == list(range(len(result["responses"]))),
         "metadata": json.loads(fields["metadata"]) if "metadata" in fields else None,
         "redelivered": redelivered,

@@ -1,14 +1,15 @@
 //! Anthropic Message Batches through the whole daemon: a producer's `XADD` with `anthropic/<model>`, one result
 //! entry back, against the emulator's `/anthropic` API and a real Redis. Responses in request order with
 //! `errored`/`expired` requests marked; jobs over the byte or count limit split and merged; 429/529 retried
-//! without a second batch; an uncertain create (created, reply lost or the replica crashed) never repeated.
+//! without a second batch; an uncertain create (created, reply lost or the replica crashed) never repeated; a
+//! cancel that keeps what finished; ended batches deleted, a failed delete changing nothing.
 
 use std::time::Duration;
 
-use batchd::settings::{Secret, Settings};
+use batchd::settings::Settings;
 use batchd_core::{ResultEntry, ResultStatus};
 use batchd_emulator::{AnthropicCallKind, AnthropicCalls, AnthropicFault, EmulatorConfig};
-use batchd_tests::{Daemon, World, wait_until};
+use batchd_tests::{Daemon, World, wait_until, with_anthropic};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -16,12 +17,9 @@ const WAIT: Duration = Duration::from_secs(30);
 const MODEL: &str = "anthropic/claude-sonnet-4-5";
 
 /// The world's settings with Anthropic pointed at the emulator.
-fn with_anthropic(world: &World) -> Settings {
+fn anthropic_settings(world: &World) -> Settings {
     let mut settings = world.settings.clone();
-    let control = world.emulator.anthropic();
-    settings.anthropic.api_key = Some(Secret::new(control.api_key()));
-    settings.anthropic.base_url = control.base_url();
-    settings.anthropic.request_timeout_secs = 2;
+    with_anthropic(&mut settings, &world.emulator);
     settings
 }
 
@@ -70,7 +68,7 @@ fn assert_in_order(entry: &ResultEntry, n: usize) {
 #[tokio::test]
 async fn a_job_completes_in_request_order_with_its_messages_and_usage() {
     let world = World::new().await;
-    let daemon = Daemon::start(with_anthropic(&world), &world.emulator);
+    let daemon = Daemon::start(anthropic_settings(&world), &world.emulator);
     world.enqueue(&job("claude-1", 6)).await;
     let entry = world.wait_for_result("claude-1", WAIT).await;
     assert_in_order(&entry, 6);
@@ -92,7 +90,7 @@ async fn errored_and_expired_requests_are_marked_and_the_rest_answered() {
     config.anthropic.processing_for = Duration::from_secs(3);
     config.anthropic.expires_after = Duration::from_millis(1500);
     let world = World::with_emulator(config).await;
-    let daemon = Daemon::start(with_anthropic(&world), &world.emulator);
+    let daemon = Daemon::start(anthropic_settings(&world), &world.emulator);
     let mut requests: Vec<serde_json::Value> = (0..6).map(|i| item(&format!("question {i}"))).collect();
     requests[1] = json!({"messages": [{"role": "user", "content": "no max_tokens"}]});
     world.enqueue(&json!({"id": "claude-2", "model": MODEL, "requests": requests})).await;
@@ -112,7 +110,7 @@ async fn errored_and_expired_requests_are_marked_and_the_rest_answered() {
 #[tokio::test]
 async fn jobs_over_the_count_or_byte_limit_are_split_and_merged_in_order() {
     let world = World::new().await;
-    let mut settings = with_anthropic(&world);
+    let mut settings = anthropic_settings(&world);
     settings.anthropic.max_requests = 2;
     let daemon = Daemon::start(settings, &world.emulator);
     world.enqueue(&job("by-count", 5)).await;
@@ -133,7 +131,7 @@ async fn jobs_over_the_count_or_byte_limit_are_split_and_merged_in_order() {
     // Bytes: batchd's own limit plans the chunks; the API's 413 (a stricter limit than configured) splits more.
     let world = World::new().await;
     world.emulator.anthropic().update_config(|config| config.max_body_bytes = 1500);
-    let mut settings = with_anthropic(&world);
+    let mut settings = anthropic_settings(&world);
     settings.anthropic.max_body_bytes = 4000;
     let daemon = Daemon::start(settings, &world.emulator);
     let padding = "x".repeat(300);
@@ -162,7 +160,7 @@ async fn rate_limits_and_overload_are_retried_without_a_second_batch() {
     control.inject(AnthropicFault::status(429).retry_after(1).on(AnthropicCalls::Create));
     control.inject(AnthropicFault::status(529).on(AnthropicCalls::Create));
     control.inject(AnthropicFault::status(529).on(AnthropicCalls::Retrieve));
-    let daemon = Daemon::start(with_anthropic(&world), &world.emulator);
+    let daemon = Daemon::start(anthropic_settings(&world), &world.emulator);
     world.enqueue(&job("limited", 3)).await;
     let entry = world.wait_for_result("limited", WAIT).await;
     assert_in_order(&entry, 3);
@@ -178,7 +176,7 @@ async fn a_create_whose_reply_is_lost_is_found_not_repeated() {
     let world = World::new().await;
     let control = world.emulator.anthropic();
     control.inject(AnthropicFault::status_after(500).on(AnthropicCalls::Create));
-    let daemon = Daemon::start(with_anthropic(&world), &world.emulator);
+    let daemon = Daemon::start(anthropic_settings(&world), &world.emulator);
     world.enqueue(&job("lost-reply", 4)).await;
     let entry = world.wait_for_result("lost-reply", WAIT).await;
     assert_in_order(&entry, 4);
@@ -195,7 +193,7 @@ async fn a_crash_between_create_and_record_creates_no_second_batch() {
     let control = world.emulator.anthropic();
     // The batch is created at once, its reply held back: the replica dies before it can record the batch.
     control.inject(AnthropicFault::delay(Duration::from_secs(30)).on(AnthropicCalls::Create));
-    let mut settings = with_anthropic(&world);
+    let mut settings = anthropic_settings(&world);
     settings.anthropic.request_timeout_secs = 5;
     let first = Daemon::start(settings.clone(), &world.emulator);
     world.enqueue(&job("crashed", 3)).await;
@@ -208,4 +206,121 @@ async fn a_crash_between_create_and_record_creates_no_second_batch() {
     assert_eq!(control.batch_count(), 1, "no second batch");
     assert_eq!(control.calls_of(AnthropicCallKind::Create).len(), 1);
     second.stop().await.expect("stop");
+}
+
+/// The request id (batch id) of a job's first chunk, once it is polling.
+async fn polling_batch(world: &World, job_id: &str) -> String {
+    wait_until("the batch is polled", WAIT, async || {
+        world.ledger(job_id).await.get("c0:state").map(String::as_str) == Some("polling")
+    })
+    .await;
+    world.ledger(job_id).await["c0:request_id"].clone()
+}
+
+/// A world whose batches finish nothing on their own (tests finish items by hand) and end half a second after a
+/// cancel.
+async fn cancel_world() -> World {
+    let mut config = EmulatorConfig::default();
+    config.anthropic.processing_for = Duration::from_secs(600);
+    config.anthropic.canceling_for = Duration::from_millis(500);
+    World::with_emulator(config).await
+}
+
+#[tokio::test]
+async fn cancelling_a_job_cancels_its_batch_and_keeps_what_finished() {
+    let world = cancel_world().await;
+    let control = world.emulator.anthropic();
+    let daemon = Daemon::start(anthropic_settings(&world), &world.emulator);
+    world.enqueue(&job("claude-cancel", 5)).await;
+    let batch_id = polling_batch(&world, "claude-cancel").await;
+    assert!(control.finish_items(&batch_id, 2), "the first two requests ran");
+    world.cancel("claude-cancel", "not needed").await;
+    let entry = world.wait_for_result("claude-cancel", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Cancelled);
+    let message = &entry.error.as_ref().expect("error").message;
+    assert!(message.contains("the responses they finished are included"), "{message}");
+    let texts = texts(&entry);
+    assert_eq!(texts[..2], [Some("echo: question 0".to_owned()), Some("echo: question 1".to_owned())]);
+    for index in 2..5 {
+        assert_eq!(error_code(&entry, index), "canceled", "item {index} did not run");
+    }
+    assert_eq!((entry.items_total, entry.items_failed), (5, 3));
+    let cancels = control.calls_of(AnthropicCallKind::Cancel);
+    assert_eq!(cancels.len(), 1, "asked once: later polls saw it canceling");
+    assert_eq!(cancels[0].batch_id.as_deref(), Some(batch_id.as_str()));
+    let retrieves = control.calls_of(AnthropicCallKind::Retrieve);
+    assert!(retrieves.iter().any(|call| call.at_ms >= cancels[0].at_ms), "polled after the cancel until it ended");
+    // Once ended and stored, the batch is deleted.
+    wait_until("the batch is deleted", WAIT, async || control.batch_ids().is_empty()).await;
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_cancelled_job_with_two_running_batches_is_published_once_both_have_ended() {
+    let world = cancel_world().await;
+    let control = world.emulator.anthropic();
+    let mut settings = anthropic_settings(&world);
+    settings.anthropic.max_requests = 2;
+    let daemon = Daemon::start(settings, &world.emulator);
+    world.enqueue(&job("claude-cancel-2", 4)).await;
+    wait_until("both batches are polled", WAIT, async || {
+        let ledger = world.ledger("claude-cancel-2").await;
+        ["c0:state", "c1:state"].iter().all(|state| ledger.get(*state).map(String::as_str) == Some("polling"))
+    })
+    .await;
+    let ledger = world.ledger("claude-cancel-2").await;
+    for chunk in ["c0", "c1"] {
+        assert!(control.finish_items(&ledger[&format!("{chunk}:request_id")], 1), "the first request of {chunk} ran");
+    }
+    world.cancel("claude-cancel-2", "").await;
+    let entry = world.wait_for_result("claude-cancel-2", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Cancelled);
+    let texts = texts(&entry);
+    assert_eq!(texts[0].as_deref(), Some("echo: question 0"));
+    assert_eq!(texts[2].as_deref(), Some("echo: question 2"));
+    for index in [1, 3] {
+        assert_eq!(error_code(&entry, index), "canceled", "item {index}");
+    }
+    assert_eq!(control.calls_of(AnthropicCallKind::Cancel).len(), 2, "each batch cancelled once");
+    assert_eq!(entry.request_ids.len(), 2);
+    daemon.stop().await.expect("stop");
+    assert_eq!(world.results().await.len(), 1, "one result, however many chunks settled the job");
+}
+
+#[tokio::test]
+async fn ended_batches_are_deleted_after_their_result_and_a_failed_delete_changes_nothing() {
+    let world = World::new().await;
+    let control = world.emulator.anthropic();
+    let mut settings = anthropic_settings(&world);
+    // Long enough for a delete whose reply is held back 60 s to still be waiting when the result is checked.
+    settings.anthropic.request_timeout_secs = 90;
+    settings.schedule.lease_secs = 120;
+    let daemon = Daemon::start(settings, &world.emulator);
+    let deletes = |status: u16| {
+        control.calls_of(AnthropicCallKind::Delete).into_iter().filter(|call| call.status == status).count()
+    };
+
+    world.enqueue(&job("deleted", 2)).await;
+    let entry = world.wait_for_result("deleted", WAIT).await;
+    assert_in_order(&entry, 2);
+    wait_until("the batch is deleted", WAIT, async || control.batch_ids().is_empty()).await;
+    assert_eq!(deletes(200), 1);
+
+    // A delete that fails: the job completed all the same, and its batch is left.
+    control.inject(AnthropicFault::status(500).on(AnthropicCalls::Delete));
+    world.enqueue(&job("kept", 2)).await;
+    let entry = world.wait_for_result("kept", WAIT).await;
+    assert_in_order(&entry, 2);
+    wait_until("the delete was tried", WAIT, async || deletes(500) == 1).await;
+    assert_eq!(control.batch_ids(), entry.request_ids, "the batch whose delete failed is still there");
+
+    // A delete whose reply is held back 60 s does not hold the result back (published within WAIT, 30 s): the
+    // result is published first, and the delete only then sent.
+    control.inject(AnthropicFault::delay(Duration::from_secs(60)).on(AnthropicCalls::Delete));
+    world.enqueue(&job("slow-delete", 2)).await;
+    let entry = world.wait_for_result("slow-delete", WAIT).await;
+    assert_in_order(&entry, 2);
+    wait_until("the slow delete was sent", WAIT, async || deletes(200) == 2).await;
+    // The daemon is still waiting on that reply; it is not a graceful stop's business.
+    daemon.crash().await;
 }

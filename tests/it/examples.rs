@@ -1,6 +1,7 @@
 //! The producer examples in other languages, end to end: `examples/python` (redis-py), `examples/node` (ioredis)
-//! and the Rust producer's example each enqueue a job and read its result through a consumer group against a live
-//! daemon and the emulator; and the redis-cli walkthrough of docs/producers.md, replayed line by line.
+//! and the Rust producer's example each enqueue a job for every provider (Cloudflare, OpenAI, Anthropic) and read
+//! its result through a consumer group against a live daemon and the emulator; and the redis-cli walkthrough of
+//! docs/producers.md, replayed line by line.
 //!
 //! Their packages come from `make examples-deps` (pinned). A missing interpreter or package fails the test with
 //! what to run; it never skips.
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use batchd_tests::World;
+use batchd_tests::{World, with_anthropic, with_openai};
 use serde_json::Value;
 
 use crate::cli_ops::{run, text};
@@ -68,18 +69,44 @@ async fn run_example(world: &World, mut command: Command) -> Value {
     serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
 }
 
-/// Checks an example's summary and that its consumer group has nothing left pending.
-async fn check(world: &World, summary: &Value, job_id: &str, group: &str, language: &str) {
+/// The providers each example has a job for (its second argument).
+const PROVIDERS: [&str; 3] = ["cloudflare", "openai", "anthropic"];
+
+/// A world whose daemon has all three providers, each against the emulator.
+async fn every_provider_world() -> World {
+    let mut world = World::new().await;
+    with_openai(&mut world.settings, &world.emulator);
+    with_anthropic(&mut world.settings, &world.emulator);
+    world
+}
+
+/// Checks that `job_id`'s result came from `provider`: its model's prefix and its remote batch ids.
+async fn check_provider(world: &World, job_id: &str, provider: &str, n_items: usize) {
+    let result = world.wait_for_result(job_id, Duration::from_secs(5)).await;
+    assert_eq!(result.items_total, n_items);
+    let (model_prefix, batch_prefix) = match provider {
+        "cloudflare" => ("@cf/", ""),
+        "openai" => ("openai/", "batch_"),
+        _ => ("anthropic/", "msgbatch_"),
+    };
+    assert!(result.model.starts_with(model_prefix), "{job_id}: {}", result.model);
+    assert!(!result.request_ids.is_empty(), "{job_id} was sent to a batch API");
+    assert!(result.request_ids.iter().all(|id| id.starts_with(batch_prefix)), "{job_id}: {:?}", result.request_ids);
+}
+
+/// Checks an example's summary of a job with two items, and that its consumer group has nothing left pending.
+async fn check(world: &World, summary: &Value, job_id: &str, group: &str, language: &str, provider: &str) {
     assert_eq!(summary["job_id"], job_id, "{summary}");
     assert_eq!(summary["status"], "completed", "{summary}");
     assert_eq!(summary["responses"], 2, "{summary}");
+    assert_eq!(summary["succeeded"], 2, "{summary}");
     assert_eq!(summary["in_order"], true, "{summary}");
     assert_eq!(summary["metadata"]["example"], language, "{summary}");
+    assert_eq!(summary["metadata"]["provider"], provider, "{summary}");
     assert_eq!(summary["redelivered"], false, "{summary}");
     let pending: Value = redis_value(world, &["XPENDING", &world.keys.results(), group]).await;
     assert_eq!(pending[0], 0, "{group} acknowledged what it read: {pending}");
-    let result = world.wait_for_result(job_id, Duration::from_secs(5)).await;
-    assert_eq!(result.items_total, 2);
+    check_provider(world, job_id, provider, 2).await;
 }
 
 /// A Redis reply as JSON (integers, strings, arrays), for compact assertions.
@@ -101,28 +128,28 @@ async fn redis_value(world: &World, args: &[&str]) -> Value {
     json(value)
 }
 
-#[tokio::test]
-async fn the_python_example_enqueues_and_reads_its_result_through_a_consumer_group() {
-    let python = python();
-    let world = World::new().await;
+/// Runs `program script <job id> <provider>` for every provider against one daemon, and checks each summary.
+async fn run_for_every_provider(program: &Path, script: &str, language: &str, group: &str) {
+    let world = every_provider_world().await;
     let daemon = world.daemon();
-    let mut command = Command::new(python);
-    command.arg("examples/python/enqueue_and_read.py").arg("py-1");
-    let summary = run_example(&world, command).await;
-    check(&world, &summary, "py-1", "py-example", "python").await;
-    daemon.stop().await.unwrap();
+    for provider in PROVIDERS {
+        let job_id = format!("{language}-{provider}");
+        let mut command = Command::new(program);
+        command.arg(script).arg(&job_id).arg(provider);
+        let summary = run_example(&world, command).await;
+        check(&world, &summary, &job_id, group, language, provider).await;
+    }
+    daemon.stop().await.expect("stop");
 }
 
 #[tokio::test]
-async fn the_node_example_enqueues_and_reads_its_result_through_a_consumer_group() {
-    let node = node();
-    let world = World::new().await;
-    let daemon = world.daemon();
-    let mut command = Command::new(node);
-    command.arg("examples/node/enqueue_and_read.js").arg("node-1");
-    let summary = run_example(&world, command).await;
-    check(&world, &summary, "node-1", "node-example", "node").await;
-    daemon.stop().await.unwrap();
+async fn the_python_example_enqueues_a_job_per_provider_and_reads_each_result_through_a_consumer_group() {
+    run_for_every_provider(&python(), "examples/python/enqueue_and_read.py", "python", "py-example").await;
+}
+
+#[tokio::test]
+async fn the_node_example_enqueues_a_job_per_provider_and_reads_each_result_through_a_consumer_group() {
+    run_for_every_provider(&node(), "examples/node/enqueue_and_read.js", "node", "node-example").await;
 }
 
 /// The Rust producer's example binary (`cargo test`/`nextest run --workspace` build it; built here if missing).
@@ -140,18 +167,22 @@ fn rust_example() -> PathBuf {
 }
 
 #[tokio::test]
-async fn the_rust_producer_example_enqueues_and_reads_its_result() {
+async fn the_rust_producer_example_enqueues_a_job_per_provider_and_reads_each_result() {
     let example = rust_example();
-    let world = World::new().await;
+    let world = every_provider_world().await;
     let daemon = world.daemon();
-    let mut command = Command::new(example);
-    command.arg("rust-1");
-    let summary = run_example(&world, command).await;
-    assert_eq!(summary["job_id"], "rust-1");
-    assert_eq!(summary["status"], "completed");
-    assert_eq!(summary["responses"], 1);
-    let pending: Value = redis_value(&world, &["XPENDING", &world.keys.results(), "rust-example"]).await;
-    assert_eq!(pending[0], 0);
+    for provider in PROVIDERS {
+        let job_id = format!("rust-{provider}");
+        let mut command = Command::new(&example);
+        command.arg(&job_id).arg(provider);
+        let summary = run_example(&world, command).await;
+        assert_eq!(summary["job_id"], job_id.as_str(), "{summary}");
+        assert_eq!(summary["status"], "completed", "{summary}");
+        assert_eq!((summary["responses"].as_u64(), summary["succeeded"].as_u64()), (Some(1), Some(1)), "{summary}");
+        let pending: Value = redis_value(&world, &["XPENDING", &world.keys.results(), "rust-example"]).await;
+        assert_eq!(pending[0], 0);
+        check_provider(&world, &job_id, provider, 1).await;
+    }
     daemon.stop().await.unwrap();
 }
 

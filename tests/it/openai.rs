@@ -3,11 +3,10 @@
 
 use std::time::Duration;
 
-use batchd::settings::{Secret, Settings};
-use batchd_core::{JobId, ResultEntry, ResultStatus};
+use batchd::settings::Settings;
+use batchd_core::{ResultEntry, ResultStatus};
 use batchd_emulator::{OpenAiCallKind, OpenAiFault};
-use batchd_producer::Producer;
-use batchd_tests::{World, wait_until};
+use batchd_tests::{World, wait_until, with_openai};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -15,11 +14,7 @@ const WAIT: Duration = Duration::from_secs(30);
 /// A world whose daemon has the OpenAI provider pointed at the emulator (creates not rate limited).
 async fn openai_world(configure: impl FnOnce(&mut Settings)) -> World {
     let mut world = World::new().await;
-    let openai = world.emulator.openai();
-    world.settings.openai.api_key = Some(Secret::new(openai.api_key()));
-    world.settings.openai.base_url = world.emulator.openai_base_url();
-    world.settings.openai.batches_per_hour = 0;
-    world.settings.openai.request_timeout_secs = 5;
+    with_openai(&mut world.settings, &world.emulator);
     configure(&mut world.settings);
     world
 }
@@ -183,30 +178,239 @@ async fn an_expired_batch_gives_the_results_that_finished_and_the_rest_as_expire
     daemon.stop().await.expect("stop");
 }
 
+fn error_code(entry: &ResultEntry, index: usize) -> String {
+    error(entry, index)["code"].as_str().expect("code").to_owned()
+}
+
+/// The batch `id` as the API reports it (`GET /v1/batches/{id}`).
+async fn retrieve(world: &World, id: &str) -> Value {
+    reqwest::Client::new()
+        .get(format!("{}/batches/{id}", world.emulator.openai_base_url()))
+        .bearer_auth(world.emulator.openai().api_key())
+        .send()
+        .await
+        .expect("retrieve")
+        .json()
+        .await
+        .expect("batch json")
+}
+
+/// Waits until the job's chunk `chunk` is polling a batch that has finished `n` requests; returns its id.
+async fn polling_with_finished(world: &World, job_id: &str, chunk: u32, n: u64) -> String {
+    let id = async || world.ledger(job_id).await.get(&format!("c{chunk}:request_id")).cloned();
+    wait_until("the batch is polled", WAIT, async || id().await.is_some()).await;
+    let id = id().await.expect("request id");
+    wait_until("its requests ran", WAIT, async || retrieve(world, &id).await["request_counts"]["completed"] == n).await;
+    id
+}
+
 #[tokio::test]
-async fn cancelling_a_job_cancels_its_remote_batch() {
+async fn cancelling_a_job_cancels_its_batch_and_waits_for_the_responses_it_finished() {
     let world = openai_world(|_| {}).await;
     let openai = world.emulator.openai();
-    openai.inject(OpenAiFault::stall(0));
+    // Two requests finish, then the batch makes no progress until it is cancelled.
+    openai.inject(OpenAiFault::stall(2));
+    let mut timing = openai.timing();
+    timing.cancelling_for = Duration::from_millis(600);
+    openai.set_timing(timing);
     let daemon = world.daemon();
-    world.enqueue(&json!({"id": "cancel-1", "model": "openai/gpt-4o-mini", "requests": [chat("a"), chat("b")]})).await;
-    wait_until("the batch is polled", WAIT, async || {
-        world.ledger("cancel-1").await.get("c0:state").map(String::as_str) == Some("polling")
-    })
-    .await;
-    let producer =
-        Producer::connect(world.settings.redis.url.expose(), &world.settings.redis.namespace).await.expect("connect");
-    producer.cancel(&JobId::parse("cancel-1").expect("id"), "not needed").await.expect("cancel");
+    let requests: Vec<Value> = (0..5).map(|i| chat(&format!("item-{i}"))).collect();
+    world.enqueue(&json!({"id": "cancel-1", "model": "openai/gpt-4o-mini", "requests": requests})).await;
+    polling_with_finished(&world, "cancel-1", 0, 2).await;
+    world.cancel("cancel-1", "not needed").await;
     let entry = world.wait_for_result("cancel-1", WAIT).await;
     assert_eq!(entry.status, ResultStatus::Cancelled);
-    assert!(entry.error.as_ref().expect("error").message.contains("cancelled at the provider"), "{:?}", entry.error);
+    let message = &entry.error.as_ref().expect("error").message;
+    assert!(message.contains("cancelled on request (not needed)"), "{message}");
+    assert!(message.contains("the responses they finished are included"), "{message}");
+    // The result waited for the batch to end: it holds what ran before the cancel, the rest not run.
+    let output = entry.result.as_ref().expect("the partial result");
+    let succeeded: Vec<usize> = output.responses.iter().filter(|r| r.success).map(|r| r.index).collect();
+    assert_eq!(succeeded.len(), 2, "the two requests that ran before the cancel");
+    for index in (0..5).filter(|index| !succeeded.contains(index)) {
+        assert_eq!(error_code(&entry, index), "batch_cancelled", "item {index}");
+    }
+    assert_eq!((entry.items_total, entry.items_failed), (5, 3));
+    assert_eq!(openai.batch_statuses(), [(entry.request_ids[0].clone(), "cancelled")]);
     let cancels = openai.calls_of(OpenAiCallKind::CancelBatch);
-    assert_eq!(cancels.len(), 1);
+    assert_eq!(cancels.len(), 1, "asked once: later polls saw it cancelling");
     assert_eq!(cancels[0].batch_id.as_deref(), Some(entry.request_ids[0].as_str()));
-    wait_until("the batch is cancelled", WAIT, async || {
-        openai.batch_statuses().iter().all(|(_, status)| *status == "cancelled")
+    let polls = openai.calls_of(OpenAiCallKind::GetBatch);
+    assert!(polls.iter().any(|poll| poll.at_ms > cancels[0].at_ms), "polled after the cancel until it ended");
+    // Its files (input, output, error) were deleted once the results were stored.
+    wait_until("files deleted", WAIT, async || openai.file_ids().is_empty()).await;
+    assert_eq!(world.ledger("cancel-1").await["state"], "cancelled");
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_cancelled_job_keeps_what_its_running_batch_finished_and_its_unsent_batch_is_not_run() {
+    // Chunks of 3 requests; one create per hour, so the second chunk waits to be sent when the cancel comes.
+    let world = openai_world(|settings| {
+        settings.openai.max_requests = 3;
+        settings.openai.batches_per_hour = 1;
+        settings.openai.burst = 1;
     })
     .await;
+    let openai = world.emulator.openai();
+    openai.inject(OpenAiFault::stall(1));
+    let daemon = world.daemon();
+    let requests: Vec<Value> = (0..5).map(|i| chat(&format!("item-{i}"))).collect();
+    world.enqueue(&json!({"id": "cancel-2", "model": "openai/gpt-4o-mini", "requests": requests})).await;
+    // Whichever chunk took the hour's one create runs; the other waits, unsent.
+    wait_until("a batch is polled", WAIT, async || {
+        world.ledger("cancel-2").await.values().any(|value| value.starts_with("batch_"))
+    })
+    .await;
+    let sent = u32::from(!world.ledger("cancel-2").await.contains_key("c0:request_id"));
+    polling_with_finished(&world, "cancel-2", sent, 1).await;
+    assert_eq!(world.ledger("cancel-2").await[&format!("c{}:state", 1 - sent)], "pending");
+    world.cancel("cancel-2", "not needed").await;
+    let entry = world.wait_for_result("cancel-2", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Cancelled);
+    let (ran, unsent) = if sent == 0 { (0..3, 3..5) } else { (3..5, 0..3) };
+    let output = entry.result.as_ref().expect("the partial result");
+    let succeeded: Vec<usize> = output.responses.iter().filter(|r| r.success).map(|r| r.index).collect();
+    assert_eq!(succeeded.len(), 1, "the one request of the sent batch that ran: {succeeded:?}");
+    assert!(ran.contains(&succeeded[0]), "{succeeded:?}");
+    for index in ran.filter(|index| !succeeded.contains(index)) {
+        assert_eq!(error_code(&entry, index), "batch_cancelled", "item {index}");
+    }
+    for index in unsent {
+        assert_eq!(error_code(&entry, index), "not_run", "item {index} was never sent");
+    }
+    assert_eq!(successful(&world, OpenAiCallKind::CreateBatch), 1, "the second batch was never created");
+    assert_eq!(openai.batch_statuses()[0].1, "cancelled");
+    assert_eq!(entry.request_ids.len(), 1);
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_crash_between_create_and_record_creates_no_second_batch() {
+    let world = openai_world(|_| {}).await;
+    let openai = world.emulator.openai();
+    // The create makes its batch at once and holds its reply back: the replica dies before it can record it.
+    openai.inject(OpenAiFault::delay(Duration::from_secs(30)).on(OpenAiCallKind::CreateBatch).after_handling());
+    let first = world.daemon();
+    world.enqueue(&json!({"id": "crashed-1", "model": "openai/gpt-4o-mini", "requests": [chat("a"), chat("b")]})).await;
+    wait_until("the create to reach the API", WAIT, async || openai.batch_count() == 1).await;
+    first.crash().await;
+    // Another replica takes the chunk over once its lease runs out, and looks the batch up before creating.
+    let second = world.daemon();
+    let entry = world.wait_for_result("crashed-1", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+    assert_eq!(openai.batch_count(), 1, "no second batch");
+    assert_eq!(openai.calls_of(OpenAiCallKind::CreateBatch).len(), 1, "the resumed submit did not create");
+    assert_eq!(successful(&world, OpenAiCallKind::Upload), 1, "the recorded input file was reused");
+    assert!(!openai.calls_of(OpenAiCallKind::ListBatches).is_empty(), "it looked the batch up");
+    assert_eq!(world.ledger("crashed-1").await["possible_duplicate_submits"], "1", "the uncertainty is counted");
+    assert_eq!(body(&entry, 1)["object"], "chat.completion");
+    second.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_file_the_api_refuses_as_too_large_is_split_and_merged_in_order() {
+    let world = openai_world(|_| {}).await;
+    let openai = world.emulator.openai();
+    // The API's upload limit is lower than batchd's: the first uploads are refused with `file_too_large`.
+    let mut limits = openai.limits();
+    limits.max_file_bytes = 1500;
+    openai.set_limits(limits);
+    let daemon = world.daemon();
+    let padding = "x".repeat(200);
+    let requests: Vec<Value> = (0..8).map(|i| chat(&format!("item-{i} {padding}"))).collect();
+    world.enqueue(&json!({"id": "too-large-1", "model": "openai/gpt-4o-mini", "requests": requests})).await;
+    let entry = world.wait_for_result("too-large-1", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+    for index in 0..8 {
+        let content = body(&entry, index)["choices"][0]["message"]["content"].as_str().expect("content").to_owned();
+        assert!(content.contains(&format!("item-{index} ")), "item {index}: {content}");
+    }
+    let uploads = openai.calls_of(OpenAiCallKind::Upload);
+    assert!(uploads.iter().any(|call| call.error_code.as_deref() == Some("file_too_large")), "a refusal");
+    assert_eq!(successful(&world, OpenAiCallKind::CreateBatch), entry.request_ids.len());
+    assert!(entry.request_ids.len() > 1, "split into {} batches", entry.request_ids.len());
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_60000_line_job_is_split_into_batches_of_50000_and_merged_in_order() {
+    let world = openai_world(|settings| {
+        settings.openai.request_timeout_secs = 60;
+        settings.schedule.lease_secs = 120;
+    })
+    .await;
+    let daemon = world.daemon();
+    let n = 60_000;
+    let requests: Vec<Value> = (0..n).map(|i| json!({"input": format!("i{i}"), "dimensions": 1})).collect();
+    world
+        .enqueue(&json!({
+            "id": "sixty-k",
+            "model": "openai/text-embedding-3-small",
+            "endpoint": "/v1/embeddings",
+            "requests": requests,
+        }))
+        .await;
+    let entry = world.wait_for_result("sixty-k", Duration::from_secs(240)).await;
+    assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+    assert_eq!((entry.items_total, entry.items_failed), (n, 0));
+    let output = entry.result.as_ref().expect("result");
+    assert!(output.responses.iter().enumerate().all(|(index, response)| response.index == index && response.success));
+    // The API's own account of each batch: `request_counts.total`.
+    let mut sizes = Vec::new();
+    for id in &entry.request_ids {
+        let batch = retrieve(&world, id).await;
+        assert_eq!(batch["status"], "completed", "{batch}");
+        sizes.push(batch["request_counts"]["total"].as_u64().expect("total"));
+    }
+    assert_eq!(sizes, [50_000, 10_000], "two batches: the API's 50,000 lines, then the rest");
+    daemon.stop().await.expect("stop");
+}
+
+/// The polls-per-batch figures of docs/providers.md come from `policy::polls_until`; this checks the daemon
+/// against it, from the emulator's call log: never a poll sooner than the schedule says, never more polls than
+/// it counts.
+#[tokio::test]
+async fn a_batch_is_polled_no_more_often_than_the_schedule_the_docs_count_with() {
+    let world = openai_world(|settings| {
+        settings.poll.initial_interval_ms = 100;
+        settings.poll.multiplier = 1.5;
+        settings.poll.max_interval_ms = 400;
+        settings.poll.jitter = 0.0;
+    })
+    .await;
+    let openai = world.emulator.openai();
+    let mut timing = openai.timing();
+    (timing.validating_for, timing.in_progress_for, timing.finalizing_for) =
+        (Duration::from_millis(200), Duration::from_millis(1000), Duration::from_millis(200));
+    openai.set_timing(timing);
+    let ends_after = Duration::from_millis(1400);
+    let daemon = world.daemon();
+    world.enqueue(&json!({"id": "polls-1", "model": "openai/gpt-4o-mini", "requests": [chat("a")]})).await;
+    let entry = world.wait_for_result("polls-1", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+    let created = openai.calls_of(OpenAiCallKind::CreateBatch)[0].at_ms;
+    let polls: Vec<u64> = openai
+        .calls_of(OpenAiCallKind::GetBatch)
+        .into_iter()
+        .filter(|call| call.batch_id.as_deref() == Some(entry.request_ids[0].as_str()))
+        .map(|call| call.at_ms)
+        .collect();
+    let schedule = &world.settings.poll;
+    // The emulator's clock starts the batch when it handles the create, a little after the call arrived.
+    let most = batchd_engine::policy::polls_until(ends_after + Duration::from_millis(50), schedule, 0.5);
+    assert!((2..=most as usize).contains(&polls.len()), "{} polls, at most {most}: {polls:?}", polls.len());
+    let mut previous = created;
+    for (n, at) in polls.iter().enumerate() {
+        let delay = batchd_engine::policy::next_poll_delay(n as u64, schedule, 0.5).as_millis() as u64;
+        assert!(
+            at + 10 >= previous + delay,
+            "poll {} came {} ms after the one before, sooner than {delay} ms",
+            n + 1,
+            at - previous
+        );
+        previous = *at;
+    }
     daemon.stop().await.expect("stop");
 }
 

@@ -1,6 +1,6 @@
-//! The HTTP side of Message Batches: one request per call (create, retrieve, list, cancel, results), the headers
-//! every call carries (`x-api-key`, `anthropic-version`, optional beta and workspace), replies read up to a limit,
-//! and every failure classified into the engine's [`ErrorKind`] here, in one place.
+//! The HTTP side of Message Batches: one request per call (create, retrieve, list, cancel, delete, results), the
+//! headers every call carries (`x-api-key`, `anthropic-version`, optional beta and workspace), replies read up to a
+//! limit, and every failure classified into the engine's [`ErrorKind`] here, in one place.
 
 use std::time::{Duration, SystemTime};
 
@@ -178,6 +178,11 @@ impl Client {
     /// Asks for batch `id` to be canceled.
     pub async fn cancel(&self, id: &str) -> Result<Vec<u8>, ApiError> {
         self.small(Call::Other, Method::POST, self.url(&[id, "cancel"]), None).await
+    }
+
+    /// Deletes batch `id` (allowed once it has ended): its results are no longer kept at the API.
+    pub async fn delete(&self, id: &str) -> Result<Vec<u8>, ApiError> {
+        self.small(Call::Other, Method::DELETE, self.url(&[id]), None).await
     }
 
     /// One request whose reply is small (at most 4 MiB): the reply body of a 2xx, the classified error otherwise.

@@ -1,7 +1,8 @@
 //! Anthropic Message Batches as a [`Provider`]: a chunk is one create of `{custom_id, params}` requests, polled
-//! until `ended`, its results streamed from `results_url` and joined on `custom_id`; cancel is real. Before a
-//! create the chunk's mark and the time are recorded, so a resubmit after an uncertain create looks for the batch
-//! that create may have made (`lookup.rs`) before creating again.
+//! until `ended`, its results streamed from `results_url` and joined on `custom_id`; cancel is real, and an ended
+//! batch is deleted once its results are stored (`delete_batches`). Before a create the chunk's mark and the time
+//! are recorded, so a resubmit after an uncertain create looks for the batch that create may have made
+//! (`lookup.rs`) before creating again.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -32,6 +33,8 @@ pub struct AnthropicProvider {
     bucket: Option<RateBucket>,
     /// Where results downloads are counted.
     budget: Option<ReplyBudget>,
+    /// Whether ended batches are deleted once their results are stored.
+    delete_batches: bool,
 }
 
 impl AnthropicProvider {
@@ -57,6 +60,7 @@ impl AnthropicProvider {
             },
             bucket,
             budget: None,
+            delete_batches: settings.delete_batches,
         })
     }
 
@@ -257,7 +261,8 @@ impl Provider for AnthropicProvider {
                     let results_url = batch.results_url.filter(|url| url.len() <= MAX_REMOTE_REF_LEN);
                     Polled::Ready(RemoteBatch { results_url, ..remote.clone() })
                 }
-                Some(status @ ("in_progress" | "canceling")) => Polled::Pending(PendingStatus::documented(status)),
+                Some("in_progress") => Polled::Pending(PendingStatus::documented("in_progress")),
+                Some("canceling") => Polled::Pending(PendingStatus::cancelling("canceling")),
                 Some(other) => Polled::Pending(PendingStatus::undocumented(other)),
                 None => Polled::Pending(PendingStatus::undocumented("unreadable")),
             };
@@ -300,6 +305,10 @@ impl Provider for AnthropicProvider {
         })
     }
 
+    fn can_cancel(&self) -> bool {
+        true
+    }
+
     fn cancel<'a>(
         &'a self,
         _model: &'a ModelName,
@@ -314,6 +323,20 @@ impl Provider for AnthropicProvider {
                     tracing::debug!(batch_id = %id, error = %error, "cancel refused; the batch has likely ended");
                     Ok(CancelOutcome::Requested)
                 }
+                Err(error) => Err(error),
+            }
+        })
+    }
+
+    fn clean_up<'a>(&'a self, remote: &'a RemoteBatch) -> BoxFuture<'a, Result<(), ApiError>> {
+        Box::pin(async move {
+            let Some(id) = remote.id.as_ref().filter(|_| self.delete_batches) else {
+                return Ok(());
+            };
+            match self.client.delete(id.as_str()).await {
+                Ok(_) => Ok(()),
+                // Deleted already (by an earlier attempt, or by hand).
+                Err(error) if error.kind == ErrorKind::NotFound => Ok(()),
                 Err(error) => Err(error),
             }
         })

@@ -65,6 +65,9 @@ pub struct AnthropicSettings {
     pub requests_per_minute: u32,
     /// Requests that may go back to back before the pacing applies.
     pub burst: u32,
+    /// Delete a batch once it has ended and its results are stored (they hold user data; the API keeps them 29
+    /// days otherwise).
+    pub delete_batches: bool,
 }
 
 impl AnthropicSettings {
@@ -83,6 +86,7 @@ impl AnthropicSettings {
             max_requests: MAX_REQUESTS,
             requests_per_minute: 0,
             burst: 1,
+            delete_batches: true,
         }
     }
 }

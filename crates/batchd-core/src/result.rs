@@ -124,6 +124,8 @@ pub mod code {
     pub const ITEM_TOO_LARGE: &str = "item_too_large";
     /// The job was cancelled on request.
     pub const CANCELLED: &str = "cancelled";
+    /// An item's request never ran: its batch was never sent, or ended (cancelled, expired) before running it.
+    pub const NOT_RUN: &str = "not_run";
     /// The model cannot run batch requests (API code 8007, "does not support request queuing"); nothing was run.
     pub const MODEL_NOT_BATCHABLE: &str = "model_not_batchable";
     /// A poll reply was larger than `cloudflare.max_reply_bytes`; the batch's results were not read.

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use batchd_core::result::code;
 use batchd_core::{FailedBatch, ItemResponse, JobError, JobOutput, backoff};
 use batchd_provider::BodyShape;
 use batchd_queue::Placement;
@@ -17,6 +18,20 @@ pub fn next_poll_delay(n_polls: u64, settings: &PollSettings, unit_random: f64) 
     let capped = base.min(settings.max_interval_ms as f64);
     let spread = 1.0 + settings.jitter * (2.0 * unit_random - 1.0);
     Duration::from_millis((capped * spread).max(1.0) as u64)
+}
+
+/// How many polls see a batch that ends `ended_after` its submit, polled on the [`next_poll_delay`] schedule with
+/// `unit_random` as every delay's spread (0.5: none): the first poll whose time (the sum of the delays before it)
+/// reaches the end is the last. An upper bound for the daemon, whose every delay also starts after a reply: each
+/// request's latency only makes the count smaller. Without events; with them, the event ends the polling.
+pub fn polls_until(ended_after: Duration, settings: &PollSettings, unit_random: f64) -> u64 {
+    let mut elapsed = Duration::ZERO;
+    let mut n_polls = 0;
+    while elapsed < ended_after {
+        elapsed += next_poll_delay(n_polls, settings, unit_random);
+        n_polls += 1;
+    }
+    n_polls.max(1)
 }
 
 /// Delay before the next poll of a batch: [`next_poll_delay`], or with batch events on, the long fallback interval
@@ -139,11 +154,15 @@ pub enum ChunkOutcome {
     },
     /// The batch had not finished (the job was cancelled, expired or failed meanwhile).
     Unfinished,
+    /// The batch was never sent (the job was cancelled first): its items are `not_run`, unless an earlier chunk
+    /// answered them (a failed-items retry that never ran keeps the first answers).
+    NotRun,
 }
 
 /// Assembles the job's output from its chunks: every item gets exactly one response, at its own index, in
 /// request order. Later chunks win (a chunk of retried items replaces the first answers); items of failed batches
-/// get `success:false` with the batch's error, items never answered get `unanswered`. Usage is summed.
+/// get `success:false` with the batch's error, items of batches never sent get `not_run`, items never answered
+/// get `unanswered`. Usage is summed.
 pub fn assemble(n_items: usize, chunks: Vec<(u32, Placement, ChunkOutcome)>, unanswered: &JobError) -> JobOutput {
     let mut slots: Vec<Option<ItemResponse>> = vec![None; n_items];
     let mut usage = serde_json::Map::new();
@@ -152,6 +171,7 @@ pub fn assemble(n_items: usize, chunks: Vec<(u32, Placement, ChunkOutcome)>, una
         let text = serde_json::json!({"code": error.code, "message": error.message}).to_string();
         RawValue::from_string(text).ok()
     };
+    let not_run = JobError::new(code::NOT_RUN, "not run: the job ended before this request was sent to the provider");
     for (chunk, placement, outcome) in chunks {
         match outcome {
             ChunkOutcome::Done(output) => {
@@ -171,6 +191,11 @@ pub fn assemble(n_items: usize, chunks: Vec<(u32, Placement, ChunkOutcome)>, una
                 failed_batches.push(FailedBatch { chunk, items, request_id, error });
             }
             ChunkOutcome::Unfinished => {}
+            ChunkOutcome::NotRun => {
+                for index in placement.job_indices().into_iter().filter(|index| *index < n_items) {
+                    slots[index].get_or_insert_with(|| ItemResponse::failure(index, error_item(&not_run)));
+                }
+            }
         }
     }
     let responses = slots
@@ -221,6 +246,21 @@ mod tests {
         assert_eq!(next_poll_delay(2, &poll(), mid), Duration::from_millis(2250));
         assert_eq!(next_poll_delay(50, &poll(), mid), Duration::from_millis(30_000));
         assert_eq!(next_poll_delay(u64::MAX, &poll(), mid), Duration::from_millis(30_000));
+    }
+
+    /// The polls-per-batch figures docs/providers.md quotes for the default `[poll]` (OpenAI, "Costs").
+    #[test]
+    fn a_batch_is_polled_on_the_backoff_then_every_cap() {
+        let mid = 0.5;
+        // 1 + 1.5 + 2.25 + ... : the ninth poll comes 74.9 s after the submit, then one every 30 s.
+        assert_eq!(polls_until(Duration::from_secs(1), &poll(), mid), 1);
+        assert_eq!(polls_until(Duration::from_secs(75), &poll(), mid), 10);
+        assert_eq!(polls_until(Duration::from_secs(600), &poll(), mid), 27);
+        assert_eq!(polls_until(Duration::from_secs(3600), &poll(), mid), 127);
+        assert_eq!(polls_until(Duration::from_secs(24 * 3600), &poll(), mid), 2887);
+        // Jitter (±20 %) moves the count by about a fifth either way.
+        assert_eq!(polls_until(Duration::from_secs(3600), &poll(), 0.0), 157);
+        assert_eq!(polls_until(Duration::from_secs(3600), &poll(), 0.999_999), 107);
     }
 
     #[test]
@@ -419,6 +459,27 @@ mod tests {
         assert_eq!(merged.failed_batches.len(), 1);
         assert_eq!(merged.failed_batches[0].items, [3, 4]);
         assert!(merged.responses[3].error.as_ref().unwrap().get().contains("batch_failed"));
+    }
+
+    #[test]
+    fn items_of_a_batch_never_sent_are_not_run_unless_answered_before() {
+        let unanswered = JobError::new("cancelled", "not answered");
+        let merged = assemble(
+            4,
+            vec![
+                (0, Placement::Range { start: 0, len: 2 }, ChunkOutcome::Done(output(&[(0, true), (1, false)], 1))),
+                (1, Placement::Range { start: 2, len: 2 }, ChunkOutcome::NotRun),
+                (2, Placement::Indices(vec![1]), ChunkOutcome::NotRun),
+            ],
+            &unanswered,
+        );
+        let successes: Vec<bool> = merged.responses.iter().map(|r| r.success).collect();
+        assert_eq!(successes, [true, false, false, false]);
+        assert!(merged.responses[1].error.is_none(), "the first answer of a retried item is kept");
+        for index in [2, 3] {
+            assert!(merged.responses[index].error.as_ref().unwrap().get().contains(r#""code":"not_run""#));
+        }
+        assert!(merged.failed_batches.is_empty());
     }
 
     #[test]

@@ -258,8 +258,9 @@ fn item_error(error: Option<&RawValue>, status: Option<u16>, body: Option<&RawVa
 
 /// The error of an item the batch never ran.
 fn not_run() -> Box<RawValue> {
-    let text = r#"{"code":"not_run","message":"the batch ended before this request ran: it is in neither the output nor the error file"}"#;
-    RawValue::from_string(text.to_owned()).expect("valid JSON")
+    let message = "the batch ended before this request ran: it is in neither the output nor the error file";
+    let error = serde_json::json!({"code": batchd_core::result::code::NOT_RUN, "message": message});
+    RawValue::from_string(error.to_string()).expect("valid JSON")
 }
 
 #[cfg(test)]

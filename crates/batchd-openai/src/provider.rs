@@ -264,6 +264,7 @@ impl Provider for OpenAiProvider {
             let batch = self.client.retrieve(id.as_str()).await?;
             let status = batch.status.clone().unwrap_or_default();
             let polled = match status.as_str() {
+                "cancelling" => Polled::Pending(PendingStatus::cancelling("cancelling")),
                 status if PENDING.contains(&status) => Polled::Pending(PendingStatus::documented(status)),
                 status if ENDED.contains(&status) => Polled::Ready(RemoteBatch {
                     id: Some(id.clone()),
@@ -306,6 +307,10 @@ impl Provider for OpenAiProvider {
             tracing::debug!(result_bytes = read, n_failed = output.n_failed(), "batch results read");
             Ok((output, held))
         })
+    }
+
+    fn can_cancel(&self) -> bool {
+        true
     }
 
     fn cancel<'a>(

@@ -2,11 +2,15 @@
 //!
 //! ```sh
 //! REDIS_URL=redis://127.0.0.1:6399 BATCHD_NAMESPACE=batchd \
-//!   cargo run -p batchd-producer --example enqueue_and_read -- [JOB_ID]
+//!   cargo run -p batchd-producer --example enqueue_and_read -- [JOB_ID [PROVIDER]]
 //! ```
 //!
-//! Prints one JSON line `{"job_id":..,"status":..,"responses":N,"redelivered":..}` and exits 0 when the job
-//! completed; exits 1 with a one-line error otherwise (or after 60 s without its result).
+//! PROVIDER picks the job: `cloudflare` (the default: Workers AI, `@cf/...`), `openai` (OpenAI Batch,
+//! `openai/...`) or `anthropic` (Anthropic Message Batches, `anthropic/...`). The daemon routes a job by its model
+//! name; only the request items differ (each the provider's own request body, without `model`).
+//!
+//! Prints one JSON line `{"job_id":..,"status":..,"responses":N,"succeeded":N,"redelivered":..}` and exits 0 when
+//! the job completed; exits 1 with a one-line error otherwise (or after 60 s without its result).
 
 use std::time::{Duration, Instant};
 
@@ -34,12 +38,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // would also see results published before it existed, as long as the stream keeps them.
     let mut reader = producer.results_reader(ReaderOptions::new("rust-example", "worker-1")).await?;
 
-    let job = NewJob::new(
-        "@cf/baai/bge-m3",
-        vec![json!({"query": "What is batchd?", "contexts": [{"text": "A batch daemon."}, {"text": "A fruit."}]})],
-    )
-    .with_id(job_id.as_str())
-    .with_metadata(json!({"example": "rust"}));
+    let provider = std::env::args().nth(2).unwrap_or_else(|| "cloudflare".into());
+    let job = sample_job(&provider)?.with_id(job_id.as_str()).with_metadata(json!({"example": "rust"}));
     let job_id = producer.enqueue(&job).await?;
     eprintln!("enqueued {job_id}");
 
@@ -51,11 +51,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         reader.ack_all(&batch).await?;
         if let Some(delivery) = mine {
             let result = delivery.result()?;
-            let responses = result.result.as_ref().map_or(0, |output| output.responses.len());
+            let responses = result.result.as_ref().map_or(&[][..], |output| output.responses.as_slice());
+            let succeeded = responses.iter().filter(|response| response.success).count();
             println!(
                 "{}",
-                json!({"job_id": result.job_id, "status": result.status.as_str(), "responses": responses,
-                       "redelivered": delivery.redelivered})
+                json!({"job_id": result.job_id, "status": result.status.as_str(), "responses": responses.len(),
+                       "succeeded": succeeded, "redelivered": delivery.redelivered})
             );
             if result.status != ResultStatus::Completed {
                 return Err(format!("job {job_id} ended {}", result.status).into());
@@ -64,4 +65,26 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Err(format!("no result for {job_id} within 60 s; is the daemon running on namespace {namespace}?").into())
+}
+
+/// The sample job of a provider: its model and one request item in the provider's own format.
+fn sample_job(provider: &str) -> Result<NewJob, String> {
+    let question = "What is batchd?";
+    match provider {
+        "cloudflare" => Ok(NewJob::new(
+            "@cf/baai/bge-m3",
+            vec![json!({"query": question, "contexts": [{"text": "A batch daemon."}, {"text": "A fruit."}]})],
+        )),
+        // A Chat Completions body; `.with_endpoint("/v1/embeddings")` (or `/v1/responses`, ...) for another one.
+        "openai" => Ok(NewJob::new(
+            "openai/gpt-4o-mini",
+            vec![json!({"messages": [{"role": "user", "content": question}], "max_tokens": 50})],
+        )),
+        // A Messages API body (`max_tokens` is required).
+        "anthropic" => Ok(NewJob::new(
+            "anthropic/claude-sonnet-4-5",
+            vec![json!({"max_tokens": 50, "messages": [{"role": "user", "content": question}]})],
+        )),
+        other => Err(format!("unknown provider {other:?}; use cloudflare, openai or anthropic")),
+    }
 }

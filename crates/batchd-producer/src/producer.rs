@@ -28,9 +28,15 @@ pub struct NewJob {
     /// id becomes the job id (and enqueueing again makes a second job).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
-    /// The Workers AI model, `@cf/<author>/<model>`.
+    /// The model, which picks the provider: `@cf/<author>/<model>` (Workers AI), `openai/<model>`,
+    /// `anthropic/<model>`.
     pub model: String,
-    /// The request items, each a JSON object exactly as the Batch API takes it.
+    /// For providers with several endpoints (OpenAI): the one each item is a request body of, e.g.
+    /// `/v1/embeddings`; `None`: the provider's default (`/v1/chat/completions`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// The request items, each a JSON object exactly as the provider takes it (without `model`, which batchd
+    /// fills in for OpenAI and Anthropic).
     pub requests: Vec<serde_json::Value>,
     /// The results stream for this job, `{ns}:results` (the default) or `{ns}:results:<suffix>`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -52,6 +58,7 @@ impl NewJob {
         Self {
             id: None,
             model: model.into(),
+            endpoint: None,
             requests,
             reply_to: None,
             metadata: None,
@@ -63,6 +70,12 @@ impl NewJob {
     /// Sets the job id (makes enqueueing idempotent).
     pub fn with_id(mut self, id: impl Into<String>) -> Self {
         self.id = Some(id.into());
+        self
+    }
+
+    /// Sets the provider endpoint the items are request bodies of (OpenAI: `/v1/embeddings`, `/v1/responses`, ...).
+    pub fn with_endpoint(mut self, endpoint: impl Into<String>) -> Self {
+        self.endpoint = Some(endpoint.into());
         self
     }
 
@@ -442,6 +455,12 @@ mod tests {
         );
         let bare = NewJob::new("@cf/baai/bge-m3", vec![]);
         assert_eq!(bare.to_json(), r#"{"model":"@cf/baai/bge-m3","requests":[]}"#);
+        let embeddings = NewJob::new("openai/text-embedding-3-small", vec![serde_json::json!({"input": "hi"})])
+            .with_endpoint("/v1/embeddings");
+        assert_eq!(
+            embeddings.to_json(),
+            r#"{"model":"openai/text-embedding-3-small","endpoint":"/v1/embeddings","requests":[{"input":"hi"}]}"#
+        );
     }
 
     #[test]

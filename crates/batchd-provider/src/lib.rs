@@ -70,8 +70,17 @@ pub trait Provider: Send + Sync + fmt::Debug {
         n_items: usize,
     ) -> BoxFuture<'a, Result<(JobOutput, Vec<ReplyHold>), ApiError>>;
 
-    /// Asks the provider to cancel a remote batch. Providers without a cancel call answer
-    /// [`CancelOutcome::Unsupported`] (the batch runs to its end and its results are dropped).
+    /// Whether [`Provider::cancel`] stops a running batch, which then ends (seen through polls) with the results
+    /// it had finished. When it does, the engine cancels a cancelled job's running batches and waits for them to
+    /// end, so the job's result holds what they ran; when it does not (the default), the job ends at once and its
+    /// batches run on, unread.
+    fn can_cancel(&self) -> bool {
+        false
+    }
+
+    /// Asks the provider to cancel a remote batch; called for batches still running, only when
+    /// [`Provider::can_cancel`]. Providers without a cancel call answer [`CancelOutcome::Unsupported`] (the batch
+    /// runs to its end and its results are dropped).
     fn cancel<'a>(
         &'a self,
         model: &'a ModelName,
@@ -216,6 +225,9 @@ pub struct PendingStatus {
     status: String,
     /// Whether the provider's docs list it.
     documented: bool,
+    /// Whether it says a cancel is under way (OpenAI's `cancelling`, Anthropic's `canceling`): the batch is not
+    /// asked to cancel again.
+    cancelling: bool,
 }
 
 impl PendingStatus {
@@ -224,12 +236,17 @@ impl PendingStatus {
 
     /// A status the provider's docs list.
     pub fn documented(status: &str) -> Self {
-        Self { status: Self::one_line(status), documented: true }
+        Self { status: Self::one_line(status), documented: true, cancelling: false }
+    }
+
+    /// The documented status of a batch whose cancel is under way (it ends, with what it finished, on its own).
+    pub fn cancelling(status: &str) -> Self {
+        Self { cancelling: true, ..Self::documented(status) }
     }
 
     /// A status the docs do not list (kept, bounded, for logs and the ledger).
     pub fn undocumented(status: &str) -> Self {
-        Self { status: Self::one_line(status), documented: false }
+        Self { status: Self::one_line(status), documented: false, cancelling: false }
     }
 
     /// The status text.
@@ -240,6 +257,11 @@ impl PendingStatus {
     /// Whether the docs list it.
     pub fn is_documented(&self) -> bool {
         self.documented
+    }
+
+    /// Whether a cancel of the batch is under way.
+    pub fn is_cancelling(&self) -> bool {
+        self.cancelling
     }
 
     fn one_line(status: &str) -> String {
@@ -276,5 +298,8 @@ mod tests {
         assert_eq!(status.as_str().chars().count(), PendingStatus::MAX_CHARS);
         assert!(!status.as_str().contains('\n'));
         assert!(PendingStatus::documented("queued").is_documented());
+        let cancelling = PendingStatus::cancelling("cancelling");
+        assert!(cancelling.is_documented() && cancelling.is_cancelling());
+        assert!(!PendingStatus::documented("in_progress").is_cancelling());
     }
 }

@@ -292,6 +292,16 @@ impl World {
         }
     }
 
+    /// Requests the cancellation of `job_id` the way `batchd cancel` and the dashboard do (the `cancel` Redis
+    /// function, through the producer library).
+    pub async fn cancel(&self, job_id: &str, reason: &str) {
+        let producer =
+            batchd_producer::Producer::connect(self.settings.redis.url.expose(), &self.settings.redis.namespace)
+                .await
+                .expect("connect");
+        producer.cancel(&batchd_core::JobId::parse(job_id).expect("job id"), reason).await.expect("cancel");
+    }
+
     /// The ledger of a job.
     pub async fn ledger(&self, job_id: &str) -> HashMap<String, String> {
         let id = batchd_core::JobId::parse(job_id).expect("job id");
@@ -490,6 +500,23 @@ pub fn bge_m3_job(id: &str, n: usize) -> serde_json::Value {
         })
         .collect();
     serde_json::json!({"id": id, "model": "@cf/baai/bge-m3", "requests": requests})
+}
+
+/// Configures the OpenAI provider against the emulator's `/openai/v1` (its key; creates not rate limited, which
+/// has its own tests).
+pub fn with_openai(settings: &mut Settings, emulator: &EmulatorHandle) {
+    settings.openai.api_key = Some(Secret::new(emulator.openai().api_key()));
+    settings.openai.base_url = emulator.openai_base_url();
+    settings.openai.batches_per_hour = 0;
+    settings.openai.request_timeout_secs = 5;
+}
+
+/// Configures the Anthropic provider against the emulator's `/anthropic`.
+pub fn with_anthropic(settings: &mut Settings, emulator: &EmulatorHandle) {
+    let control = emulator.anthropic();
+    settings.anthropic.api_key = Some(Secret::new(control.api_key()));
+    settings.anthropic.base_url = control.base_url();
+    settings.anthropic.request_timeout_secs = 2;
 }
 
 /// Puts the admin server of `settings` on a free loopback port with a fast sampler (100 ms); returns its address.

@@ -243,6 +243,11 @@ impl Batches {
         self.n_created
     }
 
+    /// The ids of the batches not deleted, oldest first.
+    pub fn ids(&self) -> Vec<String> {
+        self.order.clone()
+    }
+
     /// The batch `id`, settled to `now`.
     pub fn get(&mut self, id: &str, now: SystemTime, config: &AnthropicConfig) -> Option<&mut Batch> {
         let batch = self.by_id.get_mut(id)?;

@@ -250,6 +250,11 @@ impl AnthropicControl {
         self.anthropic().lock().batches.n_created()
     }
 
+    /// The ids of the batches that exist (not deleted), oldest first.
+    pub fn batch_ids(&self) -> Vec<String> {
+        self.anthropic().lock().batches.ids()
+    }
+
     /// Makes the first `n_items` items (in request order) of a batch finished now, whatever its timing; `false`
     /// when no such batch exists or it has ended already.
     pub fn finish_items(&self, batch_id: &str, n_items: usize) -> bool {

@@ -8,10 +8,8 @@ use std::time::Duration;
 use batchd_core::ledger::field;
 use batchd_core::result::code;
 use batchd_core::{
-    ChunkRef, ChunkState, JobError, JobId, JobOutput, JobState, ModelName, RequestId, ResultEntry, ResultStatus,
-    UnixMillis,
+    ChunkRef, ChunkState, JobError, JobId, JobOutput, JobState, ModelName, ResultEntry, ResultStatus, UnixMillis,
 };
-use batchd_provider::{CancelOutcome, RemoteBatch};
 use batchd_queue::{
     AddOutcome, ChunkView, Claim, NewChunk, Placement, PublishContext, Rejection, StoreError, Undeliverable,
 };
@@ -129,53 +127,6 @@ impl Pipeline {
         }
     }
 
-    /// Ends a job whose cancellation was requested: every batch still running at a provider that can cancel is
-    /// asked to (best effort), then the job ends `cancelled` with the results of the batches that had finished.
-    pub(super) async fn cancel(&self, job_id: &JobId, reason: &str) -> Result<(), StoreError> {
-        let Some(context) = self.store.publish_context(job_id).await? else {
-            return Ok(());
-        };
-        let n_cancelled = self.cancel_remote(job_id, &context).await;
-        let why = if reason.is_empty() || reason == "cancelled" { String::new() } else { format!(" ({reason})") };
-        let remote = if n_cancelled == 0 {
-            "the Batch API has no cancel, so batches already submitted keep running remotely (and may be billed), \
-             and their results are discarded"
-                .to_owned()
-        } else {
-            format!(
-                "{n_cancelled} running batches were cancelled at the provider; requests they had already run may be \
-                 billed, and their results are discarded"
-            )
-        };
-        let error = JobError::new(code::CANCELLED, format!("cancelled on request{why}; {remote}"));
-        tracing::info!(job_id = %job_id, n_cancelled, "job cancelled");
-        self.conclude_with(job_id, context, Ending::Cancelled(error)).await
-    }
-
-    /// Asks the provider to cancel each chunk's running remote batch; returns how many it took a cancel for.
-    /// Failures are logged: the job ends `cancelled` whatever the provider answers.
-    async fn cancel_remote(&self, job_id: &JobId, context: &PublishContext) -> usize {
-        let Ok(model) = ModelName::parse(&context.model) else { return 0 };
-        let Ok(provider) = self.providers.for_model(&model) else { return 0 };
-        let mut n_cancelled = 0;
-        for chunk in &context.chunks {
-            let running = matches!(chunk.state, Some(ChunkState::Polling));
-            let Some(id) = chunk.request_id.as_deref().filter(|_| running).and_then(|id| RequestId::parse(id).ok())
-            else {
-                continue;
-            };
-            match provider.cancel(&model, &RemoteBatch::with_id(id)).await {
-                Ok(CancelOutcome::Requested) => n_cancelled += 1,
-                // A provider without a cancel call: its batches run to their end, unread (the same for every chunk).
-                Ok(CancelOutcome::Unsupported) => return n_cancelled,
-                Err(error) => {
-                    tracing::warn!(job_id = %job_id, chunk = chunk.index, error = %error, "could not cancel a remote batch");
-                }
-            }
-        }
-        n_cancelled
-    }
-
     pub(super) async fn expire(&self, job_id: &JobId, view: &ChunkView, now: UnixMillis) -> Result<(), StoreError> {
         let waited = Duration::from_millis(now.saturating_sub(view.accepted_at));
         let error = JobError::new(
@@ -250,12 +201,14 @@ impl Pipeline {
         Ok(())
     }
 
-    async fn conclude_with(
+    /// Assembles what the job's chunks produced and publishes it as the job's one result, ending as `ending` says.
+    pub(super) async fn conclude_with(
         &self,
         job_id: &JobId,
         mut context: PublishContext,
         ending: Ending<'_>,
     ) -> Result<(), StoreError> {
+        let cancelled = matches!(ending, Ending::Cancelled(_));
         let mut chunks = Vec::with_capacity(context.chunks.len());
         for chunk in &mut context.chunks {
             // Each stored output is dropped as soon as it is parsed.
@@ -278,6 +231,8 @@ impl Pipeline {
                         .unwrap_or_else(|| JobError::new(code::API_ERROR, "the batch failed")),
                     request_id: chunk.request_id.clone(),
                 },
+                // Never sent: a cancelled job's batch that was still waiting to be submitted.
+                Some(ChunkState::Pending) if cancelled => ChunkOutcome::NotRun,
                 _ => ChunkOutcome::Unfinished,
             };
             chunks.push((chunk.index, chunk.placement.clone(), outcome));

@@ -135,6 +135,7 @@ async fn drop_member(store: &Store, member: &str) {
     }
 }
 
+mod cancel;
 mod finish;
 mod poll;
 mod submit;
@@ -167,7 +168,7 @@ impl Pipeline {
             });
         }
         if let Some(reason) = &view.cancel_requested {
-            return self.cancel(&chunk.job_id, reason).await;
+            return self.cancel(claim, &view, reason).await;
         }
         let now = self.store.now().await?;
         if now >= view.deadline_at {
@@ -191,7 +192,9 @@ impl Pipeline {
             ChunkState::Pending | ChunkState::Submitting => {
                 self.submit(claim, provider.as_ref(), &model, view.endpoint.as_deref(), view.deadline_at).await
             }
-            ChunkState::Polling => self.poll(claim, provider.as_ref(), &model, &view, std::time::Instant::now()).await,
+            ChunkState::Polling => {
+                self.poll(claim, provider.as_ref(), &model, &view, std::time::Instant::now(), None).await
+            }
             ChunkState::Done | ChunkState::Failed => self.finish(claim).await,
         }
     }

@@ -14,7 +14,9 @@ use crate::policy::{poll_delay, retry_delay};
 
 impl Pipeline {
     /// Polls one chunk's remote batch.
-    /// `checked_at`: when the claim was last checked (the step's read of the ledger).
+    /// `checked_at`: when the claim was last checked (the step's read of the ledger). `cancel`: the reason, when
+    /// the job's cancellation was requested and the provider can cancel: a batch still running is asked to cancel
+    /// (unless it already is), and once it ends the job is settled as cancelled ([`Pipeline::settle_cancel`]).
     pub(super) async fn poll(
         &self,
         claim: &Claim,
@@ -22,6 +24,7 @@ impl Pipeline {
         model: &ModelName,
         view: &ChunkView,
         checked_at: std::time::Instant,
+        cancel: Option<&str>,
     ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
         let request_id = view.request_id.as_deref().and_then(|id| RequestId::parse(id).ok());
@@ -82,9 +85,14 @@ impl Pipeline {
             }
         }
         let stored = match polled {
-            Ok(Answer::Pending(status)) => self.still_pending(claim, view, &status).await,
-            Ok(Answer::Done(output)) => self.batch_done(claim, view, &request_id, output).await,
-            Err(error) => self.poll_failed(claim, view, error).await,
+            Ok(Answer::Pending(status)) => {
+                if cancel.is_some() && !status.is_cancelling() {
+                    self.cancel_batch(claim, provider, model, &remote).await;
+                }
+                self.still_pending(claim, view, &status).await
+            }
+            Ok(Answer::Done(output)) => self.batch_done(claim, view, &request_id, output, cancel).await,
+            Err(error) => self.poll_failed(claim, view, error, cancel).await,
         };
         if let (Ok(()), Some(ended)) = (&stored, ended) {
             // Best effort, after the outcome is stored: a crash before it leaves files, never loses results.
@@ -95,6 +103,20 @@ impl Pipeline {
         stored
     }
 
+    /// Asks the provider to cancel the running batch of a cancelled job's chunk (the lease renewed meanwhile); a
+    /// failure is logged, and the next poll asks again while the batch is not cancelling.
+    async fn cancel_batch(&self, claim: &Claim, provider: &dyn Provider, model: &ModelName, remote: &RemoteBatch) {
+        let chunk = &claim.chunk;
+        match self.renewing(claim, provider.cancel(model, remote)).await {
+            Ok(outcome) => {
+                tracing::info!(job_id = %chunk.job_id, chunk = chunk.index, ?outcome, "asked the provider to cancel the batch")
+            }
+            Err(error) => {
+                tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "could not cancel a remote batch; asking again at the next poll")
+            }
+        }
+    }
+
     /// Stores a finished batch's output (or publishes it straight away when it is the job's only batch).
     async fn batch_done(
         &self,
@@ -102,20 +124,36 @@ impl Pipeline {
         view: &ChunkView,
         request_id: &RequestId,
         output: batchd_core::JobOutput,
+        cancel: Option<&str>,
     ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
         metrics::polls_per_batch(view.n_polls + 1);
         tracing::debug!(request_id = %request_id, n_polls = view.n_polls + 1, n_failed = output.n_failed(), "batch finished");
-        if view.n_chunks <= 1 && output.n_failed() == 0 {
+        if view.n_chunks <= 1 && output.n_failed() == 0 && cancel.is_none() {
             // The common case: one batch, nothing to retry: publish straight from what the poll read,
             // without storing the output or reading the ledger again.
             let context = view.single_chunk_context(chunk.index);
             return self.conclude(&chunk.job_id, Ending::FinishedOneBatch { context, output }).await;
         }
         let payload = serde_json::to_string(&output).expect("output serialises");
-        match self.store.chunk_done(claim, ChunkState::Done, &payload, self.store.now().await?).await? {
-            Some(0) => self.finish(claim).await,
-            _ => Ok(()),
+        let open = self.store.chunk_done(claim, ChunkState::Done, &payload, self.store.now().await?).await?;
+        self.after_chunk_done(claim, ChunkState::Done, open, cancel).await
+    }
+
+    /// After a chunk's outcome was stored (`open`: the job's chunks still unfinished, `None` when the job has
+    /// finished): settles a cancelled job, or finishes the job once its last chunk is done.
+    async fn after_chunk_done(
+        &self,
+        claim: &Claim,
+        state: ChunkState,
+        open: Option<u32>,
+        cancel: Option<&str>,
+    ) -> Result<(), StoreError> {
+        match (cancel, open) {
+            (_, None) => Ok(()),
+            (Some(reason), Some(_)) => self.settle_cancel(claim, state, reason).await,
+            (None, Some(0)) => self.finish(claim).await,
+            (None, Some(_)) => Ok(()),
         }
     }
 
@@ -147,10 +185,16 @@ impl Pipeline {
         Ok(())
     }
 
-    async fn poll_failed(&self, claim: &Claim, view: &ChunkView, error: ApiError) -> Result<(), StoreError> {
+    async fn poll_failed(
+        &self,
+        claim: &Claim,
+        view: &ChunkView,
+        error: ApiError,
+        cancel: Option<&str>,
+    ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
         let now = self.store.now().await?;
-        if error.kind == ErrorKind::QuotaExhausted && view.remote.is_some() {
+        if error.kind == ErrorKind::QuotaExhausted && view.remote.is_some() && cancel.is_none() {
             // A batch refused for a quota after it was created (OpenAI's enqueued-token limit): not now. The chunk
             // is submitted again after a backoff, resuming with what the provider recorded (its input file).
             let failures = view.poll_failures + 1;
@@ -162,10 +206,17 @@ impl Pipeline {
             return Ok(());
         }
         let failures = match after_failed_poll(&error, view.poll_failures, self.retry.max_attempts) {
-            PollDecision::GiveUp { failures } => return self.chunk_failed(claim, exhausted(&error, failures)).await,
+            PollDecision::GiveUp { failures } => {
+                return self.chunk_failed(claim, exhausted(&error, failures), cancel).await;
+            }
             PollDecision::FailChunk => {
                 tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "the remote batch failed");
-                return self.chunk_failed(claim, error.to_job_error()).await;
+                return self.chunk_failed(claim, error.to_job_error(), cancel).await;
+            }
+            // A cancelled job's batch that cannot be polled any more is given up: it ends the chunk, not the job.
+            PollDecision::FailJob if cancel.is_some() => {
+                tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "polling a cancelled batch was refused");
+                return self.chunk_failed(claim, error.to_job_error(), cancel).await;
             }
             PollDecision::FailJob => {
                 tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "polling was refused permanently");
@@ -192,14 +243,18 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Records a chunk that cannot finish; the job goes on with its other chunks and ends `failed`, listing it.
-    pub(super) async fn chunk_failed(&self, claim: &Claim, error: JobError) -> Result<(), StoreError> {
+    /// Records a chunk that cannot finish; the job goes on with its other chunks and ends `failed`, listing it
+    /// (or `cancelled`, when `cancel` says its cancellation was requested).
+    pub(super) async fn chunk_failed(
+        &self,
+        claim: &Claim,
+        error: JobError,
+        cancel: Option<&str>,
+    ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
         tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error.message, "batch failed");
-        match self.store.chunk_done(claim, ChunkState::Failed, &error.to_json(), self.store.now().await?).await? {
-            Some(0) => self.finish(claim).await,
-            _ => Ok(()),
-        }
+        let open = self.store.chunk_done(claim, ChunkState::Failed, &error.to_json(), self.store.now().await?).await?;
+        self.after_chunk_done(claim, ChunkState::Failed, open, cancel).await
     }
 }
 

@@ -42,10 +42,14 @@ impl Pipeline {
                 let post = Post { provider, model, endpoint, attempt, resubmit, checked_at, deadline_at };
                 self.post(claim, post, &requests, placement).await
             }
-            SubmitTicket::Cancelled => {
-                let reason = self.store.cancel_requested(&claim.chunk.job_id).await?.unwrap_or_default();
-                self.cancel(&claim.chunk.job_id, &reason).await
-            }
+            // The cancellation arrived after this step read the ledger.
+            SubmitTicket::Cancelled => match self.store.load_chunk(&claim.chunk).await? {
+                Some(view) => {
+                    let reason = view.cancel_requested.clone().unwrap_or_default();
+                    self.cancel(claim, &view, &reason).await
+                }
+                None => Ok(()),
+            },
             SubmitTicket::Skip { chunk_state } => {
                 tracing::debug!(chunk_state = %chunk_state, "chunk already submitted");
                 Ok(())
@@ -216,8 +220,8 @@ impl Pipeline {
                 return self.split(claim, placement, owned, &cuts, &error).await;
             }
             SubmitDecision::AnswerItemAlone => return self.item_refused(claim, &error).await,
-            SubmitDecision::FailChunk => return self.chunk_failed(claim, error.to_job_error()).await,
-            SubmitDecision::GiveUp => return self.chunk_failed(claim, exhausted(&error, attempt)).await,
+            SubmitDecision::FailChunk => return self.chunk_failed(claim, error.to_job_error(), None).await,
+            SubmitDecision::GiveUp => return self.chunk_failed(claim, exhausted(&error, attempt), None).await,
             SubmitDecision::FailJob => {
                 tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, model = %model, error = %error, "the Batch API refused the batch");
                 return self.conclude(&chunk.job_id, Ending::Failed(error.to_job_error())).await;

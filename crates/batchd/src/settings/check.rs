@@ -319,7 +319,10 @@ mod tests {
         let configured = load(&[("ANTHROPIC_API_KEY", "sk-secret-123")]).unwrap();
         let client = configured.anthropic_settings(&configured.anthropic_key().unwrap().expect("key"));
         assert_eq!((client.version.as_str(), client.beta.as_deref()), ("2023-06-01", None));
+        assert!(client.delete_batches, "ended batches are deleted by default");
         assert!(!format!("{client:?}").contains("sk-secret-123"), "the key never prints");
+        let keep = load(&[("ANTHROPIC_API_KEY", "sk"), ("BATCHD__ANTHROPIC__DELETE_BATCHES", "false")]).unwrap();
+        assert!(!keep.anthropic_settings(&keep.anthropic_key().unwrap().expect("key")).delete_batches);
     }
 
     #[test]

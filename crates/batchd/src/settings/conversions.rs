@@ -36,6 +36,7 @@ impl Settings {
         settings.max_requests = config.max_requests;
         settings.requests_per_minute = config.requests_per_minute;
         settings.burst = config.burst;
+        settings.delete_batches = config.delete_batches;
         settings
     }
 

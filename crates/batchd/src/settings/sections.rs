@@ -130,6 +130,8 @@ pub struct AnthropicConfig {
     pub requests_per_minute: u32,
     /// Requests that may go back to back before the pacing applies.
     pub burst: u32,
+    /// Delete an ended batch once its results are stored.
+    pub delete_batches: bool,
 }
 
 /// `[openai]`: the OpenAI Batch provider, configured when a key is given (`OPENAI_API_KEY` or `api_key_file`).
