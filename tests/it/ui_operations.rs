@@ -105,7 +105,10 @@ async fn failed_jobs_are_listed_by_code_and_model_and_a_failed_jobs_page_shows_i
     let world = World::new().await;
     // The model refuses queued requests: the job fails at its first submit (no remote batch was made).
     world.emulator.set_unbatchable_models(["@cf/baai/bge-m3"]);
-    let daemon = world.daemon();
+    // Without the model catalog (which would refuse the model at take-in), the API's 8007 is what says so.
+    let mut settings = world.settings.clone();
+    settings.cloudflare.catalog_refresh_secs = 0;
+    let daemon = batchd_tests::Daemon::start(settings, &world.emulator);
     let mut job = bge_m3_job("ops-refused", 60);
     job["metadata"] = serde_json::json!({"ticket": "OPS-7", "owner": "<b>team</b>"});
     world.enqueue(&job).await;
@@ -196,7 +199,11 @@ async fn with_actions_a_failed_job_is_retried_from_its_page_and_the_matching_one
     let world = World::new().await;
     // Three jobs fail (the model refuses queued requests), then the model accepts them again: retries complete.
     world.emulator.set_unbatchable_models(["@cf/baai/bge-m3"]);
-    let daemon = world.daemon();
+    // Without the model catalog (which would refuse the model at take-in), the jobs fail at the API's 8007, with
+    // their items in their ledgers.
+    let mut settings = world.settings.clone();
+    settings.cloudflare.catalog_refresh_secs = 0;
+    let daemon = batchd_tests::Daemon::start(settings, &world.emulator);
     for (id, n) in [("rt-a", 2), ("rt-b", 3), ("rt-c", 1)] {
         world.enqueue(&bge_m3_job(id, n)).await;
     }
