@@ -25,6 +25,7 @@ mod deploy;
 mod edges;
 mod events;
 mod examples;
+mod failed_jobs;
 mod failures;
 mod flow;
 mod hostile;

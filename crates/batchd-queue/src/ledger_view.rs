@@ -14,6 +14,7 @@ use batchd_core::ledger::field;
 use batchd_core::{ChunkRef, ChunkState, JobId, JobState, Keys};
 
 use crate::{Conn, Placement, StoreError};
+use serde::{Deserialize, Serialize};
 
 /// Most bytes of a job's `metadata` a view holds: the producer sizes it, so a larger one is left out and only its
 /// size is kept ([`LedgerView::metadata_bytes`]); `batchd retry` reads it whole ([`job_metadata`]).
@@ -163,6 +164,97 @@ impl LedgerView {
     }
 }
 
+/// Most bytes of a job's `error` a reader parses: batchd writes a code and one bounded line (plus the provider's code
+/// and HTTP status), a few hundred bytes; a larger value was not written by batchd and is not read.
+pub const ERROR_READ_BYTES: u64 = 16 * 1024;
+
+/// A job's or a chunk's error (the ledger's `error`, a chunk's `last_error`: JSON `{code, message, api_code,
+/// http_status}`), read field by field and leniently: a field of another type is left out, a value that is not a
+/// JSON object is kept whole as the message.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorFields {
+    /// batchd's reason (`api_error`, `retries_exhausted`, `deadline_exceeded`, `cancelled`, ...).
+    pub code: Option<String>,
+    /// A sentence for people (the provider's own text, as batchd recorded it).
+    pub message: Option<String>,
+    /// The provider's own code, a number (Cloudflare) or a string (OpenAI, Anthropic), shown as text.
+    pub api_code: Option<String>,
+    /// The HTTP status the provider answered with.
+    pub http_status: Option<u16>,
+}
+
+impl ErrorFields {
+    /// Reads an error as the ledger stores it.
+    pub fn parse(raw: &str) -> Self {
+        let Ok(serde_json::Value::Object(object)) = serde_json::from_str::<serde_json::Value>(raw) else {
+            return Self { message: Some(raw.to_owned()), ..Self::default() };
+        };
+        let text = |name: &str| object.get(name).and_then(serde_json::Value::as_str).map(str::to_owned);
+        let api_code = match object.get("api_code") {
+            Some(serde_json::Value::String(code)) => Some(code.clone()),
+            Some(serde_json::Value::Number(code)) => Some(code.to_string()),
+            _ => None,
+        };
+        let http_status =
+            object.get("http_status").and_then(serde_json::Value::as_u64).and_then(|n| u16::try_from(n).ok());
+        Self { code: text("code"), message: text("message"), api_code, http_status }
+    }
+}
+
+impl LedgerView {
+    /// The job's error (`failed`, `expired`, `cancelled` jobs have one), read field by field.
+    pub fn error(&self) -> Option<ErrorFields> {
+        self.get(field::ERROR).map(ErrorFields::parse)
+    }
+}
+
+impl ChunkMetadata {
+    /// The chunk's last error, read field by field.
+    pub fn last_error(&self) -> Option<ErrorFields> {
+        self.get(field::CHUNK_LAST_ERROR).map(ErrorFields::parse)
+    }
+}
+
+/// The `error` of each of `jobs`' ledgers, in order, in two pipelined round trips: its size (`HSTRLEN`), then the
+/// values of those up to [`ERROR_READ_BYTES`]. `None` for a ledger without an error; a larger value reads as an
+/// error with no code and a message saying its size.
+pub async fn job_errors(conn: &mut Conn, keys: &Keys, jobs: &[JobId]) -> Result<Vec<Option<ErrorFields>>, StoreError> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sizes = redis::pipe();
+    for job in jobs {
+        sizes.cmd("HSTRLEN").arg(keys.job(job)).arg(field::ERROR);
+    }
+    let sizes: Vec<u64> = sizes.query_async(conn).await?;
+    let readable: Vec<&JobId> = jobs
+        .iter()
+        .zip(&sizes)
+        .filter(|(_, size)| (1..=ERROR_READ_BYTES).contains(*size))
+        .map(|(job, _)| job)
+        .collect();
+    let mut values: Vec<Option<String>> = Vec::new();
+    if !readable.is_empty() {
+        let mut read = redis::pipe();
+        for job in &readable {
+            read.cmd("HGET").arg(keys.job(job)).arg(field::ERROR);
+        }
+        values = read.query_async(conn).await?;
+    }
+    let mut values = values.into_iter();
+    Ok(sizes
+        .into_iter()
+        .map(|size| match size {
+            0 => None,
+            size if size <= ERROR_READ_BYTES => values.next().flatten().map(|raw| ErrorFields::parse(&raw)),
+            size => Some(ErrorFields {
+                message: Some(format!("(an error of {size} bytes, not read: batchd writes no error that large)")),
+                ..ErrorFields::default()
+            }),
+        })
+        .collect())
+}
+
 /// Job `job_id`'s whole `metadata`, for `batchd retry`, which must carry it over (a view leaves out a large one).
 pub async fn job_metadata(conn: &mut Conn, keys: &Keys, job_id: &JobId) -> Result<Option<String>, StoreError> {
     Ok(redis::cmd("HGET").arg(keys.job(job_id)).arg(field::METADATA).query_async(conn).await?)
@@ -249,6 +341,28 @@ mod tests {
             assert!(!asked.contains(&payload), "{payload}");
         }
         assert_eq!(asked.len() + CHUNK_PAYLOADS.len(), field::CHUNK_FIELDS.len());
+    }
+
+    #[test]
+    fn errors_read_field_by_field() {
+        let error =
+            ErrorFields::parse(r#"{"code":"api_error","message":"bad","api_code":5007,"http_status":400,"extra":[1]}"#);
+        assert_eq!(
+            error,
+            ErrorFields {
+                code: Some("api_error".into()),
+                message: Some("bad".into()),
+                api_code: Some("5007".into()),
+                http_status: Some(400),
+            }
+        );
+        assert_eq!(
+            ErrorFields::parse(r#"{"code":"x","api_code":"rate_limit_error"}"#).api_code.as_deref(),
+            Some("rate_limit_error")
+        );
+        let odd = ErrorFields::parse(r#"{"code":7,"http_status":70000}"#);
+        assert_eq!(odd, ErrorFields::default(), "wrong types are left out");
+        assert_eq!(ErrorFields::parse("not json").message.as_deref(), Some("not json"));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! - [`Store`]: the job ledger, the schedule and result publishing, each transition one Lua script.
 //! - [`ingress`]: the submit stream as the ingress fetcher reads it (group reads, reclaims, delivery counts).
 //! - [`inspect`]: read-only looks for operators and producers (depths, ledgers, consumers, entries, counters).
+//! - [`failed`]: the jobs that finished without completing, grouped by error code and model.
 //! - [`ledger_view`]: one typed, bounded view of a job's ledger for every reader outside the daemon.
 //! - [`functions`]: the Redis Functions operators and producers call by name (`FCALL`): cancel, dead-letter retry.
 //! - [`results`]: following a results stream, and a results reader's consumer-group commands.
@@ -14,6 +15,7 @@
 
 pub mod clock;
 pub mod connection;
+pub mod failed;
 pub mod functions;
 pub mod ingress;
 pub mod inspect;
