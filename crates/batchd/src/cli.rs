@@ -12,6 +12,7 @@
 //! `NO_COLOR` (no-color.org) turns every styling off: clap's coloured help and errors, and the animated progress
 //! bars and spinners (which then become plain lines, or nothing), see [`no_color`].
 
+pub mod command;
 pub mod dead;
 pub mod inspect;
 pub mod pause;
