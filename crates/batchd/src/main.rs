@@ -50,7 +50,7 @@ fn main() -> ExitCode {
     }
     let mut settings = match Settings::load(cli.config.as_deref()) {
         Ok(settings) => settings,
-        Err(error) => return fail(EXIT_CONFIG, &error.to_string()),
+        Err(error) => return fail_keeping_lines(EXIT_CONFIG, &error.to_string()),
     };
     if let Some(namespace) = cli.namespace {
         if let Err(error) = batchd_core::Keys::new(&namespace) {
@@ -78,6 +78,7 @@ fn main() -> ExitCode {
             Command::Retry(args) => cli::retry::retry(&settings, args).await,
             Command::Tail(args) => cli::tail::tail(&settings, args).await,
             Command::Jobs(args) => cli::inspect::jobs(&settings, args).await,
+            Command::Failed(args) => cli::failed::failed(&settings, args).await,
             Command::Stats(args) => cli::inspect::stats(&settings, args).await,
             Command::Workers(args) => cli::workers::workers(&settings, args).await,
             Command::Pause(args) => cli::pause::pause(&settings, args).await,
@@ -114,9 +115,9 @@ fn main() -> ExitCode {
         Err(error) => match error.downcast_ref::<Exit>() {
             Some(exit) => fail(exit.code, &exit.message),
             None if error.downcast_ref::<batchd::settings::ConfigError>().is_some() => {
-                fail(EXIT_CONFIG, &format!("{error:#}"))
+                fail_keeping_lines(EXIT_CONFIG, &cli::error_text(&error))
             }
-            None => fail(1, &format!("{error:#}")),
+            None => fail(1, &cli::error_text(&error)),
         },
     }
 }
@@ -180,5 +181,13 @@ fn usage_error(error: clap::Error) -> ExitCode {
 /// Prints the one-line error, with newlines flattened so it stays one line.
 fn fail(code: i32, message: &str) -> ExitCode {
     eprintln!("batchd: {}", message.replace('\n', " "));
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// Prints a configuration error with its lines kept (a TOML syntax error shows the line and a caret under the
+/// mistake), each line escaped for the terminal.
+fn fail_keeping_lines(code: i32, message: &str) -> ExitCode {
+    let lines: Vec<String> = message.lines().map(|line| cli::escape_for_terminal(line).into_owned()).collect();
+    eprintln!("batchd: {}", lines.join("\n"));
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }

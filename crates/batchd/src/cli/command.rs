@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use super::dead::DeadCommand;
+use super::failed::FailedArgs;
 use super::inspect::{JobsArgs, StatsArgs};
 use super::pause::{PauseArgs, ResumeArgs};
 use super::probe::ProbeArgs;
@@ -85,15 +86,16 @@ discarded. A job not taken in yet is never submitted; a finished job is not chan
         #[arg(long)]
         json: bool,
     },
-    /// Re-enqueue finished failed jobs, chosen by status, model, error code and time, as new jobs
-    /// (`<id>.retry-1`).
+    /// Re-enqueue jobs that ended failed, expired or cancelled, chosen by id or by status, model, error code and
+    /// time, as new jobs (`<id>.retry-1`).
     #[command(
-        after_help = "Finds jobs in the results stream (XRANGE by time, in pages: bounded work), rebuilds each job
-from its ledger and enqueues it under a derived id: a finished job's id stays taken while its ledger
+        after_help = "`batchd retry inv-42 inv-43` retries those jobs (as `batchd failed` lists them). With filters
+instead, it finds jobs in the results stream (XRANGE by time, in pages: bounded work). Either way it
+rebuilds each job from its ledger and enqueues it under a derived id: a finished job's id stays taken while its ledger
 lives (retention.ledger_ttl_secs), so `inv-42` is retried as `inv-42.retry-1`, and that one as
 `inv-42.retry-2`. A job whose retry exists already is skipped, so running retry twice enqueues
-nothing twice. Exit codes: 0 done (or --dry-run), 1 a matching job could not be retried (its
-ledger or its request items are gone)."
+nothing twice. Exit codes: 0 done (or --dry-run), 1 a job could not be retried (not finished, or
+completed; its ledger or its request items are gone)."
     )]
     Retry(RetryArgs),
     /// Follow the results stream: one line (or JSON object) per result entry, from now or from the start.
@@ -104,6 +106,15 @@ ledger or its request items are gone)."
 operator's tool, not something to poll. Ledgers expire retention.ledger_ttl_secs after their job finished."
     )]
     Jobs(JobsArgs),
+    /// List the jobs that ended without completing (failed, expired, cancelled), grouped by error code and model,
+    /// with counts and the newest examples.
+    #[command(
+        after_help = "Walks the ledgers with SCAN (O(number of ledgers), at most --max-scanned): an operator's tool, not
+something to poll. These are jobs that ran (or were refused) and ended with an error; entries that
+could not be read as a job at all are dead letters (`batchd dead list`). Run failed jobs again with
+`batchd retry <job id>...` or `batchd retry --code <code> --model <model>`."
+    )]
+    Failed(FailedArgs),
     /// Show queue depths, work in flight, the oldest waiting job and throughput over the last minutes.
     Stats(StatsArgs),
     /// List the replicas reading the submit stream (the ingress group's consumers), with the entries each
@@ -120,7 +131,8 @@ ready: /readyz answers 200 with `paused` in its text. Entries enqueued meanwhile
     Pause(PauseArgs),
     /// Take new jobs from the submit stream again, after `batchd pause`.
     Resume(ResumeArgs),
-    /// Manage the dead-letter stream: entries that could not be read as a job.
+    /// Manage the dead-letter stream: entries that could not be read as a job (jobs that ran and failed are
+    /// listed by `batchd failed`).
     Dead {
         #[command(subcommand)]
         command: DeadCommand,

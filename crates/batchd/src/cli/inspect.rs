@@ -15,7 +15,7 @@ use batchd_queue::Conn;
 use serde::Serialize;
 use serde_json::json;
 
-use super::{connect, escape_for_terminal, format_age, format_utc, now_ms, print_json};
+use super::{open, escape_for_terminal, format_age, format_utc, now_ms, print_json};
 use crate::settings::Settings;
 
 /// Keys asked for per `SCAN` step.
@@ -123,7 +123,7 @@ pub(crate) async fn jobs_page(
 /// `batchd jobs`: every ledger, walked page after page.
 pub async fn jobs(settings: &Settings, args: &JobsArgs) -> anyhow::Result<()> {
     let keys = settings.keys();
-    let mut conn = connect(settings).await?;
+    let mut conn = open(settings).await?;
     let filter = JobFilter { states: args.state.clone(), ..JobFilter::default() };
     let mut all = JobsPage::default();
     let mut cursor = 0;
@@ -143,11 +143,11 @@ pub async fn jobs(settings: &Settings, args: &JobsArgs) -> anyhow::Result<()> {
     }
     print!("{}", jobs_table(&all.jobs));
     println!(
-        "{} of {} matching jobs shown ({} ledgers scanned in namespace {})",
+        "{} of {} matching jobs shown ({} ledgers scanned; {})",
         all.jobs.len(),
         all.matching,
         all.scanned,
-        keys.namespace()
+        super::place(settings)
     );
     Ok(())
 }
@@ -219,7 +219,7 @@ pub(crate) async fn stats_report(conn: &mut Conn, keys: &Keys, now: u64) -> anyh
 /// `batchd stats`.
 pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> {
     let keys = settings.keys();
-    let mut conn = connect(settings).await?;
+    let mut conn = open(settings).await?;
     let now = now_ms();
     let report = stats_report(&mut conn, &keys, now).await?;
     let number = |value: &serde_json::Value| value.as_u64().unwrap_or(0);
@@ -233,7 +233,7 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
         return print_json(&report);
     }
     let ms = |value: &serde_json::Value| value.as_u64().map(|ms| format_age(Duration::from_millis(ms)));
-    let mut out = format!("namespace {} at {}\n", keys.namespace(), format_utc(now));
+    let mut out = format!("{} at {}\n", super::place(settings), format_utc(now));
     out.push_str(&format!(
         "  intake           {}\n",
         paused.as_ref().map_or_else(|| "running".to_owned(), super::pause::PauseRecord::describe)

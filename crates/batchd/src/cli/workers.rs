@@ -17,7 +17,7 @@ use batchd_core::keys::CONSUMER_GROUP;
 use batchd_queue::Conn;
 use serde_json::json;
 
-use super::{connect, escape_for_terminal, format_age, print_json};
+use super::{open, escape_for_terminal, format_age, print_json};
 use crate::settings::Settings;
 
 /// Options of `batchd workers`.
@@ -62,7 +62,7 @@ pub(crate) async fn report(conn: &mut Conn, keys: &Keys) -> anyhow::Result<serde
 pub async fn workers(settings: &Settings, args: &WorkersArgs) -> anyhow::Result<()> {
     let keys = settings.keys();
     let stream = keys.submit();
-    let mut conn = connect(settings).await?;
+    let mut conn = open(settings).await?;
     let report = report(&mut conn, &keys).await?;
     if args.json {
         return print_json(&report);
@@ -78,14 +78,14 @@ pub async fn workers(settings: &Settings, args: &WorkersArgs) -> anyhow::Result<
     };
     if !group_exists {
         println!(
-            "namespace {}: no consumer group {CONSUMER_GROUP} on {stream} yet (no replica has started here); {intake}",
-            keys.namespace()
+            "{}: no consumer group {CONSUMER_GROUP} on {stream} yet (no replica has started here); {intake}",
+            super::place(settings)
         );
         return Ok(());
     }
     println!(
-        "namespace {}: group {CONSUMER_GROUP} on {stream}, {} consumers, {} entries being taken in, lag {}; {intake}",
-        keys.namespace(),
+        "{}: group {CONSUMER_GROUP} on {stream}, {} consumers, {} entries being taken in, lag {}; {intake}",
+        super::place(settings),
         consumers.len(),
         pending.unwrap_or(0),
         lag.map_or_else(|| "unknown".to_owned(), |lag| lag.to_string())
