@@ -24,14 +24,23 @@ fn batchd(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
 #[test]
 fn config_check_and_run_refuse_the_same_configurations_the_same_way() {
     let cases: &[(&[(&str, &str)], &str)] = &[
-        (&[("CLOUDFLARE_ACCOUNT_ID", "")], "invalid account id: must not be empty"),
-        (&[("CLOUDFLARE_ACCOUNT_ID", "a/b")], "invalid account id"),
+        (
+            &[("CLOUDFLARE_ACCOUNT_ID", "")],
+            "cloudflare.account_id (CLOUDFLARE_ACCOUNT_ID or BATCHD__CLOUDFLARE__ACCOUNT_ID): not set",
+        ),
+        (
+            &[("CLOUDFLARE_ACCOUNT_ID", "a/b")],
+            "cloudflare.account_id (CLOUDFLARE_ACCOUNT_ID or BATCHD__CLOUDFLARE__ACCOUNT_ID): contains '/'",
+        ),
         (&[("BATCHD__LOG__LEVEL", "batchd=loud")], "log.level"),
         (&[("RUST_LOG", "batchd=loud")], "RUST_LOG"),
         (&[("BATCHD__CLOUDFLARE__BASE_URL", "http://api.example.com/client/v4")], "cloudflare.base_url"),
         (&[("REDIS_URL", "rediss://10.0.0.1:6380/#insecure")], "redis.tls_insecure"),
-        (&[("CLOUDFLARE_API_TOKEN", "")], "cloudflare.api_token: not set"),
-        (&[("BATCHD__EVENTS__QUEUE_ID", "bad/queue")], "invalid queue id"),
+        (
+            &[("CLOUDFLARE_API_TOKEN", "")],
+            "cloudflare.api_token (CLOUDFLARE_API_TOKEN or BATCHD__CLOUDFLARE__API_TOKEN): not set",
+        ),
+        (&[("BATCHD__EVENTS__QUEUE_ID", "bad/queue")], "events.queue_id (BATCHD__EVENTS__QUEUE_ID): \"bad/queue\""),
     ];
     for (env, expected) in cases {
         let (check_code, check_err) = batchd(&["config", "check"], env);

@@ -124,11 +124,12 @@ pub(crate) async fn connect(settings: &Settings) -> anyhow::Result<Conn> {
 /// no consumer group on its submit stream (no daemon ever ran there: a mistyped `--namespace`, or the wrong
 /// Redis).
 pub(crate) async fn open(settings: &Settings) -> anyhow::Result<Conn> {
-    let mut conn = connect(settings).await?;
     let url = settings.redis_label();
+    // Before connecting: it explains a failure to connect too.
     if settings.redis_url_is_default(&std::env::vars().collect()) {
-        eprintln!("batchd: warning: REDIS_URL is not set; reading the default Redis at {url}");
+        eprintln!("batchd: warning: REDIS_URL is not set; using the default Redis at {url}");
     }
+    let mut conn = connect(settings).await?;
     let keys = settings.keys();
     // A reader the ACL does not allow XINFO simply gets no warning.
     if let Ok(groups) = batchd_queue::inspect::groups(&mut conn, &keys.submit()).await
@@ -404,6 +405,16 @@ fn status_text(place: &str, view: &LedgerView) -> String {
 /// An error as `status` shows it, one field a line: its code (under `label`), then its message, HTTP status and
 /// provider's code when it has them.
 fn error_lines(line: &mut impl FnMut(&str, String), label: &str, error: &batchd_queue::ledger_view::ErrorFields) {
+    let fields = [error.code.is_some(), error.http_status.is_some(), error.api_code.is_some()];
+    if let (Some(message), [false, false, false]) = (&error.message, fields) {
+        // Not an error batchd wrote as JSON: shown as it is.
+        if label.is_empty() {
+            line("", format!("last error {message}"));
+        } else {
+            line(label, message.clone());
+        }
+        return;
+    }
     let code = error.code.as_deref().unwrap_or("-");
     if label.is_empty() {
         line("", format!("last error {code}"));

@@ -179,4 +179,3 @@ pub enum ConfigCommand {
         json: bool,
     },
 }
-

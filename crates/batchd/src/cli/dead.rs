@@ -20,7 +20,7 @@ use batchd_core::{Job, Keys};
 use batchd_queue::Conn;
 use serde_json::json;
 
-use super::{EXIT_USAGE, Exit, open, escape_for_terminal, format_utc, json_text, print_json};
+use super::{EXIT_USAGE, Exit, escape_for_terminal, format_utc, json_text, open, print_json};
 use crate::settings::Settings;
 
 /// The prefix of an original entry's fields in a dead-letter entry.

@@ -120,12 +120,8 @@ fn failed_text(place: &str, report: &FailedReport) -> String {
 
 /// `tok-2  failed  2025-11-22T00:00:05.250Z  http 401  api code 10000: message`, escaped.
 fn example_line(job: &FailedJob) -> String {
-    let mut line = format!(
-        "{}  {}  {}",
-        job.job_id,
-        job.state,
-        job.finished_at.map_or_else(|| "-".to_owned(), format_utc)
-    );
+    let mut line =
+        format!("{}  {}  {}", job.job_id, job.state, job.finished_at.map_or_else(|| "-".to_owned(), format_utc));
     if let Some(error) = &job.error {
         if let Some(status) = error.http_status {
             line.push_str(&format!("  http {status}"));

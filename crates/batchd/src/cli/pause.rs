@@ -14,7 +14,7 @@ use batchd_queue::Conn;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{open, escape_for_terminal, format_utc, json_text, print_json};
+use super::{escape_for_terminal, format_utc, json_text, open, print_json};
 use crate::settings::Settings;
 
 /// Longest `by` or `reason` shown from a pause record (the key can be written by anyone with access to Redis).

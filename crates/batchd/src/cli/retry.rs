@@ -34,7 +34,7 @@ use serde::Serialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use super::{Exit, open, escape_for_terminal, format_utc, print_json};
+use super::{Exit, escape_for_terminal, format_utc, open, print_json};
 use crate::settings::Settings;
 
 /// Result entries read per `XRANGE` page. Entries of completed jobs carry every response and Redis cannot read an
@@ -413,8 +413,9 @@ async fn retry_ids(settings: &Settings, args: &RetryArgs) -> anyhow::Result<()> 
     let mut seen: HashSet<String> = HashSet::new();
     let mut matched = Vec::with_capacity(job_ids.len());
     for job_id in job_ids {
-        let view =
-            LedgerView::read(&mut conn, &keys, &job_id).await.with_context(|| format!("read the ledger of {job_id}"))?;
+        let view = LedgerView::read(&mut conn, &keys, &job_id)
+            .await
+            .with_context(|| format!("read the ledger of {job_id}"))?;
         let mut job = Matched {
             job_id: job_id.to_string(),
             retry_id: retry_id(job_id.as_str()).map(|id| id.to_string()),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use batchd_queue::Conn;
 
-use super::{EXIT_WAIT_TIMEOUT, Exit, open, escape_for_terminal, format_utc, json_text, result_json};
+use super::{EXIT_WAIT_TIMEOUT, Exit, escape_for_terminal, format_utc, json_text, open, result_json};
 use crate::settings::Settings;
 
 /// Longest wait of one `XREAD` (the loop re-checks `--timeout` between reads).

@@ -248,7 +248,9 @@ fn cloudflare_error(error: batchd_cloudflare::ClientBuildError, token_key: &str)
         E::InvalidAccountId(why) => ConfigError::at("cloudflare.account_id", why),
         E::InvalidBaseUrl { url, reason } => ConfigError::at("cloudflare.base_url", format!("{url:?}: {reason}")),
         E::InvalidToken(why) => ConfigError::at(token_key, why),
-        E::InvalidQueueId(id) => ConfigError::at("events.queue_id", format!("{id:?}: 1-64 characters of A-Z a-z 0-9 _ -")),
+        E::InvalidQueueId(id) => {
+            ConfigError::at("events.queue_id", format!("{id:?}: 1-64 characters of A-Z a-z 0-9 _ -"))
+        }
         E::Http(error) => ConfigError(format!("cloudflare: cannot build the HTTP client: {error}")),
     }
 }
@@ -259,10 +261,10 @@ fn anthropic_error(error: batchd_anthropic::BuildError) -> ConfigError {
     match error {
         E::InvalidBaseUrl { url, reason } => ConfigError::at("anthropic.base_url", format!("{url:?}: {reason}")),
         E::InvalidHeader("api key") => ConfigError::at("anthropic.api_key", "empty or not sendable in an HTTP header"),
-        E::InvalidHeader("workspace") => {
-            ConfigError::at("anthropic.workspace_id", "not sendable in an HTTP header")
+        E::InvalidHeader("workspace") => ConfigError::at("anthropic.workspace_id", "not sendable in an HTTP header"),
+        E::InvalidHeader(name) => {
+            ConfigError::at(&format!("anthropic.{name}"), "empty or not sendable in an HTTP header")
         }
-        E::InvalidHeader(name) => ConfigError::at(&format!("anthropic.{name}"), "empty or not sendable in an HTTP header"),
         E::InvalidLimit(why) => ConfigError(format!("anthropic.{why}")),
         E::Http(error) => ConfigError(format!("anthropic: cannot build the HTTP client: {error}")),
     }

@@ -134,8 +134,12 @@ impl Settings {
         let tls_client = match (path(&self.redis.tls_cert_file), path(&self.redis.tls_key_file)) {
             (Some(cert), Some(key)) => Some((cert, key)),
             (None, None) => None,
-            (Some(_), None) => return Err(ConfigError::at("redis.tls_key_file", "not set; redis.tls_cert_file needs it")),
-            (None, Some(_)) => return Err(ConfigError::at("redis.tls_cert_file", "not set; redis.tls_key_file needs it")),
+            (Some(_), None) => {
+                return Err(ConfigError::at("redis.tls_key_file", "not set; redis.tls_cert_file needs it"));
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::at("redis.tls_cert_file", "not set; redis.tls_key_file needs it"));
+            }
         };
         let settings = batchd_queue::RedisSettings {
             url: self.redis.url.expose().to_owned(),

@@ -34,10 +34,8 @@ impl Settings {
             env.iter().filter(|(name, _)| name.starts_with("BATCHD__")).map(|(k, v)| (k.clone(), v.clone())).collect();
         // Lists come comma-separated; they are split here rather than by the config crate, which would read a
         // lone `123` as a number and an empty value as one empty item.
-        let lists: Vec<(&str, Vec<String>)> = ENV_LISTS
-            .iter()
-            .filter_map(|key| Some((*key, split_list(&batchd_env.remove(&env_var(key)?)?))))
-            .collect();
+        let lists: Vec<(&str, Vec<String>)> =
+            ENV_LISTS.iter().filter_map(|key| Some((*key, split_list(&batchd_env.remove(&env_var(key)?)?)))).collect();
         builder = builder.add_source(
             config::Environment::with_prefix("BATCHD")
                 .prefix_separator("__")

@@ -226,7 +226,8 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
         assert_eq!(
             missing.to_string(),
-            "configuration: cloudflare.api_token: not set; set CLOUDFLARE_API_TOKEN or cloudflare.api_token_file"
+            "configuration: cloudflare.api_token (CLOUDFLARE_API_TOKEN or BATCHD__CLOUDFLARE__API_TOKEN): not set; set \
+             it, or cloudflare.api_token_file (BATCHD__CLOUDFLARE__API_TOKEN_FILE)"
         );
     }
 
