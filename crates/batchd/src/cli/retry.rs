@@ -581,9 +581,8 @@ fn report(place: &str, keys: &Keys, args: &RetryArgs, walk: Option<Walk>, matche
         }
     }
     if failed > 0 && !args.dry_run {
-        return Err(
-            Exit { code: 1, message: format!("{failed} matching jobs could not be retried (listed above)") }.into()
-        );
+        let which = if walk.is_some() { "matching jobs" } else { "jobs" };
+        return Err(Exit { code: 1, message: format!("{failed} {which} could not be retried (listed above)") }.into());
     }
     Ok(())
 }
