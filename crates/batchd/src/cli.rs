@@ -54,14 +54,16 @@ pub const EXIT_NOT_FOUND: i32 = 5;
 pub const EXIT_CODES_HELP: &str = "Exit codes:
   0   success (for `submit --wait`: the job completed)
   1   error (bad input, Redis unreachable, ...), with a one-line message on stderr; `probe`: not
-      healthy or not reachable; `retry`: a matching job could not be retried
-  2   usage error (unknown command or option, missing or bad argument; `dead purge` without --yes
-      when standard input is not a terminal), one line on stderr
+      healthy or not reachable; `retry`: a job could not be retried
+  2   usage error (unknown command or option, missing or bad argument, a --stream or --reply-to
+      of another namespace; `dead purge` without --yes when standard input is not a terminal),
+      one line on stderr
   3   `submit --wait`: the job ended failed, expired or cancelled
   4   gave up waiting (`submit --wait --timeout`, `tail --timeout` before --count entries)
   5   not found: no such job (`status`; `cancel` without --before-arrival), no pending
       cancellation (`uncancel`), no such dead-letter entry (`dead show|retry|purge`)
-  78  configuration error (bad or missing key); the message names the key";
+  78  configuration error (bad or missing key); the message names the key and its environment
+      variables";
 
 /// An outcome the CLI reports through its exit code, with its one-line message.
 #[derive(Debug, thiserror::Error)]

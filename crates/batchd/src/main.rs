@@ -54,7 +54,7 @@ fn main() -> ExitCode {
     };
     if let Some(namespace) = cli.namespace {
         if let Err(error) = batchd_core::Keys::new(&namespace) {
-            return fail(EXIT_CONFIG, &format!("--namespace: {error}"));
+            return fail(EXIT_USAGE, &format!("--namespace: {error}"));
         }
         settings.redis.namespace = namespace;
     }

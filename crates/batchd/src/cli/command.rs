@@ -32,7 +32,7 @@ pub struct Cli {
     )]
     pub config: Option<PathBuf>,
     /// Key namespace (overrides redis.namespace).
-    #[arg(long, global = true, value_name = "NAME", help_heading = "Global options")]
+    #[arg(long, short = 'n', global = true, value_name = "NAME", help_heading = "Global options")]
     pub namespace: Option<String>,
     #[command(subcommand)]
     pub command: Command,

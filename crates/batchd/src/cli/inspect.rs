@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use batchd_core::{JobState, Keys};
 use batchd_queue::Conn;
 use serde::Serialize;
@@ -333,7 +333,11 @@ pub(crate) async fn finished_since(
 ) -> anyhow::Result<serde_json::Value> {
     let window = now.saturating_sub(since);
     if window > HOUR_WINDOW_MS {
-        bail!("--since: at most 8 days back (the hourly counters are kept for 8 days)");
+        return Err(super::Exit {
+            code: super::EXIT_USAGE,
+            message: "--since: at most 8 days back (the hourly counters are kept for 8 days)".to_owned(),
+        }
+        .into());
     }
     let (granularity, unit, key): (&str, u64, fn(&Keys, u64) -> String) = if window <= MINUTE_WINDOW_MS {
         ("minute", 60_000, Keys::stats_minute)

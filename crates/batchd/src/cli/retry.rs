@@ -25,7 +25,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use batchd_core::ledger::field;
 use batchd_core::{Job, JobId, Keys};
 use batchd_queue::{Conn, LedgerView};
@@ -348,7 +348,7 @@ pub async fn retry(settings: &Settings, args: &RetryArgs) -> anyhow::Result<()> 
     let keys = settings.keys();
     let stream = super::results_stream(&keys, "--stream", args.stream.as_deref())?;
     if args.limit == 0 {
-        bail!("--limit must be at least 1");
+        return Err(Exit { code: super::EXIT_USAGE, message: "--limit must be at least 1".to_owned() }.into());
     }
     let mut conn = open(settings).await?;
     let now_ms = batchd_queue::inspect::redis_now(&mut conn).await.context("read Redis's clock")?;
@@ -357,7 +357,11 @@ pub async fn retry(settings: &Settings, args: &RetryArgs) -> anyhow::Result<()> 
     if let (Some(since), Some(until)) = (since, until)
         && since > until
     {
-        bail!("--since {} is after --until {}", format_utc(since), format_utc(until));
+        return Err(Exit {
+            code: super::EXIT_USAGE,
+            message: format!("--since {} is after --until {}", format_utc(since), format_utc(until)),
+        }
+        .into());
     }
     let filter = Filter {
         statuses: if args.status.is_empty() { vec!["failed".to_owned()] } else { args.status.clone() },

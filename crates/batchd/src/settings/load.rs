@@ -53,10 +53,14 @@ impl Settings {
                     .map_err(|e| ConfigError::at(key, describe_config_error(&e)))?;
             }
         }
-        let mut settings: Settings = builder
-            .build()
-            .and_then(|config| config.try_deserialize())
-            .map_err(|e| ConfigError(describe_config_error(&e)))?;
+        let mut settings: Settings =
+            builder.build().and_then(|config| config.try_deserialize()).map_err(|error| match (&error, file) {
+                // The config crate shows the file's path relative to the working directory; say it as given.
+                (config::ConfigError::FileParse { cause, .. }, Some(file)) => {
+                    ConfigError(format!("{}: {}", file.display(), cause.to_string().trim_end()))
+                }
+                _ => ConfigError(describe_config_error(&error)),
+            })?;
         settings.use_systemd_credential(env);
         settings.check()?;
         Ok(settings)
