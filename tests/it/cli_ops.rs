@@ -11,6 +11,8 @@ use batchd_tests::{Daemon, World, bge_m3_job, binary};
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 
+use crate::cli_operator::cli_json;
+
 const WAIT: Duration = Duration::from_secs(30);
 
 /// The environment the CLI gets: the world's Redis, namespace and emulator, and nothing else.
@@ -548,4 +550,139 @@ async fn bad_input_to_every_command_is_one_line_and_a_nonzero_exit() {
         assert!(stderr.starts_with("batchd: cannot reach Redis at redis://127.0.0.1:1"), "{args:?}: {stderr}");
         assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
     }
+}
+
+#[tokio::test]
+async fn status_shows_metadata_the_error_by_field_and_numbers_as_jobs_json_does() {
+    use batchd_emulator::{Calls, Fault};
+    let world = World::new().await;
+    let daemon = world.daemon();
+    world.emulator.inject(Fault::status(401).code(10000).on(Calls::Submit).times(1));
+    let mut job = bge_m3_job("st-1", 2);
+    job["metadata"] = json!({"tenant": "acme"});
+    world.enqueue(&job).await;
+    assert_eq!(world.wait_for_result("st-1", WAIT).await.status, ResultStatus::Failed);
+
+    let (code, stdout, stderr) = cli(&world, &["status", "st-1"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    for line in [
+        "  state        failed",
+        r#"  metadata     {"tenant":"acme"}"#,
+        "  error        api_error",
+        "                 http status 401",
+        "                 api code    10000",
+    ] {
+        assert!(stdout.lines().any(|shown| shown == line), "{line:?} in {stdout}");
+    }
+    assert!(stdout.lines().any(|line| line.starts_with("                 message     ")), "{stdout}");
+    assert!(stdout.contains("  chunk 0      "), "{stdout}");
+
+    // --json: the times and counts are numbers, the same numbers `jobs --json` prints.
+    let status = cli_json(&world, &["status", "st-1", "--json"], 0).await;
+    let jobs = cli_json(&world, &["jobs", "--json"], 0).await;
+    let listed = jobs["jobs"].as_array().unwrap().iter().find(|job| job["job_id"] == "st-1").expect("listed").clone();
+    for name in ["accepted_at", "updated_at", "finished_at", "n_items", "n_chunks"] {
+        assert!(status[name].is_u64(), "{name}: {status}");
+        assert_eq!(status[name], listed[name], "{name}");
+    }
+    assert!(status["c0:attempts"].is_u64() && status["deadline_at"].is_u64(), "{status}");
+    assert_eq!(status["error"]["code"], "api_error");
+    assert_eq!(status["metadata"], json!({"tenant": "acme"}));
+    assert!(status["c0:state"].is_string() && status["model"].is_string(), "{status}");
+
+    // An unknown job: a JSON object on stdout too, and exit code 5 as ever.
+    let (code, stdout, stderr) = cli(&world, &["status", "nosuch-1", "--json"]).await;
+    assert_eq!(code, 5, "{stderr}");
+    let error: Value = serde_json::from_str(&stdout).expect("JSON on stdout");
+    assert_eq!(error["job_id"], "nosuch-1");
+    assert_eq!(error["error"]["code"], "not_found");
+    assert!(error["error"]["message"].as_str().unwrap().starts_with("no job nosuch-1 in namespace"), "{error}");
+    assert!(without_warnings(&stderr).starts_with("batchd: no job nosuch-1"), "{stderr}");
+    daemon.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn reply_to_and_stream_take_the_full_key_or_the_suffix() {
+    let world = World::new().await;
+    let daemon = world.daemon();
+    let items = world.redis.dir.join("items.jsonl");
+    std::fs::write(&items, "{\"text\":\"a\"}\n").unwrap();
+    let items = items.display().to_string();
+    let billing = format!("{}:billing", world.keys.results());
+    for (id, reply_to) in [("r-1", "billing"), ("r-2", billing.as_str())] {
+        let args = ["submit", &items, "--model", "@cf/baai/bge-m3", "--id", id, "--reply-to", reply_to, "--wait"];
+        let (code, _, stderr) = cli(&world, &args).await;
+        assert_eq!(code, 0, "{reply_to}: {stderr}");
+        assert_eq!(world.ledger(id).await.get("reply_to"), Some(&billing), "{reply_to}: the job holds the full key");
+    }
+    assert_eq!(world.stream(&billing).await.len(), 2, "both results in {billing}");
+    for stream in ["billing", billing.as_str()] {
+        let (code, stdout, stderr) = cli(&world, &["tail", "--stream", stream, "--from-start", "--count", "2"]).await;
+        assert_eq!(code, 0, "{stream}: {stderr}");
+        assert_eq!(stdout.lines().count(), 2, "{stream}: {stdout}");
+        assert!(stderr.starts_with(&format!("following {billing} on ")), "{stream}: {stderr}");
+        let report = cli_json(&world, &["retry", "--stream", stream, "--dry-run", "--json"], 0).await;
+        assert_eq!(report["stream"], billing.as_str(), "{stream}");
+    }
+    // Another namespace's stream, or a bad suffix: a usage error, for every option alike.
+    for (args, option) in [
+        (vec!["tail", "--stream", "{elsewhere}:results:billing"], "--stream"),
+        (vec!["retry", "--stream", "bill ing"], "--stream"),
+        (vec!["submit", &items, "--model", "@cf/baai/bge-m3", "--reply-to", "{elsewhere}:results"], "--reply-to"),
+    ] {
+        let (code, _, stderr) = cli(&world, &args).await;
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stderr.starts_with(&format!("batchd: {option} \"")), "{args:?}: {stderr}");
+    }
+    daemon.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn stats_since_counts_finished_jobs_from_the_counters_and_jobs_filters_like_the_dashboard() {
+    let world = World::new().await;
+    let daemon = world.daemon();
+    for id in ["a-1", "a-2"] {
+        world.enqueue(&bge_m3_job(id, 1)).await;
+        world.wait_for_result(id, WAIT).await;
+    }
+    world.enqueue(&json!({"id": "b-1", "model": "@cf/nobody/nothing", "requests": [{"text": "x"}]})).await;
+    assert_eq!(world.wait_for_result("b-1", WAIT).await.status, ResultStatus::Failed);
+
+    // Up to two hours back from the minute counters, further back from the hourly ones: the same three jobs.
+    for (since, granularity) in [("1h", "minute"), ("3h", "hour"), ("8d", "hour")] {
+        let stats = cli_json(&world, &["stats", "--since", since, "--json"], 0).await;
+        let window = &stats["since"];
+        assert_eq!(window["granularity"], granularity, "{since}: {stats}");
+        assert_eq!(window["total"], 3, "{since}: {stats}");
+        assert_eq!(window["finished"], json!({"completed": 2, "failed": 1}), "{since}: {stats}");
+        assert!(window["from"].as_u64() < window["to"].as_u64(), "{since}: {stats}");
+    }
+    let (code, stdout, _) = cli(&world, &["stats", "--since", "1h"]).await;
+    assert_eq!(code, 0);
+    let line = stdout.lines().find(|line| line.starts_with("  finished since   ")).expect("the window's line");
+    assert!(line.contains(", per-minute counters): 3 jobs (") && line.ends_with("): 2 completed, 1 failed"), "{line}");
+    let (code, stdout, _) = cli(&world, &["stats"]).await;
+    assert_eq!(code, 0);
+    assert!(!stdout.contains("finished since"), "only when asked: {stdout}");
+
+    // jobs: the dashboard's filters.
+    let ids = |report: &Value| -> Vec<String> {
+        report["jobs"].as_array().unwrap().iter().map(|job| job["job_id"].as_str().unwrap().to_owned()).collect()
+    };
+    let cases: [(&[&str], &[&str]); 5] = [
+        (&["--model", "@cf/nobody/nothing"], &["b-1"]),
+        (&["--id-prefix", "a-"], &["a-2", "a-1"]),
+        (&["--since", "1h"], &["b-1", "a-2", "a-1"]),
+        (&["--since", "2099-01-01"], &[]),
+        (&["--id-prefix", "a-", "--state", "failed"], &[]),
+    ];
+    for (filters, expected) in cases {
+        let mut args = vec!["jobs", "--json"];
+        args.extend_from_slice(filters);
+        assert_eq!(ids(&cli_json(&world, &args, 0).await), expected, "{filters:?}");
+    }
+    let (code, _, stderr) = cli(&world, &["jobs", "--id-prefix", "a*"]).await;
+    assert_eq!(code, 1, "no glob reaches SCAN MATCH: {stderr}");
+    assert!(stderr.contains("--id-prefix: "), "{stderr}");
+    daemon.stop().await.unwrap();
 }
