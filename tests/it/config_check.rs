@@ -56,3 +56,24 @@ fn config_check_and_run_refuse_the_same_configurations_the_same_way() {
     let (code, out) = batchd(&["config", "check"], &[]);
     assert_eq!(code, 0, "a good configuration passes: {out}");
 }
+
+/// Lists come comma-separated from the environment (a Redis Cluster's nodes, the extra namespaces), as a
+/// Kubernetes Deployment sets them without a mounted file.
+#[test]
+fn lists_are_set_from_the_environment_comma_separated() {
+    let output = Command::new(binary("batchd").expect("batchd binary"))
+        .args(["config", "check", "--json"])
+        .env_clear()
+        .env("REDIS_URL", "redis://10.0.0.1:6379")
+        .env("CLOUDFLARE_API_TOKEN", "tok-check")
+        .env("CLOUDFLARE_ACCOUNT_ID", "acct")
+        .env("BATCHD__REDIS__MODE", "cluster")
+        .env("BATCHD__REDIS__NODES", "redis://10.0.0.2:6379,redis://10.0.0.3:6379")
+        .env("BATCHD__REDIS__EXTRA_NAMESPACES", "billing, search")
+        .output()
+        .expect("run batchd");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let settings: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(settings["redis"]["extra_namespaces"], serde_json::json!(["billing", "search"]));
+    assert_eq!(settings["redis"]["nodes"].as_array().map(Vec::len), Some(2), "{settings}");
+}

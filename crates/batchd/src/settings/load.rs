@@ -214,6 +214,46 @@ mod tests {
     }
 
     #[test]
+    fn lists_come_comma_separated_from_the_environment() {
+        let settings = Settings::load_from(
+            None,
+            &env(&[
+                ("BATCHD__REDIS__MODE", "cluster"),
+                ("BATCHD__REDIS__NODES", "redis://10.0.0.1:6379, redis://10.0.0.2:6379,"),
+                ("BATCHD__REDIS__EXTRA_NAMESPACES", "billing,search"),
+            ]),
+        )
+        .unwrap();
+        let nodes: Vec<&str> = settings.redis.nodes.iter().map(|node| node.expose()).collect();
+        assert_eq!(nodes, ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"], "trimmed, the empty item dropped");
+        assert_eq!(settings.redis.extra_namespaces, ["billing", "search"]);
+        // One item, even one that looks like a number; an empty value is an empty list.
+        let one = Settings::load_from(None, &env(&[("BATCHD__REDIS__EXTRA_NAMESPACES", "2024")])).unwrap();
+        assert_eq!(one.redis.extra_namespaces, ["2024"]);
+        let none = Settings::load_from(None, &env(&[("BATCHD__REDIS__EXTRA_NAMESPACES", "")])).unwrap();
+        assert!(none.redis.extra_namespaces.is_empty());
+        // Each item is checked like one from a file.
+        let err = Settings::load_from(None, &env(&[("BATCHD__REDIS__EXTRA_NAMESPACES", "ok,not ok")])).unwrap_err();
+        assert!(
+            err.to_string().starts_with("configuration: redis.extra_namespaces (BATCHD__REDIS__EXTRA_NAMESPACES): ")
+        );
+        let err = Settings::load_from(None, &env(&[("BATCHD__REDIS__NODES", "redis://a:1,http://b")])).unwrap_err();
+        assert!(
+            err.to_string().contains("redis.nodes (BATCHD__REDIS__NODES): \"http://b\" is not a Redis URL"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn every_key_is_named_with_its_environment_variables() {
+        use crate::settings::key_label;
+        assert_eq!(key_label("redis.url"), "redis.url (REDIS_URL or BATCHD__REDIS__URL)");
+        assert_eq!(key_label("poll.jitter"), "poll.jitter (BATCHD__POLL__JITTER)");
+        assert_eq!(key_label("rate_limits.models[0].limit"), "rate_limits.models[0].limit");
+        assert_eq!(variants::<crate::settings::RedisMode>(), ["standalone", "cluster", "sentinel"]);
+    }
+
+    #[test]
     fn bad_values_name_their_key() {
         let err = Settings::load_from(None, &env(&[("BATCHD__POLL__MAX_INTERVAL_MS", "soon")])).unwrap_err();
         assert!(err.to_string().contains("poll.max_interval_ms"), "{err}");
