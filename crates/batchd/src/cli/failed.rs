@@ -37,9 +37,8 @@ pub struct FailedArgs {
     /// Read at most this many ledgers (the walk is O(ledgers); it says when it stopped early).
     #[arg(long, default_value_t = 100_000, value_name = "N")]
     pub max_scanned: usize,
-    /// Print JSON: `{"namespace":..,"groups":[{"code":..,"model":..,"count":..,"newest_finished_at":..,
-    /// "examples":[{"job_id":..,"state":..,"finished_at":..,"n_items":..,"error":{..}}]}],"total":..,"scanned":..,
-    /// "next_cursor":..}`.
+    /// Print JSON: the groups (code, model, count, the newest examples with their error's fields), the total,
+    /// the ledgers read and where to continue (docs/cli.md, "JSON output").
     #[arg(long)]
     pub json: bool,
 }

@@ -234,6 +234,8 @@ pub(crate) async fn stats_report(conn: &mut Conn, keys: &Keys, now: u64) -> anyh
         "submit": {
             "entries": depths.submit_entries,
             "waiting": depths.submit_waiting(),
+            "being_taken_in": depths.submit_in_flight,
+            // The older name of `being_taken_in`, kept for scripts written against it.
             "in_flight": depths.submit_in_flight,
             "oldest_waiting_ms": oldest_waiting_ms,
         },
@@ -254,7 +256,8 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
         report["since"] = finished_since(&mut conn, &keys, redis_now, since.resolve(redis_now)).await?;
     }
     let number = |value: &serde_json::Value| value.as_u64().unwrap_or(0);
-    let (submit_entries, in_flight) = (number(&report["submit"]["entries"]), number(&report["submit"]["in_flight"]));
+    let (submit_entries, in_flight) =
+        (number(&report["submit"]["entries"]), number(&report["submit"]["being_taken_in"]));
     let (scheduled, due) = (number(&report["schedule"]["chunks_in_flight"]), number(&report["schedule"]["due"]));
     let (results, dead) = (number(&report["results"]["entries"]), number(&report["dead"]["entries"]));
     let throughput = &report["results"]["throughput"];
