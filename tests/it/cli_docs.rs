@@ -157,7 +157,7 @@ fn shell_words(line: &str) -> Vec<String> {
                             break;
                         }
                     }
-                    word.push_str("x");
+                    word.push('x');
                     in_word = true;
                     continue;
                 }
