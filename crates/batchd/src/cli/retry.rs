@@ -290,10 +290,7 @@ impl Filter {
     fn matches(&self, entry_id: &str, fields: &HashMap<String, String>) -> Option<Matched> {
         let status = fields.get("status")?;
         let model = fields.get("model").cloned().unwrap_or_default();
-        let code = fields
-            .get("error")
-            .and_then(|error| serde_json::from_str::<serde_json::Value>(error).ok())
-            .and_then(|error| error.get("code").and_then(|code| code.as_str()).map(str::to_owned));
+        let code = fields.get("error").and_then(|error| batchd_queue::ledger_view::ErrorFields::parse(error).code);
         let wanted = self.statuses.contains(status)
             && (self.models.is_empty() || self.models.contains(&model))
             && (self.codes.is_empty() || code.as_ref().is_some_and(|code| self.codes.contains(code)));

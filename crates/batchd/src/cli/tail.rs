@@ -108,10 +108,9 @@ pub fn entry_line(entry_id: &str, fields: &HashMap<String, String>) -> String {
         get("model")
     );
     if let Some(error) = fields.get("error") {
-        let error: serde_json::Value = serde_json::from_str(error).unwrap_or_else(|_| error.clone().into());
-        let code = error.get("code").and_then(|c| c.as_str()).unwrap_or("error");
-        let message = error.get("message").and_then(|m| m.as_str()).unwrap_or_default();
-        line.push_str(&format!("  {code}: {message}"));
+        let error = batchd_queue::ledger_view::ErrorFields::parse(error);
+        let code = error.code.as_deref().unwrap_or("error");
+        line.push_str(&format!("  {code}: {}", error.message.as_deref().unwrap_or_default()));
     }
     escape_for_terminal(&line).into_owned()
 }
