@@ -56,7 +56,14 @@ async fn submit_wait_prints_progress_and_the_result_and_status_shows_the_timelin
     let output = run(status).await;
     assert!(output.status.success());
     let shown = text(&output.stdout);
-    assert!(shown.starts_with(&format!("job cli-1 (namespace {})", world.settings.redis.namespace)), "{shown}");
+    assert!(
+        shown.starts_with(&format!(
+            "job cli-1 (namespace {} on {})",
+            world.settings.redis.namespace,
+            world.redis.url()
+        )),
+        "{shown}"
+    );
     assert!(shown.contains("state        completed"), "{shown}");
     assert!(shown.contains("chunk 0      done  items 0:3  request "), "{shown}");
 
@@ -81,7 +88,7 @@ async fn bad_input_to_the_cli_gives_one_line_and_a_nonzero_exit() {
         let mut command = batchd(&world);
         command.args(&args);
         let output = run(command).await;
-        let stderr = text(&output.stderr);
+        let stderr = crate::cli_ops::without_warnings(&text(&output.stderr));
         assert_eq!(output.status.code(), Some(code), "{args:?}: {stderr}");
         assert!(stderr.starts_with(message), "{args:?}: {stderr}");
         assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: one line: {stderr}");
@@ -126,7 +133,8 @@ async fn configuration_errors_exit_78_naming_the_key() {
     assert_eq!(output.status.code(), Some(78), "no token");
     assert_eq!(
         text(&output.stderr).trim_end(),
-        "batchd: configuration: cloudflare.api_token: not set; set CLOUDFLARE_API_TOKEN or cloudflare.api_token_file"
+        "batchd: configuration: cloudflare.api_token (CLOUDFLARE_API_TOKEN or BATCHD__CLOUDFLARE__API_TOKEN): not set; \
+         set it, or cloudflare.api_token_file (BATCHD__CLOUDFLARE__API_TOKEN_FILE)"
     );
 }
 

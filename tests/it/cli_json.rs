@@ -38,6 +38,7 @@ async fn json_output_parses_for_every_command() {
         vec!["uncancel", "u-1", "--json"],
         vec!["retry", "--dry-run", "--json"],
         vec!["jobs", "--json"],
+        vec!["failed", "--json"],
         vec!["stats", "--json"],
         vec!["workers", "--json"],
         vec!["pause", "--json"],

@@ -11,6 +11,8 @@ use batchd_tests::{Daemon, World, bge_m3_job, binary};
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 
+use crate::cli_operator::cli_json;
+
 const WAIT: Duration = Duration::from_secs(30);
 
 /// The environment the CLI gets: the world's Redis, namespace and emulator, and nothing else.
@@ -34,6 +36,12 @@ async fn cli(world: &World, args: &[&str]) -> (i32, String, String) {
     command.args(args);
     let output = run(command).await;
     (output.status.code().unwrap_or(-1), text(&output.stdout), text(&output.stderr))
+}
+
+/// `stderr` without the CLI's warnings (`batchd: warning: ...`: the default Redis, a namespace no daemon ran in),
+/// which a test that checks one error line is not about.
+pub(crate) fn without_warnings(stderr: &str) -> String {
+    stderr.lines().filter(|line| !line.starts_with("batchd: warning: ")).map(|line| format!("{line}\n")).collect()
 }
 
 pub(crate) fn text(bytes: &[u8]) -> String {
@@ -206,7 +214,15 @@ async fn jobs_lists_ledgers_by_state_and_cancel_ends_a_running_job() {
     assert!(lines[0].starts_with("JOB ID") && lines[0].ends_with("MODEL"), "{stdout}");
     assert_eq!(lines.len(), 6, "header, four jobs, footer: {stdout}");
     assert!(lines[1].starts_with("slow-1  running"), "newest first: {stdout}");
-    assert!(lines[5].starts_with("4 of 4 matching jobs shown (4 ledgers scanned in namespace"), "{stdout}");
+    assert_eq!(
+        lines[5],
+        format!(
+            "4 of 4 matching jobs shown (4 ledgers scanned; namespace {} on {})",
+            world.settings.redis.namespace,
+            world.redis.url()
+        ),
+        "{stdout}"
+    );
 
     let (code, stdout, _) = cli(&world, &["jobs", "--state", "completed", "--json"]).await;
     assert_eq!(code, 0);
@@ -327,7 +343,10 @@ async fn stats_shows_depths_in_flight_work_oldest_waiting_and_throughput() {
     assert!(stdout.contains("  results          4 entries; last 1m "), "{stdout}");
     assert!(stdout.contains(", 5m 4 (0.8/min), 15m 4 (0.3/min)"), "{stdout}");
     assert!(stdout.contains("last 15m: 3 completed, 1 failed"), "{stdout}");
-    assert!(stdout.contains("  result readers   group billing: 0 pending, lag 4"), "{stdout}");
+    assert!(
+        stdout.contains("  result readers   group billing: 0 read and not acknowledged, 4 not read yet"),
+        "{stdout}"
+    );
     assert!(stdout.contains("  dead letters     1 entries"), "{stdout}");
 
     assert!(!dead_entry.is_empty());
@@ -361,7 +380,14 @@ async fn dead_letters_are_listed_shown_retried_after_validation_and_purged() {
     assert!(lines[0].starts_with("ENTRY ID") && lines[0].ends_with("ERROR"), "{stdout}");
     assert!(lines[1].starts_with(&not_json_dead), "newest first: {stdout}");
     assert!(lines[1].ends_with("`job` is not valid JSON: expected ident at line 1 column 2"), "{stdout}");
-    assert_eq!(lines[4], format!("3 of 3 dead-letter entries shown (namespace {})", world.settings.redis.namespace));
+    assert_eq!(
+        lines[4],
+        format!(
+            "3 of 3 dead-letter entries shown (namespace {} on {})",
+            world.settings.redis.namespace,
+            world.redis.url()
+        )
+    );
     let (_, stdout, _) = cli(&world, &["dead", "list", "--json", "--limit", "2"]).await;
     let listed: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(listed.as_array().map(Vec::len), Some(2));
@@ -411,7 +437,15 @@ async fn dead_letters_are_listed_shown_retried_after_validation_and_purged() {
     let (code, stdout, _) = cli(&world, &["dead", "purge", &no_job_dead, "--yes"]).await;
     assert_eq!(
         (code, stdout.trim_end()),
-        (0, format!("purged 1 dead-letter entries (namespace {})", world.settings.redis.namespace).as_str())
+        (
+            0,
+            format!(
+                "purged 1 dead-letter entries (namespace {} on {})",
+                world.settings.redis.namespace,
+                world.redis.url()
+            )
+            .as_str()
+        )
     );
     let (code, _, stderr) = cli(&world, &["dead", "purge", &no_job_dead, &not_json_dead]).await;
     assert_eq!(code, 5, "all or nothing: {stderr}");
@@ -419,7 +453,15 @@ async fn dead_letters_are_listed_shown_retried_after_validation_and_purged() {
     let (code, stdout, _) = cli(&world, &["dead", "purge", "--all", "--yes"]).await;
     assert_eq!(
         (code, stdout.trim_end()),
-        (0, format!("purged 1 dead-letter entries (namespace {})", world.settings.redis.namespace).as_str())
+        (
+            0,
+            format!(
+                "purged 1 dead-letter entries (namespace {} on {})",
+                world.settings.redis.namespace,
+                world.redis.url()
+            )
+            .as_str()
+        )
     );
     assert!(world.stream(&world.keys.dead()).await.is_empty());
 }
@@ -457,7 +499,7 @@ async fn bad_input_to_every_command_is_one_line_and_a_nonzero_exit() {
         (vec!["submit", &good, "--id", "a b"], 1, "batchd: --id: contains ' '".into()),
         (vec!["status", "no-such-job"], 5, "batchd: no job no-such-job in namespace".into()),
         (vec!["cancel", "bad id"], 1, "batchd: job id \"bad id\" contains ' '".into()),
-        (vec!["tail", "--stream", "a b"], 1, "batchd: --stream \"a b\": a results stream suffix is".into()),
+        (vec!["tail", "--stream", "a b"], 2, "batchd: --stream \"a b\": a suffix is 1-200 characters".into()),
         (vec!["tail", "--count", "many"], 2, "batchd: invalid value 'many' for '--count <N>'".into()),
         (
             vec!["jobs", "--state", "bogus"],
@@ -468,11 +510,16 @@ async fn bad_input_to_every_command_is_one_line_and_a_nonzero_exit() {
         (vec!["dead", "show", "1-0"], 5, format!("batchd: no dead-letter entry 1-0 in {}", world.keys.dead())),
         (vec!["dead", "show", "abc"], 1, "batchd: \"abc\" is not a stream entry id".into()),
         (vec!["dead", "retry", "1-0"], 5, "batchd: no dead-letter entry 1-0".into()),
-        (vec!["dead", "purge"], 2, "batchd: the following required arguments were not provided: <ENTRY_IDS>...".into()),
+        (
+            vec!["dead", "purge"],
+            2,
+            "batchd: dead purge needs dead-letter entry ids (from `batchd dead list`), or --all".into(),
+        ),
         (vec!["dead", "frob"], 2, "batchd: unrecognized subcommand 'frob'".into()),
     ];
     for (args, code, message) in &cases {
         let (actual, _, stderr) = cli(&world, args).await;
+        let stderr = without_warnings(&stderr);
         assert_eq!(actual, *code, "{args:?}: {stderr}");
         assert!(stderr.starts_with(message.as_str()), "{args:?}: expected {message:?}, got {stderr:?}");
         assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: one line: {stderr}");
@@ -498,9 +545,144 @@ async fn bad_input_to_every_command_is_one_line_and_a_nonzero_exit() {
         let mut command = batchd(&world);
         command.env("REDIS_URL", "redis://127.0.0.1:1").args(&args);
         let output = run(command).await;
-        let stderr = text(&output.stderr);
+        let stderr = without_warnings(&text(&output.stderr));
         assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(stderr.starts_with("batchd: cannot reach Redis at redis://127.0.0.1:1"), "{args:?}: {stderr}");
         assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
     }
+}
+
+#[tokio::test]
+async fn status_shows_metadata_the_error_by_field_and_numbers_as_jobs_json_does() {
+    use batchd_emulator::{Calls, Fault};
+    let world = World::new().await;
+    let daemon = world.daemon();
+    world.emulator.inject(Fault::status(401).code(10000).on(Calls::Submit).times(1));
+    let mut job = bge_m3_job("st-1", 2);
+    job["metadata"] = json!({"tenant": "acme"});
+    world.enqueue(&job).await;
+    assert_eq!(world.wait_for_result("st-1", WAIT).await.status, ResultStatus::Failed);
+
+    let (code, stdout, stderr) = cli(&world, &["status", "st-1"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    for line in [
+        "  state        failed",
+        r#"  metadata     {"tenant":"acme"}"#,
+        "  error        api_error",
+        "                 http status 401",
+        "                 api code    10000",
+    ] {
+        assert!(stdout.lines().any(|shown| shown == line), "{line:?} in {stdout}");
+    }
+    assert!(stdout.lines().any(|line| line.starts_with("                 message     ")), "{stdout}");
+    assert!(stdout.contains("  chunk 0      "), "{stdout}");
+
+    // --json: the times and counts are numbers, the same numbers `jobs --json` prints.
+    let status = cli_json(&world, &["status", "st-1", "--json"], 0).await;
+    let jobs = cli_json(&world, &["jobs", "--json"], 0).await;
+    let listed = jobs["jobs"].as_array().unwrap().iter().find(|job| job["job_id"] == "st-1").expect("listed").clone();
+    for name in ["accepted_at", "updated_at", "finished_at", "n_items", "n_chunks"] {
+        assert!(status[name].is_u64(), "{name}: {status}");
+        assert_eq!(status[name], listed[name], "{name}");
+    }
+    assert!(status["c0:attempts"].is_u64() && status["deadline_at"].is_u64(), "{status}");
+    assert_eq!(status["error"]["code"], "api_error");
+    assert_eq!(status["metadata"], json!({"tenant": "acme"}));
+    assert!(status["c0:state"].is_string() && status["model"].is_string(), "{status}");
+
+    // An unknown job: a JSON object on stdout too, and exit code 5 as ever.
+    let (code, stdout, stderr) = cli(&world, &["status", "nosuch-1", "--json"]).await;
+    assert_eq!(code, 5, "{stderr}");
+    let error: Value = serde_json::from_str(&stdout).expect("JSON on stdout");
+    assert_eq!(error["job_id"], "nosuch-1");
+    assert_eq!(error["error"]["code"], "not_found");
+    assert!(error["error"]["message"].as_str().unwrap().starts_with("no job nosuch-1 in namespace"), "{error}");
+    assert!(without_warnings(&stderr).starts_with("batchd: no job nosuch-1"), "{stderr}");
+    daemon.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn reply_to_and_stream_take_the_full_key_or_the_suffix() {
+    let world = World::new().await;
+    let daemon = world.daemon();
+    let items = world.redis.dir.join("items.jsonl");
+    std::fs::write(&items, "{\"text\":\"a\"}\n").unwrap();
+    let items = items.display().to_string();
+    let billing = format!("{}:billing", world.keys.results());
+    for (id, reply_to) in [("r-1", "billing"), ("r-2", billing.as_str())] {
+        let args = ["submit", &items, "--model", "@cf/baai/bge-m3", "--id", id, "--reply-to", reply_to, "--wait"];
+        let (code, _, stderr) = cli(&world, &args).await;
+        assert_eq!(code, 0, "{reply_to}: {stderr}");
+        assert_eq!(world.ledger(id).await.get("reply_to"), Some(&billing), "{reply_to}: the job holds the full key");
+    }
+    assert_eq!(world.stream(&billing).await.len(), 2, "both results in {billing}");
+    for stream in ["billing", billing.as_str()] {
+        let (code, stdout, stderr) = cli(&world, &["tail", "--stream", stream, "--from-start", "--count", "2"]).await;
+        assert_eq!(code, 0, "{stream}: {stderr}");
+        assert_eq!(stdout.lines().count(), 2, "{stream}: {stdout}");
+        assert!(stderr.starts_with(&format!("following {billing} on ")), "{stream}: {stderr}");
+        let report = cli_json(&world, &["retry", "--stream", stream, "--dry-run", "--json"], 0).await;
+        assert_eq!(report["stream"], billing.as_str(), "{stream}");
+    }
+    // Another namespace's stream, or a bad suffix: a usage error, for every option alike.
+    for (args, option) in [
+        (vec!["tail", "--stream", "{elsewhere}:results:billing"], "--stream"),
+        (vec!["retry", "--stream", "bill ing"], "--stream"),
+        (vec!["submit", &items, "--model", "@cf/baai/bge-m3", "--reply-to", "{elsewhere}:results"], "--reply-to"),
+    ] {
+        let (code, _, stderr) = cli(&world, &args).await;
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(stderr.starts_with(&format!("batchd: {option} \"")), "{args:?}: {stderr}");
+    }
+    daemon.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn stats_since_counts_finished_jobs_from_the_counters_and_jobs_filters_like_the_dashboard() {
+    let world = World::new().await;
+    let daemon = world.daemon();
+    for id in ["a-1", "a-2"] {
+        world.enqueue(&bge_m3_job(id, 1)).await;
+        world.wait_for_result(id, WAIT).await;
+    }
+    world.enqueue(&json!({"id": "b-1", "model": "@cf/nobody/nothing", "requests": [{"text": "x"}]})).await;
+    assert_eq!(world.wait_for_result("b-1", WAIT).await.status, ResultStatus::Failed);
+
+    // Up to two hours back from the minute counters, further back from the hourly ones: the same three jobs.
+    for (since, granularity) in [("1h", "minute"), ("3h", "hour"), ("8d", "hour")] {
+        let stats = cli_json(&world, &["stats", "--since", since, "--json"], 0).await;
+        let window = &stats["since"];
+        assert_eq!(window["granularity"], granularity, "{since}: {stats}");
+        assert_eq!(window["total"], 3, "{since}: {stats}");
+        assert_eq!(window["finished"], json!({"completed": 2, "failed": 1}), "{since}: {stats}");
+        assert!(window["from"].as_u64() < window["to"].as_u64(), "{since}: {stats}");
+    }
+    let (code, stdout, _) = cli(&world, &["stats", "--since", "1h"]).await;
+    assert_eq!(code, 0);
+    let line = stdout.lines().find(|line| line.starts_with("  finished since   ")).expect("the window's line");
+    assert!(line.contains(", per-minute counters): 3 jobs (") && line.ends_with("): 2 completed, 1 failed"), "{line}");
+    let (code, stdout, _) = cli(&world, &["stats"]).await;
+    assert_eq!(code, 0);
+    assert!(!stdout.contains("finished since"), "only when asked: {stdout}");
+
+    // jobs: the dashboard's filters.
+    let ids = |report: &Value| -> Vec<String> {
+        report["jobs"].as_array().unwrap().iter().map(|job| job["job_id"].as_str().unwrap().to_owned()).collect()
+    };
+    let cases: [(&[&str], &[&str]); 5] = [
+        (&["--model", "@cf/nobody/nothing"], &["b-1"]),
+        (&["--id-prefix", "a-"], &["a-2", "a-1"]),
+        (&["--since", "1h"], &["b-1", "a-2", "a-1"]),
+        (&["--since", "2099-01-01"], &[]),
+        (&["--id-prefix", "a-", "--state", "failed"], &[]),
+    ];
+    for (filters, expected) in cases {
+        let mut args = vec!["jobs", "--json"];
+        args.extend_from_slice(filters);
+        assert_eq!(ids(&cli_json(&world, &args, 0).await), expected, "{filters:?}");
+    }
+    let (code, _, stderr) = cli(&world, &["jobs", "--id-prefix", "a*"]).await;
+    assert_eq!(code, 1, "no glob reaches SCAN MATCH: {stderr}");
+    assert!(stderr.contains("--id-prefix: "), "{stderr}");
+    daemon.stop().await.unwrap();
 }

@@ -1,6 +1,7 @@
 //! The CLI on a terminal (a pseudo-terminal from `script`, as an operator's shell would give it): `dead purge`
 //! asks before deleting and refuses without a terminal unless told `--yes`, `NO_COLOR` turns every styling off,
-//! and `completions` prints a script for each shell.
+//! `completions` prints a script for each shell, and every command's human output names the Redis it read and the
+//! namespace.
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};
@@ -152,4 +153,80 @@ async fn with_env_on_terminal(world: &World, assignment: &str, command: &str) ->
         "/dev/null",
     ]);
     text(&run(script).await.stdout)
+}
+
+/// The human output of every command that reads a namespace, as an operator's terminal shows it, names where it
+/// read: the namespace and the Redis endpoint, its password masked. Warnings say when the default Redis is read
+/// because `REDIS_URL` is unset, and when the namespace has never had a daemon; neither shows once both are right.
+#[tokio::test]
+async fn every_human_output_names_the_redis_endpoint_and_the_namespace() {
+    let world = World::new().await;
+    let daemon = world.daemon();
+    world.enqueue(&bge_m3_job("where-1", 1)).await;
+    world.wait_for_result("where-1", WAIT).await;
+    world.enqueue_raw(&[("payload", "not a job".to_owned())]).await;
+    world.wait_for_results(2, WAIT).await;
+    daemon.stop().await.unwrap();
+    let dead = cli_json(&world, &["dead", "list", "--json"], 0).await;
+    let dead_id = dead[0]["entry_id"].as_str().expect("a dead letter").to_owned();
+    // An operator's own ACL user with a password: the URL carries it, no output may.
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "operator", "on", ">s3cret-pw", "~*", "&*", "+@all"])
+        .query_async(&mut world.conn.clone())
+        .await
+        .expect("ACL SETUSER");
+    let url = format!("redis://operator:s3cret-pw@127.0.0.1:{}", world.redis.port);
+    let shown = format!("redis://operator:[redacted]@127.0.0.1:{}", world.redis.port);
+    let namespace = world.settings.redis.namespace.clone();
+    let place = format!("namespace {namespace} on {shown}");
+
+    let commands: Vec<(Vec<&str>, String)> = vec![
+        (vec!["stats"], format!("{place} at ")),
+        (vec!["status", "where-1"], format!("job where-1 ({place})")),
+        (vec!["jobs"], format!("2 of 2 matching jobs shown (2 ledgers scanned; {place})")),
+        (vec!["failed"], format!("{place}: 1 jobs ended without completing")),
+        (vec!["workers"], format!("{place}: group batchd on ")),
+        (vec!["dead", "list"], format!("1 of 1 dead-letter entries shown ({place})")),
+        (vec!["dead", "show", &dead_id], format!("dead-letter entry {dead_id} ({place})")),
+        (vec!["retry", "--dry-run"], format!("result entries read from {{{namespace}}}:results (all of it; {place})")),
+    ];
+    for (args, expected) in &commands {
+        let (code, stdout, stderr) = cli_with(&world, args, &[("REDIS_URL", &url)]).await;
+        assert_eq!(code, 0, "{args:?}: {stderr}");
+        assert!(stdout.lines().any(|line| line.contains(expected.as_str())), "{args:?}: {expected:?} in {stdout}");
+        assert!(stderr.is_empty(), "{args:?}: no warning for the right Redis and namespace: {stderr}");
+        assert!(!stdout.contains("s3cret-pw") && !stderr.contains("s3cret-pw"), "{args:?}: the password shows");
+    }
+    // tail names them in its header, on stderr (its stdout is the entries).
+    let (code, _, stderr) =
+        cli_with(&world, &["tail", "--from-start", "--count", "2", "--timeout", "30"], &[("REDIS_URL", &url)]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stderr.trim_end(), format!("following {{{namespace}}}:results on {shown} from the start"));
+    // On a terminal too, as an operator sees it.
+    let screen = on_terminal(&world, &format!("--namespace {namespace} stats"), "").await;
+    assert!(screen.contains(&format!("namespace {namespace} on {} at ", world.redis.url())), "{screen}");
+
+    // The wrong namespace: told on stderr, the output still says which one was read.
+    let (code, stdout, stderr) = cli(&world, &["--namespace", "nobody-here", "stats"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.starts_with(&format!("namespace nobody-here on {} at ", world.redis.url())), "{stdout}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "batchd: warning: namespace nobody-here on {} has no consumer group (no daemon has ever run in it): check \
+             --namespace and REDIS_URL",
+            world.redis.url()
+        )
+    );
+
+    // REDIS_URL unset: the default is used, and said so before anything else (also when it cannot be reached).
+    let mut command = std::process::Command::new(binary("batchd").expect("batchd binary"));
+    command.env_clear().envs(world.batchd_env().into_iter().filter(|(name, _)| *name != "REDIS_URL")).args(["stats"]);
+    let output = crate::cli_ops::run(command).await;
+    let stderr = text(&output.stderr);
+    assert_eq!(
+        stderr.lines().next(),
+        Some("batchd: warning: REDIS_URL is not set; using the default Redis at redis://127.0.0.1:6379"),
+        "{stderr}"
+    );
 }

@@ -24,14 +24,23 @@ fn batchd(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
 #[test]
 fn config_check_and_run_refuse_the_same_configurations_the_same_way() {
     let cases: &[(&[(&str, &str)], &str)] = &[
-        (&[("CLOUDFLARE_ACCOUNT_ID", "")], "invalid account id: must not be empty"),
-        (&[("CLOUDFLARE_ACCOUNT_ID", "a/b")], "invalid account id"),
+        (
+            &[("CLOUDFLARE_ACCOUNT_ID", "")],
+            "cloudflare.account_id (CLOUDFLARE_ACCOUNT_ID or BATCHD__CLOUDFLARE__ACCOUNT_ID): not set",
+        ),
+        (
+            &[("CLOUDFLARE_ACCOUNT_ID", "a/b")],
+            "cloudflare.account_id (CLOUDFLARE_ACCOUNT_ID or BATCHD__CLOUDFLARE__ACCOUNT_ID): contains '/'",
+        ),
         (&[("BATCHD__LOG__LEVEL", "batchd=loud")], "log.level"),
         (&[("RUST_LOG", "batchd=loud")], "RUST_LOG"),
         (&[("BATCHD__CLOUDFLARE__BASE_URL", "http://api.example.com/client/v4")], "cloudflare.base_url"),
         (&[("REDIS_URL", "rediss://10.0.0.1:6380/#insecure")], "redis.tls_insecure"),
-        (&[("CLOUDFLARE_API_TOKEN", "")], "cloudflare.api_token: not set"),
-        (&[("BATCHD__EVENTS__QUEUE_ID", "bad/queue")], "invalid queue id"),
+        (
+            &[("CLOUDFLARE_API_TOKEN", "")],
+            "cloudflare.api_token (CLOUDFLARE_API_TOKEN or BATCHD__CLOUDFLARE__API_TOKEN): not set",
+        ),
+        (&[("BATCHD__EVENTS__QUEUE_ID", "bad/queue")], "events.queue_id (BATCHD__EVENTS__QUEUE_ID): \"bad/queue\""),
     ];
     for (env, expected) in cases {
         let (check_code, check_err) = batchd(&["config", "check"], env);
@@ -46,4 +55,25 @@ fn config_check_and_run_refuse_the_same_configurations_the_same_way() {
     }
     let (code, out) = batchd(&["config", "check"], &[]);
     assert_eq!(code, 0, "a good configuration passes: {out}");
+}
+
+/// Lists come comma-separated from the environment (a Redis Cluster's nodes, the extra namespaces), as a
+/// Kubernetes Deployment sets them without a mounted file.
+#[test]
+fn lists_are_set_from_the_environment_comma_separated() {
+    let output = Command::new(binary("batchd").expect("batchd binary"))
+        .args(["config", "check", "--json"])
+        .env_clear()
+        .env("REDIS_URL", "redis://10.0.0.1:6379")
+        .env("CLOUDFLARE_API_TOKEN", "tok-check")
+        .env("CLOUDFLARE_ACCOUNT_ID", "acct")
+        .env("BATCHD__REDIS__MODE", "cluster")
+        .env("BATCHD__REDIS__NODES", "redis://10.0.0.2:6379,redis://10.0.0.3:6379")
+        .env("BATCHD__REDIS__EXTRA_NAMESPACES", "billing, search")
+        .output()
+        .expect("run batchd");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let settings: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(settings["redis"]["extra_namespaces"], serde_json::json!(["billing", "search"]));
+    assert_eq!(settings["redis"]["nodes"].as_array().map(Vec::len), Some(2), "{settings}");
 }

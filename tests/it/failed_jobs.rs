@@ -10,6 +10,8 @@ use batchd_queue::failed::{FailedQuery, FailedReport, failed_jobs};
 use batchd_tests::{World, bge_m3_job};
 use serde_json::json;
 
+use crate::cli_operator::{cli, cli_json};
+
 const WAIT: Duration = Duration::from_secs(30);
 
 /// Makes, one after the other: two jobs refused by a revoked token (`api_error`, bge-m3), one for a model that does
@@ -164,4 +166,77 @@ async fn an_error_batchd_never_writes_is_not_read_and_the_walk_is_capped() {
         cursor = page.next_cursor;
     }
     assert_eq!(total, N, "every failed job once, over the pages");
+}
+
+#[tokio::test]
+async fn batchd_failed_lists_the_groups_and_retry_by_id_runs_chosen_jobs_again() {
+    let world = World::new().await;
+    let daemon = world.daemon();
+    some_failed_jobs(&world).await;
+    let place = format!("namespace {} on {}", world.settings.redis.namespace, world.redis.url());
+
+    // Human: where it read, a line per group, its examples below, how to go on.
+    let (code, stdout, stderr) = cli(&world, &["failed", "--examples", "1"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!(
+            "{place}: 5 jobs ended without completing (failed, expired or cancelled), in 4 groups by error code and \
+             model; 6 ledgers read"
+        )
+    );
+    let group: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(group[..4], ["2", "api_error", "@cf/baai/bge-m3", "newest"], "{stdout}");
+    assert!(lines[2].starts_with("           tok-2  failed  20") && lines[2].contains("  http 401  api code 10000: "));
+    assert_eq!(lines.len(), 1 + 4 * 2 + 1, "a summary, four groups of one example each, the hint: {stdout}");
+    assert!(lines.last().unwrap().starts_with("run one again with `batchd retry <job id>...`"), "{stdout}");
+
+    // JSON: the library's report, with the namespace.
+    let report = cli_json(&world, &["failed", "--json", "--state", "cancelled"], 0).await;
+    assert_eq!(report["namespace"], world.settings.redis.namespace.as_str());
+    assert_eq!((report["total"].as_u64(), report["scanned"].as_u64()), (Some(1), Some(6)), "{report}");
+    assert_eq!(report["groups"][0]["code"], "cancelled");
+    assert_eq!(report["groups"][0]["examples"][0]["job_id"], "slow-1");
+    assert_eq!(report["groups"][0]["examples"][0]["error"]["code"], "cancelled");
+    let (code, _, stderr) = cli(&world, &["failed", "--state", "completed"]).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("expected one of failed, expired, cancelled"), "{stderr}");
+
+    // retry by id: a failed job runs again as <id>.retry-1; a completed one, a refused one and an unknown id are
+    // reported and make the exit code 1; the dry run says what would happen and writes nothing.
+    let dry = cli_json(&world, &["retry", "tok-1", "ok-1", "nosuch-1", "--dry-run", "--json"], 0).await;
+    let outcome = |report: &serde_json::Value, i: usize| report["jobs"][i]["outcome"].as_str().unwrap().to_owned();
+    assert_eq!(
+        (outcome(&dry, 0), outcome(&dry, 1), outcome(&dry, 2)),
+        ("would_retry".into(), "not_retryable".into(), "not_retryable".into())
+    );
+    assert_eq!(
+        dry["jobs"][1]["reason"],
+        "it is completed; only a job that ended failed, expired or cancelled is retried"
+    );
+    assert!(dry["jobs"][2]["reason"].as_str().unwrap().starts_with("it has no ledger"), "{dry}");
+    assert_eq!(dry["stream"], serde_json::Value::Null);
+    assert!(world.ledger("tok-1.retry-1").await.is_empty(), "a dry run enqueues nothing");
+    let (code, stdout, stderr) = cli(&world, &["retry", "tok-1", "slow-1", "invalid-1"]).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stdout.lines().any(|line| line.starts_with("retried          tok-1 -> tok-1.retry-1  failed  api_error")));
+    assert!(stdout.lines().any(|line| line.starts_with("retried          slow-1 -> slow-1.retry-1  cancelled")));
+    assert!(stdout.lines().any(|line| line.starts_with("not retryable    invalid-1 -> invalid-1.retry-1")));
+    assert_eq!(
+        stdout.lines().last().unwrap(),
+        format!("retried 2 of 3 jobs (0 already retried, 1 not retryable); {place}")
+    );
+    assert_eq!(
+        crate::cli_ops::without_warnings(&stderr).trim_end(),
+        "batchd: 1 jobs could not be retried (listed above)"
+    );
+    for id in ["tok-1.retry-1", "slow-1.retry-1"] {
+        assert_eq!(world.wait_for_result(id, WAIT).await.status, ResultStatus::Completed, "{id}");
+    }
+    let again = cli_json(&world, &["retry", "tok-1", "--json"], 0).await;
+    assert_eq!(outcome(&again, 0), "already_retried");
+    let (code, _, stderr) = cli(&world, &["retry", "tok-1", "--model", "x"]).await;
+    assert_eq!(code, 2, "ids or filters, not both: {stderr}");
+    daemon.stop().await.unwrap();
 }

@@ -13,6 +13,7 @@ mod big;
 mod chaos;
 mod cli;
 mod cli_docs;
+mod cli_errors;
 mod cli_escaping;
 mod cli_json;
 mod cli_operator;

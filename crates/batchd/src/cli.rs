@@ -1,5 +1,9 @@
-//! The operator CLI (the daemon itself is `batchd run`): `submit`, `status`, `cancel`, `retry`, `tail`, `jobs`,
-//! `stats`, `workers`, `pause`, `resume`, `dead` and `probe`.
+//! The operator CLI (the daemon itself is `batchd run`): `submit`, `status`, `cancel`, `uncancel`, `retry`, `tail`,
+//! `jobs`, `failed`, `stats`, `workers`, `pause`, `resume`, `dead` and `probe`.
+//!
+//! Every human output names where it read ([`place`]: the namespace and the Redis endpoint, password masked), and
+//! [`open`] warns on stderr when the default Redis is read because `REDIS_URL` is unset, or when the namespace
+//! has never had a daemon.
 //!
 //! Commands talk to Redis directly with the daemon's own configuration and by the documented key layout
 //! (docs/wire-format.md), so they work wherever a producer could enqueue. Errors are one line, printed by `main`;
@@ -12,8 +16,10 @@
 //! `NO_COLOR` (no-color.org) turns every styling off: clap's coloured help and errors, and the animated progress
 //! bars and spinners (which then become plain lines, or nothing), see [`no_color`].
 
+pub mod command;
 pub mod dead;
 pub mod events;
+pub mod failed;
 pub mod inspect;
 pub mod models;
 pub mod pause;
@@ -50,14 +56,16 @@ pub const EXIT_NOT_FOUND: i32 = 5;
 pub const EXIT_CODES_HELP: &str = "Exit codes:
   0   success (for `submit --wait`: the job completed)
   1   error (bad input, Redis unreachable, ...), with a one-line message on stderr; `probe`: not
-      healthy or not reachable; `retry`: a matching job could not be retried
-  2   usage error (unknown command or option, missing or bad argument; `dead purge` without --yes
-      when standard input is not a terminal), one line on stderr
+      healthy or not reachable; `retry`: a job could not be retried
+  2   usage error (unknown command or option, missing or bad argument, a --stream or --reply-to
+      of another namespace; `dead purge` without --yes when standard input is not a terminal),
+      one line on stderr
   3   `submit --wait`: the job ended failed, expired or cancelled
   4   gave up waiting (`submit --wait --timeout`, `tail --timeout` before --count entries)
   5   not found: no such job (`status`; `cancel` without --before-arrival), no pending
       cancellation (`uncancel`), no such dead-letter entry (`dead show|retry|purge`)
-  78  configuration error (bad or missing key); the message names the key";
+  78  configuration error (bad or missing key); the message names the key and its environment
+      variables";
 
 /// An outcome the CLI reports through its exit code, with its one-line message.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +84,25 @@ impl Exit {
     }
 }
 
+/// An error and its causes as one message, each cause once: a cause whose text its parent already holds (a
+/// wrapper that prints its source, as `redis: {0}` does, and redis-rs's own "Connection refused (os error 111)"
+/// repeated by the I/O error under it) is not repeated. Outer first, joined with `: `, as `{:#}` would.
+pub fn error_text(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let cause = cause.to_string();
+        let cause = cause.trim();
+        if cause.is_empty() || text.contains(cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(cause);
+    }
+    text
+}
+
 /// Whether styling is off: `NO_COLOR` is set to something other than the empty string (no-color.org). Then clap
 /// prints no colours and progress is shown as plain lines (or not at all), never as an animated bar.
 pub fn no_color() -> bool {
@@ -83,12 +110,12 @@ pub fn no_color() -> bool {
 }
 
 /// Opens a connection for one command to whichever Redis is configured (standalone, TLS, Cluster, Sentinel);
-/// fails fast (5 s) with a message naming the URL (without its password).
+/// fails fast (5 s) with a message naming the endpoint (without its password).
 pub(crate) async fn connect(settings: &Settings) -> anyhow::Result<Conn> {
     let mut conn =
         settings.redis_endpoint()?.dedicated(Duration::from_secs(settings.redis.response_timeout_secs.max(5)));
     let reached = tokio::time::timeout(Duration::from_secs(5), batchd_queue::results::ping(&mut conn)).await;
-    let url = crate::settings::redact_url(settings.redis.url.expose());
+    let url = settings.redis_label();
     match reached {
         Ok(Ok(_)) => Ok(conn),
         Ok(Err(error)) => Err(anyhow!(error).context(format!("cannot reach Redis at {url}"))),
@@ -96,10 +123,35 @@ pub(crate) async fn connect(settings: &Settings) -> anyhow::Result<Conn> {
     }
 }
 
-/// A producer (the library services use) on a connection to the configured Redis, checked like [`connect`]'s.
-pub(crate) async fn producer(settings: &Settings) -> anyhow::Result<batchd_producer::Producer> {
-    let conn = connect(settings).await?;
-    producer_on(settings, conn, settings.keys())
+/// [`connect`] for an operator's command, then warnings on stderr, so that numbers from the wrong Redis cannot
+/// pass for the right ones: when `REDIS_URL` is unset and the built-in default is read, and when the namespace has
+/// no consumer group on its submit stream (no daemon ever ran there: a mistyped `--namespace`, or the wrong
+/// Redis).
+pub(crate) async fn open(settings: &Settings) -> anyhow::Result<Conn> {
+    let url = settings.redis_label();
+    // Before connecting: it explains a failure to connect too.
+    if settings.redis_url_is_default(&std::env::vars().collect()) {
+        eprintln!("batchd: warning: REDIS_URL is not set; using the default Redis at {url}");
+    }
+    let mut conn = connect(settings).await?;
+    let keys = settings.keys();
+    // A reader the ACL does not allow XINFO simply gets no warning.
+    if let Ok(groups) = batchd_queue::inspect::groups(&mut conn, &keys.submit()).await
+        && !groups.iter().any(|group| group.name.as_deref() == Some(batchd_core::keys::CONSUMER_GROUP))
+    {
+        eprintln!(
+            "batchd: warning: namespace {} on {url} has no consumer group (no daemon has ever run in it): check \
+             --namespace and REDIS_URL",
+            keys.namespace()
+        );
+    }
+    Ok(conn)
+}
+
+/// `namespace batchd on redis://127.0.0.1:6379`: where a command read, as its human output says (the endpoint with
+/// its password masked, [`Settings::redis_label`]).
+pub fn place(settings: &Settings) -> String {
+    format!("namespace {} on {}", settings.redis.namespace, settings.redis_label())
 }
 
 /// A producer for namespace `keys` on `conn`, with the daemon's job limits and cancellation lifetime.
@@ -208,15 +260,49 @@ pub(crate) async fn read_ledger(conn: &mut Conn, keys: &Keys, job_id: &JobId) ->
     })
 }
 
-/// A ledger as `status --json` prints it: `job_id` and every field read, JSON-valued fields (errors) decoded.
+/// The ledger fields that hold numbers (times in Unix ms, counts, flags), printed as JSON numbers by
+/// `status --json`, as `jobs --json` prints its times.
+const NUMERIC_FIELDS: [&str; 11] = [
+    field::N_CHUNKS,
+    field::N_ITEMS,
+    field::ACCEPTED_AT,
+    field::UPDATED_AT,
+    field::FINISHED_AT,
+    field::DEADLINE_AT,
+    field::DUPLICATES,
+    field::POSSIBLE_DUPLICATE_SUBMITS,
+    field::OPEN_CHUNKS,
+    field::RETRY_FAILED_ITEMS,
+    field::RETRIED,
+];
+
+/// The per-chunk fields that hold numbers, likewise.
+const NUMERIC_CHUNK_FIELDS: [&str; 6] = [
+    field::CHUNK_ATTEMPTS,
+    field::CHUNK_POLL_FAILURES,
+    field::CHUNK_N_POLLS,
+    field::CHUNK_SUBMITTED_AT,
+    field::CHUNK_CLAIM,
+    field::CHUNK_WOKEN_AT,
+];
+
+/// A ledger as `status --json` prints it: `job_id` and every field read, by its ledger name (`c<i>:<name>` for a
+/// chunk's); numbers (times in Unix ms, counts) as JSON numbers, JSON-valued fields (errors, metadata) decoded.
 pub(crate) fn status_json(view: &LedgerView) -> serde_json::Value {
     let mut object = serde_json::Map::new();
     object.insert("job_id".into(), view.job_id.as_str().into());
     for (name, value) in view.fields() {
-        let decoded = serde_json::from_str::<serde_json::Value>(value)
-            .ok()
-            .filter(|v| v.is_object() || v.is_array())
-            .unwrap_or_else(|| value.into());
+        let numeric = match name.split_once(field::CHUNK_SEPARATOR) {
+            Some((_, chunk_name)) => NUMERIC_CHUNK_FIELDS.contains(&chunk_name),
+            None => NUMERIC_FIELDS.contains(&name.as_str()),
+        };
+        let decoded = match value.parse::<u64>() {
+            Ok(number) if numeric => number.into(),
+            _ => serde_json::from_str::<serde_json::Value>(value)
+                .ok()
+                .filter(|v| v.is_object() || v.is_array())
+                .unwrap_or_else(|| value.into()),
+        };
         object.insert(name, decoded);
     }
     if let Some(bytes) = view.metadata_bytes {
@@ -226,24 +312,42 @@ pub(crate) fn status_json(view: &LedgerView) -> serde_json::Value {
     serde_json::Value::Object(object)
 }
 
-/// `batchd status <id>`: the job's ledger as a timeline.
+/// `batchd status <id>`: the job's ledger as a timeline. With `json`, an unknown job is also a JSON object on
+/// standard output (`{"job_id":..,"error":{"code":"not_found","message":..}}`), with exit code 5 as ever.
 pub async fn status(settings: &Settings, id: &str, json: bool) -> anyhow::Result<()> {
     let job_id = parse_job_id(id)?;
     let keys = settings.keys();
-    let mut conn = connect(settings).await?;
-    let view = read_ledger(&mut conn, &keys, &job_id).await?;
+    let mut conn = open(settings).await?;
+    let view = match read_ledger(&mut conn, &keys, &job_id).await {
+        Ok(view) => view,
+        Err(error) if json => {
+            if let Some(exit) = error.downcast_ref::<Exit>().filter(|exit| exit.code == EXIT_NOT_FOUND) {
+                print_json(&serde_json::json!({
+                    "job_id": job_id.as_str(),
+                    "error": {"code": "not_found", "message": exit.message},
+                }))?;
+            }
+            return Err(error);
+        }
+        Err(error) => return Err(error),
+    };
     if json {
         return print_json(&status_json(&view));
     }
-    print!("{}", status_text(keys.namespace(), &view));
+    print!("{}", status_text(&place(settings), &view));
     Ok(())
 }
 
-/// The human-readable timeline of a job.
-fn status_text(namespace: &str, view: &LedgerView) -> String {
+/// Most characters of a job's metadata `status` shows (it is the producer's; `--json` has it whole, up to
+/// `METADATA_SHOWN_BYTES`).
+const METADATA_SHOWN_CHARS: usize = 400;
+
+/// The human-readable timeline of a job: its header, its metadata, its error field by field, and each chunk's
+/// state, remote status and last error.
+fn status_text(place: &str, view: &LedgerView) -> String {
     let get = |name: &str| view.get(name).unwrap_or("-");
     let time = |name: &str| view.number(name).map(format_utc).unwrap_or_else(|| "-".into());
-    let mut out = format!("job {} (namespace {namespace})\n", view.job_id);
+    let mut out = format!("job {} ({place})\n", view.job_id);
     // Every value comes from the ledger: producer input and API text, escaped.
     let mut line = |label: &str, value: String| {
         out.push_str(&format!("  {label:<12} {}\n", escape_for_terminal(&value)));
@@ -259,13 +363,30 @@ fn status_text(namespace: &str, view: &LedgerView) -> String {
         line("deadline", time(field::DEADLINE_AT));
     }
     line("results to", get(field::REPLY_TO).to_owned());
+    match (view.get(field::METADATA), view.metadata_bytes) {
+        (_, Some(bytes)) => line("metadata", format!("({bytes} bytes, not shown; `status --json` neither)")),
+        (Some(metadata), None) if metadata.chars().count() > METADATA_SHOWN_CHARS => {
+            let shown: String = metadata.chars().take(METADATA_SHOWN_CHARS).collect();
+            line("metadata", format!("{shown}... ({} bytes; `status --json` has it whole)", metadata.len()));
+        }
+        (Some(metadata), None) => line("metadata", metadata.to_owned()),
+        (None, None) => {}
+    }
+    if let Some(error) = view.error() {
+        error_lines(&mut line, "error", &error);
+    }
+    let job_ended = view.state().is_some_and(|state| state.is_terminal());
     for (index, chunk) in view.chunks.iter().enumerate() {
         let value = |name: &str| chunk.get(name).unwrap_or("-").to_owned();
+        // A chunk left unfinished when its job ended (cancelled, expired, refused) keeps its last state.
+        let state = match chunk.state() {
+            Some(state) if job_ended && !state.is_finished() => format!("{state} (when the job ended)"),
+            _ => value(field::CHUNK_STATE),
+        };
         line(
             &format!("chunk {index}"),
             format!(
-                "{}  items {}  request {}  remote {}  polls {}  submit attempts {}",
-                value(field::CHUNK_STATE),
+                "{state}  items {}  request {}  remote {}  polls {}  submit attempts {}",
                 value(field::CHUNK_ITEMS),
                 value(field::CHUNK_REQUEST_ID),
                 value(field::CHUNK_REMOTE_STATUS),
@@ -273,18 +394,46 @@ fn status_text(namespace: &str, view: &LedgerView) -> String {
                 value(field::CHUNK_ATTEMPTS),
             ),
         );
-        if let Some(error) = chunk.fields.get(field::CHUNK_LAST_ERROR) {
-            line("", format!("last error {error}"));
+        if let Some(error) = chunk.last_error() {
+            error_lines(&mut line, "", &error);
         }
     }
-    for (name, label) in
-        [(field::DUPLICATES, "duplicates"), (field::POSSIBLE_DUPLICATE_SUBMITS, "resubmits"), (field::ERROR, "error")]
-    {
+    for (name, label) in [(field::DUPLICATES, "duplicates"), (field::POSSIBLE_DUPLICATE_SUBMITS, "resubmits")] {
         if let Some(value) = view.header.get(name) {
             line(label, value.clone());
         }
     }
     out
+}
+
+/// An error as `status` shows it, one field a line: its code (under `label`), then its message, HTTP status and
+/// provider's code when it has them.
+fn error_lines(line: &mut impl FnMut(&str, String), label: &str, error: &batchd_queue::ledger_view::ErrorFields) {
+    let fields = [error.code.is_some(), error.http_status.is_some(), error.api_code.is_some()];
+    if let (Some(message), [false, false, false]) = (&error.message, fields) {
+        // Not an error batchd wrote as JSON: shown as it is.
+        if label.is_empty() {
+            line("", format!("last error {message}"));
+        } else {
+            line(label, message.clone());
+        }
+        return;
+    }
+    let code = error.code.as_deref().unwrap_or("-");
+    if label.is_empty() {
+        line("", format!("last error {code}"));
+    } else {
+        line(label, code.to_owned());
+    }
+    for (name, value) in [
+        ("message", error.message.clone()),
+        ("http status", error.http_status.map(|status| status.to_string())),
+        ("api code", error.api_code.clone()),
+    ] {
+        if let Some(value) = value {
+            line("", format!("  {name:<11} {value}"));
+        }
+    }
 }
 
 /// `batchd cancel <id>`: requests the job's cancellation through batchd's `cancel` Redis function: it sets the
@@ -304,18 +453,16 @@ pub async fn cancel(
     use batchd_producer::CancelOutcome;
     let job_id = parse_job_id(id)?;
     let keys = settings.keys();
-    if !before_arrival {
-        let mut conn = connect(settings).await?;
-        if !batchd_queue::inspect::job_exists(&mut conn, &keys, &job_id).await.context("read ledger")? {
-            return Err(Exit::not_found(format!(
-                "no job {job_id} in namespace {} (not taken in yet, never enqueued, or its ledger expired); to \
-                 cancel it when it arrives, within {}s, add --before-arrival",
-                keys.namespace(),
-                settings.retention.ledger_ttl_secs
-            )));
-        }
+    let mut conn = open(settings).await?;
+    if !before_arrival && !batchd_queue::inspect::job_exists(&mut conn, &keys, &job_id).await.context("read ledger")? {
+        return Err(Exit::not_found(format!(
+            "no job {job_id} in namespace {} (not taken in yet, never enqueued, or its ledger expired); to cancel \
+             it when it arrives, within {}s, add --before-arrival",
+            keys.namespace(),
+            settings.retention.ledger_ttl_secs
+        )));
     }
-    let producer = producer(settings).await?;
+    let producer = producer_on(settings, conn, keys)?;
     let outcome = producer.cancel(&job_id, reason).await.map_err(|e| anyhow!("cancel job {job_id}: {e}"))?;
     if json {
         let (outcome, state) = match outcome {
@@ -345,7 +492,7 @@ pub async fn cancel(
 pub async fn uncancel(settings: &Settings, id: &str, json: bool) -> anyhow::Result<()> {
     let job_id = parse_job_id(id)?;
     let keys = settings.keys();
-    let mut conn = connect(settings).await?;
+    let mut conn = open(settings).await?;
     let Some(reason) =
         batchd_queue::inspect::withdraw_cancel(&mut conn, &keys, &job_id).await.context("withdraw the request")?
     else {
@@ -385,16 +532,33 @@ pub fn format_age(age: Duration) -> String {
 /// This machine's wall clock in Unix ms, for ages shown to people.
 pub(crate) use batchd_queue::now_ms;
 
-/// The results stream `--stream SUFFIX` names (`{ns}:results:<suffix>`), or the namespace's default one.
-pub(crate) fn results_stream(keys: &batchd_core::Keys, suffix: Option<&str>) -> anyhow::Result<String> {
-    let Some(suffix) = suffix else {
+/// The results stream a `--stream` or `--reply-to` option names, which takes either form: the full key
+/// (`{ns}:results`, `{ns}:results:billing`) or the suffix after `{ns}:results:` (`billing`); the namespace's
+/// default stream when the option is not given. Anything else (another namespace's stream, a bad suffix) is a usage
+/// error (exit code 2) naming `option`.
+pub(crate) fn results_stream(keys: &batchd_core::Keys, option: &str, given: Option<&str>) -> anyhow::Result<String> {
+    let Some(given) = given else {
         return Ok(keys.results());
     };
-    let stream = format!("{}:{suffix}", keys.results());
-    if !keys.is_results_stream(&stream) {
-        anyhow::bail!("--stream {suffix:?}: a results stream suffix is 1-200 characters of A-Z a-z 0-9 . _ : -");
+    let results = keys.results();
+    let full_key = given.starts_with('{') || given == results || given.starts_with(&format!("{results}:"));
+    let stream = if full_key { given.to_owned() } else { format!("{results}:{given}") };
+    if keys.is_results_stream(&stream) {
+        return Ok(stream);
     }
-    Ok(stream)
+    let why = if full_key {
+        format!("not a results stream of namespace {}", keys.namespace())
+    } else {
+        "a suffix is 1-200 characters of A-Z a-z 0-9 . _ : -".to_owned()
+    };
+    Err(Exit {
+        code: EXIT_USAGE,
+        message: format!(
+            "{option} {:?}: {why} (give {results}:<suffix>, or just <suffix>)",
+            escape_for_terminal(given)
+        ),
+    }
+    .into())
 }
 
 #[cfg(test)]
@@ -491,6 +655,16 @@ mod tests {
         let text = status_text("ns", &view);
         assert!(!text.chars().any(|c| c != '\n' && is_unsafe_for_terminal(c)), "{text}");
         assert!(text.contains("remote \\x1b[31mred") && text.contains("bad\\x1b[2J \\u{202e}txt"), "{text}");
+    }
+
+    #[test]
+    fn each_cause_is_shown_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused (os error 111)");
+        let redis = redis::RedisError::from(io);
+        let error = anyhow::Error::new(batchd_queue::StoreError::Redis(redis)).context("cannot reach Redis at x");
+        assert_eq!(error_text(&error), "cannot reach Redis at x: redis: Connection refused (os error 111)");
+        let plain = anyhow!("inner").context("middle").context("outer");
+        assert_eq!(error_text(&plain), "outer: middle: inner");
     }
 
     #[test]

@@ -20,7 +20,7 @@ use batchd_core::{Job, Keys};
 use batchd_queue::Conn;
 use serde_json::json;
 
-use super::{EXIT_USAGE, Exit, connect, escape_for_terminal, format_utc, json_text, print_json};
+use super::{EXIT_USAGE, Exit, escape_for_terminal, format_utc, json_text, open, print_json};
 use crate::settings::Settings;
 
 /// The prefix of an original entry's fields in a dead-letter entry.
@@ -58,8 +58,8 @@ pub enum DeadCommand {
     },
     /// Delete dead-letter entries (the given ones, or all with --all).
     Purge {
-        /// Dead-letter entry ids.
-        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        /// Dead-letter entry ids (from `dead list`); give these or --all.
+        #[arg(conflicts_with = "all")]
         entry_ids: Vec<String>,
         /// Delete every dead-letter entry of the namespace.
         #[arg(long)]
@@ -119,11 +119,23 @@ impl DeadEntry {
 
 /// `batchd dead ...`.
 pub async fn dead(settings: &Settings, command: &DeadCommand) -> anyhow::Result<()> {
+    if let DeadCommand::Purge { entry_ids, all: false, .. } = command
+        && entry_ids.is_empty()
+    {
+        return Err(Exit {
+            code: EXIT_USAGE,
+            message: "dead purge needs dead-letter entry ids (from `batchd dead list`), or --all to delete every \
+                      entry (see --help)"
+                .to_owned(),
+        }
+        .into());
+    }
     let keys = settings.keys();
-    let mut conn = connect(settings).await?;
+    let mut conn = open(settings).await?;
+    let place = super::place(settings);
     match command {
-        DeadCommand::List { limit, json } => list(&mut conn, &keys, *limit, *json).await,
-        DeadCommand::Show { entry_id, json } => show(&mut conn, &keys, entry_id, *json).await,
+        DeadCommand::List { limit, json } => list(&mut conn, &keys, &place, *limit, *json).await,
+        DeadCommand::Show { entry_id, json } => show(&mut conn, &keys, &place, entry_id, *json).await,
         DeadCommand::Retry { entry_ids, json } => {
             for entry_id in entry_ids {
                 retry(&mut conn, &keys, settings, entry_id, *json).await?;
@@ -131,7 +143,7 @@ pub async fn dead(settings: &Settings, command: &DeadCommand) -> anyhow::Result<
             Ok(())
         }
         DeadCommand::Purge { entry_ids, all, yes, json } => {
-            purge(&mut conn, &keys, entry_ids, *all, Confirm { yes: *yes, json: *json }).await
+            purge(&mut conn, &keys, &place, entry_ids, *all, Confirm { yes: *yes, json: *json }).await
         }
     }
 }
@@ -175,7 +187,7 @@ pub(crate) async fn list_json(conn: &mut Conn, keys: &Keys, limit: usize) -> any
     Ok(entries.iter().take(limit).map(DeadEntry::summary_json).collect())
 }
 
-async fn list(conn: &mut Conn, keys: &Keys, limit: usize, json: bool) -> anyhow::Result<()> {
+async fn list(conn: &mut Conn, keys: &Keys, place: &str, limit: usize, json: bool) -> anyhow::Result<()> {
     if json {
         return print_json(&serde_json::Value::Array(list_json(conn, keys, limit).await?));
     }
@@ -194,7 +206,7 @@ async fn list(conn: &mut Conn, keys: &Keys, limit: usize, json: bool) -> anyhow:
             entry.shown("error")
         );
     }
-    println!("{} of {total} dead-letter entries shown (namespace {})", entries.len(), keys.namespace());
+    println!("{} of {total} dead-letter entries shown ({place})", entries.len());
     Ok(())
 }
 
@@ -212,12 +224,12 @@ pub(crate) async fn show_json(conn: &mut Conn, keys: &Keys, entry_id: &str) -> a
     Ok(object)
 }
 
-async fn show(conn: &mut Conn, keys: &Keys, entry_id: &str, json: bool) -> anyhow::Result<()> {
+async fn show(conn: &mut Conn, keys: &Keys, place: &str, entry_id: &str, json: bool) -> anyhow::Result<()> {
     if json {
         return print_json(&show_json(conn, keys, entry_id).await?);
     }
     let entry = read_one(conn, keys, entry_id).await?;
-    println!("dead-letter entry {} (namespace {})", entry.id, keys.namespace());
+    println!("dead-letter entry {} ({place})", entry.id);
     println!("  {:<12} {}", "source id", entry.shown("source_id"));
     println!("  {:<12} {}", "dead at", entry.dead_at());
     println!("  {:<12} {}", "error", entry.shown("error"));
@@ -325,7 +337,14 @@ struct Confirm {
     json: bool,
 }
 
-async fn purge(conn: &mut Conn, keys: &Keys, entry_ids: &[String], all: bool, confirm: Confirm) -> anyhow::Result<()> {
+async fn purge(
+    conn: &mut Conn,
+    keys: &Keys,
+    place: &str,
+    entry_ids: &[String],
+    all: bool,
+    confirm: Confirm,
+) -> anyhow::Result<()> {
     let n = if all {
         let total = batchd_queue::inspect::stream_len(conn, &keys.dead()).await.context("count dead letters")?;
         if total > 0 {
@@ -348,7 +367,7 @@ async fn purge(conn: &mut Conn, keys: &Keys, entry_ids: &[String], all: bool, co
     if confirm.json {
         return print_json(&serde_json::json!({"namespace": keys.namespace(), "purged": n}));
     }
-    println!("purged {n} dead-letter entries (namespace {})", keys.namespace());
+    println!("purged {n} dead-letter entries ({place})");
     Ok(())
 }
 

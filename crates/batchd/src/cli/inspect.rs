@@ -15,7 +15,7 @@ use batchd_queue::Conn;
 use serde::Serialize;
 use serde_json::json;
 
-use super::{connect, escape_for_terminal, format_age, format_utc, now_ms, print_json};
+use super::{escape_for_terminal, format_age, format_utc, now_ms, open, print_json};
 use crate::settings::Settings;
 
 /// Keys asked for per `SCAN` step.
@@ -30,6 +30,16 @@ pub struct JobsArgs {
     /// Only jobs in this state: accepted, running, completed, failed, expired, cancelled (repeat for several).
     #[arg(long, value_name = "STATE", value_parser = parse_state)]
     pub state: Vec<JobState>,
+    /// Only jobs for this model.
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
+    /// Only jobs whose id starts with this (e.g. `inv-2025-11-`).
+    #[arg(long, value_name = "PREFIX")]
+    pub id_prefix: Option<String>,
+    /// Only jobs accepted at or after this time: 2025-11-22T08:00:00Z, 2025-11-22, Unix ms, or an age (30m, 2h,
+    /// 1d).
+    #[arg(long, value_name = "TIME", value_parser = super::retry::parse_time)]
+    pub since: Option<super::retry::TimeArg>,
     /// Show at most this many jobs, the most recently accepted first.
     #[arg(long, default_value_t = 50, value_name = "N")]
     pub limit: usize,
@@ -123,8 +133,20 @@ pub(crate) async fn jobs_page(
 /// `batchd jobs`: every ledger, walked page after page.
 pub async fn jobs(settings: &Settings, args: &JobsArgs) -> anyhow::Result<()> {
     let keys = settings.keys();
-    let mut conn = connect(settings).await?;
-    let filter = JobFilter { states: args.state.clone(), ..JobFilter::default() };
+    if let Some(prefix) = &args.id_prefix {
+        super::parse_job_id(prefix).map_err(|e| anyhow::anyhow!("--id-prefix: {e:#}"))?;
+    }
+    let mut conn = open(settings).await?;
+    let accepted_since = match args.since {
+        Some(since) => Some(since.resolve(redis_now(&mut conn).await?)),
+        None => None,
+    };
+    let filter = JobFilter {
+        states: args.state.clone(),
+        model: args.model.clone(),
+        id_prefix: args.id_prefix.clone(),
+        accepted_since,
+    };
     let mut all = JobsPage::default();
     let mut cursor = 0;
     loop {
@@ -143,11 +165,11 @@ pub async fn jobs(settings: &Settings, args: &JobsArgs) -> anyhow::Result<()> {
     }
     print!("{}", jobs_table(&all.jobs));
     println!(
-        "{} of {} matching jobs shown ({} ledgers scanned in namespace {})",
+        "{} of {} matching jobs shown ({} ledgers scanned; {})",
         all.jobs.len(),
         all.matching,
         all.scanned,
-        keys.namespace()
+        super::place(settings)
     );
     Ok(())
 }
@@ -184,6 +206,11 @@ fn jobs_table(rows: &[JobRow]) -> String {
 /// Options of `batchd stats`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StatsArgs {
+    /// Also count the jobs finished since then, by status, and the tokens used, by model: an age (30m, 24h, 7d)
+    /// or a time (2025-11-22T08:00:00Z, 2025-11-22, Unix ms), at most 8 days back. Up to 2 hours back it reads
+    /// the per-minute counters; further back the hourly ones, so the window starts at a whole hour.
+    #[arg(long, value_name = "TIME", value_parser = super::retry::parse_time)]
+    pub since: Option<super::retry::TimeArg>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -207,6 +234,8 @@ pub(crate) async fn stats_report(conn: &mut Conn, keys: &Keys, now: u64) -> anyh
         "submit": {
             "entries": depths.submit_entries,
             "waiting": depths.submit_waiting(),
+            "being_taken_in": depths.submit_in_flight,
+            // The older name of `being_taken_in`, kept for scripts written against it.
             "in_flight": depths.submit_in_flight,
             "oldest_waiting_ms": oldest_waiting_ms,
         },
@@ -219,11 +248,16 @@ pub(crate) async fn stats_report(conn: &mut Conn, keys: &Keys, now: u64) -> anyh
 /// `batchd stats`.
 pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> {
     let keys = settings.keys();
-    let mut conn = connect(settings).await?;
+    let mut conn = open(settings).await?;
     let now = now_ms();
-    let report = stats_report(&mut conn, &keys, now).await?;
+    let mut report = stats_report(&mut conn, &keys, now).await?;
+    if let Some(since) = args.since {
+        let redis_now = redis_now(&mut conn).await?;
+        report["since"] = finished_since(&mut conn, &keys, redis_now, since.resolve(redis_now)).await?;
+    }
     let number = |value: &serde_json::Value| value.as_u64().unwrap_or(0);
-    let (submit_entries, in_flight) = (number(&report["submit"]["entries"]), number(&report["submit"]["in_flight"]));
+    let (submit_entries, in_flight) =
+        (number(&report["submit"]["entries"]), number(&report["submit"]["being_taken_in"]));
     let (scheduled, due) = (number(&report["schedule"]["chunks_in_flight"]), number(&report["schedule"]["due"]));
     let (results, dead) = (number(&report["results"]["entries"]), number(&report["dead"]["entries"]));
     let throughput = &report["results"]["throughput"];
@@ -233,7 +267,7 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
         return print_json(&report);
     }
     let ms = |value: &serde_json::Value| value.as_u64().map(|ms| format_age(Duration::from_millis(ms)));
-    let mut out = format!("namespace {} at {}\n", keys.namespace(), format_utc(now));
+    let mut out = format!("{} at {}\n", super::place(settings), format_utc(now));
     out.push_str(&format!(
         "  intake           {}\n",
         paused.as_ref().map_or_else(|| "running".to_owned(), super::pause::PauseRecord::describe)
@@ -266,15 +300,105 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
     }
     for group in readers.as_array().into_iter().flatten() {
         out.push_str(&format!(
-            "  result readers   group {}: {} pending, lag {}\n",
+            "  result readers   group {}: {} read and not acknowledged, {} not read yet\n",
             escape_for_terminal(group["name"].as_str().unwrap_or("?")),
             group["pending"],
             group["lag"].as_u64().map_or_else(|| "unknown".to_owned(), |lag| lag.to_string())
         ));
     }
+    if let Some(since) = report.get("since") {
+        out.push_str(&since_text(since));
+    }
     out.push_str(&format!("  dead letters     {dead} entries\n"));
     print!("{out}");
     Ok(())
+}
+
+/// Redis's clock, for the windows an operator gives (`--since 2h`): the counters are keyed by it.
+async fn redis_now(conn: &mut Conn) -> anyhow::Result<u64> {
+    batchd_queue::inspect::redis_now(conn).await.context("read Redis's clock")
+}
+
+/// The per-minute counters cover this much of the past (their lifetime less the current minute).
+const MINUTE_WINDOW_MS: u64 = 2 * 3_600_000;
+
+/// The hourly counters cover this much of the past.
+const HOUR_WINDOW_MS: u64 = batchd_core::keys::STATS_HOUR_TTL_SECS * 1000;
+
+/// Jobs finished from `since` to `now` (Unix ms, Redis's clock) by status, and tokens by model, from the
+/// finished-jobs counters: the per-minute hashes for a window up to two hours, the hourly ones (at most 192) for a
+/// longer one, whose start is then the whole hour `since` falls in. Bounded: one pipelined `HGETALL` per hash.
+pub(crate) async fn finished_since(
+    conn: &mut Conn,
+    keys: &Keys,
+    now: u64,
+    since: u64,
+) -> anyhow::Result<serde_json::Value> {
+    let window = now.saturating_sub(since);
+    if window > HOUR_WINDOW_MS {
+        return Err(super::Exit {
+            code: super::EXIT_USAGE,
+            message: "--since: at most 8 days back (the hourly counters are kept for 8 days)".to_owned(),
+        }
+        .into());
+    }
+    let (granularity, unit, key): (&str, u64, fn(&Keys, u64) -> String) = if window <= MINUTE_WINDOW_MS {
+        ("minute", 60_000, Keys::stats_minute)
+    } else {
+        ("hour", 3_600_000, Keys::stats_hour)
+    };
+    let (first, last) = (since / unit, now / unit);
+    let hashes = batchd_queue::inspect::counters(conn, (first..=last).map(|n| key(keys, n)))
+        .await
+        .context("read the finished-jobs counters")?;
+    let mut finished: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut tokens: std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>> = Default::default();
+    for (name, n) in hashes.iter().flatten() {
+        match batchd_core::stats::StatField::parse(name) {
+            Some(batchd_core::stats::StatField::Finished(status)) => {
+                *finished.entry(status.to_owned()).or_default() += n
+            }
+            Some(batchd_core::stats::StatField::Tokens { kind, model }) => {
+                *tokens.entry(model.to_owned()).or_default().entry(kind.to_owned()).or_default() += n
+            }
+            None => {}
+        }
+    }
+    Ok(json!({
+        "from": first * unit,
+        "to": now,
+        "granularity": granularity,
+        "total": finished.values().sum::<u64>(),
+        "finished": finished,
+        "tokens": tokens,
+    }))
+}
+
+/// `  since 2h ...` lines of `stats --since`: the window, the jobs finished by status, the tokens by model.
+fn since_text(since: &serde_json::Value) -> String {
+    let number = |value: &serde_json::Value| value.as_u64().unwrap_or(0);
+    let (from, to, total) = (number(&since["from"]), number(&since["to"]), number(&since["total"]));
+    let hours = (to.saturating_sub(from) as f64 / 3_600_000.0).max(1.0 / 60.0);
+    let statuses: Vec<String> = since["finished"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(status, n)| format!("{n} {}", escape_for_terminal(status)))
+        .collect();
+    let mut out = format!(
+        "  finished since   {} ({}, per-{} counters): {total} jobs ({:.1}/h){}\n",
+        format_utc(from),
+        format_age(Duration::from_millis(to.saturating_sub(from))),
+        since["granularity"].as_str().unwrap_or("?"),
+        total as f64 / hours,
+        if statuses.is_empty() { String::new() } else { format!(": {}", statuses.join(", ")) }
+    );
+    for (model, kinds) in since["tokens"].as_object().into_iter().flatten() {
+        let kinds: Vec<String> =
+            kinds.as_object().into_iter().flatten().map(|(kind, n)| format!("{n} {kind}")).collect();
+        out.push_str(&format!("  tokens           {}: {}\n", escape_for_terminal(model), kinds.join(", ")));
+    }
+    out
 }
 
 /// Jobs finished in the last 1, 5 and 15 minutes, and in the last 15 by status, from the finished-jobs counters

@@ -14,7 +14,7 @@ use batchd_queue::Conn;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{connect, escape_for_terminal, format_utc, json_text, print_json};
+use super::{escape_for_terminal, format_utc, json_text, open, print_json};
 use crate::settings::Settings;
 
 /// Longest `by` or `reason` shown from a pause record (the key can be written by anyone with access to Redis).
@@ -117,7 +117,7 @@ pub(crate) async fn redis_now_ms(conn: &mut Conn) -> anyhow::Result<u64> {
 /// `batchd pause`: sets the pause key unless it is set already (the first pause is kept, so its time stays true).
 pub async fn pause(settings: &Settings, args: &PauseArgs) -> anyhow::Result<()> {
     let keys = settings.keys();
-    let mut conn = connect(settings).await?;
+    let mut conn = open(settings).await?;
     let record = PauseRecord { by: operator(), at: Some(redis_now_ms(&mut conn).await?), reason: args.reason.clone() };
     let value = serde_json::to_string(&record).context("encode the pause record")?;
     let changed =
@@ -148,7 +148,7 @@ pub async fn pause(settings: &Settings, args: &PauseArgs) -> anyhow::Result<()> 
 /// `batchd resume`: deletes the pause key (`GETDEL`, so the message says whose pause ended).
 pub async fn resume(settings: &Settings, args: &ResumeArgs) -> anyhow::Result<()> {
     let keys = settings.keys();
-    let mut conn = connect(settings).await?;
+    let mut conn = open(settings).await?;
     let was = batchd_queue::inspect::clear_pause_flag(&mut conn, &keys).await.context("clear the pause flag")?;
     let was = was.as_deref().map(PauseRecord::parse);
     if args.json {

@@ -1,5 +1,7 @@
-//! `batchd retry`: re-enqueues finished jobs that ended `failed` (or `expired`, `cancelled`), chosen by filters, as
-//! new jobs.
+//! `batchd retry`: re-enqueues finished jobs that ended `failed` (or `expired`, `cancelled`), chosen by id
+//! (`batchd retry inv-42 inv-43`, as `batchd failed` lists them) or by filters, as new jobs.
+//!
+//! **By id**, each job's ledger is read ([`LedgerView`]): it must have ended `failed`, `expired` or `cancelled`.
 //!
 //! **Finding them, with bounded work.** Every finished job has exactly one entry in its results stream, whose id is
 //! the time it was published; so `--since`/`--until` become the bounds of an `XRANGE`, read in pages of [`PAGE`]
@@ -23,7 +25,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use batchd_core::ledger::field;
 use batchd_core::{Job, JobId, Keys};
 use batchd_queue::{Conn, LedgerView};
@@ -32,7 +34,7 @@ use serde::Serialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use super::{Exit, connect, escape_for_terminal, format_utc, print_json};
+use super::{Exit, escape_for_terminal, format_utc, open, print_json};
 use crate::settings::Settings;
 
 /// Result entries read per `XRANGE` page. Entries of completed jobs carry every response and Redis cannot read an
@@ -67,6 +69,10 @@ impl TimeArg {
 /// Options of `batchd retry`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RetryArgs {
+    /// Retry these jobs (as `batchd failed` lists them) instead of choosing by filters; each must have ended
+    /// failed, expired or cancelled.
+    #[arg(value_name = "JOB_ID", conflicts_with_all = ["status", "model", "code", "since", "until", "stream"])]
+    pub ids: Vec<String>,
     /// Only jobs that ended with this status: failed, expired, cancelled (repeat for several) [default: failed].
     #[arg(long, value_name = "STATUS", value_parser = parse_status)]
     pub status: Vec<String>,
@@ -83,8 +89,9 @@ pub struct RetryArgs {
     /// Only jobs that finished at or before this time (same forms as --since).
     #[arg(long, value_name = "TIME", value_parser = parse_time)]
     pub until: Option<TimeArg>,
-    /// Read `{ns}:results:<SUFFIX>` (a `reply_to` stream) instead of `{ns}:results`.
-    #[arg(long, value_name = "SUFFIX")]
+    /// Read this results stream (a job's `reply_to`) instead of `{ns}:results`: the full key
+    /// `{ns}:results:<suffix>`, or just the suffix.
+    #[arg(long, value_name = "STREAM")]
     pub stream: Option<String>,
     /// Handle at most this many matching jobs, the oldest first; run again for more.
     #[arg(long, default_value_t = 1000, value_name = "N")]
@@ -283,10 +290,7 @@ impl Filter {
     fn matches(&self, entry_id: &str, fields: &HashMap<String, String>) -> Option<Matched> {
         let status = fields.get("status")?;
         let model = fields.get("model").cloned().unwrap_or_default();
-        let code = fields
-            .get("error")
-            .and_then(|error| serde_json::from_str::<serde_json::Value>(error).ok())
-            .and_then(|error| error.get("code").and_then(|code| code.as_str()).map(str::to_owned));
+        let code = fields.get("error").and_then(|error| batchd_queue::ledger_view::ErrorFields::parse(error).code);
         let wanted = self.statuses.contains(status)
             && (self.models.is_empty() || self.models.contains(&model))
             && (self.codes.is_empty() || code.as_ref().is_some_and(|code| self.codes.contains(code)));
@@ -335,19 +339,26 @@ impl Progress {
 
 /// `batchd retry`.
 pub async fn retry(settings: &Settings, args: &RetryArgs) -> anyhow::Result<()> {
-    let keys = settings.keys();
-    let stream = super::results_stream(&keys, args.stream.as_deref())?;
-    if args.limit == 0 {
-        bail!("--limit must be at least 1");
+    if !args.ids.is_empty() {
+        return retry_ids(settings, args).await;
     }
-    let mut conn = connect(settings).await?;
+    let keys = settings.keys();
+    let stream = super::results_stream(&keys, "--stream", args.stream.as_deref())?;
+    if args.limit == 0 {
+        return Err(Exit { code: super::EXIT_USAGE, message: "--limit must be at least 1".to_owned() }.into());
+    }
+    let mut conn = open(settings).await?;
     let now_ms = batchd_queue::inspect::redis_now(&mut conn).await.context("read Redis's clock")?;
     let since = args.since.map(|time| time.resolve(now_ms));
     let until = args.until.map(|time| time.resolve(now_ms));
     if let (Some(since), Some(until)) = (since, until)
         && since > until
     {
-        bail!("--since {} is after --until {}", format_utc(since), format_utc(until));
+        return Err(Exit {
+            code: super::EXIT_USAGE,
+            message: format!("--since {} is after --until {}", format_utc(since), format_utc(until)),
+        }
+        .into());
     }
     let filter = Filter {
         statuses: if args.status.is_empty() { vec!["failed".to_owned()] } else { args.status.clone() },
@@ -390,7 +401,63 @@ pub async fn retry(settings: &Settings, args: &RetryArgs) -> anyhow::Result<()> 
         }
     }
     progress.finish();
-    report(&keys, &stream, args, since, until, scanned, capped, &matched)
+    let walk = Walk { stream: &stream, since, until, scanned, capped };
+    report(&super::place(settings), &keys, args, Some(walk), &matched)
+}
+
+/// `batchd retry <id>...`: each job's ledger says whether it can be retried.
+async fn retry_ids(settings: &Settings, args: &RetryArgs) -> anyhow::Result<()> {
+    let job_ids = args.ids.iter().map(|id| super::parse_job_id(id)).collect::<anyhow::Result<Vec<JobId>>>()?;
+    let keys = settings.keys();
+    let mut conn = open(settings).await?;
+    let limits = settings.job_limits();
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut matched = Vec::with_capacity(job_ids.len());
+    for job_id in job_ids {
+        let view = LedgerView::read(&mut conn, &keys, &job_id)
+            .await
+            .with_context(|| format!("read the ledger of {job_id}"))?;
+        let mut job = Matched {
+            job_id: job_id.to_string(),
+            retry_id: retry_id(job_id.as_str()).map(|id| id.to_string()),
+            status: view.as_ref().and_then(|view| view.get(field::STATE)).unwrap_or("-").to_owned(),
+            model: view.as_ref().and_then(|view| view.get(field::MODEL)).unwrap_or_default().to_owned(),
+            code: view.as_ref().and_then(LedgerView::error).and_then(|error| error.code),
+            finished_at: view.as_ref().and_then(|view| view.number(field::FINISHED_AT)),
+            outcome: Outcome::WouldRetry,
+        };
+        job.outcome = match view.as_ref().map(LedgerView::state) {
+            None => Outcome::NotRetryable {
+                reason: "it has no ledger (never taken in, or its ledger expired: retention.ledger_ttl_secs)".into(),
+            },
+            Some(Some(state)) if batchd_queue::failed::FAILED_STATES.contains(&state) => {
+                handle(&mut conn, &keys, &limits, &job, args.dry_run, &mut seen).await?
+            }
+            Some(state) => Outcome::NotRetryable {
+                reason: format!(
+                    "it is {}; only a job that ended failed, expired or cancelled is retried",
+                    state.map_or("in an unknown state", |state| state.as_str())
+                ),
+            },
+        };
+        matched.push(job);
+    }
+    report(&super::place(settings), &keys, args, None, &matched)
+}
+
+/// What a run by filters read.
+#[derive(Debug, Clone, Copy)]
+struct Walk<'a> {
+    /// The results stream read.
+    stream: &'a str,
+    /// Its start, Unix ms.
+    since: Option<u64>,
+    /// Its end, Unix ms.
+    until: Option<u64>,
+    /// Result entries read.
+    scanned: usize,
+    /// Whether reading stopped at `--limit`.
+    capped: bool,
 }
 
 /// Checks one matching job and, unless `dry_run`, enqueues its retry.
@@ -464,18 +531,9 @@ async fn handle(
     Ok(Outcome::Retried { submit_entry_id })
 }
 
-/// Prints the jobs and the summary; exit code 1 when a job could not be retried (not in a dry run).
-#[allow(clippy::too_many_arguments)]
-fn report(
-    keys: &Keys,
-    stream: &str,
-    args: &RetryArgs,
-    since: Option<u64>,
-    until: Option<u64>,
-    scanned: usize,
-    capped: bool,
-    matched: &[Matched],
-) -> anyhow::Result<()> {
+/// Prints the jobs and the summary (`walk`: what a run by filters read; `None` for a run by ids); exit code 1 when a
+/// job could not be retried (not in a dry run).
+fn report(place: &str, keys: &Keys, args: &RetryArgs, walk: Option<Walk>, matched: &[Matched]) -> anyhow::Result<()> {
     let count = |wanted: fn(&Outcome) -> bool| matched.iter().filter(|job| wanted(&job.outcome)).count();
     let retryable = count(|o| matches!(o, Outcome::WouldRetry | Outcome::Retried { .. }));
     let already = count(|o| matches!(o, Outcome::AlreadyRetried));
@@ -483,13 +541,13 @@ fn report(
     if args.json {
         print_json(&json!({
             "namespace": keys.namespace(),
-            "stream": stream,
+            "stream": walk.map(|walk| walk.stream),
             "dry_run": args.dry_run,
-            "since": since,
-            "until": until,
-            "scanned": scanned,
+            "since": walk.and_then(|walk| walk.since),
+            "until": walk.and_then(|walk| walk.until),
+            "scanned": walk.map_or(matched.len(), |walk| walk.scanned),
             "matched": matched.len(),
-            "capped": capped,
+            "capped": walk.is_some_and(|walk| walk.capped),
             "retried": if args.dry_run { 0 } else { retryable },
             "would_retry": if args.dry_run { retryable } else { 0 },
             "already_retried": already,
@@ -500,26 +558,32 @@ fn report(
         for job in matched {
             println!("{}", job_line(job));
         }
-        let range = match (since, until) {
-            (None, None) => "all of it".to_owned(),
-            (since, until) => format!(
-                "{} to {}",
-                since.map_or_else(|| "the start".to_owned(), format_utc),
-                until.map_or_else(|| "now".to_owned(), format_utc)
-            ),
-        };
-        println!(
-            "{} {retryable} of {} matching jobs ({already} already retried, {failed} not retryable); {scanned} \
-             result entries read from {stream} ({range}){}",
-            if args.dry_run { "would retry" } else { "retried" },
-            matched.len(),
-            if capped { "; stopped at --limit, run again for more" } else { "" }
-        );
+        let verb = if args.dry_run { "would retry" } else { "retried" };
+        let counts = format!("({already} already retried, {failed} not retryable)");
+        match walk {
+            None => println!("{verb} {retryable} of {} jobs {counts}; {place}", matched.len()),
+            Some(walk) => {
+                let range = match (walk.since, walk.until) {
+                    (None, None) => "all of it".to_owned(),
+                    (since, until) => format!(
+                        "{} to {}",
+                        since.map_or_else(|| "the start".to_owned(), format_utc),
+                        until.map_or_else(|| "now".to_owned(), format_utc)
+                    ),
+                };
+                println!(
+                    "{verb} {retryable} of {} matching jobs {counts}; {} result entries read from {} ({range}; {place}){}",
+                    matched.len(),
+                    walk.scanned,
+                    walk.stream,
+                    if walk.capped { "; stopped at --limit, run again for more" } else { "" }
+                );
+            }
+        }
     }
     if failed > 0 && !args.dry_run {
-        return Err(
-            Exit { code: 1, message: format!("{failed} matching jobs could not be retried (listed above)") }.into()
-        );
+        let which = if walk.is_some() { "matching jobs" } else { "jobs" };
+        return Err(Exit { code: 1, message: format!("{failed} {which} could not be retried (listed above)") }.into());
     }
     Ok(())
 }

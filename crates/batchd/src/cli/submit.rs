@@ -17,7 +17,7 @@ use batchd_queue::{Conn, LedgerView};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::value::RawValue;
 
-use super::{EXIT_JOB_FAILED, EXIT_WAIT_TIMEOUT, Exit, connect, result_json};
+use super::{EXIT_JOB_FAILED, EXIT_WAIT_TIMEOUT, Exit, open, result_json};
 use crate::settings::Settings;
 
 /// Chunks listed one by one in a progress line; more are summarised by state.
@@ -38,7 +38,8 @@ pub struct SubmitArgs {
     /// With --model: the job's metadata, a JSON object echoed back in the result.
     #[arg(long, value_name = "JSON", requires = "model")]
     pub metadata: Option<String>,
-    /// With --model: the results stream, `{ns}:results:<suffix>` (default: `{ns}:results`).
+    /// With --model: the results stream the job publishes to, as the full key `{ns}:results:<suffix>` or just the
+    /// suffix (default: `{ns}:results`).
     #[arg(long, value_name = "STREAM", requires = "model")]
     pub reply_to: Option<String>,
     /// Follow the job (a progress bar on a terminal, one line per change otherwise, on stderr) and print its
@@ -62,6 +63,15 @@ pub struct SubmitArgs {
 pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()> {
     let keys = settings.keys();
     let limits = settings.job_limits();
+    // --reply-to takes the full key or the suffix, as --stream does; the job holds the full key.
+    let args = &SubmitArgs {
+        reply_to: args
+            .reply_to
+            .as_deref()
+            .map(|given| super::results_stream(&keys, "--reply-to", Some(given)))
+            .transpose()?,
+        ..args.clone()
+    };
     let input = read_input(&args.file)?;
     let name = display_name(&args.file);
     let (text, explicit_id) = match &args.model {
@@ -94,7 +104,7 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
         _ => text,
     };
 
-    let mut conn = connect(settings).await?;
+    let mut conn = open(settings).await?;
     if explicit_id
         && let Some(reason) =
             batchd_queue::inspect::cancel_request(&mut conn, &keys, &job.id).await.context("read cancel requests")?

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use batchd_queue::Conn;
 
-use super::{EXIT_WAIT_TIMEOUT, Exit, connect, escape_for_terminal, format_utc, json_text, result_json};
+use super::{EXIT_WAIT_TIMEOUT, Exit, escape_for_terminal, format_utc, json_text, open, result_json};
 use crate::settings::Settings;
 
 /// Longest wait of one `XREAD` (the loop re-checks `--timeout` between reads).
@@ -26,8 +26,9 @@ pub struct TailArgs {
     /// Stop after this many entries.
     #[arg(long, value_name = "N")]
     pub count: Option<u64>,
-    /// Follow `{ns}:results:<SUFFIX>` (a `reply_to` stream) instead of `{ns}:results`.
-    #[arg(long, value_name = "SUFFIX")]
+    /// Follow this results stream (a job's `reply_to`) instead of `{ns}:results`: the full key
+    /// `{ns}:results:<suffix>`, or just the suffix.
+    #[arg(long, value_name = "STREAM")]
     pub stream: Option<String>,
     /// Stop after this many seconds (exit code 4 if --count entries were not seen by then).
     #[arg(long, value_name = "SECS")]
@@ -40,11 +41,12 @@ pub struct TailArgs {
 /// `batchd tail`.
 pub async fn tail(settings: &Settings, args: &TailArgs) -> anyhow::Result<()> {
     let keys = settings.keys();
-    let stream = super::results_stream(&keys, args.stream.as_deref())?;
-    let mut conn = connect(settings).await?;
+    let stream = super::results_stream(&keys, "--stream", args.stream.as_deref())?;
+    let mut conn = open(settings).await?;
     let mut last_id = if args.from_start { "0-0".to_owned() } else { last_entry_id(&mut conn, &stream).await? };
     eprintln!(
-        "following {stream} {}",
+        "following {stream} on {} {}",
+        settings.redis_label(),
         if args.from_start { "from the start".to_owned() } else { format!("from now (after {last_id})") }
     );
     let started = Instant::now();
@@ -106,10 +108,9 @@ pub fn entry_line(entry_id: &str, fields: &HashMap<String, String>) -> String {
         get("model")
     );
     if let Some(error) = fields.get("error") {
-        let error: serde_json::Value = serde_json::from_str(error).unwrap_or_else(|_| error.clone().into());
-        let code = error.get("code").and_then(|c| c.as_str()).unwrap_or("error");
-        let message = error.get("message").and_then(|m| m.as_str()).unwrap_or_default();
-        line.push_str(&format!("  {code}: {message}"));
+        let error = batchd_queue::ledger_view::ErrorFields::parse(error);
+        let code = error.code.as_deref().unwrap_or("error");
+        line.push_str(&format!("  {code}: {}", error.message.as_deref().unwrap_or_default()));
     }
     escape_for_terminal(&line).into_owned()
 }

@@ -17,7 +17,7 @@ use batchd_core::keys::CONSUMER_GROUP;
 use batchd_queue::Conn;
 use serde_json::json;
 
-use super::{connect, escape_for_terminal, format_age, print_json};
+use super::{escape_for_terminal, format_age, open, print_json};
 use crate::settings::Settings;
 
 /// Options of `batchd workers`.
@@ -62,7 +62,7 @@ pub(crate) async fn report(conn: &mut Conn, keys: &Keys) -> anyhow::Result<serde
 pub async fn workers(settings: &Settings, args: &WorkersArgs) -> anyhow::Result<()> {
     let keys = settings.keys();
     let stream = keys.submit();
-    let mut conn = connect(settings).await?;
+    let mut conn = open(settings).await?;
     let report = report(&mut conn, &keys).await?;
     if args.json {
         return print_json(&report);
@@ -78,14 +78,14 @@ pub async fn workers(settings: &Settings, args: &WorkersArgs) -> anyhow::Result<
     };
     if !group_exists {
         println!(
-            "namespace {}: no consumer group {CONSUMER_GROUP} on {stream} yet (no replica has started here); {intake}",
-            keys.namespace()
+            "{}: no consumer group {CONSUMER_GROUP} on {stream} yet (no replica has started here); {intake}",
+            super::place(settings)
         );
         return Ok(());
     }
     println!(
-        "namespace {}: group {CONSUMER_GROUP} on {stream}, {} consumers, {} entries being taken in, lag {}; {intake}",
-        keys.namespace(),
+        "{}: group {CONSUMER_GROUP} on {stream}, {} consumers, {} entries being taken in, {} waiting; {intake}",
+        super::place(settings),
         consumers.len(),
         pending.unwrap_or(0),
         lag.map_or_else(|| "unknown".to_owned(), |lag| lag.to_string())
@@ -97,12 +97,12 @@ pub async fn workers(settings: &Settings, args: &WorkersArgs) -> anyhow::Result<
 fn table(consumers: &[Consumer]) -> String {
     let names: Vec<String> = consumers.iter().map(|c| escape_for_terminal(&c.name).into_owned()).collect();
     let width = names.iter().map(|name| name.chars().count()).max().unwrap_or(0).clamp(8, 60);
-    let mut out = format!("{:<width$}  {:>7}  {:>8}  INACTIVE\n", "CONSUMER", "PENDING", "IDLE");
+    let mut out = format!("{:<width$}  {:>9}  {:>8}  INACTIVE\n", "CONSUMER", "TAKING IN", "IDLE");
     for (consumer, name) in consumers.iter().zip(&names) {
         let inactive =
             consumer.inactive_ms.map_or_else(|| "-".to_owned(), |ms| format_age(Duration::from_millis(ms as u64)));
         out.push_str(&format!(
-            "{name:<width$}  {:>7}  {:>8}  {inactive}\n",
+            "{name:<width$}  {:>9}  {:>8}  {inactive}\n",
             consumer.pending,
             format_age(Duration::from_millis(consumer.idle_ms))
         ));
@@ -123,9 +123,9 @@ mod tests {
         let table = table(&consumers);
         assert_eq!(
             table,
-            "CONSUMER         PENDING      IDLE  INACTIVE\n\
-             web-1-1234-abcd        3     120ms  5.0s\n\
-             evil\\x1b[2J            0     1m05s  -\n"
+            "CONSUMER         TAKING IN      IDLE  INACTIVE\n\
+             web-1-1234-abcd          3     120ms  5.0s\n\
+             evil\\x1b[2J              0     1m05s  -\n"
         );
     }
 }

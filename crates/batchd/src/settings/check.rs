@@ -8,14 +8,21 @@ use super::{ConfigError, Settings};
 impl Settings {
     /// Checks relations between values that the types cannot express.
     pub(super) fn check(&self) -> Result<(), ConfigError> {
-        let fail = |key: &str, why: &str| Err(ConfigError(format!("{key}: {why}")));
-        batchd_core::Keys::new(&self.redis.namespace).map_err(|e| ConfigError(format!("redis.namespace: {e}")))?;
+        let fail = |key: &str, why: &str| Err(ConfigError::at(key, why));
+        batchd_core::Keys::new(&self.redis.namespace).map_err(|e| ConfigError::at("redis.namespace", e))?;
         for extra in &self.redis.extra_namespaces {
-            batchd_core::Keys::new(extra).map_err(|e| ConfigError(format!("redis.extra_namespaces: {e}")))?;
+            batchd_core::Keys::new(extra).map_err(|e| ConfigError::at("redis.extra_namespaces", e))?;
             if *extra == self.redis.namespace || self.redis.extra_namespaces.iter().filter(|n| *n == extra).count() > 1
             {
-                return Err(ConfigError(format!("redis.extra_namespaces: {extra:?} is listed twice")));
+                return Err(ConfigError::at("redis.extra_namespaces", format!("{extra:?} is listed twice")));
             }
+        }
+        check_redis_url("redis.url", self.redis.url.expose())?;
+        for node in &self.redis.nodes {
+            check_redis_url("redis.nodes", node.expose())?;
+        }
+        if self.redis.mode == super::RedisMode::Sentinel && self.redis.nodes.is_empty() {
+            return fail("redis.nodes", "must list the sentinels when redis.mode is sentinel");
         }
         if self.workers.submit_concurrency == 0 {
             return fail("workers.submit_concurrency", "must be at least 1");
@@ -35,8 +42,11 @@ impl Settings {
         if self.workers.runtime_threads > 1024 {
             return fail("workers.runtime_threads", "must be at most 1024 (0 means one per CPU)");
         }
-        if self.ingress.batch == 0 || self.schedule.batch == 0 {
-            return fail("ingress.batch / schedule.batch", "must be at least 1");
+        if self.ingress.batch == 0 {
+            return fail("ingress.batch", "must be at least 1");
+        }
+        if self.schedule.batch == 0 {
+            return fail("schedule.batch", "must be at least 1");
         }
         if self.schedule.lease_secs <= self.cloudflare.request_timeout_secs {
             return fail("schedule.lease_secs", "must exceed cloudflare.request_timeout_secs");
@@ -68,7 +78,7 @@ impl Settings {
         if let Some(bad) =
             self.rate_limits.models.iter().find(|limit| batchd_core::ModelName::parse(&limit.model).is_err())
         {
-            return Err(ConfigError(format!("rate_limits.models: {:?} is not a model name", bad.model)));
+            return Err(ConfigError::at("rate_limits.models", format!("{:?} is not a model name", bad.model)));
         }
         if self.retention.results_maxlen == 0 {
             return fail("retention.results_maxlen", "must be at least 1");
@@ -124,14 +134,14 @@ impl Settings {
             }
         }
         let insecure = |url: &str| url.trim_end().ends_with("#insecure");
-        if !self.redis.tls_insecure
-            && (insecure(self.redis.url.expose()) || self.redis.nodes.iter().any(|node| insecure(node.expose())))
-        {
-            return fail(
-                "redis.url / redis.nodes",
-                "a TLS URL ending in #insecure turns certificate checks off; set redis.tls_insecure = true to allow \
-                 it (not for production), or give the CA with redis.tls_ca_file",
-            );
+        let why = "a TLS URL ending in #insecure turns certificate checks off; set redis.tls_insecure = true \
+                   (BATCHD__REDIS__TLS_INSECURE) to allow it (not for production), or give the CA with \
+                   redis.tls_ca_file";
+        if !self.redis.tls_insecure && insecure(self.redis.url.expose()) {
+            return fail("redis.url", why);
+        }
+        if !self.redis.tls_insecure && self.redis.nodes.iter().any(|node| insecure(node.expose())) {
+            return fail("redis.nodes", why);
         }
         Ok(())
     }
@@ -182,17 +192,22 @@ impl Settings {
     /// (account id, base URL, token, queue id), the Redis deployment (TLS files included) is usable, the log filter
     /// (`log.level`, or `RUST_LOG` when set) parses.
     pub fn check_for_run(&self) -> Result<(), ConfigError> {
+        if self.cloudflare.account_id.trim().is_empty() {
+            return Err(ConfigError::at("cloudflare.account_id", "not set (the Cloudflare account's id)"));
+        }
         let token = self.api_token()?;
         batchd_cloudflare::BatchClient::new(self.client_settings(&token))
-            .map_err(|e| ConfigError(format!("cloudflare: {e}")))?;
+            .map_err(|e| cloudflare_error(e, "cloudflare.api_token"))?;
         if self.events.enabled() {
-            let token = self.events_token()?.unwrap_or(token);
+            let (token, token_key) = match self.events_token()? {
+                Some(token) => (token, "events.api_token"),
+                None => (token, "cloudflare.api_token"),
+            };
             batchd_cloudflare::QueueClient::new(self.client_settings(&token), &self.events.queue_id)
-                .map_err(|e| ConfigError(format!("events: {e}")))?;
+                .map_err(|e| cloudflare_error(e, token_key))?;
         }
         if let Some(key) = self.anthropic_key()? {
-            batchd_anthropic::AnthropicProvider::new(&self.anthropic_settings(&key))
-                .map_err(|e| ConfigError(format!("anthropic: {e}")))?;
+            batchd_anthropic::AnthropicProvider::new(&self.anthropic_settings(&key)).map_err(anthropic_error)?;
         }
         self.redis_endpoint()?;
         crate::logging::check(&self.log, std::env::var("RUST_LOG").ok().as_deref()).map_err(ConfigError)?;
@@ -204,7 +219,7 @@ impl Settings {
     /// `[openai]`: limits within the API's, a lease longer than a request, a base URL that keeps the key private.
     fn check_openai(&self) -> Result<(), ConfigError> {
         let openai = &self.openai;
-        let fail = |key: &str, why: &str| Err(ConfigError(format!("openai.{key}: {why}")));
+        let fail = |key: &str, why: &str| Err(ConfigError::at(&format!("openai.{key}"), why));
         if !(1..=50_000).contains(&openai.max_requests) {
             return fail("max_requests", "must be 1 to 50000 (the API's limit per batch)");
         }
@@ -226,6 +241,52 @@ impl Settings {
     }
 }
 
+/// A Cloudflare client's refusal as the key it concerns (`token_key` for the token it was given).
+fn cloudflare_error(error: batchd_cloudflare::ClientBuildError, token_key: &str) -> ConfigError {
+    use batchd_cloudflare::ClientBuildError as E;
+    match error {
+        E::InvalidAccountId(why) => ConfigError::at("cloudflare.account_id", why),
+        E::InvalidBaseUrl { url, reason } => ConfigError::at("cloudflare.base_url", format!("{url:?}: {reason}")),
+        E::InvalidToken(why) => ConfigError::at(token_key, why),
+        E::InvalidQueueId(id) => {
+            ConfigError::at("events.queue_id", format!("{id:?}: 1-64 characters of A-Z a-z 0-9 _ -"))
+        }
+        E::Http(error) => ConfigError(format!("cloudflare: cannot build the HTTP client: {error}")),
+    }
+}
+
+/// The Anthropic provider's refusal as the key it concerns.
+fn anthropic_error(error: batchd_anthropic::BuildError) -> ConfigError {
+    use batchd_anthropic::BuildError as E;
+    match error {
+        E::InvalidBaseUrl { url, reason } => ConfigError::at("anthropic.base_url", format!("{url:?}: {reason}")),
+        E::InvalidHeader("api key") => ConfigError::at("anthropic.api_key", "empty or not sendable in an HTTP header"),
+        E::InvalidHeader("workspace") => ConfigError::at("anthropic.workspace_id", "not sendable in an HTTP header"),
+        E::InvalidHeader(name) => {
+            ConfigError::at(&format!("anthropic.{name}"), "empty or not sendable in an HTTP header")
+        }
+        E::InvalidLimit(why) => ConfigError(format!("anthropic.{why}")),
+        E::Http(error) => ConfigError(format!("anthropic: cannot build the HTTP client: {error}")),
+    }
+}
+
+/// Refuses a Redis URL that redis-rs cannot read, naming the key and the forms it takes (the URL's password is
+/// masked in the message).
+fn check_redis_url(key: &str, url: &str) -> Result<(), ConfigError> {
+    use redis::IntoConnectionInfo as _;
+    if url.into_connection_info().is_ok() {
+        return Ok(());
+    }
+    let shown = if url.is_empty() { "empty".to_owned() } else { format!("{:?}", batchd_core::redact_url(url)) };
+    Err(ConfigError::at(
+        key,
+        format!(
+            "{shown} is not a Redis URL (redis://[user:password@]host:port[/db], rediss:// for TLS, or \
+             unix:///path/to/socket)"
+        ),
+    ))
+}
+
 /// Refuses a plain-HTTP API base URL that is not on this machine: the token would cross the network in clear.
 fn check_base_url(key: &str, base_url: &str) -> Result<(), ConfigError> {
     let Some(rest) = base_url.trim().strip_prefix("http://") else {
@@ -241,10 +302,13 @@ fn check_base_url(key: &str, base_url: &str) -> Result<(), ConfigError> {
     if loopback {
         Ok(())
     } else {
-        Err(ConfigError(format!(
-            "{key}: {base_url:?} is plain http to another host, which would send the API token in clear; use \
-             https (http is allowed only for loopback, e.g. the emulator on 127.0.0.1)"
-        )))
+        Err(ConfigError::at(
+            key,
+            format!(
+                "{base_url:?} is plain http to another host, which would send the API token in clear; use https \
+                 (http is allowed only for loopback, e.g. the emulator on 127.0.0.1)"
+            ),
+        ))
     }
 }
 

@@ -101,13 +101,46 @@ impl Settings {
         }
     }
 
+    /// The configured Redis deployment for people, passwords masked: the URL of a standalone server,
+    /// `Redis Cluster redis://10.0.0.1:6379, redis://10.0.0.2:6379`, or `Sentinel master mymaster via
+    /// redis://10.0.0.1:26379, ...`. Every human output of the CLI names it with the namespace.
+    pub fn redis_label(&self) -> String {
+        let url = batchd_core::redact_url(self.redis.url.expose());
+        let nodes: Vec<String> = self.redis.nodes.iter().map(|node| batchd_core::redact_url(node.expose())).collect();
+        match self.redis.mode {
+            RedisMode::Standalone => url,
+            RedisMode::Cluster => {
+                format!("Redis Cluster {}", std::iter::once(url).chain(nodes).collect::<Vec<_>>().join(", "))
+            }
+            RedisMode::Sentinel => {
+                format!("Sentinel master {} via {}", self.redis.sentinel_master, nodes.join(", "))
+            }
+        }
+    }
+
+    /// Whether the Redis URL is the built-in default because neither `REDIS_URL` nor `BATCHD__REDIS__URL` is set in
+    /// `env` (a config file may still have set the same URL; then the warning this feeds is merely redundant).
+    pub fn redis_url_is_default(&self, env: &std::collections::HashMap<String, String>) -> bool {
+        let default = toml::from_str::<toml::Table>(super::DEFAULTS)
+            .ok()
+            .and_then(|table| table.get("redis")?.get("url")?.as_str().map(str::to_owned));
+        !env.contains_key("REDIS_URL")
+            && !env.contains_key("BATCHD__REDIS__URL")
+            && default.as_deref() == Some(self.redis.url.expose())
+    }
+
     /// The configured Redis deployment, ready to connect (no connection is opened yet).
     pub fn redis_endpoint(&self) -> Result<batchd_queue::Endpoint, ConfigError> {
         let path = |value: &str| (!value.is_empty()).then(|| PathBuf::from(value));
         let tls_client = match (path(&self.redis.tls_cert_file), path(&self.redis.tls_key_file)) {
             (Some(cert), Some(key)) => Some((cert, key)),
             (None, None) => None,
-            _ => return Err(ConfigError("redis.tls_cert_file and redis.tls_key_file go together".into())),
+            (Some(_), None) => {
+                return Err(ConfigError::at("redis.tls_key_file", "not set; redis.tls_cert_file needs it"));
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::at("redis.tls_cert_file", "not set; redis.tls_key_file needs it"));
+            }
         };
         let settings = batchd_queue::RedisSettings {
             url: self.redis.url.expose().to_owned(),
@@ -122,6 +155,18 @@ impl Settings {
             tls_client,
             response_timeout: Duration::from_secs(self.redis.response_timeout_secs),
         };
-        batchd_queue::Endpoint::new(&settings).map_err(|e| ConfigError(format!("redis: {e}")))
+        batchd_queue::Endpoint::new(&settings).map_err(|error| {
+            // The storage names the key itself when it can (`redis.tls_ca_file: cannot read ...`); otherwise the
+            // URL is what it could not use.
+            let detail = match &error {
+                batchd_queue::StoreError::Redis(error) => error.detail().unwrap_or_default().to_owned(),
+                other => other.to_string(),
+            };
+            match detail.split_once(": ").filter(|(key, _)| key.starts_with("redis.") && !key.contains(' ')) {
+                Some((key, why)) => ConfigError::at(key, why),
+                None if detail.starts_with("redis.") => ConfigError(detail),
+                None => ConfigError::at("redis.url", if detail.is_empty() { error.to_string() } else { detail }),
+            }
+        })
     }
 }

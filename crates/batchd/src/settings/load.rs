@@ -1,12 +1,17 @@
 //! Loading: the layers (built-in defaults, an optional file, `BATCHD__SECTION__KEY` variables, then
 //! `CLOUDFLARE_ACCOUNT_ID`, `CLOUDFLARE_API_TOKEN`, `OPENAI_API_KEY`, `ANTHROPIC_API_KEY` and `REDIS_URL`) merged
-//! into `Settings`, then checked.
+//! into `Settings`, then checked; lists (`ENV_LISTS`) come comma-separated from the environment. Errors name the key
+//! and its environment variables, list the valid keys or values, and keep a TOML error's lines.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use serde::Deserialize;
+use serde::de::{Error as _, Visitor};
+
 use super::secrets::refuse_token_in_file;
-use super::{ConfigError, DEFAULTS, Settings};
+use super::{CONVENTIONAL_ENV, ConfigError, DEFAULTS, ENV_LISTS, LogFormat, RedisMode, Settings, env_var, key_label};
 
 impl Settings {
     /// Loads the layers, reading the process environment.
@@ -25,8 +30,12 @@ impl Settings {
             refuse_token_in_file(file)?;
             builder = builder.add_source(config::File::from(PathBuf::from(file)).format(config::FileFormat::Toml));
         }
-        let batchd_env: HashMap<String, String> =
+        let mut batchd_env: HashMap<String, String> =
             env.iter().filter(|(name, _)| name.starts_with("BATCHD__")).map(|(k, v)| (k.clone(), v.clone())).collect();
+        // Lists come comma-separated; they are split here rather than by the config crate, which would read a
+        // lone `123` as a number and an empty value as one empty item.
+        let lists: Vec<(&str, Vec<String>)> =
+            ENV_LISTS.iter().filter_map(|key| Some((*key, split_list(&batchd_env.remove(&env_var(key)?)?)))).collect();
         builder = builder.add_source(
             config::Environment::with_prefix("BATCHD")
                 .prefix_separator("__")
@@ -34,24 +43,139 @@ impl Settings {
                 .try_parsing(true)
                 .source(Some(batchd_env.clone())),
         );
-        for (conventional, key, own) in [
-            ("CLOUDFLARE_ACCOUNT_ID", "cloudflare.account_id", "BATCHD__CLOUDFLARE__ACCOUNT_ID"),
-            ("CLOUDFLARE_API_TOKEN", "cloudflare.api_token", "BATCHD__CLOUDFLARE__API_TOKEN"),
-            ("OPENAI_API_KEY", "openai.api_key", "BATCHD__OPENAI__API_KEY"),
-            ("REDIS_URL", "redis.url", "BATCHD__REDIS__URL"),
-            ("ANTHROPIC_API_KEY", "anthropic.api_key", "BATCHD__ANTHROPIC__API_KEY"),
-        ] {
-            if let (Some(value), false) = (env.get(conventional), batchd_env.contains_key(own)) {
+        for (key, items) in lists {
+            builder = builder.set_override(key, items).map_err(|e| ConfigError::at(key, describe_config_error(&e)))?;
+        }
+        for (conventional, key, own) in CONVENTIONAL_ENV {
+            if let (Some(value), false) = (env.get(conventional), env.contains_key(own)) {
                 builder = builder
                     .set_override(key, value.clone())
-                    .map_err(|e| ConfigError(format!("{conventional}: {e}")))?;
+                    .map_err(|e| ConfigError::at(key, describe_config_error(&e)))?;
             }
         }
         let mut settings: Settings =
-            builder.build().and_then(|config| config.try_deserialize()).map_err(|e| ConfigError(e.to_string()))?;
+            builder.build().and_then(|config| config.try_deserialize()).map_err(|error| match (&error, file) {
+                // The config crate shows the file's path relative to the working directory; say it as given.
+                (config::ConfigError::FileParse { cause, .. }, Some(file)) => {
+                    ConfigError(format!("{}: {}", file.display(), cause.to_string().trim_end()))
+                }
+                _ => ConfigError(describe_config_error(&error)),
+            })?;
         settings.use_systemd_credential(env);
         settings.check()?;
         Ok(settings)
+    }
+}
+
+/// A comma-separated list from the environment: items trimmed, empty ones dropped (so an empty value is an empty
+/// list).
+fn split_list(value: &str) -> Vec<String> {
+    value.split(',').map(str::trim).filter(|item| !item.is_empty()).map(str::to_owned).collect()
+}
+
+/// A configuration error of the `config` crate (or of deserialising the settings) as batchd says it: the key with
+/// the environment variables that set it ([`key_label`]), what was expected, and where the value came from; an
+/// unknown key with the section's valid keys; a value of an enum with the valid values; a TOML syntax error with
+/// its file and its lines (the snippet that points at the mistake is kept).
+pub fn describe_config_error(error: &config::ConfigError) -> String {
+    describe(error, None, None)
+}
+
+fn describe(error: &config::ConfigError, key: Option<&str>, origin: Option<&str>) -> String {
+    use config::ConfigError as E;
+    let place = |origin: Option<&str>| origin.map(|origin| format!(" (in {origin})")).unwrap_or_default();
+    match error {
+        E::Type { origin: own, unexpected, expected, key: own_key } => {
+            let key = own_key.as_deref().or(key).unwrap_or("?");
+            format!("{}: expected {expected}, got {unexpected}{}", key_label(key), place(own.as_deref().or(origin)))
+        }
+        E::At { error, origin: own, key: own_key } => {
+            describe(error, own_key.as_deref().or(key), own.as_deref().or(origin))
+        }
+        E::FileParse { uri, cause } => {
+            format!("{}: {}", uri.as_deref().unwrap_or("the config file"), cause.to_string().trim_end())
+        }
+        E::Message(message) => describe_message(message, key, origin),
+        E::NotFound(name) => {
+            let full = key.map_or_else(|| name.clone(), |key| format!("{key}.{name}"));
+            format!("{}: missing{}", key_label(&full), place(origin))
+        }
+        other => match key {
+            Some(key) => format!("{}: {other}{}", key_label(key), place(origin)),
+            None => other.to_string(),
+        },
+    }
+}
+
+/// Serde's messages that name no key of their own: an unknown field, an unknown enum value.
+fn describe_message(message: &str, key: Option<&str>, origin: Option<&str>) -> String {
+    let place = origin.map(|origin| format!(" (in {origin})")).unwrap_or_default();
+    if let Some(rest) = message.strip_prefix("enum ")
+        && let Some((type_name, value)) = rest.split_once(" does not have variant constructor ")
+    {
+        let label = key_label(key.unwrap_or("?"));
+        return match enum_values(type_name) {
+            Some(values) => format!("{label}: {value:?} is not one of {}{place}", values.join(", ")),
+            None => format!("{label}: {value:?} is not a valid value{place}"),
+        };
+    }
+    if let Some(rest) = message.strip_prefix("unknown field `")
+        && let Some((name, expected)) = rest.split_once('`')
+    {
+        let full = key.map_or_else(|| name.to_owned(), |key| format!("{key}.{name}"));
+        let section = key.map_or_else(|| "the top level".to_owned(), |key| format!("[{key}]"));
+        let valid = expected.trim_start_matches(", ").strip_prefix("expected one of ").unwrap_or(expected);
+        let valid = valid.strip_prefix("expected ").unwrap_or(valid).replace('`', "");
+        return format!("{}: no such key{place}; {section} has {valid}", key_label(&full));
+    }
+    match key {
+        Some(key) => format!("{}: {message}{place}", key_label(key)),
+        None => format!("{message}{place}"),
+    }
+}
+
+/// The valid values of the settings' enums, by type name (as the `config` crate names them in its error), read
+/// from the types themselves so a new variant is listed without a change here.
+fn enum_values(type_name: &str) -> Option<&'static [&'static str]> {
+    match type_name {
+        "RedisMode" => Some(variants::<RedisMode>()),
+        "LogFormat" => Some(variants::<LogFormat>()),
+        "TaskType" => Some(variants::<super::TaskType>()),
+        _ => None,
+    }
+}
+
+/// The names serde gives the variants of enum `T`: its derived `Deserialize` hands them to `deserialize_enum`,
+/// which [`Variants`] records and then refuses.
+fn variants<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
+    let found = Cell::new(&[][..]);
+    let _ = T::deserialize(Variants(&found));
+    found.get()
+}
+
+/// A deserializer that only records the variant names it is asked for.
+struct Variants<'a>(&'a Cell<&'static [&'static str]>);
+
+impl<'de> serde::Deserializer<'de> for Variants<'_> {
+    type Error = serde::de::value::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value, Self::Error> {
+        Err(Self::Error::custom("not an enum"))
+    }
+
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        variants: &'static [&'static str],
+        _visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        self.0.set(variants);
+        Err(Self::Error::custom("recorded"))
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+        unit_struct newtype_struct seq tuple tuple_struct map struct identifier ignored_any
     }
 }
 
@@ -87,6 +211,46 @@ mod tests {
         assert_eq!(settings.cloudflare.account_id, "wins");
         assert_eq!(settings.api_token().unwrap().expose(), "tok-123");
         assert!(!format!("{settings:?}").contains("tok-123"));
+    }
+
+    #[test]
+    fn lists_come_comma_separated_from_the_environment() {
+        let settings = Settings::load_from(
+            None,
+            &env(&[
+                ("BATCHD__REDIS__MODE", "cluster"),
+                ("BATCHD__REDIS__NODES", "redis://10.0.0.1:6379, redis://10.0.0.2:6379,"),
+                ("BATCHD__REDIS__EXTRA_NAMESPACES", "billing,search"),
+            ]),
+        )
+        .unwrap();
+        let nodes: Vec<&str> = settings.redis.nodes.iter().map(|node| node.expose()).collect();
+        assert_eq!(nodes, ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"], "trimmed, the empty item dropped");
+        assert_eq!(settings.redis.extra_namespaces, ["billing", "search"]);
+        // One item, even one that looks like a number; an empty value is an empty list.
+        let one = Settings::load_from(None, &env(&[("BATCHD__REDIS__EXTRA_NAMESPACES", "2024")])).unwrap();
+        assert_eq!(one.redis.extra_namespaces, ["2024"]);
+        let none = Settings::load_from(None, &env(&[("BATCHD__REDIS__EXTRA_NAMESPACES", "")])).unwrap();
+        assert!(none.redis.extra_namespaces.is_empty());
+        // Each item is checked like one from a file.
+        let err = Settings::load_from(None, &env(&[("BATCHD__REDIS__EXTRA_NAMESPACES", "ok,not ok")])).unwrap_err();
+        assert!(
+            err.to_string().starts_with("configuration: redis.extra_namespaces (BATCHD__REDIS__EXTRA_NAMESPACES): ")
+        );
+        let err = Settings::load_from(None, &env(&[("BATCHD__REDIS__NODES", "redis://a:1,http://b")])).unwrap_err();
+        assert!(
+            err.to_string().contains("redis.nodes (BATCHD__REDIS__NODES): \"http://b\" is not a Redis URL"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn every_key_is_named_with_its_environment_variables() {
+        use crate::settings::key_label;
+        assert_eq!(key_label("redis.url"), "redis.url (REDIS_URL or BATCHD__REDIS__URL)");
+        assert_eq!(key_label("poll.jitter"), "poll.jitter (BATCHD__POLL__JITTER)");
+        assert_eq!(key_label("rate_limits.models[0].limit"), "rate_limits.models[0].limit");
+        assert_eq!(variants::<crate::settings::RedisMode>(), ["standalone", "cluster", "sentinel"]);
     }
 
     #[test]

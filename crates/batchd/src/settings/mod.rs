@@ -21,6 +21,7 @@ pub use batchd_cloudflare::{ModelLimit, ModelTask, RateLimitSettings, TaskType};
 /// The one URL mask (also shown by `cli::connect`).
 pub use batchd_core::redact_url;
 pub use batchd_engine::settings::{PollSettings, RetrySettings};
+pub use load::describe_config_error;
 pub use secrets::Secret;
 pub use sections::{
     AdminSettings, AnthropicConfig, CloudflareSettings, EventSettings, IngressConfig, JobSettings, LogFormat,
@@ -38,10 +39,53 @@ pub const EXIT_CONFIG: i32 = 78;
 /// from `$CREDENTIALS_DIRECTORY` when neither the environment nor `cloudflare.api_token_file` gives the token.
 pub const TOKEN_CREDENTIAL: &str = "cloudflare-api-token";
 
-/// A configuration problem, with the key it concerns in the message.
+/// A configuration problem, with the key it concerns in the message (see [`ConfigError::at`]).
 #[derive(Debug, thiserror::Error)]
 #[error("configuration: {0}")]
 pub struct ConfigError(pub String);
+
+impl ConfigError {
+    /// A problem with the value of `key`, naming the environment variables that set it ([`key_label`]):
+    /// `poll.max_interval_ms (BATCHD__POLL__MAX_INTERVAL_MS): must be at least ...`.
+    pub fn at(key: &str, why: impl std::fmt::Display) -> Self {
+        Self(format!("{}: {why}", key_label(key)))
+    }
+}
+
+/// The conventional environment variables batchd honours, with the key each sets and that key's own variable
+/// (which wins when both are set).
+pub const CONVENTIONAL_ENV: [(&str, &str, &str); 5] = [
+    ("CLOUDFLARE_ACCOUNT_ID", "cloudflare.account_id", "BATCHD__CLOUDFLARE__ACCOUNT_ID"),
+    ("CLOUDFLARE_API_TOKEN", "cloudflare.api_token", "BATCHD__CLOUDFLARE__API_TOKEN"),
+    ("OPENAI_API_KEY", "openai.api_key", "BATCHD__OPENAI__API_KEY"),
+    ("REDIS_URL", "redis.url", "BATCHD__REDIS__URL"),
+    ("ANTHROPIC_API_KEY", "anthropic.api_key", "BATCHD__ANTHROPIC__API_KEY"),
+];
+
+/// The settings that are lists of strings, which the environment gives comma-separated
+/// (`BATCHD__REDIS__NODES=redis://10.0.0.1:6379,redis://10.0.0.2:6379`).
+pub const ENV_LISTS: [&str; 2] = ["redis.nodes", "redis.extra_namespaces"];
+
+/// The environment variable that sets `key`: `BATCHD__SECTION__KEY`. `None` for a key inside a list of tables
+/// (`rate_limits.models[0].limit`), which only a file can set.
+pub fn env_var(key: &str) -> Option<String> {
+    if key.is_empty() || key.contains('[') {
+        return None;
+    }
+    Some(format!("BATCHD__{}", key.to_ascii_uppercase().replace('.', "__")))
+}
+
+/// `key` with the environment variables that set it, as every configuration error names it:
+/// `redis.url (REDIS_URL or BATCHD__REDIS__URL)`, `poll.jitter (BATCHD__POLL__JITTER)`, or the key alone for one
+/// only a file can set.
+pub fn key_label(key: &str) -> String {
+    let conventional = CONVENTIONAL_ENV.iter().find(|(_, name, _)| *name == key).map(|(variable, _, _)| *variable);
+    match (conventional, env_var(key)) {
+        (Some(conventional), Some(own)) => format!("{key} ({conventional} or {own})"),
+        (None, Some(own)) => format!("{key} ({own})"),
+        _ => key.to_owned(),
+    }
+}
 
 /// All settings of the daemon and the CLI.
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -47,15 +47,16 @@ impl Settings {
         }
         let file = &self.cloudflare.api_token_file;
         if file.is_empty() {
-            return Err(ConfigError(
-                "cloudflare.api_token: not set; set CLOUDFLARE_API_TOKEN or cloudflare.api_token_file".into(),
+            return Err(ConfigError::at(
+                "cloudflare.api_token",
+                "not set; set it, or cloudflare.api_token_file (BATCHD__CLOUDFLARE__API_TOKEN_FILE)",
             ));
         }
         let text = std::fs::read_to_string(file)
-            .map_err(|e| ConfigError(format!("cloudflare.api_token_file: cannot read {file}: {e}")))?;
+            .map_err(|e| ConfigError::at("cloudflare.api_token_file", format!("cannot read {file}: {e}")))?;
         let token = text.trim();
         if token.is_empty() {
-            return Err(ConfigError(format!("cloudflare.api_token_file: {file} is empty")));
+            return Err(ConfigError::at("cloudflare.api_token_file", format!("{file} is empty")));
         }
         Ok(Secret::new(token))
     }
@@ -71,9 +72,9 @@ impl Settings {
             return Ok(None);
         }
         let text = std::fs::read_to_string(file)
-            .map_err(|e| ConfigError(format!("events.api_token_file: cannot read {file}: {e}")))?;
+            .map_err(|e| ConfigError::at("events.api_token_file", format!("cannot read {file}: {e}")))?;
         match text.trim() {
-            "" => Err(ConfigError(format!("events.api_token_file: {file} is empty"))),
+            "" => Err(ConfigError::at("events.api_token_file", format!("{file} is empty"))),
             token => Ok(Some(Secret::new(token))),
         }
     }
@@ -89,9 +90,9 @@ impl Settings {
             return Ok(None);
         }
         let text = std::fs::read_to_string(file)
-            .map_err(|e| ConfigError(format!("anthropic.api_key_file: cannot read {file}: {e}")))?;
+            .map_err(|e| ConfigError::at("anthropic.api_key_file", format!("cannot read {file}: {e}")))?;
         match text.trim() {
-            "" => Err(ConfigError(format!("anthropic.api_key_file: {file} is empty"))),
+            "" => Err(ConfigError::at("anthropic.api_key_file", format!("{file} is empty"))),
             key => Ok(Some(Secret::new(key))),
         }
     }
@@ -107,9 +108,9 @@ impl Settings {
             return Ok(None);
         }
         let text = std::fs::read_to_string(file)
-            .map_err(|e| ConfigError(format!("openai.api_key_file: cannot read {file}: {e}")))?;
+            .map_err(|e| ConfigError::at("openai.api_key_file", format!("cannot read {file}: {e}")))?;
         match text.trim() {
-            "" => Err(ConfigError(format!("openai.api_key_file: {file} is empty"))),
+            "" => Err(ConfigError::at("openai.api_key_file", format!("{file} is empty"))),
             key => Ok(Some(Secret::new(key))),
         }
     }
@@ -225,7 +226,8 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
         assert_eq!(
             missing.to_string(),
-            "configuration: cloudflare.api_token: not set; set CLOUDFLARE_API_TOKEN or cloudflare.api_token_file"
+            "configuration: cloudflare.api_token (CLOUDFLARE_API_TOKEN or BATCHD__CLOUDFLARE__API_TOKEN): not set; set \
+             it, or cloudflare.api_token_file (BATCHD__CLOUDFLARE__API_TOKEN_FILE)"
         );
     }
 
