@@ -32,7 +32,6 @@ use batchd_queue::{Conn, LedgerView};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use serde_json::json;
-use serde_json::value::RawValue;
 
 use super::{Exit, escape_for_terminal, format_utc, open, print_json};
 use crate::settings::Settings;
@@ -165,73 +164,6 @@ pub fn retry_id(job_id: &str) -> Option<JobId> {
         _ => (job_id, 1),
     };
     JobId::parse(&format!("{base}{RETRY_SUFFIX}{n}")).ok()
-}
-
-/// The body of a retry of the job whose ledger is `view`, as job JSON with id `id`: every request item in request
-/// order, rebuilt from the chunks' stored items (`requests[i]`, read one chunk at a time by the caller) and their
-/// placements (a run of items, `start:len`, or the items listed in `indices`); the first chunk holding an item
-/// gives it.
-fn rebuild_job(view: &LedgerView, requests: &[Option<String>], id: &JobId, keys: &Keys) -> Result<String, String> {
-    let get = |name: &str| view.get(name);
-    let number = |name: &str| view.number(name);
-    let model = get(field::MODEL).ok_or("its ledger has no model")?;
-    let n_items = number(field::N_ITEMS).ok_or("its ledger has no item count")? as usize;
-    if view.chunks.is_empty() || n_items == 0 {
-        return Err("it was refused before it ran (nothing of it was stored); fix it and enqueue it again".into());
-    }
-    let gone = "its request items are no longer stored (a finished job's ledger keeps only its timeline)";
-    let mut items: Vec<Option<Box<RawValue>>> = (0..n_items).map(|_| None).collect();
-    for (chunk, metadata) in view.chunks.iter().enumerate() {
-        let stored = requests.get(chunk).and_then(Option::as_deref).ok_or(gone)?;
-        let stored: Vec<Box<RawValue>> =
-            serde_json::from_str(stored).map_err(|_| format!("chunk {chunk}'s stored requests are not valid"))?;
-        let indices = metadata
-            .placement()
-            .ok_or_else(|| format!("chunk {chunk} does not say which items it holds"))?
-            .job_indices();
-        if indices.len() != stored.len() {
-            return Err(format!("chunk {chunk} holds {} requests for {} items", stored.len(), indices.len()));
-        }
-        for (index, request) in indices.into_iter().zip(stored) {
-            match items.get_mut(index) {
-                Some(slot @ None) => *slot = Some(request),
-                Some(Some(_)) => {}
-                None => return Err(format!("chunk {chunk} names item {index}, past the job's {n_items} items")),
-            }
-        }
-    }
-    let requests: Vec<Box<RawValue>> = items.into_iter().collect::<Option<_>>().ok_or(gone)?;
-    let metadata: Option<Box<RawValue>> = get(field::METADATA)
-        .map(|text| serde_json::from_str(text).map_err(|_| "its stored metadata is not valid JSON".to_owned()))
-        .transpose()?;
-    let deadline_secs = match (number(field::DEADLINE_AT), number(field::ACCEPTED_AT)) {
-        (Some(deadline), Some(accepted)) if deadline > accepted => Some((deadline - accepted).div_ceil(1000)),
-        _ => None,
-    };
-    #[derive(Serialize)]
-    struct Retry<'a> {
-        id: &'a str,
-        model: &'a str,
-        requests: Vec<Box<RawValue>>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        reply_to: Option<&'a str>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        metadata: Option<Box<RawValue>>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        deadline_secs: Option<u64>,
-        retry_failed_items: bool,
-    }
-    let results = keys.results();
-    let job = Retry {
-        id: id.as_str(),
-        model,
-        requests,
-        reply_to: get(field::REPLY_TO).filter(|stream| *stream != results),
-        metadata,
-        deadline_secs,
-        retry_failed_items: get(field::RETRY_FAILED_ITEMS) == Some("1"),
-    };
-    serde_json::to_string(&job).map_err(|e| format!("encode the retry: {e}"))
 }
 
 /// What happened to one matching job.
@@ -515,7 +447,7 @@ async fn handle(
             .with_context(|| format!("read the items of {job_id}"))?;
         requests.push(stored);
     }
-    let text = match rebuild_job(&view, &requests, &retry_id, keys) {
+    let text = match batchd_queue::rerun::rebuild_job(&view, &requests, &retry_id, keys) {
         Ok(text) => text,
         Err(reason) => return not_retryable(&reason),
     };
@@ -681,7 +613,7 @@ mod tests {
         let requests: Vec<Option<String>> =
             (0..n_chunks).map(|index| stored.get(&format!("c{index}:requests")).cloned()).collect();
         let view = LedgerView { job_id: JobId::parse("j").unwrap(), header, metadata_bytes: None, chunks };
-        rebuild_job(&view, &requests, id, keys)
+        batchd_queue::rerun::rebuild_job(&view, &requests, id, keys)
     }
 
     #[test]
