@@ -235,12 +235,12 @@ pub async fn status(settings: &Settings, id: &str, json: bool) -> anyhow::Result
     if json {
         return print_json(&status_json(&view));
     }
-    print!("{}", status_text(keys.namespace(), &view));
+    print!("{}", status_text(keys.namespace(), &view, now_ms()));
     Ok(())
 }
 
-/// The human-readable timeline of a job.
-fn status_text(namespace: &str, view: &LedgerView) -> String {
+/// The human-readable timeline of a job; a chunk whose remote batch runs shows its age at `now_ms`.
+fn status_text(namespace: &str, view: &LedgerView, now_ms: u64) -> String {
     let get = |name: &str| view.get(name).unwrap_or("-");
     let time = |name: &str| view.number(name).map(format_utc).unwrap_or_else(|| "-".into());
     let mut out = format!("job {} (namespace {namespace})\n", view.job_id);
@@ -273,6 +273,12 @@ fn status_text(namespace: &str, view: &LedgerView) -> String {
                 value(field::CHUNK_ATTEMPTS),
             ),
         );
+        let submitted = chunk.get(field::CHUNK_SUBMITTED_AT).and_then(|at| at.parse::<u64>().ok());
+        if let Some(at) = submitted
+            .filter(|_| chunk.get(field::CHUNK_STATE) == Some(batchd_core::ledger::ChunkState::Polling.as_str()))
+        {
+            line("", format!("batch running for {}", format_age(Duration::from_millis(now_ms.saturating_sub(at)))));
+        }
         if let Some(error) = chunk.fields.get(field::CHUNK_LAST_ERROR) {
             line("", format!("last error {error}"));
         }
@@ -488,9 +494,31 @@ mod tests {
                     .collect(),
             }],
         };
-        let text = status_text("ns", &view);
+        let text = status_text("ns", &view, 0);
         assert!(!text.chars().any(|c| c != '\n' && is_unsafe_for_terminal(c)), "{text}");
         assert!(text.contains("remote \\x1b[31mred") && text.contains("bad\\x1b[2J \\u{202e}txt"), "{text}");
+    }
+
+    #[test]
+    fn status_shows_how_long_a_running_batch_has_run() {
+        let chunk = |state: &str| batchd_queue::ledger_view::ChunkMetadata {
+            fields: [(field::CHUNK_STATE, state), (field::CHUNK_SUBMITTED_AT, "1000")]
+                .iter()
+                .map(|(k, v)| (*k, v.to_string()))
+                .collect(),
+        };
+        let view = LedgerView {
+            job_id: JobId::parse("inv-2").unwrap(),
+            metadata_bytes: None,
+            header: [(field::STATE, "running"), (field::N_CHUNKS, "2")]
+                .iter()
+                .map(|(k, v)| (*k, v.to_string()))
+                .collect(),
+            chunks: vec![chunk("polling"), chunk("done")],
+        };
+        let text = status_text("ns", &view, 1000 + 245_000);
+        assert_eq!(text.matches("batch running for").count(), 1, "only the polling chunk: {text}");
+        assert!(text.contains("batch running for 4m05s"), "{text}");
     }
 
     #[test]
