@@ -258,26 +258,18 @@ pub async fn oldest_remote_batches(
     let index = keys.remote_batches();
     let members: Vec<(String, f64)> =
         redis::cmd("ZRANGE").arg(&index).arg(0).arg(window.max(1) - 1).arg("WITHSCORES").query_async(conn).await?;
-    let mut pipe = redis::pipe();
     let mut chunks = Vec::with_capacity(members.len());
     let mut left_behind: Vec<&str> = Vec::new();
     for (member, score) in &members {
         match ChunkRef::parse(member) {
-            Ok(chunk) => {
-                pipe.cmd("HMGET")
-                    .arg(keys.job(&chunk.job_id))
-                    .arg(field::STATE)
-                    .arg(field::MODEL)
-                    .arg(field::chunk(chunk.index, field::CHUNK_STATE));
-                chunks.push((member.as_str(), score.max(0.0) as UnixMillis));
-            }
+            Ok(chunk) => chunks.push((member.as_str(), score.max(0.0) as UnixMillis, chunk)),
             Err(_) => left_behind.push(member),
         }
     }
-    let states: Vec<(Option<String>, Option<String>, Option<String>)> =
-        if chunks.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
+    let refs: Vec<ChunkRef> = chunks.iter().map(|(_, _, chunk)| chunk.clone()).collect();
+    let states = crate::ledger_view::job_and_chunk_states(conn, keys, &refs).await?;
     let mut batches = Vec::with_capacity(chunks.len());
-    for ((member, submitted_at), (job_state, model, chunk_state)) in chunks.into_iter().zip(states) {
+    for ((member, submitted_at, _), (job_state, model, chunk_state)) in chunks.into_iter().zip(states) {
         let job_over = job_state
             .as_deref()
             .is_none_or(|state| state.parse::<batchd_core::ledger::JobState>().is_ok_and(|state| state.is_terminal()));
