@@ -304,6 +304,12 @@ async fn the_sampler_reads_exact_queue_depths_from_redis() {
     let other = batchd_core::Keys::new("untouched").expect("namespace");
     let empty = QueueSample::read(&mut manager.clone(), &other, now_ms).await.expect("no keys, no group: zeros");
     assert_eq!(empty, QueueSample { remote: Some(Vec::new()), ..QueueSample::default() });
+
+    // A remote-batches index of another type is reported and leaves the gauges alone; the sample still succeeds.
+    let _: () = conn.set(other.remote_batches(), "not a zset").await.expect("set");
+    let odd = QueueSample::read(&mut manager.clone(), &other, now_ms).await.expect("the depths are still read");
+    assert_eq!(odd.remote, None);
+    assert_eq!(odd.remote_ages(now_ms), None);
 }
 
 #[tokio::test]
