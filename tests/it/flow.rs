@@ -117,9 +117,11 @@ async fn per_item_failures_are_kept_and_counted_and_the_job_completes() {
 }
 
 #[tokio::test]
-async fn the_results_index_completion_shape_and_missing_items_are_normalised() {
+async fn the_documented_completion_shape_and_missing_items_are_normalised() {
+    // The live shape (`results[]` by `index`) is the emulator's default, which every other test reads; this one
+    // reads the docs' `responses[]` by `id`.
     let world = World::new().await;
-    world.emulator.inject(Fault::results_shape());
+    world.emulator.inject(Fault::documented_shape());
     world.emulator.inject(Fault::drop_items([2]));
     let daemon = world.daemon();
     world.enqueue(&bge_m3_job("shape", 4)).await;

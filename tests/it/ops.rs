@@ -253,6 +253,22 @@ async fn the_sampler_reads_exact_queue_depths_from_redis() {
     let _: () = conn.zadd(&schedule, "b#0", now_ms - 1_000).await.expect("zadd");
     let _: () = conn.zadd(&schedule, "c#0", now_ms + 60_000).await.expect("zadd");
     let _: String = conn.xadd(world.keys.dead(), "*", &[("error", "x")]).await.expect("xadd");
+    // The remote-batches index: one batch still running, and members a sample removes (a finished chunk of a
+    // running job, a job that ended, a ledger that expired, a member that is no chunk reference).
+    use batchd_core::ledger::field;
+    let ledger = |id: &str| world.keys.job(&batchd_core::JobId::parse(id).expect("id"));
+    let chunk = |index: u32| field::chunk(index, field::CHUNK_STATE);
+    let running = [(field::STATE, "running".to_owned()), (field::MODEL, "@cf/baai/bge-m3".to_owned())];
+    let _: () = conn.hset_multiple(ledger("live"), &running).await.expect("hset");
+    let _: () = conn.hset_multiple(ledger("live"), &[(chunk(0), "polling"), (chunk(1), "done")]).await.expect("hset");
+    let _: () = conn.hset_multiple(ledger("over"), &[(field::STATE, "cancelled")]).await.expect("hset");
+    let _: () = conn.hset_multiple(ledger("over"), &[(chunk(0), "polling")]).await.expect("hset");
+    let remote = world.keys.remote_batches();
+    for (member, age_ms) in
+        [("live#0", 600_000), ("live#1", 700_000), ("over#0", 800_000), ("gone#0", 900_000), ("junk", 1)]
+    {
+        let _: () = conn.zadd(&remote, member, now_ms - age_ms).await.expect("zadd");
+    }
 
     let manager = batchd_queue::connect(redis::Client::open(world.redis.url()).expect("url"), Duration::from_secs(5))
         .expect("connect");
@@ -267,7 +283,18 @@ async fn the_sampler_reads_exact_queue_depths_from_redis() {
             dead: 1,
             oldest_entry_id: Some(format!("{oldest_ms}-0")),
             earliest_due_ms: Some(now_ms - 4_000),
+            remote: Some(vec![batchd_queue::inspect::RemoteBatch {
+                model: Some("@cf/baai/bge-m3".into()),
+                submitted_at: now_ms - 600_000
+            }]),
         }
+    );
+    let left: Vec<String> = conn.zrange(&remote, 0, -1).await.expect("zrange");
+    assert_eq!(left, ["live#0"], "what the sample found finished or unreadable left the index");
+    let ages = sample.remote_ages(now_ms).expect("read");
+    assert_eq!(
+        ages.into_iter().collect::<Vec<_>>(),
+        [(("cloudflare".to_owned(), "@cf/baai/bge-m3".to_owned()), Duration::from_secs(600))]
     );
     assert_eq!(
         batchd::admin::entry_age(sample.oldest_entry_id.as_deref().expect("oldest id"), now_ms),
@@ -276,7 +303,13 @@ async fn the_sampler_reads_exact_queue_depths_from_redis() {
 
     let other = batchd_core::Keys::new("untouched").expect("namespace");
     let empty = QueueSample::read(&mut manager.clone(), &other, now_ms).await.expect("no keys, no group: zeros");
-    assert_eq!(empty, QueueSample::default());
+    assert_eq!(empty, QueueSample { remote: Some(Vec::new()), ..QueueSample::default() });
+
+    // A remote-batches index of another type is reported and leaves the gauges alone; the sample still succeeds.
+    let _: () = conn.set(other.remote_batches(), "not a zset").await.expect("set");
+    let odd = QueueSample::read(&mut manager.clone(), &other, now_ms).await.expect("the depths are still read");
+    assert_eq!(odd.remote, None);
+    assert_eq!(odd.remote_ages(now_ms), None);
 }
 
 #[tokio::test]
@@ -438,4 +471,37 @@ async fn the_api_token_never_appears_in_output_logs_metrics_or_results() {
     for (what, text) in [("stdout", &*stdout), ("stderr", &*stderr), ("/metrics", &*metrics), ("redis", &*stored)] {
         assert!(!text.contains(&token), "the token leaked into {what}");
     }
+}
+
+/// Issue 26, point 5: a batch that stops completing shows in `batchd_oldest_remote_batch_age_seconds` (by provider
+/// and model) and in `batchd status`, and leaves both once it completes.
+#[tokio::test]
+async fn a_batch_that_does_not_complete_shows_its_age_until_it_does() {
+    let world = World::new().await;
+    world.emulator.set_timing(Duration::from_secs(3600), Duration::ZERO);
+    let mut settings = world.settings.clone();
+    let admin = with_admin(&mut settings);
+    let daemon = batchd_tests::Daemon::start(settings, &world.emulator);
+    world.enqueue(&bge_m3_job("stuck-1", 1)).await;
+    let ns = world.settings.redis.namespace.clone();
+    let series = format!(
+        "batchd_oldest_remote_batch_age_seconds{{model=\"@cf/baai/bge-m3\",provider=\"cloudflare\",queue=\"{ns}\"}}"
+    );
+    batchd_tests::wait_until("the stuck batch's age passes 1 s", WAIT, async || {
+        sample(&scrape(admin).await, &series) >= 1.0
+    })
+    .await;
+    let mut status = world.batchd();
+    status.args(["status", "stuck-1"]);
+    let output = tokio::task::spawn_blocking(move || status.output()).await.expect("join").expect("batchd status");
+    let shown = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success() && shown.contains("batch running for "), "{shown}");
+
+    world.emulator.set_timing(Duration::ZERO, Duration::ZERO);
+    assert_eq!(world.wait_for_result("stuck-1", WAIT).await.status, ResultStatus::Completed);
+    batchd_tests::wait_until("the age goes back to 0", WAIT, async || sample(&scrape(admin).await, &series) == 0.0)
+        .await;
+    let left: u64 = world.conn.clone().zcard(world.keys.remote_batches()).await.expect("zcard");
+    assert_eq!(left, 0, "the completion took the batch off the index");
+    daemon.stop().await.expect("clean stop");
 }

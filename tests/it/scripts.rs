@@ -316,8 +316,8 @@ fn cases(f: &Fixture) -> Vec<Case> {
     not_pending[1] = "1-1".to_owned();
     case("reject: guard, entry not pending", "reject", vec![], keys.clone(), not_pending, Ok("gone"));
 
-    // chunk_done: KEYS ledger, schedule
-    let keys = vec![f.ledger("live"), k.schedule()];
+    // chunk_done: KEYS ledger, schedule, remote batches
+    let keys = vec![f.ledger("live"), k.schedule(), k.remote_batches()];
     let args = strings(&["live#0", "0", "done", "{}", "5000", "6000", "0"]);
     case("chunk_done: index", "chunk_done", vec![], keys.clone(), with(&args, 1, Some("x")), Err("chunk index"));
     case(
@@ -766,8 +766,8 @@ fn cases(f: &Fixture) -> Vec<Case> {
         Err("holds a hash"),
     );
 
-    // transition: KEYS ledger, schedule
-    let keys = vec![f.ledger("live"), k.schedule()];
+    // transition: KEYS ledger, schedule, remote batches
+    let keys = vec![f.ledger("live"), k.schedule(), k.remote_batches()];
     let args = strings(&["mark_pending_poll", "live#0", "0", "0", "5000", "4000", "running"]);
     case("transition: unknown", "transition", vec![], keys.clone(), with(&args, 0, Some("done")), Err("unknown"));
     case("transition: arguments", "transition", vec![], keys.clone(), with(&args, 6, None), Err("takes 7"));

@@ -64,6 +64,15 @@ impl Keys {
         format!("{}:schedule", self.prefix)
     }
 
+    /// ZSET of the chunks whose remote batch is unfinished (submitted, not yet done or failed), member
+    /// `<job_id>#<chunk>`, score = when the batch was submitted (Unix ms, Redis's clock). Added by the transition
+    /// that records a submit, removed by the one that stores the chunk's output or failure; the sampler reads its
+    /// first members (the oldest batches) for `batchd_oldest_remote_batch_age_seconds` and removes the few left
+    /// behind by a job that ended otherwise (cancelled, expired). No expiry.
+    pub fn remote_batches(&self) -> String {
+        format!("{}:remote", self.prefix)
+    }
+
     /// HASH: the ledger of one job (state, job body, per-chunk request ids, attempts, timestamps, errors).
     /// Expires `retention.ledger_ttl_secs` after the job finished.
     pub fn job(&self, id: &JobId) -> String {
@@ -173,6 +182,7 @@ mod tests {
         let id = JobId::parse("inv-42").unwrap();
         assert_eq!(keys.submit(), "{batchd}:submit");
         assert_eq!(keys.schedule(), "{batchd}:schedule");
+        assert_eq!(keys.remote_batches(), "{batchd}:remote");
         assert_eq!(keys.job(&id), "{batchd}:job:inv-42");
         assert_eq!(keys.results(), "{batchd}:results");
         assert_eq!(keys.dead(), "{batchd}:dead");

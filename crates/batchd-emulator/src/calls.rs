@@ -41,7 +41,7 @@ pub struct CallRecord {
     pub error_code: Option<i64>,
     /// When the call arrived, in Unix milliseconds.
     pub at_ms: u64,
-    /// Names of the injected faults that shaped this call (`reset`, `fail_items+results_shape`, ...; random
+    /// Names of the injected faults that shaped this call (`reset`, `fail_items+documented_shape`, ...; random
     /// faults are `random_500`, `random_502`, `random_503`, `random_reset`).
     pub fault: Option<String>,
     /// For a submit, the `external_reference` of its first request item when that is a string: lets a test

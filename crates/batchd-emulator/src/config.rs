@@ -47,6 +47,10 @@ pub struct EmulatorConfig {
     pub strict_items: bool,
     /// How a strict-mode refusal is worded (the live API's forms vary by model schema and over time).
     pub strict_refusal: RefusalForm,
+    /// Whether every batch completes in the shape Cloudflare's docs show, `{"responses":[{"id":..}]}`; by default
+    /// a batch completes as live replies do in 2026, `{"results":[{"index":..}]}` (the per-batch fault
+    /// `Fault::documented_shape` does the same for one batch).
+    pub documented_shape: bool,
     /// Models that do not support request queuing: a submit with `?queueRequest=true` to one of them is
     /// refused with HTTP 400, code 8007, and creates no batch.
     pub unbatchable_models: Vec<String>,
@@ -86,6 +90,7 @@ impl Default for EmulatorConfig {
             random_latency: None,
             strict_items: false,
             strict_refusal: RefusalForm::default(),
+            documented_shape: false,
             unbatchable_models: Vec::new(),
             events: None,
             event_faults: EventFaults::default(),

@@ -120,8 +120,10 @@ pub enum FaultKind {
     },
     /// Batch-level: the next batch fails as a whole; once it would be done, polls answer HTTP 500, code 5001.
     FailBatch,
-    /// Batch-level: the next batch completes in the `results[]` shape keyed by `index`.
-    ResultsShape,
+    /// Batch-level: the next batch completes in the docs' `responses[]` shape keyed by `id` (by default a batch
+    /// completes in `results[]` keyed by `index`, as live replies do in 2026; `EmulatorConfig::documented_shape`
+    /// makes every batch use the docs' shape).
+    DocumentedShape,
     /// Batch-level: these item indices of the next batch are missing from its completion.
     DropItems {
         /// Indices into the submitted `requests` array; out-of-range indices are ignored.
@@ -150,7 +152,7 @@ impl FaultKind {
             FaultKind::Delay { .. } => "delay",
             FaultKind::FailItems { .. } => "fail_items",
             FaultKind::FailBatch => "fail_batch",
-            FaultKind::ResultsShape => "results_shape",
+            FaultKind::DocumentedShape => "documented_shape",
             FaultKind::DropItems { .. } => "drop_items",
             FaultKind::PendingStatus { .. } => "pending_status",
             FaultKind::EmptyPendingList => "empty_pending_list",
@@ -164,7 +166,7 @@ impl FaultKind {
             self,
             FaultKind::FailItems { .. }
                 | FaultKind::FailBatch
-                | FaultKind::ResultsShape
+                | FaultKind::DocumentedShape
                 | FaultKind::DropItems { .. }
                 | FaultKind::PendingStatus { .. }
                 | FaultKind::EmptyPendingList
@@ -210,9 +212,9 @@ impl Fault {
         Self::new(FaultKind::FailBatch)
     }
 
-    /// Complete the next batch in the `results[]`/`index` shape.
-    pub fn results_shape() -> Self {
-        Self::new(FaultKind::ResultsShape)
+    /// Complete the next batch in the docs' `responses[]`/`id` shape.
+    pub fn documented_shape() -> Self {
+        Self::new(FaultKind::DocumentedShape)
     }
 
     /// Leave these items out of the next batch's completion.

@@ -75,6 +75,10 @@ struct Args {
     /// the live API does; by default such an item fails alone.
     #[arg(long)]
     strict_items: bool,
+    /// Complete every batch in the shape Cloudflare's docs show (`responses[]` keyed by `id`) instead of the one
+    /// live replies have (`results[]` keyed by `index`).
+    #[arg(long)]
+    documented_shape: bool,
     /// A model that does not support request queuing: its queued submits get HTTP 400, code 8007 (repeatable).
     #[arg(long = "unbatchable-model", value_name = "MODEL")]
     unbatchable_models: Vec<String>,
@@ -211,6 +215,7 @@ async fn main() -> anyhow::Result<()> {
             .map(|(min, max)| DurationRange::new(Duration::from_millis(min), Duration::from_millis(max))),
         strict_items: args.strict_items,
         strict_refusal: batchd_emulator::RefusalForm::default(),
+        documented_shape: args.documented_shape,
         unbatchable_models: args.unbatchable_models,
         events: args.events.then(|| EventsConfig {
             queue_id: args.events_queue,

@@ -275,8 +275,9 @@ impl BoolForm {
 /// The `result` object of a done batch, as computed at submit time.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Completion {
-    /// Whether entries are listed under `results` keyed by `index` (else `responses` keyed by `id`).
-    results_shape: bool,
+    /// Whether entries are listed under the docs' `responses` keyed by `id` (else `results` keyed by `index`, the
+    /// shape live replies have in 2026).
+    documented_shape: bool,
     /// Whether entries use the `odd_types` forms: ids as numeric strings, `success` as `"true"`/`"false"`,
     /// results as JSON text.
     odd_types: bool,
@@ -318,13 +319,13 @@ impl Completion {
 impl Serialize for Completion {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(Some(2))?;
-        let key = if self.results_shape { "results" } else { "responses" };
+        let key = if self.documented_shape { "responses" } else { "results" };
         let entries: Vec<EntryView<'_>> = self
             .entries
             .iter()
             .map(|entry| EntryView {
                 entry,
-                id_key: if self.results_shape { "index" } else { "id" },
+                id_key: if self.documented_shape { "id" } else { "index" },
                 odd_types: self.odd_types,
             })
             .collect();
@@ -338,7 +339,7 @@ impl Serialize for Completion {
 struct EntryView<'a> {
     /// The entry.
     entry: &'a Entry,
-    /// `id` (documented) or `index` (the `results_shape` fault).
+    /// `index` (live) or `id` (documented: the `documented_shape` fault or option).
     id_key: &'static str,
     /// Whether to write the `odd_types` forms.
     odd_types: bool,
@@ -390,8 +391,8 @@ pub(crate) struct BatchPlan {
     pub fail_items: Vec<usize>,
     /// Items left out of the completion.
     pub drop_items: Vec<usize>,
-    /// Whether the completion uses the `results[]`/`index` shape.
-    pub results_shape: bool,
+    /// Whether the completion uses the docs' `responses[]`/`id` shape (else the live `results[]`/`index`).
+    pub documented_shape: bool,
     /// Whether the batch fails as a whole.
     pub fail_batch: bool,
     /// How its replies deviate from the documented ones.
@@ -638,11 +639,11 @@ impl State {
     /// Takes one use of the oldest pending batch-level fault of each kind.
     pub fn take_batch_plan(&self) -> BatchPlan {
         let mut inner = self.lock();
-        let mut plan = BatchPlan::default();
+        let mut plan = BatchPlan { documented_shape: self.config.documented_shape, ..BatchPlan::default() };
         let names = [
             "fail_items",
             "drop_items",
-            "results_shape",
+            "documented_shape",
             "fail_batch",
             "pending_status",
             "empty_pending_list",
@@ -659,7 +660,7 @@ impl State {
             match kind {
                 FaultKind::FailItems { indices } => plan.fail_items = indices,
                 FaultKind::DropItems { indices } => plan.drop_items = indices,
-                FaultKind::ResultsShape => plan.results_shape = true,
+                FaultKind::DocumentedShape => plan.documented_shape = true,
                 FaultKind::FailBatch => plan.fail_batch = true,
                 FaultKind::PendingStatus { status } => plan.replies.pending_status = Some(status),
                 FaultKind::EmptyPendingList => plan.replies.empty_pending_list = true,
@@ -967,7 +968,7 @@ pub(crate) fn completion(request_id: &str, runs: Vec<ItemRun>, plan: &BatchPlan)
         })
         .collect();
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
-    Completion { results_shape: plan.results_shape, odd_types: plan.replies.odd_types, entries, usage }
+    Completion { documented_shape: plan.documented_shape, odd_types: plan.replies.odd_types, entries, usage }
 }
 
 #[cfg(test)]
@@ -1028,7 +1029,8 @@ mod tests {
             {"prompt": "c", "external_reference": "r2"},
             {"max_tokens": 1}
         ]));
-        let plan = BatchPlan { fail_items: vec![1], drop_items: vec![2], ..BatchPlan::default() };
+        let plan =
+            BatchPlan { fail_items: vec![1], drop_items: vec![2], documented_shape: true, ..BatchPlan::default() };
         let done_value = done(&items, &plan);
         let responses = done_value["responses"].as_array().expect("responses");
         assert_eq!(responses.len(), 3);
@@ -1042,18 +1044,23 @@ mod tests {
         assert!(by_id(3).get("result").is_none());
         assert_eq!(done_value["usage"]["prompt_tokens"], 1);
 
-        let plan = BatchPlan { results_shape: true, ..BatchPlan::default() };
-        let done_value = done(&items, &plan);
+        // The default: the live shape.
+        let done_value = done(&items, &BatchPlan::default());
         assert_eq!(done_value["results"].as_array().expect("results").len(), 4);
-        assert!(done_value["results"][0].get("index").is_some());
+        assert!(done_value.get("responses").is_none());
+        assert!(done_value["results"].as_array().expect("results").iter().all(|r| r.get("index").is_some()));
+        assert!(done_value["results"][0].get("id").is_none());
     }
 
     #[test]
     fn odd_types_write_ids_flags_and_results_as_text() {
         let items = items(json!([{"prompt": "hi", "external_reference": "r0"}, {"max_tokens": 1}]));
         let plain = done(&items, &BatchPlan::default());
-        let plan =
-            BatchPlan { replies: ReplyVariant { odd_types: true, ..ReplyVariant::default() }, ..BatchPlan::default() };
+        let plan = BatchPlan {
+            replies: ReplyVariant { odd_types: true, ..ReplyVariant::default() },
+            documented_shape: true,
+            ..BatchPlan::default()
+        };
         let odd = done(&items, &plan);
         let by_id = |id: &str| odd["responses"].as_array().expect("responses").iter().find(|r| r["id"] == id).cloned();
         let good = by_id("0").expect("item 0");

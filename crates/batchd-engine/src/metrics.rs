@@ -32,6 +32,7 @@ pub const NAMES: &[&str] = &[
     "batchd_queue_depth",
     "batchd_oldest_waiting_job_age_seconds",
     "batchd_schedule_lag_seconds",
+    "batchd_oldest_remote_batch_age_seconds",
     "batchd_poll_unknown_status_total",
     "batchd_items_refused_total",
     "batchd_extra_submits_total",
@@ -309,6 +310,12 @@ pub fn describe() {
         Unit::Seconds,
         "How long the most overdue scheduled step (poll or submit retry) has been due (0 when none). Sampled from Redis."
     );
+    describe_gauge!(
+        "batchd_oldest_remote_batch_age_seconds",
+        Unit::Seconds,
+        "Age of the oldest unfinished remote batch (submitted, not yet done or failed) per provider and model, among \
+         the oldest batches of the namespace the sampler reads (a model with none of them reads 0). Sampled from Redis."
+    );
     describe_gauge!("batchd_redis_up", "1 when the last sample reached Redis, 0 when it did not.");
     describe_gauge!("batchd_build_info", "Always 1; the label `version` is the running batchd version.");
 
@@ -503,6 +510,13 @@ pub fn oldest_waiting_job_age(namespace: &str, age: Duration) {
 /// Sets how long the most overdue scheduled step has been due.
 pub fn schedule_lag(namespace: &str, lag: Duration) {
     gauge!("batchd_schedule_lag_seconds", "queue" => namespace.to_owned()).set(lag.as_secs_f64());
+}
+
+/// Sets the age of `provider`'s `model`'s oldest unfinished remote batch.
+pub fn oldest_remote_batch_age(namespace: &str, provider: &str, model: &str, age: Duration) {
+    gauge!("batchd_oldest_remote_batch_age_seconds", "queue" => namespace.to_owned(),
+        "provider" => provider.to_owned(), "model" => model.to_owned())
+    .set(age.as_secs_f64());
 }
 
 /// Sets how many submitted-for models have no event subscription.

@@ -233,6 +233,69 @@ pub async fn scheduled_chunk_states(
     Ok((crate::ledger_view::chunk_states(conn, keys, &chunks).await?, total))
 }
 
+/// One unfinished remote batch from [`oldest_remote_batches`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteBatch {
+    /// The job's model (`None` when the ledger has none).
+    pub model: Option<String>,
+    /// When the batch was submitted (Unix ms, Redis's clock).
+    pub submitted_at: UnixMillis,
+}
+
+/// The longest a model name read back from a ledger is trusted to be; a longer one is cut (it only labels a gauge).
+const MAX_LABEL_BYTES: usize = 200;
+
+/// The oldest unfinished remote batches of `keys`' namespace, oldest first: the first `window` members of
+/// [`Keys::remote_batches`], each checked against its ledger (one pipelined `HMGET` of three fields per member).
+/// A member whose job has ended or whose chunk is done or failed (left by a job that was cancelled or expired
+/// while its batch ran, or by a ledger that expired) is removed from the index and not returned; so is one that is
+/// not a chunk reference. Bounded: two commands plus one per member read, whatever the index holds.
+pub async fn oldest_remote_batches(
+    conn: &mut Conn,
+    keys: &Keys,
+    window: usize,
+) -> Result<Vec<RemoteBatch>, StoreError> {
+    let index = keys.remote_batches();
+    let members: Vec<(String, f64)> =
+        redis::cmd("ZRANGE").arg(&index).arg(0).arg(window.max(1) - 1).arg("WITHSCORES").query_async(conn).await?;
+    let mut chunks = Vec::with_capacity(members.len());
+    let mut left_behind: Vec<&str> = Vec::new();
+    for (member, score) in &members {
+        match ChunkRef::parse(member) {
+            Ok(chunk) => chunks.push((member.as_str(), score.max(0.0) as UnixMillis, chunk)),
+            Err(_) => left_behind.push(member),
+        }
+    }
+    let refs: Vec<ChunkRef> = chunks.iter().map(|(_, _, chunk)| chunk.clone()).collect();
+    let states = crate::ledger_view::job_and_chunk_states(conn, keys, &refs).await?;
+    let mut batches = Vec::with_capacity(chunks.len());
+    for ((member, submitted_at, _), (job_state, model, chunk_state)) in chunks.into_iter().zip(states) {
+        let job_over = job_state
+            .as_deref()
+            .is_none_or(|state| state.parse::<batchd_core::ledger::JobState>().is_ok_and(|state| state.is_terminal()));
+        let chunk_over = chunk_state.as_deref().is_some_and(|state| {
+            state.parse::<batchd_core::ledger::ChunkState>().is_ok_and(|state| state.is_finished())
+        });
+        if job_over || chunk_over {
+            left_behind.push(member);
+        } else {
+            let model = model.map(|mut model| {
+                let mut end = model.len().min(MAX_LABEL_BYTES);
+                while !model.is_char_boundary(end) {
+                    end -= 1;
+                }
+                model.truncate(end);
+                model
+            });
+            batches.push(RemoteBatch { model, submitted_at });
+        }
+    }
+    if !left_behind.is_empty() {
+        let _: u64 = redis::cmd("ZREM").arg(&index).arg(&left_behind).query_async(conn).await?;
+    }
+    Ok(batches)
+}
+
 /// The finished-jobs counter hashes named by `keys` (built with [`Keys::stats_minute`] or [`Keys::stats_hour`]),
 /// in order, in one round trip; a missing hash reads as empty.
 pub async fn counters(

@@ -321,6 +321,27 @@ pub async fn chunk_states(
     Ok(pipe.query_async(conn).await?)
 }
 
+/// For each of `chunks`: its job's state and model and the chunk's state (one `HMGET` each, pipelined); `None`
+/// for a field the ledger does not have (all three for a ledger that expired).
+pub async fn job_and_chunk_states(
+    conn: &mut Conn,
+    keys: &Keys,
+    chunks: &[ChunkRef],
+) -> Result<Vec<(Option<String>, Option<String>, Option<String>)>, StoreError> {
+    if chunks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for chunk in chunks {
+        pipe.cmd("HMGET")
+            .arg(keys.job(&chunk.job_id))
+            .arg(field::STATE)
+            .arg(field::MODEL)
+            .arg(field::chunk(chunk.index, field::CHUNK_STATE));
+    }
+    Ok(pipe.query_async(conn).await?)
+}
+
 /// What a finished job's ledger still holds for running it again (`batchd retry`), read in one round trip.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RerunCheck {

@@ -334,7 +334,7 @@ pub async fn status(settings: &Settings, id: &str, json: bool) -> anyhow::Result
     if json {
         return print_json(&status_json(&view));
     }
-    print!("{}", status_text(&place(settings), &view));
+    print!("{}", status_text(&place(settings), &view, now_ms()));
     Ok(())
 }
 
@@ -343,8 +343,8 @@ pub async fn status(settings: &Settings, id: &str, json: bool) -> anyhow::Result
 const METADATA_SHOWN_CHARS: usize = 400;
 
 /// The human-readable timeline of a job: its header, its metadata, its error field by field, and each chunk's
-/// state, remote status and last error.
-fn status_text(place: &str, view: &LedgerView) -> String {
+/// state, remote status and last error; a chunk whose remote batch runs shows its age at `now_ms`.
+fn status_text(place: &str, view: &LedgerView, now_ms: u64) -> String {
     let get = |name: &str| view.get(name).unwrap_or("-");
     let time = |name: &str| view.number(name).map(format_utc).unwrap_or_else(|| "-".into());
     let mut out = format!("job {} ({place})\n", view.job_id);
@@ -394,6 +394,12 @@ fn status_text(place: &str, view: &LedgerView) -> String {
                 value(field::CHUNK_ATTEMPTS),
             ),
         );
+        let submitted = chunk.get(field::CHUNK_SUBMITTED_AT).and_then(|at| at.parse::<u64>().ok());
+        if let Some(at) = submitted
+            .filter(|_| chunk.get(field::CHUNK_STATE) == Some(batchd_core::ledger::ChunkState::Polling.as_str()))
+        {
+            line("", format!("batch running for {}", format_age(Duration::from_millis(now_ms.saturating_sub(at)))));
+        }
         if let Some(error) = chunk.last_error() {
             error_lines(&mut line, "", &error);
         }
@@ -652,7 +658,7 @@ mod tests {
                     .collect(),
             }],
         };
-        let text = status_text("ns", &view);
+        let text = status_text("ns", &view, 0);
         assert!(!text.chars().any(|c| c != '\n' && is_unsafe_for_terminal(c)), "{text}");
         assert!(text.contains("remote \\x1b[31mred") && text.contains("bad\\x1b[2J \\u{202e}txt"), "{text}");
     }
@@ -665,6 +671,28 @@ mod tests {
         assert_eq!(error_text(&error), "cannot reach Redis at x: redis: Connection refused (os error 111)");
         let plain = anyhow!("inner").context("middle").context("outer");
         assert_eq!(error_text(&plain), "outer: middle: inner");
+    }
+
+    #[test]
+    fn status_shows_how_long_a_running_batch_has_run() {
+        let chunk = |state: &str| batchd_queue::ledger_view::ChunkMetadata {
+            fields: [(field::CHUNK_STATE, state), (field::CHUNK_SUBMITTED_AT, "1000")]
+                .iter()
+                .map(|(k, v)| (*k, v.to_string()))
+                .collect(),
+        };
+        let view = LedgerView {
+            job_id: JobId::parse("inv-2").unwrap(),
+            metadata_bytes: None,
+            header: [(field::STATE, "running"), (field::N_CHUNKS, "2")]
+                .iter()
+                .map(|(k, v)| (*k, v.to_string()))
+                .collect(),
+            chunks: vec![chunk("polling"), chunk("done")],
+        };
+        let text = status_text("namespace ns", &view, 1000 + 245_000);
+        assert_eq!(text.matches("batch running for").count(), 1, "only the polling chunk: {text}");
+        assert!(text.contains("batch running for 4m05s"), "{text}");
     }
 
     #[test]

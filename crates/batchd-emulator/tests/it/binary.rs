@@ -76,7 +76,7 @@ async fn binary_prints_its_url_serves_and_stops_on_sigterm() {
         .expect("poll");
     assert_eq!(response.status(), StatusCode::OK);
     let reply: serde_json::Value = response.json().await.expect("json");
-    assert_eq!(reply["result"]["responses"][0]["result"]["translated_text"], "[de] hi");
+    assert_eq!(reply["result"]["results"][0]["result"]["translated_text"], "[de] hi");
     let two_items = json!({ "requests": [{ "text": "a", "target_lang": "de" }, { "text": "b", "target_lang": "de" }] });
     let response =
         reqwest::Client::new().post(&url).bearer_auth("secret").json(&two_items).send().await.expect("submit");

@@ -72,7 +72,7 @@ async fn config_changes_timing_at_runtime() {
     assert_eq!(timing["running_for_ms"], FOREVER.as_millis() as u64);
     assert_eq!(poll(&emulator, LLAMA, &request_id).await.body["result"]["status"], "running");
     control_post(&emulator, "config", json!({ "queued_for_ms": 0, "running_for_ms": 0 })).await;
-    assert!(poll(&emulator, LLAMA, &request_id).await.body["result"]["responses"].is_array());
+    assert!(poll(&emulator, LLAMA, &request_id).await.body["result"]["results"].is_array());
     assert_eq!(
         control_get(&emulator, "config").await,
         json!({
@@ -87,6 +87,7 @@ async fn config_changes_timing_at_runtime() {
             "random_faults": null,
             "random_latency": null,
             "strict_items": false,
+            "strict_refusal": { "keyword": "one_of", "code": 5006, "pointer": true },
             "unbatchable_models": [],
             "events": null,
             "event_faults": { "drop_next": 0, "drop_rate": 0.0, "duplicate": false, "delay_ms": 0, "order": "fifo" },

@@ -122,12 +122,12 @@ async fn per_item_schema_errors_fail_only_that_item() {
     )
     .await;
     let reply = crate::finish_and_poll(&emulator, LLAMA, &request_id).await;
-    let responses = reply.body["result"]["responses"].as_array().expect("responses");
-    let bad = responses.iter().find(|r| r["id"] == 1).expect("item 1");
+    let responses = reply.body["result"]["results"].as_array().expect("results");
+    let bad = responses.iter().find(|r| r["index"] == 1).expect("item 1");
     assert_eq!(bad["success"], false);
     assert_eq!(bad["error"]["code"], 5004);
     assert_eq!(bad["external_reference"], "bad");
     assert!(bad.get("result").is_none());
-    let good = responses.iter().find(|r| r["id"] == 0).expect("item 0");
+    let good = responses.iter().find(|r| r["index"] == 0).expect("item 0");
     assert_eq!(good["success"], true);
 }

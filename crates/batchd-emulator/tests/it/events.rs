@@ -596,7 +596,7 @@ async fn events_and_event_faults_change_over_http() {
         view["events"],
         json!({ "queue_id": "q9", "queue_token": null, "subscription_id": "emulator-subscription",
                 "prefix_request_ids": true, "body": "text", "ack_warnings": "list", "max_retries": 3,
-                "pull_rate_limit": null })
+                "pull_rate_limit": null, "all_models": true })
     );
     assert_eq!(
         view["event_faults"],

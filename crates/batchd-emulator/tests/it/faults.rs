@@ -165,12 +165,12 @@ async fn fail_items_and_drop_items_shape_the_next_batch() {
 
     let reply = finish_and_poll(&emulator, LLAMA, &request_id).await;
     assert_eq!(reply.status, StatusCode::OK);
-    let responses = reply.body["result"]["responses"].as_array().expect("responses");
-    let mut ids: Vec<u64> = responses.iter().map(|r| r["id"].as_u64().expect("id")).collect();
+    let responses = reply.body["result"]["results"].as_array().expect("results");
+    let mut ids: Vec<u64> = responses.iter().map(|r| r["index"].as_u64().expect("id")).collect();
     ids.sort();
     assert_eq!(ids, vec![0, 1, 3, 4]);
     for response in responses {
-        let failed = response["id"] == 1 || response["id"] == 3;
+        let failed = response["index"] == 1 || response["index"] == 3;
         assert_eq!(response["success"], !failed);
         assert_eq!(response.get("error").is_some(), failed);
         assert_eq!(response.get("result").is_some(), !failed);
@@ -178,7 +178,7 @@ async fn fail_items_and_drop_items_shape_the_next_batch() {
     }
 
     let reply = poll(&emulator, LLAMA, &clean_id).await;
-    let responses = reply.body["result"]["responses"].as_array().expect("responses");
+    let responses = reply.body["result"]["results"].as_array().expect("results");
     assert_eq!(responses.len(), 5);
     assert!(responses.iter().all(|r| r["success"] == true));
 }

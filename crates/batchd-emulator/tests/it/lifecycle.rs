@@ -45,15 +45,15 @@ async fn poll_goes_queued_running_done_on_the_emulator_clock() {
     let reply = finish_and_poll(&emulator, LLAMA, &request_id).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.body["success"], true);
-    let responses = reply.body["result"]["responses"].as_array().expect("responses");
-    let ids: Vec<u64> = responses.iter().map(|r| r["id"].as_u64().expect("id")).collect();
+    let responses = reply.body["result"]["results"].as_array().expect("results");
+    let ids: Vec<u64> = responses.iter().map(|r| r["index"].as_u64().expect("id")).collect();
     assert_eq!(ids.len(), 5);
     assert!(!ids.is_sorted(), "responses must come back shuffled: {ids:?}");
     let mut sorted = ids.clone();
     sorted.sort();
     assert_eq!(sorted, vec![0, 1, 2, 3, 4]);
     for response in responses {
-        let id = response["id"].as_u64().expect("id");
+        let id = response["index"].as_u64().expect("id");
         assert_eq!(response["success"], true);
         assert_eq!(response["external_reference"], format!("ref-{id}"));
         assert_eq!(response["result"]["response"], format!("echo: prompt number {id}"));
@@ -115,12 +115,19 @@ async fn submit_status_can_be_202() {
 }
 
 #[tokio::test]
-async fn results_shape_keys_items_by_index() {
+async fn batches_complete_in_the_live_shape_and_the_documented_one_is_a_fault() {
     let emulator = start_paused().await;
-    emulator.inject(Fault::results_shape());
+    emulator.inject(Fault::documented_shape());
     let first = submit(&emulator, LLAMA, prompts(4)).await;
     let second = submit(&emulator, LLAMA, prompts(4)).await;
     let reply = finish_and_poll(&emulator, LLAMA, &first).await;
+    let responses = reply.body["result"]["responses"].as_array().expect("responses");
+    assert!(reply.body["result"].get("results").is_none());
+    let ids: Vec<u64> = responses.iter().map(|r| r["id"].as_u64().expect("id")).collect();
+    assert_eq!(ids.len(), 4);
+    assert!(responses.iter().all(|r| r.get("index").is_none() && r["success"] == true));
+    // The fault applied to one batch only: the next one has the default, live shape.
+    let reply = poll(&emulator, LLAMA, &second).await;
     let results = reply.body["result"]["results"].as_array().expect("results");
     assert!(reply.body["result"].get("responses").is_none());
     let indices: Vec<u64> = results.iter().map(|r| r["index"].as_u64().expect("index")).collect();
@@ -128,9 +135,23 @@ async fn results_shape_keys_items_by_index() {
     assert!(!indices.is_sorted());
     assert!(results.iter().all(|r| r.get("id").is_none() && r["success"] == true));
     assert_eq!(reply.body["result"]["usage"]["prompt_tokens"], 12);
-    // The fault applied to one batch only.
-    let reply = poll(&emulator, LLAMA, &second).await;
-    assert!(reply.body["result"]["responses"].is_array());
+}
+
+#[tokio::test]
+async fn the_documented_shape_option_applies_to_every_batch() {
+    let emulator = start(EmulatorConfig {
+        documented_shape: true,
+        queued_for: Duration::ZERO,
+        running_for: Duration::ZERO,
+        ..EmulatorConfig::default()
+    })
+    .await;
+    for _ in 0..2 {
+        let id = submit(&emulator, LLAMA, prompts(2)).await;
+        let reply = poll(&emulator, LLAMA, &id).await;
+        assert_eq!(reply.body["result"]["responses"].as_array().expect("responses").len(), 2, "{}", reply.body);
+        assert!(reply.body["result"].get("results").is_none());
+    }
 }
 
 #[tokio::test]
@@ -158,11 +179,11 @@ async fn each_family_gets_its_own_output() {
     .await;
 
     let by_id = |reply: &crate::Reply, id: u64| -> Value {
-        reply.body["result"]["responses"]
+        reply.body["result"]["results"]
             .as_array()
-            .expect("responses")
+            .expect("results")
             .iter()
-            .find(|r| r["id"] == id)
+            .find(|r| r["index"] == id)
             .cloned()
             .expect("item present")
     };
@@ -199,7 +220,7 @@ async fn same_input_gives_same_output_across_batches() {
     let second = submit(&emulator, "@cf/baai/bge-base-en-v1.5", items).await;
     let a = finish_and_poll(&emulator, "@cf/baai/bge-base-en-v1.5", &first).await;
     let b = poll(&emulator, "@cf/baai/bge-base-en-v1.5", &second).await;
-    assert_eq!(a.body["result"]["responses"][0]["result"], b.body["result"]["responses"][0]["result"]);
+    assert_eq!(a.body["result"]["results"][0]["result"], b.body["result"]["results"][0]["result"]);
 }
 
 #[tokio::test]
@@ -212,7 +233,7 @@ async fn extra_models_are_routed() {
     let emulator = start(config).await;
     let request_id = submit(&emulator, "@cf/test/tiny", json!([{ "text": "x" }])).await;
     let reply = finish_and_poll(&emulator, "@cf/test/tiny", &request_id).await;
-    assert_eq!(reply.body["result"]["responses"][0]["result"]["shape"], json!([1, 3]));
+    assert_eq!(reply.body["result"]["results"][0]["result"]["shape"], json!([1, 3]));
 }
 
 #[tokio::test]
@@ -227,7 +248,7 @@ async fn extra_models_override_default_ones() {
     let model = "@cf/baai/bge-small-en-v1.5";
     let request_id = submit(&emulator, model, json!([{ "text": ["x", "y"] }])).await;
     let reply = finish_and_poll(&emulator, model, &request_id).await;
-    let result = &reply.body["result"]["responses"][0]["result"];
+    let result = &reply.body["result"]["results"][0]["result"];
     assert_eq!(result["shape"], json!([2, 4]));
     assert_eq!(result["data"][1].as_array().map(Vec::len), Some(4));
 }

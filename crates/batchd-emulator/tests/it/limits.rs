@@ -174,7 +174,7 @@ async fn finished_batches_are_forgotten_after_the_retention() {
     emulator.set_timing(Duration::ZERO, Duration::ZERO);
     let reply = poll(&emulator, LLAMA, &request_id).await;
     assert_eq!(reply.status, StatusCode::OK);
-    assert!(reply.body["result"]["responses"].is_array());
+    assert!(reply.body["result"]["results"].is_array());
 
     // With zero timing the batch has been done since its submit: an hour's retention keeps it, a 150 ms one
     // forgets it once 150 ms have passed since then.
@@ -262,9 +262,9 @@ async fn a_nine_and_a_half_megabyte_submit_is_fast() {
     assert!(poll_took < Duration::from_secs(3), "{poll_took:?}");
 
     let reply: Value = serde_json::from_slice(&bytes).expect("json");
-    let responses = reply["result"]["responses"].as_array().expect("responses");
+    let responses = reply["result"]["results"].as_array().expect("results");
     assert_eq!(responses.len(), 1000);
-    let item = responses.iter().find(|r| r["id"] == 7).expect("item 7");
+    let item = responses.iter().find(|r| r["index"] == 7).expect("item 7");
     assert_eq!(item["external_reference"], "r7");
     assert_eq!(item["result"]["shape"], json!([1, 384]));
     assert_eq!(reply["result"]["usage"]["prompt_tokens"], 1000 * 1901);

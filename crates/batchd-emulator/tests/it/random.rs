@@ -18,7 +18,7 @@ async fn phases(emulator: &EmulatorHandle, ids: &[String]) -> Vec<String> {
     let mut statuses = Vec::new();
     for id in ids {
         let reply = poll(emulator, LLAMA, id).await;
-        let status = if reply.body["result"]["responses"].is_array() {
+        let status = if reply.body["result"]["results"].is_array() {
             "done".to_owned()
         } else {
             reply.body["result"]["status"].as_str().expect("a status").to_owned()

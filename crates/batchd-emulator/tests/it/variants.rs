@@ -59,7 +59,7 @@ async fn pending_status_replaces_queued_and_running_for_the_next_batches_only() 
     let reply = finish_and_poll(&emulator, LLAMA, &first).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.body["success"], true);
-    assert_eq!(reply.body["result"]["responses"].as_array().map(Vec::len), Some(2));
+    assert_eq!(reply.body["result"]["results"].as_array().map(Vec::len), Some(2));
     assert!(reply.body["result"].get("status").is_none());
 
     let faults: Vec<Option<String>> = emulator.submits().into_iter().map(|call| call.fault).collect();
@@ -86,7 +86,7 @@ async fn empty_pending_list_adds_responses_to_pending_polls_of_the_next_batch() 
 
     let reply = finish_and_poll(&emulator, LLAMA, &faulted).await;
     assert_eq!(reply.body["success"], true);
-    let responses = reply.body["result"]["responses"].as_array().expect("responses");
+    let responses = reply.body["result"]["results"].as_array().expect("results");
     assert_eq!(responses.len(), 3);
     assert!(responses.iter().all(|response| response["success"] == true));
     assert!(reply.body["result"].get("status").is_none());
@@ -129,14 +129,14 @@ async fn odd_types_change_the_json_types_of_the_next_batch_only() {
     let reply = finish_and_poll(&emulator, LLAMA, &request_id).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.body["success"], "true");
-    let responses = reply.body["result"]["responses"].as_array().expect("responses");
-    let mut ids: Vec<&str> = responses.iter().map(|r| r["id"].as_str().expect("id is a string")).collect();
+    let responses = reply.body["result"]["results"].as_array().expect("results");
+    let mut ids: Vec<&str> = responses.iter().map(|r| r["index"].as_str().expect("index is a string")).collect();
     ids.sort();
     assert_eq!(ids, vec!["0", "1", "2"]);
-    let by_id = |id: &str| responses.iter().find(|r| r["id"] == id).expect("present");
+    let by_id = |id: &str| responses.iter().find(|r| r["index"] == id).expect("present");
     assert_eq!(
         *by_id("0"),
-        json!({ "id": "0", "result": "{\"response\":\"echo: hi\"}", "success": "true", "external_reference": "r0" })
+        json!({ "index": "0", "result": "{\"response\":\"echo: hi\"}", "success": "true", "external_reference": "r0" })
     );
     let parsed: Value = serde_json::from_str(by_id("2")["result"].as_str().expect("result is text")).expect("json");
     assert_eq!(parsed, json!({ "response": "echo: two words" }));
@@ -150,9 +150,9 @@ async fn odd_types_change_the_json_types_of_the_next_batch_only() {
     // The next batch answers the documented types.
     let reply = poll(&emulator, LLAMA, &clean).await;
     assert_eq!(reply.body["success"], true);
-    let responses = reply.body["result"]["responses"].as_array().expect("responses");
-    assert!(responses.iter().all(|r| r["id"].is_u64() && r["success"].is_boolean()));
-    let good = responses.iter().find(|r| r["id"] == 0).expect("item 0");
+    let responses = reply.body["result"]["results"].as_array().expect("results");
+    assert!(responses.iter().all(|r| r["index"].is_u64() && r["success"].is_boolean()));
+    let good = responses.iter().find(|r| r["index"] == 0).expect("item 0");
     assert_eq!(good["result"], json!({ "response": "echo: hi" }));
     assert_eq!(reply.body["result"]["usage"], json!({ "prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8 }));
 
@@ -203,7 +203,7 @@ async fn strict_items_refuse_a_submit_naming_its_first_unfit_item_and_create_no_
     emulator.set_strict_items(false);
     let request_id = submit(&emulator, LLAMA, json!([good(0), unfit()])).await;
     let reply = finish_and_poll(&emulator, LLAMA, &request_id).await;
-    let bad = reply.body["result"]["responses"].as_array().expect("responses").iter().find(|r| r["id"] == 1).cloned();
+    let bad = reply.body["result"]["results"].as_array().expect("results").iter().find(|r| r["index"] == 1).cloned();
     assert_eq!(bad.expect("item 1")["error"]["code"], 5004);
     let (status, view) = control_post(&emulator, "config", json!({ "strict_items": true })).await;
     assert_eq!(status, StatusCode::OK);

@@ -7,12 +7,14 @@
 -- Only the holder of the chunk's latest claim (its fencing token, C_CLAIM) may finish it, and only from a state
 -- a step finishes it from (submitting, polling, or finished already: the same holder storing it again).
 -- Everything is checked before the first write (the ledger is read, the schedule written first).
--- KEYS: 1 ledger, 2 schedule
+-- The chunk leaves the remote-batches index (KEYS[3], see transition.lua) whatever the verdict but stale (redis.pcall:
+-- the index only feeds a gauge and never fails a completion).
+-- KEYS: 1 ledger, 2 schedule, 3 remote batches
 -- ARGV: 1 member, 2 chunk index, 3 chunk state (done|failed), 4 output or error JSON, 5 now ms, 6 lease-until ms,
 --       7 claim token
 -- Returns {verdict, open}: verdict applied (open: the job's chunks still unfinished), gone (the job finished or
 -- has no ledger; the member is unscheduled), stale or refused (nothing written)
-local ledger, schedule, chunk_member = KEYS[1], KEYS[2], ARGV[1]
+local ledger, schedule, remote, chunk_member = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 local chunk = uint(ARGV[2], 'chunk index')
 if ARGV[3] ~= CHUNK_DONE and ARGV[3] ~= CHUNK_FAILED then
   refuse('chunk state must be ' .. CHUNK_DONE .. ' or ' .. CHUNK_FAILED)
@@ -26,6 +28,7 @@ local head = read_hash(ledger, F_STATE, F_N_CHUNKS, F_OPEN_CHUNKS, chunk_field(c
 if head[1] and uint(head[5] or '0', 'the chunk\'s ' .. C_CLAIM) ~= token then return {FENCE_STALE, -1} end
 if not head[1] or is_terminal(head[1]) then
   typed('zset', 'ZREM', schedule, chunk_member)
+  redis.pcall('ZREM', remote, chunk_member)
   return {FENCE_GONE, -1}
 end
 local n = uint(head[2], 'the ledger\'s ' .. F_N_CHUNKS)
@@ -58,4 +61,5 @@ else
 end
 redis.call('HSET', ledger, chunk_field(chunk, C_STATE), ARGV[3], chunk_field(chunk, payload_field), ARGV[4],
   F_UPDATED_AT, ARGV[5], F_OPEN_CHUNKS, open)
+redis.pcall('ZREM', remote, chunk_member)
 return {FENCE_APPLIED, open}

@@ -6,7 +6,10 @@
 -- any claim) only takes the member off the schedule. Every read (read_hash refuses a key of another type) and
 -- check comes before the first write, and the first write is the schedule's (`typed` refuses a schedule of
 -- another type before anything is written), so no TYPE is paid per call.
--- KEYS: 1 ledger, 2 schedule
+-- The remote-batches index (KEYS[3], a ZSET scored by submit time that only feeds a gauge) gets the member when
+-- a submit is recorded and loses it when the job is found finished; it is written with redis.pcall and never fails
+-- or undoes a transition (a key of another type is the sampler's error to report, not the job's).
+-- KEYS: 1 ledger, 2 schedule, 3 remote batches
 -- ARGV: 1 transition, 2 member, 3 chunk index, 4 claim token, 5 due ms ("" for forget), 6 now ms, then:
 --   mark_submitted      7 request id, 8 remote status, 9 remote record JSON or ""   (submitting -> polling, the
 --                       job running)
@@ -21,7 +24,7 @@
 --   renew, release      -                                (any state: the lease re-scored, only if still scheduled)
 --   forget              -                                (applies only to a finished job)
 -- Returns {verdict, chunk state found, the chunk's claim token}; verdict: applied | gone | stale | refused
-local ledger, schedule = KEYS[1], KEYS[2]
+local ledger, schedule, remote = KEYS[1], KEYS[2], KEYS[3]
 local transition, chunk_member = ARGV[1], ARGV[2]
 local any_state = {}
 local allowed = {
@@ -61,6 +64,7 @@ local held = uint(values[3] or '0', 'the chunk\'s ' .. C_CLAIM)
 if state and held ~= token and transition ~= T_FORGET then return {FENCE_STALE, chunk_state or '', held} end
 if not state or is_terminal(state) then
   typed('zset', 'ZREM', schedule, chunk_member)
+  redis.pcall('ZREM', remote, chunk_member)
   return {FENCE_GONE, chunk_state or '', held}
 end
 if allowed[transition] ~= any_state and not allowed[transition][chunk_state or ''] then
@@ -83,6 +87,7 @@ if transition == T_MARK_SUBMITTED then
     fields[#fields + 1] = ARGV[9]
   end
   redis.call('HSET', ledger, unpack(fields))
+  redis.pcall('ZADD', remote, now, chunk_member)
 elseif transition == T_RECORD_REMOTE then
   redis.call('HSET', ledger, f(C_REMOTE), ARGV[7])
 elseif transition == T_MARK_PENDING_POLL then

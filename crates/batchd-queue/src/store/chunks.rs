@@ -253,7 +253,10 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let chunk = &claim.chunk;
         let now = self.now().await?;
-        let mut cmd = ScriptCall::new(&self.scripts.transition, &[self.keys.job(&chunk.job_id), self.keys.schedule()]);
+        let mut cmd = ScriptCall::new(
+            &self.scripts.transition,
+            &[self.keys.job(&chunk.job_id), self.keys.schedule(), self.keys.remote_batches()],
+        );
         cmd.arg(transition.as_str())
             .arg(chunk.to_string())
             .arg(chunk.index)
@@ -349,7 +352,10 @@ impl Store {
         now: UnixMillis,
     ) -> Result<Option<u32>, StoreError> {
         let chunk = &claim.chunk;
-        let mut cmd = ScriptCall::new(&self.scripts.chunk_done, &[self.keys.job(&chunk.job_id), self.keys.schedule()]);
+        let mut cmd = ScriptCall::new(
+            &self.scripts.chunk_done,
+            &[self.keys.job(&chunk.job_id), self.keys.schedule(), self.keys.remote_batches()],
+        );
         cmd.arg(chunk.to_string())
             .arg(chunk.index)
             .arg(state.as_str())

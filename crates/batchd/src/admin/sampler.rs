@@ -1,7 +1,10 @@
 //! The sampler: reads each namespace's queue depths and pause flag from Redis with bounded commands, sets the
 //! queue gauges, and records Redis reachability and paused namespaces in [`Health`] for `/readyz`. On the same
-//! rhythm it rolls the finished minutes' counters up into their hours' (`Store::roll_up_counters`).
+//! rhythm it rolls the finished minutes' counters up into their hours' (`Store::roll_up_counters`), and sets the
+//! age of the oldest unfinished remote batch per provider and model from the first [`REMOTE_WINDOW`] members of
+//! the remote-batches index (`Keys::remote_batches`, scored by submit time).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +16,10 @@ use tokio_util::sync::CancellationToken;
 use super::Health;
 use super::systemd::notify_status;
 use batchd_engine::metrics;
+
+/// How many of the oldest unfinished remote batches one sample reads (one `HMGET` each): a stuck model's batches
+/// become the oldest ones, so it shows whatever the number of younger batches in flight.
+pub const REMOTE_WINDOW: usize = 64;
 
 /// Queue depths read from Redis in one sample.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -31,6 +38,9 @@ pub struct QueueSample {
     pub oldest_entry_id: Option<String>,
     /// Due time (Unix ms) of the first step of the schedule, if any.
     pub earliest_due_ms: Option<u64>,
+    /// The oldest unfinished remote batches, oldest first (at most [`REMOTE_WINDOW`]); `None` when the index could
+    /// not be read (a key of another type): logged, and the gauges keep their values.
+    pub remote: Option<Vec<batchd_queue::inspect::RemoteBatch>>,
 }
 
 impl QueueSample {
@@ -46,6 +56,14 @@ impl QueueSample {
             dead: depths.dead,
             oldest_entry_id: depths.oldest_entry_id,
             earliest_due_ms: depths.earliest_due_ms,
+            remote: match batchd_queue::inspect::oldest_remote_batches(conn, keys, REMOTE_WINDOW).await {
+                Ok(remote) => Some(remote),
+                Err(batchd_queue::StoreError::Redis(error)) if error.code() == Some("WRONGTYPE") => {
+                    tracing::warn!(key = %keys.remote_batches(), error = %error, "remote batches index unreadable");
+                    None
+                }
+                Err(error) => return Err(error),
+            },
         })
     }
 
@@ -60,6 +78,40 @@ impl QueueSample {
         let age = self.oldest_entry_id.as_deref().map_or(Duration::ZERO, |id| entry_age(id, now_ms));
         metrics::oldest_waiting_job_age(namespace, age);
         metrics::schedule_lag(namespace, self.earliest_due_ms.map_or(Duration::ZERO, |due| lag(due, now_ms)));
+    }
+
+    /// The age of the oldest batch of each (provider, model) in [`Self::remote`] (`None` when it was unreadable).
+    pub fn remote_ages(&self, now_ms: u64) -> Option<BTreeMap<(String, String), Duration>> {
+        let mut ages = BTreeMap::new();
+        for batch in self.remote.as_ref()? {
+            let model = batch.model.clone().unwrap_or_default();
+            let provider = batchd_core::ModelName::parse(&model).map(|m| m.provider().to_owned()).unwrap_or_default();
+            ages.entry((provider, model)).or_insert_with(|| lag(batch.submitted_at, now_ms));
+        }
+        Some(ages)
+    }
+}
+
+/// The `batchd_oldest_remote_batch_age_seconds` series one namespace has set, so a model whose batches all
+/// finished reads 0 rather than its last age.
+#[derive(Debug, Default)]
+pub struct RemoteAgeSeries {
+    /// The (provider, model) pairs set by the last sample.
+    set: BTreeSet<(String, String)>,
+}
+
+impl RemoteAgeSeries {
+    /// Sets the gauge of every pair in `ages`, and 0 for each pair set before and absent now.
+    pub fn record(&mut self, namespace: &str, ages: BTreeMap<(String, String), Duration>) {
+        for (provider, model) in &self.set {
+            if !ages.contains_key(&(provider.clone(), model.clone())) {
+                metrics::oldest_remote_batch_age(namespace, provider, model, Duration::ZERO);
+            }
+        }
+        for ((provider, model), age) in &ages {
+            metrics::oldest_remote_batch_age(namespace, provider, model, *age);
+        }
+        self.set = ages.into_keys().collect();
     }
 }
 
@@ -94,6 +146,7 @@ pub async fn run_sampler(
     stop: CancellationToken,
 ) {
     let timeout = interval.max(Duration::from_secs(2));
+    let mut remote_series: Vec<RemoteAgeSeries> = namespaces.iter().map(|_| RemoteAgeSeries::default()).collect();
     let stores: Vec<batchd_queue::Store> = namespaces
         .iter()
         .map(|keys| batchd_queue::Store::new(conn.clone(), keys.clone(), batchd_queue::StoreSettings::default()))
@@ -102,7 +155,7 @@ pub async fn run_sampler(
         let now_ms = batchd_queue::now_ms();
         let mut outcome = Ok(());
         let mut paused = Vec::new();
-        for keys in &namespaces {
+        for (keys, series) in namespaces.iter().zip(&mut remote_series) {
             let sample = async {
                 let sample = QueueSample::read(&mut conn, keys, now_ms).await?;
                 Ok::<_, batchd_queue::StoreError>((sample, batchd_queue::inspect::pause_flag(&mut conn, keys).await?))
@@ -110,6 +163,9 @@ pub async fn run_sampler(
             match tokio::time::timeout(timeout, sample).await {
                 Ok(Ok((sample, flag))) => {
                     sample.record(keys.namespace(), now_ms);
+                    if let Some(ages) = sample.remote_ages(now_ms) {
+                        series.record(keys.namespace(), ages);
+                    }
                     paused.extend(flag.map(|flag| pause_detail(keys.namespace(), &flag)));
                 }
                 Ok(Err(error)) => outcome = Err(format!("redis unreachable: {error}")),
