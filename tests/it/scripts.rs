@@ -695,7 +695,8 @@ fn cases(f: &Fixture) -> Vec<Case> {
         args.clone(),
         Err("holds a hash"),
     );
-    let missing = vec![f.ledger("ghost"), k.results(), k.schedule(), f.cancel("ghost"), k.stats_minute(1)];
+    let missing =
+        vec![f.ledger("ghost"), k.results(), k.schedule(), f.cancel("ghost"), k.stats_minute(1), k.remote_batches()];
     case("publish: no ledger", "publish", vec![], missing, args.clone(), Ok("0"));
 
     // roll_up: KEYS cursor, then per minute its counters and its hour's; the fixture's cursor is at minute 5
@@ -988,7 +989,7 @@ async fn publish_counts_the_job_and_sets_a_counter_ttl_only_for_new_fields() {
     let publish = async |conn: &mut MultiplexedConnection, job: &str, counts: &[(&str, &str)]| -> i64 {
         f.run(conn, &["HSET", &f.ledger(job), "state", "running", "n_chunks", "1"]).await;
         let mut call = script.prepare_invoke();
-        for key in [f.ledger(job), k.results(), k.schedule(), f.cancel(job), minute.clone()] {
+        for key in [f.ledger(job), k.results(), k.schedule(), f.cancel(job), minute.clone(), k.remote_batches()] {
             call.key(key);
         }
         call.arg("completed").arg("5000").arg("100").arg("60").arg(job).arg("").arg(1).arg("v").arg("1");

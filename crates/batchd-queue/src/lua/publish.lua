@@ -4,7 +4,7 @@
 -- after publishing cannot leave it uncounted.
 -- Everything is checked before the first write (the ledger is read, the schedule's type checked, the result entry
 -- is the first write); the result entry is at most MAX_PAIRS pairs.
--- KEYS: 1 ledger, 2 results stream, 3 schedule, 4 cancel flag, 5 this minute's counters
+-- KEYS: 1 ledger, 2 results stream, 3 schedule, 4 cancel flag, 5 this minute's counters, 6 remote batches
 -- ARGV: 1 final state, 2 now ms, 3 results maxlen, 4 ledger ttl secs, 5 job id, 6 error json (or ""),
 --       7 n result pairs, then result field/value pairs, then n counter pairs, then counter field/amount pairs
 -- Returns 1 (published), 2 (published; a counter could not be written) or 0 (the job had finished: nothing done)
@@ -52,6 +52,10 @@ end
 call_sliced('HSET', ledger, {}, fields)
 call_sliced('HDEL', ledger, {}, dropped)
 call_sliced('ZREM', schedule, {}, members)
+-- The job's chunks leave the remote-batches index (a gauge's, see transition.lua; never in the way of the result).
+for first = 1, #members, 1000 do
+  redis.pcall('ZREM', KEYS[6], unpack(members, first, math.min(first + 999, #members)))
+end
 redis.call('EXPIRE', ledger, ARGV[4])
 -- A cancellation flag outlives its job only when it arrived after the job's last step; it expires on its own.
 if ARGV[1] == JOB_CANCELLED then redis.call('DEL', KEYS[4]) end

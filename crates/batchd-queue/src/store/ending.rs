@@ -126,6 +126,7 @@ impl Store {
                 self.keys.schedule(),
                 self.keys.cancel(job_id),
                 self.stats_minute(now),
+                self.keys.remote_batches(),
             ],
         );
         cmd.arg(state.as_str())
