@@ -128,7 +128,7 @@ async fn run_daemon(settings: Settings) -> anyhow::Result<()> {
     // The same checks as `batchd config check`, so what it passes `run` starts with, and what `run` refuses
     // exits 78 (a configuration error systemd does not restart) with the same one-line message.
     settings.check_for_run()?;
-    batchd::logging::init(&settings.log).map_err(batchd::settings::ConfigError)?;
+    batchd::logging::init(&settings.log).map_err(batchd::settings::ConfigError::keyed)?;
     for warning in settings.warnings() {
         tracing::warn!(warning = %warning, "unsafe setting");
     }

@@ -210,7 +210,7 @@ impl Settings {
             batchd_anthropic::AnthropicProvider::new(&self.anthropic_settings(&key)).map_err(anthropic_error)?;
         }
         self.redis_endpoint()?;
-        crate::logging::check(&self.log, std::env::var("RUST_LOG").ok().as_deref()).map_err(ConfigError)?;
+        crate::logging::check(&self.log, std::env::var("RUST_LOG").ok().as_deref()).map_err(ConfigError::keyed)?;
         Ok(())
     }
 }
@@ -265,7 +265,7 @@ fn anthropic_error(error: batchd_anthropic::BuildError) -> ConfigError {
         E::InvalidHeader(name) => {
             ConfigError::at(&format!("anthropic.{name}"), "empty or not sendable in an HTTP header")
         }
-        E::InvalidLimit(why) => ConfigError(format!("anthropic.{why}")),
+        E::InvalidLimit(why) => ConfigError::keyed(format!("anthropic.{why}")),
         E::Http(error) => ConfigError(format!("anthropic: cannot build the HTTP client: {error}")),
     }
 }

@@ -164,7 +164,7 @@ impl Settings {
             };
             match detail.split_once(": ").filter(|(key, _)| key.starts_with("redis.") && !key.contains(' ')) {
                 Some((key, why)) => ConfigError::at(key, why),
-                None if detail.starts_with("redis.") => ConfigError(detail),
+                None if detail.starts_with("redis.") => ConfigError::keyed(detail),
                 None => ConfigError::at("redis.url", if detail.is_empty() { error.to_string() } else { detail }),
             }
         })

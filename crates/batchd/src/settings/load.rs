@@ -251,6 +251,11 @@ mod tests {
         assert_eq!(key_label("poll.jitter"), "poll.jitter (BATCHD__POLL__JITTER)");
         assert_eq!(key_label("rate_limits.models[0].limit"), "rate_limits.models[0].limit");
         assert_eq!(variants::<crate::settings::RedisMode>(), ["standalone", "cluster", "sentinel"]);
+        assert_eq!(
+            ConfigError::keyed("log.level: invalid filter directive".into()).to_string(),
+            "configuration: log.level (BATCHD__LOG__LEVEL): invalid filter directive"
+        );
+        assert_eq!(ConfigError::keyed("RUST_LOG: bad".into()).to_string(), "configuration: RUST_LOG: bad");
     }
 
     #[test]

@@ -50,6 +50,18 @@ impl ConfigError {
     pub fn at(key: &str, why: impl std::fmt::Display) -> Self {
         Self(format!("{}: {why}", key_label(key)))
     }
+
+    /// A message another part wrote as `key: why` (`log.level: invalid filter directive`), with the key's
+    /// environment variables added as [`ConfigError::at`] does; any other message as it is.
+    pub fn keyed(message: String) -> Self {
+        let key = message.split_once(": ").map(|(key, _)| key).filter(|key| {
+            key.contains('.') && key.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._".contains(c))
+        });
+        match key {
+            Some(key) => Self::at(key, &message[key.len() + 2..]),
+            None => Self(message),
+        }
+    }
 }
 
 /// The conventional environment variables batchd honours, with the key each sets and that key's own variable
