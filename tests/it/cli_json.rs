@@ -89,6 +89,15 @@ async fn json_output_parses_for_every_command() {
     let config: Value = serde_json::from_str(&stdout).expect("config check --json");
     assert_eq!(config["redis"]["namespace"], world.settings.redis.namespace);
     assert!(!stdout.contains("t0ken-for-the-check"), "secrets stay redacted");
+    // The two commands that ask Cloudflare's API (the emulator's): the token and an events queue.
+    let cloudflare = [("CLOUDFLARE_API_TOKEN", world.emulator.token()), ("BATCHD__EVENTS__QUEUE_ID", "q-cli-json")];
+    for args in [vec!["events", "setup", "--dry-run", "--json"], vec!["models", "--json"]] {
+        let (code, stdout, stderr) = cli_with(&world, &args, &cloudflare).await;
+        assert_eq!(code, 0, "{args:?}: {stderr}");
+        let value: Value = serde_json::from_str(&stdout).expect("JSON");
+        assert!(value.is_object() || value.is_array(), "{args:?}: {value}");
+    }
+    covered.extend(["events setup".to_owned(), "models".to_owned()]);
 
     // Every leaf command's help offers --json, but `run`, `ui` (servers; the dashboard's JSON is its /api/ routes,
     // tests/it/ui_browser.rs) and `completions`.

@@ -14,6 +14,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 /// Every metric batchd exports (histograms also as `_bucket`, `_sum` and `_count` series).
 pub const NAMES: &[&str] = &[
     "batchd_build_info",
+    "batchd_api_calls_in_flight",
     "batchd_jobs_accepted_total",
     "batchd_jobs_rejected_total",
     "batchd_jobs_duplicate_total",

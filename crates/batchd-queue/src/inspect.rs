@@ -309,6 +309,45 @@ pub async fn counters(
     Ok(pipe.query_async(conn).await?)
 }
 
+/// The finished-jobs counters of hours `first..=last` (as in [`Keys::stats_hour`]), one map per hour, in order, as
+/// exact as the minutes': an hour's hash holds the minutes already rolled up into it (`Store::roll_up_counters`),
+/// and the minutes after the roll-up's cursor (at most the two hours the minute hashes live) are added from their
+/// own hashes. Two round trips: the cursor, then one pipelined `HGETALL` per hash.
+pub async fn hour_counters(
+    conn: &mut Conn,
+    keys: &Keys,
+    first: u64,
+    last: u64,
+    now_ms: u64,
+) -> Result<Vec<HashMap<String, u64>>, StoreError> {
+    let cursor: Option<String> = redis::cmd("GET").arg(keys.stats_rolled()).query_async(conn).await?;
+    let now_minute = now_ms / 60_000;
+    // Minutes not in any hour's hash yet: after the cursor, and no older than the minute hashes live.
+    let unrolled = match cursor.and_then(|cursor| cursor.parse::<u64>().ok()) {
+        Some(cursor) => (cursor + 1).max(now_minute.saturating_sub(120))..=now_minute,
+        None => 1..=0,
+    };
+    let hours: Vec<u64> = (first..=last).collect();
+    let minutes: Vec<u64> = unrolled.filter(|minute| (first..=last).contains(&(minute / 60))).collect();
+    let hashes = counters(
+        conn,
+        hours.iter().map(|hour| keys.stats_hour(*hour)).chain(minutes.iter().map(|m| keys.stats_minute(*m))),
+    )
+    .await?;
+    let (mut by_hour, rest) = {
+        let mut hashes = hashes;
+        let rest = hashes.split_off(hours.len());
+        (hashes, rest)
+    };
+    for (minute, hash) in minutes.iter().zip(rest) {
+        let hour = &mut by_hour[(minute / 60 - first) as usize];
+        for (name, n) in hash {
+            *hour.entry(name).or_default() += n;
+        }
+    }
+    Ok(by_hour)
+}
+
 /// Stream entries as field maps.
 pub type Entries<V> = Vec<(String, HashMap<String, V>)>;
 

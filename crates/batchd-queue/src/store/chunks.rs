@@ -77,7 +77,9 @@ impl Store {
                 }
                 let cancel = redis::from_redis_value(answer.next().ok_or_else(|| bad("no cancel flag"))?)
                     .map_err(|_| bad("the cancel flag"))?;
-                claim.view = self.view(&claim.chunk, values, cancel)?.map(Box::new);
+                // A ledger the view cannot be read from is the step's to report (its own read fails the same
+                // way), never the whole claim's: the other members claimed with it go on.
+                claim.view = self.view(&claim.chunk, values, cancel).ok().flatten().map(Box::new);
             }
             claimed.claims.push(claim);
         }

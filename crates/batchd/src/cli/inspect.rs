@@ -342,15 +342,14 @@ pub(crate) async fn finished_since(
         }
         .into());
     }
-    let (granularity, unit, key): (&str, u64, fn(&Keys, u64) -> String) = if window <= MINUTE_WINDOW_MS {
-        ("minute", 60_000, Keys::stats_minute)
-    } else {
-        ("hour", 3_600_000, Keys::stats_hour)
-    };
+    let (granularity, unit) = if window <= MINUTE_WINDOW_MS { ("minute", 60_000) } else { ("hour", 3_600_000) };
     let (first, last) = (since / unit, now / unit);
-    let hashes = batchd_queue::inspect::counters(conn, (first..=last).map(|n| key(keys, n)))
-        .await
-        .context("read the finished-jobs counters")?;
+    let hashes = if unit == 60_000 {
+        batchd_queue::inspect::counters(conn, (first..=last).map(|minute| keys.stats_minute(minute))).await
+    } else {
+        batchd_queue::inspect::hour_counters(conn, keys, first, last, now).await
+    }
+    .context("read the finished-jobs counters")?;
     let mut finished: std::collections::BTreeMap<String, u64> = Default::default();
     let mut tokens: std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>> = Default::default();
     for (name, n) in hashes.iter().flatten() {

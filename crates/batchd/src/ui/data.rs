@@ -108,7 +108,10 @@ pub async fn overview(conn: &mut Conn, keys: &Keys, now: u64, range: Range) -> a
     let minutes = counters(conn, now, MINUTE_MS, 60, |minute| keys.stats_minute(minute)).await?;
     // The day's tokens need the last 24 hours; eight days of bars, 192.
     let n_hours = if range == Range::EightDays { range.buckets() } else { 24 };
-    let hours = counters(conn, now, HOUR_MS, n_hours, |hour| keys.stats_hour(hour)).await?;
+    let current = now / HOUR_MS;
+    let first = current.saturating_sub(n_hours as u64 - 1);
+    let hashes = inspect::hour_counters(conn, keys, first, current, now).await.context("read the hourly counters")?;
+    let hours: Vec<Bucket> = (first..=current).map(|hour| hour * HOUR_MS).zip(hashes).collect();
     let shown = if range == Range::Hour { &minutes[..] } else { &hours[hours.len() - range.buckets()..] };
     Ok(json!({
         "namespace": keys.namespace(),
