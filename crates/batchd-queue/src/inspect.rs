@@ -323,12 +323,14 @@ pub async fn hour_counters(
     let cursor: Option<String> = redis::cmd("GET").arg(keys.stats_rolled()).query_async(conn).await?;
     let now_minute = now_ms / 60_000;
     // Minutes not in any hour's hash yet: after the cursor, and no older than the minute hashes live.
-    let unrolled = match cursor.and_then(|cursor| cursor.parse::<u64>().ok()) {
-        Some(cursor) => (cursor + 1).max(now_minute.saturating_sub(120))..=now_minute,
-        None => 1..=0,
+    // Without a cursor nothing was rolled up by this version: the hours' hashes are all there is.
+    let minutes: Vec<u64> = match cursor.and_then(|cursor| cursor.parse::<u64>().ok()) {
+        Some(cursor) => ((cursor + 1).max(now_minute.saturating_sub(120))..=now_minute)
+            .filter(|minute| (first..=last).contains(&(minute / 60)))
+            .collect(),
+        None => Vec::new(),
     };
     let hours: Vec<u64> = (first..=last).collect();
-    let minutes: Vec<u64> = unrolled.filter(|minute| (first..=last).contains(&(minute / 60))).collect();
     let hashes = counters(
         conn,
         hours.iter().map(|hour| keys.stats_hour(*hour)).chain(minutes.iter().map(|m| keys.stats_minute(*m))),
