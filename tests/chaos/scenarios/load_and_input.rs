@@ -9,8 +9,9 @@ use batchd_emulator::CallKind;
 use super::{FAULT_RATE, NO_PERSISTENCE, Timing, finish, secs, seed, start_daemons, supervised_sleep};
 use crate::chaos::check::{Outcome, drain};
 use crate::chaos::cluster::Cluster;
-use crate::chaos::load::{self, Collector, spawn_producer};
+use crate::chaos::load::{self, Collector, Mix, spawn_producer};
 use crate::chaos::{Size, human};
+use crate::chaos::remote::RemoteLog;
 use crate::chaos::{clock, hostile};
 
 /// Scenario 5: a backlog of 100,000 jobs enqueued while no daemon runs (pipelined `XADD`), then three daemons
@@ -30,7 +31,7 @@ pub(super) async fn backlog(size: Size) -> anyhow::Result<Outcome> {
     cluster.event(format!("scenario 5-backlog ({}), seed {seed}, {n_jobs} jobs", size.as_str()));
     let ids = load::ids("b", n_jobs);
     let enqueue_started = Instant::now();
-    let produced = load::produce(cluster.conn.clone(), cluster.keys.clone(), ids, 1000, Duration::ZERO).await;
+    let produced = load::produce(cluster.conn.clone(), cluster.keys.clone(), ids, Mix::ALL, 1000, Duration::ZERO).await;
     let enqueue_time = enqueue_started.elapsed();
     cluster.event(format!("{n_jobs} jobs enqueued in {}", human(enqueue_time)));
     let collector = Collector::start(cluster.conn.clone(), cluster.keys.clone());
@@ -95,7 +96,7 @@ pub(super) async fn clock_skew(size: Size) -> anyhow::Result<Outcome> {
     }
     let collector = Collector::start(cluster.conn.clone(), cluster.keys.clone());
     let (batch, every) = size.pick((50, Duration::from_millis(500)), (15, Duration::from_millis(500)));
-    let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("c", n_jobs), batch, every);
+    let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("c", n_jobs), Mix::ALL, batch, every);
     let load_time = every * (n_jobs / batch) as u32;
     let mut jumps = vec![(load_time / 2, 0, "+600s")];
     if size == Size::Full {
@@ -115,7 +116,8 @@ pub(super) async fn clock_skew(size: Size) -> anyhow::Result<Outcome> {
     // jittered interval; 50 ms of slack for the emulator's own timestamps.
     let initial_poll = Duration::from_millis(var_ms(&cluster, "BATCHD__POLL__INITIAL_INTERVAL_MS"));
     let bound = (timing.latency.0 + initial_poll.mul_f64(1.0 - POLL_JITTER)).saturating_sub(Duration::from_millis(50));
-    let gaps = clock::poll_gaps(&cluster.emulator.calls(), bound);
+    let jobs: Vec<String> = produced.acked.keys().cloned().collect();
+    let gaps = clock::poll_gaps(&RemoteLog::read(&cluster.emulator, &jobs), bound);
     outcome.figure("polls_checked_for_earliness", gaps.checked);
     outcome.figure("shortest_wait_before_a_poll_ms", gaps.shortest.map(|d| d.as_millis() as u64));
     outcome.figure("earliest_allowed_poll_ms", bound.as_millis() as u64);
@@ -183,7 +185,7 @@ pub(super) async fn hostile_entries(size: Size) -> anyhow::Result<Outcome> {
     }
     let collector = Collector::start(cluster.conn.clone(), cluster.keys.clone());
     let (batch, every) = size.pick((50, Duration::from_millis(500)), (15, Duration::from_millis(500)));
-    let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("g", n_jobs), batch, every);
+    let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("g", n_jobs), Mix::ALL, batch, every);
     let load_time = every * (n_jobs / batch) as u32;
     let mut sent = Vec::new();
     let mut largest_entry = 0;
@@ -305,7 +307,7 @@ pub(super) async fn oversize_entry_peak_rss() -> anyhow::Result<Outcome> {
     cluster.wait_ready(secs(30)).await?;
     let collector = Collector::start(cluster.conn.clone(), cluster.keys.clone());
     let mut produced =
-        load::produce(cluster.conn.clone(), cluster.keys.clone(), load::ids("f2", 30), 10, Duration::ZERO).await;
+        load::produce(cluster.conn.clone(), cluster.keys.clone(), load::ids("f2", 30), Mix::CLOUDFLARE, 10, Duration::ZERO).await;
     drain(&mut cluster, &collector, produced.acked.len(), secs(60)).await;
     let idle = cluster.status_bytes(0, "VmRSS")?;
     let mut sent = Vec::new();
