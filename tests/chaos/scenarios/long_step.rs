@@ -63,6 +63,7 @@ pub(super) async fn long_step(size: Size) -> anyhow::Result<Outcome> {
     vars.push(("BATCHD__SCHEDULE__LEASE_SECS", LEASE.as_secs().to_string()));
     // A batch is done 400 ms after its create; the first poll comes 1.2–1.8 s after the submit, so it is the last.
     vars.push(("BATCHD__POLL__INITIAL_INTERVAL_MS", "1500".to_owned()));
+    vars.push(("BATCHD__POLL__MAX_INTERVAL_MS", "3000".to_owned()));
     let mut config = timing.emulator(0.0, seed);
     config.random_latency = None;
     config.openai.timing = OpenAiTiming {
@@ -88,7 +89,12 @@ pub(super) async fn long_step(size: Size) -> anyhow::Result<Outcome> {
         load::produce(cluster.conn.clone(), cluster.keys.clone(), load::ids("l", n_jobs), mix, batch, every).await;
     let drain_timeout = size.pick(secs(300), secs(120));
     drain(&mut cluster, &collector, produced.acked.len(), drain_timeout).await;
-    // Read before the daemons stop.
+    // Stale writes are read once every reply the emulator delayed has left it (a taken-over step writes right after
+    // its last reply), before the daemons stop. A take-over is also caught without any timing, from the call log.
+    let last_reply = openai.calls().iter().map(reply_ms).max().unwrap_or(0);
+    while unix_ms() < last_reply + 1_000 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let mut stale = 0;
     for index in cluster.live() {
         stale += stale_writes(&cluster, index).await?;
@@ -139,13 +145,14 @@ pub(super) async fn long_step(size: Size) -> anyhow::Result<Outcome> {
     });
     outcome.notes.push(format!(
         "{} of {n_jobs} last poll steps lasted {}–{} (status + output file + error file, each answered {} late) under \
-         a {} lease (request timeout {}); none taken over; the chunk's lease was extended {}–{} times during each",
+         a {} lease (request timeout {}); {} taken over; the chunk's lease was extended {}–{} times during each",
         long.len(),
         shortest.map_or("-".to_owned(), human),
         longest.map_or("-".to_owned(), human),
         human(LATE),
         human(LEASE),
         human(REQUEST_TIMEOUT),
+        taken_over.len(),
         renewals.iter().min().copied().unwrap_or(0),
         renewals.iter().max().copied().unwrap_or(0),
     ));
