@@ -476,6 +476,9 @@ async fn judge_remote_work(
         outcome.figure("provider_faults_injected", serde_json::json!(injected));
     }
     let log = RemoteLog::read(&cluster.emulator, ids.iter().chain(produced.hostile.iter()));
+    if let Err(error) = RemoteLog::save(&cluster.emulator, cluster.log_dir()) {
+        outcome.notes.push(format!("could not save the call logs in {}: {error}", cluster.log_dir().display()));
+    }
     outcome.figure("api_calls", log.calls.values().sum::<usize>());
     outcome.figure("api_submits_accepted", log.created.len());
     outcome.figure("api_polls", Provider::ALL.iter().map(|provider| log.polls(*provider)).sum::<usize>());
@@ -682,11 +685,15 @@ impl Windows {
     }
 
     /// Whether a Redis outage (`start`, `end` in Unix ms) explains a batch created at `at_ms`: its reply arrived
-    /// during the outage (created at most one request timeout before it began), and Redis then stayed away for
-    /// longer than the lease, after which the daemon gives the request id up. An outage shorter than the lease
-    /// explains nothing: the request id is recorded once Redis is back (finding f1).
+    /// during the outage (created at most one request timeout before it began, and before it ended), and the outage
+    /// outlasted the lease. The daemon holding the request id keeps trying to record it for as long as it holds the
+    /// chunk's lease, but it cannot renew a lease while Redis is away: the lease it last renewed before the outage
+    /// ends at most one lease after the outage began, and the chunk is then another replica's to resubmit. An
+    /// outage shorter than the lease explains nothing: the request id is recorded once Redis is back (finding f1).
     fn outage_explains(&self, at_ms: u64, (start, end): (u64, u64)) -> bool {
-        at_ms + self.request_timeout_ms + Self::SLACK_MS >= start && at_ms + self.lease_ms <= end + Self::SLACK_MS
+        at_ms + self.request_timeout_ms + Self::SLACK_MS >= start
+            && at_ms <= end
+            && start + self.lease_ms <= end + Self::SLACK_MS
     }
 }
 

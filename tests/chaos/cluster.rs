@@ -171,6 +171,11 @@ impl Cluster {
             ("BATCHD__RATE_LIMITS__TRANSLATION".into(), "0".into()),
             ("BATCHD__RATE_LIMITS__SPEECH_RECOGNITION".into(), "0".into()),
             ("BATCHD__OPENAI__BATCHES_PER_HOUR".into(), "0".into()),
+            // A submit holds room for twice the provider's body limit before it reads its items (finding f3): at
+            // the defaults, an OpenAI submit holds half of `workers.inflight_bytes` and an Anthropic one all of it.
+            // The runs use Workers AI's 10 MB for all three, as an operator would once f3 is known.
+            ("BATCHD__OPENAI__MAX_FILE_BYTES".into(), "10000000".into()),
+            ("BATCHD__ANTHROPIC__MAX_BODY_BYTES".into(), "10000000".into()),
             ("BATCHD__ANTHROPIC__REQUESTS_PER_MINUTE".into(), "0".into()),
         ];
         all_vars.extend(vars.iter().map(|(key, value)| ((*key).to_owned(), value.clone())));

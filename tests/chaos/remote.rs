@@ -197,6 +197,17 @@ impl RemoteLog {
         self.batches_counted.insert(Provider::Anthropic, anthropic.batch_count());
     }
 
+    /// Writes the three call logs as they are now to `dir` (`calls-cloudflare.json`, `calls-openai.json`,
+    /// `calls-anthropic.json`), beside the daemons' logs, for reading a failure afterwards.
+    pub fn save(emulator: &EmulatorHandle, dir: &std::path::Path) -> std::io::Result<()> {
+        let write = |name: &str, value: serde_json::Result<String>| {
+            std::fs::write(dir.join(format!("calls-{name}.json")), value.map_err(std::io::Error::other)?)
+        };
+        write("cloudflare", serde_json::to_string(&emulator.calls()))?;
+        write("openai", serde_json::to_string(&emulator.openai().calls()))?;
+        write("anthropic", serde_json::to_string(&emulator.anthropic().calls()))
+    }
+
     fn count(&mut self, provider: Provider, calls: usize, faulted: usize) {
         self.calls.insert(provider, calls);
         self.faulted.insert(provider, faulted);
