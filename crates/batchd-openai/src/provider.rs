@@ -229,8 +229,13 @@ impl Provider for OpenAiProvider {
                     ),
                 ));
             }
+            // Until a look answers, an earlier create stays uncertain: a failed look is reported as one that may
+            // have created, so the next attempt looks again instead of taking the chunk for a fresh one.
             if let Some(resume) = batch.resume
-                && let Some(found) = self.find_created(&batch.tag, resume).await?
+                && let Some(found) = self
+                    .find_created(&batch.tag, resume)
+                    .await
+                    .map_err(|error| ApiError { maybe_delivered: true, ..error })?
             {
                 tracing::info!(
                     job_id = %batch.tag.job_id,
