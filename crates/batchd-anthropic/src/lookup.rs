@@ -7,18 +7,20 @@
 //! Reading a candidate's results costs a request, and a stream of batches of one size makes every batch of the last
 //! minute a candidate (a chaos run saw 73,000 results reads for 1,000 chunks): at most [`MAX_CHECKS`] ended
 //! candidates are read per look, those created closest to the chunk's first create, where an uncertain create of
-//! the chunk most likely landed; the others count as unchecked.
+//! the chunk most likely landed; the others are unread, never adopted, and make the look inconclusive.
 
 use crate::wire::MessageBatch;
 
 /// Margin for the difference between this replica's clock and the API's, in ms.
 pub const CLOCK_MARGIN_MS: u64 = 60_000;
 
-/// Batches listed per page while looking.
-pub const PAGE_SIZE: u32 = 100;
+/// Batches listed per page while looking: the API's largest page, so that one request usually covers the window
+/// (each request of a look may fail, and a failed look costs the submit an attempt: with ten pages of 100, a
+/// chaos run at 5% faults used up all eight attempts of a chunk).
+pub const PAGE_SIZE: u32 = 1000;
 
 /// Pages read at most while looking (1,000 batches): past that, the look is inconclusive.
-pub const MAX_PAGES: usize = 10;
+pub const MAX_PAGES: usize = 1;
 
 /// Ended candidates whose first result line is read, at most, per look.
 pub const MAX_CHECKS: usize = 16;
@@ -94,6 +96,8 @@ pub enum Check {
     Foreign,
     /// Not readable (not ended, results gone, or no line).
     Unknown,
+    /// Ended, but not read (past [`MAX_CHECKS`]): it could be the chunk's, yet is never adopted unread.
+    Unread,
 }
 
 /// The decision.
@@ -114,17 +118,18 @@ pub enum Choice {
 }
 
 /// Picks the chunk's batch among `checks` (one per candidate, newest first): one checked as ours wins; else a
-/// single unchecked candidate is adopted; else none.
+/// single unchecked candidate still running is adopted, when no ended one was left unread; else none.
 pub fn choose(checks: &[Check]) -> Choice {
     if let Some(index) = checks.iter().position(|check| *check == Check::Ours) {
         return Choice::Adopt { index, checked: true };
     }
     let unknown: Vec<usize> =
         checks.iter().enumerate().filter(|(_, check)| **check == Check::Unknown).map(|(index, _)| index).collect();
-    match unknown.as_slice() {
-        [] => Choice::Create,
-        [index] => Choice::Adopt { index: *index, checked: false },
-        many => Choice::Ambiguous(many.len()),
+    let unread = checks.iter().filter(|check| **check == Check::Unread).count();
+    match (unknown.as_slice(), unread) {
+        ([], 0) => Choice::Create,
+        ([index], 0) => Choice::Adopt { index: *index, checked: false },
+        (many, unread) => Choice::Ambiguous(many.len() + unread),
     }
 }
 
@@ -186,11 +191,15 @@ mod tests {
 
     #[test]
     fn a_checked_batch_wins_a_lone_unchecked_one_is_taken_and_several_are_not() {
-        use Check::{Foreign, Ours, Unknown};
+        use Check::{Foreign, Ours, Unknown, Unread};
         assert_eq!(choose(&[]), Choice::Create);
         assert_eq!(choose(&[Foreign, Foreign]), Choice::Create);
         assert_eq!(choose(&[Unknown, Ours]), Choice::Adopt { index: 1, checked: true });
         assert_eq!(choose(&[Foreign, Unknown]), Choice::Adopt { index: 1, checked: false });
         assert_eq!(choose(&[Unknown, Foreign, Unknown]), Choice::Ambiguous(2));
+        // An ended candidate left unread keeps a lone running one from being adopted, and is never adopted itself.
+        assert_eq!(choose(&[Foreign, Unknown, Unread]), Choice::Ambiguous(2));
+        assert_eq!(choose(&[Unread]), Choice::Ambiguous(1));
+        assert_eq!(choose(&[Unread, Ours]), Choice::Adopt { index: 1, checked: true });
     }
 }

@@ -108,6 +108,8 @@ impl AnthropicProvider {
                     Some(_) => Check::Foreign,
                     None => Check::Unknown,
                 }
+            } else if candidate.ended {
+                Check::Unread
             } else {
                 Check::Unknown
             };
