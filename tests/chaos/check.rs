@@ -458,6 +458,7 @@ const CAUSE_KILL: &str = "kill -9 inside the submit window";
 const CAUSE_FREEZE: &str = "replica frozen (SIGSTOP) past its lease";
 const CAUSE_OUTAGE: &str = "redis unavailable for a lease after the reply";
 const CAUSE_REPLY_LOST: &str = "create reply lost by the API, look inconclusive (anthropic)";
+const CAUSE_HORIZON: &str = "more newer batches than the look reads (openai.lookup_pages)";
 
 /// Whether a fault that leaves a created batch unknown to its daemon (a kill in the submit window, a Redis outage
 /// outlasting the lease, a create whose reply the API lost) may cost a second batch at `provider`. Not at OpenAI:
@@ -536,6 +537,18 @@ async fn judge_remote_work(
     // again anyway", never a submit window.
     let polled = log.polled();
     let windows = Windows::of(cluster);
+    // An OpenAI look reads the newest `openai.lookup_pages` pages of 100 batches: a batch that many creates deep
+    // when its chunk looked again is out of its reach (the creates are in log order).
+    let horizon = var_or(cluster, "BATCHD__OPENAI__LOOKUP_PAGES", 10) as usize * 100;
+    let openai_creates: Vec<u64> = log
+        .created
+        .iter()
+        .filter(|created| created.provider == Provider::OpenAi)
+        .map(|created| created.at_ms)
+        .collect();
+    let creates_between = |from_ms: u64, to_ms: u64| {
+        openai_creates.iter().filter(|at| **at > from_ms && **at < to_ms).count()
+    };
     outcome.figure("excuse_window_kill_ms", windows.kill_ms);
     outcome.figure("excuse_window_lease_ms", windows.lease_ms);
     let mut per_provider: BTreeMap<Provider, ProviderCounts> = BTreeMap::new();
@@ -599,6 +612,18 @@ async fn judge_remote_work(
                     Some(CAUSE_OUTAGE)
                 }
                 _ if provider == Provider::Anthropic && orphan.reply_lost => Some(CAUSE_REPLY_LOST),
+                // Its chunk's next create came after more OpenAI batches than the look reads: the look could not
+                // see it.
+                _ if provider == Provider::OpenAi
+                    && job_creates
+                        .iter()
+                        .filter(|next| next.at_ms > orphan.at_ms)
+                        .map(|next| next.at_ms)
+                        .min()
+                        .is_some_and(|next_ms| creates_between(orphan.at_ms, next_ms) >= horizon) =>
+                {
+                    Some(CAUSE_HORIZON)
+                }
                 _ => None,
             };
             match cause {

@@ -125,6 +125,9 @@ impl RemoteLog {
         }
         let calls = openai.calls();
         for call in &calls {
+            // A call a fault hit before it was handled names its batch or file only in its path.
+            let batch_id = call.batch_id.clone().or_else(|| path_id(&call.path, "batches"));
+            let file_id = call.file_id.clone().or_else(|| path_id(&call.path, "files"));
             let touch = |batch: &String, what| Touch {
                 provider: Provider::OpenAi,
                 batch: batch.clone(),
@@ -134,7 +137,7 @@ impl RemoteLog {
                 http_status: call.http_status,
                 faulted: call.fault.is_some(),
             };
-            match (call.kind, &call.batch_id) {
+            match (call.kind, &batch_id) {
                 (OpenAiCallKind::CreateBatch, Some(batch)) => self.created.push(Created {
                     provider: Provider::OpenAi,
                     job: job_of.get(batch).cloned().unwrap_or_default(),
@@ -145,7 +148,7 @@ impl RemoteLog {
                 }),
                 (OpenAiCallKind::GetBatch, Some(batch)) => self.touches.push(touch(batch, "poll")),
                 (OpenAiCallKind::FileContent, _) => {
-                    if let Some(batch) = call.file_id.as_ref().and_then(|file| batch_of_file.get(file)) {
+                    if let Some(batch) = file_id.as_ref().and_then(|file| batch_of_file.get(file)) {
                         self.touches.push(touch(batch, "results"));
                     }
                 }
@@ -228,6 +231,13 @@ impl RemoteLog {
     pub fn polls(&self, provider: Provider) -> usize {
         self.touches.iter().filter(|touch| touch.provider == provider && touch.what == "poll").count()
     }
+}
+
+/// The id after `/<collection>/` in an OpenAI call's path (`/openai/v1/files/{id}/content` → the file id).
+fn path_id(path: &str, collection: &str) -> Option<String> {
+    let rest = path.split(&format!("/{collection}/")).nth(1)?;
+    let id = rest.split('/').next()?;
+    (!id.is_empty()).then(|| id.to_owned())
 }
 
 /// The job hash in batchd's Anthropic `custom_id`s: FNV-1a (64 bits) of the job id, 16 hex digits.

@@ -40,6 +40,9 @@ fn duplicate_submits(outcome: &Outcome) -> String {
     if outcome.duplicate_causes.keys().any(|cause| cause.starts_with("create reply lost")) {
         causes.push("anthropic replies lost".to_owned());
     }
+    if outcome.duplicate_causes.keys().any(|cause| cause.starts_with("more newer batches")) {
+        causes.push("past the openai look's reach".to_owned());
+    }
     format!("{} ({})", outcome.duplicate_submits, causes.join(", "))
 }
 

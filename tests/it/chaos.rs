@@ -121,8 +121,8 @@ async fn a_request_id_received_while_redis_is_down_is_recorded_not_resubmitted()
     assert_eq!(figure(&outcome, "submit_replies_during_outage"), Some(3), "every reply left while Redis was down");
 }
 
-/// Issue 22: a poll step of three slow requests (status, output file, error file: 25.5 s) under an 11 s lease,
-/// each request within the 10 s request timeout: the lease is renewed during the step, so it is not taken over.
+/// Issue 22: a poll step of three slow requests (status, output file, error file: 37.5 s) under a 16 s lease,
+/// each request within the 15 s request timeout: the lease is renewed during the step, so it is not taken over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_a_step_twice_as_long_as_the_lease_is_renewed_and_not_taken_over() {
     let outcome =
