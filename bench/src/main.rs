@@ -6,7 +6,8 @@
 //! 1. queue layer like for like ([`queue_layer`]); 2. full lifecycle ([`lifecycle`]); 3. backlog ([`backlog`]);
 //! 4. poll timing ([`poll_timing`]); 5. big payloads ([`big`]);
 //! 6. default settings against an API answering in 100 ms ([`api_latency`]);
-//! 7. batch events against polling, time-compressed ([`batch_events`]).
+//! 7. batch events against polling, time-compressed ([`batch_events`]);
+//! 8. scenario 6's burst at each provider: Workers AI, OpenAI Batch, Anthropic Message Batches ([`providers`]).
 //!
 //! Needs the release binaries `batchd` and `batchd-emulator` next to this one, `node` with bench/peers/node_modules,
 //! and target/bench-peers/release/apalis-redis-bench: scripts/bench.sh builds and installs all of them.
@@ -21,6 +22,7 @@ mod big;
 mod lifecycle;
 mod poll_timing;
 mod procs;
+mod providers;
 mod queue_layer;
 mod redis_server;
 mod report;
@@ -43,7 +45,7 @@ struct Options {
     runs: usize,
     /// Persistence modes to run.
     modes: Vec<Persistence>,
-    /// Scenarios to run (1..=7).
+    /// Scenarios to run (1..=8).
     scenarios: Vec<u8>,
     /// Jobs of scenarios 1 and 2.
     n: usize,
@@ -55,6 +57,8 @@ struct Options {
     latency_n: usize,
     /// Jobs of scenario 7 (per run of each of its three systems).
     events_n: usize,
+    /// Jobs of scenario 8 (per run of each provider).
+    providers_n: usize,
     /// Where the JSON report goes.
     out: PathBuf,
 }
@@ -64,12 +68,13 @@ fn options() -> anyhow::Result<Options> {
     let mut options = Options {
         runs: 3,
         modes: vec![Persistence::Off, Persistence::AofEverysec],
-        scenarios: vec![1, 2, 3, 4, 5, 6, 7],
+        scenarios: vec![1, 2, 3, 4, 5, 6, 7, 8],
         n: 20_000,
         backlog: 100_000,
         poll_window: Duration::from_secs(10),
         latency_n: 20_000,
         events_n: 300,
+        providers_n: 2_000,
         out: root.join("target/bench/report.json"),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -84,6 +89,7 @@ fn options() -> anyhow::Result<Options> {
                 options.poll_window = Duration::from_secs(3);
                 options.latency_n = 5_000;
                 options.events_n = 100;
+                options.providers_n = 500;
                 i += 1;
                 continue;
             }
@@ -92,6 +98,7 @@ fn options() -> anyhow::Result<Options> {
             "--backlog" => options.backlog = value()?.parse()?,
             "--latency-n" => options.latency_n = value()?.parse()?,
             "--events-n" => options.events_n = value()?.parse()?,
+            "--providers-n" => options.providers_n = value()?.parse()?,
             "--out" => options.out = value()?.into(),
             "--modes" => {
                 options.modes = value()?
@@ -106,8 +113,9 @@ fn options() -> anyhow::Result<Options> {
             "--scenarios" => options.scenarios = value()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "-h" | "--help" => {
                 println!(
-                    "usage: batchd-bench [--quick] [--runs 3] [--modes off,aof] [--scenarios 1,2,3,4,5,6,7] [--n 20000] \
-                     [--backlog 100000] [--latency-n 20000] [--events-n 300] [--out target/bench/report.json]"
+                    "usage: batchd-bench [--quick] [--runs 3] [--modes off,aof] [--scenarios 1,2,3,4,5,6,7,8] [--n 20000] \
+                     [--backlog 100000] [--latency-n 20000] [--events-n 300] [--providers-n 2000] \
+                     [--out target/bench/report.json]"
                 );
                 std::process::exit(0);
             }
@@ -266,6 +274,9 @@ async fn main() -> anyhow::Result<()> {
         if options.scenarios.contains(&7) {
             scenario_batch_events(&options, mode, &work, &logs, &mut report).await?;
         }
+        if options.scenarios.contains(&8) {
+            scenario_providers(&options, mode, &work, &logs, &mut report).await?;
+        }
     }
 
     report.finish();
@@ -280,7 +291,7 @@ async fn main() -> anyhow::Result<()> {
         "load_average_end": load_end,
         "options": {"runs": options.runs, "n": options.n, "backlog": options.backlog,
                     "poll_window_secs": options.poll_window.as_secs(), "latency_n": options.latency_n,
-                    "events_n": options.events_n},
+                    "events_n": options.events_n, "providers_n": options.providers_n},
         "load_average_per_run": RUN_LOADS.lock().expect("lock").iter()
             .map(|(what, load)| json!({"run": what, "load_average": load})).collect::<Vec<_>>(),
         "rows": report.rows,
@@ -520,6 +531,60 @@ async fn scenario_batch_events(
             report.add(s, &label, "jobs completed", "jobs", m, r.completed as f64);
             report.add(s, &label, "events published", "events", m, r.events_published_dropped.0 as f64);
             report.add(s, &label, "events dropped", "events", m, r.events_published_dropped.1 as f64);
+        }
+    }
+    Ok(())
+}
+
+/// Scenario 8: scenario 6's burst at each provider, and the file-based ones again with a 10 MB body limit.
+async fn scenario_providers(
+    options: &Options,
+    mode: Persistence,
+    work: &std::path::Path,
+    logs: &std::path::Path,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let s = "8 providers";
+    let m = mode.label();
+    let n = options.providers_n;
+    for run in 0..options.runs {
+        for provider in providers::Provider::ALL {
+            let limits: &[providers::Limits] = match provider {
+                providers::Provider::Cloudflare => &[providers::Limits::Defaults],
+                _ => &[providers::Limits::Defaults, providers::Limits::TenMegabytes],
+            };
+            for &limits in limits {
+                let setting = match limits {
+                    providers::Limits::Defaults => "defaults",
+                    providers::Limits::TenMegabytes => "defaults but a 10 MB body limit",
+                };
+                progress(&format!("[{m}] scenario 8, run {}: {n} jobs, {}, {setting}", run + 1, provider.label()));
+                let redis = RedisServer::start(mode, work).await?;
+                let tag = format!("providers-{m}-{run}-{provider:?}-{limits:?}").to_lowercase();
+                let mut r = providers::run(&redis, provider, limits, n, logs, &tag)
+                    .await
+                    .with_context(|| format!("scenario 8: {} ({setting})", provider.label()))?;
+                let label = format!(
+                    "{}, batchd {setting}, API answering in {} ms, {} one-item jobs at once, {} s batches",
+                    provider.label(),
+                    providers::LATENCY_MS,
+                    fmt(n as f64),
+                    providers::BATCH_MS / 1000
+                );
+                report.add(s, &label, "throughput, first XADD to last result", "jobs/s", m, r.jobs_per_sec);
+                report.add(s, &label, "throughput, 10th to 90th percentile result", "jobs/s", m, r.steady_jobs_per_sec);
+                report.add(s, &label, "XADD → result p50", "ms", m, percentile(&mut r.latencies_ms, 50.0));
+                report.add(s, &label, "XADD → result p99", "ms", m, percentile(&mut r.latencies_ms, 99.0));
+                report.add(s, &label, "polls per batch", "polls", m, r.polls_per_batch);
+                report.add(s, &label, "remote batches per job", "batches", m, r.batches_per_job);
+                report.add(s, &label, "API calls per job", "calls", m, r.calls_per_job);
+                report.add(s, &label, "jobs not completed", "jobs", m, r.not_completed as f64);
+                report.add(s, &label, "daemon peak RSS (VmHWM)", "MiB", m, r.hwm_mib);
+                for (i, process) in ["daemon", "emulator", "redis-server"].iter().enumerate() {
+                    report.add(s, &label, &format!("CPU per job, {process}"), "µs", m, r.cpu_us_per_job[i]);
+                }
+                report.detail(&format!("{s} / {label} / {m} / API calls per job by kind"), json!(r.calls_by_kind));
+            }
         }
     }
     Ok(())

@@ -1,13 +1,13 @@
 //! Scenario 7's tools: daemons whose wall clock is faked (libfaketime, as in `tests/it/clock.rs`: `LD_PRELOAD`,
 //! the monotonic clock left alone, a spec file re-read at every clock read so a run can make a clock jump), and
-//! the check that no batch was polled earlier than its poll interval allows, from the emulator's call log.
+//! the check that no batch was polled earlier than its poll interval allows, from the emulator's call logs.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use batchd_emulator::{CallKind, CallRecord};
+use super::remote::RemoteLog;
 
 /// Where Debian's `faketime` package (`make deps`) puts the library.
 pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
@@ -40,44 +40,45 @@ pub fn clock_file(dir: &Path, slot: usize) -> PathBuf {
     dir.join(format!("clock-slot{slot}"))
 }
 
-/// The shortest wait before a poll, per kind of previous call, measured from the arrival of the batch's submit or
-/// previous poll (in the emulator's call log) to the arrival of the poll.
+/// The shortest wait before a poll, measured from the arrival of the batch's create or previous poll (in the
+/// emulator's call logs, all three APIs) to the arrival of the poll.
 #[derive(Debug, Clone, Default)]
 pub struct PollGaps {
-    /// Polls that followed an answered submit or poll (the ones the bound applies to).
+    /// Polls that followed an answered create or poll (the ones the bound applies to).
     pub checked: usize,
     /// The shortest of those waits.
     pub shortest: Option<Duration>,
-    /// Those shorter than the bound: `(request id, wait)`.
+    /// Those shorter than the bound: `(batch id, wait)`.
     pub early: Vec<(String, Duration)>,
 }
 
-/// Checks every poll in `calls` that followed an answered (HTTP 200, no fault) submit or poll of the same batch:
-/// it may not arrive sooner than `bound` after that call arrived. A poll after a faulted call is a retry
-/// (`retry.*` backoff) and is not checked.
-pub fn poll_gaps(calls: &[CallRecord], bound: Duration) -> PollGaps {
-    let mut by_batch: HashMap<&str, Vec<&CallRecord>> = HashMap::new();
-    for call in calls {
-        let Some(request_id) = call.request_id.as_deref() else { continue };
-        let accepted_submit = call.kind == CallKind::Submit && (200..300).contains(&call.http_status);
-        if accepted_submit || call.kind == CallKind::Poll {
-            by_batch.entry(request_id).or_default().push(call);
-        }
+/// Checks every poll in `log` that followed an answered (HTTP 200, no fault) create or poll of the same batch: it
+/// may not arrive sooner than `bound` after that call arrived. A poll after a faulted call, or after a results
+/// download (OpenAI, Anthropic), is a retry (`retry.*` backoff) and is not checked.
+pub fn poll_gaps(log: &RemoteLog, bound: Duration) -> PollGaps {
+    // Per batch: (arrival, order at equal arrival, is a poll, answered).
+    let mut by_batch: HashMap<&str, Vec<(u64, u8, bool, bool)>> = HashMap::new();
+    for created in &log.created {
+        by_batch.entry(created.batch.as_str()).or_default().push((created.at_ms, 0, false, !created.reply_lost));
+    }
+    for touch in &log.touches {
+        let answered = touch.what == "poll" && !touch.faulted && touch.http_status == 200;
+        let order = if touch.what == "poll" { 1 } else { 2 };
+        by_batch.entry(touch.batch.as_str()).or_default().push((touch.at_ms, order, touch.what == "poll", answered));
     }
     let mut gaps = PollGaps::default();
-    for (request_id, mut batch) in by_batch {
-        batch.sort_by_key(|call| call.seq);
-        for pair in batch.windows(2) {
-            let (previous, poll) = (pair[0], pair[1]);
-            let answered = previous.fault.is_none() && (200..300).contains(&previous.http_status);
-            if poll.kind != CallKind::Poll || !answered {
+    for (batch, mut calls) in by_batch {
+        calls.sort_unstable();
+        for pair in calls.windows(2) {
+            let ((previous_ms, _, _, answered), (poll_ms, _, is_poll, _)) = (pair[0], pair[1]);
+            if !is_poll || !answered {
                 continue;
             }
-            let wait = Duration::from_millis(poll.at_ms.saturating_sub(previous.at_ms));
+            let wait = Duration::from_millis(poll_ms.saturating_sub(previous_ms));
             gaps.checked += 1;
             gaps.shortest = Some(gaps.shortest.map_or(wait, |shortest| shortest.min(wait)));
             if wait < bound {
-                gaps.early.push((request_id.to_owned(), wait));
+                gaps.early.push((batch.to_owned(), wait));
             }
         }
     }

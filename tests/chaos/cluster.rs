@@ -1,8 +1,9 @@
-//! A chaos run's world: one `redis-server`, the emulator (in this process) and `batchd run` processes.
+//! A chaos run's world: one `redis-server`, the emulator (in this process: Workers AI, OpenAI Batch and Anthropic
+//! Message Batches on one server) and `batchd run` processes with all three providers configured.
 //!
-//! Every daemon process ("incarnation") gets its own emulator port ([`EmulatorHandle::listen_also`]), so the
-//! emulator's call log says which process made each call; a duplicate remote batch can then be traced to the
-//! process that submitted it and to how that process ended. Processes are started with only the environment
+//! Every daemon process ("incarnation") gets its own emulator port ([`EmulatorHandle::listen_also`]) for all three
+//! APIs, so the emulator's call logs say which process made each call; a duplicate remote batch can then be traced
+//! to the process that submitted it and to how that process ended. Processes are started with only the environment
 //! given here (`env_clear`), like a supervisor would, and log to files under `target/chaos/logs/`.
 
 use std::collections::HashMap;
@@ -16,6 +17,7 @@ use batchd_core::Keys;
 use batchd_emulator::{Emulator, EmulatorConfig, EmulatorHandle};
 use redis::aio::ConnectionManager;
 
+use super::provider_faults::ProviderFaults;
 use super::{Size, human, unix_ms};
 use crate::{RedisServer, free_port, http_get, send_signal, workspace_binary};
 
@@ -113,6 +115,8 @@ pub struct Cluster {
     slot_vars: HashMap<usize, Vec<(String, String)>>,
     /// Running processes by index into `incarnations`.
     running: HashMap<usize, Child>,
+    /// The random faults of the OpenAI and Anthropic emulators, while they are injected.
+    provider_faults: Option<ProviderFaults>,
 }
 
 /// `target/chaos` (or `$CARGO_TARGET_DIR/chaos`).
@@ -135,7 +139,13 @@ impl Cluster {
     ) -> anyhow::Result<Self> {
         let bin = workspace_binary("batchd")?;
         let redis = RedisServer::start_with(redis_args).await;
+        let fault_rate = emulator.random_faults.as_ref().map(|faults| faults.rate);
+        let seed = emulator.seed;
         let emulator = Emulator::start(emulator, "127.0.0.1:0".parse()?).await.context("start the emulator")?;
+        // The OpenAI and Anthropic APIs fail at the rate the Workers AI emulator draws.
+        let provider_faults = fault_rate
+            .filter(|rate| *rate > 0.0)
+            .map(|rate| ProviderFaults::start(emulator.openai(), emulator.anthropic(), rate, seed));
         let namespace = format!("chaos{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
         let keys = Keys::new(&namespace).map_err(|error| anyhow::anyhow!("{error}"))?;
         let config = redis::aio::ConnectionManagerConfig::new()
@@ -150,6 +160,9 @@ impl Cluster {
             ("BATCHD__REDIS__NAMESPACE".into(), namespace.clone()),
             ("CLOUDFLARE_ACCOUNT_ID".into(), emulator.account_id().to_owned()),
             ("CLOUDFLARE_API_TOKEN".into(), emulator.token().to_owned()),
+            // All three providers, as `make demo` configures them; each daemon's base URLs name its own port.
+            ("OPENAI_API_KEY".into(), emulator.openai().api_key().to_owned()),
+            ("ANTHROPIC_API_KEY".into(), emulator.anthropic().api_key()),
             ("BATCHD__ADMIN__SAMPLE_INTERVAL_MS".into(), "500".into()),
             ("BATCHD__LOG__LEVEL".into(), "warn".into()),
             // The chaos runs measure recovery, not the shared limiter (which has its own tests).
@@ -157,6 +170,13 @@ impl Cluster {
             ("BATCHD__RATE_LIMITS__EMBEDDINGS".into(), "0".into()),
             ("BATCHD__RATE_LIMITS__TRANSLATION".into(), "0".into()),
             ("BATCHD__RATE_LIMITS__SPEECH_RECOGNITION".into(), "0".into()),
+            ("BATCHD__OPENAI__BATCHES_PER_HOUR".into(), "0".into()),
+            // A submit holds room for twice the provider's body limit before it reads its items (finding f3): at
+            // the defaults, an OpenAI submit holds half of `workers.inflight_bytes` and an Anthropic one all of it.
+            // The runs use Workers AI's 10 MB for all three, as an operator would once f3 is known.
+            ("BATCHD__OPENAI__MAX_FILE_BYTES".into(), "10000000".into()),
+            ("BATCHD__ANTHROPIC__MAX_BODY_BYTES".into(), "10000000".into()),
+            ("BATCHD__ANTHROPIC__REQUESTS_PER_MINUTE".into(), "0".into()),
         ];
         all_vars.extend(vars.iter().map(|(key, value)| ((*key).to_owned(), value.clone())));
         Ok(Self {
@@ -177,7 +197,17 @@ impl Cluster {
             log_dir,
             slot_vars: HashMap::new(),
             running: HashMap::new(),
+            provider_faults,
         })
+    }
+
+    /// Stops injecting faults into the OpenAI and Anthropic emulators; what was injected, by provider and kind
+    /// (empty when the run has no random faults, or on a second call).
+    pub async fn stop_provider_faults(&mut self) -> std::collections::BTreeMap<String, u64> {
+        match self.provider_faults.take() {
+            Some(faults) => faults.stop().await,
+            None => std::collections::BTreeMap::new(),
+        }
     }
 
     /// Records an event (also printed to stderr, so a long run shows progress).
@@ -202,6 +232,7 @@ impl Cluster {
     /// Starts a daemon process in `slot`; returns its incarnation index.
     pub async fn start_daemon(&mut self, slot: usize) -> anyhow::Result<usize> {
         let port = self.emulator.listen_also("127.0.0.1:0".parse()?).await?.port();
+        let origin = format!("http://127.0.0.1:{port}");
         let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
         let index = self.incarnations.len();
         let log = self.log_dir.join(format!("daemon-{index:03}-slot{slot}.log"));
@@ -213,6 +244,8 @@ impl Cluster {
             .envs(self.vars.iter().map(|(key, value)| (key.as_str(), value.as_str())))
             .envs(self.slot_vars.get(&slot).into_iter().flatten().map(|(key, value)| (key.as_str(), value.as_str())))
             .env("BATCHD__CLOUDFLARE__BASE_URL", EmulatorHandle::base_url_of(SocketAddr::from(([127, 0, 0, 1], port))))
+            .env("BATCHD__OPENAI__BASE_URL", format!("{origin}{}", batchd_emulator::OPENAI_PREFIX))
+            .env("BATCHD__ANTHROPIC__BASE_URL", format!("{origin}/anthropic"))
             .env("BATCHD__ADMIN__LISTEN", admin.to_string())
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)

@@ -1,6 +1,10 @@
 //! The load of a chaos run: a producer that enqueues jobs the way services do (pipelined `XADD`, retried while
 //! Redis is away), and a result consumer that reads the results stream as it grows.
 //!
+//! The jobs go to the three batch APIs in turn ([`Mix::ALL`]: Cloudflare Workers AI, `openai/...`,
+//! `anthropic/...`), so every fault a scenario applies hits work at every provider; a finding's reproduction may
+//! keep to one ([`Mix::CLOUDFLARE`]).
+//!
 //! A job counts as enqueued only once its `XADD` was acknowledged; the acknowledgement time is kept, so a job
 //! lost with Redis can be matched against the persistence policy. The consumer sees every result entry once
 //! and notes when it arrived, which gives "work resumed" times after a fault and catches a result that is
@@ -19,15 +23,92 @@ use tokio_util::sync::CancellationToken;
 use super::cluster::MODEL;
 use super::unix_ms;
 
-/// The job JSON of `id`: one bge-small item whose `external_reference` is the job id, so the emulator's call
-/// log names the job of every submit.
-pub fn job(id: &str) -> String {
-    serde_json::json!({
-        "id": id,
-        "model": MODEL,
-        "requests": [{"text": format!("chaos job {id}"), "external_reference": id}],
-    })
-    .to_string()
+/// The batch API a chaos job goes to, by its model name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Provider {
+    /// Cloudflare Workers AI (`@cf/...`).
+    Cloudflare,
+    /// OpenAI Batch (`openai/...`).
+    OpenAi,
+    /// Anthropic Message Batches (`anthropic/...`).
+    Anthropic,
+}
+
+impl Provider {
+    /// Every provider, in report order.
+    pub const ALL: [Provider; 3] = [Provider::Cloudflare, Provider::OpenAi, Provider::Anthropic];
+
+    /// `cloudflare`, `openai`, `anthropic` (batchd's routing names).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Cloudflare => "cloudflare",
+            Provider::OpenAi => "openai",
+            Provider::Anthropic => "anthropic",
+        }
+    }
+
+    /// The model its chaos jobs name.
+    pub fn model(self) -> &'static str {
+        match self {
+            Provider::Cloudflare => MODEL,
+            Provider::OpenAi => "openai/gpt-4o-mini",
+            Provider::Anthropic => "anthropic/claude-haiku-4-5",
+        }
+    }
+}
+
+/// Which providers a run's jobs go to (job `<prefix>-<i>` goes to the `i % n`-th of them), with how many items
+/// each job holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mix {
+    /// The providers, in turn.
+    providers: &'static [Provider],
+    /// Items per job.
+    items: usize,
+}
+
+impl Mix {
+    /// Every provider in turn (a third of the jobs each), one item per job.
+    pub const ALL: Mix = Mix { providers: &Provider::ALL, items: 1 };
+    /// Cloudflare only (the findings' reproductions, written against its emulator), one item per job.
+    pub const CLOUDFLARE: Mix = Mix { providers: &[Provider::Cloudflare], items: 1 };
+    /// OpenAI only, one item per job.
+    pub const OPENAI: Mix = Mix { providers: &[Provider::OpenAi], items: 1 };
+
+    /// The same providers with `items` items per job.
+    pub const fn with_items(self, items: usize) -> Mix {
+        Mix { items, ..self }
+    }
+
+    /// The providers of the mix.
+    pub fn providers(self) -> &'static [Provider] {
+        self.providers
+    }
+
+    /// The provider of job `id` (one of [`ids`]); an id without a numeric suffix goes to the first.
+    pub fn provider_of(self, id: &str) -> Provider {
+        let n = id.rsplit('-').next().and_then(|n| n.parse::<usize>().ok()).unwrap_or(0);
+        self.providers[n % self.providers.len()]
+    }
+
+    /// The job JSON of `id`: small items that name the job, so the emulator's call logs tell which job each remote
+    /// batch is for (Cloudflare: the first item's `external_reference`; OpenAI: the batch's `metadata`; Anthropic:
+    /// the `custom_id`s, which carry a hash of the job id).
+    pub fn job(self, id: &str) -> String {
+        let provider = self.provider_of(id);
+        let items: Vec<serde_json::Value> = (0..self.items.max(1))
+            .map(|index| {
+                let text = format!("chaos job {id} item {index}");
+                match provider {
+                    Provider::Cloudflare => serde_json::json!({"text": text, "external_reference": id}),
+                    Provider::OpenAi | Provider::Anthropic => {
+                        serde_json::json!({"messages": [{"role": "user", "content": text}], "max_tokens": 4})
+                    }
+                }
+            })
+            .collect();
+        serde_json::json!({"id": id, "model": provider.model(), "requests": items}).to_string()
+    }
 }
 
 /// Job ids `<prefix>-0`, `<prefix>-1`, ...
@@ -35,18 +116,26 @@ pub fn ids(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i}")).collect()
 }
 
-/// Enqueues `ids` with one pipeline of `XADD`s; returns the entry ids Redis gave them, in order.
-pub async fn enqueue(conn: &mut ConnectionManager, keys: &Keys, ids: &[String]) -> redis::RedisResult<Vec<String>> {
+/// Enqueues `ids` (at the providers `mix` gives them) with one pipeline of `XADD`s; returns the entry ids Redis
+/// gave them, in order.
+pub async fn enqueue(
+    conn: &mut ConnectionManager,
+    keys: &Keys,
+    ids: &[String],
+    mix: Mix,
+) -> redis::RedisResult<Vec<String>> {
     let mut pipe = redis::pipe();
     for id in ids {
-        pipe.cmd("XADD").arg(keys.submit()).arg("*").arg("job").arg(job(id));
+        pipe.cmd("XADD").arg(keys.submit()).arg("*").arg("job").arg(mix.job(id));
     }
     pipe.query_async(conn).await
 }
 
 /// What the producer did.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Produced {
+    /// Which provider each job went to.
+    pub mix: Mix,
     /// Every acknowledged job id with the Unix ms of its acknowledgement.
     pub acked: HashMap<String, u64>,
     /// The stream entry id of each acknowledged job's (last) `XADD`, to tell whether a restarted Redis kept it.
@@ -60,20 +149,40 @@ pub struct Produced {
     pub hostile: HashSet<String>,
 }
 
-/// Enqueues `ids` in pipelines of `batch`, one every `every`, retrying a failed pipeline (a resent job id is
-/// the same job to batchd) until it is acknowledged.
+impl Produced {
+    /// Nothing produced yet, at the providers of `mix`.
+    pub fn new(mix: Mix) -> Self {
+        Self {
+            mix,
+            acked: HashMap::new(),
+            entry_ids: HashMap::new(),
+            failed_attempts: 0,
+            finished_ms: 0,
+            hostile: HashSet::new(),
+        }
+    }
+
+    /// The provider of an acknowledged job.
+    pub fn provider_of(&self, id: &str) -> Provider {
+        self.mix.provider_of(id)
+    }
+}
+
+/// Enqueues `ids` (at the providers of `mix`) in pipelines of `batch`, one every `every`, retrying a failed
+/// pipeline (a resent job id is the same job to batchd) until it is acknowledged.
 pub async fn produce(
     mut conn: ConnectionManager,
     keys: Keys,
     ids: Vec<String>,
+    mix: Mix,
     batch: usize,
     every: Duration,
 ) -> Produced {
-    let mut produced = Produced::default();
+    let mut produced = Produced::new(mix);
     for chunk in ids.chunks(batch.max(1)) {
         let started = tokio::time::Instant::now();
         let entry_ids = loop {
-            match enqueue(&mut conn, &keys, chunk).await {
+            match enqueue(&mut conn, &keys, chunk, mix).await {
                 Ok(entry_ids) => break entry_ids,
                 Err(_) => {
                     produced.failed_attempts += 1;
@@ -95,10 +204,11 @@ pub fn spawn_producer(
     conn: ConnectionManager,
     keys: Keys,
     ids: Vec<String>,
+    mix: Mix,
     batch: usize,
     every: Duration,
 ) -> JoinHandle<Produced> {
-    tokio::spawn(produce(conn, keys, ids, batch, every))
+    tokio::spawn(produce(conn, keys, ids, mix, batch, every))
 }
 
 /// What the result consumer has seen.

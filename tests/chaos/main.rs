@@ -55,7 +55,9 @@ async fn main() -> ExitCode {
         }
     }
     println!("\n{}", report::table(&outcomes));
+    println!("{}", report::provider_table(&outcomes));
     println!("{}", report::markdown(&outcomes));
+    println!("{}", report::provider_markdown(&outcomes));
     println!("report: {}", path.display());
     let failed: Vec<&str> = outcomes.iter().filter(|o| !o.passed()).map(|o| o.scenario.as_str()).collect();
     if failed.is_empty() && errors.is_empty() {

@@ -15,6 +15,8 @@ pub mod clock;
 pub mod cluster;
 pub mod hostile;
 pub mod load;
+pub mod provider_faults;
+pub mod remote;
 pub mod report;
 pub mod scenarios;
 

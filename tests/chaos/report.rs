@@ -22,7 +22,7 @@ const HEADER: [&str; 11] = [
 ];
 
 /// `0`, or the number with its causes: `84 (8 kills in window)`, `16 (redis away > lease)`, `24 (frozen past
-/// lease)`.
+/// lease)`, `3 (anthropic replies lost)`.
 fn duplicate_submits(outcome: &Outcome) -> String {
     if outcome.duplicate_submits == 0 {
         return "0".to_owned();
@@ -36,6 +36,12 @@ fn duplicate_submits(outcome: &Outcome) -> String {
     }
     if outcome.duplicate_causes.keys().any(|cause| cause.starts_with("replica frozen")) {
         causes.push("frozen past lease".to_owned());
+    }
+    if outcome.duplicate_causes.keys().any(|cause| cause.starts_with("create reply lost")) {
+        causes.push("anthropic replies lost".to_owned());
+    }
+    if outcome.duplicate_causes.keys().any(|cause| cause.starts_with("more newer batches")) {
+        causes.push("past the openai look's reach".to_owned());
     }
     format!("{} ({})", outcome.duplicate_submits, causes.join(", "))
 }
@@ -62,11 +68,67 @@ fn rows(outcomes: &[Outcome]) -> Vec<[String; 11]> {
         .collect()
 }
 
-/// The table as aligned plain text.
+/// The columns of the per-provider table.
+const PROVIDER_HEADER: [&str; 10] = [
+    "scenario",
+    "provider",
+    "jobs",
+    "lost",
+    "batches",
+    "polls/batch",
+    "calls",
+    "faults",
+    "dup. submits",
+    "excused",
+];
+
+/// One row per scenario and provider its jobs went to.
+fn provider_rows(outcomes: &[Outcome]) -> Vec<[String; 10]> {
+    outcomes
+        .iter()
+        .flat_map(|outcome| {
+            outcome.providers.iter().map(|(provider, counts)| {
+                [
+                    outcome.scenario.clone(),
+                    provider.as_str().to_owned(),
+                    counts.jobs.to_string(),
+                    counts.lost.to_string(),
+                    counts.batches.to_string(),
+                    format!("{:.2}", counts.polls_per_batch()),
+                    counts.calls.to_string(),
+                    counts.faults.to_string(),
+                    counts.duplicate_submits.to_string(),
+                    counts.excused.to_string(),
+                ]
+            })
+        })
+        .collect()
+}
+
+/// The main table as aligned plain text.
 pub fn table(outcomes: &[Outcome]) -> String {
-    let rows = rows(outcomes);
-    let mut widths: Vec<usize> = HEADER.iter().map(|h| h.len()).collect();
-    for row in &rows {
+    aligned(&HEADER, &rows(outcomes))
+}
+
+/// The per-provider table as aligned plain text.
+pub fn provider_table(outcomes: &[Outcome]) -> String {
+    aligned(&PROVIDER_HEADER, &provider_rows(outcomes))
+}
+
+/// The main table as Markdown.
+pub fn markdown(outcomes: &[Outcome]) -> String {
+    markdown_of(&HEADER, &rows(outcomes))
+}
+
+/// The per-provider table as Markdown.
+pub fn provider_markdown(outcomes: &[Outcome]) -> String {
+    markdown_of(&PROVIDER_HEADER, &provider_rows(outcomes))
+}
+
+/// `header` and `rows` as aligned plain text.
+fn aligned<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
@@ -81,23 +143,23 @@ pub fn table(outcomes: &[Outcome]) -> String {
             .trim_end()
             .to_owned()
     };
-    let mut text = line(HEADER.to_vec());
+    let mut text = line(header.to_vec());
     text.push('\n');
     text.push_str(&line(
         widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().iter().map(String::as_str).collect(),
     ));
     text.push('\n');
-    for row in &rows {
+    for row in rows {
         text.push_str(&line(row.iter().map(String::as_str).collect()));
         text.push('\n');
     }
     text
 }
 
-/// The table as Markdown.
-pub fn markdown(outcomes: &[Outcome]) -> String {
-    let mut text = format!("| {} |\n|{}\n", HEADER.join(" | "), "---|".repeat(HEADER.len()));
-    for row in rows(outcomes) {
+/// `header` and `rows` as a Markdown table.
+fn markdown_of<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
+    let mut text = format!("| {} |\n|{}\n", header.join(" | "), "---|".repeat(N));
+    for row in rows {
         text.push_str(&format!("| {} |\n", row.join(" | ")));
     }
     text
@@ -125,6 +187,8 @@ pub fn json(outcome: &Outcome) -> serde_json::Value {
         "recovery_ms": outcome.recovery.map(|d| d.as_millis() as u64),
         "recovery_measures": outcome.recovery_what,
         "wall_ms": outcome.wall.as_millis() as u64,
+        "providers": outcome.providers.iter().map(|(provider, counts)| (provider.as_str().to_owned(), counts.json()))
+            .collect::<serde_json::Map<String, serde_json::Value>>(),
         "figures": outcome.figures,
         "notes": outcome.notes,
         "failures": outcome.failures,

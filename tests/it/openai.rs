@@ -138,6 +138,57 @@ async fn an_uncertain_create_is_resolved_by_looking_the_batch_up_not_by_creating
     daemon.stop().await.expect("stop");
 }
 
+/// Seen in the chaos runs (scenarios 1 and 5): after an uncertain create, the look-up of the next attempt failed
+/// (a 503 on the list), the chunk was then taken for one that had certainly created nothing, and the attempt after
+/// created a second batch without looking. A failed look leaves the earlier create uncertain.
+#[tokio::test]
+async fn a_failed_look_up_after_an_uncertain_create_is_tried_again_before_creating() {
+    let world = openai_world(|_| {}).await;
+    let openai = world.emulator.openai();
+    openai.inject(OpenAiFault::status(500).on(OpenAiCallKind::CreateBatch).after_handling());
+    openai.inject(OpenAiFault::status(503).on(OpenAiCallKind::ListBatches));
+    let daemon = world.daemon();
+    world.enqueue(&json!({"id": "look-1", "model": "openai/gpt-4o-mini", "requests": [chat("a")]})).await;
+    let entry = world.wait_for_result("look-1", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+    assert_eq!(openai.batch_count(), 1, "no second batch was created");
+    let lists: Vec<u16> = openai.calls_of(OpenAiCallKind::ListBatches).iter().map(|call| call.http_status).collect();
+    assert_eq!(lists, [503, 200], "it looked again after the failed look");
+    daemon.stop().await.expect("stop");
+}
+
+/// Seen in the chaos runs (scenario 3a): a replica paused past its lease had its create certainly refused and
+/// deleted its input file, while the replica that took the chunk over resumed with that file recorded. The resumed
+/// submit now uploads the file again instead of failing the job on the API's 404.
+#[tokio::test]
+async fn a_recorded_input_file_that_is_gone_is_uploaded_again() {
+    let world = openai_world(|_| {}).await;
+    let openai = world.emulator.openai();
+    // The create's connection drops before it is handled (no batch; batchd cannot know), and the resumed submit's
+    // look-up waits 1 s, in which the recorded file is deleted, as the other replica would.
+    openai.inject(OpenAiFault::reset().on(OpenAiCallKind::CreateBatch));
+    openai.inject(OpenAiFault::delay(Duration::from_secs(1)).on(OpenAiCallKind::ListBatches));
+    let daemon = world.daemon();
+    world.enqueue(&json!({"id": "gone-1", "model": "openai/gpt-4o-mini", "requests": [chat("a")]})).await;
+    wait_until("the first create dropped", WAIT, async || !openai.calls_of(OpenAiCallKind::CreateBatch).is_empty())
+        .await;
+    let file = openai.calls_of(OpenAiCallKind::Upload)[0].file_id.clone().expect("the uploaded file");
+    let deleted = reqwest::Client::new()
+        .delete(format!("{}/files/{file}", world.emulator.openai_base_url()))
+        .bearer_auth(openai.api_key())
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(deleted.status(), 200);
+    let entry = world.wait_for_result("gone-1", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+    let creates: Vec<u16> = openai.calls_of(OpenAiCallKind::CreateBatch).iter().map(|call| call.http_status).collect();
+    assert_eq!(creates, [0, 404, 200], "dropped, refused for the gone file, created with the new one");
+    assert_eq!(successful(&world, OpenAiCallKind::Upload), 2, "uploaded again");
+    assert_eq!(openai.batch_count(), 1);
+    daemon.stop().await.expect("stop");
+}
+
 #[tokio::test]
 async fn the_enqueued_token_limit_backs_off_and_creates_again_with_the_same_file() {
     let world = openai_world(|_| {}).await;

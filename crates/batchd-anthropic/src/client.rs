@@ -19,7 +19,7 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'
 /// The `User-Agent` sent.
 const USER_AGENT: &str = concat!("batchd/", env!("CARGO_PKG_VERSION"));
 
-/// Largest reply of a call other than results (a batch object, a page of 100 of them).
+/// Largest reply of a call other than results (a batch object, a page of 1,000 of them: about 600 KB).
 const MAX_SMALL_REPLY: usize = 4 * 1024 * 1024;
 
 /// A results download takes room in the memory budget this many bytes at a time.

@@ -103,14 +103,17 @@ impl AnthropicProvider {
                 "more than 1,000 batches since the uncertain create; looked at the newest only"
             );
         }
+        let worth_reading = lookup::to_check(&candidates, mark.started_ms);
         let mut checks = Vec::with_capacity(candidates.len());
-        for candidate in &candidates {
-            let check = if candidate.ended {
+        for (index, candidate) in candidates.iter().enumerate() {
+            let check = if worth_reading.contains(&index) {
                 match self.client.first_custom_id(&candidate.id, candidate.results_url.as_deref()).await {
                     Some(custom_id) if mark.chunk.index_of(&custom_id).is_some() => Check::Ours,
                     Some(_) => Check::Foreign,
                     None => Check::Unknown,
                 }
+            } else if candidate.ended {
+                Check::Unread
             } else {
                 Check::Unknown
             };

@@ -37,14 +37,37 @@ pub(crate) const API_PREFIX: &str = "/client/v4";
 
 /// The router of one emulator instance.
 pub(crate) fn router(state: Shared) -> Router {
-    Router::new()
-        .merge(control::routes())
+    let providers = Router::new()
         .merge(crate::anthropic::routes())
         .merge(crate::openai::router(Arc::clone(&state.openai)))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), late_reply));
+    Router::new()
+        .merge(control::routes())
+        .merge(providers)
         .fallback(api)
         // The emulator measures bodies itself, to answer 413 with Cloudflare's envelope.
         .layer(DefaultBodyLimit::disable())
         .with_state(state)
+}
+
+/// The random latency of the OpenAI and Anthropic APIs, as the run endpoint has it: the call is handled (and
+/// logged) first, then its reply waits, so a create's batch exists before its reply leaves. Control calls
+/// (`/_emulator/...`) are answered at once.
+async fn late_reply(
+    AxumState(state): AxumState<Shared>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = request.uri().path();
+    let api = path.starts_with(crate::openai::OPENAI_PREFIX) || path.starts_with(crate::anthropic::PATH_PREFIX);
+    let response = next.run(request).await;
+    if api {
+        let latency = state.draw_latency();
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+    }
+    response
 }
 
 /// An error reply with Cloudflare's envelope.

@@ -109,6 +109,29 @@ impl OpenAiProvider {
         Ok((file, bytes))
     }
 
+    /// Uploads the chunk and records the file in the ledger (the checkpoint), so a resumed submit reuses it; the
+    /// file is deleted again when it cannot be recorded.
+    async fn upload_recorded(&self, batch: &SubmitBatch<'_>, endpoint: &str) -> Result<(String, usize), ApiError> {
+        let (file, bytes) = self.upload(batch, endpoint).await?;
+        let record = RemoteBatch { input_file: Some(file.clone()), ..RemoteBatch::default() };
+        if let Err(reason) = batch.checkpoint.record(&record).await {
+            self.delete_quietly(&file).await;
+            return Err(error::local(ErrorKind::Transient, reason));
+        }
+        Ok((file, bytes))
+    }
+
+    /// Creates the batch of `input_file`, tagged with batchd's job, chunk and attempt in its `metadata`.
+    async fn create(&self, tag: &BatchTag<'_>, input_file: &str, endpoint: &str) -> Result<wire::Batch, ApiError> {
+        let metadata = BTreeMap::from([
+            (tag::JOB, tag.job_id.to_string()),
+            (tag::CHUNK, tag.chunk.to_string()),
+            (tag::ATTEMPT, tag.attempt.to_string()),
+        ]);
+        let create = wire::CreateBatch { input_file_id: input_file, endpoint, completion_window: "24h", metadata };
+        self.client.create(&create).await
+    }
+
     /// Deletes a file, logging a failure (best effort).
     async fn delete_quietly(&self, file: &str) {
         if let Err(error) = self.client.delete_file(file).await {
@@ -206,8 +229,13 @@ impl Provider for OpenAiProvider {
                     ),
                 ));
             }
+            // Until a look answers, an earlier create stays uncertain: a failed look is reported as one that may
+            // have created, so the next attempt looks again instead of taking the chunk for a fresh one.
             if let Some(resume) = batch.resume
-                && let Some(found) = self.find_created(&batch.tag, resume).await?
+                && let Some(found) = self
+                    .find_created(&batch.tag, resume)
+                    .await
+                    .map_err(|error| ApiError { maybe_delivered: true, ..error })?
             {
                 tracing::info!(
                     job_id = %batch.tag.job_id,
@@ -218,25 +246,25 @@ impl Provider for OpenAiProvider {
                 return submitted(found, resume.input_file.clone(), 0);
             }
             let reused = batch.resume.and_then(|resume| resume.input_file.clone()).filter(|file| is_safe_id(file));
-            let (input_file, body_bytes) = match reused {
-                Some(file) => (file, 0),
-                None => {
-                    let (file, bytes) = self.upload(&batch, endpoint).await?;
-                    let record = RemoteBatch { input_file: Some(file.clone()), ..RemoteBatch::default() };
-                    if let Err(reason) = batch.checkpoint.record(&record).await {
-                        self.delete_quietly(&file).await;
-                        return Err(error::local(ErrorKind::Transient, reason));
-                    }
-                    (file, bytes)
-                }
+            let (mut input_file, mut body_bytes) = match &reused {
+                Some(file) => (file.clone(), 0),
+                None => self.upload_recorded(&batch, endpoint).await?,
             };
-            let metadata = BTreeMap::from([
-                (tag::JOB, batch.tag.job_id.to_string()),
-                (tag::CHUNK, batch.tag.chunk.to_string()),
-                (tag::ATTEMPT, batch.tag.attempt.to_string()),
-            ]);
-            let create = wire::CreateBatch { input_file_id: &input_file, endpoint, completion_window: "24h", metadata };
-            match self.client.create(&create).await {
+            let mut created = self.create(&batch.tag, &input_file, endpoint).await;
+            // The recorded file may be gone: a replica that held the chunk before deletes its file when the API
+            // certainly refused its create, and it may learn only afterwards that the chunk was taken over (a
+            // replica paused past its lease, a Redis outage). Upload it again rather than fail the job.
+            if reused.is_some() && matches!(&created, Err(error) if error.http_status == Some(404)) {
+                tracing::warn!(
+                    job_id = %batch.tag.job_id,
+                    chunk = batch.tag.chunk,
+                    file = input_file,
+                    "the recorded input file is gone; uploading it again"
+                );
+                (input_file, body_bytes) = self.upload_recorded(&batch, endpoint).await?;
+                created = self.create(&batch.tag, &input_file, endpoint).await;
+            }
+            match created {
                 Ok(created) => submitted(created, Some(input_file), body_bytes),
                 // The batch may exist: the engine resubmits, and the resumed submit looks before creating.
                 Err(error) if error.maybe_delivered => Err(error),

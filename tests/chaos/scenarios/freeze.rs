@@ -7,13 +7,14 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use batchd_emulator::{CallKind, Calls, Fault, FaultKind};
+use batchd_emulator::{AnthropicCalls, AnthropicFault, Calls, Fault, FaultKind, OpenAiCallKind, OpenAiFault};
 
-use super::{FAULT_RATE, NO_PERSISTENCE, Timing, finish, secs, seed, start_daemons, supervised_sleep};
+use super::{FAULT_RATE, NO_PERSISTENCE, Timing, finish, secs, seed, stale_writes, start_daemons, supervised_sleep};
 use crate::chaos::Size;
 use crate::chaos::check::Outcome;
 use crate::chaos::cluster::Cluster;
-use crate::chaos::load::{self, spawn_producer};
+use crate::chaos::load::{self, Mix, spawn_producer};
+use crate::chaos::remote::RemoteLog;
 
 /// Scenario 9: two daemons; one is frozen for 3 × the lease with submits and polls in flight, then resumed.
 pub(super) async fn freeze(size: Size) -> anyhow::Result<Outcome> {
@@ -34,19 +35,29 @@ pub(super) async fn freeze(size: Size) -> anyhow::Result<Outcome> {
     let collector = load::Collector::start(cluster.conn.clone(), cluster.keys.clone());
     // The load goes on through the freeze, so the victim is taking jobs in (and posting them) when it stops.
     let (batch, every) = size.pick((50, Duration::from_millis(500)), (10, Duration::from_millis(500)));
-    let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("z", n_jobs), batch, every);
+    let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("z", n_jobs), Mix::ALL, batch, every);
     supervised_sleep(&mut cluster, size.pick(secs(5), secs(2))).await;
 
-    // Slow replies (a third of the lease), so the victim has submits and polls in flight when it stops.
+    // Slow replies (a third of the lease), so the victim has submits and polls in flight when it stops, at every
+    // provider: the call takes effect at once, its reply is late.
     let slow = timing.lease / 3;
+    let times = size.pick(40, 12);
     for calls in [Calls::Submit, Calls::Poll] {
         let kind = FaultKind::Delay { millis: slow.as_millis() as u64 };
-        cluster.emulator.inject(Fault { kind, calls, times: size.pick(40, 12) });
+        cluster.emulator.inject(Fault { kind, calls, times });
+    }
+    for kind in [OpenAiCallKind::CreateBatch, OpenAiCallKind::GetBatch] {
+        cluster.emulator.openai().inject(OpenAiFault::delay(slow).on(kind).after_handling().times(times));
+    }
+    for calls in [AnthropicCalls::Create, AnthropicCalls::Retrieve] {
+        cluster.emulator.anthropic().inject(AnthropicFault::delay(slow).on(calls).times(times));
     }
     tokio::time::sleep(slow / 2).await;
     let victim = cluster.in_slot(0).ok_or_else(|| anyhow::anyhow!("no daemon in slot 0"))?;
     let victim_port = cluster.incarnations[victim].port;
-    let calls_before = cluster.emulator.calls().iter().filter(|call| call.port == victim_port).count();
+    let calls_before = cluster.emulator.calls().iter().filter(|call| call.port == victim_port).count()
+        + cluster.emulator.openai().calls().iter().filter(|call| call.port == victim_port).count()
+        + cluster.emulator.anthropic().calls().iter().filter(|call| call.port == victim_port).count();
     cluster.freeze(victim, timing.lease * 3).await?;
     outcome.figure("victim_api_calls_before_freeze", calls_before);
 
@@ -73,26 +84,25 @@ pub(super) async fn freeze(size: Size) -> anyhow::Result<Outcome> {
     // leaving): they reach the API within the slowed reply of the SIGCONT, and their outcome is refused.
     let resumed_window = cluster.freezes.first().map(|(_, _, to)| (victim_port, to + slow.as_millis() as u64 + 1_000));
     let published = published_at(&mut cluster).await?;
-    let calls = cluster.emulator.calls();
-    let mut job_of_request: HashMap<String, String> = HashMap::new();
-    for call in calls.iter().filter(|call| call.kind == CallKind::Submit) {
-        if let (Some(request), Some(job)) = (&call.request_id, &call.first_reference) {
-            job_of_request.insert(request.clone(), job.clone());
-        }
-    }
-    let late: Vec<String> = calls
+    let jobs: Vec<String> = produced.acked.keys().cloned().collect();
+    let log = RemoteLog::read(&cluster.emulator, &jobs);
+    let job_of_batch: HashMap<&str, &str> =
+        log.created.iter().map(|created| (created.batch.as_str(), created.job.as_str())).collect();
+    // Creates (by their job) and polls (by their batch's job). Not results downloads: an Anthropic look for an
+    // uncertain create reads other chunks' results by design; nor OpenAI's file deletions, which come after the
+    // result by design (the outcome is stored first).
+    let calls = log
+        .created
         .iter()
-        .filter(|call| matches!(call.kind, CallKind::Submit | CallKind::Poll))
-        .filter_map(|call| {
-            let job = match call.kind {
-                CallKind::Submit => call.first_reference.clone(),
-                _ => call.request_id.as_ref().and_then(|request| job_of_request.get(request).cloned()),
-            }?;
-            let at = *published.get(&job)?;
-            let in_flight_at_resume =
-                resumed_window.is_some_and(|(port, until)| call.port == port && call.at_ms <= until);
-            (call.at_ms > at + 200 && !in_flight_at_resume)
-                .then(|| format!("{job}: {:?} at {} after its result at {at}", call.kind, call.at_ms))
+        .map(|created| (created.job.as_str(), "create", created.port, created.at_ms))
+        .chain(log.touches.iter().filter(|touch| touch.what == "poll").filter_map(|touch| {
+            job_of_batch.get(touch.batch.as_str()).map(|job| (*job, touch.what, touch.port, touch.at_ms))
+        }));
+    let late: Vec<String> = calls
+        .filter_map(|(job, what, port, at_ms)| {
+            let at = *published.get(job)?;
+            let in_flight_at_resume = resumed_window.is_some_and(|(victim, until)| port == victim && at_ms <= until);
+            (at_ms > at + 200 && !in_flight_at_resume).then(|| format!("{job}: {what} at {at_ms} after its result at {at}"))
         })
         .collect();
     outcome.figure("api_calls_after_a_result", late.len());
@@ -105,17 +115,6 @@ pub(super) async fn freeze(size: Size) -> anyhow::Result<Outcome> {
     outcome.figure("seed", seed);
     outcome.wall = started.elapsed();
     Ok(outcome)
-}
-
-/// `batchd_stale_writes_total` from a daemon's `/metrics`.
-async fn stale_writes(cluster: &Cluster, index: usize) -> anyhow::Result<u64> {
-    let (_, body) = cluster.admin_get(index, "/metrics").await?;
-    let line = body
-        .lines()
-        .find(|line| line.starts_with("batchd_stale_writes_total"))
-        .ok_or_else(|| anyhow::anyhow!("no batchd_stale_writes_total in /metrics"))?;
-    let value = line.split_whitespace().last().unwrap_or("0");
-    Ok(value.parse::<f64>().map(|value| value as u64)?)
 }
 
 /// Unix ms of each job's result entry (its stream id).

@@ -4,7 +4,12 @@
 //!
 //! The scenarios are grouped by fault type: `process_faults.rs` (kill -9, rolling SIGTERM), `redis_faults.rs`
 //! (AOF restart, unreachable, a blip while recording), `load_and_input.rs` (backlog, clock skew, hostile and
-//! oversize entries) and `freeze.rs` (a replica frozen past its lease, fenced out when it resumes). This module holds what they share: the names, [`run`], [`Dice`], the timing and the ending.
+//! oversize entries), `freeze.rs` (a replica frozen past its lease, fenced out when it resumes) and `long_step.rs`
+//! (a step twice as long as the lease, renewed, not taken over). This module holds what they share: the names,
+//! [`run`], [`Dice`], the timing and the ending.
+//!
+//! Every scenario but the findings' reproductions sends a third of its jobs to each provider (Workers AI, OpenAI,
+//! Anthropic), through daemons with all three configured against the emulator.
 //!
 //! Daemon settings are chosen for the emulator's batch durations: polls every 1–4 s for batches of 1–20 s,
 //! a 20 s schedule lease above a 10 s API timeout, ingress entries reclaimed after 10 s idle (the defaults, 60 s
@@ -12,14 +17,16 @@
 
 mod freeze;
 mod load_and_input;
+mod long_step;
 mod process_faults;
 mod redis_faults;
 
 use std::time::{Duration, Instant};
 
-use batchd_emulator::{DurationRange, EmulatorConfig, RandomFaults};
+use batchd_emulator::{AnthropicConfig, DurationRange, EmulatorConfig, OpenAiConfig, OpenAiTiming, RandomFaults};
 
 use self::freeze::freeze;
+use self::long_step::long_step;
 use self::load_and_input::{backlog, clock_skew, hostile_entries, oversize_entry_peak_rss};
 use self::process_faults::{kill9, rolling_sigterm};
 use self::redis_faults::{Outage, redis_aof_restart, redis_blip_while_recording, redis_unreachable};
@@ -30,7 +37,7 @@ use super::{Size, human, unix_ms};
 use crate::small_embeddings;
 
 /// Every scenario, in order.
-pub const ALL: [&str; 9] = [
+pub const ALL: [&str; 10] = [
     "1-kill9",
     "2-redis-aof-restart",
     "3a-redis-sigstop",
@@ -40,6 +47,7 @@ pub const ALL: [&str; 9] = [
     "7-clock-skew",
     "8-hostile-entries",
     "9-freeze",
+    "10-long-step",
 ];
 
 /// Redis with an append-only file fsynced every second.
@@ -66,6 +74,7 @@ pub async fn run(name: &str, size: Size) -> anyhow::Result<Outcome> {
         "7-clock-skew" => clock_skew(size).await,
         "8-hostile-entries" => hostile_entries(size).await,
         "9-freeze" => freeze(size).await,
+        "10-long-step" => long_step(size).await,
         other => anyhow::bail!("no scenario {other:?}; the scenarios are {ALL:?} and {FINDINGS:?}"),
     }?;
     if outcome.size == Size::Short && outcome.passed() && !outcome.log_dir.is_empty() {
@@ -155,8 +164,11 @@ impl Timing {
                 Duration::from_secs(10),
             ),
         };
+        let request_timeout = size.pick("10", "4").to_owned();
         let vars = vec![
-            ("BATCHD__CLOUDFLARE__REQUEST_TIMEOUT_SECS", size.pick("10", "4").to_owned()),
+            ("BATCHD__CLOUDFLARE__REQUEST_TIMEOUT_SECS", request_timeout.clone()),
+            ("BATCHD__OPENAI__REQUEST_TIMEOUT_SECS", request_timeout.clone()),
+            ("BATCHD__ANTHROPIC__REQUEST_TIMEOUT_SECS", request_timeout),
             ("BATCHD__SCHEDULE__LEASE_SECS", secs(lease)),
             ("BATCHD__INGRESS__BLOCK_MS", size.pick("1000", "200").to_owned()),
             ("BATCHD__INGRESS__RECLAIM_IDLE_SECS", secs(reclaim_idle)),
@@ -181,15 +193,31 @@ impl Timing {
         self.max_poll.mul_f64(1.2).max(self.max_backoff) + Duration::from_millis(1000)
     }
 
-    /// The emulator: 4-dimension bge-small, these batch durations and latencies, `fault_rate` random
-    /// transient faults.
+    /// The emulator: 4-dimension bge-small, these batch durations and latencies (for all three APIs), `fault_rate`
+    /// random transient faults (injected at the same rate into the OpenAI and Anthropic emulators by the cluster).
+    /// Workers AI batches draw their duration from the range; OpenAI and Anthropic batches, whose emulators have
+    /// one duration for all, take its middle.
     fn emulator(&self, fault_rate: f64, seed: u64) -> EmulatorConfig {
+        let middle = (self.durations.0 + self.durations.1) / 2;
+        let base = small_embeddings();
+        let openai = OpenAiConfig {
+            timing: OpenAiTiming {
+                validating_for: Duration::from_millis(100),
+                in_progress_for: middle,
+                finalizing_for: Duration::from_millis(100),
+                ..OpenAiTiming::default()
+            },
+            ..base.openai.clone()
+        };
+        let anthropic = AnthropicConfig { processing_for: middle, ..base.anthropic.clone() };
         EmulatorConfig {
             random_durations: Some(DurationRange::new(self.durations.0, self.durations.1)),
             random_latency: Some(DurationRange::new(self.latency.0, self.latency.1)),
             random_faults: (fault_rate > 0.0).then(|| RandomFaults::new(fault_rate)),
             seed,
-            ..small_embeddings()
+            openai,
+            anthropic,
+            ..base
         }
     }
 }
@@ -237,4 +265,15 @@ async fn finish(
     outcome.failures.extend(stop_failures);
     outcome.expect(drained.is_some(), || format!("not drained within {}", human(drain_timeout)));
     (drained, collected)
+}
+
+/// `batchd_stale_writes_total` from a daemon's `/metrics`.
+pub(super) async fn stale_writes(cluster: &Cluster, index: usize) -> anyhow::Result<u64> {
+    let (_, body) = cluster.admin_get(index, "/metrics").await?;
+    let line = body
+        .lines()
+        .find(|line| line.starts_with("batchd_stale_writes_total"))
+        .ok_or_else(|| anyhow::anyhow!("no batchd_stale_writes_total in /metrics"))?;
+    let value = line.split_whitespace().last().unwrap_or("0");
+    Ok(value.parse::<f64>().map(|value| value as u64)?)
 }

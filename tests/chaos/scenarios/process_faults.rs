@@ -7,7 +7,7 @@ use super::{Dice, FAULT_RATE, NO_PERSISTENCE, Timing, finish, secs, seed, start_
 use crate::chaos::abandoned::{collect_trackers, judge_abandoned, track_abandoned};
 use crate::chaos::check::Outcome;
 use crate::chaos::cluster::{Cluster, End};
-use crate::chaos::load::{self, Collector, spawn_producer};
+use crate::chaos::load::{self, Collector, Mix, spawn_producer};
 use crate::chaos::{Size, human, unix_ms};
 
 /// Scenario 1: three daemons, 5,000 jobs, random 1–20 s batches and 5% faults; every few seconds one random
@@ -25,7 +25,7 @@ pub(super) async fn kill9(size: Size) -> anyhow::Result<Outcome> {
     start_daemons(&mut cluster, 3).await?;
     let collector = Collector::start(cluster.conn.clone(), cluster.keys.clone());
     let (batch, every) = size.pick((50, Duration::from_millis(500)), (15, Duration::from_millis(500)));
-    let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("k", n_jobs), batch, every);
+    let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("k", n_jobs), Mix::ALL, batch, every);
     let load_time = every * (n_jobs / batch) as u32;
     let chaos_until = Instant::now() + load_time + size.pick(secs(40), secs(6));
     let (gap_low, gap_high) = size.pick((secs(2), secs(6)), (Duration::from_millis(1500), secs(3)));
@@ -119,7 +119,7 @@ pub(super) async fn rolling_sigterm(size: Size) -> anyhow::Result<Outcome> {
     cluster.wait_ready(secs(30)).await?;
     let collector = Collector::start(cluster.conn.clone(), cluster.keys.clone());
     let (batch, every) = size.pick((50, Duration::from_millis(500)), (15, Duration::from_millis(400)));
-    let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("s", n_jobs), batch, every);
+    let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("s", n_jobs), Mix::ALL, batch, every);
     let mut stops = Vec::new();
     let mut trackers = Vec::new();
     for round in 0..rounds {

@@ -197,7 +197,7 @@ pub(crate) async fn handle(
 ) -> Response {
     let path = uri.path().strip_prefix(PATH_PREFIX).unwrap_or(uri.path());
     let (kind, batch_id) = parse_route(&method, path);
-    let mut record = AnthropicCall::arriving(kind, method.as_str(), path);
+    let mut record = AnthropicCall::arriving(kind, method.as_str(), path, connection.local.port());
     record.batch_id = batch_id.clone();
     let anthropic = &state.anthropic;
     let (fault, config) = {
@@ -367,6 +367,7 @@ impl Call<'_> {
         drop(body);
         let n_requests = items.len();
         record.n_requests = Some(n_requests);
+        record.first_custom_id = items.first().map(|item| item.custom_id.clone());
         let now = SystemTime::now();
         let mut inner = self.anthropic.lock();
         if let Some(max) = self.config.max_queued_requests {

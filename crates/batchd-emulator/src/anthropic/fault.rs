@@ -244,17 +244,22 @@ pub struct AnthropicCall {
     pub batch_id: Option<String>,
     /// For a create whose body had them, the number of `requests`.
     pub n_requests: Option<usize>,
+    /// For a create whose body had them, the `custom_id` of its first request (which names the caller's job in
+    /// batchd's format, as `first_reference` does for a Workers AI submit).
+    pub first_custom_id: Option<String>,
     /// The `error.type` of an error reply.
     pub error_type: Option<String>,
     /// The injected fault that shaped the call (`status`, `reset`, `delay`, `status_after`, `reset_after`).
     pub fault: Option<String>,
     /// When the call arrived, in Unix milliseconds.
     pub at_ms: u64,
+    /// The local port the call arrived on (see `EmulatorHandle::listen_also`): which client made it.
+    pub port: u16,
 }
 
 impl AnthropicCall {
-    /// A record of a call arriving now, to be completed as it is handled.
-    pub(crate) fn arriving(kind: AnthropicCallKind, method: &str, path: &str) -> Self {
+    /// A record of a call arriving now on local `port`, to be completed as it is handled.
+    pub(crate) fn arriving(kind: AnthropicCallKind, method: &str, path: &str, port: u16) -> Self {
         let at_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX));
@@ -266,9 +271,11 @@ impl AnthropicCall {
             status: 0,
             batch_id: None,
             n_requests: None,
+            first_custom_id: None,
             error_type: None,
             fault: None,
             at_ms,
+            port,
         }
     }
 }
@@ -287,6 +294,10 @@ impl CallLog {
         self.last_seq += 1;
         record.seq = self.last_seq;
         self.records.push(record);
+    }
+
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.last_seq
     }
 
     pub(crate) fn records(&self) -> &[AnthropicCall] {

@@ -240,6 +240,11 @@ impl AnthropicControl {
         self.anthropic().calls()
     }
 
+    /// How many calls the log holds, without copying it (a test that injects faults at a rate reads it often).
+    pub fn n_calls(&self) -> u64 {
+        self.anthropic().lock().calls.last_seq()
+    }
+
     /// The calls of one kind (creates, cancels, ...), oldest first.
     pub fn calls_of(&self, kind: AnthropicCallKind) -> Vec<AnthropicCall> {
         self.calls().into_iter().filter(|call| call.kind == kind).collect()

@@ -125,6 +125,11 @@ impl OpenAiHandle {
         self.api.calls()
     }
 
+    /// How many calls the log holds, without copying it (a test that injects faults at a rate reads it often).
+    pub fn n_calls(&self) -> u64 {
+        self.api.n_calls()
+    }
+
     /// The calls of one kind (say [`OpenAiCallKind::CreateBatch`], to count creates).
     pub fn calls_of(&self, kind: OpenAiCallKind) -> Vec<OpenAiCallRecord> {
         self.calls().into_iter().filter(|call| call.kind == kind).collect()
@@ -168,6 +173,12 @@ impl OpenAiHandle {
     /// Every batch's id and status, oldest first.
     pub fn batch_statuses(&self) -> Vec<(String, &'static str)> {
         self.api.batch_statuses()
+    }
+
+    /// Every batch object as `GET /v1/batches/{id}` would answer it now (its `metadata`, file ids and status),
+    /// oldest first: what a test reads to tell which caller's work each batch was.
+    pub fn batches(&self) -> Vec<serde_json::Value> {
+        self.api.batches()
     }
 
     /// Ids of the files stored now (uploads and results not deleted), sorted.

@@ -226,6 +226,11 @@ impl OpenAi {
         self.lock().calls.clone()
     }
 
+    /// Calls logged since start or the last reset, without copying the log.
+    pub fn n_calls(&self) -> u64 {
+        self.lock().last_seq
+    }
+
     /// Clears pending faults and the call log; files, batches and settings stay.
     pub fn reset(&self) {
         let mut inner = self.lock();
@@ -364,6 +369,15 @@ impl OpenAi {
         inner.advance_all(now);
         let position = *inner.batch_index.get(id)?;
         Some(batch_json(self.clock, &inner.batches[position], &inner.timing, now))
+    }
+
+    /// Every batch object (with its `metadata`), oldest first.
+    pub fn batches(&self) -> Vec<Value> {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        inner.advance_all(now);
+        let timing = inner.timing;
+        inner.batches.iter().map(|batch| batch_json(self.clock, batch, &timing, now)).collect()
     }
 
     /// Batches newest first, after the batch `after` (exclusive), at most `limit`; `None` when `after` is unknown.

@@ -57,9 +57,12 @@ impl Pipeline {
         let polled = match polled {
             Ok(Polled::Pending(status)) => Ok(Answer::Pending(status)),
             Ok(Polled::Done(output)) => Ok(Answer::Done(output)),
-            // Results are fetched in the same step: if this replica dies here, the next poll finds them ready again.
+            // Results are fetched in the same step, under the same renewed lease (a status, an output file and an
+            // error file may outlast the lease together, each within the request timeout): if this replica dies
+            // here, the next poll finds them ready again.
             Ok(Polled::Ready(ready)) => {
-                match provider.fetch_results(model, &ready, view.items_len).instrument(span).await {
+                let fetching = provider.fetch_results(model, &ready, view.items_len).instrument(span);
+                match self.renewing(claim, fetching).await {
                     Ok((output, held)) => {
                         room.extend(held);
                         ended = Some(ready);

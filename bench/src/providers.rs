@@ -1,0 +1,223 @@
+//! Scenario 8, the three providers (issues 23 and 24): scenario 6's burst — the daemon at its defaults, every API call
+//! answered after 100 ms — run once per provider: N one-item jobs of `@cf/baai/bge-m3`, `openai/gpt-4o-mini` or
+//! `anthropic/claude-haiku-4-5` enqueued at once, through a daemon with all three providers configured against
+//! the emulator (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY` and the base URLs, as `make demo` sets them).
+//!
+//! Every remote batch takes 5 s in the emulator at every provider (Workers AI: 2 s queued + 3 s running; OpenAI:
+//! 1 s validating, 3.5 s in progress, 0.5 s finalizing; Anthropic: 5 s processing), so the default poll schedule
+//! (first poll 1 s after the submit, then ×1.5, ±20%) polls each batch a few times: polls per batch is read from
+//! the emulator's call log (status requests over batches created).
+//!
+//! Only what the emulator cannot honour is changed from the defaults: the admin server and the rate limits are off
+//! (OpenAI's 2,000 batches per hour included). A second run per file-based provider sets its body limit to
+//! Workers AI's 10 MB (`openai.max_file_bytes`, `anthropic.max_body_bytes`): a submit holds room for twice that
+//! limit in `workers.inflight_bytes` before it reads its items, and at the defaults that is half the budget
+//! (OpenAI, 2 × 64 MiB) or all of it (Anthropic, 2 × 256 MB), which the throughput shows.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+
+use crate::lifecycle::{Stack, entry_ms, read_results, wait_results};
+use crate::procs::{Emulator, cpu_secs, daemon_env, start_daemon, start_emulator, status_mib, wait_daemon_ready};
+use crate::redis_server::RedisServer;
+
+/// Delay of every emulator reply, ms (scenario 6's).
+pub const LATENCY_MS: u64 = 100;
+/// How long every remote batch takes, ms.
+pub const BATCH_MS: u64 = 5_000;
+
+/// A batch API of the scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provider {
+    /// Cloudflare Workers AI.
+    Cloudflare,
+    /// OpenAI Batch.
+    OpenAi,
+    /// Anthropic Message Batches.
+    Anthropic,
+}
+
+impl Provider {
+    /// The three, in report order.
+    pub const ALL: [Provider; 3] = [Provider::Cloudflare, Provider::OpenAi, Provider::Anthropic];
+
+    /// Its name in the report.
+    pub fn label(self) -> &'static str {
+        match self {
+            Provider::Cloudflare => "Workers AI",
+            Provider::OpenAi => "OpenAI Batch",
+            Provider::Anthropic => "Anthropic Message Batches",
+        }
+    }
+
+    /// The job JSON of job `id`: one small item, as the producers' docs write them.
+    fn job(self, id: &str) -> String {
+        let item = match self {
+            Provider::Cloudflare => {
+                serde_json::json!({"query": "What is batchd?", "contexts": [{"text": "A batch daemon."}]})
+            }
+            Provider::OpenAi | Provider::Anthropic => {
+                serde_json::json!({"messages": [{"role": "user", "content": "What is batchd?"}], "max_tokens": 16})
+            }
+        };
+        let model = match self {
+            Provider::Cloudflare => "@cf/baai/bge-m3",
+            Provider::OpenAi => "openai/gpt-4o-mini",
+            Provider::Anthropic => "anthropic/claude-haiku-4-5",
+        };
+        serde_json::json!({"id": id, "model": model, "requests": [item]}).to_string()
+    }
+
+    /// Its call log on the emulator's control API, and the call kinds that create a batch and ask its status.
+    fn calls(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Provider::Cloudflare => ("/_emulator/calls", "submit", "poll"),
+            Provider::OpenAi => ("/_emulator/openai/calls", "create_batch", "get_batch"),
+            Provider::Anthropic => ("/_emulator/anthropic/calls", "create", "retrieve"),
+        }
+    }
+}
+
+/// The body limits of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limits {
+    /// The defaults of `config/default.toml`.
+    Defaults,
+    /// OpenAI's and Anthropic's body limits lowered to Workers AI's 10 MB.
+    TenMegabytes,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone)]
+pub struct ProviderRun {
+    /// Jobs per second, first XADD to last result entry.
+    pub jobs_per_sec: f64,
+    /// Jobs per second between the 10th and the 90th percentile result entry.
+    pub steady_jobs_per_sec: f64,
+    /// XADD → result entry, per job, ms.
+    pub latencies_ms: Vec<f64>,
+    /// Status requests per batch created.
+    pub polls_per_batch: f64,
+    /// Remote batches created per job (1.0 when nothing was created twice).
+    pub batches_per_job: f64,
+    /// API calls per job, every kind.
+    pub calls_per_job: f64,
+    /// API calls per job, by kind.
+    pub calls_by_kind: BTreeMap<String, f64>,
+    /// Jobs that did not end `completed`.
+    pub not_completed: usize,
+    /// Daemon VmHWM after the last result, MiB.
+    pub hwm_mib: f64,
+    /// CPU time per job of the daemon, the emulator and redis-server, µs.
+    pub cpu_us_per_job: [f64; 3],
+}
+
+/// The environment that configures all three providers against `emulator`, with no rate limit of OpenAI's, and
+/// the body limits of `limits`.
+fn provider_env(emulator: &Emulator, limits: Limits) -> Vec<(&'static str, String)> {
+    let origin = emulator.origin();
+    let mut env = vec![
+        ("OPENAI_API_KEY", "emulator-openai-key".to_owned()),
+        ("BATCHD__OPENAI__BASE_URL", format!("{origin}/openai/v1")),
+        ("BATCHD__OPENAI__BATCHES_PER_HOUR", "0".to_owned()),
+        ("ANTHROPIC_API_KEY", "emulator-anthropic-key".to_owned()),
+        ("BATCHD__ANTHROPIC__BASE_URL", format!("{origin}/anthropic")),
+    ];
+    if limits == Limits::TenMegabytes {
+        env.push(("BATCHD__OPENAI__MAX_FILE_BYTES", "10000000".to_owned()));
+        env.push(("BATCHD__ANTHROPIC__MAX_BODY_BYTES", "10000000".to_owned()));
+    }
+    env
+}
+
+/// Runs `n` one-item jobs of `provider` at once through a default daemon (with `limits`) against the 100 ms
+/// emulator.
+pub async fn run(
+    redis: &RedisServer,
+    provider: Provider,
+    limits: Limits,
+    n: usize,
+    logs: &Path,
+    tag: &str,
+) -> anyhow::Result<ProviderRun> {
+    let ms = |value: u64| value.to_string();
+    let emulator_args: Vec<String> = [
+        ("--latency-min-ms", ms(LATENCY_MS)),
+        ("--latency-max-ms", ms(LATENCY_MS)),
+        ("--openai-validating-ms", ms(1_000)),
+        ("--openai-in-progress-ms", ms(3_500)),
+        ("--openai-finalizing-ms", ms(500)),
+        ("--anthropic-processing-ms", ms(BATCH_MS)),
+    ]
+    .into_iter()
+    .flat_map(|(flag, value)| [flag.to_owned(), value])
+    .collect();
+    let emulator = start_emulator(2_000, 3_000, &emulator_args, &logs.join(format!("emulator-{tag}.log")))?;
+    let env = daemon_env(&redis.url(), &emulator, &provider_env(&emulator, limits));
+    let mut daemon = start_daemon(&env, &logs.join(format!("batchd-{tag}.log")))?;
+    let keys = batchd_core::Keys::new("batchd")?;
+    let mut conn = redis.connect().await?;
+    wait_daemon_ready(&mut conn, &keys, &mut daemon).await?;
+    let stack = Stack { emulator, daemon, keys };
+    let pids = [stack.daemon.pid(), stack.emulator.pid(), redis.pid()];
+    let cpu0 = pids.map(cpu_secs);
+    let mut entry_ids = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
+        let mut pipe = redis::pipe();
+        for i in chunk {
+            pipe.cmd("XADD").arg(stack.keys.submit()).arg("*").arg("job").arg(provider.job(&format!("P{i}")));
+        }
+        let ids: Vec<String> = pipe.query_async(&mut conn).await?;
+        entry_ids.extend(ids);
+    }
+    wait_results(&mut conn, &stack.keys, n, Duration::from_secs(3_600)).await?;
+    let cpu1 = pids.map(cpu_secs);
+    let hwm_mib = status_mib(pids[0], "VmHWM");
+    let (path, create, status) = provider.calls();
+    let calls: Vec<serde_json::Value> = reqwest::get(format!("{}{path}", stack.emulator.origin()))
+        .await?
+        .error_for_status()?
+        .json()
+        .await
+        .context("the emulator's call log")?;
+    let results = read_results(&mut conn, &stack.keys).await?;
+    drop(stack);
+
+    let mut calls_by_kind: BTreeMap<String, f64> = BTreeMap::new();
+    for call in &calls {
+        *calls_by_kind.entry(call["kind"].as_str().unwrap_or("?").to_owned()).or_default() += 1.0 / n as f64;
+    }
+    let answered = |call: &&serde_json::Value| {
+        call["http_status"].as_u64().or_else(|| call["status"].as_u64()).is_some_and(|status| status == 200)
+    };
+    let created = calls.iter().filter(|call| call["kind"] == create).filter(answered).count();
+    let polls = calls.iter().filter(|call| call["kind"] == status).count();
+    let latencies_ms: Vec<f64> = entry_ids
+        .iter()
+        .enumerate()
+        .filter_map(|(i, id)| results.get(&format!("P{i}")).map(|(ms, _)| ms.saturating_sub(entry_ms(id)) as f64))
+        .collect();
+    if latencies_ms.len() != n {
+        bail!("{} of {n} jobs have a result", latencies_ms.len());
+    }
+    let first_xadd = entry_ids.iter().map(|id| entry_ms(id)).min().unwrap_or(0);
+    let mut result_ms: Vec<u64> = results.values().map(|(ms, _)| *ms).collect();
+    result_ms.sort_unstable();
+    let last_result = result_ms.last().copied().unwrap_or(0);
+    let (p10, p90) = (result_ms[n / 10], result_ms[n * 9 / 10]);
+    Ok(ProviderRun {
+        jobs_per_sec: n as f64 / (last_result.saturating_sub(first_xadd).max(1) as f64 / 1000.0),
+        steady_jobs_per_sec: (n * 8 / 10) as f64 / (p90.saturating_sub(p10).max(1) as f64 / 1000.0),
+        latencies_ms,
+        polls_per_batch: polls as f64 / created.max(1) as f64,
+        batches_per_job: created as f64 / n as f64,
+        calls_per_job: calls.len() as f64 / n as f64,
+        calls_by_kind,
+        not_completed: results.values().filter(|(_, status)| status != "completed").count(),
+        hwm_mib,
+        cpu_us_per_job: [0, 1, 2].map(|i| (cpu1[i] - cpu0[i]) * 1e6 / n as f64),
+    })
+}

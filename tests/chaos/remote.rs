@@ -1,0 +1,248 @@
+//! What the emulator's three call logs say about a run's remote work, in one shape for every provider: each remote
+//! batch created (its job, the daemon port that created it, when, and whether the API lost its reply), the batches a
+//! daemon polled, and the calls per provider. The check ([`super::check`]) judges duplicates from this alone.
+//!
+//! Which job a batch is for is read from what batchd sent, never from batchd's own records: Workers AI submits
+//! carry the item's `external_reference` (the job id, in the chaos jobs), OpenAI batches carry batchd's `metadata`
+//! (`batchd_job`), and Anthropic batches carry `custom_id`s `b-<job hash>-<chunk>-<attempt>-<index>`, whose hash
+//! (FNV-1a, 64 bits, of the job id: docs/providers.md) is matched against the run's job ids.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use batchd_emulator::{AnthropicCallKind, CallKind, EmulatorHandle, OpenAiCallKind};
+
+use super::load::Provider;
+
+/// One remote batch the emulator created.
+#[derive(Debug, Clone)]
+pub struct Created {
+    /// The API that created it.
+    pub provider: Provider,
+    /// The job it is for (empty when its create named none the run knows).
+    pub job: String,
+    /// Its id (request id, `batch_...`, `msgbatch_...`).
+    pub batch: String,
+    /// The emulator port of the daemon process that created it.
+    pub port: u16,
+    /// When the emulator logged its create, Unix ms.
+    pub at_ms: u64,
+    /// The API made the batch and then lost or replaced the create's reply (an injected fault after handling):
+    /// the daemon could not know the batch existed without asking.
+    pub reply_lost: bool,
+}
+
+/// A call that touched one remote batch (a poll, a results download), for the checks that follow a batch.
+#[derive(Debug, Clone)]
+pub struct Touch {
+    /// The API.
+    pub provider: Provider,
+    /// The batch's id.
+    pub batch: String,
+    /// What the call was (`poll`, `results`).
+    pub what: &'static str,
+    /// The emulator port of the daemon process that made it.
+    pub port: u16,
+    /// When the emulator logged it, Unix ms.
+    pub at_ms: u64,
+    /// HTTP status of the reply (0: connection dropped).
+    pub http_status: u16,
+    /// Whether an injected or random fault shaped it.
+    pub faulted: bool,
+}
+
+/// A run's remote work, from the call logs.
+#[derive(Debug, Clone, Default)]
+pub struct RemoteLog {
+    /// Every remote batch created, in log order per provider.
+    pub created: Vec<Created>,
+    /// Polls and results downloads of batches, in log order per provider.
+    pub touches: Vec<Touch>,
+    /// API calls per provider.
+    pub calls: BTreeMap<Provider, usize>,
+    /// Calls an injected or random fault shaped, per provider.
+    pub faulted: BTreeMap<Provider, usize>,
+    /// Batches the emulator itself counts as created, per provider (must equal the creates in its log).
+    pub batches_counted: BTreeMap<Provider, usize>,
+    /// OpenAI files still stored at the end (inputs and results not deleted).
+    pub openai_files_left: usize,
+}
+
+impl RemoteLog {
+    /// Reads the three logs. `jobs` are the run's job ids (acknowledged and hostile), for Anthropic's hashes.
+    pub fn read<'a>(emulator: &EmulatorHandle, jobs: impl IntoIterator<Item = &'a String>) -> Self {
+        let mut log = Self::default();
+        log.read_cloudflare(emulator);
+        log.read_openai(emulator);
+        log.read_anthropic(emulator, jobs);
+        log
+    }
+
+    fn read_cloudflare(&mut self, emulator: &EmulatorHandle) {
+        let calls = emulator.calls();
+        for call in &calls {
+            let Some(batch) = call.request_id.clone() else { continue };
+            let touch = |what| Touch {
+                provider: Provider::Cloudflare,
+                batch: batch.clone(),
+                what,
+                port: call.port,
+                at_ms: call.at_ms,
+                http_status: call.http_status,
+                faulted: call.fault.is_some(),
+            };
+            match call.kind {
+                CallKind::Submit if (200..300).contains(&call.http_status) => self.created.push(Created {
+                    provider: Provider::Cloudflare,
+                    job: call.first_reference.clone().unwrap_or_default(),
+                    batch,
+                    port: call.port,
+                    at_ms: call.at_ms,
+                    reply_lost: false,
+                }),
+                CallKind::Poll => self.touches.push(touch("poll")),
+                _ => {}
+            }
+        }
+        self.count(Provider::Cloudflare, calls.len(), calls.iter().filter(|call| call.fault.is_some()).count());
+        self.batches_counted.insert(Provider::Cloudflare, emulator.batch_count());
+    }
+
+    fn read_openai(&mut self, emulator: &EmulatorHandle) {
+        let openai = emulator.openai();
+        let batches = openai.batches();
+        let text = |batch: &serde_json::Value, key: &str| batch[key].as_str().map(str::to_owned);
+        // Every batch's job (from its metadata), and the batch each result file belongs to.
+        let mut job_of: HashMap<String, String> = HashMap::new();
+        let mut batch_of_file: HashMap<String, String> = HashMap::new();
+        for batch in &batches {
+            let Some(id) = text(batch, "id") else { continue };
+            job_of.insert(id.clone(), batch["metadata"]["batchd_job"].as_str().unwrap_or_default().to_owned());
+            for file in ["output_file_id", "error_file_id"] {
+                if let Some(file) = text(batch, file) {
+                    batch_of_file.insert(file, id.clone());
+                }
+            }
+        }
+        let calls = openai.calls();
+        for call in &calls {
+            // A call a fault hit before it was handled names its batch or file only in its path.
+            let batch_id = call.batch_id.clone().or_else(|| path_id(&call.path, "batches"));
+            let file_id = call.file_id.clone().or_else(|| path_id(&call.path, "files"));
+            let touch = |batch: &String, what| Touch {
+                provider: Provider::OpenAi,
+                batch: batch.clone(),
+                what,
+                port: call.port,
+                at_ms: call.at_ms,
+                http_status: call.http_status,
+                faulted: call.fault.is_some(),
+            };
+            match (call.kind, &batch_id) {
+                (OpenAiCallKind::CreateBatch, Some(batch)) => self.created.push(Created {
+                    provider: Provider::OpenAi,
+                    job: job_of.get(batch).cloned().unwrap_or_default(),
+                    batch: batch.clone(),
+                    port: call.port,
+                    at_ms: call.at_ms,
+                    reply_lost: call.http_status != 200,
+                }),
+                (OpenAiCallKind::GetBatch, Some(batch)) => self.touches.push(touch(batch, "poll")),
+                (OpenAiCallKind::FileContent, _) => {
+                    if let Some(batch) = file_id.as_ref().and_then(|file| batch_of_file.get(file)) {
+                        self.touches.push(touch(batch, "results"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.count(Provider::OpenAi, calls.len(), calls.iter().filter(|call| call.fault.is_some()).count());
+        self.batches_counted.insert(Provider::OpenAi, openai.batch_count());
+        self.openai_files_left = openai.file_ids().len();
+    }
+
+    fn read_anthropic<'a>(&mut self, emulator: &EmulatorHandle, jobs: impl IntoIterator<Item = &'a String>) {
+        let anthropic = emulator.anthropic();
+        let job_of_hash: HashMap<String, &String> = jobs.into_iter().map(|job| (job_hash(job), job)).collect();
+        let calls = anthropic.calls();
+        for call in &calls {
+            let Some(batch) = call.batch_id.clone() else { continue };
+            let touch = |what| Touch {
+                provider: Provider::Anthropic,
+                batch: batch.clone(),
+                what,
+                port: call.port,
+                at_ms: call.at_ms,
+                http_status: call.status,
+                faulted: call.fault.is_some(),
+            };
+            match call.kind {
+                AnthropicCallKind::Create => {
+                    // `b-<16 hex>-...`: the hash of the job id.
+                    let hash = call.first_custom_id.as_deref().and_then(|id| id.strip_prefix("b-")).map(|rest| {
+                        rest.split('-').next().unwrap_or_default().to_owned()
+                    });
+                    let job = hash.and_then(|hash| job_of_hash.get(&hash).map(|job| (*job).clone()));
+                    self.created.push(Created {
+                        provider: Provider::Anthropic,
+                        job: job.unwrap_or_default(),
+                        batch,
+                        port: call.port,
+                        at_ms: call.at_ms,
+                        reply_lost: call.status != 200,
+                    });
+                }
+                AnthropicCallKind::Retrieve => self.touches.push(touch("poll")),
+                AnthropicCallKind::Results => self.touches.push(touch("results")),
+                _ => {}
+            }
+        }
+        self.count(Provider::Anthropic, calls.len(), calls.iter().filter(|call| call.fault.is_some()).count());
+        self.batches_counted.insert(Provider::Anthropic, anthropic.batch_count());
+    }
+
+    /// Writes the three call logs as they are now to `dir` (`calls-cloudflare.json`, `calls-openai.json`,
+    /// `calls-anthropic.json`), beside the daemons' logs, for reading a failure afterwards.
+    pub fn save(emulator: &EmulatorHandle, dir: &std::path::Path) -> std::io::Result<()> {
+        let write = |name: &str, value: serde_json::Result<String>| {
+            std::fs::write(dir.join(format!("calls-{name}.json")), value.map_err(std::io::Error::other)?)
+        };
+        write("cloudflare", serde_json::to_string(&emulator.calls()))?;
+        write("openai", serde_json::to_string(&emulator.openai().calls()))?;
+        write("anthropic", serde_json::to_string(&emulator.anthropic().calls()))
+    }
+
+    fn count(&mut self, provider: Provider, calls: usize, faulted: usize) {
+        self.calls.insert(provider, calls);
+        self.faulted.insert(provider, faulted);
+    }
+
+    /// The ids of every batch a daemon polled. A daemon polls a batch only once its id is recorded in the chunk's
+    /// ledger (an Anthropic look for an uncertain create lists batches and reads results, but never retrieves one).
+    pub fn polled(&self) -> HashSet<&str> {
+        self.touches.iter().filter(|touch| touch.what == "poll").map(|touch| touch.batch.as_str()).collect()
+    }
+
+    /// Creates per provider.
+    pub fn creates(&self, provider: Provider) -> usize {
+        self.created.iter().filter(|created| created.provider == provider).count()
+    }
+
+    /// Polls per provider.
+    pub fn polls(&self, provider: Provider) -> usize {
+        self.touches.iter().filter(|touch| touch.provider == provider && touch.what == "poll").count()
+    }
+}
+
+/// The id after `/<collection>/` in an OpenAI call's path (`/openai/v1/files/{id}/content` → the file id).
+fn path_id(path: &str, collection: &str) -> Option<String> {
+    let rest = path.split(&format!("/{collection}/")).nth(1)?;
+    let id = rest.split('/').next()?;
+    (!id.is_empty()).then(|| id.to_owned())
+}
+
+/// The job hash in batchd's Anthropic `custom_id`s: FNV-1a (64 bits) of the job id, 16 hex digits.
+fn job_hash(job: &str) -> String {
+    let hash =
+        job.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3));
+    format!("{hash:016x}")
+}
