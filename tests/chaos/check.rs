@@ -546,9 +546,8 @@ async fn judge_remote_work(
         .filter(|created| created.provider == Provider::OpenAi)
         .map(|created| created.at_ms)
         .collect();
-    let creates_between = |from_ms: u64, to_ms: u64| {
-        openai_creates.iter().filter(|at| **at > from_ms && **at < to_ms).count()
-    };
+    let creates_between =
+        |from_ms: u64, to_ms: u64| openai_creates.iter().filter(|at| **at > from_ms && **at < to_ms).count();
     outcome.figure("excuse_window_kill_ms", windows.kill_ms);
     outcome.figure("excuse_window_lease_ms", windows.lease_ms);
     let mut per_provider: BTreeMap<Provider, ProviderCounts> = BTreeMap::new();
@@ -648,7 +647,10 @@ async fn judge_remote_work(
         }
         let in_ledger = counted.get(*job).copied().unwrap_or(0);
         outcome.expect(in_ledger >= extra as u64, || {
-            format!("{job} was submitted {} times but its ledger counts {in_ledger} possible duplicates", job_creates.len())
+            format!(
+                "{job} was submitted {} times but its ledger counts {in_ledger} possible duplicates",
+                job_creates.len()
+            )
         });
     }
     outcome.kills_in_submit_window = kills_hit.len();

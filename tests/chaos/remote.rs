@@ -178,9 +178,11 @@ impl RemoteLog {
             match call.kind {
                 AnthropicCallKind::Create => {
                     // `b-<16 hex>-...`: the hash of the job id.
-                    let hash = call.first_custom_id.as_deref().and_then(|id| id.strip_prefix("b-")).map(|rest| {
-                        rest.split('-').next().unwrap_or_default().to_owned()
-                    });
+                    let hash = call
+                        .first_custom_id
+                        .as_deref()
+                        .and_then(|id| id.strip_prefix("b-"))
+                        .map(|rest| rest.split('-').next().unwrap_or_default().to_owned());
                     let job = hash.and_then(|hash| job_of_hash.get(&hash).map(|job| (*job).clone()));
                     self.created.push(Created {
                         provider: Provider::Anthropic,
@@ -242,7 +244,8 @@ fn path_id(path: &str, collection: &str) -> Option<String> {
 
 /// The job hash in batchd's Anthropic `custom_id`s: FNV-1a (64 bits) of the job id, 16 hex digits.
 fn job_hash(job: &str) -> String {
-    let hash =
-        job.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3));
+    let hash = job
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3));
     format!("{hash:016x}")
 }

@@ -69,18 +69,8 @@ fn rows(outcomes: &[Outcome]) -> Vec<[String; 11]> {
 }
 
 /// The columns of the per-provider table.
-const PROVIDER_HEADER: [&str; 10] = [
-    "scenario",
-    "provider",
-    "jobs",
-    "lost",
-    "batches",
-    "polls/batch",
-    "calls",
-    "faults",
-    "dup. submits",
-    "excused",
-];
+const PROVIDER_HEADER: [&str; 10] =
+    ["scenario", "provider", "jobs", "lost", "batches", "polls/batch", "calls", "faults", "dup. submits", "excused"];
 
 /// One row per scenario and provider its jobs went to.
 fn provider_rows(outcomes: &[Outcome]) -> Vec<[String; 10]> {

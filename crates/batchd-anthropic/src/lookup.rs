@@ -81,7 +81,9 @@ pub fn to_check(candidates: &[Candidate], started_ms: u64) -> Vec<usize> {
         .iter()
         .enumerate()
         .filter(|(_, candidate)| candidate.ended)
-        .map(|(index, candidate)| (candidate.created_ms.map_or(u64::MAX, |created| created.abs_diff(started_ms)), index))
+        .map(|(index, candidate)| {
+            (candidate.created_ms.map_or(u64::MAX, |created| created.abs_diff(started_ms)), index)
+        })
         .collect();
     ended.sort_unstable();
     ended.into_iter().take(MAX_CHECKS).map(|(_, index)| index).collect()

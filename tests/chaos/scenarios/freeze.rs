@@ -35,7 +35,8 @@ pub(super) async fn freeze(size: Size) -> anyhow::Result<Outcome> {
     let collector = load::Collector::start(cluster.conn.clone(), cluster.keys.clone());
     // The load goes on through the freeze, so the victim is taking jobs in (and posting them) when it stops.
     let (batch, every) = size.pick((50, Duration::from_millis(500)), (10, Duration::from_millis(500)));
-    let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("z", n_jobs), Mix::ALL, batch, every);
+    let producer =
+        spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("z", n_jobs), Mix::ALL, batch, every);
     supervised_sleep(&mut cluster, size.pick(secs(5), secs(2))).await;
 
     // Slow replies (a third of the lease), so the victim has submits and polls in flight when it stops, at every
@@ -91,18 +92,17 @@ pub(super) async fn freeze(size: Size) -> anyhow::Result<Outcome> {
     // Creates (by their job) and polls (by their batch's job). Not results downloads: an Anthropic look for an
     // uncertain create reads other chunks' results by design; nor OpenAI's file deletions, which come after the
     // result by design (the outcome is stored first).
-    let calls = log
-        .created
-        .iter()
-        .map(|created| (created.job.as_str(), "create", created.port, created.at_ms))
-        .chain(log.touches.iter().filter(|touch| touch.what == "poll").filter_map(|touch| {
+    let calls = log.created.iter().map(|created| (created.job.as_str(), "create", created.port, created.at_ms)).chain(
+        log.touches.iter().filter(|touch| touch.what == "poll").filter_map(|touch| {
             job_of_batch.get(touch.batch.as_str()).map(|job| (*job, touch.what, touch.port, touch.at_ms))
-        }));
+        }),
+    );
     let late: Vec<String> = calls
         .filter_map(|(job, what, port, at_ms)| {
             let at = *published.get(job)?;
             let in_flight_at_resume = resumed_window.is_some_and(|(victim, until)| port == victim && at_ms <= until);
-            (at_ms > at + 200 && !in_flight_at_resume).then(|| format!("{job}: {what} at {at_ms} after its result at {at}"))
+            (at_ms > at + 200 && !in_flight_at_resume)
+                .then(|| format!("{job}: {what} at {at_ms} after its result at {at}"))
         })
         .collect();
     outcome.figure("api_calls_after_a_result", late.len());

@@ -10,8 +10,8 @@ use super::{FAULT_RATE, NO_PERSISTENCE, Timing, finish, secs, seed, start_daemon
 use crate::chaos::check::{Outcome, drain};
 use crate::chaos::cluster::Cluster;
 use crate::chaos::load::{self, Collector, Mix, spawn_producer};
-use crate::chaos::{Size, human};
 use crate::chaos::remote::RemoteLog;
+use crate::chaos::{Size, human};
 use crate::chaos::{clock, hostile};
 
 /// Scenario 5: a backlog of 100,000 jobs enqueued while no daemon runs (pipelined `XADD`), then three daemons
@@ -108,7 +108,8 @@ pub(super) async fn clock_skew(size: Size) -> anyhow::Result<Outcome> {
     }
     let collector = Collector::start(cluster.conn.clone(), cluster.keys.clone());
     let (batch, every) = size.pick((50, Duration::from_millis(500)), (15, Duration::from_millis(500)));
-    let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("c", n_jobs), Mix::ALL, batch, every);
+    let producer =
+        spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("c", n_jobs), Mix::ALL, batch, every);
     let load_time = every * (n_jobs / batch) as u32;
     let mut jumps = vec![(load_time / 2, 0, "+600s")];
     if size == Size::Full {
@@ -197,7 +198,8 @@ pub(super) async fn hostile_entries(size: Size) -> anyhow::Result<Outcome> {
     }
     let collector = Collector::start(cluster.conn.clone(), cluster.keys.clone());
     let (batch, every) = size.pick((50, Duration::from_millis(500)), (15, Duration::from_millis(500)));
-    let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("g", n_jobs), Mix::ALL, batch, every);
+    let producer =
+        spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("g", n_jobs), Mix::ALL, batch, every);
     let load_time = every * (n_jobs / batch) as u32;
     let mut sent = Vec::new();
     let mut largest_entry = 0;
@@ -318,8 +320,15 @@ pub(super) async fn oversize_entry_peak_rss() -> anyhow::Result<Outcome> {
     start_daemons(&mut cluster, 1).await?;
     cluster.wait_ready(secs(30)).await?;
     let collector = Collector::start(cluster.conn.clone(), cluster.keys.clone());
-    let mut produced =
-        load::produce(cluster.conn.clone(), cluster.keys.clone(), load::ids("f2", 30), Mix::CLOUDFLARE, 10, Duration::ZERO).await;
+    let mut produced = load::produce(
+        cluster.conn.clone(),
+        cluster.keys.clone(),
+        load::ids("f2", 30),
+        Mix::CLOUDFLARE,
+        10,
+        Duration::ZERO,
+    )
+    .await;
     drain(&mut cluster, &collector, produced.acked.len(), secs(60)).await;
     let idle = cluster.status_bytes(0, "VmRSS")?;
     let mut sent = Vec::new();

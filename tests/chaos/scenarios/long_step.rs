@@ -219,8 +219,7 @@ fn last_steps(calls: &[OpenAiCallRecord], batches: &[serde_json::Value]) -> Vec<
             downloads.iter().copied().filter(|call| own(call) && call.at_ms >= status.at_ms).take(2).collect();
         let to_ms = step_downloads.iter().map(|call| reply_ms(call)).max().unwrap_or(status.at_ms);
         let delayed = |call: &OpenAiCallRecord| call.fault.as_deref().is_some_and(|fault| fault.contains("delay"));
-        let delayed_calls =
-            usize::from(delayed(status)) + step_downloads.iter().filter(|call| delayed(call)).count();
+        let delayed_calls = usize::from(delayed(status)) + step_downloads.iter().filter(|call| delayed(call)).count();
         let intruders = polls
             .iter()
             .chain(downloads.iter())

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use batchd_emulator::{AnthropicConfig, DurationRange, EmulatorConfig, OpenAiConfig, OpenAiTiming, RandomFaults};
 
 use self::freeze::freeze;
-use self::long_step::long_step;
 use self::load_and_input::{backlog, clock_skew, hostile_entries, oversize_entry_peak_rss};
+use self::long_step::long_step;
 use self::process_faults::{kill9, rolling_sigterm};
 use self::redis_faults::{Outage, redis_aof_restart, redis_blip_while_recording, redis_unreachable};
 use super::check::{Outcome, drain, verify};

@@ -25,7 +25,8 @@ pub(super) async fn kill9(size: Size) -> anyhow::Result<Outcome> {
     start_daemons(&mut cluster, 3).await?;
     let collector = Collector::start(cluster.conn.clone(), cluster.keys.clone());
     let (batch, every) = size.pick((50, Duration::from_millis(500)), (15, Duration::from_millis(500)));
-    let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("k", n_jobs), Mix::ALL, batch, every);
+    let producer =
+        spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("k", n_jobs), Mix::ALL, batch, every);
     let load_time = every * (n_jobs / batch) as u32;
     let chaos_until = Instant::now() + load_time + size.pick(secs(40), secs(6));
     let (gap_low, gap_high) = size.pick((secs(2), secs(6)), (Duration::from_millis(1500), secs(3)));
@@ -119,7 +120,8 @@ pub(super) async fn rolling_sigterm(size: Size) -> anyhow::Result<Outcome> {
     cluster.wait_ready(secs(30)).await?;
     let collector = Collector::start(cluster.conn.clone(), cluster.keys.clone());
     let (batch, every) = size.pick((50, Duration::from_millis(500)), (15, Duration::from_millis(400)));
-    let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("s", n_jobs), Mix::ALL, batch, every);
+    let producer =
+        spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("s", n_jobs), Mix::ALL, batch, every);
     let mut stops = Vec::new();
     let mut trackers = Vec::new();
     for round in 0..rounds {

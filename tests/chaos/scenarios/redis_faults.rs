@@ -27,7 +27,8 @@ pub(super) async fn redis_aof_restart(size: Size) -> anyhow::Result<Outcome> {
     start_daemons(&mut cluster, 3).await?;
     let collector = Collector::start(cluster.conn.clone(), cluster.keys.clone());
     let (batch, every) = size.pick((50, Duration::from_millis(500)), (15, Duration::from_millis(500)));
-    let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("r", n_jobs), Mix::ALL, batch, every);
+    let producer =
+        spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("r", n_jobs), Mix::ALL, batch, every);
 
     // (how, down ms, up ms, the last submit-stream entry id the restarted Redis holds)
     let mut restarts: Vec<(String, u64, u64, StreamId)> = Vec::new();
@@ -186,7 +187,8 @@ pub(super) async fn redis_unreachable(size: Size, outage: Outage) -> anyhow::Res
     cluster.wait_ready(secs(30)).await?;
     let collector = Collector::start(cluster.conn.clone(), cluster.keys.clone());
     let (batch, every) = size.pick((50, Duration::from_millis(500)), (10, Duration::from_millis(500)));
-    let producer = spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("u", n_jobs), Mix::ALL, batch, every);
+    let producer =
+        spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("u", n_jobs), Mix::ALL, batch, every);
     supervised_sleep(&mut cluster, size.pick(secs(8), Duration::from_millis(2500))).await;
 
     // Short: long enough for readiness to turn (a sample every 500 ms, 2 s timeout) on a loaded machine.
@@ -302,7 +304,9 @@ pub(super) async fn redis_blip_while_recording() -> anyhow::Result<Outcome> {
     cluster.wait_ready(secs(30)).await?;
     let collector = Collector::start(cluster.conn.clone(), cluster.keys.clone());
     let ids = load::ids("blip", 3);
-    let produced = load::produce(cluster.conn.clone(), cluster.keys.clone(), ids.clone(), Mix::CLOUDFLARE, 3, Duration::ZERO).await;
+    let produced =
+        load::produce(cluster.conn.clone(), cluster.keys.clone(), ids.clone(), Mix::CLOUDFLARE, 3, Duration::ZERO)
+            .await;
     // Wait until the emulator has created all three batches (their replies are 1.5 s away), then take Redis away.
     let waited = Instant::now();
     while cluster.emulator.batch_count() < ids.len() {
