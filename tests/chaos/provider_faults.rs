@@ -35,7 +35,7 @@ impl ProviderFaults {
         let task = {
             let stop = stop.clone();
             tokio::spawn(async move {
-                let mut dice = Dice::new(seed ^ 0x5eed_0f_fa17);
+                let mut dice = Dice::new(seed ^ 0x005e_ed0f_fa17);
                 let mut injected: BTreeMap<String, u64> = BTreeMap::new();
                 // (calls seen, faults owed) per emulator.
                 let (mut openai_seen, mut anthropic_seen) = (openai.n_calls(), anthropic.n_calls());

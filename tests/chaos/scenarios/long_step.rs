@@ -252,8 +252,11 @@ struct ScheduleSampler {
     /// Stops it.
     stop: CancellationToken,
     /// The task: per member, `(Unix ms seen, score)` at each change.
-    task: JoinHandle<redis::RedisResult<HashMap<String, Vec<(u64, u64)>>>>,
+    task: JoinHandle<redis::RedisResult<ScoreHistory>>,
 }
+
+/// Per schedule member, `(Unix ms seen, score)` at each change.
+type ScoreHistory = HashMap<String, Vec<(u64, u64)>>;
 
 impl ScheduleSampler {
     fn start(mut conn: ConnectionManager, keys: Keys) -> Self {
