@@ -87,7 +87,7 @@ pids+=($!)
 wait_for_port "$ui_port"
 echo "its overview as JSON (GET /api/overview), the finished jobs of the last hour:"
 curl -fsS "http://127.0.0.1:$ui_port/api/overview" \
-  | python3 -c 'import json,sys; ns=json.load(sys.stdin)["namespaces"][0]; print({s: sum(m[s] for m in ns["finished_per_minute"]) for s in ("completed","failed","expired","cancelled")}, "tokens:", ns["tokens"]["last_hour"])'
+  | python3 -c 'import json,sys; ns=json.load(sys.stdin)["namespaces"][0]; print({s: sum(m[s] for m in ns["finished"]["buckets"]) for s in ("completed","failed","expired","cancelled")}, "tokens:", ns["tokens"]["last_hour"])'
 if [ -n "${DEMO_KEEP_UI:-}" ]; then
   echo "DEMO_KEEP_UI is set: open http://127.0.0.1:$ui_port/ in a browser; press Enter to stop everything"
   read -r _
