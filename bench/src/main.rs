@@ -74,7 +74,7 @@ fn options() -> anyhow::Result<Options> {
         poll_window: Duration::from_secs(10),
         latency_n: 20_000,
         events_n: 300,
-        providers_n: 2_000,
+        providers_n: 20_000,
         out: root.join("target/bench/report.json"),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -89,7 +89,7 @@ fn options() -> anyhow::Result<Options> {
                 options.poll_window = Duration::from_secs(3);
                 options.latency_n = 5_000;
                 options.events_n = 100;
-                options.providers_n = 500;
+                options.providers_n = 1_000;
                 i += 1;
                 continue;
             }
@@ -114,7 +114,7 @@ fn options() -> anyhow::Result<Options> {
             "-h" | "--help" => {
                 println!(
                     "usage: batchd-bench [--quick] [--runs 3] [--modes off,aof] [--scenarios 1,2,3,4,5,6,7,8] [--n 20000] \
-                     [--backlog 100000] [--latency-n 20000] [--events-n 300] [--providers-n 2000] \
+                     [--backlog 100000] [--latency-n 20000] [--events-n 300] [--providers-n 20000] \
                      [--out target/bench/report.json]"
                 );
                 std::process::exit(0);

@@ -186,10 +186,11 @@ pub async fn run(
     let results = read_results(&mut conn, &stack.keys).await?;
     drop(stack);
 
-    let mut calls_by_kind: BTreeMap<String, f64> = BTreeMap::new();
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for call in &calls {
-        *calls_by_kind.entry(call["kind"].as_str().unwrap_or("?").to_owned()).or_default() += 1.0 / n as f64;
+        *counts.entry(call["kind"].as_str().unwrap_or("?").to_owned()).or_default() += 1;
     }
+    let calls_by_kind = counts.into_iter().map(|(kind, count)| (kind, count as f64 / n as f64)).collect();
     let answered = |call: &&serde_json::Value| {
         call["http_status"].as_u64().or_else(|| call["status"].as_u64()).is_some_and(|status| status == 200)
     };

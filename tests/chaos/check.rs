@@ -10,8 +10,8 @@
 //! one request timeout (+ 2 s) later (the submit window), or its reply arrived during a Redis outage that then
 //! lasted longer than the lease (the daemon gives an id up after the lease), or the replica was frozen past its
 //! lease with the create in flight, or (Anthropic only) the API lost the create's reply after making the batch
-//! and batchd's look for it was inconclusive. At OpenAI only the freeze excuses a duplicate: a resumed submit finds
-//! its batch by `metadata`. It must also be counted in the job's ledger (`possible_duplicate_submits`). Anything
+//! and batchd's look for it was inconclusive. At OpenAI only the freeze excuses a duplicate, or a batch more
+//! creates deep than the look reads (`openai.lookup_pages` × 100): a resumed submit finds its batch by `metadata`. It must also be counted in the job's ledger (`possible_duplicate_submits`). Anything
 //! else is a failure; the excused count is reported per scenario and per provider.
 //!
 //! Over 500 lines because [`verify`] and its duplicate tracing are one pass: the checks for lost, duplicated and
