@@ -152,7 +152,8 @@ impl Build for ApiError {
             Ok(envelope) => {
                 let (api_code, message) = wire::first_error(envelope.errors.as_ref());
                 let message = message
-                    .filter(|message| !message.trim().is_empty())
+                    // A message of nothing but blanks and control characters is no message once made one line.
+                    .filter(|message| message.chars().any(|c| !c.is_whitespace() && !c.is_control()))
                     .unwrap_or_else(|| format!("HTTP {http_status} without an error message: {}", body_snippet(body)));
                 let kind = classify(operation, http_status, api_code, &message);
                 (api_code, message, kind)
