@@ -200,11 +200,12 @@ async fn main() -> anyhow::Result<()> {
 
     for &mode in &options.modes {
         let m = mode.label();
+        let bench = Bench { options: &options, mode, work: &work, logs: &logs };
         if options.scenarios.contains(&1) {
-            scenario_queue(&options, mode, &work, &mut report).await?;
+            scenario_queue(&bench, &mut report).await?;
         }
         if options.scenarios.contains(&2) {
-            scenario_lifecycle(&options, mode, &work, &logs, &mut report).await?;
+            scenario_lifecycle(&bench, &mut report).await?;
         }
         if options.scenarios.contains(&3) {
             let s = "3 backlog";
@@ -269,13 +270,13 @@ async fn main() -> anyhow::Result<()> {
             }
         }
         if options.scenarios.contains(&6) {
-            scenario_api_latency(&options, mode, &work, &logs, &mut report).await?;
+            scenario_api_latency(&bench, &mut report).await?;
         }
         if options.scenarios.contains(&7) {
-            scenario_batch_events(&options, mode, &work, &logs, &mut report).await?;
+            scenario_batch_events(&bench, &mut report).await?;
         }
         if options.scenarios.contains(&8) {
-            scenario_providers(&options, mode, &work, &logs, &mut report).await?;
+            scenario_providers(&bench, &mut report).await?;
         }
     }
 
@@ -309,15 +310,48 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What every scenario runs with: the options, the Redis persistence mode, the work and log directories.
+#[derive(Clone, Copy)]
+struct Bench<'a> {
+    /// The command line.
+    options: &'a Options,
+    /// How the scenario's Redis servers persist.
+    mode: Persistence,
+    /// Where the servers keep their files.
+    work: &'a std::path::Path,
+    /// Where the daemons' logs go.
+    logs: &'a std::path::Path,
+}
+
+/// Adds the rows every burst scenario reports: throughput overall and in the steady middle, latency p50/p99, and
+/// CPU per job of each process.
+fn add_burst_rows(report: &mut Report, (s, label, m): (&str, &str, &str), burst: BurstFigures<'_>) {
+    report.add(s, label, "throughput, first XADD to last result", "jobs/s", m, burst.jobs_per_sec);
+    report.add(s, label, "throughput, 10th to 90th percentile result", "jobs/s", m, burst.steady_jobs_per_sec);
+    report.add(s, label, "XADD → result p50", "ms", m, percentile(burst.latencies_ms, 50.0));
+    report.add(s, label, "XADD → result p99", "ms", m, percentile(burst.latencies_ms, 99.0));
+    for (process, cpu) in ["daemon", "emulator", "redis-server"].iter().zip(burst.cpu_us_per_job) {
+        report.add(s, label, &format!("CPU per job, {process}"), "µs", m, cpu);
+    }
+}
+
+/// What [`add_burst_rows`] reports.
+struct BurstFigures<'a> {
+    /// Jobs per second, first XADD to last result.
+    jobs_per_sec: f64,
+    /// Jobs per second between the 10th and the 90th percentile result.
+    steady_jobs_per_sec: f64,
+    /// Each job's XADD → result time.
+    latencies_ms: &'a mut Vec<f64>,
+    /// CPU per job of the daemon, the emulator and redis-server.
+    cpu_us_per_job: [f64; 3],
+}
+
 /// Runs one system of scenario 1 against a server.
 type RunSystem = Box<dyn Fn(&RedisServer) -> futures::future::BoxFuture<'_, anyhow::Result<queue_layer::QueueRun>>>;
 
-async fn scenario_queue(
-    options: &Options,
-    mode: Persistence,
-    work: &std::path::Path,
-    report: &mut Report,
-) -> anyhow::Result<()> {
+async fn scenario_queue(bench: &Bench<'_>, report: &mut Report) -> anyhow::Result<()> {
+    let Bench { options, mode, work, .. } = *bench;
     let s = "1 queue layer";
     let m = mode.label();
     let n = options.n;
@@ -392,13 +426,8 @@ fn add_burst(report: &mut Report, label: &str, m: &str, burst: &mut lifecycle::B
     }
 }
 
-async fn scenario_lifecycle(
-    options: &Options,
-    mode: Persistence,
-    work: &std::path::Path,
-    logs: &std::path::Path,
-    report: &mut Report,
-) -> anyhow::Result<()> {
+async fn scenario_lifecycle(bench: &Bench<'_>, report: &mut Report) -> anyhow::Result<()> {
+    let Bench { options, mode, work, logs } = *bench;
     let s = "2 full lifecycle";
     let m = mode.label();
     let n = options.n;
@@ -456,13 +485,8 @@ async fn scenario_lifecycle(
 }
 
 /// Scenario 6: default settings, every API call answered after 100 ms.
-async fn scenario_api_latency(
-    options: &Options,
-    mode: Persistence,
-    work: &std::path::Path,
-    logs: &std::path::Path,
-    report: &mut Report,
-) -> anyhow::Result<()> {
+async fn scenario_api_latency(bench: &Bench<'_>, report: &mut Report) -> anyhow::Result<()> {
+    let Bench { options, mode, work, logs } = *bench;
     let s = "6 API latency";
     let m = mode.label();
     let n = options.latency_n;
@@ -475,10 +499,13 @@ async fn scenario_api_latency(
         progress(&format!("[{m}] scenario 6, run {}: {n} jobs", run + 1));
         let redis = RedisServer::start(mode, work).await?;
         let mut r = api_latency::run(&redis, n, logs, &format!("latency-{m}-{run}")).await?;
-        report.add(s, &label, "throughput, first XADD to last result", "jobs/s", m, r.jobs_per_sec);
-        report.add(s, &label, "throughput, 10th to 90th percentile result", "jobs/s", m, r.steady_jobs_per_sec);
-        report.add(s, &label, "XADD → result p50", "ms", m, percentile(&mut r.latencies_ms, 50.0));
-        report.add(s, &label, "XADD → result p99", "ms", m, percentile(&mut r.latencies_ms, 99.0));
+        let burst = BurstFigures {
+            jobs_per_sec: r.jobs_per_sec,
+            steady_jobs_per_sec: r.steady_jobs_per_sec,
+            latencies_ms: &mut r.latencies_ms,
+            cpu_us_per_job: r.cpu_us_per_job,
+        };
+        add_burst_rows(report, (s, &label, m), burst);
         report.add(s, &label, "daemon peak RSS (VmHWM)", "MiB", m, r.hwm_mib);
         report.add(s, &label, "daemon RSS before the burst", "MiB", m, r.rss_before_mib);
         report.add(s, &label, "peak RSS / byte budget (256 MiB)", "×", m, r.hwm_mib / api_latency::BUDGET_MIB);
@@ -486,22 +513,16 @@ async fn scenario_api_latency(
             report.add(s, &label, &format!("API {kind} per job"), "calls", m, calls);
         }
         report.add(s, &label, "jobs not completed", "jobs", m, r.not_completed as f64);
-        for (i, process) in ["daemon", "emulator", "redis-server"].iter().enumerate() {
-            report.add(s, &label, &format!("CPU per job, {process}"), "µs", m, r.cpu_us_per_job[i]);
-            report.add(s, &label, &format!("CPU used, {process}"), "cores", m, r.cores[i]);
+        for (process, cores) in ["daemon", "emulator", "redis-server"].iter().zip(r.cores) {
+            report.add(s, &label, &format!("CPU used, {process}"), "cores", m, cores);
         }
     }
     Ok(())
 }
 
 /// Scenario 7: polling only, events on, events on with every event dropped, on time-compressed 5-minute batches.
-async fn scenario_batch_events(
-    options: &Options,
-    mode: Persistence,
-    work: &std::path::Path,
-    logs: &std::path::Path,
-    report: &mut Report,
-) -> anyhow::Result<()> {
+async fn scenario_batch_events(bench: &Bench<'_>, report: &mut Report) -> anyhow::Result<()> {
+    let Bench { options, mode, work, logs } = *bench;
     let s = "7 batch events";
     let m = mode.label();
     let n = options.events_n;
@@ -537,13 +558,8 @@ async fn scenario_batch_events(
 }
 
 /// Scenario 8: scenario 6's burst at each provider, and the file-based ones again with a 10 MB body limit.
-async fn scenario_providers(
-    options: &Options,
-    mode: Persistence,
-    work: &std::path::Path,
-    logs: &std::path::Path,
-    report: &mut Report,
-) -> anyhow::Result<()> {
+async fn scenario_providers(bench: &Bench<'_>, report: &mut Report) -> anyhow::Result<()> {
+    let Bench { options, mode, work, logs } = *bench;
     let s = "8 providers";
     let m = mode.label();
     let n = options.providers_n;
@@ -571,18 +587,18 @@ async fn scenario_providers(
                     fmt(n as f64),
                     providers::BATCH_MS / 1000
                 );
-                report.add(s, &label, "throughput, first XADD to last result", "jobs/s", m, r.jobs_per_sec);
-                report.add(s, &label, "throughput, 10th to 90th percentile result", "jobs/s", m, r.steady_jobs_per_sec);
-                report.add(s, &label, "XADD → result p50", "ms", m, percentile(&mut r.latencies_ms, 50.0));
-                report.add(s, &label, "XADD → result p99", "ms", m, percentile(&mut r.latencies_ms, 99.0));
+                let burst = BurstFigures {
+                    jobs_per_sec: r.jobs_per_sec,
+                    steady_jobs_per_sec: r.steady_jobs_per_sec,
+                    latencies_ms: &mut r.latencies_ms,
+                    cpu_us_per_job: r.cpu_us_per_job,
+                };
+                add_burst_rows(report, (s, &label, m), burst);
                 report.add(s, &label, "polls per batch", "polls", m, r.polls_per_batch);
                 report.add(s, &label, "remote batches per job", "batches", m, r.batches_per_job);
                 report.add(s, &label, "API calls per job", "calls", m, r.calls_per_job);
                 report.add(s, &label, "jobs not completed", "jobs", m, r.not_completed as f64);
                 report.add(s, &label, "daemon peak RSS (VmHWM)", "MiB", m, r.hwm_mib);
-                for (i, process) in ["daemon", "emulator", "redis-server"].iter().enumerate() {
-                    report.add(s, &label, &format!("CPU per job, {process}"), "µs", m, r.cpu_us_per_job[i]);
-                }
                 report.detail(&format!("{s} / {label} / {m} / API calls per job by kind"), json!(r.calls_by_kind));
             }
         }

@@ -3,6 +3,12 @@
 //! has logged and injects one fault, of a kind drawn from the run's seed, for every `1 / rate` calls. A fault waits
 //! in the emulator's queue for the next call it matches.
 //!
+//! Faults must not pile up: one aimed at a kind of call that has stopped coming (creates, once every job is in)
+//! would wait in the queue and a later stretch of faults would hit the next calls all at once, or the drain after
+//! the faults stop. So a fault is owed, not injected, while [`MAX_PENDING`] wait in an emulator's queue (what is
+//! owed beyond that is dropped and counted as skipped), and [`ProviderFaults::stop`] takes back the ones never used
+//! and counts them as unused: the figures report only faults that hit a call.
+//!
 //! The kinds are the trouble a batch API gives: 5xx and 429 refusals (nothing done), a dropped connection (nothing
 //! done), and the same after the call took effect — the "uncertain create" of issues 23 and 24: the batch exists,
 //! its reply never arrives, and the client must look before creating again.
@@ -18,6 +24,9 @@ use super::scenarios::Dice;
 
 /// How often the call counts are read.
 const TICK: Duration = Duration::from_millis(100);
+
+/// Most faults waiting in one emulator's queue at a time.
+const MAX_PENDING: usize = 4;
 
 /// The injecting task of a run.
 #[derive(Debug)]
@@ -46,17 +55,32 @@ impl ProviderFaults {
                     openai_owed += rate * now_openai.saturating_sub(openai_seen) as f64;
                     anthropic_owed += rate * now_anthropic.saturating_sub(anthropic_seen) as f64;
                     (openai_seen, anthropic_seen) = (now_openai, now_anthropic);
+                    let mut tally = |key: String| *injected.entry(key).or_default() += 1;
                     while openai_owed >= 1.0 {
                         openai_owed -= 1.0;
+                        if openai.pending_faults().len() >= MAX_PENDING {
+                            tally("openai skipped (queue full)".to_owned());
+                            continue;
+                        }
                         let (name, fault) = openai_fault(dice.index(OPENAI_KINDS));
                         openai.inject(fault);
-                        *injected.entry(format!("openai {name}")).or_default() += 1;
+                        tally(format!("openai {name}"));
                     }
                     while anthropic_owed >= 1.0 {
                         anthropic_owed -= 1.0;
+                        if anthropic.pending_faults().len() >= MAX_PENDING {
+                            tally("anthropic skipped (queue full)".to_owned());
+                            continue;
+                        }
                         let (name, fault) = anthropic_fault(dice.index(ANTHROPIC_KINDS));
                         anthropic.inject(fault);
-                        *injected.entry(format!("anthropic {name}")).or_default() += 1;
+                        tally(format!("anthropic {name}"));
+                    }
+                }
+                let unused = (openai.clear_faults().len(), anthropic.clear_faults().len());
+                for (provider, n) in [("openai", unused.0), ("anthropic", unused.1)] {
+                    if n > 0 {
+                        injected.insert(format!("{provider} unused (taken back at stop)"), n as u64);
                     }
                 }
                 injected
@@ -65,10 +89,11 @@ impl ProviderFaults {
         Self { stop, task }
     }
 
-    /// Stops injecting; what was injected, by `"<provider> <kind>"`.
+    /// Stops injecting and takes back the faults never used; what was injected, by `"<provider> <kind>"`, with
+    /// the owed faults skipped while the queue was full and the ones taken back unused.
     pub async fn stop(self) -> BTreeMap<String, u64> {
         self.stop.cancel();
-        self.task.await.unwrap_or_default()
+        self.task.await.expect("the fault injector panicked")
     }
 }
 

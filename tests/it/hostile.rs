@@ -2,81 +2,13 @@
 //! bounded by the limits. The daemon runs as its own process so its peak RSS (`VmHWM` in `/proc/<pid>/status`)
 //! is the daemon's alone.
 
-use std::path::PathBuf;
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use batchd_core::{ResultEntry, ResultStatus};
+use batchd_core::ResultStatus;
 use batchd_tests::World;
 use redis::AsyncCommands;
 
-/// Patient: a debug daemon reads a 90 MB entry in several passes.
-const WAIT: Duration = Duration::from_secs(300);
-
-/// A `batchd run` process, killed when dropped; its logs go to a file, shown if it dies.
-struct DaemonProcess {
-    /// The process.
-    child: Child,
-    /// Where its stderr goes.
-    log: PathBuf,
-}
-
-impl DaemonProcess {
-    /// Starts `batchd run` on the world's Redis, namespace and emulator, with `extra` settings on top.
-    fn start(world: &World, extra: &[(&str, String)]) -> Self {
-        let log = std::env::temp_dir().join(format!("batchd-it-hostile-{}.log", uuid::Uuid::new_v4().simple()));
-        let child = world
-            .batchd()
-            .arg("run")
-            .env("CLOUDFLARE_API_TOKEN", world.emulator.token())
-            .env("BATCHD__ADMIN__LISTEN", "")
-            .envs(extra.iter().map(|(name, value)| (name, value)))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("daemon log file"))
-            .spawn()
-            .expect("start batchd");
-        Self { child, log }
-    }
-
-    /// Waits for the one result of `job_id`; fails at once if the daemon exits, or after [`WAIT`].
-    async fn wait_for_result(&mut self, world: &World, job_id: &str) -> ResultEntry {
-        let started = Instant::now();
-        loop {
-            let results = world.results().await;
-            if let Some(fields) = results.iter().find(|fields| fields.get("job_id").map(String::as_str) == Some(job_id))
-            {
-                return ResultEntry::from_fields(fields).expect("well-formed result");
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-                panic!("the daemon exited ({status}) before the result of {job_id}:\n{log}");
-            }
-            assert!(started.elapsed() < WAIT, "timed out waiting for the result of {job_id}");
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    }
-
-    /// A size field of `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in bytes.
-    fn status_bytes(&self, field: &str) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("read /proc status");
-        let line = status.lines().find(|line| line.starts_with(&format!("{field}:"))).expect("field in status");
-        let kib: u64 = line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("a size in kB");
-        kib * 1024
-    }
-
-    /// Whether the process still runs.
-    fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-}
-
-impl Drop for DaemonProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
+use crate::memory::DaemonProcess;
 
 /// The 90 MB job: `{"id":"huge","model":"@cf/baai/bge-m3","requests":[{},{},...]}` with `n_items` empty items,
 /// built with one repeat instead of an item at a time.
@@ -97,7 +29,7 @@ async fn thirty_million_empty_items_are_refused_for_about_twice_the_entry_size_a
     let world = World::new().await;
     let n_items = 30_000_000;
     let job = empty_items_job(n_items);
-    let entry_bytes = job.len() as u64;
+    let entry_bytes = job.len();
     let mut daemon = DaemonProcess::start(
         &world,
         &[("BATCHD__JOBS__MAX_ENTRY_BYTES", (2 * entry_bytes).to_string()), ("RUST_LOG", "warn".to_owned())],

@@ -8,16 +8,18 @@ use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use batchd_core::ResultEntry;
 use batchd_tests::World;
 use redis::AsyncCommands;
 
-/// Patient: a debug daemon moves about 200 MB here.
+/// Patient: a debug daemon moves about 200 MB here (and reads a 90 MB entry in several passes in hostile.rs).
 const WAIT: Duration = Duration::from_secs(300);
 
 const MIB: usize = 1024 * 1024;
 
-/// `batchd run` as a process, killed when dropped; its stderr goes to a file, shown if it dies.
-struct DaemonProcess {
+/// `batchd run` as its own process (so that its `/proc/<pid>/status` sizes are its alone), killed when dropped; its
+/// stderr goes to a file, shown if it dies. The hostile-entry tests use it too.
+pub(crate) struct DaemonProcess {
     /// The process.
     child: Child,
     /// Where its stderr goes.
@@ -25,8 +27,9 @@ struct DaemonProcess {
 }
 
 impl DaemonProcess {
-    fn start(world: &World, extra: &[(&str, String)]) -> Self {
-        let log = std::env::temp_dir().join(format!("batchd-it-memory-{}.log", uuid::Uuid::new_v4().simple()));
+    /// Starts `batchd run` on the world's Redis, namespace and emulator, with `extra` settings on top.
+    pub(crate) fn start(world: &World, extra: &[(&str, String)]) -> Self {
+        let log = std::env::temp_dir().join(format!("batchd-it-daemon-{}.log", uuid::Uuid::new_v4().simple()));
         let child = world
             .batchd()
             .arg("run")
@@ -41,7 +44,7 @@ impl DaemonProcess {
     }
 
     /// Waits until every job of `job_ids` has its result; fails at once if the daemon exits, or after [`WAIT`].
-    async fn wait_for_results(&mut self, world: &World, job_ids: &HashSet<String>) {
+    pub(crate) async fn wait_for_results(&mut self, world: &World, job_ids: &HashSet<String>) {
         let started = Instant::now();
         loop {
             let results = world.results().await;
@@ -58,12 +61,25 @@ impl DaemonProcess {
         }
     }
 
+    /// Waits for the one result of `job_id` (see [`DaemonProcess::wait_for_results`]).
+    pub(crate) async fn wait_for_result(&mut self, world: &World, job_id: &str) -> ResultEntry {
+        self.wait_for_results(world, &HashSet::from([job_id.to_owned()])).await;
+        let results = world.results().await;
+        let fields = results.iter().find(|fields| fields.get("job_id").map(String::as_str) == Some(job_id));
+        ResultEntry::from_fields(fields.expect("the result just seen")).expect("well-formed result")
+    }
+
     /// A size field of `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in bytes.
-    fn status_bytes(&self, field: &str) -> usize {
+    pub(crate) fn status_bytes(&self, field: &str) -> usize {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("read /proc status");
         let line = status.lines().find(|line| line.starts_with(&format!("{field}:"))).expect("field in status");
         let kib: usize = line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).expect("a size in kB");
         kib * 1024
+    }
+
+    /// Whether the process still runs.
+    pub(crate) fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 }
 

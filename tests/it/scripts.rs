@@ -1079,7 +1079,10 @@ async fn finished_minutes_roll_up_into_their_hours_once() {
     assert_eq!(store.roll_up_counters(now).await.expect("roll up"), 9);
     assert_eq!(hour_sum(&mut conn, "finished:completed").await, 1 + 2 + 4);
     assert_eq!(hour_sum(&mut conn, "tokens:prompt:m").await, 70);
-    let hour_ttl: i64 = redis::cmd("TTL").arg(keys.stats_hour(current / 60)).query_async(&mut conn).await.unwrap();
+    // Minute current-3 was rolled up, so its hour exists (current / 60 may not: early in an hour, every rolled
+    // minute lies in the hour before).
+    let hour_ttl: i64 =
+        redis::cmd("TTL").arg(keys.stats_hour((current - 3) / 60)).query_async(&mut conn).await.unwrap();
     assert!(hour_ttl > 0, "an hour's counters expire");
     // Again, and from a second store (another replica): nothing is added twice.
     let other = open();

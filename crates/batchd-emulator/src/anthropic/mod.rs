@@ -146,6 +146,10 @@ impl Anthropic {
         self.lock().faults.clone()
     }
 
+    fn clear_faults(&self) -> Vec<AnthropicFault> {
+        std::mem::take(&mut self.lock().faults)
+    }
+
     fn calls(&self) -> Vec<AnthropicCall> {
         self.lock().calls.records().to_vec()
     }
@@ -233,6 +237,11 @@ impl AnthropicControl {
     /// Faults not used up yet.
     pub fn pending_faults(&self) -> Vec<AnthropicFault> {
         self.anthropic().pending_faults()
+    }
+
+    /// Removes the faults not used up yet (the call log stays) and answers them, in injection order.
+    pub fn clear_faults(&self) -> Vec<AnthropicFault> {
+        self.anthropic().clear_faults()
     }
 
     /// Every call since start or the last reset, oldest first.

@@ -7,8 +7,7 @@
 use std::{sync::Arc, time::Instant};
 
 use axum::{
-    extract::{ConnectInfo, OriginalUri, Path, Request, State},
-    http::HeaderMap,
+    extract::{Path, Request, State},
     response::Response,
 };
 use percent_encoding::percent_decode_str;
@@ -17,12 +16,11 @@ use serde_json::{Map, Value, json};
 use super::{
     OpenAi,
     faults::OpenAiCallKind,
-    http::{Call, OpenAiError, Reply, capped},
+    http::{CallParts, OpenAiError, Reply, capped},
     lifecycle::{Batch, OpenAiTiming},
     results::ENDPOINTS,
     store::UnixClock,
 };
-use crate::listener::Connection;
 
 /// Most `metadata` pairs.
 const MAX_METADATA_PAIRS: usize = 16;
@@ -199,14 +197,8 @@ fn check_metadata(metadata: Map<String, Value>) -> Result<Map<String, Value>, Op
 }
 
 /// `POST /v1/batches`.
-pub(crate) async fn create(
-    State(api): State<Arc<OpenAi>>,
-    ConnectInfo(connection): ConnectInfo<Connection>,
-    OriginalUri(uri): OriginalUri,
-    request: Request,
-) -> Response {
-    let call = Call::begin(&api, OpenAiCallKind::CreateBatch, "POST", uri.path(), &connection);
-    let mut call = match call.admit(&api, &connection, request.headers()).await {
+pub(crate) async fn create(State(api): State<Arc<OpenAi>>, parts: CallParts, request: Request) -> Response {
+    let mut call = match parts.admit(&api, OpenAiCallKind::CreateBatch).await {
         Ok(call) => call,
         Err(response) => return response,
     };
@@ -227,25 +219,18 @@ pub(crate) async fn create(
         }
         Ok(Reply::Json(view))
     });
-    call.finish(&api, &connection, outcome).await
+    parts.finish(&api, call, outcome).await
 }
 
 /// `GET /v1/batches/{id}`.
-pub(crate) async fn get(
-    State(api): State<Arc<OpenAi>>,
-    ConnectInfo(connection): ConnectInfo<Connection>,
-    OriginalUri(uri): OriginalUri,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    let call = Call::begin(&api, OpenAiCallKind::GetBatch, "GET", uri.path(), &connection);
-    let mut call = match call.admit(&api, &connection, &headers).await {
+pub(crate) async fn get(State(api): State<Arc<OpenAi>>, parts: CallParts, Path(id): Path<String>) -> Response {
+    let mut call = match parts.admit(&api, OpenAiCallKind::GetBatch).await {
         Ok(call) => call,
         Err(response) => return response,
     };
     call.record.batch_id = Some(capped(&id));
     let outcome = api.batch(&id).map(Reply::Json).ok_or_else(|| OpenAiError::not_found("Batch", &id, "batch_id"));
-    call.finish(&api, &connection, outcome).await
+    parts.finish(&api, call, outcome).await
 }
 
 /// `after` and `limit` of a list.
@@ -273,18 +258,12 @@ fn parse_list_query(query: Option<&str>) -> Result<(Option<String>, usize), Open
 }
 
 /// `GET /v1/batches`.
-pub(crate) async fn list(
-    State(api): State<Arc<OpenAi>>,
-    ConnectInfo(connection): ConnectInfo<Connection>,
-    OriginalUri(uri): OriginalUri,
-    headers: HeaderMap,
-) -> Response {
-    let call = Call::begin(&api, OpenAiCallKind::ListBatches, "GET", uri.path(), &connection);
-    let call = match call.admit(&api, &connection, &headers).await {
+pub(crate) async fn list(State(api): State<Arc<OpenAi>>, parts: CallParts) -> Response {
+    let call = match parts.admit(&api, OpenAiCallKind::ListBatches).await {
         Ok(call) => call,
         Err(response) => return response,
     };
-    let outcome = parse_list_query(uri.query()).and_then(|(after, limit)| {
+    let outcome = parse_list_query(parts.uri.query()).and_then(|(after, limit)| {
         let (page, has_more) = api.list_batches(after.as_deref(), limit).ok_or_else(|| {
             invalid_value("after", format!("Invalid 'after': no batch '{}'.", capped(after.as_deref().unwrap_or(""))))
         })?;
@@ -298,19 +277,12 @@ pub(crate) async fn list(
             "has_more": has_more,
         })))
     });
-    call.finish(&api, &connection, outcome).await
+    parts.finish(&api, call, outcome).await
 }
 
 /// `POST /v1/batches/{id}/cancel`.
-pub(crate) async fn cancel(
-    State(api): State<Arc<OpenAi>>,
-    ConnectInfo(connection): ConnectInfo<Connection>,
-    OriginalUri(uri): OriginalUri,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    let call = Call::begin(&api, OpenAiCallKind::CancelBatch, "POST", uri.path(), &connection);
-    let mut call = match call.admit(&api, &connection, &headers).await {
+pub(crate) async fn cancel(State(api): State<Arc<OpenAi>>, parts: CallParts, Path(id): Path<String>) -> Response {
+    let mut call = match parts.admit(&api, OpenAiCallKind::CancelBatch).await {
         Ok(call) => call,
         Err(response) => return response,
     };
@@ -322,7 +294,7 @@ pub(crate) async fn cancel(
             Err(OpenAiError::invalid(format!("Cannot cancel a batch with status '{}'.", status.as_str()), None, None))
         }
     };
-    call.finish(&api, &connection, outcome).await
+    parts.finish(&api, call, outcome).await
 }
 
 #[cfg(test)]

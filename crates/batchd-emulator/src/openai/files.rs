@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::{
     body::Bytes,
-    extract::{ConnectInfo, FromRequest, Multipart, OriginalUri, Path, Request, State},
+    extract::{FromRequest, Multipart, Path, Request, State},
     response::Response,
 };
 use percent_encoding::percent_decode_str;
@@ -18,10 +18,9 @@ use serde_json::{Value, json};
 use super::{
     OpenAi,
     faults::OpenAiCallKind,
-    http::{Call, OpenAiError, Reply, capped},
+    http::{CallParts, OpenAiError, Reply, capped},
     store::{FILE_EXPIRY, StoredFile},
 };
-use crate::listener::Connection;
 
 /// Longest text form field read (`purpose`, `expires_after[...]`).
 const MAX_FIELD_BYTES: usize = 1024;
@@ -44,14 +43,8 @@ pub(crate) fn file_json(api: &OpenAi, file: &StoredFile) -> Value {
 }
 
 /// `POST /v1/files`.
-pub(crate) async fn upload(
-    State(api): State<Arc<OpenAi>>,
-    ConnectInfo(connection): ConnectInfo<Connection>,
-    OriginalUri(uri): OriginalUri,
-    request: Request,
-) -> Response {
-    let call = Call::begin(&api, OpenAiCallKind::Upload, "POST", uri.path(), &connection);
-    let mut call = match call.admit(&api, &connection, request.headers()).await {
+pub(crate) async fn upload(State(api): State<Arc<OpenAi>>, parts: CallParts, request: Request) -> Response {
+    let mut call = match parts.admit(&api, OpenAiCallKind::Upload).await {
         Ok(call) => call,
         Err(response) => return response,
     };
@@ -62,7 +55,7 @@ pub(crate) async fn upload(
         }
         Err(error) => Err(error),
     };
-    call.finish(&api, &connection, outcome).await
+    parts.finish(&api, call, outcome).await
 }
 
 async fn read_upload(api: &OpenAi, request: Request) -> Result<StoredFile, OpenAiError> {
@@ -192,18 +185,12 @@ fn parse_files_query(query: Option<&str>) -> Result<(Option<String>, Option<Stri
 }
 
 /// `GET /v1/files`.
-pub(crate) async fn list(
-    State(api): State<Arc<OpenAi>>,
-    ConnectInfo(connection): ConnectInfo<Connection>,
-    OriginalUri(uri): OriginalUri,
-    headers: axum::http::HeaderMap,
-) -> Response {
-    let call = Call::begin(&api, OpenAiCallKind::ListFiles, "GET", uri.path(), &connection);
-    let call = match call.admit(&api, &connection, &headers).await {
+pub(crate) async fn list(State(api): State<Arc<OpenAi>>, parts: CallParts) -> Response {
+    let call = match parts.admit(&api, OpenAiCallKind::ListFiles).await {
         Ok(call) => call,
         Err(response) => return response,
     };
-    let outcome = parse_files_query(uri.query()).and_then(|(purpose, after, limit, descending)| {
+    let outcome = parse_files_query(parts.uri.query()).and_then(|(purpose, after, limit, descending)| {
         let (files, has_more) =
             api.list_files(purpose.as_deref(), after.as_deref(), limit, descending).ok_or_else(|| {
                 OpenAiError::invalid(
@@ -219,67 +206,43 @@ pub(crate) async fn list(
             "object": "list", "data": data, "first_id": first_id, "last_id": last_id, "has_more": has_more,
         })))
     });
-    call.finish(&api, &connection, outcome).await
+    parts.finish(&api, call, outcome).await
 }
 
 /// `GET /v1/files/{id}`.
-pub(crate) async fn get(
-    State(api): State<Arc<OpenAi>>,
-    ConnectInfo(connection): ConnectInfo<Connection>,
-    OriginalUri(uri): OriginalUri,
-    headers: axum::http::HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    let call = Call::begin(&api, OpenAiCallKind::GetFile, "GET", uri.path(), &connection);
-    let mut call = match call.admit(&api, &connection, &headers).await {
-        Ok(call) => call,
-        Err(response) => return response,
-    };
-    call.record.file_id = Some(capped(&id));
-    let outcome = api
-        .file(&id)
-        .map(|file| Reply::Json(file_json(&api, &file)))
-        .ok_or_else(|| OpenAiError::not_found("File", &id, "id"));
-    call.finish(&api, &connection, outcome).await
+pub(crate) async fn get(State(api): State<Arc<OpenAi>>, parts: CallParts, Path(id): Path<String>) -> Response {
+    let outcome = |api: &OpenAi| api.file(&id).map(|file| Reply::Json(file_json(api, &file)));
+    file_call(&api, &parts, OpenAiCallKind::GetFile, &id, outcome).await
 }
 
 /// `GET /v1/files/{id}/content`.
-pub(crate) async fn content(
-    State(api): State<Arc<OpenAi>>,
-    ConnectInfo(connection): ConnectInfo<Connection>,
-    OriginalUri(uri): OriginalUri,
-    headers: axum::http::HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    let call = Call::begin(&api, OpenAiCallKind::FileContent, "GET", uri.path(), &connection);
-    let mut call = match call.admit(&api, &connection, &headers).await {
-        Ok(call) => call,
-        Err(response) => return response,
-    };
-    call.record.file_id = Some(capped(&id));
-    let outcome =
-        api.file(&id).map(|file| Reply::Content(file.content)).ok_or_else(|| OpenAiError::not_found("File", &id, "id"));
-    call.finish(&api, &connection, outcome).await
+pub(crate) async fn content(State(api): State<Arc<OpenAi>>, parts: CallParts, Path(id): Path<String>) -> Response {
+    let outcome = |api: &OpenAi| api.file(&id).map(|file| Reply::Content(file.content));
+    file_call(&api, &parts, OpenAiCallKind::FileContent, &id, outcome).await
 }
 
 /// `DELETE /v1/files/{id}`.
-pub(crate) async fn delete(
-    State(api): State<Arc<OpenAi>>,
-    ConnectInfo(connection): ConnectInfo<Connection>,
-    OriginalUri(uri): OriginalUri,
-    headers: axum::http::HeaderMap,
-    Path(id): Path<String>,
+pub(crate) async fn delete(State(api): State<Arc<OpenAi>>, parts: CallParts, Path(id): Path<String>) -> Response {
+    let outcome = |api: &OpenAi| {
+        api.delete_file(&id).then(|| Reply::Json(json!({ "id": id, "object": "file", "deleted": true })))
+    };
+    file_call(&api, &parts, OpenAiCallKind::DeleteFile, &id, outcome).await
+}
+
+/// A call on one file, `/v1/files/{id}...`: admitted, logged with the file id, answered by `answer` or with a 404
+/// when `answer` finds no such file.
+async fn file_call(
+    api: &OpenAi,
+    parts: &CallParts,
+    kind: OpenAiCallKind,
+    id: &str,
+    answer: impl FnOnce(&OpenAi) -> Option<Reply>,
 ) -> Response {
-    let call = Call::begin(&api, OpenAiCallKind::DeleteFile, "DELETE", uri.path(), &connection);
-    let mut call = match call.admit(&api, &connection, &headers).await {
+    let mut call = match parts.admit(api, kind).await {
         Ok(call) => call,
         Err(response) => return response,
     };
-    call.record.file_id = Some(capped(&id));
-    let outcome = if api.delete_file(&id) {
-        Ok(Reply::Json(json!({ "id": id, "object": "file", "deleted": true })))
-    } else {
-        Err(OpenAiError::not_found("File", &id, "id"))
-    };
-    call.finish(&api, &connection, outcome).await
+    call.record.file_id = Some(capped(id));
+    let outcome = answer(api).ok_or_else(|| OpenAiError::not_found("File", id, "id"));
+    parts.finish(api, call, outcome).await
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 use axum::{
     Json,
     body::Bytes,
-    http::{HeaderMap, HeaderValue, StatusCode, header},
+    extract::{ConnectInfo, FromRequestParts, OriginalUri},
+    http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header, request::Parts},
     response::{IntoResponse, Response},
 };
 use serde_json::{Value, json};
@@ -113,6 +114,44 @@ pub(crate) enum Reply {
     Json(Value),
     /// A file's content, HTTP 200.
     Content(Bytes),
+}
+
+/// What every handler takes from a request besides its own arguments: who called, the method, path and query, and
+/// the headers (for the API key).
+#[derive(Debug)]
+pub(crate) struct CallParts {
+    /// The caller's connection.
+    pub connection: Connection,
+    /// The path and query as sent.
+    pub uri: Uri,
+    /// The method.
+    method: Method,
+    /// The headers.
+    headers: HeaderMap,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for CallParts {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let ConnectInfo(connection) =
+            ConnectInfo::<Connection>::from_request_parts(parts, state).await.map_err(IntoResponse::into_response)?;
+        let OriginalUri(uri) = OriginalUri::from_request_parts(parts, state).await.map_err(|never| match never {})?;
+        Ok(Self { connection, uri, method: parts.method.clone(), headers: parts.headers.clone() })
+    }
+}
+
+impl CallParts {
+    /// Starts the record of a call of `kind` and admits it ([`Call::admit`]). `Err`: the reply that ends the call.
+    pub async fn admit(&self, api: &OpenAi, kind: OpenAiCallKind) -> Result<Call, Response> {
+        let call = Call::begin(api, kind, self.method.as_str(), self.uri.path(), &self.connection);
+        call.admit(api, &self.connection, &self.headers).await
+    }
+
+    /// Ends the call ([`Call::finish`]).
+    pub async fn finish(&self, api: &OpenAi, call: Call, outcome: Result<Reply, OpenAiError>) -> Response {
+        call.finish(api, &self.connection, outcome).await
+    }
 }
 
 /// One call in progress: its log record, completed as it is handled.

@@ -120,6 +120,11 @@ impl OpenAiHandle {
         self.api.pending_faults()
     }
 
+    /// Removes the faults not used up yet (the call log stays) and answers them, call-level first.
+    pub fn clear_faults(&self) -> Vec<OpenAiFault> {
+        self.api.clear_faults()
+    }
+
     /// Every call since start or the last reset, oldest first.
     pub fn calls(&self) -> Vec<OpenAiCallRecord> {
         self.api.calls()

@@ -233,11 +233,18 @@ impl OpenAi {
 
     /// Clears pending faults and the call log; files, batches and settings stay.
     pub fn reset(&self) {
+        self.clear_faults();
         let mut inner = self.lock();
-        inner.call_faults.clear();
-        inner.batch_faults.clear();
         inner.calls.clear();
         inner.last_seq = 0;
+    }
+
+    /// Removes the faults not used up yet and answers them, call-level first.
+    pub fn clear_faults(&self) -> Vec<OpenAiFault> {
+        let mut inner = self.lock();
+        let call_faults = std::mem::take(&mut inner.call_faults);
+        let batch_faults = std::mem::take(&mut inner.batch_faults);
+        call_faults.into_iter().chain(batch_faults).collect()
     }
 
     /// Number of batches created since start.

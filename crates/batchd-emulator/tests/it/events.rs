@@ -3,8 +3,6 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    io::{BufRead, BufReader},
-    process::{Command, Stdio},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -643,10 +641,8 @@ async fn events_and_event_faults_change_over_http() {
 
 #[tokio::test]
 async fn the_binary_takes_the_events_flags() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_batchd-emulator"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
+    let emulator = crate::binary::EmulatorProcess::spawn(
+        &[
             "--account-id",
             "acc",
             "--queued-ms",
@@ -659,22 +655,11 @@ async fn the_binary_takes_the_events_flags() {
             "--event-duplicate",
             "--event-order",
             "reverse",
-        ])
-        .env("EMULATOR_TOKEN", "secret")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn the emulator binary");
-    let stdout = child.stdout.take().expect("stdout");
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    })
-    .await
-    .expect("join")
-    .expect("read the first line");
-    let base_url = line.trim().strip_prefix("batchd-emulator listening on ").expect("the listening line").to_owned();
+        ],
+        &[("EMULATOR_TOKEN", "secret")],
+    )
+    .await;
+    let base_url = emulator.base_url.clone();
 
     let run = format!("{base_url}/accounts/acc/ai/run/%40cf/meta/llama-3.3-70b-instruct-fp8-fast?queueRequest=true");
     let reply = post_raw(&run, "secret", json!({ "requests": prompt() }).to_string()).await.expect("submit");
@@ -699,7 +684,5 @@ async fn the_binary_takes_the_events_flags() {
         .expect("json");
     assert_eq!(config["events"]["queue_id"], "demo-events");
     assert_eq!(config["event_faults"]["order"], "reverse");
-
-    child.kill().expect("kill the emulator");
-    child.wait().expect("reap the emulator");
+    drop(emulator);
 }

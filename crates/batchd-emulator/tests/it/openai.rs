@@ -717,28 +717,15 @@ async fn the_control_api_injects_faults_changes_settings_and_reads_the_log() {
 
 #[tokio::test]
 async fn the_binary_serves_openai_with_its_flags() {
-    use std::{
-        io::{BufRead, BufReader},
-        process::{Command, Stdio},
-    };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_batchd-emulator"))
-        .args(["--listen", "127.0.0.1:0", "--openai-validating-ms", "7", "--openai-completion-window-ms", "60000"])
-        .args(["--openai-max-file-bytes", "1000", "--openai-keep-order"])
-        .env("EMULATOR_OPENAI_KEY", "sk-test")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn the emulator binary");
-    let stdout = child.stdout.take().expect("stdout");
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
-    })
-    .await
-    .expect("join")
-    .expect("read the first line");
-    let base_url = line.trim().strip_prefix("batchd-emulator listening on ").expect("the URL line").to_owned();
+    let emulator = crate::binary::EmulatorProcess::spawn(
+        &["--openai-validating-ms", "7", "--openai-completion-window-ms", "60000"]
+            .into_iter()
+            .chain(["--openai-max-file-bytes", "1000", "--openai-keep-order"])
+            .collect::<Vec<_>>(),
+        &[("EMULATOR_OPENAI_KEY", "sk-test")],
+    )
+    .await;
+    let base_url = emulator.base_url.clone();
     let openai = base_url.replace("/client/v4", "/openai/v1");
     let client = Client { base: openai, key: "sk-test".to_owned(), http: reqwest::Client::new() };
     let reply = client.get("/batches").await;
@@ -753,22 +740,7 @@ async fn the_binary_serves_openai_with_its_flags() {
     for (field, value) in expected {
         assert_eq!(config[field], value, "{field}");
     }
-    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("run kill");
-    assert!(status.success());
-    let exit = tokio::task::spawn_blocking(move || {
-        for _ in 0..100 {
-            if let Some(exit) = child.try_wait().expect("wait") {
-                return Some(exit);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        None
-    })
-    .await
-    .expect("join");
-    let exit = exit.expect("the emulator must exit within 5 s of SIGTERM");
-    assert!(exit.success(), "{exit:?}");
+    emulator.stop_with_sigterm().await;
 }
 
 #[tokio::test]
