@@ -3,8 +3,20 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-/// Token kinds counted from a result's `usage`, as `(kind, usage key)`.
-pub const TOKEN_KINDS: [(&str, &str); 2] = [("prompt", "prompt_tokens"), ("completion", "completion_tokens")];
+/// Token kinds counted from a result's `usage`, each with the usage keys that hold it: `prompt_tokens` and
+/// `completion_tokens` (Workers AI, OpenAI's chat, completions and embeddings), `input_tokens` and `output_tokens`
+/// (Anthropic, OpenAI's Responses API). Anthropic's cache tokens are not counted as prompt tokens.
+pub const TOKEN_KINDS: [(&str, [&str; 2]); 2] =
+    [("prompt", ["prompt_tokens", "input_tokens"]), ("completion", ["completion_tokens", "output_tokens"])];
+
+/// The positive token counts of a `usage` object by kind ([`TOKEN_KINDS`]; the first of a kind's keys that holds a
+/// positive integer; other keys and non-numbers are ignored).
+pub fn token_counts(usage: &serde_json::Value) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+    TOKEN_KINDS.iter().filter_map(move |(kind, keys)| {
+        let count = |key: &&str| usage.get(*key).and_then(serde_json::Value::as_u64).filter(|n| *n > 0);
+        keys.iter().find_map(count).map(|n| (*kind, n))
+    })
+}
 
 /// Most characters of a model name kept in a counter's field name (a rejected entry's model is a producer's text).
 const MAX_MODEL_CHARS: usize = 64;
@@ -23,11 +35,7 @@ pub fn tokens_field(kind: &str, model: &str) -> String {
 /// The increments one finished job makes: one `finished:<status>`, plus the positive token counts of its `usage`.
 pub fn increments(status: &str, model: &str, usage: Option<&serde_json::Value>) -> Vec<(String, u64)> {
     let mut fields = vec![(finished_field(status), 1)];
-    for (kind, key) in TOKEN_KINDS {
-        if let Some(n) = usage.and_then(|usage| usage.get(key)).and_then(serde_json::Value::as_u64).filter(|n| *n > 0) {
-            fields.push((tokens_field(kind, model), n));
-        }
-    }
+    fields.extend(usage.into_iter().flat_map(token_counts).map(|(kind, n)| (tokens_field(kind, model), n)));
     fields
 }
 
@@ -111,6 +119,19 @@ mod tests {
         assert_eq!(totals.finished, BTreeMap::from([("completed".to_owned(), 3), ("failed".to_owned(), 4)]));
         assert_eq!(totals.tokens["m"]["prompt"], 15);
         assert_eq!(Totals::of([]), Totals::default());
+    }
+
+    #[test]
+    fn every_providers_usage_names_count() {
+        let counts = |usage: serde_json::Value| token_counts(&usage).collect::<Vec<_>>();
+        let anthropic = serde_json::json!({"input_tokens": 30, "output_tokens": 6, "cache_read_input_tokens": 3});
+        assert_eq!(counts(anthropic), [("prompt", 30), ("completion", 6)]);
+        let openai_chat = serde_json::json!({"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13});
+        assert_eq!(counts(openai_chat), [("prompt", 9), ("completion", 4)]);
+        let odd =
+            serde_json::json!({"prompt_tokens": 0, "input_tokens": 5, "output_tokens": "7", "completion_tokens": -1});
+        assert_eq!(counts(odd), [("prompt", 5)]);
+        assert_eq!(counts(serde_json::json!([1, 2])), []);
     }
 
     #[test]

@@ -151,13 +151,11 @@ fn model_label(model: &str) -> String {
 static KNOWN_ALLOWANCE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Counts the tokens of a finished job by model and kind, from the API's `usage`
-/// (`prompt_tokens`, `completion_tokens`; other keys and non-numbers are ignored).
+/// ([`batchd_core::stats::token_counts`]: every provider's names for prompt and completion tokens).
 pub fn tokens(model: &str, usage: &serde_json::Value) {
     let label = model_label(model);
-    for (kind, key) in [("prompt", "prompt_tokens"), ("completion", "completion_tokens")] {
-        if let Some(n) = usage.get(key).and_then(serde_json::Value::as_u64).filter(|n| *n > 0) {
-            counter!("batchd_tokens_total", "model" => label.clone(), "kind" => kind).increment(n);
-        }
+    for (kind, n) in batchd_core::stats::token_counts(usage) {
+        counter!("batchd_tokens_total", "model" => label.clone(), "kind" => kind).increment(n);
     }
 }
 
