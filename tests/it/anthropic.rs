@@ -351,7 +351,10 @@ async fn two_modest_jobs_submit_side_by_side_under_the_default_budget() {
     assert!(creates.iter().all(|call| call.fault.as_deref() == Some("delay")), "{creates:?}");
     // The second create arrived while the first one's reply was still held back: the submits overlapped.
     let gap = creates[1].at_ms - creates[0].at_ms;
-    assert!(gap < held.as_millis() as u64, "the second create came {gap} ms after the first: the submits ran one by one");
+    assert!(
+        gap < held.as_millis() as u64,
+        "the second create came {gap} ms after the first: the submits ran one by one"
+    );
     assert_eq!(control.batch_count(), 2);
     daemon.stop().await.expect("stop");
 }

@@ -62,8 +62,8 @@ failed, expired or cancelled, 4 --timeout passed first."
     /// Cancel a job: the daemon publishes a `cancelled` result with the batches that had finished.
     #[command(
         after_help = "What becomes of batches already submitted depends on the provider. OpenAI and Anthropic: each
-running batch is cancelled remotely, and the result (published once they have ended, or after
-workers.cancel_wait_secs) holds the responses they finished. Cloudflare has no cancel: its batches keep
+running batch is cancelled remotely, and the result (published once they have ended, within the job's
+deadline) holds the responses they finished. Cloudflare has no cancel: its batches keep
 running remotely (and may be billed); their results are discarded. A job not taken in yet is never
 submitted; a finished job is not changed."
     )]

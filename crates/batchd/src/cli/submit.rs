@@ -478,9 +478,11 @@ mod tests {
     fn an_endpoint_goes_into_the_job_and_is_checked_as_the_job_contract_checks_it() {
         let keys = Keys::new("batchd").expect("namespace");
         let limits = batchd_core::JobLimits::default();
-        let with = |endpoint: &str| SubmitArgs { endpoint: Some(endpoint.into()), ..args("openai/text-embedding-3-small") };
-        let job = jsonl_job("{\"input\":\"a\"}\n", "items.jsonl", "openai/text-embedding-3-small", &with("/v1/embeddings"))
-            .unwrap();
+        let with =
+            |endpoint: &str| SubmitArgs { endpoint: Some(endpoint.into()), ..args("openai/text-embedding-3-small") };
+        let job =
+            jsonl_job("{\"input\":\"a\"}\n", "items.jsonl", "openai/text-embedding-3-small", &with("/v1/embeddings"))
+                .unwrap();
         assert!(job.ends_with(r#""endpoint":"/v1/embeddings"}"#), "{job}");
         let decoded = Job::decode_json(&job, "0-0", &limits, &keys).expect("a valid job");
         assert_eq!(decoded.endpoint.as_deref(), Some("/v1/embeddings"));
