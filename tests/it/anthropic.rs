@@ -324,3 +324,37 @@ async fn ended_batches_are_deleted_after_their_result_and_a_failed_delete_change
     // The daemon is still waiting on that reply; it is not a graceful stop's business.
     daemon.crash().await;
 }
+
+#[tokio::test]
+async fn two_modest_jobs_submit_side_by_side_under_the_default_budget() {
+    // Anthropic's body limit (256 MB) is the whole default budget (256 MiB): a submit that held twice it before
+    // reading its items waited until nothing else held room, the other job's create in flight included.
+    let world = World::new().await;
+    let mut settings = anthropic_settings(&world);
+    settings.anthropic.request_timeout_secs = 10;
+    assert_eq!(settings.workers.inflight_bytes, 256 * 1024 * 1024, "the default budget");
+    let control = world.emulator.anthropic();
+    // The first creates (posted at take-in) are refused, so both jobs' retries go through the scheduled submit, due
+    // together a second later; each retried create is then handled at once and answered 3 s later.
+    control.inject(AnthropicFault::status(429).retry_after(1).on(AnthropicCalls::Create).times(2));
+    let held = Duration::from_secs(3);
+    control.inject(AnthropicFault::delay(held).on(AnthropicCalls::Create).times(2));
+    let daemon = Daemon::start(settings, &world.emulator);
+    world.enqueue(&job("side-a", 2)).await;
+    world.enqueue(&job("side-b", 2)).await;
+    for id in ["side-a", "side-b"] {
+        assert_in_order(&world.wait_for_result(id, WAIT).await, 2);
+    }
+    let creates: Vec<_> =
+        control.calls_of(AnthropicCallKind::Create).into_iter().filter(|call| call.status == 200).collect();
+    assert_eq!(creates.len(), 2, "{creates:?}");
+    assert!(creates.iter().all(|call| call.fault.as_deref() == Some("delay")), "{creates:?}");
+    // The second create arrived while the first one's reply was still held back: the submits overlapped.
+    let gap = creates[1].at_ms - creates[0].at_ms;
+    assert!(
+        gap < held.as_millis() as u64,
+        "the second create came {gap} ms after the first: the submits ran one by one"
+    );
+    assert_eq!(control.batch_count(), 2);
+    daemon.stop().await.expect("stop");
+}

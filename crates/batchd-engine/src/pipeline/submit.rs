@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use batchd_core::{ChunkState, JobOutput, ModelName, RequestId, UnixMillis};
-use batchd_provider::{ApiError, BatchTag, Checkpoint, ErrorKind, Provider, RemoteBatch, SubmitBatch};
+use batchd_provider::{ApiError, BatchLimits, BatchTag, Checkpoint, ErrorKind, Provider, RemoteBatch, SubmitBatch};
 use batchd_queue::{Claim, NewChunk, Placement, StoreError, SubmitRetryRecord, SubmitTicket};
 use futures::future::BoxFuture;
 use serde_json::value::RawValue;
@@ -28,16 +28,24 @@ impl Pipeline {
         let Some(_slot) = self.admit_step(claim, provider, model, ApiCall::Submit).await? else {
             return Ok(());
         };
-        // Room for the items read back and the body built from them (each at most the provider's body limit),
-        // before either exists; then only what this chunk needs is kept until the submit is done. The lease is
-        // renewed while this waits, so a replica short of memory keeps the chunk rather than losing it to another.
+        // Room for the items read back and the body built from them, before either exists, sized by what this
+        // chunk can hold (see [`submit_room`]); then only what it needs is kept until the submit is done. The lease
+        // is renewed while this waits, so a replica short of memory keeps the chunk rather than losing it to another.
         let limits = provider.limits();
-        let mut room = self.renewing(claim, self.budget.hold(2 * limits.max_body_bytes)).await;
+        let n_items = claim.view.as_ref().map(|view| view.items_len);
+        let first_room = submit_room(&limits, self.limits.max_entry_bytes, n_items);
+        let mut room = self.renewing(claim, self.budget.hold(first_room)).await;
         let ticket = self.store.begin_submit(claim, self.store.now().await?).await?;
         let checked_at = Instant::now();
         match ticket {
             SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => {
                 let body = limits.body.bytes(requests.iter().map(|item| item.get().len()));
+                if 2 * body > room.bytes() {
+                    // Items larger than the bound (a job accepted under a larger jobs.max_entry_bytes): nothing
+                    // waits for room while holding some, so the hold is given back and the sum asked for at once.
+                    drop(room);
+                    room = self.renewing(claim, self.budget.hold(2 * body)).await;
+                }
                 room.shrink_to(2 * body);
                 let post = Post { provider, model, endpoint, attempt, resubmit, checked_at, deadline_at };
                 self.post(claim, post, &requests, placement).await
@@ -376,6 +384,23 @@ fn api_error_item(error: &ApiError) -> Box<RawValue> {
     RawValue::from_string(text).expect("a serialised value is valid JSON")
 }
 
+/// The room a submit holds in `workers.inflight_bytes` before it reads its chunk's items back: the items and the
+/// body built from them. A chunk's items are a part of one job entry, so they are at most `max_entry_bytes`
+/// (`jobs.max_entry_bytes`) and at most the provider's body limit; with `n_items` known (the claim's view), the
+/// body adds its envelope and per-item overhead to that. So an OpenAI or Anthropic submit (200 MB / 256 MB bodies)
+/// holds about twice the entry limit, not twice the body limit, and does not take the whole default budget while
+/// it reads; the budget caps any hold at its whole size.
+pub(super) fn submit_room(limits: &BatchLimits, max_entry_bytes: usize, n_items: Option<usize>) -> usize {
+    let body = match n_items {
+        Some(n_items) => {
+            let sizes = std::iter::once(max_entry_bytes).chain(std::iter::repeat_n(0, n_items.saturating_sub(1)));
+            limits.body.bytes(sizes)
+        }
+        None => max_entry_bytes.saturating_add(limits.body.envelope),
+    };
+    2 * body.min(limits.max_body_bytes)
+}
+
 /// What a failed submit means for its chunk (decided from the error alone, without Redis).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum SubmitDecision {
@@ -425,6 +450,8 @@ pub(super) fn after_failed_submit(error: &ApiError, n_items: usize, attempt: u64
 
 #[cfg(test)]
 mod tests {
+    use batchd_provider::BodyShape;
+
     use super::*;
 
     fn error(kind: ErrorKind, http_status: Option<u16>, message: &str, maybe_delivered: bool) -> ApiError {
@@ -462,6 +489,26 @@ mod tests {
             after_failed_submit(&limited, 3, 9, 5),
             SubmitDecision::Retry(SubmitRetry { state: ChunkState::Pending, give_attempt_back: true })
         );
+    }
+
+    #[test]
+    fn a_submit_holds_room_for_what_its_chunk_can_hold_not_for_the_providers_body_limit() {
+        let openai = BatchLimits {
+            max_body_bytes: 200 * 1024 * 1024,
+            max_items: Some(50_000),
+            body: BodyShape { envelope: 0, per_item: 100, separator: 1 },
+        };
+        let mib = 1024 * 1024;
+        assert_eq!(submit_room(&openai, 32 * mib, Some(3)), 2 * (32 * mib + 3 * 100 + 2));
+        assert_eq!(submit_room(&openai, 32 * mib, None), 2 * 32 * mib);
+        // An entry limit above the body limit: the body limit bounds the hold, as before.
+        assert_eq!(submit_room(&openai, 512 * mib, Some(10)), 2 * 200 * mib);
+        // Submits of modest jobs fit the default budget (256 MiB) side by side.
+        assert!(3 * submit_room(&openai, 32 * mib, Some(1_000)) <= 256 * mib);
+        // An oversize hold never exceeds the budget: it takes the whole budget and runs alone.
+        let budget = crate::runtime::ByteBudget::new(mib);
+        let held = budget.try_hold(submit_room(&openai, 512 * mib, Some(10))).expect("an idle budget");
+        assert_eq!((held.bytes(), budget.available_bytes()), (mib, 0));
     }
 
     #[test]

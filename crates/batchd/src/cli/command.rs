@@ -61,8 +61,11 @@ failed, expired or cancelled, 4 --timeout passed first."
     },
     /// Cancel a job: the daemon publishes a `cancelled` result with the batches that had finished.
     #[command(
-        after_help = "The Batch API has no cancel: batches already submitted keep running remotely; their results are
-discarded. A job not taken in yet is never submitted; a finished job is not changed."
+        after_help = "What becomes of batches already submitted depends on the provider. OpenAI and Anthropic: each
+running batch is cancelled remotely, and the result (published once they have ended, within the job's
+deadline) holds the responses they finished. Cloudflare has no cancel: its batches keep
+running remotely (and may be billed); their results are discarded. A job not taken in yet is never
+submitted; a finished job is not changed."
     )]
     Cancel {
         /// The job id.

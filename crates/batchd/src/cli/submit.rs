@@ -42,6 +42,10 @@ pub struct SubmitArgs {
     /// suffix (default: `{ns}:results`).
     #[arg(long, value_name = "STREAM", requires = "model")]
     pub reply_to: Option<String>,
+    /// With --model: the provider endpoint every item is a request body of (OpenAI: `/v1/embeddings`,
+    /// `/v1/responses`, ...; default `/v1/chat/completions`), checked as the job's `endpoint` field is.
+    #[arg(long, value_name = "PATH", requires = "model")]
+    pub endpoint: Option<String>,
     /// Follow the job (a progress bar on a terminal, one line per change otherwise, on stderr) and print its
     /// result entry when it finishes.
     #[arg(long)]
@@ -214,8 +218,17 @@ fn jsonl_job(input: &str, name: &str, model: &str, args: &SubmitArgs) -> anyhow:
         reply_to: Option<&'a str>,
         #[serde(skip_serializing_if = "Option::is_none")]
         metadata: Option<&'a RawValue>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        endpoint: Option<&'a str>,
     }
-    let job = Built { id: args.id.as_deref(), model, requests, reply_to: args.reply_to.as_deref(), metadata };
+    let job = Built {
+        id: args.id.as_deref(),
+        model,
+        requests,
+        reply_to: args.reply_to.as_deref(),
+        metadata,
+        endpoint: args.endpoint.as_deref(),
+    };
     serde_json::to_string(&job).context("encode job")
 }
 
@@ -418,6 +431,7 @@ mod tests {
             id: Some("j-1".into()),
             metadata: Some(r#"{"tenant":"acme"}"#.into()),
             reply_to: None,
+            endpoint: None,
             wait: false,
             timeout: 1,
             out: None,
@@ -458,6 +472,23 @@ mod tests {
         assert_eq!(error.to_string(), "items.jsonl:2: a request item must be a JSON object, got an array");
         let error = jsonl_job("\n\n", "items.jsonl", "m", &args("m")).unwrap_err();
         assert_eq!(error.to_string(), "items.jsonl: no request items (the JSONL input is empty)");
+    }
+
+    #[test]
+    fn an_endpoint_goes_into_the_job_and_is_checked_as_the_job_contract_checks_it() {
+        let keys = Keys::new("batchd").expect("namespace");
+        let limits = batchd_core::JobLimits::default();
+        let with =
+            |endpoint: &str| SubmitArgs { endpoint: Some(endpoint.into()), ..args("openai/text-embedding-3-small") };
+        let job =
+            jsonl_job("{\"input\":\"a\"}\n", "items.jsonl", "openai/text-embedding-3-small", &with("/v1/embeddings"))
+                .unwrap();
+        assert!(job.ends_with(r#""endpoint":"/v1/embeddings"}"#), "{job}");
+        let decoded = Job::decode_json(&job, "0-0", &limits, &keys).expect("a valid job");
+        assert_eq!(decoded.endpoint.as_deref(), Some("/v1/embeddings"));
+        let bad = jsonl_job("{}\n", "items.jsonl", "openai/m", &with("v1/../x?")).unwrap();
+        let error = Job::decode_json(&bad, "0-0", &limits, &keys).unwrap_err();
+        assert!(error.to_string().contains("invalid `endpoint`"), "{error}");
     }
 
     #[test]
