@@ -2,7 +2,9 @@
 //! queue gauges, and records Redis reachability and paused namespaces in [`Health`] for `/readyz`. On the same
 //! rhythm it rolls the finished minutes' counters up into their hours' (`Store::roll_up_counters`), and sets the
 //! age of the oldest unfinished remote batch per provider and model from the first [`REMOTE_WINDOW`] members of
-//! the remote-batches index (`Keys::remote_batches`, scored by submit time).
+//! the remote-batches index (`Keys::remote_batches`, scored by submit time); and it writes the batch times this
+//! process counted ([`batchd_engine::turnaround`]) into the hour's per-model counters, a few commands per sample,
+//! so the poll step adds no Redis command per batch for them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -115,6 +117,20 @@ impl RemoteAgeSeries {
     }
 }
 
+/// Writes the batch times this process counted since the last sample ([`batchd_engine::turnaround`]) into the
+/// hour's counters of `keys`' namespace: one round trip of at most `MAX_MODELS × buckets + 1` commands. Counts
+/// that could not be written are kept for the next sample.
+async fn flush_turnaround(conn: &mut Conn, keys: &Keys, now_ms: u64) {
+    let counts = batchd_engine::turnaround::take(keys.namespace());
+    if counts.is_empty() {
+        return;
+    }
+    if let Err(error) = batchd_queue::turnaround::flush(conn, keys, now_ms, &counts).await {
+        tracing::warn!(namespace = %keys.namespace(), error = %error, "batch times not written; kept for the next sample");
+        batchd_engine::turnaround::give_back(keys.namespace(), counts);
+    }
+}
+
 /// Age of a stream entry from the millisecond part of its id (`<ms>-<seq>`); zero for ids in the future or
 /// not of that form (a producer that chose its own ids).
 pub fn entry_age(entry_id: &str, now_ms: u64) -> Duration {
@@ -198,6 +214,9 @@ pub async fn run_sampler(
                 if let Err(error) = store.roll_up_counters(now_ms).await {
                     tracing::warn!(namespace = %store.keys().namespace(), error = %error, "finished-jobs counters not rolled up into hours");
                 }
+            }
+            for keys in &namespaces {
+                flush_turnaround(&mut conn, keys, now_ms).await;
             }
         }
         recorder.run_upkeep();
