@@ -8,7 +8,8 @@ use std::time::Duration;
 
 /// Upper bounds (seconds) of the buckets: one minute to a day, the span of a batch's life (a time above the last
 /// bound counts in the `inf` bucket).
-pub const BOUNDS_SECS: [u64; 14] = [60, 120, 300, 600, 900, 1800, 3600, 7200, 10_800, 21_600, 43_200, 64_800, 86_400, 172_800];
+pub const BOUNDS_SECS: [u64; 14] =
+    [60, 120, 300, 600, 900, 1800, 3600, 7200, 10_800, 21_600, 43_200, 64_800, 86_400, 172_800];
 
 /// The bucket name of the times above every bound.
 const OVERFLOW: &str = "inf";

@@ -74,8 +74,12 @@ pub async fn usuals(conn: &mut Conn, keys: &Keys, now_ms: UnixMillis) -> Result<
         pipe.hlen(key);
     }
     let lengths: Vec<usize> = pipe.query_async(conn).await?;
-    let readable: Vec<&String> =
-        hours.iter().zip(&lengths).filter(|(_, n)| (1..=MAX_FIELDS_PER_HOUR).contains(*n)).map(|(key, _)| key).collect();
+    let readable: Vec<&String> = hours
+        .iter()
+        .zip(&lengths)
+        .filter(|(_, n)| (1..=MAX_FIELDS_PER_HOUR).contains(*n))
+        .map(|(key, _)| key)
+        .collect();
     let hours_skipped = lengths.iter().filter(|n| **n > MAX_FIELDS_PER_HOUR).count() as u64;
     let hashes: Vec<Vec<(String, u64)>> = if readable.is_empty() {
         Vec::new()

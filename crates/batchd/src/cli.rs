@@ -722,7 +722,9 @@ mod tests {
         assert!(at_remote[0].older_than_p95);
         let text = status_text("namespace ns", &view, &at_remote, 1000 + 245_000);
         assert!(
-            text.contains("usual for m: p50 ≤ 1m, p95 ≤ 1m (10 batches, last 24 h); older than 95% of this model's batches"),
+            text.contains(
+                "usual for m: p50 ≤ 1m, p95 ≤ 1m (10 batches, last 24 h); older than 95% of this model's batches"
+            ),
             "{text}"
         );
         let none = batchd_queue::turnaround::at_remote(&view, &Default::default(), 1000 + 245_000);

@@ -239,4 +239,24 @@ mod tests {
         assert_eq!(lag(1000, 1500), Duration::from_millis(500));
         assert_eq!(lag(2000, 1500), Duration::ZERO);
     }
+
+    /// The sampler's flush of batch times is bounded whatever producers name: a flood of models and batches
+    /// becomes at most `MAX_MODELS × buckets + 1` commands in one round trip.
+    #[test]
+    fn the_batch_time_flush_is_bounded() {
+        use batchd_core::turnaround::BOUNDS_SECS;
+        use batchd_engine::turnaround::{MAX_MODELS, record, take};
+        let ns = "sampler-flush-bound";
+        for n in 0..10 * MAX_MODELS {
+            for bucket_secs in [1, 100, 1000, 100_000, 1_000_000] {
+                record(ns, &format!("model-{n}"), Duration::from_secs(bucket_secs));
+            }
+        }
+        let counts = take(ns);
+        assert_eq!(counts.len(), MAX_MODELS);
+        let commands = batchd_queue::turnaround::flush_commands(&counts);
+        assert_eq!(commands, MAX_MODELS * 5 + 1);
+        assert!(commands <= MAX_MODELS * (BOUNDS_SECS.len() + 1) + 1);
+        assert_eq!(batchd_queue::turnaround::flush_commands(&take(ns)), 0, "nothing to add, nothing sent");
+    }
 }

@@ -524,7 +524,9 @@ fn cancel_confirmation(model: &str) -> &'static str {
         "openai" | "anthropic" => {
             "Cancel this job? Batches already submitted are cancelled at the provider; the result keeps what had finished."
         }
-        _ => "Cancel this job? Batches already submitted are cancelled at their provider where it can cancel; otherwise their results are discarded.",
+        _ => {
+            "Cancel this job? Batches already submitted are cancelled at their provider where it can cancel; otherwise their results are discarded."
+        }
     }
 }
 
