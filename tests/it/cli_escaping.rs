@@ -110,6 +110,7 @@ async fn cli_shows_control_characters_from_producers_escaped_in_dead_tail_and_st
         (field::MODEL.to_owned(), "@cf/baai/bge-m3".to_owned()),
         (field::N_CHUNKS.to_owned(), "1".to_owned()),
         (field::chunk(0, field::CHUNK_STATE), "failed".to_owned()),
+        (field::chunk(0, field::CHUNK_REQUEST_ID), "r-1".to_owned()),
         (field::chunk(0, field::CHUNK_REMOTE_STATUS), format!("s{HOSTILE}")),
         (field::chunk(0, field::CHUNK_LAST_ERROR), format!("l{HOSTILE}")),
         (field::ERROR.to_owned(), error.to_json()),
@@ -117,7 +118,7 @@ async fn cli_shows_control_characters_from_producers_escaped_in_dead_tail_and_st
     let _: () = conn.hset_multiple(world.keys.job(&job), &ledger).await.expect("hset ledger");
     let (code, stdout) = cli(&world, &["status", "esc-1"]).await;
     assert_eq!(code, 0, "{stdout}");
-    assert!(stdout.contains(&format!("remote s{escaped}  polls")), "{stdout}");
+    assert!(stdout.contains(&format!("remote last seen s{escaped}  polls")), "{stdout}");
     assert!(stdout.contains(&format!("last error l{escaped}\n")), "{stdout}");
     let (code, stdout) = cli(&world, &["status", "esc-1", "--json"]).await;
     assert_eq!(code, 0, "{stdout}");

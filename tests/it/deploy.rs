@@ -121,9 +121,32 @@ fn the_grafana_dashboard_parses_and_queries_only_exported_metrics() {
             panel["title"]
         );
     }
-    for essential in
-        ["batchd_jobs_finished_total", "batchd_oldest_waiting_job_age_seconds", "batchd_api_requests_total"]
-    {
+    for essential in [
+        "batchd_jobs_finished_total",
+        "batchd_oldest_waiting_job_age_seconds",
+        "batchd_api_requests_total",
+        "batchd_oldest_remote_batch_age_seconds",
+        "batchd_api_calls_in_flight",
+        "batchd_models_without_events",
+        "batchd_rate_limit_effective",
+        "batchd_events_backlog",
+        "batchd_events_oldest_message_age_seconds",
+    ] {
         assert!(used.iter().any(|name| name == essential), "{essential} is on the dashboard");
+    }
+    let mut ids: Vec<u64> = panels.iter().filter_map(|panel| panel["id"].as_u64()).collect();
+    assert_eq!(ids.len(), panels.len(), "every panel has an id");
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), panels.len(), "panel ids are unique");
+    let cells: Vec<[u64; 4]> = panels
+        .iter()
+        .map(|panel| ["x", "y", "w", "h"].map(|key| panel["gridPos"][key].as_u64().expect("gridPos")))
+        .collect();
+    for (i, a) in cells.iter().enumerate() {
+        for b in &cells[i + 1..] {
+            let apart = a[0] + a[2] <= b[0] || b[0] + b[2] <= a[0] || a[1] + a[3] <= b[1] || b[1] + b[3] <= a[1];
+            assert!(apart, "panels at {a:?} and {b:?} overlap");
+        }
     }
 }

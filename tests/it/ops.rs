@@ -505,3 +505,71 @@ async fn a_batch_that_does_not_complete_shows_its_age_until_it_does() {
     assert_eq!(left, 0, "the completion took the batch off the index");
     daemon.stop().await.expect("clean stop");
 }
+
+/// Issue 26: a batch still at the remote API is shown against its model's usual time. The daemon counts each
+/// finished batch in the process and its admin sampler writes the counts into the hour's counters (no Redis
+/// command per job); `batchd status` (text and `--json`) and the dashboard's job page read the last 24 hours back.
+#[tokio::test]
+async fn a_running_batch_is_shown_against_its_models_usual_time() {
+    let world = World::new().await;
+    let mut settings = world.settings.clone();
+    with_admin(&mut settings);
+    let daemon = batchd_tests::Daemon::start(settings, &world.emulator);
+    let model = "@cf/baai/bge-m3";
+    for id in ["quick-1", "quick-2"] {
+        world.enqueue(&bge_m3_job(id, 1)).await;
+    }
+    for id in ["quick-1", "quick-2"] {
+        assert_eq!(world.wait_for_result(id, WAIT).await.status, ResultStatus::Completed, "{id}");
+    }
+    let mut conn = batchd_queue::connect(redis::Client::open(world.redis.url()).unwrap(), WAIT).unwrap();
+    batchd_tests::wait_until("the sampler wrote both batches' times", WAIT, async || {
+        let usuals = batchd_queue::turnaround::usuals(&mut conn, &world.keys, batchd_queue::now_ms()).await;
+        usuals.expect("read").of(model).is_some_and(|usual| usual.n_batches == 2)
+    })
+    .await;
+
+    // A batch that does not complete yet: status and the dashboard compare its age with the two before it.
+    world.emulator.set_timing(Duration::from_secs(3600), Duration::ZERO);
+    world.enqueue(&bge_m3_job("slow-1", 1)).await;
+    let mut at_remote = serde_json::Value::Null;
+    batchd_tests::wait_until("slow-1 is at the remote API", WAIT, async || {
+        let (code, stdout, _) = crate::cli_operator::cli(&world, &["status", "slow-1", "--json"]).await;
+        let status: serde_json::Value =
+            if code == 0 { serde_json::from_str(&stdout).expect("JSON") } else { return false };
+        assert_eq!(status["job_id"], "slow-1", "the existing keys stay");
+        at_remote = status["at_remote"].clone();
+        at_remote.as_array().is_some_and(|chunks| !chunks.is_empty())
+    })
+    .await;
+    let chunk = &at_remote[0];
+    assert_eq!(chunk["chunk"], 0);
+    assert_eq!(chunk["usual"]["n_batches"], 2, "{at_remote}");
+    assert_eq!(chunk["usual"]["p50_secs"], 60, "the emulator answers within a minute: {at_remote}");
+    assert_eq!(chunk["older_than_p95"], false);
+    let expected = format!("usual for {model}: p50 ≤ 1m, p95 ≤ 1m (2 batches, last 24 h)");
+    assert_eq!(chunk["text"], expected.as_str());
+    let (code, shown, _) = crate::cli_operator::cli(&world, &["status", "slow-1"]).await;
+    assert_eq!(code, 0);
+    assert!(shown.contains(&expected) && shown.contains("job accepted "), "{shown}");
+
+    let dashboard = batchd_tests::browser::Dashboard::start(&world, &["--refresh-secs", "0", "--allow-actions"])
+        .await
+        .expect("batchd ui");
+    let ns = world.keys.namespace();
+    let page: serde_json::Value = reqwest::get(dashboard.url(&format!("/api/jobs/slow-1?ns={ns}")))
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(page["at_remote"][0]["text"], expected.as_str(), "{page}");
+    let html =
+        reqwest::get(dashboard.url(&format!("/jobs/slow-1?ns={ns}"))).await.expect("get").text().await.expect("body");
+    assert!(html.contains("At the remote API") && html.contains(&expected), "{html}");
+    assert!(html.contains("Workers AI has no remote cancel"), "the cancel confirmation names the provider's behaviour");
+
+    world.emulator.set_timing(Duration::ZERO, Duration::ZERO);
+    assert_eq!(world.wait_for_result("slow-1", WAIT).await.status, ResultStatus::Completed);
+    daemon.stop().await.expect("clean stop");
+}

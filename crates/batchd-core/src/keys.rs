@@ -150,6 +150,14 @@ impl Keys {
         format!("{}:stats:h:{hour}", self.prefix)
     }
 
+    /// HASH of how long each model's remote batches took in one hour (`hour` = Unix ms / 3,600,000), from the
+    /// job's acceptance to the remote batch's completion: field `<model>:<bucket bound>` counts batches
+    /// ([`crate::turnaround`]). Each replica adds what it saw every admin sample; expires
+    /// [`STATS_HOUR_TTL_SECS`] after its last write. `batchd status` and the dashboard read the last 24.
+    pub fn stats_turnaround(&self, hour: u64) -> String {
+        format!("{}:stats:turnaround:{hour}", self.prefix)
+    }
+
     /// STRING: the last minute (as in [`Self::stats_minute`]) whose counters were added to its hour's.
     pub fn stats_rolled(&self) -> String {
         format!("{}:stats:rolled", self.prefix)
@@ -191,6 +199,7 @@ mod tests {
         assert_eq!(keys.rate_limit("acct:embeddings"), "{batchd}:ratelimit:acct:embeddings");
         assert_eq!(keys.stats_minute(29_000_000), "{batchd}:stats:m:29000000");
         assert_eq!(keys.stats_hour(483_000), "{batchd}:stats:h:483000");
+        assert_eq!(keys.stats_turnaround(483_000), "{batchd}:stats:turnaround:483000");
         assert_eq!(keys.cloudflare_catalog("acct"), "{batchd}:cf:catalog:acct");
         assert_eq!(keys.cloudflare_models_seen("acct"), "{batchd}:cf:models:acct");
         assert_eq!(CONSUMER_GROUP, "batchd");

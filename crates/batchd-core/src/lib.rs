@@ -13,6 +13,7 @@ pub mod ledger;
 pub mod redact;
 pub mod result;
 pub mod stats;
+pub mod turnaround;
 
 pub use backoff::Backoff;
 pub use ids::{ChunkRef, JobId, ModelName, RequestId, is_provider_name};

@@ -11,3 +11,4 @@ pub mod policy;
 pub mod providers;
 pub mod runtime;
 pub mod settings;
+pub mod turnaround;

@@ -25,6 +25,7 @@ pub mod provider_cache;
 pub mod rerun;
 pub mod results;
 pub mod store;
+pub mod turnaround;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

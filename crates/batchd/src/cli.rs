@@ -331,10 +331,19 @@ pub async fn status(settings: &Settings, id: &str, json: bool) -> anyhow::Result
         }
         Err(error) => return Err(error),
     };
+    let now = now_ms();
+    let usuals = if batchd_queue::turnaround::any_at_remote(&view) {
+        batchd_queue::turnaround::usuals(&mut conn, &keys, now).await.context("read the usual batch times")?
+    } else {
+        Default::default()
+    };
+    let at_remote = batchd_queue::turnaround::at_remote(&view, &usuals, now);
     if json {
-        return print_json(&status_json(&view));
+        let mut object = status_json(&view);
+        object["at_remote"] = serde_json::to_value(&at_remote).context("encode the batches at the remote API")?;
+        return print_json(&object);
     }
-    print!("{}", status_text(&place(settings), &view, now_ms()));
+    print!("{}", status_text(&place(settings), &view, &at_remote, now));
     Ok(())
 }
 
@@ -343,8 +352,14 @@ pub async fn status(settings: &Settings, id: &str, json: bool) -> anyhow::Result
 const METADATA_SHOWN_CHARS: usize = 400;
 
 /// The human-readable timeline of a job: its header, its metadata, its error field by field, and each chunk's
-/// state, remote status and last error; a chunk whose remote batch runs shows its age at `now_ms`.
-fn status_text(place: &str, view: &LedgerView, now_ms: u64) -> String {
+/// state, remote status and last error; a chunk whose remote batch runs shows its age at `now_ms` and, from
+/// `at_remote`, how that compares with its model's usual time.
+fn status_text(
+    place: &str,
+    view: &LedgerView,
+    at_remote: &[batchd_queue::turnaround::AtRemote],
+    now_ms: u64,
+) -> String {
     let get = |name: &str| view.get(name).unwrap_or("-");
     let time = |name: &str| view.number(name).map(format_utc).unwrap_or_else(|| "-".into());
     let mut out = format!("job {} ({place})\n", view.job_id);
@@ -375,21 +390,18 @@ fn status_text(place: &str, view: &LedgerView, now_ms: u64) -> String {
     if let Some(error) = view.error() {
         error_lines(&mut line, "error", &error);
     }
-    let job_ended = view.state().is_some_and(|state| state.is_terminal());
     for (index, chunk) in view.chunks.iter().enumerate() {
         let value = |name: &str| chunk.get(name).unwrap_or("-").to_owned();
-        // A chunk left unfinished when its job ended (cancelled, expired, refused) keeps its last state.
-        let state = match chunk.state() {
-            Some(state) if job_ended && !state.is_finished() => format!("{state} (when the job ended)"),
-            _ => value(field::CHUNK_STATE),
-        };
+        // The dashboard's wording: a chunk left unfinished when its job ended says so, a done one is not "running".
+        let status = chunk.status(view.state());
         line(
             &format!("chunk {index}"),
             format!(
-                "{state}  items {}  request {}  remote {}  polls {}  submit attempts {}",
+                "{}  items {}  request {}  remote {}  polls {}  submit attempts {}",
+                status.state,
                 value(field::CHUNK_ITEMS),
                 value(field::CHUNK_REQUEST_ID),
-                value(field::CHUNK_REMOTE_STATUS),
+                status.remote,
                 value(field::CHUNK_N_POLLS),
                 value(field::CHUNK_ATTEMPTS),
             ),
@@ -399,6 +411,10 @@ fn status_text(place: &str, view: &LedgerView, now_ms: u64) -> String {
             .filter(|_| chunk.get(field::CHUNK_STATE) == Some(batchd_core::ledger::ChunkState::Polling.as_str()))
         {
             line("", format!("batch running for {}", format_age(Duration::from_millis(now_ms.saturating_sub(at)))));
+        }
+        if let Some(remote) = at_remote.iter().find(|remote| remote.chunk == index) {
+            let age = format_age(Duration::from_secs(remote.age_secs));
+            line("", format!("job accepted {age} ago; {}", remote.text));
         }
         if let Some(error) = chunk.last_error() {
             error_lines(&mut line, "", &error);
@@ -658,7 +674,7 @@ mod tests {
                     .collect(),
             }],
         };
-        let text = status_text("ns", &view, 0);
+        let text = status_text("ns", &view, &[], 0);
         assert!(!text.chars().any(|c| c != '\n' && is_unsafe_for_terminal(c)), "{text}");
         assert!(text.contains("remote \\x1b[31mred") && text.contains("bad\\x1b[2J \\u{202e}txt"), "{text}");
     }
@@ -684,15 +700,35 @@ mod tests {
         let view = LedgerView {
             job_id: JobId::parse("inv-2").unwrap(),
             metadata_bytes: None,
-            header: [(field::STATE, "running"), (field::N_CHUNKS, "2")]
+            header: [(field::STATE, "running"), (field::N_CHUNKS, "2"), (field::MODEL, "m"), (field::ACCEPTED_AT, "0")]
                 .iter()
                 .map(|(k, v)| (*k, v.to_string()))
                 .collect(),
             chunks: vec![chunk("polling"), chunk("done")],
         };
-        let text = status_text("namespace ns", &view, 1000 + 245_000);
+        let text = status_text("namespace ns", &view, &[], 1000 + 245_000);
         assert_eq!(text.matches("batch running for").count(), 1, "only the polling chunk: {text}");
         assert!(text.contains("batch running for 4m05s"), "{text}");
+        assert!(text.contains("remote finished, results read"), "the dashboard's wording for a done chunk: {text}");
+        // Against the model's usual time: 10 batches, p95 within a minute, and this job is 4 minutes old.
+        let mut buckets = [0; batchd_core::turnaround::BOUNDS_SECS.len() + 1];
+        buckets[0] = 10;
+        let usuals = batchd_queue::turnaround::Usuals {
+            models: [("m".to_owned(), batchd_core::turnaround::Usual::of(&buckets).unwrap())].into(),
+            hours_skipped: 0,
+        };
+        let at_remote = batchd_queue::turnaround::at_remote(&view, &usuals, 1000 + 245_000);
+        assert_eq!(at_remote.len(), 1, "only the polling chunk");
+        assert!(at_remote[0].older_than_p95);
+        let text = status_text("namespace ns", &view, &at_remote, 1000 + 245_000);
+        assert!(
+            text.contains(
+                "usual for m: p50 ≤ 1m, p95 ≤ 1m (10 batches, last 24 h); older than 95% of this model's batches"
+            ),
+            "{text}"
+        );
+        let none = batchd_queue::turnaround::at_remote(&view, &Default::default(), 1000 + 245_000);
+        assert!(status_text("ns", &view, &none, 1000 + 245_000).contains("usual for m: no history yet"));
     }
 
     #[test]

@@ -614,13 +614,23 @@ async fn jobs(State(ui): State<Ui>, Query(query): Query<JobsQuery>, request: Req
     Ok(answer(&ui, &request, &keys, None, value, |frame, value| pages::jobs(frame, &filters, value)))
 }
 
+/// What a job's pages take as query parameters: the job page and its request items' page.
 #[derive(Debug, Deserialize)]
 struct JobQuery {
     ns: Option<String>,
-    /// The page of responses (from 0).
+    /// The page of responses, or of the chunk's request items (from 0).
     page: Option<usize>,
     /// A [`Notice`] code.
     notice: Option<String>,
+    /// The chunk whose request items are shown (from 0).
+    chunk: Option<usize>,
+}
+
+impl JobQuery {
+    /// The namespace's keys and the job id of `id`, checked.
+    fn target(&self, ui: &Ui, id: &str) -> Result<(Keys, batchd_core::JobId), UiError> {
+        Ok((ui.keys(self.ns.as_deref())?, job_id(id)?))
+    }
 }
 
 async fn job(
@@ -629,8 +639,7 @@ async fn job(
     Query(query): Query<JobQuery>,
     request: Request,
 ) -> Result<Response, UiError> {
-    let keys = ui.keys(query.ns.as_deref())?;
-    let job_id = job_id(&id)?;
+    let (keys, job_id) = query.target(&ui, &id)?;
     let mut conn = ui.conn();
     let now = redis_now(&mut conn).await?;
     let mut value = data::job(&mut conn, &keys, &job_id, query.page.unwrap_or(0)).await?;
@@ -638,25 +647,14 @@ async fn job(
     Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, pages::job))
 }
 
-/// Which of a job's request items to show.
-#[derive(Debug, Deserialize)]
-struct ItemsQuery {
-    ns: Option<String>,
-    /// The chunk (from 0).
-    chunk: Option<usize>,
-    /// The page of that chunk's items (from 0).
-    page: Option<usize>,
-}
-
 /// A job's request items, one chunk and one page at a time, read only here (the job's page reads none).
 async fn job_items(
     State(ui): State<Ui>,
     Path(id): Path<String>,
-    Query(query): Query<ItemsQuery>,
+    Query(query): Query<JobQuery>,
     request: Request,
 ) -> Result<Response, UiError> {
-    let keys = ui.keys(query.ns.as_deref())?;
-    let job_id = job_id(&id)?;
+    let (keys, job_id) = query.target(&ui, &id)?;
     let (chunk, page) = (query.chunk.unwrap_or(0), query.page.unwrap_or(0));
     let value = data::job_items(&mut ui.conn(), &keys, &job_id, chunk, page).await?;
     Ok(answer(&ui, &request, &keys, None, value, pages::job_items))

@@ -131,6 +131,13 @@ impl Pipeline {
     ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
         metrics::polls_per_batch(view.n_polls + 1);
+        // Counted in this process (the sampler flushes it), from the job's acceptance: the chunk's view carries no
+        // submit time, and reading it would cost a Redis command per batch.
+        let now = self.store.now().await?;
+        let elapsed = std::time::Duration::from_millis(now.saturating_sub(view.accepted_at));
+        if !crate::turnaround::record(self.store.keys().namespace(), &view.model, elapsed) {
+            tracing::debug!(model = %view.model, "too many models since the last sample; batch time not counted");
+        }
         tracing::debug!(request_id = %request_id, n_polls = view.n_polls + 1, n_failed = output.n_failed(), "batch finished");
         if view.n_chunks <= 1 && output.n_failed() == 0 && cancel.is_none() {
             // The common case: one batch, nothing to retry: publish straight from what the poll read,
@@ -139,7 +146,7 @@ impl Pipeline {
             return self.conclude(&chunk.job_id, Ending::FinishedOneBatch { context, output }).await;
         }
         let payload = serde_json::to_string(&output).expect("output serialises");
-        let open = self.store.chunk_done(claim, ChunkState::Done, &payload, self.store.now().await?).await?;
+        let open = self.store.chunk_done(claim, ChunkState::Done, &payload, now).await?;
         self.after_chunk_done(claim, ChunkState::Done, open, cancel).await
     }
 

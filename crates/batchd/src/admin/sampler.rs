@@ -2,7 +2,9 @@
 //! queue gauges, and records Redis reachability and paused namespaces in [`Health`] for `/readyz`. On the same
 //! rhythm it rolls the finished minutes' counters up into their hours' (`Store::roll_up_counters`), and sets the
 //! age of the oldest unfinished remote batch per provider and model from the first [`REMOTE_WINDOW`] members of
-//! the remote-batches index (`Keys::remote_batches`, scored by submit time).
+//! the remote-batches index (`Keys::remote_batches`, scored by submit time); and it writes the batch times this
+//! process counted ([`batchd_engine::turnaround`]) into the hour's per-model counters, a few commands per sample,
+//! so the poll step adds no Redis command per batch for them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -115,6 +117,20 @@ impl RemoteAgeSeries {
     }
 }
 
+/// Writes the batch times this process counted since the last sample ([`batchd_engine::turnaround`]) into the
+/// hour's counters of `keys`' namespace: one round trip of at most `MAX_MODELS × buckets + 1` commands. Counts
+/// that could not be written are kept for the next sample.
+async fn flush_turnaround(conn: &mut Conn, keys: &Keys, now_ms: u64) {
+    let counts = batchd_engine::turnaround::take(keys.namespace());
+    if counts.is_empty() {
+        return;
+    }
+    if let Err(error) = batchd_queue::turnaround::flush(conn, keys, now_ms, &counts).await {
+        tracing::warn!(namespace = %keys.namespace(), error = %error, "batch times not written; kept for the next sample");
+        batchd_engine::turnaround::give_back(keys.namespace(), counts);
+    }
+}
+
 /// Age of a stream entry from the millisecond part of its id (`<ms>-<seq>`); zero for ids in the future or
 /// not of that form (a producer that chose its own ids).
 pub fn entry_age(entry_id: &str, now_ms: u64) -> Duration {
@@ -199,6 +215,9 @@ pub async fn run_sampler(
                     tracing::warn!(namespace = %store.keys().namespace(), error = %error, "finished-jobs counters not rolled up into hours");
                 }
             }
+            for keys in &namespaces {
+                flush_turnaround(&mut conn, keys, now_ms).await;
+            }
         }
         recorder.run_upkeep();
         tokio::select! {
@@ -219,5 +238,25 @@ mod tests {
         assert_eq!(entry_age("not-an-id", 4500), Duration::ZERO);
         assert_eq!(lag(1000, 1500), Duration::from_millis(500));
         assert_eq!(lag(2000, 1500), Duration::ZERO);
+    }
+
+    /// The sampler's flush of batch times is bounded whatever producers name: a flood of models and batches
+    /// becomes at most `MAX_MODELS × buckets + 1` commands in one round trip.
+    #[test]
+    fn the_batch_time_flush_is_bounded() {
+        use batchd_core::turnaround::BOUNDS_SECS;
+        use batchd_engine::turnaround::{MAX_MODELS, record, take};
+        let ns = "sampler-flush-bound";
+        for n in 0..10 * MAX_MODELS {
+            for bucket_secs in [1, 100, 1000, 100_000, 1_000_000] {
+                record(ns, &format!("model-{n}"), Duration::from_secs(bucket_secs));
+            }
+        }
+        let counts = take(ns);
+        assert_eq!(counts.len(), MAX_MODELS);
+        let commands = batchd_queue::turnaround::flush_commands(&counts);
+        assert_eq!(commands, MAX_MODELS * 5 + 1);
+        assert!(commands <= MAX_MODELS * (BOUNDS_SECS.len() + 1) + 1);
+        assert_eq!(batchd_queue::turnaround::flush_commands(&take(ns)), 0, "nothing to add, nothing sent");
     }
 }

@@ -184,7 +184,8 @@ pub async fn jobs(conn: &mut Conn, keys: &Keys, filter: &JobFilter, cursor: u64)
     crate::cli::inspect::jobs_page(conn, keys, filter, cursor, JOBS_PAGE_SIZE, JOBS_PAGE_SCAN).await
 }
 
-/// A job for its page: `{"job": <status --json>, "chunks": [{"index":..,"state":..,"remote":..}], "result": <the
+/// A job for its page: `{"job": <status --json>, "chunks": [{"index":..,"state":..,"remote":..}], "at_remote":
+/// [<each chunk still at the remote API against its model's usual time, as `status --json` has it>], "result": <the
 /// result entry, responses paged> | null, "responses_page": {"page":..,"pages":..,"total":..}}`. The ledger is read
 /// without its payloads ([`batchd_queue::LedgerView`]); `chunks` says what each chunk's state and remote status
 /// mean now ([`batchd_queue::ledger_view::ChunkStatus`]); the result entry is read from Redis once per process and
@@ -203,6 +204,14 @@ pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> a
             json!({"index": index, "state": status.state, "remote": status.remote})
         })
         .collect();
+    // Only a job with a batch at the remote API reads the usual times (two bounded round trips).
+    let at_remote = if batchd_queue::turnaround::any_at_remote(&view) {
+        let now = cli::now_ms();
+        let usuals = batchd_queue::turnaround::usuals(conn, keys, now).await.context("read the usual batch times")?;
+        batchd_queue::turnaround::at_remote(&view, &usuals, now)
+    } else {
+        Vec::new()
+    };
     let mut result = Value::Null;
     let mut paging = json!({"page": 0, "pages": 0, "total": 0});
     let entry_id = view.get(field::RESULT_ENTRY);
@@ -224,7 +233,7 @@ pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> a
             None => result = json!({"entry_id": entry_id, "trimmed": true}),
         }
     }
-    Ok(json!({"job": status, "chunks": chunks, "result": result, "responses_page": paging}))
+    Ok(json!({"job": status, "chunks": chunks, "at_remote": at_remote, "result": result, "responses_page": paging}))
 }
 
 /// Page `page` of `total` things shown `per_page` at a time, clamped to the last page: `(page, pages, first)`.

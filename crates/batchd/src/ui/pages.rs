@@ -513,6 +513,23 @@ pub fn jobs(frame: &Frame<'_>, filters: &JobsFilters<'_>, page: &Value) -> Marku
     layout(frame, "Jobs", body)
 }
 
+/// What cancelling a job of `model` does, as its confirmation says: OpenAI and Anthropic batches are cancelled at
+/// the provider; Workers AI has no remote cancel, so its batches run on and their results are discarded.
+fn cancel_confirmation(model: &str) -> &'static str {
+    let provider = batchd_core::ModelName::parse(model).map(|model| model.provider().to_owned()).unwrap_or_default();
+    match provider.as_str() {
+        batchd_core::ids::CLOUDFLARE => {
+            "Cancel this job? Workers AI has no remote cancel: batches already submitted keep running there; their results are discarded."
+        }
+        "openai" | "anthropic" => {
+            "Cancel this job? Batches already submitted are cancelled at the provider; the result keeps what had finished."
+        }
+        _ => {
+            "Cancel this job? Batches already submitted are cancelled at their provider where it can cancel; otherwise their results are discarded."
+        }
+    }
+}
+
 /// One job: its ledger, chunks, timeline, and result with responses paged.
 pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
     let job = &value["job"];
@@ -551,7 +568,7 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
         h1 { "Job " span #job-id { (shown(id, 120)) } }
         p { span #job-state class=(format!("state state-{state}")) { (shown(state, 40)) } }
         @if !terminal {
-            (action(frame, &format!("/jobs/{}/cancel", encode(id)), "Cancel job", "cancel-job", "Cancel this job? Batches already submitted keep running remotely; their results are discarded."))
+            (action(frame, &format!("/jobs/{}/cancel", encode(id)), "Cancel job", "cancel-job", cancel_confirmation(job[field::MODEL].as_str().unwrap_or(""))))
         }
         @if terminal && state != "completed" {
             (action(frame, &format!("/jobs/{}/retry", encode(id)), "Retry job", "retry-job", "Enqueue a retry of this job? It runs again as a new job, from the request items its ledger kept."))
@@ -575,6 +592,20 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
             @if !job[field::POSSIBLE_DUPLICATE_SUBMITS].is_null() {
                 tr { th { "resubmits" } td { (text(&job[field::POSSIBLE_DUPLICATE_SUBMITS])) } }
             }
+        }
+        @if let Some(at_remote) = value["at_remote"].as_array().filter(|at_remote| !at_remote.is_empty()) {
+            h2 { "At the remote API" }
+            ul #at-remote {
+                @for remote in at_remote {
+                    li class=(if remote["older_than_p95"] == true { "late" } else { "" }) {
+                        "chunk " (text(&remote["chunk"])) ": job accepted "
+                        (format_age(Duration::from_secs(remote["age_secs"].as_u64().unwrap_or(0))))
+                        " ago; " span.usual { (shown(remote["text"].as_str().unwrap_or(""), 400)) }
+                    }
+                }
+            }
+            p.note { "Usual: how long this model's batches took from acceptance to the remote batch's completion over the "
+                (batchd_core::turnaround::WINDOW_TEXT) " (bucket bounds), counted by the daemons and written every admin sample." }
         }
         h2 { "Chunks" }
         table #chunks.chunks {
