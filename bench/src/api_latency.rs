@@ -9,9 +9,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::bail;
-
-use crate::lifecycle::{entry_ms, read_results, start_stack_with, wait_results};
+use crate::lifecycle::{BurstFigures, read_results, start_stack_with, wait_results};
 use crate::procs::{cpu_secs, status_mib};
 use crate::queue_layer::enqueue;
 use crate::redis_server::RedisServer;
@@ -24,13 +22,8 @@ pub const BUDGET_MIB: f64 = 256.0;
 /// What one run measured.
 #[derive(Debug, Clone)]
 pub struct LatencyRun {
-    /// Jobs per second, first XADD to last result entry.
-    pub jobs_per_sec: f64,
-    /// Jobs per second between the 10th and the 90th percentile result entry (the ramp-up of the first poll
-    /// delay and the tail left out).
-    pub steady_jobs_per_sec: f64,
-    /// XADD → result entry, per job, ms.
-    pub latencies_ms: Vec<f64>,
+    /// Throughput, latency and CPU per job.
+    pub burst: BurstFigures,
     /// Daemon VmRSS before the burst, MiB.
     pub rss_before_mib: f64,
     /// Daemon VmHWM after the last result, MiB.
@@ -39,8 +32,6 @@ pub struct LatencyRun {
     pub calls_per_job: [f64; 3],
     /// Jobs that did not end `completed`.
     pub not_completed: usize,
-    /// CPU time per job of the daemon, the emulator and redis-server, µs.
-    pub cpu_us_per_job: [f64; 3],
     /// CPU use of the daemon, the emulator and redis-server over the run, in cores (1.0 = one core busy).
     pub cores: [f64; 3],
 }
@@ -67,28 +58,13 @@ pub async fn run(redis: &RedisServer, n: usize, logs: &Path, tag: &str) -> anyho
 
     let calls_per_job = ["submit", "poll", "rejected"]
         .map(|kind| calls.iter().filter(|call| call["kind"] == kind).count() as f64 / n as f64);
-    let first_xadd = ids.iter().map(|id| entry_ms(id)).min().unwrap_or(0);
-    let mut result_ms: Vec<u64> = results.values().map(|(ms, _)| *ms).collect();
-    result_ms.sort_unstable();
-    let latencies_ms: Vec<f64> = ids
-        .iter()
-        .enumerate()
-        .filter_map(|(i, id)| results.get(&format!("A{i}")).map(|(ms, _)| ms.saturating_sub(entry_ms(id)) as f64))
-        .collect();
-    if latencies_ms.len() != n {
-        bail!("{} of {n} jobs have a result", latencies_ms.len());
-    }
-    let last_result = result_ms.last().copied().unwrap_or(0);
-    let (p10, p90) = (result_ms[n / 10], result_ms[n * 9 / 10]);
+    let burst = BurstFigures::measure("A", &ids, &results, (cpu0, cpu1))?;
     Ok(LatencyRun {
-        jobs_per_sec: n as f64 / (last_result.saturating_sub(first_xadd).max(1) as f64 / 1000.0),
-        steady_jobs_per_sec: (n * 8 / 10) as f64 / (p90.saturating_sub(p10).max(1) as f64 / 1000.0),
-        latencies_ms,
+        burst,
         rss_before_mib,
         hwm_mib,
         calls_per_job,
         not_completed: results.values().filter(|(_, status)| status != "completed").count(),
-        cpu_us_per_job: [0, 1, 2].map(|i| (cpu1[i] - cpu0[i]) * 1e6 / n as f64),
         cores: [0, 1, 2].map(|i| (cpu1[i] - cpu0[i]) / wall),
     })
 }

@@ -79,6 +79,55 @@ pub async fn start_stack_with(
     Ok(Stack { emulator, daemon, keys })
 }
 
+/// What a burst of jobs enqueued at once measured: throughput overall and in its steady middle, each job's
+/// latency, and CPU per job of the daemon, the emulator and redis-server.
+#[derive(Debug, Clone)]
+pub struct BurstFigures {
+    /// Jobs per second, first XADD to last result entry.
+    pub jobs_per_sec: f64,
+    /// Jobs per second between the 10th and the 90th percentile result entry (the ramp-up of the first poll
+    /// delay and the tail left out).
+    pub steady_jobs_per_sec: f64,
+    /// XADD → result entry, per job, ms.
+    pub latencies_ms: Vec<f64>,
+    /// CPU time per job of the daemon, the emulator and redis-server, µs.
+    pub cpu_us_per_job: [f64; 3],
+}
+
+impl BurstFigures {
+    /// From the entry ids of jobs `<prefix>0`, `<prefix>1`, ..., their results ([`read_results`]), and the CPU
+    /// seconds of the three processes before and after. Fails unless every job has its result.
+    pub fn measure(
+        prefix: &str,
+        entry_ids: &[String],
+        results: &HashMap<String, (u64, String)>,
+        (cpu0, cpu1): ([f64; 3], [f64; 3]),
+    ) -> anyhow::Result<Self> {
+        let n = entry_ids.len();
+        let latencies_ms: Vec<f64> = entry_ids
+            .iter()
+            .enumerate()
+            .filter_map(|(i, id)| {
+                results.get(&format!("{prefix}{i}")).map(|(ms, _)| ms.saturating_sub(entry_ms(id)) as f64)
+            })
+            .collect();
+        if latencies_ms.len() != n || n == 0 {
+            anyhow::bail!("{} of {n} jobs have a result", latencies_ms.len());
+        }
+        let first_xadd = entry_ids.iter().map(|id| entry_ms(id)).min().unwrap_or(0);
+        let mut result_ms: Vec<u64> = results.values().map(|(ms, _)| *ms).collect();
+        result_ms.sort_unstable();
+        let last_result = result_ms.last().copied().unwrap_or(0);
+        let (p10, p90) = (result_ms[n / 10], result_ms[n * 9 / 10]);
+        Ok(Self {
+            jobs_per_sec: n as f64 / (last_result.saturating_sub(first_xadd).max(1) as f64 / 1000.0),
+            steady_jobs_per_sec: (n * 8 / 10) as f64 / (p90.saturating_sub(p10).max(1) as f64 / 1000.0),
+            latencies_ms,
+            cpu_us_per_job: [0, 1, 2].map(|i| (cpu1[i] - cpu0[i]) * 1e6 / n as f64),
+        })
+    }
+}
+
 /// Milliseconds of a stream entry id.
 pub fn entry_ms(id: &str) -> u64 {
     id.split('-').next().and_then(|ms| ms.parse().ok()).unwrap_or(0)

@@ -325,26 +325,14 @@ struct Bench<'a> {
 
 /// Adds the rows every burst scenario reports: throughput overall and in the steady middle, latency p50/p99, and
 /// CPU per job of each process.
-fn add_burst_rows(report: &mut Report, (s, label, m): (&str, &str, &str), burst: BurstFigures<'_>) {
+fn add_burst_rows(report: &mut Report, (s, label, m): (&str, &str, &str), burst: &mut lifecycle::BurstFigures) {
     report.add(s, label, "throughput, first XADD to last result", "jobs/s", m, burst.jobs_per_sec);
     report.add(s, label, "throughput, 10th to 90th percentile result", "jobs/s", m, burst.steady_jobs_per_sec);
-    report.add(s, label, "XADD → result p50", "ms", m, percentile(burst.latencies_ms, 50.0));
-    report.add(s, label, "XADD → result p99", "ms", m, percentile(burst.latencies_ms, 99.0));
+    report.add(s, label, "XADD → result p50", "ms", m, percentile(&mut burst.latencies_ms, 50.0));
+    report.add(s, label, "XADD → result p99", "ms", m, percentile(&mut burst.latencies_ms, 99.0));
     for (process, cpu) in ["daemon", "emulator", "redis-server"].iter().zip(burst.cpu_us_per_job) {
         report.add(s, label, &format!("CPU per job, {process}"), "µs", m, cpu);
     }
-}
-
-/// What [`add_burst_rows`] reports.
-struct BurstFigures<'a> {
-    /// Jobs per second, first XADD to last result.
-    jobs_per_sec: f64,
-    /// Jobs per second between the 10th and the 90th percentile result.
-    steady_jobs_per_sec: f64,
-    /// Each job's XADD → result time.
-    latencies_ms: &'a mut Vec<f64>,
-    /// CPU per job of the daemon, the emulator and redis-server.
-    cpu_us_per_job: [f64; 3],
 }
 
 /// Runs one system of scenario 1 against a server.
@@ -499,13 +487,7 @@ async fn scenario_api_latency(bench: &Bench<'_>, report: &mut Report) -> anyhow:
         progress(&format!("[{m}] scenario 6, run {}: {n} jobs", run + 1));
         let redis = RedisServer::start(mode, work).await?;
         let mut r = api_latency::run(&redis, n, logs, &format!("latency-{m}-{run}")).await?;
-        let burst = BurstFigures {
-            jobs_per_sec: r.jobs_per_sec,
-            steady_jobs_per_sec: r.steady_jobs_per_sec,
-            latencies_ms: &mut r.latencies_ms,
-            cpu_us_per_job: r.cpu_us_per_job,
-        };
-        add_burst_rows(report, (s, &label, m), burst);
+        add_burst_rows(report, (s, &label, m), &mut r.burst);
         report.add(s, &label, "daemon peak RSS (VmHWM)", "MiB", m, r.hwm_mib);
         report.add(s, &label, "daemon RSS before the burst", "MiB", m, r.rss_before_mib);
         report.add(s, &label, "peak RSS / byte budget (256 MiB)", "×", m, r.hwm_mib / api_latency::BUDGET_MIB);
@@ -587,13 +569,7 @@ async fn scenario_providers(bench: &Bench<'_>, report: &mut Report) -> anyhow::R
                     fmt(n as f64),
                     providers::BATCH_MS / 1000
                 );
-                let burst = BurstFigures {
-                    jobs_per_sec: r.jobs_per_sec,
-                    steady_jobs_per_sec: r.steady_jobs_per_sec,
-                    latencies_ms: &mut r.latencies_ms,
-                    cpu_us_per_job: r.cpu_us_per_job,
-                };
-                add_burst_rows(report, (s, &label, m), burst);
+                add_burst_rows(report, (s, &label, m), &mut r.burst);
                 report.add(s, &label, "polls per batch", "polls", m, r.polls_per_batch);
                 report.add(s, &label, "remote batches per job", "batches", m, r.batches_per_job);
                 report.add(s, &label, "API calls per job", "calls", m, r.calls_per_job);

@@ -18,9 +18,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 
-use crate::lifecycle::{Stack, entry_ms, read_results, wait_results};
+use crate::lifecycle::{BurstFigures, Stack, read_results, wait_results};
 use crate::procs::{Emulator, cpu_secs, daemon_env, start_daemon, start_emulator, status_mib, wait_daemon_ready};
 use crate::redis_server::RedisServer;
 
@@ -93,12 +93,8 @@ pub enum Limits {
 /// What one run measured.
 #[derive(Debug, Clone)]
 pub struct ProviderRun {
-    /// Jobs per second, first XADD to last result entry.
-    pub jobs_per_sec: f64,
-    /// Jobs per second between the 10th and the 90th percentile result entry.
-    pub steady_jobs_per_sec: f64,
-    /// XADD → result entry, per job, ms.
-    pub latencies_ms: Vec<f64>,
+    /// Throughput, latency and CPU per job.
+    pub burst: BurstFigures,
     /// Status requests per batch created.
     pub polls_per_batch: f64,
     /// Remote batches created per job (1.0 when nothing was created twice).
@@ -111,8 +107,6 @@ pub struct ProviderRun {
     pub not_completed: usize,
     /// Daemon VmHWM after the last result, MiB.
     pub hwm_mib: f64,
-    /// CPU time per job of the daemon, the emulator and redis-server, µs.
-    pub cpu_us_per_job: [f64; 3],
 }
 
 /// The environment that configures all three providers against `emulator`, with no rate limit of OpenAI's, and
@@ -196,29 +190,14 @@ pub async fn run(
     };
     let created = calls.iter().filter(|call| call["kind"] == create).filter(answered).count();
     let polls = calls.iter().filter(|call| call["kind"] == status).count();
-    let latencies_ms: Vec<f64> = entry_ids
-        .iter()
-        .enumerate()
-        .filter_map(|(i, id)| results.get(&format!("P{i}")).map(|(ms, _)| ms.saturating_sub(entry_ms(id)) as f64))
-        .collect();
-    if latencies_ms.len() != n {
-        bail!("{} of {n} jobs have a result", latencies_ms.len());
-    }
-    let first_xadd = entry_ids.iter().map(|id| entry_ms(id)).min().unwrap_or(0);
-    let mut result_ms: Vec<u64> = results.values().map(|(ms, _)| *ms).collect();
-    result_ms.sort_unstable();
-    let last_result = result_ms.last().copied().unwrap_or(0);
-    let (p10, p90) = (result_ms[n / 10], result_ms[n * 9 / 10]);
+    let burst = BurstFigures::measure("P", &entry_ids, &results, (cpu0, cpu1))?;
     Ok(ProviderRun {
-        jobs_per_sec: n as f64 / (last_result.saturating_sub(first_xadd).max(1) as f64 / 1000.0),
-        steady_jobs_per_sec: (n * 8 / 10) as f64 / (p90.saturating_sub(p10).max(1) as f64 / 1000.0),
-        latencies_ms,
+        burst,
         polls_per_batch: polls as f64 / created.max(1) as f64,
         batches_per_job: created as f64 / n as f64,
         calls_per_job: calls.len() as f64 / n as f64,
         calls_by_kind,
         not_completed: results.values().filter(|(_, status)| status != "completed").count(),
         hwm_mib,
-        cpu_us_per_job: [0, 1, 2].map(|i| (cpu1[i] - cpu0[i]) * 1e6 / n as f64),
     })
 }
