@@ -668,15 +668,20 @@ mod tests {
             .map(|(k, v)| (*k, v.to_string()))
             .collect(),
             chunks: vec![batchd_queue::ledger_view::ChunkMetadata {
-                fields: [(field::CHUNK_STATE, "failed"), (field::CHUNK_REMOTE_STATUS, "\u{1b}[31mred")]
-                    .iter()
-                    .map(|(k, v)| (*k, v.to_string()))
-                    .collect(),
+                fields: [
+                    (field::CHUNK_STATE, "failed"),
+                    (field::CHUNK_REQUEST_ID, "r\u{1b}]0;title\u{7}"),
+                    (field::CHUNK_REMOTE_STATUS, "\u{1b}[31mred"),
+                ]
+                .iter()
+                .map(|(k, v)| (*k, v.to_string()))
+                .collect(),
             }],
         };
         let text = status_text("ns", &view, &[], 0);
         assert!(!text.chars().any(|c| c != '\n' && is_unsafe_for_terminal(c)), "{text}");
-        assert!(text.contains("remote \\x1b[31mred") && text.contains("bad\\x1b[2J \\u{202e}txt"), "{text}");
+        assert!(text.contains("remote last seen \\x1b[31mred"), "{text}");
+        assert!(text.contains("bad\\x1b[2J \\u{202e}txt") && text.contains("request r\\x1b]0;title\\x07"), "{text}");
     }
 
     #[test]
