@@ -305,15 +305,13 @@ impl Pipeline {
             if let Some(usage) = usage {
                 metrics::tokens(&context.model, &usage);
             }
-            // A completed job is logged at debug, like its spans: at info this was the one line every job wrote
-            // (formatted and written to the log per job, issue 27); a job that did not complete keeps its line at
-            // info.
-            let turnaround_ms = turnaround.as_millis() as u64;
-            if status == ResultStatus::Completed {
-                tracing::debug!(job_id = %job_id, status = %status, items_failed, turnaround_ms, "result published");
-            } else {
-                tracing::info!(job_id = %job_id, status = %status, items_failed, turnaround_ms, "result published");
-            }
+            tracing::info!(
+                job_id = %job_id,
+                status = %status,
+                items_failed,
+                turnaround_ms = turnaround.as_millis() as u64,
+                "result published"
+            );
         }
         Ok(())
     }
