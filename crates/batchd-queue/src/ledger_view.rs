@@ -86,6 +86,11 @@ impl ChunkMetadata {
         self.get(field::CHUNK_STATE)?.parse().ok()
     }
 
+    /// When the chunk's batch was submitted (ms), when the ledger has the time.
+    pub fn submitted_at(&self) -> Option<u64> {
+        self.get(field::CHUNK_SUBMITTED_AT)?.parse().ok()
+    }
+
     /// Which of the job's items the chunk carries, when its ledger values parse.
     pub fn placement(&self) -> Option<Placement> {
         Placement::parse(self.get(field::CHUNK_ITEMS).unwrap_or(""), self.get(field::CHUNK_INDICES).unwrap_or(""))

@@ -135,7 +135,7 @@ pub fn at_remote(view: &LedgerView, usuals: &Usuals, now_ms: UnixMillis) -> Vec<
         .map(|(chunk_index, chunk)| AtRemote {
             chunk: chunk_index,
             age_secs,
-            batch_age_secs: chunk.get(field::CHUNK_SUBMITTED_AT).and_then(|at| at.parse().ok()).map(since),
+            batch_age_secs: chunk.submitted_at().map(since),
             usual,
             older_than_p95: usual.is_some_and(|usual| usual.exceeded_by(age)),
             text: compare_text(model, usual.as_ref(), age),
