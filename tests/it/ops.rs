@@ -563,7 +563,7 @@ async fn a_running_batch_is_shown_against_its_models_usual_time() {
         .json()
         .await
         .expect("JSON");
-    assert_eq!(page["at_remote"][0]["text"], expected.as_str(), "{page}");
+    assert_eq!(page["job"]["at_remote"][0]["text"], expected.as_str(), "{page}");
     let html =
         reqwest::get(dashboard.url(&format!("/jobs/slow-1?ns={ns}"))).await.expect("get").text().await.expect("body");
     assert!(html.contains("At the remote API") && html.contains(&expected), "{html}");

@@ -184,16 +184,16 @@ pub async fn jobs(conn: &mut Conn, keys: &Keys, filter: &JobFilter, cursor: u64)
     crate::cli::inspect::jobs_page(conn, keys, filter, cursor, JOBS_PAGE_SIZE, JOBS_PAGE_SCAN).await
 }
 
-/// A job for its page: `{"job": <status --json>, "chunks": [{"index":..,"state":..,"remote":..}], "at_remote":
-/// [<each chunk still at the remote API against its model's usual time, as `status --json` has it>], "result": <the
-/// result entry, responses paged> | null, "responses_page": {"page":..,"pages":..,"total":..}}`. The ledger is read
+/// A job for its page: `{"job": <status --json, with its `at_remote`: each chunk still at the remote API against
+/// its model's usual time>, "chunks": [{"index":..,"state":..,"remote":..}], "result": <the result entry, responses
+/// paged> | null, "responses_page": {"page":..,"pages":..,"total":..}}`. The ledger is read
 /// without its payloads ([`batchd_queue::LedgerView`]); `chunks` says what each chunk's state and remote status
 /// mean now ([`batchd_queue::ledger_view::ChunkStatus`]); the result entry is read from Redis once per process and
 /// paged from memory ([`ResultCache`]), so 40 open tabs of one big job cost Redis one read of it, not 40. The request
 /// items are a page of their own ([`job_items`]): the job's page reads none.
 pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> anyhow::Result<Value> {
     let view = cli::read_ledger(conn, keys, job_id).await?;
-    let status = cli::status_json(&view);
+    let mut status = cli::status_json(&view);
     let job_state = view.state();
     let chunks: Vec<Value> = view
         .chunks
@@ -212,6 +212,7 @@ pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> a
     } else {
         Vec::new()
     };
+    status["at_remote"] = serde_json::to_value(&at_remote).context("encode the batches at the remote API")?;
     let mut result = Value::Null;
     let mut paging = json!({"page": 0, "pages": 0, "total": 0});
     let entry_id = view.get(field::RESULT_ENTRY);
@@ -233,7 +234,7 @@ pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> a
             None => result = json!({"entry_id": entry_id, "trimmed": true}),
         }
     }
-    Ok(json!({"job": status, "chunks": chunks, "at_remote": at_remote, "result": result, "responses_page": paging}))
+    Ok(json!({"job": status, "chunks": chunks, "result": result, "responses_page": paging}))
 }
 
 /// Page `page` of `total` things shown `per_page` at a time, clamped to the last page: `(page, pages, first)`.

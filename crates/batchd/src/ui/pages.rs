@@ -593,7 +593,7 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
                 tr { th { "resubmits" } td { (text(&job[field::POSSIBLE_DUPLICATE_SUBMITS])) } }
             }
         }
-        @if let Some(at_remote) = value["at_remote"].as_array().filter(|at_remote| !at_remote.is_empty()) {
+        @if let Some(at_remote) = value["job"]["at_remote"].as_array().filter(|at_remote| !at_remote.is_empty()) {
             h2 { "At the remote API" }
             ul #at-remote {
                 @for remote in at_remote {
