@@ -2,22 +2,20 @@
 //! headers every call carries (`x-api-key`, `anthropic-version`, optional beta and workspace), replies read up to a
 //! limit, and every failure classified into the engine's [`ErrorKind`] here, in one place.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use batchd_core::ApiCode;
-use batchd_provider::{ApiError, ErrorKind, ReplyBudget, ReplyHold};
+use batchd_provider::text::LineSplitter;
+use batchd_provider::{ApiError, ErrorKind, ReplyBudget, ReplyHold, http};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
-use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use reqwest::{Method, Url};
 use serde::Deserialize;
 
-use crate::settings::{AnthropicSettings, BuildError};
+use crate::settings::{AnthropicSettings, ApiKey, BuildError};
 
 /// Bytes percent-encoded in a path segment: everything but RFC 3986's unreserved characters.
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
-
-/// The `User-Agent` sent.
-const USER_AGENT: &str = concat!("batchd/", env!("CARGO_PKG_VERSION"));
 
 /// Largest reply of a call other than results (a batch object, a page of 1,000 of them: about 600 KB).
 const MAX_SMALL_REPLY: usize = 4 * 1024 * 1024;
@@ -49,7 +47,7 @@ pub struct Client {
     /// Scheme, host and port of the base URL: a `results_url` elsewhere is not sent the key.
     origin: url_origin::Origin,
     /// The key, to scrub from any error text a server echoes it in.
-    key: String,
+    key: ApiKey,
     /// The whole-request limit, quoted in timeout errors.
     request_timeout: Duration,
     /// Largest results download.
@@ -76,28 +74,15 @@ mod url_origin {
 impl Client {
     /// Checks the settings and builds the client; nothing is sent yet.
     pub fn new(settings: &AnthropicSettings) -> Result<Self, BuildError> {
-        let invalid =
-            |reason: &str| BuildError::InvalidBaseUrl { url: settings.base_url.clone(), reason: reason.to_owned() };
-        let base = Url::parse(settings.base_url.trim()).map_err(|error| invalid(&error.to_string()))?;
-        if !matches!(base.scheme(), "http" | "https") || base.host().is_none() || base.cannot_be_a_base() {
-            return Err(invalid("it must be an absolute http(s) URL"));
-        }
-        if base.query().is_some()
-            || base.fragment().is_some()
-            || !base.username().is_empty()
-            || base.password().is_some()
-        {
-            return Err(invalid("it must not have a query, a fragment or credentials"));
-        }
+        let base = http::base_url(&settings.base_url)
+            .map_err(|reason| BuildError::InvalidBaseUrl { url: settings.base_url.clone(), reason })?;
         let mut batches_url = base.clone();
         batches_url.set_path(&format!("{}/v1/messages/batches", base.path().trim_end_matches('/')));
         let header = |name: &'static str, value: &str| {
             HeaderValue::from_str(value).ok().filter(|_| !value.is_empty()).ok_or(BuildError::InvalidHeader(name))
         };
         let mut headers = HeaderMap::new();
-        let mut key = header("api key", settings.api_key.expose())?;
-        key.set_sensitive(true);
-        headers.insert("x-api-key", key);
+        headers.insert("x-api-key", settings.api_key.header("").ok_or(BuildError::InvalidHeader("api key"))?);
         headers.insert("anthropic-version", header("version", &settings.version)?);
         if let Some(beta) = &settings.beta {
             headers.insert("anthropic-beta", header("beta", beta)?);
@@ -105,20 +90,13 @@ impl Client {
         if let Some(workspace) = &settings.workspace_id {
             headers.insert("anthropic-workspace-id", header("workspace_id", workspace)?);
         }
-        let http = reqwest::Client::builder()
-            .user_agent(USER_AGENT)
-            .timeout(settings.request_timeout)
-            .connect_timeout(settings.connect_timeout)
-            // A redirect would be a misconfigured base URL; following it could carry the key elsewhere.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(BuildError::Http)?;
+        let http = http::client(settings.request_timeout, settings.connect_timeout).map_err(BuildError::Http)?;
         Ok(Self {
             http,
             headers,
             origin: url_origin::of(&base),
             batches_url,
-            key: settings.api_key.expose().to_owned(),
+            key: settings.api_key.clone(),
             request_timeout: settings.request_timeout,
             max_reply_bytes: settings.max_reply_bytes,
         })
@@ -203,7 +181,7 @@ impl Client {
         if (200..300).contains(&http_status) {
             Ok(reply)
         } else {
-            Err(self.scrub(from_reply(call, http_status, retry_after(response.headers()), &reply)))
+            Err(self.scrub(from_reply(call, http_status, http::retry_after(response.headers()), &reply)))
         }
     }
 
@@ -242,13 +220,13 @@ impl Client {
                 }
                 reply.extend_from_slice(&chunk);
             }
-            return Err(self.scrub(from_reply(Call::Other, http_status, retry_after(&headers), &reply)));
+            return Err(self.scrub(from_reply(Call::Other, http_status, http::retry_after(&headers), &reply)));
         }
         if let Some(declared) = response.content_length().filter(|declared| *declared > self.max_reply_bytes as u64) {
             return Err(too_large(http_status, declared, self.max_reply_bytes));
         }
         let (mut held, mut held_bytes, mut total) = (Vec::<ReplyHold>::new(), 0usize, 0usize);
-        let mut partial: Vec<u8> = Vec::new();
+        let mut lines = LineSplitter::default();
         loop {
             let chunk = match response.chunk().await {
                 Ok(Some(chunk)) => chunk,
@@ -259,35 +237,12 @@ impl Client {
             if total > self.max_reply_bytes {
                 return Err(too_large(http_status, total as u64, self.max_reply_bytes));
             }
-            if let Some(budget) = budget
-                && total > held_bytes
-            {
-                let want = total.next_multiple_of(RESULTS_STEP);
-                match budget.try_hold(want - held_bytes) {
-                    Some(more) => held.push(more),
-                    None => {
-                        held.clear();
-                        held.push(budget.hold(want).await);
-                    }
-                }
-                held_bytes = want;
+            if let Some(budget) = budget {
+                budget.cover(&mut held, &mut held_bytes, total, RESULTS_STEP).await;
             }
-            let mut rest = &chunk[..];
-            while let Some(at) = rest.iter().position(|byte| *byte == b'\n') {
-                if partial.is_empty() {
-                    line(&rest[..at]);
-                } else {
-                    partial.extend_from_slice(&rest[..at]);
-                    line(&partial);
-                    partial.clear();
-                }
-                rest = &rest[at + 1..];
-            }
-            partial.extend_from_slice(rest);
+            lines.feed(&chunk, &mut line);
         }
-        if !partial.is_empty() {
-            line(&partial);
-        }
+        lines.finish(line);
         Ok(held)
     }
 
@@ -311,55 +266,13 @@ impl Client {
 
     /// A transport failure: a create that may have been sent may have created its batch.
     fn transport(&self, call: Call, error: &reqwest::Error, http_status: Option<u16>) -> ApiError {
-        let (kind, message, sent) = if error.is_builder() {
-            (ErrorKind::Permanent, format!("could not build the request: {error}"), false)
-        } else if error.is_connect() {
-            (ErrorKind::Transient, format!("could not connect: {}", chain(error)), false)
-        } else if error.is_timeout() {
-            (ErrorKind::Transient, format!("request timed out after {:?}", self.request_timeout), true)
-        } else {
-            (ErrorKind::Transient, format!("connection failed: {}", chain(error)), true)
-        };
-        ApiError {
-            kind,
-            http_status,
-            api_code: None,
-            message,
-            retry_after: None,
-            maybe_delivered: call == Call::Create && sent,
-        }
+        http::transport_error(error, http_status, self.request_timeout, call == Call::Create)
     }
 
     /// Removes the key from an error's message, in case a server echoed it.
-    fn scrub(&self, mut error: ApiError) -> ApiError {
-        if !self.key.is_empty() && error.message.contains(&self.key) {
-            error.message = error.message.replace(&self.key, "[redacted]");
-        }
-        error
+    fn scrub(&self, error: ApiError) -> ApiError {
+        self.key.scrub(error)
     }
-}
-
-/// An error and its sources, joined by `: ` (a text already included once is not repeated), without the URL.
-fn chain(error: &reqwest::Error) -> String {
-    let mut text = error.to_string();
-    if let Some(url) = error.url() {
-        text = text.replace(url.as_str(), "[url]");
-    }
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
-
-/// `Retry-After`, in seconds or as an HTTP date.
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    batchd_provider::text::parse_retry_after(headers.get(RETRY_AFTER)?.to_str().ok()?, SystemTime::now())
 }
 
 /// The documented error envelope, read leniently.

@@ -1,7 +1,6 @@
 //! What the Anthropic provider is built from (`[anthropic]`, handed over by the binary) and the key that never
 //! prints.
 
-use std::fmt;
 use std::time::Duration;
 
 /// The API's base URL.
@@ -16,27 +15,8 @@ pub const MAX_REQUESTS: usize = 100_000;
 /// Largest create body, in bytes: "256 MB", read as 256,000,000 bytes (the stricter reading).
 pub const MAX_BODY_BYTES: usize = 256_000_000;
 
-/// The API key: sent only as `x-api-key`, printed as `[redacted]`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ApiKey(String);
-
-impl ApiKey {
-    /// Wraps a key.
-    pub fn new(key: impl Into<String>) -> Self {
-        Self(key.into())
-    }
-
-    /// The key text; only the transport calls it.
-    pub(crate) fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[redacted]")
-    }
-}
+/// The API key, sent only as `x-api-key`: the key type every provider shares, printed as `[redacted]`.
+pub use batchd_provider::http::ApiKey;
 
 /// How to reach Message Batches and what one batch may hold.
 #[derive(Debug, Clone)]

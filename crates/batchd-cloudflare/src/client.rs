@@ -2,16 +2,16 @@
 //! `error` (everything else), so this file holds I/O and nothing to decide.
 
 use std::fmt;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use batchd_core::{ModelName, RequestId};
-use batchd_provider::{ReplyBudget, ReplyHold};
+use batchd_provider::{ReplyBudget, ReplyHold, http};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::Url;
-use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use serde_json::value::RawValue;
 
-use crate::error::{ApiError, Build as _, Operation, parse_retry_after};
+use crate::error::{ApiError, Build as _, Operation};
 use crate::reply::{PollStatus, Submitted, read_poll, read_submit};
 use crate::settings::{ApiToken, ClientBuildError, ClientSettings, validate_account_id};
 use crate::wire;
@@ -22,9 +22,6 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'
 
 /// A reply without a declared length is counted as it arrives, this many bytes at a time.
 const REPLY_STEP: usize = 1024 * 1024;
-
-/// The `User-Agent` the client sends.
-const USER_AGENT: &str = concat!("batchd/", env!("CARGO_PKG_VERSION"));
 
 /// A Batch API client for one account. Cloning is cheap and shares the connection pool.
 #[derive(Clone)]
@@ -70,21 +67,14 @@ impl Transport {
     pub(crate) fn new(settings: ClientSettings) -> Result<(Self, Url), ClientBuildError> {
         validate_account_id(&settings.account_id)?;
         let account_url = account_url(&settings.base_url, &settings.account_id)?;
-        let token = settings.token.expose();
-        if token.is_empty() {
+        if settings.token.is_empty() {
             return Err(ClientBuildError::InvalidToken("must not be empty"));
         }
-        let mut authorization = HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|_| ClientBuildError::InvalidToken("contains characters that cannot be sent in a header"))?;
-        authorization.set_sensitive(true);
-        let http = reqwest::Client::builder()
-            .user_agent(USER_AGENT)
-            .timeout(settings.request_timeout)
-            .connect_timeout(settings.connect_timeout)
-            // A redirect would be a misconfigured base URL; following it could carry the token elsewhere.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(ClientBuildError::Http)?;
+        let authorization = settings
+            .token
+            .header("Bearer ")
+            .ok_or(ClientBuildError::InvalidToken("contains characters that cannot be sent in a header"))?;
+        let http = http::client(settings.request_timeout, settings.connect_timeout).map_err(ClientBuildError::Http)?;
         let transport = Self {
             http,
             token: settings.token,
@@ -277,8 +267,9 @@ impl Transport {
         budget: Option<&ReplyBudget>,
     ) -> Result<(Reply, Vec<ReplyHold>), ApiError> {
         let started = Instant::now();
-        let transport_error =
-            |error: reqwest::Error, status| ApiError::from_transport(operation, &error, status, self.request_timeout);
+        let transport_error = |error: reqwest::Error, status| {
+            http::transport_error(&error, status, self.request_timeout, operation == Operation::Submit)
+        };
         let mut builder =
             self.http.request(request.method, request.url).header(AUTHORIZATION, self.authorization.clone());
         if let Some(body) = request.body {
@@ -286,11 +277,7 @@ impl Transport {
         }
         let mut response = builder.send().await.map_err(|error| transport_error(error, None))?;
         let http_status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| parse_retry_after(value, SystemTime::now()));
+        let retry_after = http::retry_after(response.headers());
         let limit = self.max_reply_bytes;
         let declared = response.content_length();
         if let Some(declared) = declared.filter(|declared| *declared > limit as u64) {
@@ -305,19 +292,8 @@ impl Transport {
         // Sized from the declared length when there is one (checked above), so a big result is not re-grown.
         let mut body = Vec::with_capacity(declared.map_or(0, |declared| declared as usize));
         while let Some(chunk) = response.chunk().await.map_err(|error| transport_error(error, Some(http_status)))? {
-            if let Some(budget) = budget
-                && body.len() + chunk.len() > held_bytes
-            {
-                // Room for the bytes so far and the next step; never waiting while holding room.
-                let want = (body.len() + chunk.len()).next_multiple_of(REPLY_STEP);
-                match budget.try_hold(want - held_bytes) {
-                    Some(more) => held.push(more),
-                    None => {
-                        held.clear();
-                        held.push(budget.hold(want).await);
-                    }
-                }
-                held_bytes = want;
+            if let Some(budget) = budget {
+                budget.cover(&mut held, &mut held_bytes, body.len() + chunk.len(), REPLY_STEP).await;
             }
             if body.len() + chunk.len() > limit {
                 return Err(ApiError::reply_too_large(
@@ -340,13 +316,7 @@ impl Transport {
 
     /// Removes the token from an error's message, in case a server echoed it back.
     fn scrub<T>(&self, result: Result<T, ApiError>) -> Result<T, ApiError> {
-        result.map_err(|mut error| {
-            let token = self.token.expose();
-            if error.message.contains(token) {
-                error.message = error.message.replace(token, "[redacted]");
-            }
-            error
-        })
+        result.map_err(|error| self.token.scrub(error))
     }
 }
 
@@ -368,52 +338,20 @@ impl Reply {
     /// Reads a 2xx reply. The error of a reply that cannot be read quotes its body, so it is built from the body
     /// with the token taken out (replies that read fine, the common case, are not searched).
     fn read<T>(&self, token: &ApiToken, read: impl Fn(u16, &[u8]) -> Result<T, ApiError>) -> Result<T, ApiError> {
-        read(self.http_status, &self.body).or_else(|_| read(self.http_status, &redact(&self.body, token)))
+        read(self.http_status, &self.body).or_else(|_| read(self.http_status, &token.redact(&self.body)))
     }
 
     /// The error of a non-2xx reply, built from the body with the token taken out.
     fn into_error(self, operation: Operation, token: &ApiToken) -> ApiError {
-        ApiError::from_reply(operation, self.http_status, self.retry_after, &redact(&self.body, token))
+        ApiError::from_reply(operation, self.http_status, self.retry_after, &token.redact(&self.body))
     }
-}
-
-/// `body` with every copy of the token replaced by `[redacted]`. A server that echoes the request's headers must
-/// not get the token into an error message, a log line or a result; where such a message is cut short,
-/// `BatchClient::scrub` alone would miss the part of the token that is left.
-fn redact(body: &[u8], token: &ApiToken) -> Vec<u8> {
-    let token = token.expose().as_bytes();
-    if token.is_empty() {
-        return body.to_vec();
-    }
-    let mut redacted = Vec::with_capacity(body.len());
-    let mut rest = body;
-    while let Some(at) = rest.windows(token.len()).position(|window| window == token) {
-        redacted.extend_from_slice(&rest[..at]);
-        redacted.extend_from_slice(b"[redacted]");
-        rest = &rest[at + token.len()..];
-    }
-    redacted.extend_from_slice(rest);
-    redacted
 }
 
 /// `{base}/accounts/{account}` from a base URL that must be absolute `http(s)` without query, fragment or
 /// credentials, and an already validated account id.
 fn account_url(base_url: &str, account_id: &str) -> Result<Url, ClientBuildError> {
-    let invalid =
-        |reason: &str| ClientBuildError::InvalidBaseUrl { url: base_url.to_owned(), reason: reason.to_owned() };
-    let mut url = Url::parse(base_url.trim()).map_err(|error| invalid(&error.to_string()))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(invalid("the scheme must be http or https"));
-    }
-    if url.host().is_none() || url.cannot_be_a_base() {
-        return Err(invalid("it has no host"));
-    }
-    if url.query().is_some() || url.fragment().is_some() {
-        return Err(invalid("it must not have a query or fragment"));
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(invalid("it must not contain credentials"));
-    }
+    let mut url = http::base_url(base_url)
+        .map_err(|reason| ClientBuildError::InvalidBaseUrl { url: base_url.to_owned(), reason })?;
     let path = format!("{}/accounts/{}", url.path().trim_end_matches('/'), utf8_percent_encode(account_id, SEGMENT));
     url.set_path(&path);
     Ok(url)

@@ -1,7 +1,8 @@
 //! The Batch API's failures, classified once into the kinds the daemon acts on.
 //!
-//! Every HTTP status, API error code, transport failure and unreadable reply is mapped here, by
-//! [`classify`] and the constructors below, following the error table of the API reference. The daemon then decides
+//! Every HTTP status, API error code and unreadable reply is mapped here, by [`classify`] and the constructors
+//! below, following the error table of the API reference (a transport failure, the same at every provider, by
+//! `batchd_provider::http::transport_error`). The daemon then decides
 //! "retry or give up" from [`ErrorKind`] alone and never looks at status codes itself.
 //!
 //! Long because its tests walk the reference's error table row by row, with the transport failures and unreadable
@@ -13,7 +14,7 @@ use batchd_core::ApiCode;
 
 use crate::wire;
 
-pub(crate) use batchd_provider::text::{one_line, parse_retry_after};
+pub(crate) use batchd_provider::text::one_line;
 
 pub use batchd_provider::{ApiError, ErrorKind};
 
@@ -116,14 +117,6 @@ pub(crate) trait Build: Sized {
     /// The error for a 2xx reply that is not what the API documents (unreadable JSON, unexpected shape).
     /// A submit with such a reply may well have been accepted.
     fn unreadable_reply(operation: Operation, http_status: u16, what: &str, body: &[u8]) -> Self;
-    /// The error for a request that got no complete reply: connection refused or reset, timeout, unreadable body.
-    /// `http_status` is the reply's status when the failure happened while reading its body.
-    fn from_transport(
-        operation: Operation,
-        error: &reqwest::Error,
-        http_status: Option<u16>,
-        timeout: Duration,
-    ) -> Self;
 }
 
 impl Build for ApiError {
@@ -191,52 +184,6 @@ impl Build for ApiError {
             maybe_delivered: operation == Operation::Submit,
         }
     }
-
-    /// The error for a request that got no complete reply: connection refused or reset, timeout, unreadable body.
-    /// `http_status` is the reply's status when the failure happened while reading its body.
-    fn from_transport(
-        operation: Operation,
-        error: &reqwest::Error,
-        http_status: Option<u16>,
-        timeout: Duration,
-    ) -> Self {
-        let chain = error_chain(error);
-        let (kind, message, sent) = if error.is_builder() {
-            (ErrorKind::Permanent, format!("could not build the request: {chain}"), false)
-        } else if error.is_connect() {
-            (ErrorKind::Transient, format!("could not connect: {chain}"), false)
-        } else if error.is_timeout() {
-            (ErrorKind::Transient, format!("request timed out after {timeout:?}: {chain}"), true)
-        } else {
-            (ErrorKind::Transient, format!("connection failed: {chain}"), true)
-        };
-        Self {
-            kind,
-            http_status,
-            api_code: None,
-            message,
-            retry_after: None,
-            maybe_delivered: operation == Operation::Submit && sent,
-        }
-    }
-}
-
-/// An error and its causes, joined by `: ` (repeated texts once), without the URL (it holds the account id and
-/// is in the span anyway).
-fn error_chain(error: &reqwest::Error) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let top = error.to_string();
-    let top = top.split(" for url (").next().unwrap_or_default().to_owned();
-    parts.push(top);
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !parts.iter().any(|part| part.contains(&text)) {
-            parts.push(text);
-        }
-        source = cause.source();
-    }
-    parts.join(": ")
 }
 
 /// A short, single-line excerpt of a reply body for an error message: an HTML page's `<title>` when it has one,

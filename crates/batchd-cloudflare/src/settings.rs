@@ -3,10 +3,7 @@
 //! The token is wrapped so that no `Debug`, `Display` or log line can print it; only the code that builds the
 //! `Authorization` header reads its text.
 
-use std::fmt;
 use std::time::Duration;
-
-use serde::Deserialize;
 
 /// The Cloudflare API's base URL.
 pub const DEFAULT_BASE_URL: &str = "https://api.cloudflare.com/client/v4";
@@ -20,39 +17,9 @@ pub const DEFAULT_MAX_REPLY_BYTES: usize = 256 * 1024 * 1024;
 /// Longest accepted account id, in bytes.
 pub const MAX_ACCOUNT_ID_LEN: usize = 64;
 
-/// A secret Cloudflare API token (Workers AI Read + Edit). `Debug` and `Display` print `[redacted]`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ApiToken(String);
-
-impl ApiToken {
-    /// Wraps a token. Surrounding whitespace (a trailing newline from a secret file) is ignored when it is used.
-    pub fn new(token: String) -> Self {
-        Self(token)
-    }
-
-    /// The token's text, for the `Authorization` header and nothing else.
-    pub(crate) fn expose(&self) -> &str {
-        self.0.trim()
-    }
-}
-
-impl fmt::Debug for ApiToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[redacted]")
-    }
-}
-
-impl fmt::Display for ApiToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[redacted]")
-    }
-}
-
-impl<'de> Deserialize<'de> for ApiToken {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        String::deserialize(deserializer).map(Self)
-    }
-}
+/// A secret Cloudflare API token (Workers AI Read + Edit): the key type every provider shares. `Debug` and
+/// `Display` print `[redacted]`.
+pub use batchd_provider::http::ApiKey as ApiToken;
 
 /// How to reach the Batch API.
 #[derive(Debug, Clone)]
@@ -144,12 +111,5 @@ mod tests {
                 "{bad:?} should be refused"
             );
         }
-    }
-
-    #[test]
-    fn the_token_is_redacted_and_trimmed() {
-        let token = ApiToken::new("s3cr3t-token\n".to_owned());
-        assert_eq!(format!("{token:?} {token}"), "[redacted] [redacted]");
-        assert_eq!(token.expose(), "s3cr3t-token");
     }
 }

@@ -2,10 +2,11 @@
 //! file's content), each sending one request and handing the reply to `error` or `wire`. Result files are read as
 //! a stream, line by line into the join, counted against `max_result_bytes` and the engine's memory budget.
 
-use std::time::SystemTime;
+use std::time::Duration;
 
-use batchd_provider::{ApiError, ErrorKind, ReplyBudget, ReplyHold};
-use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use batchd_provider::text::LineSplitter;
+use batchd_provider::{ApiError, ErrorKind, ReplyBudget, ReplyHold, http};
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use reqwest::{Method, Url};
 use serde::de::DeserializeOwned;
 
@@ -13,9 +14,6 @@ use crate::error::{self, Operation};
 use crate::jsonl::Joiner;
 use crate::settings::{ApiKey, OpenAiBuildError, OpenAiClientSettings};
 use crate::wire;
-
-/// The `User-Agent` sent.
-const USER_AGENT: &str = concat!("batchd/", env!("CARGO_PKG_VERSION"));
 
 /// Largest JSON reply read (a batch object, a list page of 100 batches).
 const MAX_JSON_REPLY: usize = 8 * 1024 * 1024;
@@ -41,6 +39,8 @@ pub(crate) struct Client {
     organization: Option<HeaderValue>,
     /// `OpenAI-Project`, when configured.
     project: Option<HeaderValue>,
+    /// The whole-request limit, quoted in timeout errors.
+    request_timeout: Duration,
     /// Largest result file read.
     max_result_bytes: usize,
     /// Where result files are counted while they are read.
@@ -56,26 +56,17 @@ impl std::fmt::Debug for Client {
 impl Client {
     /// Checks the settings and builds the client; nothing is sent.
     pub(crate) fn new(settings: &OpenAiClientSettings, budget: Option<ReplyBudget>) -> Result<Self, OpenAiBuildError> {
-        let base = base_url(&settings.base_url)?;
-        let key = settings.api_key.expose();
-        let mut authorization = HeaderValue::from_str(&format!("Bearer {key}"))
-            .ok()
-            .filter(|_| !key.is_empty())
-            .ok_or(OpenAiBuildError::InvalidHeader("openai api key"))?;
-        authorization.set_sensitive(true);
+        let base = http::base_url(&settings.base_url)
+            .map_err(|reason| OpenAiBuildError::InvalidBaseUrl { url: settings.base_url.clone(), reason })?;
+        let authorization =
+            settings.api_key.header("Bearer ").ok_or(OpenAiBuildError::InvalidHeader("openai api key"))?;
         let header = |value: &Option<String>, what| match value.as_deref().map(str::trim) {
             None | Some("") => Ok(None),
             Some(value) => HeaderValue::from_str(value).map(Some).map_err(|_| OpenAiBuildError::InvalidHeader(what)),
         };
         let organization = header(&settings.organization, "openai.organization")?;
         let project = header(&settings.project, "openai.project")?;
-        let http = reqwest::Client::builder()
-            .user_agent(USER_AGENT)
-            .timeout(settings.request_timeout)
-            .connect_timeout(settings.connect_timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(OpenAiBuildError::Http)?;
+        let http = http::client(settings.request_timeout, settings.connect_timeout).map_err(OpenAiBuildError::Http)?;
         Ok(Self {
             http,
             base,
@@ -83,6 +74,7 @@ impl Client {
             authorization,
             organization,
             project,
+            request_timeout: settings.request_timeout,
             max_result_bytes: settings.max_result_bytes,
             budget,
         })
@@ -174,42 +166,20 @@ impl Client {
         let mut total = already;
         // Room is held for every byte read so far, `already` included (taken while reading the earlier file).
         let mut held_bytes = if already == 0 { 0 } else { already.next_multiple_of(BUDGET_STEP) };
-        let mut partial: Vec<u8> = Vec::new();
+        let mut lines = LineSplitter::default();
         while let Some(bytes) =
-            response.chunk().await.map_err(|error| error::from_transport(Operation::Content, &error, Some(status)))?
+            response.chunk().await.map_err(|error| self.transport_error(Operation::Content, &error, Some(status)))?
         {
             total += bytes.len();
             if total > limit {
                 return Err(too_large(total));
             }
-            if let Some(budget) = &self.budget
-                && total > held_bytes
-            {
-                // Room for what was read so far and the next step, never waiting while holding room.
-                let want = total.next_multiple_of(BUDGET_STEP);
-                match budget.try_hold(want - held_bytes) {
-                    Some(more) => held.push(more),
-                    None => {
-                        held.clear();
-                        held.push(budget.hold(want).await);
-                    }
-                }
-                held_bytes = want;
+            if let Some(budget) = &self.budget {
+                budget.cover(held, &mut held_bytes, total, BUDGET_STEP).await;
             }
-            let mut rest: &[u8] = &bytes;
-            while let Some(at) = rest.iter().position(|b| *b == b'\n') {
-                if partial.is_empty() {
-                    joiner.add_line(&rest[..at]);
-                } else {
-                    partial.extend_from_slice(&rest[..at]);
-                    joiner.add_line(&partial);
-                    partial.clear();
-                }
-                rest = &rest[at + 1..];
-            }
-            partial.extend_from_slice(rest);
+            lines.feed(&bytes, |line| joiner.add_line(line));
         }
-        joiner.add_line(&partial);
+        lines.finish(|line| joiner.add_line(line));
         Ok(total - already)
     }
 
@@ -239,7 +209,7 @@ impl Client {
         operation: Operation,
         request: reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, ApiError> {
-        request.send().await.map_err(|error| self.scrub(error::from_transport(operation, &error, None)))
+        request.send().await.map_err(|error| self.scrub(self.transport_error(operation, &error, None)))
     }
 
     /// Sends a request and reads its JSON reply (at most [`MAX_JSON_REPLY`] bytes).
@@ -262,13 +232,9 @@ impl Client {
     /// The error of a non-2xx reply.
     async fn error_reply(&self, operation: Operation, response: reqwest::Response) -> ApiError {
         let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| batchd_provider::text::parse_retry_after(value, SystemTime::now()))
+        let retry_after = http::retry_after(response.headers())
             // A day at most, whatever the server says: the engine's backoff caps it further.
-            .map(|wait| wait.min(std::time::Duration::from_secs(86_400)));
+            .map(|wait| wait.min(Duration::from_secs(86_400)));
         match self.read_small(operation, response).await {
             Ok(body) => self.scrub(error::from_reply(operation, status, retry_after, &body)),
             Err(mut error) => {
@@ -285,10 +251,8 @@ impl Client {
     async fn read_small(&self, operation: Operation, mut response: reqwest::Response) -> Result<Vec<u8>, ApiError> {
         let status = response.status().as_u16();
         let mut body = Vec::new();
-        while let Some(bytes) = response
-            .chunk()
-            .await
-            .map_err(|error| self.scrub(error::from_transport(operation, &error, Some(status))))?
+        while let Some(bytes) =
+            response.chunk().await.map_err(|error| self.scrub(self.transport_error(operation, &error, Some(status))))?
         {
             if body.len() + bytes.len() > MAX_JSON_REPLY {
                 return Err(error::unreadable(operation, status, "the reply is larger than any documented one", b""));
@@ -299,12 +263,14 @@ impl Client {
     }
 
     /// Removes the key from an error's message, in case a server echoed it back.
-    fn scrub(&self, mut error: ApiError) -> ApiError {
-        let key = self.key.expose();
-        if !key.is_empty() && error.message.contains(key) {
-            error.message = error.message.replace(key, "[redacted]");
-        }
-        error
+    fn scrub(&self, error: ApiError) -> ApiError {
+        self.key.scrub(error)
+    }
+
+    /// The error of a request that got no complete reply; a create that was sent may have worked.
+    fn transport_error(&self, operation: Operation, error: &reqwest::Error, http_status: Option<u16>) -> ApiError {
+        let error = http::transport_error(error, http_status, self.request_timeout, operation == Operation::Create);
+        ApiError { message: error::one_line(&error.message, error::MESSAGE_CHARS), ..error }
     }
 }
 
@@ -339,38 +305,15 @@ fn checked(id: &str) -> Result<&str, ApiError> {
     }
 }
 
-/// The base URL: absolute `http(s)`, no query, fragment or credentials.
-fn base_url(raw: &str) -> Result<Url, OpenAiBuildError> {
-    let invalid = |reason: &str| OpenAiBuildError::InvalidBaseUrl { url: raw.to_owned(), reason: reason.to_owned() };
-    let url = Url::parse(raw.trim()).map_err(|error| invalid(&error.to_string()))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(invalid("the scheme must be http or https"));
-    }
-    if url.host().is_none() || url.cannot_be_a_base() {
-        return Err(invalid("it has no host"));
-    }
-    if url.query().is_some() || url.fragment().is_some() {
-        return Err(invalid("it must not have a query or fragment"));
-    }
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err(invalid("it must not contain credentials"));
-    }
-    Ok(url)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn ids_and_base_urls_are_checked() {
+    fn ids_are_checked() {
         assert!(is_safe_id("batch_abc-123") && is_safe_id("file-XYZ"));
         for bad in ["", "../x", "a/b", "a?b", "a b", &"a".repeat(257)] {
             assert!(!is_safe_id(bad), "{bad:?}");
-        }
-        assert!(base_url("https://api.openai.com/v1").is_ok());
-        for bad in ["api.openai.com/v1", "ftp://x/v1", "https://x/v1?a=1", "https://u:p@x/v1"] {
-            assert!(base_url(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -3,6 +3,7 @@
 //! too large, 404 while polling or downloading means the batch or file is gone, and every other 4xx is permanent.
 //! A create whose outcome is unknown (timeout or reset after sending, a 5xx, an unreadable 2xx) is marked
 //! `maybe_delivered`, so the engine resumes it by looking the batch up instead of creating it again.
+//! A failed request (no complete reply) is classified as at every provider, by `batchd_provider::http`.
 
 use std::time::Duration;
 
@@ -33,7 +34,7 @@ pub(crate) enum Operation {
 }
 
 /// Longest provider message kept, in characters.
-const MESSAGE_CHARS: usize = 2048;
+pub(crate) const MESSAGE_CHARS: usize = 2048;
 
 /// The kind of a non-2xx reply.
 pub(crate) fn classify(operation: Operation, http_status: u16, code: Option<&str>) -> ErrorKind {
@@ -86,35 +87,6 @@ pub(crate) fn unreadable(operation: Operation, http_status: u16, what: &str, bod
         message: format!("{what}: {}", snippet(body)),
         retry_after: None,
         maybe_delivered: operation == Operation::Create,
-    }
-}
-
-/// The error of a request that got no complete reply. A create that was sent may have worked.
-pub(crate) fn from_transport(operation: Operation, error: &reqwest::Error, http_status: Option<u16>) -> ApiError {
-    let mut chain = error.to_string().split(" for url (").next().unwrap_or_default().to_owned();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !chain.contains(&text) {
-            chain.push_str(": ");
-            chain.push_str(&text);
-        }
-        source = cause.source();
-    }
-    let (kind, sent) = if error.is_builder() {
-        (ErrorKind::Permanent, false)
-    } else if error.is_connect() {
-        (ErrorKind::Transient, false)
-    } else {
-        (ErrorKind::Transient, true)
-    };
-    ApiError {
-        kind,
-        http_status,
-        api_code: None,
-        message: one_line(&format!("request failed: {chain}"), MESSAGE_CHARS),
-        retry_after: None,
-        maybe_delivered: operation == Operation::Create && sent,
     }
 }
 

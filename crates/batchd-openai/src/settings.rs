@@ -4,7 +4,6 @@
 //! The key is wrapped so that no `Debug`, `Display` or log line can print it; only the code that builds the
 //! `Authorization` header reads its text.
 
-use std::fmt;
 use std::time::Duration;
 
 /// OpenAI's API base URL.
@@ -12,33 +11,8 @@ pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 /// The endpoint a job's items go to when it names none.
 pub const DEFAULT_ENDPOINT: &str = "/v1/chat/completions";
 
-/// A secret OpenAI API key. `Debug` and `Display` print `[redacted]`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ApiKey(String);
-
-impl ApiKey {
-    /// Wraps a key. Surrounding whitespace (a trailing newline from a key file) is ignored.
-    pub fn new(key: impl Into<String>) -> Self {
-        Self(key.into())
-    }
-
-    /// The key's text, for the `Authorization` header and for scrubbing error texts.
-    pub(crate) fn expose(&self) -> &str {
-        self.0.trim()
-    }
-}
-
-impl fmt::Debug for ApiKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[redacted]")
-    }
-}
-
-impl fmt::Display for ApiKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[redacted]")
-    }
-}
+/// A secret OpenAI API key: the key type every provider shares. `Debug` and `Display` print `[redacted]`.
+pub use batchd_provider::http::ApiKey;
 
 /// How to reach OpenAI and what one batch may hold.
 #[derive(Debug, Clone)]
@@ -116,16 +90,4 @@ pub enum OpenAiBuildError {
     /// The HTTP client could not be created.
     #[error("build http client")]
     Http(#[source] reqwest::Error),
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_key_is_redacted_and_trimmed() {
-        let key = ApiKey::new("sk-secret\n");
-        assert_eq!(format!("{key:?} {key}"), "[redacted] [redacted]");
-        assert_eq!(key.expose(), "sk-secret");
-    }
 }

@@ -46,6 +46,24 @@ impl ReplyBudget {
     pub fn try_hold(&self, bytes: usize) -> Option<ReplyHold> {
         (self.try_hold)(bytes)
     }
+
+    /// Grows `held` (room for `held_bytes` bytes) to room for `total` bytes of a reply read piece by piece,
+    /// rounded up to a multiple of `step`: takes the difference if it is free now, and otherwise gives back what it
+    /// holds and waits for the sum, so it never waits while holding room. Nothing happens while `total` fits.
+    pub async fn cover(&self, held: &mut Vec<ReplyHold>, held_bytes: &mut usize, total: usize, step: usize) {
+        if total <= *held_bytes {
+            return;
+        }
+        let want = total.next_multiple_of(step);
+        match self.try_hold(want - *held_bytes) {
+            Some(more) => held.push(more),
+            None => {
+                held.clear();
+                held.push(self.hold(want).await);
+            }
+        }
+        *held_bytes = want;
+    }
 }
 
 impl fmt::Debug for ReplyBudget {

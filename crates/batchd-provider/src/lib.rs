@@ -12,6 +12,7 @@
 
 mod budget;
 mod error;
+pub mod http;
 mod remote;
 pub mod text;
 

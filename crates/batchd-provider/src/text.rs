@@ -1,5 +1,6 @@
 //! Reading a provider's replies as text: what every provider's client needs and no provider owns (the server's
-//! bytes turned into one bounded line for an error message, `Retry-After` in both of its forms).
+//! bytes turned into one bounded line for an error message, `Retry-After` in both of its forms, a streamed JSONL
+//! download split into lines).
 
 use std::time::{Duration, SystemTime};
 
@@ -29,6 +30,38 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     }
     let at = httpdate::parse_http_date(value).ok()?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// Splits a reply that arrives in pieces into its lines (without the `\n`), keeping only the unfinished line.
+#[derive(Debug, Default)]
+pub struct LineSplitter {
+    /// The start of a line whose end has not arrived yet.
+    partial: Vec<u8>,
+}
+
+impl LineSplitter {
+    /// Hands every line that `bytes` completes to `line`.
+    pub fn feed(&mut self, bytes: &[u8], mut line: impl FnMut(&[u8])) {
+        let mut rest = bytes;
+        while let Some(at) = rest.iter().position(|byte| *byte == b'\n') {
+            if self.partial.is_empty() {
+                line(&rest[..at]);
+            } else {
+                self.partial.extend_from_slice(&rest[..at]);
+                line(&self.partial);
+                self.partial.clear();
+            }
+            rest = &rest[at + 1..];
+        }
+        self.partial.extend_from_slice(rest);
+    }
+
+    /// Hands the last line, one without a closing `\n`, to `line` (when there is one).
+    pub fn finish(self, mut line: impl FnMut(&[u8])) {
+        if !self.partial.is_empty() {
+            line(&self.partial);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -71,6 +104,17 @@ mod tests {
         let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
         assert_eq!(parse_retry_after(&later, now), Some(Duration::from_secs(30)));
         assert_eq!(parse_retry_after("soon", now), None);
+    }
+
+    #[test]
+    fn a_body_in_pieces_is_split_into_its_lines() {
+        let mut lines: Vec<String> = Vec::new();
+        let mut splitter = LineSplitter::default();
+        for piece in [&b"a\nb"[..], b"c", b"\n\nd\n", b"e"] {
+            splitter.feed(piece, |line| lines.push(String::from_utf8_lossy(line).into_owned()));
+        }
+        splitter.finish(|line| lines.push(String::from_utf8_lossy(line).into_owned()));
+        assert_eq!(lines, ["a", "bc", "", "d", "e"]);
     }
 
     #[test]

@@ -45,20 +45,12 @@ impl Settings {
         if let Some(token) = self.cloudflare.api_token.as_ref().filter(|token| !token.expose().is_empty()) {
             return Ok(token.clone());
         }
-        let file = &self.cloudflare.api_token_file;
-        if file.is_empty() {
-            return Err(ConfigError::at(
+        secret_file("cloudflare.api_token_file", &self.cloudflare.api_token_file)?.ok_or_else(|| {
+            ConfigError::at(
                 "cloudflare.api_token",
                 "not set; set it, or cloudflare.api_token_file (BATCHD__CLOUDFLARE__API_TOKEN_FILE)",
-            ));
-        }
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| ConfigError::at("cloudflare.api_token_file", format!("cannot read {file}: {e}")))?;
-        let token = text.trim();
-        if token.is_empty() {
-            return Err(ConfigError::at("cloudflare.api_token_file", format!("{file} is empty")));
-        }
-        Ok(Secret::new(token))
+            )
+        })
     }
 
     /// The queue's own token for `[events]` (from the environment or `events.api_token_file`); `None` when the
@@ -67,16 +59,7 @@ impl Settings {
         if let Some(token) = self.events.api_token.as_ref().filter(|token| !token.expose().is_empty()) {
             return Ok(Some(token.clone()));
         }
-        let file = &self.events.api_token_file;
-        if file.is_empty() {
-            return Ok(None);
-        }
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| ConfigError::at("events.api_token_file", format!("cannot read {file}: {e}")))?;
-        match text.trim() {
-            "" => Err(ConfigError::at("events.api_token_file", format!("{file} is empty"))),
-            token => Ok(Some(Secret::new(token))),
-        }
+        secret_file("events.api_token_file", &self.events.api_token_file)
     }
 
     /// The Anthropic API key from `ANTHROPIC_API_KEY` (or `BATCHD__ANTHROPIC__API_KEY`) or
@@ -85,16 +68,7 @@ impl Settings {
         if let Some(key) = self.anthropic.api_key.as_ref().filter(|key| !key.expose().is_empty()) {
             return Ok(Some(key.clone()));
         }
-        let file = &self.anthropic.api_key_file;
-        if file.is_empty() {
-            return Ok(None);
-        }
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| ConfigError::at("anthropic.api_key_file", format!("cannot read {file}: {e}")))?;
-        match text.trim() {
-            "" => Err(ConfigError::at("anthropic.api_key_file", format!("{file} is empty"))),
-            key => Ok(Some(Secret::new(key))),
-        }
+        secret_file("anthropic.api_key_file", &self.anthropic.api_key_file)
     }
 
     /// The OpenAI API key from the environment or `openai.api_key_file`; `None` when neither gives one (the
@@ -103,16 +77,7 @@ impl Settings {
         if let Some(key) = self.openai.api_key.as_ref().filter(|key| !key.expose().trim().is_empty()) {
             return Ok(Some(Secret::new(key.expose().trim())));
         }
-        let file = &self.openai.api_key_file;
-        if file.is_empty() {
-            return Ok(None);
-        }
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| ConfigError::at("openai.api_key_file", format!("cannot read {file}: {e}")))?;
-        match text.trim() {
-            "" => Err(ConfigError::at("openai.api_key_file", format!("{file} is empty"))),
-            key => Ok(Some(Secret::new(key))),
-        }
+        secret_file("openai.api_key_file", &self.openai.api_key_file)
     }
 
     /// Points `cloudflare.api_token_file` at the systemd credential `cloudflare-api-token` when the token is
@@ -128,6 +93,19 @@ impl Settings {
                 self.cloudflare.api_token_file = file.display().to_string();
             }
         }
+    }
+}
+
+/// The secret in `file`, trimmed; `None` when no file is named (`file` empty), an error at `field` when the file
+/// cannot be read or holds nothing but whitespace.
+fn secret_file(field: &str, file: &str) -> Result<Option<Secret>, ConfigError> {
+    if file.is_empty() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(file).map_err(|e| ConfigError::at(field, format!("cannot read {file}: {e}")))?;
+    match text.trim() {
+        "" => Err(ConfigError::at(field, format!("{file} is empty"))),
+        secret => Ok(Some(Secret::new(secret))),
     }
 }
 
