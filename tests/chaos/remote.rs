@@ -50,6 +50,21 @@ pub struct Touch {
     pub faulted: bool,
 }
 
+impl Touch {
+    /// A touch of `batch`: the call `what` logged at `at_ms` from the daemon on `port`, answered `http_status`.
+    fn new(
+        provider: Provider,
+        batch: &str,
+        what: &'static str,
+        port: u16,
+        at_ms: u64,
+        http_status: u16,
+        faulted: bool,
+    ) -> Self {
+        Self { provider, batch: batch.to_owned(), what, port, at_ms, http_status, faulted }
+    }
+}
+
 /// A run's remote work, from the call logs.
 #[derive(Debug, Clone, Default)]
 pub struct RemoteLog {
@@ -81,14 +96,16 @@ impl RemoteLog {
         let calls = emulator.calls();
         for call in &calls {
             let Some(batch) = call.request_id.clone() else { continue };
-            let touch = |what| Touch {
-                provider: Provider::Cloudflare,
-                batch: batch.clone(),
-                what,
-                port: call.port,
-                at_ms: call.at_ms,
-                http_status: call.http_status,
-                faulted: call.fault.is_some(),
+            let touch = |what| {
+                Touch::new(
+                    Provider::Cloudflare,
+                    &batch,
+                    what,
+                    call.port,
+                    call.at_ms,
+                    call.http_status,
+                    call.fault.is_some(),
+                )
             };
             match call.kind {
                 CallKind::Submit if (200..300).contains(&call.http_status) => self.created.push(Created {
@@ -128,14 +145,8 @@ impl RemoteLog {
             // A call a fault hit before it was handled names its batch or file only in its path.
             let batch_id = call.batch_id.clone().or_else(|| path_id(&call.path, "batches"));
             let file_id = call.file_id.clone().or_else(|| path_id(&call.path, "files"));
-            let touch = |batch: &String, what| Touch {
-                provider: Provider::OpenAi,
-                batch: batch.clone(),
-                what,
-                port: call.port,
-                at_ms: call.at_ms,
-                http_status: call.http_status,
-                faulted: call.fault.is_some(),
+            let touch = |batch: &String, what| {
+                Touch::new(Provider::OpenAi, batch, what, call.port, call.at_ms, call.http_status, call.fault.is_some())
             };
             match (call.kind, &batch_id) {
                 (OpenAiCallKind::CreateBatch, Some(batch)) => self.created.push(Created {
@@ -166,14 +177,8 @@ impl RemoteLog {
         let calls = anthropic.calls();
         for call in &calls {
             let Some(batch) = call.batch_id.clone() else { continue };
-            let touch = |what| Touch {
-                provider: Provider::Anthropic,
-                batch: batch.clone(),
-                what,
-                port: call.port,
-                at_ms: call.at_ms,
-                http_status: call.status,
-                faulted: call.fault.is_some(),
+            let touch = |what| {
+                Touch::new(Provider::Anthropic, &batch, what, call.port, call.at_ms, call.status, call.fault.is_some())
             };
             match call.kind {
                 AnthropicCallKind::Create => {
