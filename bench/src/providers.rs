@@ -29,55 +29,33 @@ pub const LATENCY_MS: u64 = 100;
 /// How long every remote batch takes, ms.
 pub const BATCH_MS: u64 = 5_000;
 
-/// A batch API of the scenario.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Provider {
-    /// Cloudflare Workers AI.
-    Cloudflare,
-    /// OpenAI Batch.
-    OpenAi,
-    /// Anthropic Message Batches.
-    Anthropic,
+/// A batch API of the scenario; [`Provider::label`] names it in the report.
+pub use batchd_emulator::Provider;
+
+/// The job JSON of job `id` at `provider`: one small item, as the producers' docs write them.
+fn job(provider: Provider, id: &str) -> String {
+    let item = match provider {
+        Provider::Cloudflare => {
+            serde_json::json!({"query": "What is batchd?", "contexts": [{"text": "A batch daemon."}]})
+        }
+        Provider::OpenAi | Provider::Anthropic => {
+            serde_json::json!({"messages": [{"role": "user", "content": "What is batchd?"}], "max_tokens": 16})
+        }
+    };
+    let model = match provider {
+        Provider::Cloudflare => "@cf/baai/bge-m3",
+        Provider::OpenAi => "openai/gpt-4o-mini",
+        Provider::Anthropic => "anthropic/claude-haiku-4-5",
+    };
+    serde_json::json!({"id": id, "model": model, "requests": [item]}).to_string()
 }
 
-impl Provider {
-    /// The three, in report order.
-    pub const ALL: [Provider; 3] = [Provider::Cloudflare, Provider::OpenAi, Provider::Anthropic];
-
-    /// Its name in the report.
-    pub fn label(self) -> &'static str {
-        match self {
-            Provider::Cloudflare => "Workers AI",
-            Provider::OpenAi => "OpenAI Batch",
-            Provider::Anthropic => "Anthropic Message Batches",
-        }
-    }
-
-    /// The job JSON of job `id`: one small item, as the producers' docs write them.
-    fn job(self, id: &str) -> String {
-        let item = match self {
-            Provider::Cloudflare => {
-                serde_json::json!({"query": "What is batchd?", "contexts": [{"text": "A batch daemon."}]})
-            }
-            Provider::OpenAi | Provider::Anthropic => {
-                serde_json::json!({"messages": [{"role": "user", "content": "What is batchd?"}], "max_tokens": 16})
-            }
-        };
-        let model = match self {
-            Provider::Cloudflare => "@cf/baai/bge-m3",
-            Provider::OpenAi => "openai/gpt-4o-mini",
-            Provider::Anthropic => "anthropic/claude-haiku-4-5",
-        };
-        serde_json::json!({"id": id, "model": model, "requests": [item]}).to_string()
-    }
-
-    /// Its call log on the emulator's control API, and the call kinds that create a batch and ask its status.
-    fn calls(self) -> (&'static str, &'static str, &'static str) {
-        match self {
-            Provider::Cloudflare => ("/_emulator/calls", "submit", "poll"),
-            Provider::OpenAi => ("/_emulator/openai/calls", "create_batch", "get_batch"),
-            Provider::Anthropic => ("/_emulator/anthropic/calls", "create", "retrieve"),
-        }
+/// `provider`'s call log on the emulator's control API, and the call kinds that create a batch and ask its status.
+fn call_log(provider: Provider) -> (&'static str, &'static str, &'static str) {
+    match provider {
+        Provider::Cloudflare => ("/_emulator/calls", "submit", "poll"),
+        Provider::OpenAi => ("/_emulator/openai/calls", "create_batch", "get_batch"),
+        Provider::Anthropic => ("/_emulator/anthropic/calls", "create", "retrieve"),
     }
 }
 
@@ -162,7 +140,7 @@ pub async fn run(
     for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
         let mut pipe = redis::pipe();
         for i in chunk {
-            pipe.cmd("XADD").arg(stack.keys.submit()).arg("*").arg("job").arg(provider.job(&format!("P{i}")));
+            pipe.cmd("XADD").arg(stack.keys.submit()).arg("*").arg("job").arg(job(provider, &format!("P{i}")));
         }
         let ids: Vec<String> = pipe.query_async(&mut conn).await?;
         entry_ids.extend(ids);
@@ -170,7 +148,7 @@ pub async fn run(
     wait_results(&mut conn, &stack.keys, n, Duration::from_secs(3_600)).await?;
     let cpu1 = pids.map(cpu_secs);
     let hwm_mib = status_mib(pids[0], "VmHWM");
-    let (path, create, status) = provider.calls();
+    let (path, create, status) = call_log(provider);
     let calls: Vec<serde_json::Value> = reqwest::get(format!("{}{path}", stack.emulator.origin()))
         .await?
         .error_for_status()?

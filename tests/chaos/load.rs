@@ -24,36 +24,14 @@ use super::cluster::MODEL;
 use super::unix_ms;
 
 /// The batch API a chaos job goes to, by its model name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Provider {
-    /// Cloudflare Workers AI (`@cf/...`).
-    Cloudflare,
-    /// OpenAI Batch (`openai/...`).
-    OpenAi,
-    /// Anthropic Message Batches (`anthropic/...`).
-    Anthropic,
-}
+pub use batchd_emulator::Provider;
 
-impl Provider {
-    /// Every provider, in report order.
-    pub const ALL: [Provider; 3] = [Provider::Cloudflare, Provider::OpenAi, Provider::Anthropic];
-
-    /// `cloudflare`, `openai`, `anthropic` (batchd's routing names).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Provider::Cloudflare => "cloudflare",
-            Provider::OpenAi => "openai",
-            Provider::Anthropic => "anthropic",
-        }
-    }
-
-    /// The model its chaos jobs name.
-    pub fn model(self) -> &'static str {
-        match self {
-            Provider::Cloudflare => MODEL,
-            Provider::OpenAi => "openai/gpt-4o-mini",
-            Provider::Anthropic => "anthropic/claude-haiku-4-5",
-        }
+/// The model `provider`'s chaos jobs name.
+fn model(provider: Provider) -> &'static str {
+    match provider {
+        Provider::Cloudflare => MODEL,
+        Provider::OpenAi => "openai/gpt-4o-mini",
+        Provider::Anthropic => "anthropic/claude-haiku-4-5",
     }
 }
 
@@ -107,7 +85,7 @@ impl Mix {
                 }
             })
             .collect();
-        serde_json::json!({"id": id, "model": provider.model(), "requests": items}).to_string()
+        serde_json::json!({"id": id, "model": model(provider), "requests": items}).to_string()
     }
 }
 

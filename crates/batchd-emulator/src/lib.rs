@@ -74,6 +74,41 @@ use crate::{
 /// How long [`EmulatorHandle::shutdown`] waits for open connections before dropping them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
+/// One of the three batch APIs the emulator fakes, as the benchmarks and the chaos suite name them (one type for
+/// both, so their reports list the same providers in the same order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Provider {
+    /// Cloudflare Workers AI (`@cf/...`).
+    Cloudflare,
+    /// OpenAI Batch (`openai/...`).
+    OpenAi,
+    /// Anthropic Message Batches (`anthropic/...`).
+    Anthropic,
+}
+
+impl Provider {
+    /// The three, in report order.
+    pub const ALL: [Provider; 3] = [Provider::Cloudflare, Provider::OpenAi, Provider::Anthropic];
+
+    /// `cloudflare`, `openai`, `anthropic` (batchd's routing names).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Cloudflare => "cloudflare",
+            Provider::OpenAi => "openai",
+            Provider::Anthropic => "anthropic",
+        }
+    }
+
+    /// Its name for people, in a report.
+    pub fn label(self) -> &'static str {
+        match self {
+            Provider::Cloudflare => "Workers AI",
+            Provider::OpenAi => "OpenAI Batch",
+            Provider::Anthropic => "Anthropic Message Batches",
+        }
+    }
+}
+
 /// Entry point: starts emulator instances.
 #[derive(Debug)]
 pub struct Emulator;
