@@ -46,41 +46,32 @@ impl ProviderFaults {
             tokio::spawn(async move {
                 let mut dice = Dice::new(seed ^ 0x005e_ed0f_fa17);
                 let mut injected: BTreeMap<String, u64> = BTreeMap::new();
-                // (calls seen, faults owed) per emulator.
-                let (mut openai_seen, mut anthropic_seen) = (openai.n_calls(), anthropic.n_calls());
-                let (mut openai_owed, mut anthropic_owed) = (0.0_f64, 0.0_f64);
+                let mut targets =
+                    [Target::new("openai", Box::new(openai)), Target::new("anthropic", Box::new(anthropic))];
                 while !stop.is_cancelled() {
                     tokio::time::sleep(TICK).await;
-                    let (now_openai, now_anthropic) = (openai.n_calls(), anthropic.n_calls());
-                    openai_owed += rate * now_openai.saturating_sub(openai_seen) as f64;
-                    anthropic_owed += rate * now_anthropic.saturating_sub(anthropic_seen) as f64;
-                    (openai_seen, anthropic_seen) = (now_openai, now_anthropic);
-                    let mut tally = |key: String| *injected.entry(key).or_default() += 1;
-                    while openai_owed >= 1.0 {
-                        openai_owed -= 1.0;
-                        if openai.pending_faults().len() >= MAX_PENDING {
-                            tally("openai skipped (queue full)".to_owned());
-                            continue;
-                        }
-                        let (name, fault) = openai_fault(dice.index(OPENAI_KINDS));
-                        openai.inject(fault);
-                        tally(format!("openai {name}"));
+                    for target in &mut targets {
+                        let now = target.emulator.n_calls();
+                        target.owed += rate * now.saturating_sub(target.seen) as f64;
+                        target.seen = now;
                     }
-                    while anthropic_owed >= 1.0 {
-                        anthropic_owed -= 1.0;
-                        if anthropic.pending_faults().len() >= MAX_PENDING {
-                            tally("anthropic skipped (queue full)".to_owned());
-                            continue;
+                    let mut tally = |key: String| *injected.entry(key).or_default() += 1;
+                    for target in &mut targets {
+                        while target.owed >= 1.0 {
+                            target.owed -= 1.0;
+                            if target.emulator.n_pending() >= MAX_PENDING {
+                                tally(format!("{} skipped (queue full)", target.name));
+                                continue;
+                            }
+                            let kind = dice.index(target.emulator.n_kinds());
+                            tally(format!("{} {}", target.name, target.emulator.inject(kind)));
                         }
-                        let (name, fault) = anthropic_fault(dice.index(ANTHROPIC_KINDS));
-                        anthropic.inject(fault);
-                        tally(format!("anthropic {name}"));
                     }
                 }
-                let unused = (openai.clear_faults().len(), anthropic.clear_faults().len());
-                for (provider, n) in [("openai", unused.0), ("anthropic", unused.1)] {
-                    if n > 0 {
-                        injected.insert(format!("{provider} unused (taken back at stop)"), n as u64);
+                for target in &targets {
+                    let unused = target.emulator.clear_faults();
+                    if unused > 0 {
+                        injected.insert(format!("{} unused (taken back at stop)", target.name), unused as u64);
                     }
                 }
                 injected
@@ -94,6 +85,87 @@ impl ProviderFaults {
     pub async fn stop(self) -> BTreeMap<String, u64> {
         self.stop.cancel();
         self.task.await.expect("the fault injector panicked")
+    }
+}
+
+/// One emulator the task injects faults into, and where its count stands.
+struct Target {
+    /// `openai`, `anthropic`: how its faults are named in the figures.
+    name: &'static str,
+    /// Its in-process control.
+    emulator: Box<dyn Injectable>,
+    /// Calls it had logged at the last look.
+    seen: u64,
+    /// Faults owed and not injected yet (a fraction of one between calls).
+    owed: f64,
+}
+
+impl Target {
+    fn new(name: &'static str, emulator: Box<dyn Injectable>) -> Self {
+        let seen = emulator.n_calls();
+        Self { name, emulator, seen, owed: 0.0 }
+    }
+}
+
+/// What the task needs of an emulator's control: its call count, its fault queue, and its kinds of fault.
+trait Injectable: Send {
+    /// Calls logged since start.
+    fn n_calls(&self) -> u64;
+    /// Faults waiting in its queue.
+    fn n_pending(&self) -> usize;
+    /// How many kinds of fault [`Injectable::inject`] knows.
+    fn n_kinds(&self) -> usize;
+    /// Injects a fault of kind `kind` (below [`Injectable::n_kinds`]); its name.
+    fn inject(&self, kind: usize) -> &'static str;
+    /// Takes back the faults never used; how many.
+    fn clear_faults(&self) -> usize;
+}
+
+impl Injectable for OpenAiHandle {
+    fn n_calls(&self) -> u64 {
+        OpenAiHandle::n_calls(self)
+    }
+
+    fn n_pending(&self) -> usize {
+        self.pending_faults().len()
+    }
+
+    fn n_kinds(&self) -> usize {
+        OPENAI_KINDS
+    }
+
+    fn inject(&self, kind: usize) -> &'static str {
+        let (name, fault) = openai_fault(kind);
+        OpenAiHandle::inject(self, fault);
+        name
+    }
+
+    fn clear_faults(&self) -> usize {
+        OpenAiHandle::clear_faults(self).len()
+    }
+}
+
+impl Injectable for AnthropicControl {
+    fn n_calls(&self) -> u64 {
+        AnthropicControl::n_calls(self)
+    }
+
+    fn n_pending(&self) -> usize {
+        self.pending_faults().len()
+    }
+
+    fn n_kinds(&self) -> usize {
+        ANTHROPIC_KINDS
+    }
+
+    fn inject(&self, kind: usize) -> &'static str {
+        let (name, fault) = anthropic_fault(kind);
+        AnthropicControl::inject(self, fault);
+        name
+    }
+
+    fn clear_faults(&self) -> usize {
+        AnthropicControl::clear_faults(self).len()
     }
 }
 

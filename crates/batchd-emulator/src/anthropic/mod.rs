@@ -154,11 +154,10 @@ impl Anthropic {
         self.lock().calls.records().to_vec()
     }
 
-    /// Clears the pending faults and the call log; batches and settings stay.
+    /// Clears the pending faults (as [`Anthropic::clear_faults`]) and the call log; batches and settings stay.
     fn reset(&self) {
-        let mut inner = self.lock();
-        inner.faults.clear();
-        inner.calls.clear();
+        self.clear_faults();
+        self.lock().calls.clear();
     }
 
     /// See [`AnthropicControl::finish_items`].
