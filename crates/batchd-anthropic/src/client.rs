@@ -7,7 +7,7 @@ use std::time::Duration;
 use batchd_core::ApiCode;
 use batchd_provider::text::LineSplitter;
 use batchd_provider::{ApiError, ErrorKind, ReplyBudget, ReplyHold, http};
-use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use reqwest::{Method, Url};
 use serde::Deserialize;
@@ -104,14 +104,7 @@ impl Client {
 
     /// `{base}/v1/messages/batches` followed by percent-encoded segments.
     fn url(&self, segments: &[&str]) -> Url {
-        let mut url = self.batches_url.clone();
-        let mut path = url.path().to_owned();
-        for segment in segments {
-            path.push('/');
-            path.extend(utf8_percent_encode(segment, SEGMENT));
-        }
-        url.set_path(&path);
-        url
+        http::join(&self.batches_url, segments, SEGMENT)
     }
 
     /// Where the results of batch `id` are read: its `results_url` when that is on the API's own origin (the key

@@ -359,14 +359,7 @@ fn account_url(base_url: &str, account_id: &str) -> Result<Url, ClientBuildError
 
 /// `url` with each of `segments` appended as a percent-encoded path segment.
 pub(crate) fn join(url: &Url, segments: &[&str]) -> Url {
-    let mut url = url.clone();
-    let mut path = url.path().to_owned();
-    for segment in segments {
-        path.push('/');
-        path.extend(utf8_percent_encode(segment, SEGMENT));
-    }
-    url.set_path(&path);
-    url
+    http::join(url, segments, SEGMENT)
 }
 
 /// `{run_url}/{model segments, each percent-encoded}?queueRequest=true`.

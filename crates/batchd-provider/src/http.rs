@@ -1,11 +1,12 @@
 //! What every provider's HTTP client is built from, written once: the API key that never prints, the base URL
-//! check, the `reqwest` client (the settings' timeouts, no redirects), `Retry-After` read from a reply's headers,
-//! and a failed request (no complete reply) as an [`ApiError`]. Each provider's `client.rs` keeps only what its API
-//! does differently (URLs, headers, reply bodies).
+//! check, path segments appended percent-encoded, the `reqwest` client (the settings' timeouts, no redirects),
+//! `Retry-After` read from a reply's headers, and a failed request (no complete reply) as an [`ApiError`]. Each
+//! provider's `client.rs` keeps only what its API does differently (URLs, headers, reply bodies).
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
+use percent_encoding::{AsciiSet, utf8_percent_encode};
 use reqwest::Url;
 use reqwest::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 use serde::Deserialize;
@@ -112,6 +113,19 @@ pub fn base_url(raw: &str) -> Result<Url, String> {
         return Err("it must not contain credentials".to_owned());
     }
     Ok(url)
+}
+
+/// `url` with each of `segments` appended as a path segment, its bytes in `encoded` percent-encoded (each API
+/// has its own idea of which characters a segment may carry literally).
+pub fn join(url: &Url, segments: &[&str], encoded: &'static AsciiSet) -> Url {
+    let mut url = url.clone();
+    let mut path = url.path().to_owned();
+    for segment in segments {
+        path.push('/');
+        path.extend(utf8_percent_encode(segment, encoded));
+    }
+    url.set_path(&path);
+    url
 }
 
 /// The HTTP client of a provider: [`USER_AGENT`], the settings' timeouts, and redirects off (a redirect would be
