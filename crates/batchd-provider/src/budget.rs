@@ -71,3 +71,45 @@ impl fmt::Debug for ReplyBudget {
         f.write_str("ReplyBudget")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// A budget that logs what is asked of it; `try_hold` succeeds while `free` is set.
+    fn budget(free: Arc<AtomicBool>, log: Arc<Mutex<Vec<String>>>) -> ReplyBudget {
+        let hold_log = log.clone();
+        ReplyBudget::new(
+            move |bytes| {
+                hold_log.lock().unwrap().push(format!("hold {bytes}"));
+                async move { Box::new(bytes) as ReplyHold }
+            },
+            move |bytes| {
+                log.lock().unwrap().push(format!("try {bytes}"));
+                free.load(Ordering::SeqCst).then(|| Box::new(bytes) as ReplyHold)
+            },
+        )
+    }
+
+    #[test]
+    fn room_grows_a_step_at_a_time_and_is_given_back_before_waiting() {
+        let (free, log) = (Arc::new(AtomicBool::new(true)), Arc::new(Mutex::new(Vec::new())));
+        let budget = budget(free.clone(), log.clone());
+        let (mut held, mut held_bytes) = (Vec::new(), 0);
+        futures::executor::block_on(async {
+            budget.cover(&mut held, &mut held_bytes, 15, 10).await;
+            assert_eq!((held.len(), held_bytes), (1, 20));
+            budget.cover(&mut held, &mut held_bytes, 20, 10).await;
+            assert_eq!((held.len(), held_bytes), (1, 20), "what fits takes nothing");
+            budget.cover(&mut held, &mut held_bytes, 21, 10).await;
+            assert_eq!((held.len(), held_bytes), (2, 30));
+            free.store(false, Ordering::SeqCst);
+            budget.cover(&mut held, &mut held_bytes, 35, 10).await;
+            assert_eq!((held.len(), held_bytes), (1, 40), "gave back its two holds and waited for the sum");
+        });
+        assert_eq!(*log.lock().unwrap(), ["try 20", "try 10", "try 10", "hold 40"]);
+    }
+}
