@@ -526,8 +526,10 @@ async fn reset_and_delay_before_a_reply() {
     let statuses: Vec<(u16, Option<String>)> =
         anthropic.calls().into_iter().map(|call| (call.status, call.fault)).collect();
     assert_eq!(statuses, [(0, Some("reset".to_owned())), (200, None), (200, Some("delay".to_owned()))]);
+    anthropic.inject(AnthropicFault::status(500).on(AnthropicCalls::Retrieve));
     anthropic.reset();
     assert!(anthropic.calls().is_empty());
+    assert!(anthropic.pending_faults().is_empty(), "a reset clears the pending faults");
     assert_eq!(client.retrieve(&id).await.status, StatusCode::OK, "batches survive a reset");
 }
 
