@@ -71,7 +71,8 @@ async fn openai_echoes_each_items_reference_on_its_response_and_never_sends_it()
     assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
     assert_eq!(entry.request_ids.len(), 2);
     assert_eq!(succeeded(&entry), [true, true, false, true, true]);
-    assert_eq!(error_code(&entry, 2), "invalid_request_error", "the API refused that item");
+    let refused = entry.result.as_ref().expect("result").responses[2].error.as_ref().expect("error").get().to_owned();
+    assert!(refused.contains(r#""http_status":400"#), "the API refused that item: {refused}");
     assert_eq!(
         echoed(&entry),
         [
@@ -194,5 +195,24 @@ async fn anthropic_echoes_each_items_reference_on_its_response_and_never_sends_i
         assert!(!create.param_names.iter().any(|name| name == "external_reference"), "{create:?}");
     }
     assert!(creates[0].param_names.iter().any(|name| name == "metadata"), "{:?}", creates[0]);
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_job_whose_references_for_one_batch_exceed_the_cap_is_refused_before_anything_is_sent() {
+    let mut world = World::new().await;
+    with_openai(&mut world.settings, &world.emulator);
+    let daemon = world.daemon();
+    let long = "r".repeat(batchd_core::reference::MAX_CHUNK_BYTES);
+    let job = json!({"id": "xref-too-many", "model": "openai/gpt-4o-mini", "requests": [
+        {"messages": [{"role": "user", "content": "a"}], "external_reference": long},
+    ]});
+    world.enqueue(&job).await;
+    let entry = world.wait_for_result("xref-too-many", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Failed);
+    let error = entry.error.expect("error");
+    assert_eq!(error.code, "invalid_job");
+    assert!(error.message.contains("external_reference") && error.message.contains("batch 0"), "{}", error.message);
+    assert!(world.emulator.openai().calls_of(OpenAiCallKind::Upload).is_empty(), "nothing was sent");
     daemon.stop().await.expect("stop");
 }
