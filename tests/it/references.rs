@@ -93,8 +93,9 @@ async fn openai_echoes_each_items_reference_on_its_response_and_never_sends_it()
         assert!(!line.contains("r-zero") && !line.contains("r-refused") && !line.contains("005f"), "{line}");
     }
     assert!(
-        lines.iter().any(|line| line
-            .contains(r#""body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"one"}], "max_tokens":5}}"#)),
+        lines.iter().any(|line| line.contains(
+            r#""body":{"model":"gpt-4o-mini","messages":[{"role":"user","content":"one"}], "max_tokens":5}}"#
+        )),
         "the member and its comma left out, nothing else changed: {lines:?}"
     );
     assert!(

@@ -100,7 +100,10 @@ fn key_is_reference(key: &[u8]) -> bool {
         return inner == MEMBER.as_bytes();
     }
     // Escaped: read it as JSON does (bounded by the key's length).
-    std::str::from_utf8(key).ok().and_then(|key| serde_json::from_str::<String>(key).ok()).is_some_and(|key| key == MEMBER)
+    std::str::from_utf8(key)
+        .ok()
+        .and_then(|key| serde_json::from_str::<String>(key).ok())
+        .is_some_and(|key| key == MEMBER)
 }
 
 fn skip_ws(bytes: &[u8], mut at: usize) -> usize {
@@ -412,7 +415,8 @@ mod tests {
             usage: serde_json::json!({}),
             failed_batches: Vec::new(),
         };
-        let references = vec![(0, raw(r#""s""#)), (1, raw(r#"{"o":1}"#)), (2, raw("2")), (3, raw("[3]")), (9, raw("9"))];
+        let references =
+            vec![(0, raw(r#""s""#)), (1, raw(r#"{"o":1}"#)), (2, raw("2")), (3, raw("[3]")), (9, raw("9"))];
         echo(&mut output, references);
         let echoed: Vec<Option<&str>> =
             output.responses.iter().map(|response| response.external_reference.as_deref().map(RawValue::get)).collect();

@@ -331,7 +331,10 @@ mod tests {
             "/v1/chat/completions",
             "m",
         );
-        assert_eq!(parsed[0]["body"], serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "a"}]}));
+        assert_eq!(
+            parsed[0]["body"],
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "a"}]})
+        );
         assert_eq!(parsed[1]["body"], serde_json::json!({"model": "m", "messages": []}));
         assert_eq!(parsed[2]["body"], serde_json::json!({"model": "m"}));
         assert_eq!(parsed[3]["body"], serde_json::json!({"model": "m", "input": {"external_reference": "nested"}}));

@@ -338,6 +338,8 @@ fn echo_references(output: &mut JobOutput, job_id: &JobId, stored: Option<&str>)
     };
     match ChunkReferences::read(stored) {
         Some(references) => batchd_core::reference::echo(output, references),
-        None => tracing::warn!(job_id = %job_id, "a chunk's stored external_reference values are unreadable; they are not echoed"),
+        None => {
+            tracing::warn!(job_id = %job_id, "a chunk's stored external_reference values are unreadable; they are not echoed")
+        }
     }
 }

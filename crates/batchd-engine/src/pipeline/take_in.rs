@@ -226,7 +226,8 @@ fn chunk_references<R: std::borrow::Borrow<serde_json::value::RawValue>>(
         .enumerate()
         .filter_map(|(chunk, &(start, len))| {
             let items = requests[start..start + len].iter().enumerate();
-            let references = ChunkReferences::collect(items.map(|(offset, item)| (start + offset, item.borrow().get())));
+            let references =
+                ChunkReferences::collect(items.map(|(offset, item)| (start + offset, item.borrow().get())));
             references.map(|references| (chunk as u32, references))
         })
         .collect()
