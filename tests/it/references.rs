@@ -217,3 +217,69 @@ async fn a_job_whose_references_for_one_batch_exceed_the_cap_is_refused_before_a
     assert!(world.emulator.openai().calls_of(OpenAiCallKind::Upload).is_empty(), "nothing was sent");
     daemon.stop().await.expect("stop");
 }
+
+/// Calls per command (`INFO commandstats`, commands inside scripts included).
+async fn commandstats(world: &World) -> std::collections::BTreeMap<String, u64> {
+    let text: String = redis::cmd("INFO").arg("commandstats").query_async(&mut world.conn.clone()).await.expect("INFO");
+    text.lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = stats.strip_prefix("calls=")?.split(',').next()?.parse().ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+/// Redis commands per job (and `HGET`s per job) of `n` one-item OpenAI jobs, each done at its first poll.
+async fn openai_cost(world: &World, prefix: &str, n: usize, with_reference: bool) -> (f64, f64) {
+    let before = commandstats(world).await;
+    let mut pipe = redis::pipe();
+    for i in 0..n {
+        let mut item = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5});
+        if with_reference {
+            item["external_reference"] = json!(format!("ref-{i}"));
+        }
+        let job = json!({"id": format!("{prefix}-{i}"), "model": "openai/gpt-4o-mini", "requests": [item]});
+        pipe.xadd(world.keys.submit(), "*", &[("job", job.to_string())]);
+    }
+    let _: Vec<String> = pipe.query_async(&mut world.conn.clone()).await.expect("enqueue");
+    for i in 0..n {
+        world.wait_for_result(&format!("{prefix}-{i}"), WAIT).await;
+    }
+    let after = commandstats(world).await;
+    let delta = |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+    // The test's own commands: its enqueue (XADD) and waits (XLEN, XRANGE of the results, INFO).
+    let own = ["xadd", "xlen", "xrange", "info"];
+    let total: u64 = after.keys().filter(|name| !own.contains(&name.as_str())).map(|name| delta(name)).sum();
+    (total as f64 / n as f64, delta("hget") as f64 / n as f64)
+}
+
+/// A job without references costs what it did; one with references one `HGET` more when it is published straight
+/// from its poll (a one-batch job with every item answered), and nothing more otherwise.
+#[tokio::test]
+async fn references_cost_nothing_without_them_and_one_read_with_them() {
+    let mut world = World::new().await;
+    with_openai(&mut world.settings, &world.emulator);
+    world.settings.poll.initial_interval_ms = 1;
+    world.settings.poll.max_interval_ms = 1;
+    world.settings.poll.jitter = 0.0;
+    let openai = world.emulator.openai();
+    let mut timing = openai.timing();
+    timing.validating_for = Duration::ZERO;
+    timing.in_progress_for = Duration::ZERO;
+    timing.finalizing_for = Duration::ZERO;
+    openai.set_timing(timing);
+    let daemon = world.daemon();
+    openai_cost(&world, "warm", 1, true).await;
+    let (plain, plain_hget) = openai_cost(&world, "plain", 100, false).await;
+    let (referenced, referenced_hget) = openai_cost(&world, "referenced", 100, true).await;
+    eprintln!(
+        "Redis commands per OpenAI job: {plain:.2} without references, {referenced:.2} with (HGET {plain_hget:.2} / {referenced_hget:.2})"
+    );
+    assert!(
+        (referenced_hget - plain_hget - 1.0).abs() < 0.05,
+        "one HGET more per job: {plain_hget} / {referenced_hget}"
+    );
+    assert!(referenced - plain < 1.5, "nothing else more per job: {plain} / {referenced}");
+    daemon.stop().await.expect("stop");
+}
