@@ -230,8 +230,13 @@ async fn commandstats(world: &World) -> std::collections::BTreeMap<String, u64> 
         .collect()
 }
 
-/// Redis commands per job (and `HGET`s per job) of `n` one-item OpenAI jobs, each done at its first poll.
-async fn openai_cost(world: &World, prefix: &str, n: usize, with_reference: bool) -> (f64, f64) {
+/// What `n` one-item OpenAI jobs cost in Redis: commands per job, and the calls of each command the jobs sent.
+async fn openai_cost(
+    world: &World,
+    prefix: &str,
+    n: usize,
+    with_reference: bool,
+) -> (f64, std::collections::BTreeMap<String, u64>) {
     let before = commandstats(world).await;
     let mut pipe = redis::pipe();
     for i in 0..n {
@@ -250,8 +255,12 @@ async fn openai_cost(world: &World, prefix: &str, n: usize, with_reference: bool
     let delta = |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
     // The test's own commands: its enqueue (XADD) and waits (XLEN, XRANGE of the results, INFO).
     let own = ["xadd", "xlen", "xrange", "info"];
-    let total: u64 = after.keys().filter(|name| !own.contains(&name.as_str())).map(|name| delta(name)).sum();
-    (total as f64 / n as f64, delta("hget") as f64 / n as f64)
+    let calls: std::collections::BTreeMap<String, u64> = after
+        .keys()
+        .filter(|name| !own.contains(&name.as_str()) && delta(name) > 0)
+        .map(|name| (name.clone(), delta(name)))
+        .collect();
+    (calls.values().sum::<u64>() as f64 / n as f64, calls)
 }
 
 /// A job without references costs what it did; one with references one `HGET` more when it is published straight
@@ -271,15 +280,19 @@ async fn references_cost_nothing_without_them_and_one_read_with_them() {
     openai.set_timing(timing);
     let daemon = world.daemon();
     openai_cost(&world, "warm", 1, true).await;
-    let (plain, plain_hget) = openai_cost(&world, "plain", 100, false).await;
-    let (referenced, referenced_hget) = openai_cost(&world, "referenced", 100, true).await;
+    let (plain, plain_calls) = openai_cost(&world, "plain", 100, false).await;
+    let (referenced, referenced_calls) = openai_cost(&world, "referenced", 100, true).await;
+    let hget = |calls: &std::collections::BTreeMap<String, u64>| calls.get("hget").copied().unwrap_or(0);
     eprintln!(
-        "Redis commands per OpenAI job: {plain:.2} without references, {referenced:.2} with (HGET {plain_hget:.2} / {referenced_hget:.2})"
+        "Redis commands per OpenAI job: {plain:.2} without references, {referenced:.2} with (HGET {} / {} in 100 jobs)",
+        hget(&plain_calls),
+        hget(&referenced_calls)
     );
-    assert!(
-        (referenced_hget - plain_hget - 1.0).abs() < 0.05,
-        "one HGET more per job: {plain_hget} / {referenced_hget}"
-    );
-    assert!(referenced - plain < 1.5, "nothing else more per job: {plain} / {referenced}");
+    // The totals move with the daemon's idle reads and a batch not done at its first poll on a loaded machine; the
+    // HGETs and the kinds of command do not.
+    assert_eq!(hget(&referenced_calls), hget(&plain_calls) + 100, "one HGET more per job");
+    let new: Vec<&String> =
+        referenced_calls.keys().filter(|name| *name != "hget" && !plain_calls.contains_key(*name)).collect();
+    assert!(new.is_empty(), "no other command comes with references: {new:?}");
     daemon.stop().await.expect("stop");
 }
