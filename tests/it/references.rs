@@ -153,6 +153,43 @@ async fn openai_echoes_the_references_of_cancelled_and_never_sent_items() {
 }
 
 #[tokio::test]
+async fn a_chunk_split_after_a_size_refusal_keeps_each_items_reference_with_its_item() {
+    let mut world = World::new().await;
+    with_openai(&mut world.settings, &world.emulator);
+    let openai = world.emulator.openai();
+    // The API's upload limit is lower than batchd's: the first uploads are refused with `file_too_large`.
+    let mut limits = openai.limits();
+    limits.max_file_bytes = 1500;
+    openai.set_limits(limits);
+    let daemon = world.daemon();
+    let padding = "x".repeat(200);
+    let requests: Vec<Value> = (0..8)
+        .map(|i| {
+            let mut item =
+                json!({"messages": [{"role": "user", "content": format!("item-{i} {padding}")}], "max_tokens": 5});
+            if i % 3 != 1 {
+                item["external_reference"] = json!({"n": i});
+            }
+            item
+        })
+        .collect();
+    world.enqueue(&json!({"id": "xref-split", "model": "openai/gpt-4o-mini", "requests": requests})).await;
+    let entry = world.wait_for_result("xref-split", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+    assert!(entry.request_ids.len() > 1, "split into {} batches", entry.request_ids.len());
+    let uploads = openai.calls_of(OpenAiCallKind::Upload);
+    assert!(uploads.iter().any(|call| call.error_code.as_deref() == Some("file_too_large")), "a refusal");
+    let expected: Vec<Option<String>> = (0..8).map(|i| (i % 3 != 1).then(|| format!(r#"{{"n":{i}}}"#))).collect();
+    assert_eq!(echoed(&entry), expected);
+    for (index, response) in entry.result.as_ref().expect("result").responses.iter().enumerate() {
+        let body: Value = serde_json::from_str(response.result.as_ref().expect("result").get()).expect("json");
+        let content = body["choices"][0]["message"]["content"].as_str().expect("content");
+        assert!(content.contains(&format!("item-{index} ")), "item {index}: {content}");
+    }
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
 async fn anthropic_echoes_each_items_reference_on_its_response_and_never_sends_it() {
     let world = World::new().await;
     let mut settings = world.settings.clone();
