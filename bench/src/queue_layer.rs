@@ -122,6 +122,7 @@ async fn handle(entry: IngressEntry, ctx: Data<Arc<DrainContext>>) -> Result<(),
                 first_due: now + 120_000,
                 retry_failed_items: false,
                 submit_first: false,
+                references: &[],
             };
             ctx.store.accept(&job, &intake).await?;
         }

@@ -40,6 +40,7 @@ mod ops;
 mod producer;
 mod provider_seam;
 mod recovery;
+mod references;
 mod schema;
 mod scripts;
 mod secrets;

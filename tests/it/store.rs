@@ -63,6 +63,7 @@ fn intake<'a>(entry_id: &'a str, plan: &'a batchd_queue::store::ChunkPlan) -> In
         first_due: 61_000,
         retry_failed_items: false,
         submit_first: true,
+        references: &[],
     }
 }
 

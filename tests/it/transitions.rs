@@ -242,6 +242,7 @@ async fn a_claim_taken_over_fences_out_every_write_of_its_earlier_holder() {
         first_due: now + 60_000,
         retry_failed_items: false,
         submit_first: true,
+        references: &[],
     };
     assert_eq!(store.accept(&job, &intake).await.expect("accept"), batchd_queue::Accepted::New);
     let first = Claim::first(job.id.clone());

@@ -137,7 +137,8 @@ struct ModelProbe<'a> {
     model: Option<&'a RawValue>,
 }
 
-/// Writes the create body: each item byte for byte after a `"model"` member batchd writes first, wrapped with its
+/// Writes the create body: each item byte for byte after a `"model"` member batchd writes first, without its
+/// top-level `external_reference` (batchd echoes it itself: [`batchd_core::reference`]), wrapped with its
 /// custom id. `remote_model` is the model's name at Anthropic (a JSON string's content, checked by the caller).
 pub fn create_body(
     items: &[&RawValue],
@@ -151,9 +152,9 @@ pub fn create_body(
     let mut body = Vec::with_capacity(exact);
     body.extend_from_slice(br#"{"requests":["#);
     for (index, item) in items.iter().enumerate() {
-        let text = item.get();
+        let text = batchd_core::reference::strip(item.get());
         let inner = text.strip_prefix('{').ok_or(BadItem::NotAnObject(index))?;
-        let probe: ModelProbe<'_> = serde_json::from_str(text).map_err(|_| BadItem::NotAnObject(index))?;
+        let probe: ModelProbe<'_> = serde_json::from_str(&text).map_err(|_| BadItem::NotAnObject(index))?;
         if probe.model.is_some() {
             return Err(BadItem::OwnModel(index));
         }
@@ -330,6 +331,25 @@ mod tests {
         // A nested "model" is the item's business, not a second model.
         let nested = raw(r#"{"metadata":{"model":"x"}}"#);
         assert!(create_body(&[nested.as_ref()], "m", &mark, 1).is_ok());
+    }
+
+    #[test]
+    fn a_top_level_external_reference_is_left_out_of_params_and_nothing_else() {
+        let items = [
+            raw(r#"{"max_tokens":5, "external_reference":{"k":[1]},"messages":[]}"#),
+            raw(r#"{"external_reference":"only"}"#),
+            raw(r#"{"metadata":{"external_reference":"nested"},"external\u005freference":"escaped"}"#),
+        ];
+        let items: Vec<&RawValue> = items.iter().map(AsRef::as_ref).collect();
+        let body = create_body(&items, "m", &ChunkMark::new(&job("j"), 0), 1).expect("body");
+        let text = std::str::from_utf8(&body).expect("utf8");
+        assert!(text.contains(r#""params":{"model":"m","max_tokens":5,"messages":[]}}"#), "{text}");
+        let value: serde_json::Value = serde_json::from_slice(&body).expect("valid json");
+        assert_eq!(value["requests"][1]["params"], serde_json::json!({"model": "m"}));
+        assert_eq!(
+            value["requests"][2]["params"],
+            serde_json::json!({"model": "m", "metadata": {"external_reference": "nested"}})
+        );
     }
 
     #[test]

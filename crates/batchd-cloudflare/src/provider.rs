@@ -131,6 +131,11 @@ impl Provider for CloudflareProvider {
         self.limits
     }
 
+    /// Workers AI echoes each item's `external_reference` in its response: items are sent with it.
+    fn echoes_external_reference(&self) -> bool {
+        true
+    }
+
     fn check_model(&self, model: &ModelName) -> Result<(), String> {
         match self.catalog.get() {
             Some(catalog) if catalog.refuses(model.as_str()) => Err(format!(

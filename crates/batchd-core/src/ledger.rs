@@ -159,10 +159,13 @@ pub mod field {
     pub const OPEN_CHUNKS: &str = "open_chunks";
     /// The job's `endpoint`, when it named one (absent: the provider's default).
     pub const ENDPOINT: &str = "endpoint";
+    /// How many of the job's items carry a top-level `external_reference` that batchd echoes itself (at a
+    /// provider that does not: [`CHUNK_REFERENCES`]); absent when none does.
+    pub const N_REFERENCES: &str = "n_references";
 
     /// Every job-level field name, as `(constant name, field name)`: what the storage scripts' prelude is
     /// generated from.
-    pub const JOB_FIELDS: [(&str, &str); 19] = [
+    pub const JOB_FIELDS: [(&str, &str); 20] = [
         ("STATE", STATE),
         ("METADATA", METADATA),
         ("RETRY_FAILED_ITEMS", RETRY_FAILED_ITEMS),
@@ -182,6 +185,7 @@ pub mod field {
         ("ERROR", ERROR),
         ("OPEN_CHUNKS", OPEN_CHUNKS),
         ("ENDPOINT", ENDPOINT),
+        ("N_REFERENCES", N_REFERENCES),
     ];
 
     /// What a per-chunk field name starts with, before the chunk index.
@@ -227,10 +231,15 @@ pub mod field {
     /// Per-chunk: when a batch event last woke the chunk, Unix ms (Redis's clock), written by `wake.lua` so that a
     /// wake within `poll.initial_interval_ms` of the last one is ignored.
     pub const CHUNK_WOKEN_AT: &str = "woken_at";
+    /// Per-chunk: the top-level `external_reference`s of the items the chunk was accepted with, keyed by their
+    /// index in the job (`batchd_core::reference::ChunkReferences`), written at take-in only when one has one and
+    /// the provider does not echo them itself; read when the job's result is assembled. A split keeps it on the
+    /// chunk's index (the keys are job indices, so every piece's items still find theirs).
+    pub const CHUNK_REFERENCES: &str = "references";
 
     /// Every per-chunk name (the part after `c<index>:`), as `(constant name without `CHUNK_`, name)`: what the
     /// storage scripts' prelude is generated from.
-    pub const CHUNK_FIELDS: [(&str, &str); 15] = [
+    pub const CHUNK_FIELDS: [(&str, &str); 16] = [
         ("STATE", CHUNK_STATE),
         ("REQUEST_ID", CHUNK_REQUEST_ID),
         ("ATTEMPTS", CHUNK_ATTEMPTS),
@@ -246,6 +255,7 @@ pub mod field {
         ("REMOTE", CHUNK_REMOTE),
         ("CLAIM", CHUNK_CLAIM),
         ("WOKEN_AT", CHUNK_WOKEN_AT),
+        ("REFERENCES", CHUNK_REFERENCES),
     ];
 }
 

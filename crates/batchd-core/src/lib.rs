@@ -11,6 +11,7 @@ pub mod job;
 pub mod keys;
 pub mod ledger;
 pub mod redact;
+pub mod reference;
 pub mod result;
 pub mod stats;
 pub mod turnaround;

@@ -42,14 +42,16 @@ pub fn line_shape(max_requests: usize) -> BodyShape {
 }
 
 /// Appends one input line per item to `out`: `custom_id` is the item's position in the chunk, `body` the item
-/// with `"model"` put first and its members byte for byte otherwise (line breaks between tokens, which a
+/// with `"model"` put first, its top-level `external_reference` left out (batchd echoes it itself:
+/// [`batchd_core::reference`]) and its members byte for byte otherwise (line breaks between tokens, which a
 /// pretty-printed item may hold, become spaces: JSONL is one request per line, and JSON strings cannot hold a raw
 /// line break). Each item must be a JSON object (the job decoder checks it).
 pub fn write_lines(out: &mut Vec<u8>, items: &[&RawValue], endpoint: &str, model: &str) {
     let endpoint = serde_json::to_string(endpoint).expect("a string serialises");
     let model = serde_json::to_string(model).expect("a string serialises");
     for (index, item) in items.iter().enumerate() {
-        let text = item.get().trim();
+        let item = batchd_core::reference::strip(item.get());
+        let text = item.trim();
         out.extend_from_slice(br#"{"custom_id":""#);
         out.extend_from_slice(index.to_string().as_bytes());
         out.extend_from_slice(br#"","method":"POST","url":"#);
@@ -311,6 +313,32 @@ mod tests {
     #[test]
     fn the_members_of_an_item_pass_byte_for_byte() {
         let item = raw(r#"{"z":1.50, "a" :[1,2]}"#);
+        let mut out = Vec::new();
+        write_lines(&mut out, &[item.as_ref()], "/v1/embeddings", "m");
+        let text = String::from_utf8(out).expect("utf-8");
+        assert!(text.contains(r#""body":{"model":"m","z":1.50, "a" :[1,2]}}"#), "{text}");
+    }
+
+    #[test]
+    fn a_top_level_external_reference_is_left_out_of_the_body_and_nothing_else() {
+        let parsed = lines(
+            &[
+                r#"{"external_reference":"q1","messages":[{"role":"user","content":"a"}]}"#,
+                r#"{"messages":[], "external_reference" : {"k":1}}"#,
+                r#"{"external_reference":7}"#,
+                r#"{"input":{"external_reference":"nested"},"external\u005freference":"escaped"}"#,
+            ],
+            "/v1/chat/completions",
+            "m",
+        );
+        assert_eq!(
+            parsed[0]["body"],
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "a"}]})
+        );
+        assert_eq!(parsed[1]["body"], serde_json::json!({"model": "m", "messages": []}));
+        assert_eq!(parsed[2]["body"], serde_json::json!({"model": "m"}));
+        assert_eq!(parsed[3]["body"], serde_json::json!({"model": "m", "input": {"external_reference": "nested"}}));
+        let item = raw(r#"{"z":1.50, "external_reference":"x", "a" :[1,2]}"#);
         let mut out = Vec::new();
         write_lines(&mut out, &[item.as_ref()], "/v1/embeddings", "m");
         let text = String::from_utf8(out).expect("utf-8");

@@ -44,6 +44,14 @@ pub trait Provider: Send + Sync + fmt::Debug {
         Ok(())
     }
 
+    /// Whether the remote API echoes each item's top-level `external_reference` in that item's response itself
+    /// (Workers AI). When it does not (the default), the engine records each item's reference at take-in and puts
+    /// it on the item's response in the result, and the provider leaves it out of what it sends
+    /// ([`batchd_core::reference::strip`]), so the contract is the same at every provider.
+    fn echoes_external_reference(&self) -> bool {
+        false
+    }
+
     /// The shared rate limiter bucket a call about `model` takes a slot of, or `None` when it is not limited.
     fn rate_bucket(&self, model: &ModelName, call: Call) -> Option<RateBucket>;
 

@@ -29,8 +29,9 @@ pub fn chunk_metadata() -> impl Iterator<Item = &'static str> {
     field::CHUNK_FIELDS.iter().map(|(_, name)| *name).filter(|name| !CHUNK_PAYLOADS.contains(name))
 }
 
-/// The per-chunk fields a view never reads: their size is the producer's (items) or the model's (outputs).
-pub const CHUNK_PAYLOADS: [&str; 2] = [field::CHUNK_REQUESTS, field::CHUNK_OUTPUT];
+/// The per-chunk fields a view never reads: their size is the producer's (items, their references) or the model's
+/// (outputs).
+pub const CHUNK_PAYLOADS: [&str; 3] = [field::CHUNK_REQUESTS, field::CHUNK_OUTPUT, field::CHUNK_REFERENCES];
 
 /// A chunk's `start:len` (`c<i>:items`) as numbers; `None` unless it is exactly two unsigned integers.
 pub fn parse_items(raw: Option<&str>) -> Option<(usize, usize)> {

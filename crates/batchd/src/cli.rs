@@ -262,7 +262,7 @@ pub(crate) async fn read_ledger(conn: &mut Conn, keys: &Keys, job_id: &JobId) ->
 
 /// The ledger fields that hold numbers (times in Unix ms, counts, flags), printed as JSON numbers by
 /// `status --json`, as `jobs --json` prints its times.
-const NUMERIC_FIELDS: [&str; 11] = [
+const NUMERIC_FIELDS: [&str; 12] = [
     field::N_CHUNKS,
     field::N_ITEMS,
     field::ACCEPTED_AT,
@@ -274,6 +274,7 @@ const NUMERIC_FIELDS: [&str; 11] = [
     field::OPEN_CHUNKS,
     field::RETRY_FAILED_ITEMS,
     field::RETRIED,
+    field::N_REFERENCES,
 ];
 
 /// The per-chunk fields that hold numbers, likewise.

@@ -355,7 +355,7 @@ impl Call<'_> {
     /// the body is read).
     async fn create(&self, body: Body, api_base: &str, record: &mut AnthropicCall) -> Result<Reply, ApiError> {
         let body = read_body(self.headers, body, self.config.max_body_bytes).await?;
-        let mut items = parse_create(&body, self.config.max_requests)?;
+        let (mut items, param_names) = parse_create(&body, self.config.max_requests)?;
         if let Some((indices, status)) = self.error_items {
             for &index in indices {
                 if let Some(item) = items.get_mut(index) {
@@ -368,6 +368,7 @@ impl Call<'_> {
         let n_requests = items.len();
         record.n_requests = Some(n_requests);
         record.first_custom_id = items.first().map(|item| item.custom_id.clone());
+        record.param_names = param_names;
         let now = SystemTime::now();
         let mut inner = self.anthropic.lock();
         if let Some(max) = self.config.max_queued_requests {
@@ -492,8 +493,9 @@ async fn read_body(headers: &HeaderMap, body: Body, max_bytes: usize) -> Result<
 
 /// Checks a create's body: `requests` with 1 to `max_requests` items, each an object with a valid, unique
 /// `custom_id` and an object `params`. The `params` themselves are checked later, item by item (see
-/// [`run_item`]); the items run here.
-pub(crate) fn parse_create(body: &[u8], max_requests: usize) -> Result<Vec<Item>, ApiError> {
+/// [`run_item`]); the items run here. Also answers the names of the `params` members the requests had (for the
+/// call log).
+pub(crate) fn parse_create(body: &[u8], max_requests: usize) -> Result<(Vec<Item>, Vec<String>), ApiError> {
     let Ok(Value::Object(mut object)) = serde_json::from_slice::<Value>(body) else {
         return Err(ApiError::invalid("The request body is not a valid JSON object"));
     };
@@ -541,13 +543,20 @@ pub(crate) fn parse_create(body: &[u8], max_requests: usize) -> Result<Vec<Item>
         checked.push((custom_id, params));
     }
     drop(seen);
-    Ok(checked
+    let mut param_names = std::collections::BTreeSet::new();
+    let items = checked
         .into_iter()
         .map(|(custom_id, params)| {
             let outcome = run_item(&custom_id, &params);
+            for name in params.keys() {
+                if !param_names.contains(name) {
+                    param_names.insert(name.clone());
+                }
+            }
             Item { custom_id, outcome }
         })
-        .collect())
+        .collect();
+    Ok((items, param_names.into_iter().collect()))
 }
 
 #[cfg(test)]
@@ -606,7 +615,7 @@ mod tests {
     fn create_bodies_are_checked_as_a_whole_but_params_are_not() {
         let item = |id: &str| json!({ "custom_id": id, "params": {} });
         let body = |requests: Value| json!({ "requests": requests }).to_string().into_bytes();
-        let items = parse_create(&body(json!([item("a"), item("b")])), 10).expect("accepted");
+        let (items, _) = parse_create(&body(json!([item("a"), item("b")])), 10).expect("accepted");
         assert_eq!(items.len(), 2, "empty params are accepted, to fail later as errored results");
         let refused = [
             body(json!([])),

@@ -247,6 +247,10 @@ pub struct AnthropicCall {
     /// For a create whose body had them, the `custom_id` of its first request (which names the caller's job in
     /// batchd's format, as `first_reference` does for a Workers AI submit).
     pub first_custom_id: Option<String>,
+    /// For a create whose body was accepted, the names of the top-level `params` members its requests had, each
+    /// once, sorted (what a test checks a client sent, or did not).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub param_names: Vec<String>,
     /// The `error.type` of an error reply.
     pub error_type: Option<String>,
     /// The injected fault that shaped the call (`status`, `reset`, `delay`, `status_after`, `reset_after`).
@@ -272,6 +276,7 @@ impl AnthropicCall {
             batch_id: None,
             n_requests: None,
             first_custom_id: None,
+            param_names: Vec::new(),
             error_type: None,
             fault: None,
             at_ms,

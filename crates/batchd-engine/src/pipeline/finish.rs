@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use batchd_core::ledger::field;
+use batchd_core::reference::ChunkReferences;
 use batchd_core::result::code;
 use batchd_core::{
     ChunkRef, ChunkState, JobError, JobId, JobOutput, JobState, ModelName, ResultEntry, ResultStatus, UnixMillis,
@@ -165,7 +166,13 @@ impl Pipeline {
                 }
                 Ok(())
             }
-            Ending::FinishedOneBatch { context, output } => {
+            Ending::FinishedOneBatch { context, mut output } => {
+                if context.n_references > 0 {
+                    // Published from the poll: the chunk's references are read here, only for a job that has some.
+                    let chunk = ChunkRef::new(job_id.clone(), context.chunks.first().map_or(0, |chunk| chunk.index));
+                    let stored = self.store.chunk_references(&chunk).await?;
+                    echo_references(&mut output, job_id, stored.as_deref());
+                }
                 self.publish(job_id, &context, JobState::Completed, Some(output), None).await
             }
             ending => {
@@ -210,7 +217,9 @@ impl Pipeline {
     ) -> Result<(), StoreError> {
         let cancelled = matches!(ending, Ending::Cancelled(_));
         let mut chunks = Vec::with_capacity(context.chunks.len());
+        let mut references = Vec::new();
         for chunk in &mut context.chunks {
+            references.extend(chunk.references.take());
             // Each stored output is dropped as soon as it is parsed.
             let output = chunk.output.take();
             let outcome = match chunk.state {
@@ -246,7 +255,11 @@ impl Pipeline {
             Ending::Cancelled(error) => (JobState::Cancelled, Some(error.clone()), error),
         };
         let any_done = chunks.iter().any(|(_, _, outcome)| matches!(outcome, ChunkOutcome::Done(_)));
-        let output = assemble(context.n_items, chunks, &unanswered);
+        let mut output = assemble(context.n_items, chunks, &unanswered);
+        // Every item's reference on its response, however it ended (a split chunk's are on its first piece).
+        for stored in references {
+            echo_references(&mut output, job_id, Some(&stored));
+        }
         let (state, error) = match (state, error) {
             (JobState::Completed, None) if !output.failed_batches.is_empty() && context.chunks.len() == 1 => {
                 (JobState::Failed, Some(output.failed_batches[0].error.clone()))
@@ -314,5 +327,19 @@ impl Pipeline {
             );
         }
         Ok(())
+    }
+}
+
+/// Puts a chunk's stored `external_reference`s on their items' responses (see [`batchd_core::reference`]); an
+/// unreadable record is logged and skipped (the result goes out without them rather than not at all).
+fn echo_references(output: &mut JobOutput, job_id: &JobId, stored: Option<&str>) {
+    let Some(stored) = stored else {
+        return;
+    };
+    match ChunkReferences::read(stored) {
+        Some(references) => batchd_core::reference::echo(output, references),
+        None => {
+            tracing::warn!(job_id = %job_id, "a chunk's stored external_reference values are unreadable; they are not echoed")
+        }
     }
 }

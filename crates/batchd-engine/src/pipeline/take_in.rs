@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::runtime::IngressEntry;
+use batchd_core::reference::{self, ChunkReferences};
 use batchd_core::result::code;
 use batchd_core::{DecodeError, Job, JobError, JobId};
 use batchd_queue::{Accepted, Claim, DeadLetter, Intake, MAX_CHUNKS_PER_JOB, Placement, Rejection, StoreError};
@@ -65,6 +66,23 @@ impl Pipeline {
             return self.refuse(&job, entry_id, reason, message).await;
         }
         let plan = planned.expect("a refused plan returned above");
+        // A provider that does not echo `external_reference` gets items without it; batchd keeps each chunk's in
+        // the ledger with the job (nothing for a job without any) and echoes them in the result.
+        let references =
+            if provider.echoes_external_reference() { Vec::new() } else { chunk_references(&job.requests, &plan) };
+        if let Some((chunk, too_many)) =
+            references.iter().find(|(_, references)| references.as_str().len() > reference::MAX_CHUNK_BYTES)
+        {
+            let message = format!(
+                "the external_reference values of batch {chunk}'s items take {} bytes, more than the {} bytes batchd \
+                 keeps per batch to echo them (the {} provider does not echo them itself): shorten them or send \
+                 fewer items per job; nothing was submitted",
+                too_many.as_str().len(),
+                reference::MAX_CHUNK_BYTES,
+                provider.name()
+            );
+            return self.refuse(&job, entry_id, code::INVALID_JOB, message).await;
+        }
         let deadline = job.deadline_secs.map(Duration::from_secs).unwrap_or(self.default_deadline);
         // Saturating: a producer may ask for a deadline centuries away.
         let deadline_at = now.saturating_add(u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX));
@@ -100,6 +118,7 @@ impl Pipeline {
             first_due,
             retry_failed_items,
             submit_first: wait.is_none(),
+            references: &references,
         };
         match self.store.accept(&job, &intake).await? {
             Accepted::New => {
@@ -196,6 +215,22 @@ impl Pipeline {
         };
         self.conclude(&job_id, Ending::Rejected(rejection)).await
     }
+}
+
+/// Each planned chunk's `external_reference`s (keyed by job index), for the chunks that have any.
+fn chunk_references<R: std::borrow::Borrow<serde_json::value::RawValue>>(
+    requests: &[R],
+    plan: &[(usize, usize)],
+) -> Vec<(u32, ChunkReferences)> {
+    plan.iter()
+        .enumerate()
+        .filter_map(|(chunk, &(start, len))| {
+            let items = requests[start..start + len].iter().enumerate();
+            let references =
+                ChunkReferences::collect(items.map(|(offset, item)| (start + offset, item.borrow().get())));
+            references.map(|references| (chunk as u32, references))
+        })
+        .collect()
 }
 
 /// The setting that holds a provider's body limit, for the message that quotes it.

@@ -49,6 +49,7 @@ if n + added > MAX_CHUNKS then
   refuse('the job would have ' .. (n + added) .. ' chunks, more than ' .. MAX_CHUNKS)
 end
 
+-- A replaced chunk keeps its C_REFERENCES: they are keyed by job index, so the pieces' items find theirs there.
 local function write(chunk, items, indices, requests)
   local function f(name) return chunk_field(chunk, name) end
   redis.call('HDEL', ledger, f(C_REQUEST_ID), f(C_OUTPUT), f(C_LAST_ERROR), f(C_INDICES), f(C_REMOTE_STATUS),

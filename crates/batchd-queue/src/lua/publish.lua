@@ -40,6 +40,7 @@ end
 local dropped, members = {}, {}
 for c = 0, n_chunks - 1 do
   dropped[#dropped + 1] = chunk_field(c, C_OUTPUT)
+  dropped[#dropped + 1] = chunk_field(c, C_REFERENCES)
   -- A job that did not complete keeps its request items until the ledger expires, so `batchd retry` can run it
   -- again; a completed job's are dropped at once.
   if ARGV[1] == JOB_COMPLETED then dropped[#dropped + 1] = chunk_field(c, C_REQUESTS) end

@@ -339,6 +339,7 @@ impl Store {
             claim: number(next()),
             remote: next(),
             endpoint: next(),
+            n_references: number(next()) as usize,
             cancel_requested,
         }))
     }

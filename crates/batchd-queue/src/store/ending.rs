@@ -21,26 +21,31 @@ impl Store {
                     field::N_CHUNKS,
                     field::RETRY_FAILED_ITEMS,
                     field::RETRIED,
+                    field::N_REFERENCES,
                 ][..],
             )
             .await?;
         let Some(n_chunks) = head[5].as_deref().and_then(|n| n.parse::<u32>().ok()) else {
             return Ok(None);
         };
-        const PER_CHUNK: [&str; 6] = [
+        let n_references: usize = head[8].as_deref().and_then(|n| n.parse().ok()).unwrap_or(0);
+        const PER_CHUNK: [&str; 7] = [
             field::CHUNK_REQUEST_ID,
             field::CHUNK_STATE,
             field::CHUNK_OUTPUT,
             field::CHUNK_LAST_ERROR,
             field::CHUNK_ITEMS,
             field::CHUNK_INDICES,
+            field::CHUNK_REFERENCES,
         ];
+        // A chunk's references are asked for only when the job has some.
+        let per_chunk = if n_references > 0 { &PER_CHUNK[..] } else { &PER_CHUNK[..PER_CHUNK.len() - 1] };
         let mut chunks = Vec::with_capacity(n_chunks as usize);
         // Read chunk fields a few chunks at a time: outputs can be large.
         for first in (0..n_chunks).step_by(16) {
             let last = (first + 16).min(n_chunks);
             let names: Vec<String> =
-                (first..last).flat_map(|index| PER_CHUNK.iter().map(move |name| field::chunk(index, name))).collect();
+                (first..last).flat_map(|index| per_chunk.iter().map(move |name| field::chunk(index, name))).collect();
             let values: Vec<Option<String>> = self.conn.clone().hmget(&key, &names[..]).await?;
             // Moved out of the reply, not cloned: outputs can be tens of MB.
             let mut values = values.into_iter();
@@ -48,6 +53,7 @@ impl Store {
                 let mut next = || values.next().flatten();
                 let (request_id, state, output, last_error, items, indices) =
                     (next(), next(), next(), next(), next(), next());
+                let references = if n_references > 0 { next() } else { None };
                 let placement = Placement::parse(items.as_deref().unwrap_or(""), indices.as_deref().unwrap_or(""))
                     .ok_or_else(|| StoreError::Corrupt {
                         job_id: job_id.to_string(),
@@ -60,6 +66,7 @@ impl Store {
                     output,
                     last_error,
                     placement,
+                    references,
                 });
             }
         }
@@ -71,8 +78,16 @@ impl Store {
             n_items: head[4].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0),
             retry_failed_items: head[6].as_deref() == Some("1"),
             retried: head[7].as_deref() == Some("1"),
+            n_references,
             chunks,
         }))
+    }
+
+    /// The `external_reference`s stored for `chunk` at take-in ([`field::CHUNK_REFERENCES`]), for a one-batch
+    /// job published straight from its poll; asked only for a job that has some.
+    pub async fn chunk_references(&self, chunk: &ChunkRef) -> Result<Option<String>, StoreError> {
+        let name = field::chunk(chunk.index, field::CHUNK_REFERENCES);
+        Ok(self.conn.clone().hget(self.keys.job(&chunk.job_id), name).await?)
     }
 
     /// Requests cancellation of a job (the `cancel` Redis function, [`crate::functions::cancel`]); returns its

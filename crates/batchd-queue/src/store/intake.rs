@@ -97,7 +97,8 @@ impl Store {
         intake: &Intake<'_>,
         source: ItemsSource,
     ) -> Result<(AcceptVerdict, String), StoreError> {
-        let Intake { entry_id, plan, now, deadline_at, first_due, retry_failed_items, submit_first } = *intake;
+        let Intake { entry_id, plan, now, deadline_at, first_due, retry_failed_items, submit_first, references } =
+            *intake;
         let reply_to = job.reply_to.clone().unwrap_or_else(|| self.keys.results());
         let mut cmd = ScriptCall::new(
             &self.scripts.accept,
@@ -133,6 +134,14 @@ impl Store {
         }
         for (name, value) in &ledger {
             cmd.arg(*name).arg(value);
+        }
+        // The items' references, with the job in the same step (only for a job that has any).
+        if !references.is_empty() {
+            let n_references: usize = references.iter().map(|(_, chunk)| chunk.count()).sum();
+            cmd.arg(field::N_REFERENCES).arg(n_references);
+            for (chunk, chunk_references) in references {
+                cmd.arg(field::chunk(*chunk, field::CHUNK_REFERENCES)).arg(chunk_references.as_str());
+            }
         }
         cmd.arg(CHUNKS_MARKER);
         for &(start, len) in plan {

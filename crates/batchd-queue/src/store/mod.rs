@@ -5,6 +5,7 @@ use std::borrow::Borrow;
 use std::time::Duration;
 
 use batchd_core::ledger::field;
+use batchd_core::reference::ChunkReferences;
 use batchd_core::{ChunkRef, ChunkState, Job, JobError, JobId, JobState, Keys, ResultEntry, UnixMillis};
 use redis::{AsyncCommands, Script};
 use serde_json::value::RawValue;

@@ -210,7 +210,7 @@ impl ViewField {
 /// The ledger fields of a chunk's view ([`ChunkView`]), in the order its parser reads them: read by
 /// [`Store::load_chunk`] and, in the claim itself, by `claim.lua` (which gets this list generated as
 /// `VIEW_FIELDS`). The job's state comes first and the claim token is [`VIEW_CLAIM`].
-pub const VIEW_FIELDS: [ViewField; 17] = [
+pub const VIEW_FIELDS: [ViewField; 18] = [
     ViewField::Job(field::STATE),
     ViewField::Job(field::MODEL),
     ViewField::Chunk(field::CHUNK_STATE),
@@ -228,6 +228,7 @@ pub const VIEW_FIELDS: [ViewField; 17] = [
     ViewField::Chunk(field::CHUNK_CLAIM),
     ViewField::Chunk(field::CHUNK_REMOTE),
     ViewField::Job(field::ENDPOINT),
+    ViewField::Job(field::N_REFERENCES),
 ];
 
 /// Where the claim token is in [`VIEW_FIELDS`] (1-based, as Lua counts).

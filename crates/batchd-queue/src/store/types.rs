@@ -125,6 +125,9 @@ pub struct ChunkView {
     pub claim: u64,
     /// The job's endpoint, when it named one.
     pub endpoint: Option<String>,
+    /// How many of the job's items have an `external_reference` batchd echoes itself (0: none; the count only,
+    /// the references are read when the result is assembled).
+    pub n_references: usize,
 }
 
 impl ChunkView {
@@ -138,6 +141,7 @@ impl ChunkView {
             n_items: self.n_items,
             retry_failed_items: false,
             retried: false,
+            n_references: self.n_references,
             chunks: vec![ChunkRecord {
                 index,
                 request_id: self.request_id.clone(),
@@ -145,6 +149,7 @@ impl ChunkView {
                 output: None,
                 last_error: None,
                 placement: Placement::Range { start: self.items_start, len: self.items_len },
+                references: None,
             }],
         }
     }
@@ -167,6 +172,8 @@ pub struct PublishContext {
     pub retry_failed_items: bool,
     /// Whether that resubmission already happened.
     pub retried: bool,
+    /// How many of the job's items have an `external_reference` batchd echoes itself (0: none).
+    pub n_references: usize,
     /// Every chunk's stored outcome, in chunk order.
     pub chunks: Vec<ChunkRecord>,
 }
@@ -186,6 +193,9 @@ pub struct ChunkRecord {
     pub last_error: Option<String>,
     /// Which of the job's items the chunk carries.
     pub placement: Placement,
+    /// The `external_reference`s of the items the chunk was accepted with (`ChunkReferences`' JSON, keyed by job
+    /// index), when it has any and the provider does not echo them; read only when the job has some.
+    pub references: Option<String>,
 }
 
 /// Which of a job's items a chunk carries: a contiguous range (a planned or split chunk) or a list of indices
@@ -290,6 +300,9 @@ pub struct Intake<'a> {
     /// Mark the first chunk `submitting` with attempt 1, for a caller that posts it right away (saves the
     /// separate [`Store::begin_submit`] step); otherwise it is `pending`, due at `first_due`.
     pub submit_first: bool,
+    /// The items' `external_reference`s per chunk (chunk index, references), for a provider that does not echo
+    /// them itself: written into the ledger with the job, only for chunks that have any.
+    pub references: &'a [(u32, ChunkReferences)],
 }
 
 /// An ingress entry finished as a failed job without running (see [`Store::reject`]).
