@@ -159,10 +159,13 @@ pub mod field {
     pub const OPEN_CHUNKS: &str = "open_chunks";
     /// The job's `endpoint`, when it named one (absent: the provider's default).
     pub const ENDPOINT: &str = "endpoint";
+    /// When the daemon first acted on the job's cancellation, Unix ms (Redis's clock), written once under a claim
+    /// of one of its chunks: the cancel wait (`workers.cancel_wait_secs`) counts from it.
+    pub const CANCEL_SEEN_AT: &str = "cancel_seen_at";
 
     /// Every job-level field name, as `(constant name, field name)`: what the storage scripts' prelude is
     /// generated from.
-    pub const JOB_FIELDS: [(&str, &str); 19] = [
+    pub const JOB_FIELDS: [(&str, &str); 20] = [
         ("STATE", STATE),
         ("METADATA", METADATA),
         ("RETRY_FAILED_ITEMS", RETRY_FAILED_ITEMS),
@@ -182,6 +185,7 @@ pub mod field {
         ("ERROR", ERROR),
         ("OPEN_CHUNKS", OPEN_CHUNKS),
         ("ENDPOINT", ENDPOINT),
+        ("CANCEL_SEEN_AT", CANCEL_SEEN_AT),
     ];
 
     /// What a per-chunk field name starts with, before the chunk index.
@@ -227,10 +231,14 @@ pub mod field {
     /// Per-chunk: when a batch event last woke the chunk, Unix ms (Redis's clock), written by `wake.lua` so that a
     /// wake within `poll.initial_interval_ms` of the last one is ignored.
     pub const CHUNK_WOKEN_AT: &str = "woken_at";
+    /// Per-chunk: the submit attempt whose outcome is unknown (a timeout, a 5xx after sending), recorded when the
+    /// chunk is left `submitting` to be resumed. While it equals `attempts`, no submit of the chunk is in flight: a
+    /// cancel makes such a chunk due at once (to look its batch up), and leaves one whose submit is in flight alone.
+    pub const CHUNK_UNCERTAIN: &str = "uncertain";
 
     /// Every per-chunk name (the part after `c<index>:`), as `(constant name without `CHUNK_`, name)`: what the
     /// storage scripts' prelude is generated from.
-    pub const CHUNK_FIELDS: [(&str, &str); 15] = [
+    pub const CHUNK_FIELDS: [(&str, &str); 16] = [
         ("STATE", CHUNK_STATE),
         ("REQUEST_ID", CHUNK_REQUEST_ID),
         ("ATTEMPTS", CHUNK_ATTEMPTS),
@@ -246,6 +254,7 @@ pub mod field {
         ("REMOTE", CHUNK_REMOTE),
         ("CLAIM", CHUNK_CLAIM),
         ("WOKEN_AT", CHUNK_WOKEN_AT),
+        ("UNCERTAIN", CHUNK_UNCERTAIN),
     ];
 }
 

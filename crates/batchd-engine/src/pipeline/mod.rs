@@ -54,6 +54,9 @@ pub struct Pipeline {
     pub limits: JobLimits,
     /// Deadline of jobs that set none.
     pub default_deadline: Duration,
+    /// How long a cancelled job waits for its batches to end at the provider (`workers.cancel_wait_secs`), from
+    /// when the daemon first acted on the cancel; then it ends with what finished.
+    pub cancel_wait: Duration,
     /// Lease held on a chunk while this replica works on it.
     pub lease: Duration,
     /// Whether batch events wake polls (`[events]`): request ids are then indexed, and polls are the fallback.
