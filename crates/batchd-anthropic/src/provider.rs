@@ -135,7 +135,7 @@ impl AnthropicProvider {
                 tracing::warn!(
                     chunk = mark.chunk.as_str(),
                     n_candidates = n,
-                    "several unchecked batches could be the one an uncertain create made; creating again (a possible duplicate)"
+                    "several unchecked batches could be the one an uncertain create made; none is taken for it (a resumed submit creates again: a possible duplicate)"
                 );
                 Ok(None)
             }
