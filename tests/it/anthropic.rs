@@ -309,7 +309,7 @@ async fn a_cancel_while_the_create_is_in_flight_waits_for_it_and_cancels_its_bat
     for index in 1..3 {
         assert_eq!(error_code(&entry, index), "canceled", "item {index} did not run");
     }
-    assert_eq!(entry.request_ids, [batch_id.clone()]);
+    assert_eq!(entry.request_ids, std::slice::from_ref(&batch_id));
     let cancels = control.calls_of(AnthropicCallKind::Cancel);
     assert_eq!(cancels.len(), 1, "{cancels:?}");
     assert_eq!(cancels[0].batch_id.as_deref(), Some(batch_id.as_str()));
@@ -339,7 +339,7 @@ async fn a_cancel_after_an_uncertain_create_finds_its_batch_and_cancels_it_witho
     let message = &entry.error.as_ref().expect("error").message;
     assert!(message.contains("of its 1 batches at the provider, those still running were cancelled"), "{message}");
     assert_eq!(texts(&entry)[0].as_deref(), Some("echo: question 0"));
-    assert_eq!(entry.request_ids, [batch_id.clone()]);
+    assert_eq!(entry.request_ids, std::slice::from_ref(&batch_id));
     assert_eq!(control.calls_of(AnthropicCallKind::Create).len(), 1, "looked up, not created again");
     assert!(!control.calls_of(AnthropicCallKind::List).is_empty(), "found in the list");
     let cancels = control.calls_of(AnthropicCallKind::Cancel);
