@@ -221,22 +221,13 @@ fn store(redis: &RedisServer, keys: &Keys) -> Store {
     )
 }
 
-fn is_stale<T: std::fmt::Debug>(result: Result<T, StoreError>) -> bool {
-    matches!(result, Err(StoreError::StaleClaim { .. }))
-}
-
-#[tokio::test]
-async fn a_claim_taken_over_fences_out_every_write_of_its_earlier_holder() {
-    let redis = RedisServer::start().await;
-    let mut conn = test_connection(&redis.url()).await;
-    let keys = Keys::new(&format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..10])).expect("namespace");
-    let store = store(&redis, &keys);
-    let fields = vec![(
-        "job".to_owned(),
-        br#"{"id":"f","model":"@cf/baai/bge-m3","requests":[{"text":"a"},{"text":"b"}]}"#.to_vec(),
-    )];
-    let job = batchd_core::Job::decode(&fields, "1-0", &batchd_core::JobLimits::default(), &keys).expect("job");
-    let plan = vec![(0, 2)];
+/// Job `id` of two items taken in with `plan`, its first chunk marked `submitting` for the take-in to post (its lease
+/// ends a minute after acceptance); the job and the time of its acceptance.
+async fn accepted(store: &Store, keys: &Keys, id: &str, plan: &[(usize, usize)]) -> (batchd_core::Job, u64) {
+    let job = format!(r#"{{"id":"{id}","model":"@cf/baai/bge-m3","requests":[{{"text":"a"}},{{"text":"b"}}]}}"#);
+    let fields = vec![("job".to_owned(), job.into_bytes())];
+    let job = batchd_core::Job::decode(&fields, "1-0", &batchd_core::JobLimits::default(), keys).expect("job");
+    let plan = plan.to_vec();
     let now = store.now().await.expect("now");
     let intake = Intake {
         entry_id: "1-0",
@@ -248,6 +239,20 @@ async fn a_claim_taken_over_fences_out_every_write_of_its_earlier_holder() {
         submit_first: true,
     };
     assert_eq!(store.accept(&job, &intake).await.expect("accept"), batchd_queue::Accepted::New);
+    (job, now)
+}
+
+fn is_stale<T: std::fmt::Debug>(result: Result<T, StoreError>) -> bool {
+    matches!(result, Err(StoreError::StaleClaim { .. }))
+}
+
+#[tokio::test]
+async fn a_claim_taken_over_fences_out_every_write_of_its_earlier_holder() {
+    let redis = RedisServer::start().await;
+    let mut conn = test_connection(&redis.url()).await;
+    let keys = Keys::new(&format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..10])).expect("namespace");
+    let store = store(&redis, &keys);
+    let (job, now) = accepted(&store, &keys, "f", &[(0, 2)]).await;
     let first = Claim::first(job.id.clone());
 
     // The take-in's lease ends while it is paused; another replica claims the chunk.
@@ -310,23 +315,7 @@ async fn a_cancel_leaves_a_submit_in_flight_on_its_lease_and_the_first_time_it_w
     let mut conn = test_connection(&redis.url()).await;
     let keys = Keys::new(&format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..10])).expect("namespace");
     let store = store(&redis, &keys);
-    let fields = vec![(
-        "job".to_owned(),
-        br#"{"id":"c","model":"@cf/baai/bge-m3","requests":[{"text":"a"},{"text":"b"}]}"#.to_vec(),
-    )];
-    let job = batchd_core::Job::decode(&fields, "1-0", &batchd_core::JobLimits::default(), &keys).expect("job");
-    let plan = vec![(0, 1), (1, 1)];
-    let now = store.now().await.expect("now");
-    let intake = Intake {
-        entry_id: "1-0",
-        plan: &plan,
-        now,
-        deadline_at: now + 3_600_000,
-        first_due: now + 60_000,
-        retry_failed_items: false,
-        submit_first: true,
-    };
-    assert_eq!(store.accept(&job, &intake).await.expect("accept"), batchd_queue::Accepted::New);
+    let (job, now) = accepted(&store, &keys, "c", &[(0, 1), (1, 1)]).await;
     let first = Claim::first(job.id.clone());
     let score = async |conn: &mut MultiplexedConnection, member: &str| -> u64 {
         let score: f64 = redis::cmd("ZSCORE").arg(keys.schedule()).arg(member).query_async(conn).await.expect("redis");
