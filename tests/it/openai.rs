@@ -336,11 +336,11 @@ async fn a_cancelled_job_keeps_what_its_running_batch_finished_and_its_unsent_ba
     daemon.stop().await.expect("stop");
 }
 
-/// Succeeded responses' indices and the cancelled job's message.
+/// A cancelled job's succeeded responses (by index; none without a partial result) and its message.
 fn cancelled(entry: &ResultEntry) -> (Vec<usize>, String) {
     assert_eq!(entry.status, ResultStatus::Cancelled, "{:?}", entry.error);
-    let output = entry.result.as_ref().expect("the partial result");
-    let succeeded = output.responses.iter().filter(|r| r.success).map(|r| r.index).collect();
+    let responses = entry.result.as_ref().map(|output| output.responses.as_slice()).unwrap_or_default();
+    let succeeded = responses.iter().filter(|r| r.success).map(|r| r.index).collect();
     (succeeded, entry.error.as_ref().expect("error").message.clone())
 }
 
@@ -373,6 +373,32 @@ async fn a_cancel_while_the_create_is_in_flight_waits_for_it_and_cancels_its_bat
     assert_eq!(openai.calls_of(OpenAiCallKind::CreateBatch).len(), 1);
     daemon.stop().await.expect("stop");
     assert_eq!(world.results().await.len(), 1, "one result");
+}
+
+/// Issue 23: a submit in flight when the cancel arrives that then certainly creates nothing (its create refused
+/// with a 429 asking to come back in a minute) ends the job at once, "nothing had been sent", rather than when its
+/// retry would have been due.
+#[tokio::test]
+async fn a_submit_in_flight_that_creates_nothing_ends_the_cancelled_job_at_once() {
+    let world = openai_world(|settings| settings.retry.max_backoff_ms = 60_000).await;
+    let openai = world.emulator.openai();
+    openai.inject(OpenAiFault::delay(Duration::from_secs(2)).on(OpenAiCallKind::Upload));
+    openai.inject(OpenAiFault::status(429).retry_after(60).on(OpenAiCallKind::CreateBatch));
+    let daemon = world.daemon();
+    world.enqueue(&json!({"id": "refused-1", "model": "openai/gpt-4o-mini", "requests": [chat("a")]})).await;
+    wait_until("the submit is in flight", WAIT, async || {
+        world.ledger("refused-1").await.get("c0:state").map(String::as_str) == Some("submitting")
+    })
+    .await;
+    assert!(openai.calls_of(OpenAiCallKind::CreateBatch).is_empty(), "the cancel comes before the create");
+    world.cancel("refused-1", "").await;
+    let entry = world.wait_for_result("refused-1", WAIT).await;
+    let (succeeded, message) = cancelled(&entry);
+    assert_eq!(message, "cancelled on request; nothing had been sent to the provider");
+    assert!(succeeded.is_empty());
+    assert_eq!(openai.batch_count(), 0);
+    assert_eq!(openai.calls_of(OpenAiCallKind::CreateBatch).len(), 1, "refused once, not tried again");
+    daemon.stop().await.expect("stop");
 }
 
 /// Issue 23: a cancel after an uncertain create (the batch was made, its reply replaced by a 500 asking to come

@@ -79,9 +79,10 @@ impl Pipeline {
         }
     }
 
-    /// After a submit step wrote its outcome, when that write found the job's cancel already acted on: carries on
-    /// with the cancel now (cancelling the batch just recorded, or settling the job), rather than at the chunk's
-    /// next due time.
+    /// After a submit step wrote its outcome, when that write found the job's cancel already acted on (or the
+    /// submit failed, at a provider that can cancel): if the job's cancellation is requested, carries on with it now
+    /// (cancelling the batch just recorded, settling the job, or looking up the batch of an uncertain create),
+    /// rather than at the chunk's next due time.
     pub(super) async fn cancel_after_submit(&self, claim: &Claim) -> Result<(), StoreError> {
         match self.store.load_chunk(&claim.chunk).await? {
             Some(view) if !view.job_state.is_terminal() && view.claim == claim.token => {

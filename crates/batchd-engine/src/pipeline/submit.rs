@@ -134,7 +134,7 @@ impl Pipeline {
                         retry_after: None,
                         maybe_delivered: true,
                     };
-                    let failed = FailedSubmit { attempt, placement, deadline_at };
+                    let failed = FailedSubmit { attempt, placement, deadline_at, can_cancel: provider.can_cancel() };
                     return self.submit_failed(claim, model, failed, requests, error).await;
                 };
                 span.record("request_id", tracing::field::display(&request_id));
@@ -170,7 +170,7 @@ impl Pipeline {
                 }
             }
             Err(error) => {
-                let failed = FailedSubmit { attempt, placement, deadline_at };
+                let failed = FailedSubmit { attempt, placement, deadline_at, can_cancel: provider.can_cancel() };
                 self.submit_failed(claim, model, failed, requests, error).await
             }
         }
@@ -233,7 +233,7 @@ impl Pipeline {
         error: ApiError,
     ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
-        let FailedSubmit { attempt, placement, deadline_at } = failed;
+        let FailedSubmit { attempt, placement, deadline_at, can_cancel } = failed;
         let now = self.store.now().await?;
         let retry = match after_failed_submit(&error, placement.len(), attempt, self.retry.max_attempts) {
             SubmitDecision::Split(cuts) => {
@@ -271,9 +271,13 @@ impl Pipeline {
         // Never due past the deadline (a long Retry-After included): the job expires on time.
         let due = (now + wait.as_millis() as u64).min(deadline_at);
         match self.store.mark_submit_retry(claim, &record, due).await? {
-            // The job's cancel was acted on while this submit was in flight: settle it (or look the batch up) now.
-            Fenced::Applied { cancel_seen_at: Some(_) } => self.cancel_after_submit(claim).await,
-            Fenced::Applied { cancel_seen_at: None } | Fenced::Gone => Ok(()),
+            // A cancel that arrived while this submit was in flight left it alone: at a provider that can cancel,
+            // the job is settled (or the batch looked up) now rather than at the retry. A failed submit only: the
+            // view it reads costs an ordinary job nothing.
+            Fenced::Applied { cancel_seen_at } if can_cancel || cancel_seen_at.is_some() => {
+                self.cancel_after_submit(claim).await
+            }
+            Fenced::Applied { .. } | Fenced::Gone => Ok(()),
         }
     }
 
@@ -403,6 +407,8 @@ struct FailedSubmit {
     placement: Placement,
     /// The job's deadline.
     deadline_at: UnixMillis,
+    /// Whether the provider can cancel a batch (then a cancel that arrived meanwhile is acted on at once).
+    can_cancel: bool,
 }
 
 /// A refused item's error, as its response carries it: the API's code, message and HTTP status.
