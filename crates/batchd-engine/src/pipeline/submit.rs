@@ -283,7 +283,13 @@ impl Pipeline {
 
     /// A batch created for a job that finished meanwhile (cancelled, expired, failed by another chunk) is read by
     /// nobody: where the provider can, it is cancelled rather than left running (and billed). Best effort.
-    async fn orphaned(&self, claim: &Claim, provider: &dyn Provider, model: &ModelName, remote: &RemoteBatch) {
+    pub(super) async fn orphaned(
+        &self,
+        claim: &Claim,
+        provider: &dyn Provider,
+        model: &ModelName,
+        remote: &RemoteBatch,
+    ) {
         let chunk = &claim.chunk;
         if !provider.can_cancel() {
             return;
