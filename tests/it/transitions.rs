@@ -20,7 +20,7 @@ fn allowed(transition: Transition) -> &'static [ChunkState] {
         }
         Transition::MarkPendingPoll | Transition::MarkPollFailed | Transition::MarkRecreate => &[Polling],
         Transition::Reschedule => &[Pending, Submitting, Polling],
-        Transition::Renew | Transition::Release | Transition::NoteCancel => {
+        Transition::Renew | Transition::Release | Transition::NoteCancel | Transition::ForgetCancel => {
             &[Pending, Submitting, Polling, Done, Failed]
         }
         Transition::Forget => &[],
@@ -349,6 +349,11 @@ async fn a_cancel_leaves_a_submit_in_flight_on_its_lease_and_the_first_time_it_w
     assert!(is_stale(store.note_cancel(&first, now + 60_000).await), "under the claim only");
     let view = store.load_chunk(&claim.chunk).await.expect("load").expect("ledger");
     assert_eq!(view.cancel_seen_at, Some(seen_at));
+    // Withdrawn and requested again: the wait starts afresh.
+    assert!(store.forget_cancel(&claim, now + 60_000).await.expect("forget"));
+    assert_eq!(store.load_chunk(&claim.chunk).await.expect("load").expect("ledger").cancel_seen_at, None);
+    let again = store.note_cancel(&claim, now + 60_000).await.expect("note").expect("the job runs");
+    assert!(again >= seen_at);
     assert!(store.mark_unsent(&claim, now).await.expect("unsent"), "nothing found: never sent");
     assert_eq!(snapshot_of(&mut conn, &keys, "c").await.0["c0:state"], "pending");
     assert!(is_stale(store.mark_unsent(&claim, now).await), "only from submitting");

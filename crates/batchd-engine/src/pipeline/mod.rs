@@ -173,6 +173,11 @@ impl Pipeline {
         if let Some(reason) = &view.cancel_requested {
             return self.cancel(claim, &view, reason).await;
         }
+        if view.cancel_seen_at.is_some() {
+            // The cancel was withdrawn (`batchd uncancel`) after a step acted on it: a later one waits afresh.
+            let lease_until = self.store.now().await? + self.lease.as_millis() as u64;
+            self.store.forget_cancel(claim, lease_until).await?;
+        }
         let now = self.store.now().await?;
         if now >= view.deadline_at {
             return self.expire(&chunk.job_id, &view, now).await;

@@ -25,6 +25,8 @@
 --                                                         earlier submit was looked up and created nothing)
 --   note_cancel         -                                (any state: the job's cancel seen at `now`, recorded once;
 --                                                         the lease re-scored, only if still scheduled)
+--   forget_cancel       -                                (any state: the cancel was withdrawn, when it was seen is
+--                                                         dropped; the lease re-scored, only if still scheduled)
 --   reschedule          -                                (pending, submitting, polling: a throttled step)
 --   renew, release      -                                (any state: the lease re-scored, only if still scheduled)
 --   forget              -                                (applies only to a finished job)
@@ -45,6 +47,7 @@ local allowed = {
   [T_MARK_RECREATE] = {[CHUNK_POLLING] = true},
   [T_MARK_UNSENT] = {[CHUNK_SUBMITTING] = true},
   [T_NOTE_CANCEL] = any_state,
+  [T_FORGET_CANCEL] = any_state,
   [T_RESCHEDULE] = {[CHUNK_PENDING] = true, [CHUNK_SUBMITTING] = true, [CHUNK_POLLING] = true},
   [T_RENEW] = any_state,
   [T_RELEASE] = any_state,
@@ -94,7 +97,7 @@ if transition == T_MARK_SUBMIT_RETRY or transition == T_MARK_RECREATE then
 end
 
 if transition == T_RENEW or transition == T_RELEASE or transition == T_RECORD_REMOTE
-  or transition == T_NOTE_CANCEL then
+  or transition == T_NOTE_CANCEL or transition == T_FORGET_CANCEL then
   typed('zset', 'ZADD', schedule, 'XX', due, chunk_member)
 else
   typed('zset', 'ZADD', schedule, due, chunk_member)
@@ -134,5 +137,8 @@ elseif transition == T_MARK_UNSENT then
 elseif transition == T_NOTE_CANCEL and cancel_seen_at == '' then
   redis.call('HSET', ledger, F_CANCEL_SEEN_AT, ARGV[6])
   cancel_seen_at = ARGV[6]
+elseif transition == T_FORGET_CANCEL and cancel_seen_at ~= '' then
+  redis.call('HDEL', ledger, F_CANCEL_SEEN_AT)
+  cancel_seen_at = ''
 end
 return {FENCE_APPLIED, chunk_state, held, cancel_seen_at}

@@ -242,6 +242,12 @@ impl Store {
         })
     }
 
+    /// The job's cancellation was withdrawn after a step acted on it: drops when it was first seen (so a later
+    /// cancel waits from when it is acted on) and renews the claim's lease to `lease_until`.
+    pub async fn forget_cancel(&self, claim: &Claim, lease_until: UnixMillis) -> Result<bool, StoreError> {
+        self.transition(claim, Transition::ForgetCancel, Some(lease_until), &[]).await
+    }
+
     /// The rate limiter said wait: the unfinished chunk is due again at `due`, nothing else changes.
     pub async fn reschedule(&self, claim: &Claim, due: UnixMillis) -> Result<bool, StoreError> {
         self.transition(claim, Transition::Reschedule, Some(due), &[]).await
@@ -300,8 +306,10 @@ impl Store {
         let (verdict, chunk_state, held, cancel_seen_at): (String, String, String, String) = self.run(&cmd).await?;
         match FenceVerdict::parse(&verdict, &chunk.job_id)? {
             FenceVerdict::Applied => {
-                let lease_only =
-                    matches!(transition, Transition::Renew | Transition::RecordRemote | Transition::NoteCancel);
+                let lease_only = matches!(
+                    transition,
+                    Transition::Renew | Transition::RecordRemote | Transition::NoteCancel | Transition::ForgetCancel
+                );
                 if let Some(due) = due.filter(|_| !lease_only) {
                     self.scheduled(due);
                 }

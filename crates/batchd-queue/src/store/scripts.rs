@@ -150,6 +150,9 @@ script_words! {
         /// The daemon acts on the job's cancellation: when, recorded once for the job, the lease renewed (any
         /// state).
         NoteCancel = "note_cancel",
+        /// The job's cancellation was withdrawn (`batchd uncancel`): when it was first seen is dropped, so a later
+        /// cancel waits from when it is acted on; the lease renewed (any state).
+        ForgetCancel = "forget_cancel",
         /// The rate limiter said wait: due again later, nothing else changes (from any unfinished state).
         Reschedule = "reschedule",
         /// The step is still working: its lease is extended (any state).
