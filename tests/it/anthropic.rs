@@ -287,6 +287,67 @@ async fn a_cancelled_job_with_two_running_batches_is_published_once_both_have_en
     assert_eq!(world.results().await.len(), 1, "one result, however many chunks settled the job");
 }
 
+/// Issue 23: a cancel that arrives while the create's reply is still on its way (the batch exists, the reply is
+/// held 2 s) waits for the create: its batch is recorded, then cancelled, and the result keeps what it finished.
+#[tokio::test]
+async fn a_cancel_while_the_create_is_in_flight_waits_for_it_and_cancels_its_batch() {
+    let world = cancel_world().await;
+    let control = world.emulator.anthropic();
+    control.inject(AnthropicFault::delay(Duration::from_secs(2)).on(AnthropicCalls::Create));
+    let daemon = Daemon::start(anthropic_settings(&world), &world.emulator);
+    world.enqueue(&job("claude-inflight", 3)).await;
+    wait_until("the batch is created, its reply held back", WAIT, async || control.batch_count() == 1).await;
+    let batch_id = control.batch_ids()[0].clone();
+    assert!(control.finish_items(&batch_id, 1), "the first request ran");
+    assert!(!world.ledger("claude-inflight").await.contains_key("c0:request_id"), "not recorded yet");
+    world.cancel("claude-inflight", "not needed").await;
+    let entry = world.wait_for_result("claude-inflight", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Cancelled);
+    let message = &entry.error.as_ref().expect("error").message;
+    assert!(message.contains("of its 1 batches at the provider, those still running were cancelled"), "{message}");
+    assert_eq!(texts(&entry)[0].as_deref(), Some("echo: question 0"));
+    for index in 1..3 {
+        assert_eq!(error_code(&entry, index), "canceled", "item {index} did not run");
+    }
+    assert_eq!(entry.request_ids, std::slice::from_ref(&batch_id));
+    let cancels = control.calls_of(AnthropicCallKind::Cancel);
+    assert_eq!(cancels.len(), 1, "{cancels:?}");
+    assert_eq!(cancels[0].batch_id.as_deref(), Some(batch_id.as_str()));
+    daemon.stop().await.expect("stop");
+}
+
+/// Issue 23: a cancel after an uncertain create (the batch was made, the reply replaced by a 500 asking to come
+/// back in a minute) looks the batch up without creating, then cancels it; no second batch is created.
+#[tokio::test]
+async fn a_cancel_after_an_uncertain_create_finds_its_batch_and_cancels_it_without_creating_another() {
+    let world = cancel_world().await;
+    let control = world.emulator.anthropic();
+    control.inject(AnthropicFault::status_after(500).retry_after(60).on(AnthropicCalls::Create));
+    let mut settings = anthropic_settings(&world);
+    settings.retry.max_backoff_ms = 60_000;
+    let daemon = Daemon::start(settings, &world.emulator);
+    world.enqueue(&job("claude-uncertain", 3)).await;
+    wait_until("the create's outcome is unknown", WAIT, async || {
+        world.ledger("claude-uncertain").await.get("c0:uncertain").map(String::as_str) == Some("1")
+    })
+    .await;
+    let batch_id = control.batch_ids()[0].clone();
+    assert!(control.finish_items(&batch_id, 1), "the first request ran");
+    world.cancel("claude-uncertain", "not needed").await;
+    let entry = world.wait_for_result("claude-uncertain", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Cancelled);
+    let message = &entry.error.as_ref().expect("error").message;
+    assert!(message.contains("of its 1 batches at the provider, those still running were cancelled"), "{message}");
+    assert_eq!(texts(&entry)[0].as_deref(), Some("echo: question 0"));
+    assert_eq!(entry.request_ids, std::slice::from_ref(&batch_id));
+    assert_eq!(control.calls_of(AnthropicCallKind::Create).len(), 1, "looked up, not created again");
+    assert!(!control.calls_of(AnthropicCallKind::List).is_empty(), "found in the list");
+    let cancels = control.calls_of(AnthropicCallKind::Cancel);
+    assert_eq!(cancels.len(), 1, "{cancels:?}");
+    assert_eq!(cancels[0].batch_id.as_deref(), Some(batch_id.as_str()));
+    daemon.stop().await.expect("stop");
+}
+
 #[tokio::test]
 async fn ended_batches_are_deleted_after_their_result_and_a_failed_delete_changes_nothing() {
     let world = World::new().await;

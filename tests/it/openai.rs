@@ -336,6 +336,154 @@ async fn a_cancelled_job_keeps_what_its_running_batch_finished_and_its_unsent_ba
     daemon.stop().await.expect("stop");
 }
 
+/// A cancelled job's succeeded responses (by index; none without a partial result) and its message.
+fn cancelled(entry: &ResultEntry) -> (Vec<usize>, String) {
+    assert_eq!(entry.status, ResultStatus::Cancelled, "{:?}", entry.error);
+    let responses = entry.result.as_ref().map(|output| output.responses.as_slice()).unwrap_or_default();
+    let succeeded = responses.iter().filter(|r| r.success).map(|r| r.index).collect();
+    (succeeded, entry.error.as_ref().expect("error").message.clone())
+}
+
+/// Issue 23: a cancel that arrives while the chunk's create is in flight (held 2 s before the API makes the batch)
+/// waits for it: the create records its batch, whose poll cancels it; the job is not concluded "nothing had been
+/// sent" while its batch goes on running, unread.
+#[tokio::test]
+async fn a_cancel_while_the_create_is_in_flight_waits_for_it_and_cancels_its_batch() {
+    let world = openai_world(|_| {}).await;
+    let openai = world.emulator.openai();
+    openai.inject(OpenAiFault::delay(Duration::from_secs(2)).on(OpenAiCallKind::CreateBatch));
+    openai.inject(OpenAiFault::stall(1));
+    let daemon = world.daemon();
+    let requests: Vec<Value> = (0..3).map(|i| chat(&format!("item-{i}"))).collect();
+    world.enqueue(&json!({"id": "inflight-1", "model": "openai/gpt-4o-mini", "requests": requests})).await;
+    wait_until("the create is in flight", WAIT, async || {
+        let ledger = world.ledger("inflight-1").await;
+        ledger.get("c0:state").map(String::as_str) == Some("submitting")
+            && ledger.get("c0:remote").is_some_and(|remote| remote.contains("input_file"))
+    })
+    .await;
+    assert_eq!(openai.batch_count(), 0, "the cancel comes before the batch exists");
+    world.cancel("inflight-1", "not needed").await;
+    let entry = world.wait_for_result("inflight-1", WAIT).await;
+    let (succeeded, message) = cancelled(&entry);
+    assert!(message.contains("of its 1 batches at the provider, those still running were cancelled"), "{message}");
+    assert_eq!(succeeded.len(), 1, "the request that ran before the cancel: {succeeded:?}");
+    assert_eq!(entry.request_ids.len(), 1);
+    assert_eq!(openai.batch_statuses(), [(entry.request_ids[0].clone(), "cancelled")], "cancelled at the API");
+    assert_eq!(openai.calls_of(OpenAiCallKind::CreateBatch).len(), 1);
+    daemon.stop().await.expect("stop");
+    assert_eq!(world.results().await.len(), 1, "one result");
+}
+
+/// Issue 23: a submit in flight when the cancel arrives that then certainly creates nothing (its create refused
+/// with a 429 asking to come back in a minute) ends the job at once, "nothing had been sent", rather than when its
+/// retry would have been due.
+#[tokio::test]
+async fn a_submit_in_flight_that_creates_nothing_ends_the_cancelled_job_at_once() {
+    let world = openai_world(|settings| settings.retry.max_backoff_ms = 60_000).await;
+    let openai = world.emulator.openai();
+    openai.inject(OpenAiFault::delay(Duration::from_secs(2)).on(OpenAiCallKind::Upload));
+    openai.inject(OpenAiFault::status(429).retry_after(60).on(OpenAiCallKind::CreateBatch));
+    let daemon = world.daemon();
+    world.enqueue(&json!({"id": "refused-1", "model": "openai/gpt-4o-mini", "requests": [chat("a")]})).await;
+    wait_until("the submit is in flight", WAIT, async || {
+        world.ledger("refused-1").await.get("c0:state").map(String::as_str) == Some("submitting")
+    })
+    .await;
+    assert!(openai.calls_of(OpenAiCallKind::CreateBatch).is_empty(), "the cancel comes before the create");
+    world.cancel("refused-1", "").await;
+    let entry = world.wait_for_result("refused-1", WAIT).await;
+    let (succeeded, message) = cancelled(&entry);
+    assert_eq!(message, "cancelled on request; nothing had been sent to the provider");
+    assert!(succeeded.is_empty());
+    assert_eq!(openai.batch_count(), 0);
+    assert_eq!(openai.calls_of(OpenAiCallKind::CreateBatch).len(), 1, "refused once, not tried again");
+    daemon.stop().await.expect("stop");
+}
+
+/// Issue 23: a cancel after an uncertain create (the batch was made, its reply replaced by a 500 asking to come
+/// back in a minute) looks the batch up without creating, records it and cancels it: no batch is left running,
+/// and no second one is created.
+#[tokio::test]
+async fn a_cancel_after_an_uncertain_create_finds_its_batch_and_cancels_it_without_creating_another() {
+    let world = openai_world(|settings| settings.retry.max_backoff_ms = 60_000).await;
+    let openai = world.emulator.openai();
+    openai.inject(OpenAiFault::status(500).retry_after(60).on(OpenAiCallKind::CreateBatch).after_handling());
+    openai.inject(OpenAiFault::stall(1));
+    let daemon = world.daemon();
+    let requests: Vec<Value> = (0..3).map(|i| chat(&format!("item-{i}"))).collect();
+    world.enqueue(&json!({"id": "uncertain-cancel", "model": "openai/gpt-4o-mini", "requests": requests})).await;
+    wait_until("the create's outcome is unknown", WAIT, async || {
+        world.ledger("uncertain-cancel").await.get("c0:uncertain").map(String::as_str) == Some("1")
+    })
+    .await;
+    assert_eq!(openai.batch_count(), 1, "the batch exists");
+    let batch_id = openai.batch_statuses()[0].0.clone();
+    wait_until("its first request ran", WAIT, async || {
+        retrieve(&world, &batch_id).await["request_counts"]["completed"] == 1
+    })
+    .await;
+    assert!(!world.ledger("uncertain-cancel").await.contains_key("c0:request_id"), "not recorded");
+    world.cancel("uncertain-cancel", "not needed").await;
+    let entry = world.wait_for_result("uncertain-cancel", WAIT).await;
+    let (succeeded, message) = cancelled(&entry);
+    assert!(message.contains("of its 1 batches at the provider, those still running were cancelled"), "{message}");
+    assert_eq!(succeeded.len(), 1, "the request that ran before the cancel: {succeeded:?}");
+    assert_eq!(openai.batch_count(), 1, "no second batch");
+    assert_eq!(openai.calls_of(OpenAiCallKind::CreateBatch).len(), 1, "looked up, not created again");
+    assert!(!openai.calls_of(OpenAiCallKind::ListBatches).is_empty(), "found by its metadata");
+    assert_eq!(openai.batch_statuses(), [(entry.request_ids[0].clone(), "cancelled")], "cancelled at the API");
+    daemon.stop().await.expect("stop");
+}
+
+/// Issue 23: a batch that stays `cancelling` does not hold the job past `workers.cancel_wait_secs`: the job ends
+/// `cancelled` with the batch that had finished, the other asked to cancel once more, and says the wait ran out.
+#[tokio::test]
+async fn a_batch_that_stays_cancelling_holds_the_job_no_longer_than_the_cancel_wait() {
+    let world = openai_world(|settings| {
+        settings.openai.max_requests = 2;
+        settings.workers.cancel_wait_secs = 2;
+    })
+    .await;
+    let openai = world.emulator.openai();
+    // The first batch created runs one request and stalls; once cancelled it stays `cancelling` for an hour.
+    openai.inject(OpenAiFault::stall(1));
+    let mut timing = openai.timing();
+    timing.cancelling_for = Duration::from_secs(3600);
+    openai.set_timing(timing);
+    let daemon = world.daemon();
+    let requests: Vec<Value> = (0..4).map(|i| chat(&format!("item-{i}"))).collect();
+    world.enqueue(&json!({"id": "stuck-1", "model": "openai/gpt-4o-mini", "requests": requests})).await;
+    let states = async || {
+        let ledger = world.ledger("stuck-1").await;
+        let mut states = [0, 1].map(|chunk| ledger.get(&format!("c{chunk}:state")).cloned().unwrap_or_default());
+        states.sort();
+        states
+    };
+    wait_until("one batch finished, the other stalled", WAIT, async || states().await == ["done", "polling"]).await;
+    let ledger = world.ledger("stuck-1").await;
+    let stalled = u32::from(ledger["c1:state"] == "polling");
+    polling_with_finished(&world, "stuck-1", stalled, 1).await;
+    world.cancel("stuck-1", "not needed").await;
+    let entry = world.wait_for_result("stuck-1", WAIT).await;
+    let (succeeded, message) = cancelled(&entry);
+    assert!(message.contains("the wait for them to end ran out (workers.cancel_wait_secs, 2s)"), "{message}");
+    assert!(message.contains("(1 asked to cancel again)"), "{message}");
+    let finished = if stalled == 0 { [2, 3] } else { [0, 1] };
+    assert_eq!(succeeded, finished, "the batch that had finished is in the result");
+    assert_eq!((entry.items_total, entry.items_failed), (4, 2));
+    let ledger = world.ledger("stuck-1").await;
+    let seen_at: u64 = ledger["cancel_seen_at"].parse().expect("recorded when the cancel was first seen");
+    let finished_at: u64 = ledger["finished_at"].parse().expect("finished");
+    assert!(finished_at >= seen_at + 2_000, "ended after the wait: {seen_at} -> {finished_at}");
+    let stalled_id = &ledger[&format!("c{stalled}:request_id")];
+    let cancels: Vec<_> = openai.calls_of(OpenAiCallKind::CancelBatch);
+    assert_eq!(cancels.len(), 2, "cancelled, then asked once more when the wait ran out");
+    assert!(cancels.iter().all(|call| call.batch_id.as_deref() == Some(stalled_id.as_str())));
+    assert_eq!(retrieve(&world, stalled_id).await["status"], "cancelling");
+    daemon.stop().await.expect("stop");
+}
+
 #[tokio::test]
 async fn a_crash_between_create_and_record_creates_no_second_batch() {
     let world = openai_world(|_| {}).await;

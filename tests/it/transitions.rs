@@ -15,10 +15,14 @@ use redis::aio::MultiplexedConnection;
 fn allowed(transition: Transition) -> &'static [ChunkState] {
     use ChunkState::*;
     match transition {
-        Transition::MarkSubmitted | Transition::MarkSubmitRetry | Transition::RecordRemote => &[Submitting],
+        Transition::MarkSubmitted | Transition::MarkSubmitRetry | Transition::RecordRemote | Transition::MarkUnsent => {
+            &[Submitting]
+        }
         Transition::MarkPendingPoll | Transition::MarkPollFailed | Transition::MarkRecreate => &[Polling],
         Transition::Reschedule => &[Pending, Submitting, Polling],
-        Transition::Renew | Transition::Release => &[Pending, Submitting, Polling, Done, Failed],
+        Transition::Renew | Transition::Release | Transition::NoteCancel | Transition::ForgetCancel => {
+            &[Pending, Submitting, Polling, Done, Failed]
+        }
         Transition::Forget => &[],
     }
 }
@@ -217,22 +221,13 @@ fn store(redis: &RedisServer, keys: &Keys) -> Store {
     )
 }
 
-fn is_stale<T: std::fmt::Debug>(result: Result<T, StoreError>) -> bool {
-    matches!(result, Err(StoreError::StaleClaim { .. }))
-}
-
-#[tokio::test]
-async fn a_claim_taken_over_fences_out_every_write_of_its_earlier_holder() {
-    let redis = RedisServer::start().await;
-    let mut conn = test_connection(&redis.url()).await;
-    let keys = Keys::new(&format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..10])).expect("namespace");
-    let store = store(&redis, &keys);
-    let fields = vec![(
-        "job".to_owned(),
-        br#"{"id":"f","model":"@cf/baai/bge-m3","requests":[{"text":"a"},{"text":"b"}]}"#.to_vec(),
-    )];
-    let job = batchd_core::Job::decode(&fields, "1-0", &batchd_core::JobLimits::default(), &keys).expect("job");
-    let plan = vec![(0, 2)];
+/// Job `id` of two items taken in with `plan`, its first chunk marked `submitting` for the take-in to post (its lease
+/// ends a minute after acceptance); the job and the time of its acceptance.
+async fn accepted(store: &Store, keys: &Keys, id: &str, plan: &[(usize, usize)]) -> (batchd_core::Job, u64) {
+    let job = format!(r#"{{"id":"{id}","model":"@cf/baai/bge-m3","requests":[{{"text":"a"}},{{"text":"b"}}]}}"#);
+    let fields = vec![("job".to_owned(), job.into_bytes())];
+    let job = batchd_core::Job::decode(&fields, "1-0", &batchd_core::JobLimits::default(), keys).expect("job");
+    let plan = plan.to_vec();
     let now = store.now().await.expect("now");
     let intake = Intake {
         entry_id: "1-0",
@@ -245,6 +240,20 @@ async fn a_claim_taken_over_fences_out_every_write_of_its_earlier_holder() {
         references: &[],
     };
     assert_eq!(store.accept(&job, &intake).await.expect("accept"), batchd_queue::Accepted::New);
+    (job, now)
+}
+
+fn is_stale<T: std::fmt::Debug>(result: Result<T, StoreError>) -> bool {
+    matches!(result, Err(StoreError::StaleClaim { .. }))
+}
+
+#[tokio::test]
+async fn a_claim_taken_over_fences_out_every_write_of_its_earlier_holder() {
+    let redis = RedisServer::start().await;
+    let mut conn = test_connection(&redis.url()).await;
+    let keys = Keys::new(&format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..10])).expect("namespace");
+    let store = store(&redis, &keys);
+    let (job, now) = accepted(&store, &keys, "f", &[(0, 2)]).await;
     let first = Claim::first(job.id.clone());
 
     // The take-in's lease ends while it is paused; another replica claims the chunk.
@@ -283,7 +292,7 @@ async fn a_claim_taken_over_fences_out_every_write_of_its_earlier_holder() {
         store.begin_submit(&second, now).await.expect("begin"),
         batchd_queue::SubmitTicket::Go { resubmit: true, .. }
     ));
-    assert!(store.mark_submitted(&second, "r-new", "queued", None, due).await.expect("submitted"));
+    assert!(store.mark_submitted(&second, "r-new", "queued", None, due).await.expect("submitted").applied());
     assert!(
         is_stale(store.mark_submitted(&second, "r-new", "queued", None, due).await),
         "not twice: it is polling now"
@@ -295,6 +304,61 @@ async fn a_claim_taken_over_fences_out_every_write_of_its_earlier_holder() {
     assert_eq!(ledger["c0:request_id"], "r-new");
     assert_eq!(ledger["c0:claim"], "2");
     assert_eq!(store.chunk_done(&second, ChunkState::Done, "{}", now).await.expect("done"), Some(0));
+}
+
+/// Issue 23: the cancel function leaves a chunk whose submit is in flight on its lease (a claim would fence the
+/// submit out, and its batch would run on unrecorded), and makes due a chunk whose uncertain submit waits to be
+/// resumed; the daemon records when it first acted on the cancel once, and the transition that ends a submit
+/// answers with it.
+#[tokio::test]
+async fn a_cancel_leaves_a_submit_in_flight_on_its_lease_and_the_first_time_it_was_seen_is_kept() {
+    let redis = RedisServer::start().await;
+    let mut conn = test_connection(&redis.url()).await;
+    let keys = Keys::new(&format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..10])).expect("namespace");
+    let store = store(&redis, &keys);
+    let (job, now) = accepted(&store, &keys, "c", &[(0, 1), (1, 1)]).await;
+    let first = Claim::first(job.id.clone());
+    let score = async |conn: &mut MultiplexedConnection, member: &str| -> u64 {
+        let score: f64 = redis::cmd("ZSCORE").arg(keys.schedule()).arg(member).query_async(conn).await.expect("redis");
+        score as u64
+    };
+
+    // Chunk 0's first submit is in flight (the take-in posts it): the cancel leaves its lease; chunk 1 is due now.
+    assert_eq!(store.cancel(&job.id, "not needed").await.expect("cancel"), "accepted");
+    assert_eq!(score(&mut conn, "c#0").await, now + 60_000, "the submit in flight keeps its lease");
+    assert_eq!(score(&mut conn, "c#1").await, 0, "the unsent chunk is due at once");
+
+    // Its outcome is unknown: it waits, submitting, to be resumed; a cancel now makes it due to be looked up.
+    let retry = SubmitRetryRecord { state: ChunkState::Submitting, last_error: "{}".into(), attempts: None };
+    let answered = store.mark_submit_retry(&first, &retry, now + 30_000).await.expect("retry");
+    assert_eq!(answered, batchd_queue::Fenced::Applied { cancel_seen_at: None }, "no step has acted on it yet");
+    let (ledger, _) = snapshot_of(&mut conn, &keys, "c").await;
+    assert_eq!((ledger["c0:attempts"].as_str(), ledger["c0:uncertain"].as_str()), ("1", "1"));
+    store.cancel(&job.id, "not needed").await.expect("cancel");
+    assert_eq!(score(&mut conn, "c#0").await, 0, "no submit in flight: due at once");
+
+    // A step acts on the cancel: when is recorded once, read through the claim's view, and answered by transitions.
+    let claimed = store.claim_due(now + 1, 10).await.expect("claim");
+    let claim = claimed.claims.iter().find(|claim| claim.chunk.index == 0).expect("chunk 0 claimed").clone();
+    let view = claim.view.as_deref().expect("view");
+    assert_eq!((view.cancel_requested.as_deref(), view.cancel_seen_at), (Some("not needed"), None));
+    let seen_at = store.note_cancel(&claim, now + 60_000).await.expect("note").expect("the job runs");
+    assert!(seen_at >= now, "Redis's time");
+    let other = claimed.claims.iter().find(|claim| claim.chunk.index == 1).expect("chunk 1 claimed");
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    assert_eq!(store.note_cancel(other, now + 60_000).await.expect("note"), Some(seen_at), "recorded once");
+    assert!(is_stale(store.note_cancel(&first, now + 60_000).await), "under the claim only");
+    let view = store.load_chunk(&claim.chunk).await.expect("load").expect("ledger");
+    assert_eq!(view.cancel_seen_at, Some(seen_at));
+    // Withdrawn and requested again: the wait starts afresh.
+    assert!(store.forget_cancel(&claim, now + 60_000).await.expect("forget"));
+    assert_eq!(store.load_chunk(&claim.chunk).await.expect("load").expect("ledger").cancel_seen_at, None);
+    let again = store.note_cancel(&claim, now + 60_000).await.expect("note").expect("the job runs");
+    assert!(again >= seen_at);
+    assert!(store.mark_unsent(&claim, now).await.expect("unsent"), "nothing found: never sent");
+    assert_eq!(snapshot_of(&mut conn, &keys, "c").await.0["c0:state"], "pending");
+    assert!(is_stale(store.mark_unsent(&claim, now).await), "only from submitting");
+    assert!(matches!(store.begin_submit(&claim, now).await.expect("begin"), batchd_queue::SubmitTicket::Cancelled));
 }
 
 async fn snapshot_of(

@@ -2,14 +2,14 @@
 //! until `ended`, its results streamed from `results_url` and joined on `custom_id`; cancel is real, and an ended
 //! batch is deleted once its results are stored (`delete_batches`). Before a create the chunk's mark and the time
 //! are recorded, so a resubmit after an uncertain create looks for the batch that create may have made
-//! (`lookup.rs`) before creating again.
+//! (`lookup.rs`) before creating again, and a cancelled job's chunk looks the same way without creating.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use batchd_core::{JobOutput, ModelName, RequestId};
 use batchd_provider::{
-    ApiError, BatchLimits, Call, CancelOutcome, ErrorKind, MAX_REMOTE_REF_LEN, PendingStatus, Polled, Provider,
-    RateBucket, RemoteBatch, ReplyBudget, ReplyHold, SubmitBatch, Submitted,
+    ApiError, BatchLimits, Call, CancelOutcome, ErrorKind, FindBatch, Found, MAX_REMOTE_REF_LEN, PendingStatus, Polled,
+    Provider, RateBucket, RemoteBatch, ReplyBudget, ReplyHold, SubmitBatch, Submitted,
 };
 use futures::future::BoxFuture;
 
@@ -71,7 +71,7 @@ impl AnthropicProvider {
     }
 
     /// Looks for the batch an earlier, uncertain create of this chunk may have made (see `lookup.rs`).
-    async fn find(&self, mark: &CreateMark, n_items: usize) -> Result<Option<(String, String)>, ApiError> {
+    async fn look_for(&self, mark: &CreateMark, n_items: usize) -> Result<Option<(String, String)>, ApiError> {
         let from_ms = mark.started_ms.saturating_sub(lookup::CLOCK_MARGIN_MS);
         let mut candidates = Vec::new();
         let mut after_id: Option<String> = None;
@@ -135,7 +135,7 @@ impl AnthropicProvider {
                 tracing::warn!(
                     chunk = mark.chunk.as_str(),
                     n_candidates = n,
-                    "several unchecked batches could be the one an uncertain create made; creating again (a possible duplicate)"
+                    "several unchecked batches could be the one an uncertain create made; none is taken for it (a resumed submit creates again: a possible duplicate)"
                 );
                 Ok(None)
             }
@@ -164,6 +164,16 @@ impl AnthropicProvider {
     fn batch_id(remote: &RemoteBatch) -> Result<&RequestId, ApiError> {
         remote.id.as_ref().ok_or_else(|| refusal(ErrorKind::NotFound, "the chunk records no batch id".to_owned()))
     }
+}
+
+/// The submit's answer for the batch a look found (`id`, `status`), marked with `mark`.
+fn found(id: &str, status: &str, mark: &CreateMark) -> Result<Submitted, ApiError> {
+    let id = RequestId::parse(id).map_err(|error| refusal(ErrorKind::Transient, error.to_string()))?;
+    Ok(Submitted {
+        remote: RemoteBatch { id: Some(id), tag: Some(mark.to_tag()), ..RemoteBatch::default() },
+        status: PendingStatus::documented(status).as_str().to_owned(),
+        body_bytes: 0,
+    })
 }
 
 /// An error batchd itself decided on (nothing was sent, or nothing more is to be sent).
@@ -217,20 +227,8 @@ impl Provider for AnthropicProvider {
                 Some(mark) => {
                     // An earlier create of this chunk may have made its batch: look before creating again. Until
                     // the look answers, the earlier create stays uncertain.
-                    match self.find(&mark, batch.items.len()).await {
-                        Ok(Some((id, status))) => {
-                            let id = RequestId::parse(&id)
-                                .map_err(|error| refusal(ErrorKind::Transient, error.to_string()))?;
-                            return Ok(Submitted {
-                                remote: RemoteBatch {
-                                    id: Some(id),
-                                    tag: Some(mark.to_tag()),
-                                    ..RemoteBatch::default()
-                                },
-                                status: PendingStatus::documented(&status).as_str().to_owned(),
-                                body_bytes: 0,
-                            });
-                        }
+                    match self.look_for(&mark, batch.items.len()).await {
+                        Ok(Some((id, status))) => return found(&id, &status, &mark),
                         Ok(None) => mark,
                         Err(mut error) => {
                             error.maybe_delivered = true;
@@ -304,6 +302,30 @@ impl Provider for AnthropicProvider {
                         foreign.foreign
                     ),
                 )),
+            }
+        })
+    }
+
+    fn find<'a>(&'a self, find: FindBatch<'a>) -> BoxFuture<'a, Result<Found, ApiError>> {
+        Box::pin(async move {
+            // A batch id already recorded is the chunk's batch.
+            if find.resume.id.is_some() {
+                return Ok(Found::Batch(Submitted {
+                    remote: find.resume.clone(),
+                    status: "in_progress".to_owned(),
+                    body_bytes: 0,
+                }));
+            }
+            // A create is only ever sent after its mark is recorded: without one, nothing was created. Several
+            // candidates that cannot be told apart are not this chunk's to cancel (they may be another job's).
+            let chunk = ChunkMark::new(find.job_id, find.chunk);
+            let Some(mark) = find.resume.tag.as_deref().and_then(CreateMark::parse).filter(|mark| mark.chunk == chunk)
+            else {
+                return Ok(Found::Nothing);
+            };
+            match self.look_for(&mark, find.n_items).await? {
+                Some((id, status)) => Ok(Found::Batch(found(&id, &status, &mark)?)),
+                None => Ok(Found::Nothing),
             }
         })
     }

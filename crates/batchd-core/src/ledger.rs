@@ -162,10 +162,13 @@ pub mod field {
     /// How many of the job's items carry a top-level `external_reference` that batchd echoes itself (at a
     /// provider that does not: [`CHUNK_REFERENCES`]); absent when none does.
     pub const N_REFERENCES: &str = "n_references";
+    /// When the daemon first acted on the job's cancellation, Unix ms (Redis's clock), written once under a claim
+    /// of one of its chunks: the cancel wait (`workers.cancel_wait_secs`) counts from it.
+    pub const CANCEL_SEEN_AT: &str = "cancel_seen_at";
 
     /// Every job-level field name, as `(constant name, field name)`: what the storage scripts' prelude is
     /// generated from.
-    pub const JOB_FIELDS: [(&str, &str); 20] = [
+    pub const JOB_FIELDS: [(&str, &str); 21] = [
         ("STATE", STATE),
         ("METADATA", METADATA),
         ("RETRY_FAILED_ITEMS", RETRY_FAILED_ITEMS),
@@ -186,6 +189,7 @@ pub mod field {
         ("OPEN_CHUNKS", OPEN_CHUNKS),
         ("ENDPOINT", ENDPOINT),
         ("N_REFERENCES", N_REFERENCES),
+        ("CANCEL_SEEN_AT", CANCEL_SEEN_AT),
     ];
 
     /// What a per-chunk field name starts with, before the chunk index.
@@ -236,10 +240,14 @@ pub mod field {
     /// the provider does not echo them itself; read when the job's result is assembled. A split keeps it on the
     /// chunk's index (the keys are job indices, so every piece's items still find theirs).
     pub const CHUNK_REFERENCES: &str = "references";
+    /// Per-chunk: the submit attempt whose outcome is unknown (a timeout, a 5xx after sending), recorded when the
+    /// chunk is left `submitting` to be resumed. While it equals `attempts`, no submit of the chunk is in flight: a
+    /// cancel makes such a chunk due at once (to look its batch up), and leaves one whose submit is in flight alone.
+    pub const CHUNK_UNCERTAIN: &str = "uncertain";
 
     /// Every per-chunk name (the part after `c<index>:`), as `(constant name without `CHUNK_`, name)`: what the
     /// storage scripts' prelude is generated from.
-    pub const CHUNK_FIELDS: [(&str, &str); 16] = [
+    pub const CHUNK_FIELDS: [(&str, &str); 17] = [
         ("STATE", CHUNK_STATE),
         ("REQUEST_ID", CHUNK_REQUEST_ID),
         ("ATTEMPTS", CHUNK_ATTEMPTS),
@@ -256,6 +264,7 @@ pub mod field {
         ("CLAIM", CHUNK_CLAIM),
         ("WOKEN_AT", CHUNK_WOKEN_AT),
         ("REFERENCES", CHUNK_REFERENCES),
+        ("UNCERTAIN", CHUNK_UNCERTAIN),
     ];
 }
 

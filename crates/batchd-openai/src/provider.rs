@@ -4,15 +4,16 @@
 //!
 //! A resumed submit (the engine's resubmit after a crash or an uncertain create) first asks for the batch the
 //! ledger names, then looks through the newest batches for one tagged with this chunk, and only then creates one,
-//! reusing the recorded input file: an uncertain create is never billed twice.
+//! reusing the recorded input file: an uncertain create is never billed twice. A cancelled job's chunk looks the
+//! same way and never creates ([`Provider::find`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use batchd_core::{JobOutput, ModelName, RequestId};
+use batchd_core::{JobId, JobOutput, ModelName, RequestId};
 use batchd_provider::{
-    ApiError, BatchLimits, BatchTag, Call, CancelOutcome, ErrorKind, PendingStatus, Polled, Provider, RateBucket,
-    RemoteBatch, ReplyBudget, ReplyHold, SubmitBatch, Submitted,
+    ApiError, BatchLimits, BatchTag, Call, CancelOutcome, ErrorKind, FindBatch, Found, PendingStatus, Polled, Provider,
+    RateBucket, RemoteBatch, ReplyBudget, ReplyHold, SubmitBatch, Submitted,
 };
 use futures::future::BoxFuture;
 
@@ -66,25 +67,32 @@ impl OpenAiProvider {
         Ok(Self { client, settings })
     }
 
-    /// The batch an interrupted attempt may have created for this chunk: the recorded one if it can still be
-    /// used, else the newest tagged with the chunk among the last `lookup_pages` pages of batches.
-    async fn find_created(&self, tag: &BatchTag<'_>, resume: &RemoteBatch) -> Result<Option<wire::Batch>, ApiError> {
+    /// The batch an interrupted attempt may have created for chunk `chunk` of `job_id`: the recorded one if it
+    /// `stands` for the chunk, else the newest tagged with the chunk that does, among the last `lookup_pages`
+    /// pages of batches.
+    async fn find_created(
+        &self,
+        job_id: &JobId,
+        chunk: u32,
+        resume: &RemoteBatch,
+        stands: fn(&wire::Batch) -> bool,
+    ) -> Result<Option<wire::Batch>, ApiError> {
         if let Some(id) = &resume.id {
             match self.client.retrieve(id.as_str()).await {
-                Ok(batch) if usable(&batch) => return Ok(Some(batch)),
+                Ok(batch) if stands(&batch) => return Ok(Some(batch)),
                 Ok(_) => {}
                 Err(error) if error.kind == ErrorKind::NotFound => {}
                 Err(error) => return Err(error),
             }
         }
-        let (job, chunk) = (tag.job_id.as_str(), tag.chunk.to_string());
+        let (job, chunk) = (job_id.as_str(), chunk.to_string());
         let mut after: Option<String> = None;
         for _ in 0..self.settings.lookup_pages.max(1) {
             let page = self.client.list(after.as_deref()).await?;
             let found = page.data.into_iter().find(|batch| {
                 let metadata = batch.metadata.as_ref();
                 let value = |key: &str| metadata.and_then(|metadata| metadata.get(key)).and_then(|v| v.as_str());
-                value(tag::JOB) == Some(job) && value(tag::CHUNK) == Some(chunk.as_str()) && usable(batch)
+                value(tag::JOB) == Some(job) && value(tag::CHUNK) == Some(chunk.as_str()) && stands(batch)
             });
             if found.is_some() {
                 return Ok(found);
@@ -144,6 +152,12 @@ impl OpenAiProvider {
 fn usable(batch: &wire::Batch) -> bool {
     batch.id.as_deref().is_some_and(is_safe_id)
         && !matches!(batch.status.as_deref(), Some("failed" | "cancelling" | "cancelled"))
+}
+
+/// Whether a batch found for a cancelled job's chunk is its batch: anything but a failed one (which ran nothing).
+/// One already cancelling or cancelled is taken too: it holds the responses it finished.
+fn ran(batch: &wire::Batch) -> bool {
+    batch.id.as_deref().is_some_and(is_safe_id) && batch.status.as_deref() != Some("failed")
 }
 
 /// The submit's answer for a created (or found) batch.
@@ -233,7 +247,7 @@ impl Provider for OpenAiProvider {
             // have created, so the next attempt looks again instead of taking the chunk for a fresh one.
             if let Some(resume) = batch.resume
                 && let Some(found) = self
-                    .find_created(&batch.tag, resume)
+                    .find_created(batch.tag.job_id, batch.tag.chunk, resume, usable)
                     .await
                     .map_err(|error| ApiError { maybe_delivered: true, ..error })?
             {
@@ -334,6 +348,29 @@ impl Provider for OpenAiProvider {
             }
             tracing::debug!(result_bytes = read, n_failed = output.n_failed(), "batch results read");
             Ok((output, held))
+        })
+    }
+
+    fn find<'a>(&'a self, find: FindBatch<'a>) -> BoxFuture<'a, Result<Found, ApiError>> {
+        Box::pin(async move {
+            // A create is only ever sent for a recorded input file (or after a recorded batch id): with neither,
+            // nothing was created.
+            if find.resume.id.is_none() && find.resume.input_file.is_none() {
+                return Ok(Found::Nothing);
+            }
+            match self.find_created(find.job_id, find.chunk, find.resume, ran).await? {
+                Some(found) => {
+                    tracing::info!(
+                        job_id = %find.job_id,
+                        chunk = find.chunk,
+                        batch_id = found.id.as_deref().unwrap_or_default(),
+                        status = found.status.as_deref().unwrap_or_default(),
+                        "found the batch an interrupted submit created"
+                    );
+                    Ok(Found::Batch(submitted(found, find.resume.input_file.clone(), 0)?))
+                }
+                None => Ok(Found::Nothing),
+            }
         })
     }
 

@@ -79,6 +79,16 @@ pub trait Provider: Send + Sync + fmt::Debug {
         n_items: usize,
     ) -> BoxFuture<'a, Result<(JobOutput, Vec<ReplyHold>), ApiError>>;
 
+    /// Looks for the batch an earlier, interrupted submit of a chunk may have created (its outcome was unknown: a
+    /// timeout, a 5xx after sending, a replica that died between create and record), **without creating one**: what
+    /// a cancelled job's chunk needs, so that a batch it may have at the provider is cancelled rather than left
+    /// running. `find.resume` is what the interrupted attempt recorded. Providers that cannot look answer
+    /// [`Found::Unsupported`] (the default); only a provider that [`Provider::can_cancel`] is asked.
+    fn find<'a>(&'a self, find: FindBatch<'a>) -> BoxFuture<'a, Result<Found, ApiError>> {
+        let _ = find;
+        Box::pin(async { Ok(Found::Unsupported) })
+    }
+
     /// Whether [`Provider::cancel`] stops a running batch, which then ends (seen through polls) with the results
     /// it had finished. When it does, the engine cancels a cancelled job's running batches and waits for them to
     /// end, so the job's result holds what they ran; when it does not (the default), the job ends at once and its
@@ -202,6 +212,32 @@ impl fmt::Debug for SubmitBatch<'_> {
             .field("resume", &self.resume)
             .finish_non_exhaustive()
     }
+}
+
+/// A chunk whose earlier submit may have created its batch, to look for (see [`Provider::find`]).
+#[derive(Debug, Clone, Copy)]
+pub struct FindBatch<'a> {
+    /// The model (routed to this provider).
+    pub model: &'a ModelName,
+    /// The job.
+    pub job_id: &'a JobId,
+    /// The chunk's index in the job.
+    pub chunk: u32,
+    /// The chunk's number of request items.
+    pub n_items: usize,
+    /// What the interrupted submit recorded (an uploaded file, a mark, a batch id), possibly nothing.
+    pub resume: &'a RemoteBatch,
+}
+
+/// What [`Provider::find`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// The chunk's batch exists: it is recorded as submitted, then polled (and cancelled) like any.
+    Batch(Submitted),
+    /// No batch of the chunk exists, as far as the provider can tell: the chunk was never sent.
+    Nothing,
+    /// The provider cannot look a batch up without creating one.
+    Unsupported,
 }
 
 /// A batch the provider accepted.

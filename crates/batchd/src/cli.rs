@@ -262,7 +262,7 @@ pub(crate) async fn read_ledger(conn: &mut Conn, keys: &Keys, job_id: &JobId) ->
 
 /// The ledger fields that hold numbers (times in Unix ms, counts, flags), printed as JSON numbers by
 /// `status --json`, as `jobs --json` prints its times.
-const NUMERIC_FIELDS: [&str; 12] = [
+const NUMERIC_FIELDS: [&str; 13] = [
     field::N_CHUNKS,
     field::N_ITEMS,
     field::ACCEPTED_AT,
@@ -275,16 +275,18 @@ const NUMERIC_FIELDS: [&str; 12] = [
     field::RETRY_FAILED_ITEMS,
     field::RETRIED,
     field::N_REFERENCES,
+    field::CANCEL_SEEN_AT,
 ];
 
 /// The per-chunk fields that hold numbers, likewise.
-const NUMERIC_CHUNK_FIELDS: [&str; 6] = [
+const NUMERIC_CHUNK_FIELDS: [&str; 7] = [
     field::CHUNK_ATTEMPTS,
     field::CHUNK_POLL_FAILURES,
     field::CHUNK_N_POLLS,
     field::CHUNK_SUBMITTED_AT,
     field::CHUNK_CLAIM,
     field::CHUNK_WOKEN_AT,
+    field::CHUNK_UNCERTAIN,
 ];
 
 /// A ledger as `status --json` prints it: `job_id` and every field read, by its ledger name (`c<i>:<name>` for a

@@ -185,6 +185,7 @@ pub async fn run_with_providers(
             split: SplitSettings { retry_failed_items: settings.jobs.retry_failed_items },
             limits: settings.job_limits(),
             default_deadline: Duration::from_secs(settings.jobs.default_deadline_secs),
+            cancel_wait: Duration::from_secs(settings.workers.cancel_wait_secs),
             lease: Duration::from_secs(settings.schedule.lease_secs),
             events: settings.events.enabled(),
             budget: budget.clone(),

@@ -235,8 +235,9 @@ pub(crate) async fn handle(
 
     // Faults that hit once the call took effect: only its reply is late or lost.
     match fault {
-        Some(AnthropicFaultKind::StatusAfter { status }) => {
-            let error = ApiError::new(status, default_message(status));
+        Some(AnthropicFaultKind::StatusAfter { status, retry_after_secs }) => {
+            let mut error = ApiError::new(status, default_message(status));
+            error.retry_after_secs = retry_after_secs.or(error.retry_after_secs);
             log_call(anthropic, record, Some(&error));
             error.into_response()
         }

@@ -56,6 +56,9 @@ pub enum AnthropicFaultKind {
     StatusAfter {
         /// HTTP status of the reply.
         status: u16,
+        /// Value of `retry-after` in seconds; none when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after_secs: Option<u64>,
     },
     /// Handle the call (a create's batch IS created), then close the connection without a reply.
     ResetAfter,
@@ -147,7 +150,7 @@ impl AnthropicFault {
 
     /// Handle the call, then answer `status` instead of its reply.
     pub fn status_after(status: u16) -> Self {
-        Self::new(AnthropicFaultKind::StatusAfter { status })
+        Self::new(AnthropicFaultKind::StatusAfter { status, retry_after_secs: None })
     }
 
     /// Handle the call, then drop the connection without a reply.
@@ -155,9 +158,11 @@ impl AnthropicFault {
         Self::new(AnthropicFaultKind::ResetAfter)
     }
 
-    /// Send `retry-after: <secs>` with a `status` fault (no effect on other kinds).
+    /// Send `retry-after: <secs>` with a `status` or `status_after` fault (no effect on other kinds).
     pub fn retry_after(mut self, secs: u64) -> Self {
-        if let AnthropicFaultKind::Status { retry_after_secs, .. } = &mut self.kind {
+        if let AnthropicFaultKind::Status { retry_after_secs, .. }
+        | AnthropicFaultKind::StatusAfter { retry_after_secs, .. } = &mut self.kind
+        {
             *retry_after_secs = Some(secs);
         }
         self

@@ -54,6 +54,9 @@ pub struct Pipeline {
     pub limits: JobLimits,
     /// Deadline of jobs that set none.
     pub default_deadline: Duration,
+    /// How long a cancelled job waits for its batches to end at the provider (`workers.cancel_wait_secs`), from
+    /// when the daemon first acted on the cancel; then it ends with what finished.
+    pub cancel_wait: Duration,
     /// Lease held on a chunk while this replica works on it.
     pub lease: Duration,
     /// Whether batch events wake polls (`[events]`): request ids are then indexed, and polls are the fallback.
@@ -169,6 +172,11 @@ impl Pipeline {
         }
         if let Some(reason) = &view.cancel_requested {
             return self.cancel(claim, &view, reason).await;
+        }
+        if view.cancel_seen_at.is_some() {
+            // The cancel was withdrawn (`batchd uncancel`) after a step acted on it: a later one waits afresh.
+            let lease_until = self.store.now().await? + self.lease.as_millis() as u64;
+            self.store.forget_cancel(claim, lease_until).await?;
         }
         let now = self.store.now().await?;
         if now >= view.deadline_at {

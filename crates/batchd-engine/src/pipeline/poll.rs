@@ -8,15 +8,16 @@ use batchd_provider::{ApiError, ErrorKind, PendingStatus, Polled, Provider, Remo
 use batchd_queue::{ChunkView, Claim, StoreError};
 use tracing::Instrument;
 
+use super::cancel::Cancelling;
 use super::{Ending, Pipeline, exhausted, unit_random};
 use crate::metrics::{self, ApiCall};
 use crate::policy::{poll_delay, retry_delay};
 
 impl Pipeline {
     /// Polls one chunk's remote batch.
-    /// `checked_at`: when the claim was last checked (the step's read of the ledger). `cancel`: the reason, when
-    /// the job's cancellation was requested and the provider can cancel: a batch still running is asked to cancel
-    /// (unless it already is), and once it ends the job is settled as cancelled ([`Pipeline::settle_cancel`]).
+    /// `checked_at`: when the claim was last checked (the step's read of the ledger). `cancel`: when the job's
+    /// cancellation was requested and the provider can cancel: a batch still running is asked to cancel (unless it
+    /// already is), and once it ends the job is settled as cancelled ([`Pipeline::settle_cancel`]).
     pub(super) async fn poll(
         &self,
         claim: &Claim,
@@ -24,7 +25,7 @@ impl Pipeline {
         model: &ModelName,
         view: &ChunkView,
         checked_at: std::time::Instant,
-        cancel: Option<&str>,
+        cancel: Option<Cancelling<'_>>,
     ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
         let request_id = view.request_id.as_deref().and_then(|id| RequestId::parse(id).ok());
@@ -92,7 +93,7 @@ impl Pipeline {
                 if cancel.is_some() && !status.is_cancelling() {
                     self.cancel_batch(claim, provider, model, &remote).await;
                 }
-                self.still_pending(claim, view, &status).await
+                self.still_pending(claim, view, &status, cancel).await
             }
             Ok(Answer::Done(output)) => self.batch_done(claim, view, &request_id, output, cancel).await,
             Err(error) => self.poll_failed(claim, view, error, cancel).await,
@@ -127,7 +128,7 @@ impl Pipeline {
         view: &ChunkView,
         request_id: &RequestId,
         output: batchd_core::JobOutput,
-        cancel: Option<&str>,
+        cancel: Option<Cancelling<'_>>,
     ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
         metrics::polls_per_batch(view.n_polls + 1);
@@ -157,11 +158,11 @@ impl Pipeline {
         claim: &Claim,
         state: ChunkState,
         open: Option<u32>,
-        cancel: Option<&str>,
+        cancel: Option<Cancelling<'_>>,
     ) -> Result<(), StoreError> {
         match (cancel, open) {
             (_, None) => Ok(()),
-            (Some(reason), Some(_)) => self.settle_cancel(claim, state, reason).await,
+            (Some(cancel), Some(_)) => self.settle_cancel(claim, state, cancel).await,
             (None, Some(0)) => self.finish(claim).await,
             (None, Some(_)) => Ok(()),
         }
@@ -169,8 +170,15 @@ impl Pipeline {
 
     /// Schedules the next poll of a batch that has not answered yet, whatever status it reports: only the job's
     /// deadline bounds how long it may stay pending. A status the docs do not list is logged once per batch (when
-    /// it first appears) and counted at every poll.
-    async fn still_pending(&self, claim: &Claim, view: &ChunkView, pending: &PendingStatus) -> Result<(), StoreError> {
+    /// it first appears) and counted at every poll. A cancelled job's batch is polled again no later than the end
+    /// of its wait.
+    async fn still_pending(
+        &self,
+        claim: &Claim,
+        view: &ChunkView,
+        pending: &PendingStatus,
+        cancel: Option<Cancelling<'_>>,
+    ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
         let status = pending.as_str();
         if !pending.is_documented() {
@@ -188,8 +196,8 @@ impl Pipeline {
         }
         let now = self.store.now().await?;
         let delay = poll_delay(view.n_polls + 1, &self.poll, self.events, unit_random());
-        // Never sleep past the deadline: the job expires on time.
-        let due = (now + delay.as_millis() as u64).min(view.deadline_at);
+        // Never sleep past the deadline (or a cancelled job's wait): the job ends on time.
+        let due = (now + delay.as_millis() as u64).min(latest_due(view, cancel));
         self.store.mark_pending_poll(claim, status, due).await?;
         tracing::debug!(status, next_poll_in = ?delay, "batch not finished yet");
         Ok(())
@@ -200,7 +208,7 @@ impl Pipeline {
         claim: &Claim,
         view: &ChunkView,
         error: ApiError,
-        cancel: Option<&str>,
+        cancel: Option<Cancelling<'_>>,
     ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
         let now = self.store.now().await?;
@@ -248,7 +256,7 @@ impl Pipeline {
             retry_in = ?wait,
             "poll failed; retrying"
         );
-        let due = (now + wait.as_millis() as u64).min(view.deadline_at);
+        let due = (now + wait.as_millis() as u64).min(latest_due(view, cancel));
         self.store.mark_poll_failed(claim, failures, &error.to_job_error().to_json(), due).await?;
         Ok(())
     }
@@ -259,13 +267,18 @@ impl Pipeline {
         &self,
         claim: &Claim,
         error: JobError,
-        cancel: Option<&str>,
+        cancel: Option<Cancelling<'_>>,
     ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
         tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error.message, "batch failed");
         let open = self.store.chunk_done(claim, ChunkState::Failed, &error.to_json(), self.store.now().await?).await?;
         self.after_chunk_done(claim, ChunkState::Failed, open, cancel).await
     }
+}
+
+/// The latest a chunk's next step may be due: the job's deadline, or a cancelled job's end of the wait.
+fn latest_due(view: &ChunkView, cancel: Option<Cancelling<'_>>) -> batchd_core::UnixMillis {
+    cancel.map_or(view.deadline_at, |cancel| cancel.ends_at.min(view.deadline_at))
 }
 
 /// What a poll (and, where the provider needs one, a results download) answered.

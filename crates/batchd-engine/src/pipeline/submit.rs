@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use batchd_core::{ChunkState, JobOutput, ModelName, RequestId, UnixMillis};
 use batchd_provider::{ApiError, BatchLimits, BatchTag, Checkpoint, ErrorKind, Provider, RemoteBatch, SubmitBatch};
-use batchd_queue::{Claim, NewChunk, Placement, StoreError, SubmitRetryRecord, SubmitTicket};
+use batchd_queue::{Claim, Fenced, NewChunk, Placement, StoreError, SubmitRetryRecord, SubmitTicket};
 use futures::future::BoxFuture;
 use serde_json::value::RawValue;
 use tracing::Instrument;
@@ -134,7 +134,7 @@ impl Pipeline {
                         retry_after: None,
                         maybe_delivered: true,
                     };
-                    let failed = FailedSubmit { attempt, placement, deadline_at };
+                    let failed = FailedSubmit { attempt, placement, deadline_at, can_cancel: provider.can_cancel() };
                     return self.submit_failed(claim, model, failed, requests, error).await;
                 };
                 span.record("request_id", tracing::field::display(&request_id));
@@ -156,13 +156,21 @@ impl Pipeline {
                     request_id = %request_id,
                     n_items = placement.len(),
                     bytes = submitted.body_bytes,
-                    recorded,
+                    recorded = recorded.applied(),
                     "batch submitted"
                 );
-                Ok(())
+                match recorded {
+                    // The job's cancel was acted on while the batch was being created: cancel it now.
+                    Fenced::Applied { cancel_seen_at: Some(_) } => self.cancel_after_submit(claim).await,
+                    Fenced::Applied { cancel_seen_at: None } => Ok(()),
+                    Fenced::Gone => {
+                        self.orphaned(claim, provider, model, &submitted.remote).await;
+                        Ok(())
+                    }
+                }
             }
             Err(error) => {
-                let failed = FailedSubmit { attempt, placement, deadline_at };
+                let failed = FailedSubmit { attempt, placement, deadline_at, can_cancel: provider.can_cancel() };
                 self.submit_failed(claim, model, failed, requests, error).await
             }
         }
@@ -172,7 +180,12 @@ impl Pipeline {
     /// Redis error here must not lose the id (the chunk would be submitted again after its lease): the step is
     /// retried with backoff for as long as this replica holds the lease.
     /// A claim taken over meanwhile is not retried: the chunk's new holder carries on.
-    async fn record_submitted(&self, claim: &Claim, remote: &RemoteBatch, status: &str) -> Result<bool, StoreError> {
+    pub(super) async fn record_submitted(
+        &self,
+        claim: &Claim,
+        remote: &RemoteBatch,
+        status: &str,
+    ) -> Result<Fenced, StoreError> {
         let chunk = &claim.chunk;
         let started = Instant::now();
         let mut delay = batchd_queue::RetryDelay::new();
@@ -220,7 +233,7 @@ impl Pipeline {
         error: ApiError,
     ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
-        let FailedSubmit { attempt, placement, deadline_at } = failed;
+        let FailedSubmit { attempt, placement, deadline_at, can_cancel } = failed;
         let now = self.store.now().await?;
         let retry = match after_failed_submit(&error, placement.len(), attempt, self.retry.max_attempts) {
             SubmitDecision::Split(cuts) => {
@@ -257,8 +270,39 @@ impl Pipeline {
         );
         // Never due past the deadline (a long Retry-After included): the job expires on time.
         let due = (now + wait.as_millis() as u64).min(deadline_at);
-        self.store.mark_submit_retry(claim, &record, due).await?;
-        Ok(())
+        match self.store.mark_submit_retry(claim, &record, due).await? {
+            // A cancel that arrived while this submit was in flight left it alone: at a provider that can cancel,
+            // the job is settled (or the batch looked up) now rather than at the retry. A failed submit only: the
+            // view it reads costs an ordinary job nothing.
+            Fenced::Applied { cancel_seen_at } if can_cancel || cancel_seen_at.is_some() => {
+                self.cancel_after_submit(claim).await
+            }
+            Fenced::Applied { .. } | Fenced::Gone => Ok(()),
+        }
+    }
+
+    /// A batch created for a job that finished meanwhile (cancelled, expired, failed by another chunk) is read by
+    /// nobody: where the provider can, it is cancelled rather than left running (and billed). Best effort.
+    pub(super) async fn orphaned(
+        &self,
+        claim: &Claim,
+        provider: &dyn Provider,
+        model: &ModelName,
+        remote: &RemoteBatch,
+    ) {
+        let chunk = &claim.chunk;
+        if !provider.can_cancel() {
+            return;
+        }
+        let request_id = remote.id.as_ref().map(ToString::to_string).unwrap_or_default();
+        match provider.cancel(model, remote).await {
+            Ok(outcome) => {
+                tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, request_id, ?outcome, "the job finished while its batch was being created; cancelled the batch")
+            }
+            Err(error) => {
+                tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, request_id, error = %error, "the job finished while its batch was being created, and the batch could not be cancelled")
+            }
+        }
     }
 
     /// The API refused a one-item batch because of its input: the item is answered `success:false` with the API's
@@ -369,6 +413,8 @@ struct FailedSubmit {
     placement: Placement,
     /// The job's deadline.
     deadline_at: UnixMillis,
+    /// Whether the provider can cancel a batch (then a cancel that arrived meanwhile is acted on at once).
+    can_cancel: bool,
 }
 
 /// A refused item's error, as its response carries it: the API's code, message and HTTP status.

@@ -7,7 +7,10 @@
 -- own keys. Everything is checked before the first write, as in every script.
 
 -- Requests a job's cancellation: sets the cancel flag (also honoured for a job not taken in yet) and makes the
--- job's scheduled chunks due now, so a replica notices at once. Returns the job's state, or "" when unknown.
+-- job's scheduled chunks due now, so a replica notices at once. A chunk whose submit is in flight (`submitting`,
+-- its attempt not recorded as uncertain) keeps its lease: claiming it would fence out the submit, whose batch
+-- would then run on unrecorded; the submit records its batch (then its poll cancels it) or fails, and the job
+-- waits for it. Returns the job's state, or "" when unknown.
 -- keys: 1 ledger, 2 cancel flag, 3 schedule   args: 1 job id, 2 flag ttl secs, 3 reason
 local function cancel(keys, args)
   if #keys ~= 3 then refuse('cancel takes 3 keys') end
@@ -23,13 +26,27 @@ local function cancel(keys, args)
   if is_terminal(state) then return state end
   local n = uint(head[2] or '0', 'the ledger\'s ' .. F_N_CHUNKS)
   if n > MAX_CHUNKS then refuse('the ledger has ' .. n .. ' chunks, more than ' .. MAX_CHUNKS) end
+  local members = {}
+  for first = 0, n - 1, 300 do
+    local last = math.min(first + 299, n - 1)
+    local names = {}
+    for c = first, last do
+      names[#names + 1] = chunk_field(c, C_STATE)
+      names[#names + 1] = chunk_field(c, C_ATTEMPTS)
+      names[#names + 1] = chunk_field(c, C_UNCERTAIN)
+    end
+    local values = redis.call('HMGET', ledger, unpack(names))
+    for c = first, last do
+      local k = 3 * (c - first)
+      local in_flight = values[k + 1] == CHUNK_SUBMITTING and values[k + 2] ~= values[k + 3]
+      if not in_flight then
+        members[#members + 1] = 0
+        members[#members + 1] = member(args[1], c)
+      end
+    end
+  end
 
   redis.call('SET', flag, args[3], 'EX', args[2])
-  local members = {}
-  for c = 0, n - 1 do
-    members[#members + 1] = 0
-    members[#members + 1] = member(args[1], c)
-  end
   call_sliced('ZADD', schedule, {'XX'}, members)
   return state
 end

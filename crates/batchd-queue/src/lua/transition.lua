@@ -17,13 +17,24 @@
 --                                                         the lease is renewed to the due time)
 --   mark_pending_poll   7 remote status                  (polling: one more poll answered, failures reset)
 --   mark_poll_failed    7 consecutive failures, 8 error  (polling)
---   mark_submit_retry   7 next state (pending|submitting), 8 error, 9 attempts to record or ""   (submitting)
+--   mark_submit_retry   7 next state (pending|submitting), 8 error, 9 attempts to record or ""   (submitting; left
+--                                                         submitting, the attempt is recorded as uncertain)
 --   mark_recreate       7 consecutive failures, 8 error  (polling -> submitting: the batch was refused for a quota
---                                                         after it was created; it is created again)
+--                                                         after it was created; it is created again; uncertain too)
+--   mark_unsent         -                                (submitting -> pending: a cancelled job's chunk whose
+--                                                         earlier submit was looked up and created nothing)
+--   note_cancel         -                                (any state: the job's cancel seen at `now`, recorded once;
+--                                                         the lease re-scored, only if still scheduled)
+--   forget_cancel       -                                (any state: the cancel was withdrawn, when it was seen is
+--                                                         dropped; the lease re-scored, only if still scheduled)
 --   reschedule          -                                (pending, submitting, polling: a throttled step)
 --   renew, release      -                                (any state: the lease re-scored, only if still scheduled)
 --   forget              -                                (applies only to a finished job)
--- Returns {verdict, chunk state found, the chunk's claim token}; verdict: applied | gone | stale | refused
+-- An attempt recorded as uncertain (C_UNCERTAIN equal to C_ATTEMPTS while submitting) tells the `cancel` function
+-- that no submit of the chunk is in flight. Every transition answers with when the job's cancel was first seen
+-- (F_CANCEL_SEEN_AT, read in the same HMGET), so a step that ends a submit learns of a cancel without a command.
+-- Returns {verdict, chunk state found, the chunk's claim token, cancel seen at or ""}; verdict: applied | gone |
+-- stale | refused
 local ledger, schedule, remote = KEYS[1], KEYS[2], KEYS[3]
 local transition, chunk_member = ARGV[1], ARGV[2]
 local any_state = {}
@@ -34,6 +45,9 @@ local allowed = {
   [T_MARK_POLL_FAILED] = {[CHUNK_POLLING] = true},
   [T_MARK_SUBMIT_RETRY] = {[CHUNK_SUBMITTING] = true},
   [T_MARK_RECREATE] = {[CHUNK_POLLING] = true},
+  [T_MARK_UNSENT] = {[CHUNK_SUBMITTING] = true},
+  [T_NOTE_CANCEL] = any_state,
+  [T_FORGET_CANCEL] = any_state,
   [T_RESCHEDULE] = {[CHUNK_PENDING] = true, [CHUNK_SUBMITTING] = true, [CHUNK_POLLING] = true},
   [T_RENEW] = any_state,
   [T_RELEASE] = any_state,
@@ -58,22 +72,32 @@ if transition == T_MARK_SUBMIT_RETRY then
   if ARGV[9] ~= '' then uint(ARGV[9], C_ATTEMPTS) end
 end
 local values = read_hash(ledger, F_STATE, chunk_field(chunk, C_STATE), chunk_field(chunk, C_CLAIM),
-  chunk_field(chunk, C_N_POLLS))
+  chunk_field(chunk, C_N_POLLS), chunk_field(chunk, C_ATTEMPTS), F_CANCEL_SEEN_AT)
 local state, chunk_state = values[1], values[2]
 local held = uint(values[3] or '0', 'the chunk\'s ' .. C_CLAIM)
-if state and held ~= token and transition ~= T_FORGET then return {FENCE_STALE, chunk_state or '', held} end
+local cancel_seen_at = values[6] or ''
+if state and held ~= token and transition ~= T_FORGET then
+  return {FENCE_STALE, chunk_state or '', held, cancel_seen_at}
+end
 if not state or is_terminal(state) then
   typed('zset', 'ZREM', schedule, chunk_member)
   redis.pcall('ZREM', remote, chunk_member)
-  return {FENCE_GONE, chunk_state or '', held}
+  return {FENCE_GONE, chunk_state or '', held, cancel_seen_at}
 end
 if allowed[transition] ~= any_state and not allowed[transition][chunk_state or ''] then
-  return {FENCE_REFUSED, chunk_state or '', held}
+  return {FENCE_REFUSED, chunk_state or '', held, cancel_seen_at}
 end
 local n_polls = 0
 if transition == T_MARK_PENDING_POLL then n_polls = uint(values[4] or '0', 'the chunk\'s ' .. C_N_POLLS) end
+-- The attempt a chunk left `submitting` without a submit in flight is recorded as uncertain.
+local attempts = values[5] or '0'
+if transition == T_MARK_SUBMIT_RETRY and ARGV[9] ~= '' then attempts = ARGV[9] end
+if transition == T_MARK_SUBMIT_RETRY or transition == T_MARK_RECREATE then
+  uint(attempts, 'the chunk\'s ' .. C_ATTEMPTS)
+end
 
-if transition == T_RENEW or transition == T_RELEASE or transition == T_RECORD_REMOTE then
+if transition == T_RENEW or transition == T_RELEASE or transition == T_RECORD_REMOTE
+  or transition == T_NOTE_CANCEL or transition == T_FORGET_CANCEL then
   typed('zset', 'ZADD', schedule, 'XX', due, chunk_member)
 else
   typed('zset', 'ZADD', schedule, due, chunk_member)
@@ -95,12 +119,26 @@ elseif transition == T_MARK_PENDING_POLL then
 elseif transition == T_MARK_POLL_FAILED then
   redis.call('HSET', ledger, f(C_POLL_FAILURES), ARGV[7], f(C_LAST_ERROR), ARGV[8])
 elseif transition == T_MARK_RECREATE then
-  redis.call('HSET', ledger, f(C_STATE), CHUNK_SUBMITTING, f(C_POLL_FAILURES), ARGV[7], f(C_LAST_ERROR), ARGV[8])
+  redis.call('HSET', ledger, f(C_STATE), CHUNK_SUBMITTING, f(C_POLL_FAILURES), ARGV[7], f(C_LAST_ERROR), ARGV[8],
+    f(C_UNCERTAIN), attempts)
 elseif transition == T_MARK_SUBMIT_RETRY then
+  local fields = {f(C_STATE), ARGV[7], f(C_LAST_ERROR), ARGV[8]}
   if ARGV[9] ~= '' then
-    redis.call('HSET', ledger, f(C_STATE), ARGV[7], f(C_LAST_ERROR), ARGV[8], f(C_ATTEMPTS), ARGV[9])
-  else
-    redis.call('HSET', ledger, f(C_STATE), ARGV[7], f(C_LAST_ERROR), ARGV[8])
+    fields[#fields + 1] = f(C_ATTEMPTS)
+    fields[#fields + 1] = ARGV[9]
   end
+  if ARGV[7] == CHUNK_SUBMITTING then
+    fields[#fields + 1] = f(C_UNCERTAIN)
+    fields[#fields + 1] = attempts
+  end
+  redis.call('HSET', ledger, unpack(fields))
+elseif transition == T_MARK_UNSENT then
+  redis.call('HSET', ledger, f(C_STATE), CHUNK_PENDING)
+elseif transition == T_NOTE_CANCEL and cancel_seen_at == '' then
+  redis.call('HSET', ledger, F_CANCEL_SEEN_AT, ARGV[6])
+  cancel_seen_at = ARGV[6]
+elseif transition == T_FORGET_CANCEL and cancel_seen_at ~= '' then
+  redis.call('HDEL', ledger, F_CANCEL_SEEN_AT)
+  cancel_seen_at = ''
 end
-return {FENCE_APPLIED, chunk_state, held}
+return {FENCE_APPLIED, chunk_state, held, cancel_seen_at}

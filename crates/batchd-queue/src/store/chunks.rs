@@ -148,7 +148,8 @@ impl Store {
     }
 
     /// The remote batch of a `submitting` chunk exists: records its request id and `remote_status`, marks the
-    /// chunk `polling` (the job `running`) and schedules its first poll at `due`. False when the job has finished.
+    /// chunk `polling` (the job `running`) and schedules its first poll at `due`. [`Fenced::Gone`] when the job
+    /// has finished.
     pub async fn mark_submitted(
         &self,
         claim: &Claim,
@@ -156,9 +157,9 @@ impl Store {
         remote_status: &str,
         remote: Option<&str>,
         due: UnixMillis,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Fenced, StoreError> {
         let values = [request_id, remote_status, remote.unwrap_or("")];
-        self.transition(claim, Transition::MarkSubmitted, Some(due), &values).await
+        self.fenced(claim, Transition::MarkSubmitted, Some(due), &values).await
     }
 
     /// A multi-request submit of the `submitting` chunk created part of its remote batch: records `remote` (the
@@ -207,21 +208,44 @@ impl Store {
         self.transition(claim, Transition::MarkPollFailed, Some(due), &[&failures.to_string(), last_error]).await
     }
 
-    /// A submit of the `submitting` chunk failed and is retried at `due`, from the state in `record`.
+    /// A submit of the `submitting` chunk failed and is retried at `due`, from the state in `record` (left
+    /// `submitting`, its attempt is recorded as uncertain: no submit of it is in flight until the retry).
     pub async fn mark_submit_retry(
         &self,
         claim: &Claim,
         record: &SubmitRetryRecord,
         due: UnixMillis,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Fenced, StoreError> {
         let attempts = record.attempts.map(|n| n.to_string()).unwrap_or_default();
-        self.transition(
+        self.fenced(
             claim,
             Transition::MarkSubmitRetry,
             Some(due),
             &[record.state.as_str(), &record.last_error, &attempts],
         )
         .await
+    }
+
+    /// A cancelled job's `submitting` chunk whose earlier submit was looked up at its provider and created
+    /// nothing: it is `pending` (never sent), due at `due`.
+    pub async fn mark_unsent(&self, claim: &Claim, due: UnixMillis) -> Result<bool, StoreError> {
+        self.transition(claim, Transition::MarkUnsent, Some(due), &[]).await
+    }
+
+    /// The daemon acts on the job's cancellation: records when (the claim's time, Redis's clock) unless a step
+    /// already did, and renews the claim's lease to `lease_until`. Returns when the cancel was first seen, or
+    /// `None` when the job has finished.
+    pub async fn note_cancel(&self, claim: &Claim, lease_until: UnixMillis) -> Result<Option<UnixMillis>, StoreError> {
+        Ok(match self.fenced(claim, Transition::NoteCancel, Some(lease_until), &[]).await? {
+            Fenced::Applied { cancel_seen_at } => cancel_seen_at,
+            Fenced::Gone => None,
+        })
+    }
+
+    /// The job's cancellation was withdrawn after a step acted on it: drops when it was first seen (so a later
+    /// cancel waits from when it is acted on) and renews the claim's lease to `lease_until`.
+    pub async fn forget_cancel(&self, claim: &Claim, lease_until: UnixMillis) -> Result<bool, StoreError> {
+        self.transition(claim, Transition::ForgetCancel, Some(lease_until), &[]).await
     }
 
     /// The rate limiter said wait: the unfinished chunk is due again at `due`, nothing else changes.
@@ -253,6 +277,17 @@ impl Store {
         due: Option<UnixMillis>,
         values: &[&str],
     ) -> Result<bool, StoreError> {
+        Ok(self.fenced(claim, transition, due, values).await?.applied())
+    }
+
+    /// [`Store::transition`], with what the script read of the job's cancellation.
+    async fn fenced(
+        &self,
+        claim: &Claim,
+        transition: Transition,
+        due: Option<UnixMillis>,
+        values: &[&str],
+    ) -> Result<Fenced, StoreError> {
         let chunk = &claim.chunk;
         let now = self.now().await?;
         let mut cmd = ScriptCall::new(
@@ -268,15 +303,19 @@ impl Store {
         for value in values {
             cmd.arg(*value);
         }
-        let (verdict, chunk_state, held): (String, String, String) = self.run(&cmd).await?;
+        let (verdict, chunk_state, held, cancel_seen_at): (String, String, String, String) = self.run(&cmd).await?;
         match FenceVerdict::parse(&verdict, &chunk.job_id)? {
             FenceVerdict::Applied => {
-                if let Some(due) = due.filter(|_| !matches!(transition, Transition::Renew | Transition::RecordRemote)) {
+                let lease_only = matches!(
+                    transition,
+                    Transition::Renew | Transition::RecordRemote | Transition::NoteCancel | Transition::ForgetCancel
+                );
+                if let Some(due) = due.filter(|_| !lease_only) {
                     self.scheduled(due);
                 }
-                Ok(true)
+                Ok(Fenced::Applied { cancel_seen_at: cancel_seen_at.parse().ok() })
             }
-            FenceVerdict::Gone => Ok(false),
+            FenceVerdict::Gone => Ok(Fenced::Gone),
             FenceVerdict::Stale => {
                 Err(stale(claim, format!("{} found the chunk {chunk_state} under claim {held}", transition.as_str())))
             }
@@ -340,6 +379,7 @@ impl Store {
             remote: next(),
             endpoint: next(),
             n_references: number(next()) as usize,
+            cancel_seen_at: next().and_then(|value| value.parse().ok()),
             cancel_requested,
         }))
     }

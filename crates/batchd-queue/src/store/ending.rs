@@ -102,11 +102,6 @@ impl Store {
         Ok(state)
     }
 
-    /// The cancellation reason, when a cancellation was requested for the job.
-    pub async fn cancel_requested(&self, job_id: &JobId) -> Result<Option<String>, StoreError> {
-        Ok(self.conn.clone().get(self.keys.cancel(job_id)).await?)
-    }
-
     /// Publishes `entry` to `reply_to` and closes the ledger with `state`, atomically and at most once per job.
     /// Returns false when the job had already finished (nothing was published).
     pub async fn publish(

@@ -144,6 +144,15 @@ script_words! {
         MarkSubmitRetry = "mark_submit_retry",
         /// A created batch was refused for a quota: the chunk is created again after a backoff (from `polling`).
         MarkRecreate = "mark_recreate",
+        /// A cancelled job's chunk whose earlier submit was looked up and created nothing: it is unsent (from
+        /// `submitting` to `pending`).
+        MarkUnsent = "mark_unsent",
+        /// The daemon acts on the job's cancellation: when, recorded once for the job, the lease renewed (any
+        /// state).
+        NoteCancel = "note_cancel",
+        /// The job's cancellation was withdrawn (`batchd uncancel`): when it was first seen is dropped, so a later
+        /// cancel waits from when it is acted on; the lease renewed (any state).
+        ForgetCancel = "forget_cancel",
         /// The rate limiter said wait: due again later, nothing else changes (from any unfinished state).
         Reschedule = "reschedule",
         /// The step is still working: its lease is extended (any state).
@@ -210,7 +219,7 @@ impl ViewField {
 /// The ledger fields of a chunk's view ([`ChunkView`]), in the order its parser reads them: read by
 /// [`Store::load_chunk`] and, in the claim itself, by `claim.lua` (which gets this list generated as
 /// `VIEW_FIELDS`). The job's state comes first and the claim token is [`VIEW_CLAIM`].
-pub const VIEW_FIELDS: [ViewField; 18] = [
+pub const VIEW_FIELDS: [ViewField; 19] = [
     ViewField::Job(field::STATE),
     ViewField::Job(field::MODEL),
     ViewField::Chunk(field::CHUNK_STATE),
@@ -229,6 +238,7 @@ pub const VIEW_FIELDS: [ViewField; 18] = [
     ViewField::Chunk(field::CHUNK_REMOTE),
     ViewField::Job(field::ENDPOINT),
     ViewField::Job(field::N_REFERENCES),
+    ViewField::Job(field::CANCEL_SEEN_AT),
 ];
 
 /// Where the claim token is in [`VIEW_FIELDS`] (1-based, as Lua counts).

@@ -57,6 +57,27 @@ pub enum Accepted {
     },
 }
 
+/// What a fenced transition of a chunk did, when its claim still held (a claim taken over is
+/// [`StoreError::StaleClaim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced {
+    /// Written.
+    Applied {
+        /// When the daemon first acted on the job's cancellation (Unix ms), if it has: read in the same step, so a
+        /// step that ends a submit learns of a cancel without a command of its own.
+        cancel_seen_at: Option<UnixMillis>,
+    },
+    /// The job has finished or has no ledger: the chunk was taken off the schedule, nothing else written.
+    Gone,
+}
+
+impl Fenced {
+    /// Whether the transition was written.
+    pub fn applied(self) -> bool {
+        matches!(self, Self::Applied { .. })
+    }
+}
+
 /// What [`Store::begin_submit`] decided for a chunk.
 #[derive(Debug, Clone)]
 pub enum SubmitTicket {
@@ -128,6 +149,8 @@ pub struct ChunkView {
     /// How many of the job's items have an `external_reference` batchd echoes itself (0: none; the count only,
     /// the references are read when the result is assembled).
     pub n_references: usize,
+    /// When the daemon first acted on the job's cancellation (Unix ms, Redis's clock), once it has.
+    pub cancel_seen_at: Option<UnixMillis>,
 }
 
 impl ChunkView {

@@ -39,6 +39,9 @@ impl Settings {
                 "must be at least jobs.max_entry_bytes (an idle replica holds room for one entry of that size)",
             );
         }
+        if self.workers.cancel_wait_secs == 0 {
+            return fail("workers.cancel_wait_secs", "must be at least 1");
+        }
         if self.workers.runtime_threads > 1024 {
             return fail("workers.runtime_threads", "must be at most 1024 (0 means one per CPU)");
         }

@@ -196,6 +196,9 @@ pub struct WorkerSettings {
     /// Bytes of work in flight one process may hold (entries being read and taken in, submit bodies, poll
     /// replies), shared by every namespace; what the memory limit is sized by (docs/operations.md).
     pub inflight_bytes: usize,
+    /// How long a cancelled job waits for its batches to end at a provider that can cancel them, from when the
+    /// daemon first acted on the cancel; then it ends `cancelled` with what finished.
+    pub cancel_wait_secs: u64,
 }
 
 /// `[ingress]`
