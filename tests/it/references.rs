@@ -326,10 +326,19 @@ async fn references_cost_nothing_without_them_and_one_read_with_them() {
         hget(&referenced_calls)
     );
     // The totals move with the daemon's idle reads and a batch not done at its first poll on a loaded machine; the
-    // HGETs and the kinds of command do not.
+    // HGETs and the kinds of command sent per job do not. The daemon's background work (the sampler, the ingress's
+    // reclaim, idle reads) falls into one window or the other a few times, so a kind counts as per job from one
+    // call per ten jobs.
     assert_eq!(hget(&referenced_calls), hget(&plain_calls) + 100, "one HGET more per job");
-    let new: Vec<&String> =
-        referenced_calls.keys().filter(|name| *name != "hget" && !plain_calls.contains_key(*name)).collect();
-    assert!(new.is_empty(), "no other command comes with references: {new:?}");
+    let per_job =
+        |calls: &std::collections::BTreeMap<String, u64>, name: &str| calls.get(name).is_some_and(|n| *n >= 10);
+    let new: Vec<&String> = referenced_calls
+        .keys()
+        .filter(|name| *name != "hget" && per_job(&referenced_calls, name) && !per_job(&plain_calls, name))
+        .collect();
+    assert!(
+        new.is_empty(),
+        "no other command comes with references: {new:?} ({referenced_calls:?} against {plain_calls:?})"
+    );
     daemon.stop().await.expect("stop");
 }
