@@ -1,5 +1,5 @@
 //! The remote-completion counters per model ([`crate::Keys::stats_turnaround`]): how long a model's batches took
-//! from the job's acceptance to the remote batch's completion, counted in fixed buckets. The daemon writes the
+//! from their submit to their completion at the remote API, counted in fixed buckets. The daemon writes the
 //! fields built here; `batchd status` and the dashboard read them back here and take p50/p95 from the buckets, so
 //! writer and readers cannot disagree on a field or a bound.
 

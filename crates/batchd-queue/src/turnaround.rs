@@ -100,7 +100,9 @@ pub async fn usuals(conn: &mut Conn, keys: &Keys, now_ms: UnixMillis) -> Result<
 pub struct AtRemote {
     /// The chunk's index.
     pub chunk: usize,
-    /// Seconds since the job was accepted (what the usual figures measure, to the batch's completion).
+    /// Seconds the chunk's batch has been at the remote API, what is compared with the usual figures (which
+    /// measure from a batch's submit to its completion): since its submit, or since the job's acceptance when the
+    /// ledger has no submit time.
     pub age_secs: u64,
     /// Seconds since the chunk's batch was submitted, when the ledger has the time.
     pub batch_age_secs: Option<u64>,
@@ -126,19 +128,23 @@ pub fn at_remote(view: &LedgerView, usuals: &Usuals, now_ms: UnixMillis) -> Vec<
     let model = view.get(field::MODEL).unwrap_or("-");
     let usual = usuals.of(model).copied();
     let since = |at: u64| now_ms.saturating_sub(at) / 1000;
-    let age_secs = since(view.number(field::ACCEPTED_AT).unwrap_or(now_ms));
-    let age = std::time::Duration::from_secs(age_secs);
+    let job_age_secs = since(view.number(field::ACCEPTED_AT).unwrap_or(now_ms));
     view.chunks
         .iter()
         .enumerate()
         .filter(|(_, chunk)| chunk.state() == Some(ChunkState::Polling))
-        .map(|(chunk_index, chunk)| AtRemote {
-            chunk: chunk_index,
-            age_secs,
-            batch_age_secs: chunk.submitted_at().map(since),
-            usual,
-            older_than_p95: usual.is_some_and(|usual| usual.exceeded_by(age)),
-            text: compare_text(model, usual.as_ref(), age),
+        .map(|(chunk_index, chunk)| {
+            let batch_age_secs = chunk.submitted_at().map(since);
+            let age_secs = batch_age_secs.unwrap_or(job_age_secs);
+            let age = std::time::Duration::from_secs(age_secs);
+            AtRemote {
+                chunk: chunk_index,
+                age_secs,
+                batch_age_secs,
+                usual,
+                older_than_p95: usual.is_some_and(|usual| usual.exceeded_by(age)),
+                text: compare_text(model, usual.as_ref(), age),
+            }
         })
         .collect()
 }

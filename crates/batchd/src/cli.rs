@@ -409,15 +409,21 @@ fn status_text(
                 value(field::CHUNK_ATTEMPTS),
             ),
         );
-        let submitted = chunk.get(field::CHUNK_SUBMITTED_AT).and_then(|at| at.parse::<u64>().ok());
-        if let Some(at) = submitted
+        let running_for = chunk
+            .get(field::CHUNK_SUBMITTED_AT)
+            .and_then(|at| at.parse::<u64>().ok())
             .filter(|_| chunk.get(field::CHUNK_STATE) == Some(batchd_core::ledger::ChunkState::Polling.as_str()))
-        {
-            line("", format!("batch running for {}", format_age(Duration::from_millis(now_ms.saturating_sub(at)))));
-        }
-        if let Some(remote) = at_remote.iter().find(|remote| remote.chunk == index) {
-            let age = format_age(Duration::from_secs(remote.age_secs));
-            line("", format!("job accepted {age} ago; {}", remote.text));
+            .map(|at| format_age(Duration::from_millis(now_ms.saturating_sub(at))));
+        // The batch's age, against its model's usual time when that was read (a ledger without the submit time is
+        // compared by the job's age).
+        match (running_for, at_remote.iter().find(|remote| remote.chunk == index)) {
+            (Some(age), Some(remote)) => line("", format!("batch running for {age}; {}", remote.text)),
+            (Some(age), None) => line("", format!("batch running for {age}")),
+            (None, Some(remote)) => {
+                let age = format_age(Duration::from_secs(remote.age_secs));
+                line("", format!("job accepted {age} ago; {}", remote.text));
+            }
+            (None, None) => {}
         }
         if let Some(error) = chunk.last_error() {
             error_lines(&mut line, "", &error);
@@ -737,6 +743,15 @@ mod tests {
         );
         let none = batchd_queue::turnaround::at_remote(&view, &Default::default(), 1000 + 245_000);
         assert!(status_text("ns", &view, &none, 1000 + 245_000).contains("usual for m: no history yet"));
+        // The batch's age is compared, not the job's: this job waited 4 minutes for its submit, and its batch has
+        // been at the remote API for 5 seconds, within the usual minute.
+        let mut waited = view.clone();
+        waited.chunks[0].fields.insert(field::CHUNK_SUBMITTED_AT, (1000 + 240_000).to_string());
+        let at_remote = batchd_queue::turnaround::at_remote(&waited, &usuals, 1000 + 245_000);
+        assert_eq!((at_remote[0].age_secs, at_remote[0].batch_age_secs), (5, Some(5)));
+        assert!(!at_remote[0].older_than_p95, "{at_remote:?}");
+        let text = status_text("namespace ns", &waited, &at_remote, 1000 + 245_000);
+        assert!(text.contains("batch running for 5.0s; usual for m"), "{text}");
     }
 
     #[test]

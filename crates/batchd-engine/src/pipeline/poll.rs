@@ -132,10 +132,11 @@ impl Pipeline {
     ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
         metrics::polls_per_batch(view.n_polls + 1);
-        // Counted in this process (the sampler flushes it), from the job's acceptance: the chunk's view carries no
-        // submit time, and reading it would cost a Redis command per batch.
+        // Counted in this process (the sampler flushes it), from the batch's submit (read with the claim's view; a
+        // ledger written before the view carried it counts from the job's acceptance).
         let now = self.store.now().await?;
-        let elapsed = std::time::Duration::from_millis(now.saturating_sub(view.accepted_at));
+        let started_at = view.submitted_at.unwrap_or(view.accepted_at);
+        let elapsed = std::time::Duration::from_millis(now.saturating_sub(started_at));
         if !crate::turnaround::record(self.store.keys().namespace(), &view.model, elapsed) {
             tracing::debug!(model = %view.model, "too many models since the last sample; batch time not counted");
         }

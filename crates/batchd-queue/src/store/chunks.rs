@@ -380,6 +380,7 @@ impl Store {
             endpoint: next(),
             n_references: number(next()) as usize,
             cancel_seen_at: next().and_then(|value| value.parse().ok()),
+            submitted_at: next().and_then(|value| value.parse().ok()),
             cancel_requested,
         }))
     }

@@ -219,7 +219,7 @@ impl ViewField {
 /// The ledger fields of a chunk's view ([`ChunkView`]), in the order its parser reads them: read by
 /// [`Store::load_chunk`] and, in the claim itself, by `claim.lua` (which gets this list generated as
 /// `VIEW_FIELDS`). The job's state comes first and the claim token is [`VIEW_CLAIM`].
-pub const VIEW_FIELDS: [ViewField; 19] = [
+pub const VIEW_FIELDS: [ViewField; 20] = [
     ViewField::Job(field::STATE),
     ViewField::Job(field::MODEL),
     ViewField::Chunk(field::CHUNK_STATE),
@@ -239,6 +239,7 @@ pub const VIEW_FIELDS: [ViewField; 19] = [
     ViewField::Job(field::ENDPOINT),
     ViewField::Job(field::N_REFERENCES),
     ViewField::Job(field::CANCEL_SEEN_AT),
+    ViewField::Chunk(field::CHUNK_SUBMITTED_AT),
 ];
 
 /// Where the claim token is in [`VIEW_FIELDS`] (1-based, as Lua counts).

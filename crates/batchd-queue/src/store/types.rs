@@ -151,6 +151,8 @@ pub struct ChunkView {
     pub n_references: usize,
     /// When the daemon first acted on the job's cancellation (Unix ms, Redis's clock), once it has.
     pub cancel_seen_at: Option<UnixMillis>,
+    /// When the chunk's batch was submitted (Unix ms, Redis's clock), once it has been.
+    pub submitted_at: Option<UnixMillis>,
 }
 
 impl ChunkView {

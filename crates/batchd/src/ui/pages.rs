@@ -598,13 +598,13 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
             ul #at-remote {
                 @for remote in at_remote {
                     li class=(if remote["older_than_p95"] == true { "late" } else { "" }) {
-                        "chunk " (text(&remote["chunk"])) ": job accepted "
+                        "chunk " (text(&remote["chunk"])) ": at the remote API for "
                         (format_age(Duration::from_secs(remote["age_secs"].as_u64().unwrap_or(0))))
-                        " ago; " span.usual { (shown(remote["text"].as_str().unwrap_or(""), 400)) }
+                        "; " span.usual { (shown(remote["text"].as_str().unwrap_or(""), 400)) }
                     }
                 }
             }
-            p.note { "Usual: how long this model's batches took from acceptance to the remote batch's completion over the "
+            p.note { "Usual: how long this model's batches took from their submit to their completion at the remote API over the "
                 (batchd_core::turnaround::WINDOW_TEXT) " (bucket bounds), counted by the daemons and written every admin sample." }
         }
         h2 { "Chunks" }
