@@ -23,8 +23,8 @@ const JOBS: usize = 500;
 /// sample is unbounded; the index makes a sample cost a fixed 64 `HMGET`s at most.
 const MAX_COMMANDS_PER_JOB: f64 = 28.5;
 
-/// Calls per command (`INFO commandstats`).
-async fn commandstats(world: &World) -> BTreeMap<String, u64> {
+/// Calls per command (`INFO commandstats`, commands inside scripts included).
+pub(crate) async fn commandstats(world: &World) -> BTreeMap<String, u64> {
     let text: String = redis::cmd("INFO").arg("commandstats").query_async(&mut world.conn.clone()).await.expect("INFO");
     text.lines()
         .filter_map(|line| {

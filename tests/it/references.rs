@@ -255,18 +255,6 @@ async fn a_job_whose_references_for_one_batch_exceed_the_cap_is_refused_before_a
     daemon.stop().await.expect("stop");
 }
 
-/// Calls per command (`INFO commandstats`, commands inside scripts included).
-async fn commandstats(world: &World) -> std::collections::BTreeMap<String, u64> {
-    let text: String = redis::cmd("INFO").arg("commandstats").query_async(&mut world.conn.clone()).await.expect("INFO");
-    text.lines()
-        .filter_map(|line| {
-            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = stats.strip_prefix("calls=")?.split(',').next()?.parse().ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
-}
-
 /// What `n` one-item OpenAI jobs cost in Redis: commands per job, and the calls of each command the jobs sent.
 async fn openai_cost(
     world: &World,
@@ -274,7 +262,7 @@ async fn openai_cost(
     n: usize,
     with_reference: bool,
 ) -> (f64, std::collections::BTreeMap<String, u64>) {
-    let before = commandstats(world).await;
+    let before = crate::cost::commandstats(world).await;
     let mut pipe = redis::pipe();
     for i in 0..n {
         let mut item = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5});
@@ -288,7 +276,7 @@ async fn openai_cost(
     for i in 0..n {
         world.wait_for_result(&format!("{prefix}-{i}"), WAIT).await;
     }
-    let after = commandstats(world).await;
+    let after = crate::cost::commandstats(world).await;
     let delta = |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
     // The test's own commands: its enqueue (XADD) and waits (XLEN, XRANGE of the results, INFO).
     let own = ["xadd", "xlen", "xrange", "info"];
