@@ -12,8 +12,9 @@ use tokio_util::sync::CancellationToken;
 /// Gives every allocation of 1 MiB or more its own mapping, returned to the system when freed. glibc's default
 /// threshold rises to the size of the largest block freed so far, after which blocks of several MB (a job's
 /// items, a submit body, a result) come from the heap and its free space stays resident: a 9.5 MB job then
-/// peaks at 4.3x its size instead of 3.3x (docs/benchmarks.md, B3). An operator's own setting
-/// (`MALLOC_MMAP_THRESHOLD_`, or `GLIBC_TUNABLES` naming `mmap_threshold`) is left alone.
+/// peaks at 4.3x its size instead of 3.3x (measured in an earlier round; docs/benchmarks.md's scenario 5 has
+/// today's peak). An operator's own setting (`MALLOC_MMAP_THRESHOLD_`, or `GLIBC_TUNABLES` naming
+/// `mmap_threshold`) is left alone.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 fn tune_malloc() {

@@ -17,8 +17,8 @@ use crate::policy::plan_chunks;
 impl Pipeline {
     /// Decodes an ingress entry, plans its batches and accepts it as a job (or rejects it with a result that
     /// says why), then submits its first batch straight away.
-    // Spans are debug-level: at info they cost ~12% of the daemon's CPU per job (docs/benchmarks.md), so every
-    // warn and error event names its job (and chunk) itself.
+    // Spans are debug-level: at info they cost ~12% of the daemon's CPU per job (a profile of an earlier round), so
+    // every warn and error event names its job (and chunk) itself.
     #[tracing::instrument(level = "debug", skip_all, fields(entry_id = %entry.id, job_id = tracing::field::Empty))]
     pub async fn take_in(&self, entry: IngressEntry) -> Result<(), StoreError> {
         let now = self.store.now().await?;
