@@ -404,11 +404,13 @@ async fn the_container_image_probes_itself_on_the_port_it_exposes() {
 
     // The health check's own command, against a daemon listening as the image makes it listen (on another port).
     let world = World::new().await;
-    let mut settings = world.settings.clone();
-    let admin = with_admin(&mut settings);
-    settings.admin.listen = format!("0.0.0.0:{}", admin.port());
-    let daemon = Daemon::start(settings, &world.emulator);
-    let listen = format!("0.0.0.0:{}", admin.port());
+    let listening_on_every_interface = || {
+        let mut settings = world.settings.clone();
+        let admin = with_admin(&mut settings);
+        settings.admin.listen = format!("0.0.0.0:{}", admin.port());
+        (Daemon::start(settings.clone(), &world.emulator), settings.admin.listen)
+    };
+    let (mut daemon, mut listen) = listening_on_every_interface();
     let args: Vec<&str> = exec[1..].iter().map(String::as_str).collect();
     let started = Instant::now();
     loop {
@@ -416,6 +418,14 @@ async fn the_container_image_probes_itself_on_the_port_it_exposes() {
         if code == 0 {
             assert_eq!(stdout, "ok\n");
             break;
+        }
+        if !daemon.is_running() {
+            // The port was free when picked, and taken before the daemon bound it on every interface (a connection
+            // of another test on this busy machine has the same local port): another port, the same check.
+            let error = format!("{:#}", daemon.stop().await.expect_err("a daemon that ended by itself failed"));
+            assert!(error.contains("in use"), "the daemon ended: {error}");
+            (daemon, listen) = listening_on_every_interface();
+            continue;
         }
         assert!(started.elapsed() < WAIT, "the health check never passed: {stderr}");
         tokio::time::sleep(Duration::from_millis(50)).await;
