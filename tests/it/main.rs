@@ -45,6 +45,7 @@ mod schema;
 mod scripts;
 mod secrets;
 mod store;
+mod tenants;
 mod topologies;
 mod transitions;
 mod ui_access;

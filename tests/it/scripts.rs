@@ -776,15 +776,23 @@ fn cases(f: &Fixture) -> Vec<Case> {
     case("transition: token", "transition", vec![], keys.clone(), with(&args, 3, Some("-1")), Err("claim token"));
     case("transition: due", "transition", vec![], keys.clone(), with(&args, 4, Some("later")), Err("due time"));
     case("transition: now", "transition", vec![], keys.clone(), with(&args, 5, Some("")), Err("now"));
-    let retry = strings(&["mark_submit_retry", "live#1", "1", "0", "5000", "4000", "polling", "{}", ""]);
+    let retry = strings(&["mark_submit_retry", "live#1", "1", "0", "5000", "4000", "polling", "{}", "", ""]);
     case("transition: retried state", "transition", vec![], keys.clone(), retry.clone(), Err("retried"));
     case(
         "transition: attempts",
         "transition",
         vec![],
         keys.clone(),
-        [&retry[..6], &strings(&["pending", "{}", "x"])].concat(),
+        [&retry[..6], &strings(&["pending", "{}", "x", ""])].concat(),
         Err("attempts"),
+    );
+    case(
+        "transition: looked",
+        "transition",
+        vec![],
+        keys.clone(),
+        [&retry[..6], &strings(&["pending", "{}", "", "1"])].concat(),
+        Err("looked"),
     );
     let failed = strings(&["mark_poll_failed", "live#0", "0", "0", "5000", "4000", "many", "{}"]);
     case("transition: failures", "transition", vec![], keys.clone(), failed, Err("failures"));

@@ -34,7 +34,7 @@ fn values(transition: Transition) -> Vec<&'static str> {
         Transition::RecordRemote => vec![r#"{"input_file":"file-1"}"#],
         Transition::MarkPendingPoll => vec!["running"],
         Transition::MarkPollFailed | Transition::MarkRecreate => vec!["1", "{}"],
-        Transition::MarkSubmitRetry => vec!["pending", "{}", ""],
+        Transition::MarkSubmitRetry => vec!["pending", "{}", "", ""],
         _ => vec![],
     }
 }
@@ -269,7 +269,8 @@ async fn a_claim_taken_over_fences_out_every_write_of_its_earlier_holder() {
     let before = snapshot_of(&mut conn, &keys, "f").await;
     let due = now + 1_000;
     assert!(is_stale(store.mark_submitted(&first, "r-old", "queued", None, due).await));
-    let retry = SubmitRetryRecord { state: ChunkState::Pending, last_error: "{}".into(), attempts: None };
+    let retry =
+        SubmitRetryRecord { state: ChunkState::Pending, last_error: "{}".into(), attempts: None, looked: false };
     assert!(is_stale(store.mark_submit_retry(&first, &retry, due).await));
     assert!(is_stale(store.reschedule(&first, due).await));
     assert!(is_stale(store.renew(&first, due).await));
@@ -329,7 +330,8 @@ async fn a_cancel_leaves_a_submit_in_flight_on_its_lease_and_the_first_time_it_w
     assert_eq!(score(&mut conn, "c#1").await, 0, "the unsent chunk is due at once");
 
     // Its outcome is unknown: it waits, submitting, to be resumed; a cancel now makes it due to be looked up.
-    let retry = SubmitRetryRecord { state: ChunkState::Submitting, last_error: "{}".into(), attempts: None };
+    let retry =
+        SubmitRetryRecord { state: ChunkState::Submitting, last_error: "{}".into(), attempts: None, looked: false };
     let answered = store.mark_submit_retry(&first, &retry, now + 30_000).await.expect("retry");
     assert_eq!(answered, batchd_queue::Fenced::Applied { cancel_seen_at: None }, "no step has acted on it yet");
     let (ledger, _) = snapshot_of(&mut conn, &keys, "c").await;

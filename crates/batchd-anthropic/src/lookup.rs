@@ -1,8 +1,11 @@
 //! Recognising the batch an uncertain create may have made, before creating again. Message Batches has no
-//! idempotency key and no metadata, and its list shows batches without their requests, so a batch is this
-//! chunk's when (1) it was created after the chunk's first create began (less a clock margin), (2) it holds as
-//! many requests as the chunk, and (3) where its results can be read already (it ended), its first `custom_id`
-//! carries the chunk's mark. Decisions only; the provider does the I/O.
+//! idempotency key and no metadata, and its list shows batches without their requests, so a listed batch is a
+//! candidate when (1) it was created between the chunk's first and latest create (less and plus a clock margin)
+//! and (2) it holds as many requests as the chunk; it is the chunk's only when (3) its first `custom_id` carries
+//! the chunk's mark, whose nonce no other chunk has (namespaces may share an account and a job id). Custom ids
+//! can be read only once a batch has ended: a candidate still running is never adopted unchecked; the look waits
+//! for it to end (creating again instead would bill twice whenever the uncertain create had landed, which is
+//! the usual case of a lost reply). Decisions only; the provider does the I/O.
 //!
 //! Reading a candidate's results costs a request, and a stream of batches of one size makes every batch of the last
 //! minute a candidate (a chaos run saw 73,000 results reads for 1,000 chunks): at most [`MAX_CHECKS`] ended
@@ -51,11 +54,14 @@ pub enum Listed {
     Candidate(Candidate),
 }
 
-/// Reads one listed batch against the window (created at or after `from_ms`) and the chunk's size.
-pub fn consider(batch: MessageBatch, from_ms: u64, n_items: usize) -> Listed {
+/// Reads one listed batch against the window (created from `from_ms` to `to_ms`) and the chunk's size.
+pub fn consider(batch: MessageBatch, from_ms: u64, to_ms: u64, n_items: usize) -> Listed {
     let created_ms = batch.created_ms();
     if created_ms.is_some_and(|created| created < from_ms) {
         return Listed::Older;
+    }
+    if created_ms.is_some_and(|created| created > to_ms) {
+        return Listed::Other;
     }
     // An unreadable time does not exclude a batch (lenient reader), a size that differs does.
     let n_requests = batch.n_requests();
@@ -96,7 +102,9 @@ pub enum Check {
     Ours,
     /// It carries another mark.
     Foreign,
-    /// Not readable (not ended, results gone, or no line).
+    /// Still running: its custom ids cannot be read yet.
+    Running,
+    /// Ended, but not readable (results gone, or no line).
     Unknown,
     /// Ended, but not read (past [`MAX_CHECKS`]): it could be the chunk's, yet is never adopted unread.
     Unread,
@@ -105,33 +113,31 @@ pub enum Check {
 /// The decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Choice {
-    /// This candidate is (or, unchecked but alone, is taken to be) the chunk's batch.
+    /// This candidate carries the chunk's mark: it is the chunk's batch.
     Adopt {
         /// Its index in the candidates.
         index: usize,
-        /// Whether its custom ids were checked (otherwise they are when its results are read).
-        checked: bool,
     },
     /// No batch is the chunk's: create.
     Create,
-    /// Several unchecked batches could be: creating again may duplicate one (counted), adopting the wrong one
-    /// would answer the chunk with another chunk's results; create.
+    /// These many candidates still run and may be the chunk's: look again once they have ended.
+    Wait(usize),
+    /// These many ended candidates could not be checked: none is taken (adopting the wrong one would answer the
+    /// chunk with another's results); create, a possible duplicate (counted).
     Ambiguous(usize),
 }
 
-/// Picks the chunk's batch among `checks` (one per candidate, newest first): one checked as ours wins; else a
-/// single unchecked candidate still running is adopted, when no ended one was left unread; else none.
+/// Picks the chunk's batch among `checks` (one per candidate, newest first): one checked as ours wins; else any
+/// candidate still running is waited for; else ended ones that could not be checked make the look ambiguous.
 pub fn choose(checks: &[Check]) -> Choice {
     if let Some(index) = checks.iter().position(|check| *check == Check::Ours) {
-        return Choice::Adopt { index, checked: true };
+        return Choice::Adopt { index };
     }
-    let unknown: Vec<usize> =
-        checks.iter().enumerate().filter(|(_, check)| **check == Check::Unknown).map(|(index, _)| index).collect();
-    let unread = checks.iter().filter(|check| **check == Check::Unread).count();
-    match (unknown.as_slice(), unread) {
-        ([], 0) => Choice::Create,
-        ([index], 0) => Choice::Adopt { index: *index, checked: false },
-        (many, unread) => Choice::Ambiguous(many.len() + unread),
+    let count = |kind: &[Check]| checks.iter().filter(|check| kind.contains(check)).count();
+    match (count(&[Check::Running]), count(&[Check::Unknown, Check::Unread])) {
+        (0, 0) => Choice::Create,
+        (0, unchecked) => Choice::Ambiguous(unchecked),
+        (running, _) => Choice::Wait(running),
     }
 }
 
@@ -153,16 +159,19 @@ mod tests {
     #[test]
     fn the_window_and_the_size_pick_candidates() {
         let from = crate::wire::rfc3339_ms("2026-11-25T10:00:00Z").expect("time");
-        assert_eq!(consider(batch("a", "2026-11-25T09:59:59Z", 3, "ended"), from, 3), Listed::Older);
-        assert_eq!(consider(batch("b", "2026-11-25T10:00:01Z", 4, "ended"), from, 3), Listed::Other);
-        let Listed::Candidate(candidate) = consider(batch("c", "2026-11-25T10:00:01Z", 3, "in_progress"), from, 3)
+        let to = crate::wire::rfc3339_ms("2026-11-25T10:05:00Z").expect("time");
+        assert_eq!(consider(batch("a", "2026-11-25T09:59:59Z", 3, "ended"), from, to, 3), Listed::Older);
+        assert_eq!(consider(batch("b", "2026-11-25T10:00:01Z", 4, "ended"), from, to, 3), Listed::Other);
+        let Listed::Candidate(candidate) = consider(batch("c", "2026-11-25T10:00:01Z", 3, "in_progress"), from, to, 3)
         else {
             panic!("a candidate")
         };
         assert!(!candidate.ended);
-        assert!(matches!(consider(batch("d", "yesterday", 3, "ended"), from, 3), Listed::Candidate(_)));
+        // Created after the chunk's latest create (and its margin): not one of its batches.
+        assert_eq!(consider(batch("f", "2026-11-25T10:05:01Z", 3, "in_progress"), from, to, 3), Listed::Other);
+        assert!(matches!(consider(batch("d", "yesterday", 3, "ended"), from, to, 3), Listed::Candidate(_)));
         let no_counts = MessageBatch::read(br#"{"id":"e","created_at":"2026-11-25T10:00:01Z"}"#).expect("batch");
-        assert_eq!(consider(no_counts, from, 3), Listed::Other);
+        assert_eq!(consider(no_counts, from, to, 3), Listed::Other);
     }
 
     #[test]
@@ -192,16 +201,17 @@ mod tests {
     }
 
     #[test]
-    fn a_checked_batch_wins_a_lone_unchecked_one_is_taken_and_several_are_not() {
-        use Check::{Foreign, Ours, Unknown, Unread};
+    fn only_a_checked_batch_is_adopted_and_a_running_one_is_waited_for() {
+        use Check::{Foreign, Ours, Running, Unknown, Unread};
         assert_eq!(choose(&[]), Choice::Create);
         assert_eq!(choose(&[Foreign, Foreign]), Choice::Create);
-        assert_eq!(choose(&[Unknown, Ours]), Choice::Adopt { index: 1, checked: true });
-        assert_eq!(choose(&[Foreign, Unknown]), Choice::Adopt { index: 1, checked: false });
+        assert_eq!(choose(&[Running, Ours]), Choice::Adopt { index: 1 });
+        assert_eq!(choose(&[Unread, Ours]), Choice::Adopt { index: 1 });
+        // A lone running candidate is never taken unchecked (another namespace's batch of the same size).
+        assert_eq!(choose(&[Foreign, Running]), Choice::Wait(1));
+        assert_eq!(choose(&[Running, Unknown, Running]), Choice::Wait(2));
+        // Ended ones that cannot be checked are never adopted.
         assert_eq!(choose(&[Unknown, Foreign, Unknown]), Choice::Ambiguous(2));
-        // An ended candidate left unread keeps a lone running one from being adopted, and is never adopted itself.
-        assert_eq!(choose(&[Foreign, Unknown, Unread]), Choice::Ambiguous(2));
         assert_eq!(choose(&[Unread]), Choice::Ambiguous(1));
-        assert_eq!(choose(&[Unread, Ours]), Choice::Adopt { index: 1, checked: true });
     }
 }

@@ -1,15 +1,16 @@
 //! Anthropic Message Batches as a [`Provider`]: a chunk is one create of `{custom_id, params}` requests, polled
 //! until `ended`, its results streamed from `results_url` and joined on `custom_id`; cancel is real, and an ended
-//! batch is deleted once its results are stored (`delete_batches`). Before a create the chunk's mark and the time
-//! are recorded, so a resubmit after an uncertain create looks for the batch that create may have made
-//! (`lookup.rs`) before creating again, and a cancelled job's chunk looks the same way without creating.
+//! batch is deleted once its results are stored (`delete_batches`). Before each create the chunk's mark (with its
+//! random nonce) and the time are recorded, so a resubmit after an uncertain create looks for the batch that
+//! create may have made (`lookup.rs`) before creating again, adopting only one whose custom ids carry the nonce,
+//! and a cancelled job's chunk looks the same way without creating.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use batchd_core::{JobOutput, ModelName, RequestId};
 use batchd_provider::{
     ApiError, BatchLimits, Call, CancelOutcome, ErrorKind, FindBatch, Found, MAX_REMOTE_REF_LEN, PendingStatus, Polled,
-    Provider, RateBucket, RemoteBatch, ReplyBudget, ReplyHold, SubmitBatch, Submitted,
+    Provider, RateBucket, RemoteBatch, ReplyBudget, ReplyHold, SubmitBatch, Submitted, create_nonce,
 };
 use futures::future::BoxFuture;
 
@@ -17,7 +18,7 @@ use crate::client::{self, Client};
 use crate::lookup::{self, Check, Choice, Listed};
 use crate::results::Join;
 use crate::settings::{AnthropicSettings, BuildError, MAX_BODY_BYTES, MAX_REQUESTS};
-use crate::wire::{self, BODY_SHAPE, ChunkMark, CreateMark, MessageBatch};
+use crate::wire::{self, BODY_SHAPE, CreateMark, MessageBatch};
 
 /// The routing name: models are `anthropic/<model>`.
 pub const NAME: &str = "anthropic";
@@ -71,8 +72,9 @@ impl AnthropicProvider {
     }
 
     /// Looks for the batch an earlier, uncertain create of this chunk may have made (see `lookup.rs`).
-    async fn look_for(&self, mark: &CreateMark, n_items: usize) -> Result<Option<(String, String)>, ApiError> {
+    async fn look_for(&self, mark: &CreateMark, n_items: usize) -> Result<Look, ApiError> {
         let from_ms = mark.started_ms.saturating_sub(lookup::CLOCK_MARGIN_MS);
+        let to_ms = mark.last_ms.saturating_add(lookup::CLOCK_MARGIN_MS);
         let mut candidates = Vec::new();
         let mut after_id: Option<String> = None;
         let mut reached_window_start = false;
@@ -82,7 +84,7 @@ impl AnthropicProvider {
                 return Err(client::unreadable(client::Call::Other, 200, "the batch list is not a list of batches"));
             };
             for batch in batches {
-                match lookup::consider(batch, from_ms, n_items) {
+                match lookup::consider(batch, from_ms, to_ms, n_items) {
                     Listed::Older => reached_window_start = true,
                     Listed::Other => {}
                     Listed::Candidate(candidate) => candidates.push(candidate),
@@ -115,31 +117,46 @@ impl AnthropicProvider {
             } else if candidate.ended {
                 Check::Unread
             } else {
-                Check::Unknown
+                Check::Running
             };
             checks.push(check);
         }
         match lookup::choose(&checks) {
-            Choice::Adopt { index, checked } => {
+            Choice::Adopt { index } => {
                 let found = &candidates[index];
                 tracing::info!(
                     chunk = mark.chunk.as_str(),
                     batch_id = found.id,
-                    checked,
-                    "found the batch an uncertain create made; not creating another"
+                    "found the batch an uncertain create made (its custom ids carry the chunk's nonce); not creating another"
                 );
-                Ok(Some((found.id.clone(), found.status.clone())))
+                Ok(Look::Found { id: found.id.clone(), status: found.status.clone() })
             }
-            Choice::Create => Ok(None),
+            Choice::Create => Ok(Look::Nothing),
+            Choice::Wait(n) => {
+                tracing::info!(
+                    chunk = mark.chunk.as_str(),
+                    n_candidates = n,
+                    "batches that may be the one an uncertain create made are still running; looking again once they have ended"
+                );
+                Ok(Look::Wait(n))
+            }
             Choice::Ambiguous(n) => {
                 tracing::warn!(
                     chunk = mark.chunk.as_str(),
                     n_candidates = n,
-                    "several unchecked batches could be the one an uncertain create made; none is taken for it (a resumed submit creates again: a possible duplicate)"
+                    "ended batches that could be the one an uncertain create made could not be checked; none is taken for it (a resumed submit creates again: a possible duplicate)"
                 );
-                Ok(None)
+                Ok(Look::Nothing)
             }
         }
+    }
+
+    /// The mark an earlier create of this chunk recorded (an earlier release's too), if the ledger holds one.
+    fn earlier_mark(resume: Option<&RemoteBatch>, chunk: u32) -> Option<CreateMark> {
+        resume
+            .and_then(|remote| remote.tag.as_deref())
+            .and_then(CreateMark::parse)
+            .filter(|mark| mark.chunk.chunk() == Some(chunk))
     }
 
     /// The create itself: the body, the request, the batch's id.
@@ -164,6 +181,34 @@ impl AnthropicProvider {
     fn batch_id(remote: &RemoteBatch) -> Result<&RequestId, ApiError> {
         remote.id.as_ref().ok_or_else(|| refusal(ErrorKind::NotFound, "the chunk records no batch id".to_owned()))
     }
+}
+
+/// What a look for an uncertain create's batch concluded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Look {
+    /// This batch carries the chunk's mark.
+    Found {
+        /// Its id.
+        id: String,
+        /// Its `processing_status`.
+        status: String,
+    },
+    /// No batch is provably the chunk's.
+    Nothing,
+    /// These many candidates still run and cannot be checked yet.
+    Wait(usize),
+}
+
+/// The submit's (or look's) answer while candidates of an uncertain create still run: wait, using no attempt.
+fn awaiting(n_candidates: usize) -> ApiError {
+    refusal(
+        ErrorKind::AwaitingLookUp,
+        format!(
+            "{n_candidates} batch(es) of this chunk's size, created while its create's outcome was unknown, are still \
+             running; their custom ids can be checked only once they end, so batchd looks again then instead of \
+             creating a second batch"
+        ),
+    )
 }
 
 /// The submit's answer for the batch a look found (`id`, `status`), marked with `mark`.
@@ -217,32 +262,33 @@ impl Provider for AnthropicProvider {
             if let Some(remote) = batch.resume.filter(|remote| remote.id.is_some()) {
                 return Ok(Submitted { remote: remote.clone(), status: "in_progress".to_owned(), body_bytes: 0 });
             }
-            let chunk = ChunkMark::new(batch.tag.job_id, batch.tag.chunk);
-            let earlier = batch
-                .resume
-                .and_then(|remote| remote.tag.as_deref())
-                .and_then(CreateMark::parse)
-                .filter(|mark| mark.chunk == chunk);
-            let mark = match earlier {
-                Some(mark) => {
+            let mark = match Self::earlier_mark(batch.resume, batch.tag.chunk) {
+                Some(mark) if mark.chunk.is_provable() => {
                     // An earlier create of this chunk may have made its batch: look before creating again. Until
                     // the look answers, the earlier create stays uncertain.
                     match self.look_for(&mark, batch.items.len()).await {
-                        Ok(Some((id, status))) => return found(&id, &status, &mark),
-                        Ok(None) => mark,
+                        Ok(Look::Found { id, status }) => return found(&id, &status, &mark),
+                        Ok(Look::Wait(n)) => return Err(awaiting(n)),
+                        Ok(Look::Nothing) => mark.again(now_ms()),
                         Err(mut error) => {
                             error.maybe_delivered = true;
                             return Err(error);
                         }
                     }
                 }
-                None => {
-                    let mark = CreateMark { chunk, started_ms: now_ms() };
-                    let record = RemoteBatch { tag: Some(mark.to_tag()), ..RemoteBatch::default() };
-                    batch.checkpoint.record(&record).await.map_err(|message| refusal(ErrorKind::Transient, message))?;
-                    mark
+                Some(earlier) => {
+                    tracing::warn!(
+                        chunk = earlier.chunk.as_str(),
+                        "an earlier release recorded this chunk's uncertain create without a nonce, so no batch found \
+                         can be proved to be its own; creating again (a possible duplicate)"
+                    );
+                    CreateMark::first(&create_nonce(), batch.tag.chunk, now_ms())
                 }
+                None => CreateMark::first(&create_nonce(), batch.tag.chunk, now_ms()),
             };
+            // Recorded before every create, so a look after it reads the batches created up to it.
+            let record = RemoteBatch { tag: Some(mark.to_tag()), ..RemoteBatch::default() };
+            batch.checkpoint.record(&record).await.map_err(|message| refusal(ErrorKind::Transient, message))?;
             self.create(&batch, &mark).await
         })
     }
@@ -316,16 +362,22 @@ impl Provider for AnthropicProvider {
                     body_bytes: 0,
                 }));
             }
-            // A create is only ever sent after its mark is recorded: without one, nothing was created. Several
-            // candidates that cannot be told apart are not this chunk's to cancel (they may be another job's).
-            let chunk = ChunkMark::new(find.job_id, find.chunk);
-            let Some(mark) = find.resume.tag.as_deref().and_then(CreateMark::parse).filter(|mark| mark.chunk == chunk)
-            else {
+            // A create is only ever sent after its mark is recorded: without one, nothing was created. A batch that
+            // does not carry the chunk's nonce is not this chunk's to cancel (it may be another namespace's).
+            let Some(mark) = Self::earlier_mark(Some(find.resume), find.chunk) else {
                 return Ok(Found::Nothing);
             };
+            if !mark.chunk.is_provable() {
+                tracing::warn!(
+                    chunk = mark.chunk.as_str(),
+                    "an earlier release recorded this chunk's create without a nonce; no batch found can be proved to be its own, so none is cancelled"
+                );
+                return Ok(Found::Nothing);
+            }
             match self.look_for(&mark, find.n_items).await? {
-                Some((id, status)) => Ok(Found::Batch(found(&id, &status, &mark)?)),
-                None => Ok(Found::Nothing),
+                Look::Found { id, status } => Ok(Found::Batch(found(&id, &status, &mark)?)),
+                Look::Nothing => Ok(Found::Nothing),
+                Look::Wait(n) => Err(awaiting(n)),
             }
         })
     }

@@ -4,7 +4,6 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use batchd_core::JobId;
 use batchd_provider::BodyShape;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -24,19 +23,33 @@ pub const BODY_SHAPE: BodyShape = BodyShape {
     separator: 1,
 };
 
-/// Which chunk a batch is, as its `custom_id`s say it: `b-<job hash>-<chunk>-`, followed by `<attempt>-<index>`
-/// in each custom id. The job id is hashed (FNV-1a, 64 bits) because job ids may hold `.` and `:` and run longer
-/// than a custom id may.
+/// Which chunk a batch is, as its `custom_id`s say it: `n-<nonce>-<chunk>-`, followed by `<attempt>-<index>` in
+/// each custom id. The nonce is random (`batchd_provider::create_nonce`) and recorded in the chunk's ledger before
+/// its first create, so only this chunk's creates carry it: the same job id in another namespace on the same
+/// account gets another. An earlier release wrote `b-<job id hash>-<chunk>-`; such a mark still joins the results
+/// of the batch it was sent with, but proves nothing about a batch a look-up finds (every namespace hashes a job
+/// id alike).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChunkMark {
-    /// `b-<16 hex>-<chunk>-`.
+    /// `n-<16 hex>-<chunk>-` (or an earlier release's `b-<16 hex>-<chunk>-`).
     prefix: String,
 }
 
 impl ChunkMark {
-    /// The mark of chunk `chunk` of `job_id`.
-    pub fn new(job_id: &JobId, chunk: u32) -> Self {
-        Self { prefix: format!("b-{:016x}-{chunk}-", fnv1a(job_id.as_str().as_bytes())) }
+    /// The mark of chunk `chunk` with a fresh nonce `nonce` (16 hex characters).
+    pub fn new(nonce: &str, chunk: u32) -> Self {
+        Self { prefix: format!("n-{nonce}-{chunk}-") }
+    }
+
+    /// Whether the mark carries a nonce, so that a batch whose custom ids carry it is provably this chunk's.
+    pub fn is_provable(&self) -> bool {
+        self.prefix.starts_with("n-")
+    }
+
+    /// The chunk index the mark names.
+    pub fn chunk(&self) -> Option<u32> {
+        let body = self.prefix.strip_suffix('-')?;
+        body.rsplit_once('-')?.1.parse().ok()
     }
 
     /// The `custom_id` of item `index` in attempt `attempt`: the prefix is at most 30 characters (a `u32` chunk),
@@ -69,39 +82,56 @@ impl ChunkMark {
     }
 }
 
-/// What the ledger keeps of a chunk's batches before the first create (`RemoteBatch::tag`): the chunk's mark
-/// and when its first create began, `<prefix>@<unix ms>`.
+/// What the ledger keeps of a chunk's batches before each create (`RemoteBatch::tag`): the chunk's mark, when its
+/// first create began and when its latest began, `<prefix>@<unix ms>@<unix ms>`. A look-up reads only batches
+/// created between the two (less and plus a clock margin): nothing created later is one of the chunk's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CreateMark {
     /// The chunk's custom-id prefix.
     pub chunk: ChunkMark,
     /// When the first create of the chunk began, Unix ms (this replica's clock).
     pub started_ms: u64,
+    /// When the latest create of the chunk began, Unix ms; `u64::MAX` for an earlier release's mark, which did
+    /// not record it.
+    pub last_ms: u64,
 }
 
 impl CreateMark {
-    /// The tag as the ledger stores it.
-    pub fn to_tag(&self) -> String {
-        format!("{}@{}", self.chunk.prefix, self.started_ms)
+    /// A fresh mark for a chunk's first create, begun at `now_ms`.
+    pub fn first(nonce: &str, chunk: u32, now_ms: u64) -> Self {
+        Self { chunk: ChunkMark::new(nonce, chunk), started_ms: now_ms, last_ms: now_ms }
     }
 
-    /// Reads a stored tag; `None` for one batchd did not write.
+    /// The mark of a further create of the chunk, begun at `now_ms`.
+    pub fn again(&self, now_ms: u64) -> Self {
+        Self { chunk: self.chunk.clone(), started_ms: self.started_ms, last_ms: now_ms.max(self.started_ms) }
+    }
+
+    /// The tag as the ledger stores it.
+    pub fn to_tag(&self) -> String {
+        format!("{}@{}@{}", self.chunk.prefix, self.started_ms, self.last_ms)
+    }
+
+    /// Reads a stored tag (or an earlier release's `<prefix>@<unix ms>`); `None` for one batchd did not write.
     pub fn parse(tag: &str) -> Option<Self> {
-        let (prefix, started) = tag.split_once('@')?;
-        let valid_prefix = prefix.starts_with("b-")
+        let mut parts = tag.split('@');
+        let (prefix, started, last) = (parts.next()?, parts.next()?, parts.next());
+        let valid_prefix = (prefix.starts_with("n-") || prefix.starts_with("b-"))
             && prefix.ends_with('-')
             && prefix.len() <= 40
             && prefix.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'-');
-        if !valid_prefix {
+        if !valid_prefix || parts.next().is_some() {
             return None;
         }
-        Some(Self { chunk: ChunkMark { prefix: prefix.to_owned() }, started_ms: started.parse().ok()? })
+        let started_ms = started.parse().ok()?;
+        let last_ms = match last {
+            Some(last) => last.parse().ok()?,
+            None => u64::MAX,
+        };
+        let chunk = ChunkMark { prefix: prefix.to_owned() };
+        chunk.chunk()?;
+        Some(Self { chunk, started_ms, last_ms })
     }
-}
-
-/// FNV-1a, 64 bits: a stable hash (the same on every replica and every release).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// Why an item cannot be sent as `params`.
@@ -287,15 +317,13 @@ mod tests {
         RawValue::from_string(text.to_owned()).expect("json")
     }
 
-    fn job(id: &str) -> JobId {
-        JobId::parse(id).expect("job id")
-    }
+    const NONCE: &str = "0123456789abcdef";
 
     #[test]
     fn the_body_fills_in_the_model_and_wraps_each_item_with_its_custom_id() {
         let items = [raw(r#"{"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#), raw("{}"), raw("{ }")];
         let items: Vec<&RawValue> = items.iter().map(AsRef::as_ref).collect();
-        let mark = ChunkMark::new(&job("inv-1"), 3);
+        let mark = ChunkMark::new(NONCE, 3);
         let body = create_body(&items, "claude-sonnet-4-5", &mark, 2).expect("body");
         let value: serde_json::Value = serde_json::from_slice(&body).expect("valid json");
         let requests = value["requests"].as_array().expect("requests");
@@ -322,7 +350,7 @@ mod tests {
     fn items_that_are_not_objects_or_name_a_model_are_refused_by_position() {
         let items = [raw("{}"), raw(r#"{"model":"x","max_tokens":1}"#)];
         let items: Vec<&RawValue> = items.iter().map(AsRef::as_ref).collect();
-        let mark = ChunkMark::new(&job("j"), 0);
+        let mark = ChunkMark::new(NONCE, 0);
         let error = create_body(&items, "m", &mark, 1).expect_err("refused");
         assert_eq!(error, BadItem::OwnModel(1));
         assert!(error.message().contains("/requests/1"));
@@ -341,7 +369,7 @@ mod tests {
             raw(r#"{"metadata":{"external_reference":"nested"},"external\u005freference":"escaped"}"#),
         ];
         let items: Vec<&RawValue> = items.iter().map(AsRef::as_ref).collect();
-        let body = create_body(&items, "m", &ChunkMark::new(&job("j"), 0), 1).expect("body");
+        let body = create_body(&items, "m", &ChunkMark::new(NONCE, 0), 1).expect("body");
         let text = std::str::from_utf8(&body).expect("utf8");
         assert!(text.contains(r#""params":{"model":"m","max_tokens":5,"messages":[]}}"#), "{text}");
         let value: serde_json::Value = serde_json::from_slice(&body).expect("valid json");
@@ -353,13 +381,15 @@ mod tests {
     }
 
     #[test]
-    fn custom_ids_stay_within_the_pattern_for_long_job_ids_and_big_numbers() {
-        let mark = ChunkMark::new(&job(&"a.b:c".repeat(40)), 9_999);
-        let id = mark.custom_id(999_999_999, 99_999);
+    fn custom_ids_stay_within_the_pattern_for_big_numbers_and_carry_the_nonce() {
+        let mark = ChunkMark::new(NONCE, u32::MAX);
+        let id = mark.custom_id(u64::MAX, 999_999);
         assert!(id.len() <= MAX_CUSTOM_ID_LEN, "{id}");
-        assert_eq!(mark.index_of(&id), Some(99_999));
-        assert_eq!(ChunkMark::new(&job("a"), 1).index_of(&id), None, "another job's custom id");
-        assert_eq!(ChunkMark::new(&job(&"a.b:c".repeat(40)), 999).index_of(&id), None, "another chunk's");
+        assert_eq!(mark.index_of(&id), Some(999_999));
+        assert_eq!(mark.chunk(), Some(u32::MAX));
+        assert!(mark.is_provable());
+        assert_eq!(ChunkMark::new("fedcba9876543210", u32::MAX).index_of(&id), None, "another nonce's custom id");
+        assert_eq!(ChunkMark::new(NONCE, 999).index_of(&id), None, "another chunk's");
         for hostile in [
             "",
             "b-",
@@ -373,9 +403,16 @@ mod tests {
 
     #[test]
     fn a_create_mark_round_trips_and_foreign_tags_are_refused() {
-        let mark = CreateMark { chunk: ChunkMark::new(&job("inv"), 2), started_ms: 1_732_570_000_123 };
-        assert_eq!(CreateMark::parse(&mark.to_tag()), Some(mark));
-        for foreign in ["", "x@1", "b-1-@", "b-1-@x", "b-1-2", "b-<script>-@1"] {
+        let mark = CreateMark::first(NONCE, 2, 1_732_570_000_123);
+        assert_eq!(CreateMark::parse(&mark.to_tag()), Some(mark.clone()));
+        let again = mark.again(1_732_570_009_000);
+        assert_eq!((again.started_ms, again.last_ms), (1_732_570_000_123, 1_732_570_009_000));
+        assert_eq!(CreateMark::parse(&again.to_tag()), Some(again));
+        // An earlier release's tag: read (its batch's results still join), never provable.
+        let earlier = CreateMark::parse("b-00ff00ff00ff00ff-2-@1732570000123").expect("an earlier release's tag");
+        assert_eq!((earlier.chunk.chunk(), earlier.last_ms), (Some(2), u64::MAX));
+        assert!(!earlier.chunk.is_provable());
+        for foreign in ["", "x@1", "b-1-@", "b-1-@x", "b-1-2", "b-<script>-@1", "n-x-@1@2@3", "n-ab-@1@x", "n--@1"] {
             assert_eq!(CreateMark::parse(foreign), None, "{foreign}");
         }
     }

@@ -244,10 +244,14 @@ pub mod field {
     /// chunk is left `submitting` to be resumed. While it equals `attempts`, no submit of the chunk is in flight: a
     /// cancel makes such a chunk due at once (to look its batch up), and leaves one whose submit is in flight alone.
     pub const CHUNK_UNCERTAIN: &str = "uncertain";
+    /// Per-chunk: the submit attempt that sent nothing because a look-up for an uncertain create's batch found one
+    /// it cannot check yet and waits for it to end (Anthropic shows a batch's custom ids only once it has ended).
+    /// While it equals `attempts`, the chunk's next submit resumes the look without counting a possible duplicate.
+    pub const CHUNK_LOOKED: &str = "looked";
 
     /// Every per-chunk name (the part after `c<index>:`), as `(constant name without `CHUNK_`, name)`: what the
     /// storage scripts' prelude is generated from.
-    pub const CHUNK_FIELDS: [(&str, &str); 17] = [
+    pub const CHUNK_FIELDS: [(&str, &str); 18] = [
         ("STATE", CHUNK_STATE),
         ("REQUEST_ID", CHUNK_REQUEST_ID),
         ("ATTEMPTS", CHUNK_ATTEMPTS),
@@ -265,6 +269,7 @@ pub mod field {
         ("WOKEN_AT", CHUNK_WOKEN_AT),
         ("REFERENCES", CHUNK_REFERENCES),
         ("UNCERTAIN", CHUNK_UNCERTAIN),
+        ("LOOKED", CHUNK_LOOKED),
     ];
 }
 

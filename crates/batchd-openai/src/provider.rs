@@ -3,9 +3,11 @@
 //! joined on `custom_id`; cancel = `POST /batches/{id}/cancel`; clean up = delete the three files.
 //!
 //! A resumed submit (the engine's resubmit after a crash or an uncertain create) first asks for the batch the
-//! ledger names, then looks through the newest batches for one tagged with this chunk, and only then creates one,
-//! reusing the recorded input file: an uncertain create is never billed twice. A cancelled job's chunk looks the
-//! same way and never creates ([`Provider::find`]).
+//! ledger names, then looks through the newest batches for one that is provably this chunk's, and only then
+//! creates one, reusing the recorded input file: an uncertain create is never billed twice. Provably: the batch
+//! was created from the input file this chunk uploaded and recorded, and carries the nonce recorded with that file
+//! (and the namespace), so a batch another namespace or deployment made for the same job id on the same account is
+//! never adopted. A cancelled job's chunk looks the same way and never creates ([`Provider::find`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -13,7 +15,7 @@ use std::time::Duration;
 use batchd_core::{JobId, JobOutput, ModelName, RequestId};
 use batchd_provider::{
     ApiError, BatchLimits, BatchTag, Call, CancelOutcome, ErrorKind, FindBatch, Found, PendingStatus, Polled, Provider,
-    RateBucket, RemoteBatch, ReplyBudget, ReplyHold, SubmitBatch, Submitted,
+    RateBucket, RemoteBatch, ReplyBudget, ReplyHold, SubmitBatch, Submitted, create_nonce, is_nonce,
 };
 use futures::future::BoxFuture;
 
@@ -28,12 +30,49 @@ pub const NAME: &str = "openai";
 
 /// Metadata keys of batchd's tag on a batch.
 mod tag {
+    /// The namespace.
+    pub const NAMESPACE: &str = "batchd_ns";
     /// The job id.
     pub const JOB: &str = "batchd_job";
     /// The chunk's index.
     pub const CHUNK: &str = "batchd_chunk";
     /// The submit attempt.
     pub const ATTEMPT: &str = "batchd_attempt";
+    /// The chunk's create nonce, recorded in its ledger with its input file before the first create.
+    pub const NONCE: &str = "batchd_nonce";
+}
+
+/// What makes a listed batch this chunk's: the chunk's tag, the input file it uploaded and recorded, and the nonce
+/// recorded with that file. A ledger of an earlier release records no nonce: its recorded input file, uploaded by
+/// this chunk and unique to the account, is then the proof.
+#[derive(Debug, Clone, Copy)]
+struct Ours<'a> {
+    /// The namespace.
+    namespace: &'a str,
+    /// The job id.
+    job: &'a str,
+    /// The chunk's index.
+    chunk: u32,
+    /// The recorded input file.
+    input_file: &'a str,
+    /// The recorded nonce, if the ledger holds one.
+    nonce: Option<&'a str>,
+}
+
+impl Ours<'_> {
+    /// Whether `batch` carries every mark of this chunk.
+    fn carried_by(&self, batch: &wire::Batch) -> bool {
+        let metadata = batch.metadata.as_ref();
+        let value = |key: &str| metadata.and_then(|metadata| metadata.get(key)).and_then(|value| value.as_str());
+        let chunk = self.chunk.to_string();
+        let tagged = value(tag::JOB) == Some(self.job) && value(tag::CHUNK) == Some(chunk.as_str());
+        let same_file = batch.input_file_id.as_deref() == Some(self.input_file);
+        let same_nonce = match self.nonce {
+            Some(nonce) => value(tag::NONCE) == Some(nonce) && value(tag::NAMESPACE) == Some(self.namespace),
+            None => true,
+        };
+        tagged && same_file && same_nonce
+    }
 }
 
 /// The statuses of a batch that is still running (documented).
@@ -68,10 +107,12 @@ impl OpenAiProvider {
     }
 
     /// The batch an interrupted attempt may have created for chunk `chunk` of `job_id`: the recorded one if it
-    /// `stands` for the chunk, else the newest tagged with the chunk that does, among the last `lookup_pages`
-    /// pages of batches.
+    /// `stands` for the chunk, else the newest that is provably the chunk's ([`Ours`]) and stands, among the last
+    /// `lookup_pages` pages of batches. A chunk without a recorded input file created nothing (a create is only
+    /// ever sent for a recorded file), so nothing is listed for it.
     async fn find_created(
         &self,
+        namespace: &str,
         job_id: &JobId,
         chunk: u32,
         resume: &RemoteBatch,
@@ -85,15 +126,14 @@ impl OpenAiProvider {
                 Err(error) => return Err(error),
             }
         }
-        let (job, chunk) = (job_id.as_str(), chunk.to_string());
+        let Some(input_file) = resume.input_file.as_deref() else {
+            return Ok(None);
+        };
+        let ours = Ours { namespace, job: job_id.as_str(), chunk, input_file, nonce: recorded_nonce(resume) };
         let mut after: Option<String> = None;
         for _ in 0..self.settings.lookup_pages.max(1) {
             let page = self.client.list(after.as_deref()).await?;
-            let found = page.data.into_iter().find(|batch| {
-                let metadata = batch.metadata.as_ref();
-                let value = |key: &str| metadata.and_then(|metadata| metadata.get(key)).and_then(|v| v.as_str());
-                value(tag::JOB) == Some(job) && value(tag::CHUNK) == Some(chunk.as_str()) && stands(batch)
-            });
+            let found = page.data.into_iter().find(|batch| ours.carried_by(batch) && stands(batch));
             if found.is_some() {
                 return Ok(found);
             }
@@ -117,24 +157,37 @@ impl OpenAiProvider {
         Ok((file, bytes))
     }
 
-    /// Uploads the chunk and records the file in the ledger (the checkpoint), so a resumed submit reuses it; the
-    /// file is deleted again when it cannot be recorded.
-    async fn upload_recorded(&self, batch: &SubmitBatch<'_>, endpoint: &str) -> Result<(String, usize), ApiError> {
+    /// Uploads the chunk and records the file with the chunk's create nonce in the ledger (the checkpoint), so a
+    /// resumed submit reuses both; the file is deleted again when it cannot be recorded.
+    async fn upload_recorded(
+        &self,
+        batch: &SubmitBatch<'_>,
+        endpoint: &str,
+        nonce: &str,
+    ) -> Result<(String, usize), ApiError> {
         let (file, bytes) = self.upload(batch, endpoint).await?;
-        let record = RemoteBatch { input_file: Some(file.clone()), ..RemoteBatch::default() };
-        if let Err(reason) = batch.checkpoint.record(&record).await {
+        if let Err(error) = record_file(batch, &file, nonce).await {
             self.delete_quietly(&file).await;
-            return Err(error::local(ErrorKind::Transient, reason));
+            return Err(error);
         }
         Ok((file, bytes))
     }
 
-    /// Creates the batch of `input_file`, tagged with batchd's job, chunk and attempt in its `metadata`.
-    async fn create(&self, tag: &BatchTag<'_>, input_file: &str, endpoint: &str) -> Result<wire::Batch, ApiError> {
+    /// Creates the batch of `input_file`, tagged with batchd's namespace, job, chunk, attempt and the chunk's
+    /// create nonce in its `metadata`.
+    async fn create(
+        &self,
+        tag: &BatchTag<'_>,
+        input_file: &str,
+        endpoint: &str,
+        nonce: &str,
+    ) -> Result<wire::Batch, ApiError> {
         let metadata = BTreeMap::from([
+            (tag::NAMESPACE, tag.namespace.to_owned()),
             (tag::JOB, tag.job_id.to_string()),
             (tag::CHUNK, tag.chunk.to_string()),
             (tag::ATTEMPT, tag.attempt.to_string()),
+            (tag::NONCE, nonce.to_owned()),
         ]);
         let create = wire::CreateBatch { input_file_id: input_file, endpoint, completion_window: "24h", metadata };
         self.client.create(&create).await
@@ -146,6 +199,18 @@ impl OpenAiProvider {
             tracing::warn!(file, error = %error, "could not delete a file batchd uploaded to OpenAI");
         }
     }
+}
+
+/// Records the chunk's input file and create nonce in its ledger, before any create that uses them.
+async fn record_file(batch: &SubmitBatch<'_>, file: &str, nonce: &str) -> Result<(), ApiError> {
+    let record =
+        RemoteBatch { input_file: Some(file.to_owned()), tag: Some(nonce.to_owned()), ..RemoteBatch::default() };
+    batch.checkpoint.record(&record).await.map_err(|reason| error::local(ErrorKind::Transient, reason))
+}
+
+/// The create nonce a ledger records for the chunk, if it holds one batchd wrote.
+fn recorded_nonce(resume: &RemoteBatch) -> Option<&str> {
+    resume.tag.as_deref().filter(|tag| is_nonce(tag))
 }
 
 /// Whether a batch found for a resumed submit can stand for this chunk: anything but a failed or cancelled one.
@@ -160,15 +225,20 @@ fn ran(batch: &wire::Batch) -> bool {
     batch.id.as_deref().is_some_and(is_safe_id) && batch.status.as_deref() != Some("failed")
 }
 
-/// The submit's answer for a created (or found) batch.
-fn submitted(batch: wire::Batch, input_file: Option<String>, body_bytes: usize) -> Result<Submitted, ApiError> {
+/// The submit's answer for a created (or found) batch; `nonce` is the chunk's create nonce.
+fn submitted(
+    batch: wire::Batch,
+    input_file: Option<String>,
+    nonce: Option<&str>,
+    body_bytes: usize,
+) -> Result<Submitted, ApiError> {
     let id = batch.id.as_deref().and_then(|id| RequestId::parse(id).ok()).ok_or_else(|| ApiError {
         maybe_delivered: true,
         ..error::unreadable(error::Operation::Create, 200, "the batch was created without a usable id", b"")
     })?;
     let input_file = input_file.or(batch.input_file_id).filter(|file| is_safe_id(file));
     Ok(Submitted {
-        remote: RemoteBatch { id: Some(id), input_file, ..RemoteBatch::default() },
+        remote: RemoteBatch { id: Some(id), input_file, tag: nonce.map(str::to_owned), ..RemoteBatch::default() },
         status: batch.status.unwrap_or_else(|| "validating".to_owned()),
         body_bytes,
     })
@@ -247,7 +317,7 @@ impl Provider for OpenAiProvider {
             // have created, so the next attempt looks again instead of taking the chunk for a fresh one.
             if let Some(resume) = batch.resume
                 && let Some(found) = self
-                    .find_created(batch.tag.job_id, batch.tag.chunk, resume, usable)
+                    .find_created(batch.tag.namespace, batch.tag.job_id, batch.tag.chunk, resume, usable)
                     .await
                     .map_err(|error| ApiError { maybe_delivered: true, ..error })?
             {
@@ -257,14 +327,24 @@ impl Provider for OpenAiProvider {
                     batch_id = found.id.as_deref().unwrap_or_default(),
                     "found the batch an interrupted submit created; not creating another"
                 );
-                return submitted(found, resume.input_file.clone(), 0);
+                return submitted(found, resume.input_file.clone(), recorded_nonce(resume), 0);
             }
+            // One nonce for every create of the chunk, recorded before the first: a look-up after any of them
+            // recognises the batch it made.
+            let recorded = batch.resume.and_then(recorded_nonce);
+            let nonce = recorded.map_or_else(create_nonce, str::to_owned);
             let reused = batch.resume.and_then(|resume| resume.input_file.clone()).filter(|file| is_safe_id(file));
             let (mut input_file, mut body_bytes) = match &reused {
-                Some(file) => (file.clone(), 0),
-                None => self.upload_recorded(&batch, endpoint).await?,
+                Some(file) => {
+                    if recorded.is_none() {
+                        // A file an earlier release recorded without a nonce: the nonce is recorded before the create.
+                        record_file(&batch, file, &nonce).await?;
+                    }
+                    (file.clone(), 0)
+                }
+                None => self.upload_recorded(&batch, endpoint, &nonce).await?,
             };
-            let mut created = self.create(&batch.tag, &input_file, endpoint).await;
+            let mut created = self.create(&batch.tag, &input_file, endpoint, &nonce).await;
             // The recorded file may be gone: a replica that held the chunk before deletes its file when the API
             // certainly refused its create, and it may learn only afterwards that the chunk was taken over (a
             // replica paused past its lease, a Redis outage). Upload it again rather than fail the job.
@@ -275,11 +355,11 @@ impl Provider for OpenAiProvider {
                     file = input_file,
                     "the recorded input file is gone; uploading it again"
                 );
-                (input_file, body_bytes) = self.upload_recorded(&batch, endpoint).await?;
-                created = self.create(&batch.tag, &input_file, endpoint).await;
+                (input_file, body_bytes) = self.upload_recorded(&batch, endpoint, &nonce).await?;
+                created = self.create(&batch.tag, &input_file, endpoint, &nonce).await;
             }
             match created {
-                Ok(created) => submitted(created, Some(input_file), body_bytes),
+                Ok(created) => submitted(created, Some(input_file), Some(&nonce), body_bytes),
                 // The batch may exist: the engine resubmits, and the resumed submit looks before creating.
                 Err(error) if error.maybe_delivered => Err(error),
                 Err(error) => {
@@ -358,7 +438,7 @@ impl Provider for OpenAiProvider {
             if find.resume.id.is_none() && find.resume.input_file.is_none() {
                 return Ok(Found::Nothing);
             }
-            match self.find_created(find.job_id, find.chunk, find.resume, ran).await? {
+            match self.find_created(find.namespace, find.job_id, find.chunk, find.resume, ran).await? {
                 Some(found) => {
                     tracing::info!(
                         job_id = %find.job_id,
@@ -367,7 +447,7 @@ impl Provider for OpenAiProvider {
                         status = found.status.as_deref().unwrap_or_default(),
                         "found the batch an interrupted submit created"
                     );
-                    Ok(Found::Batch(submitted(found, find.resume.input_file.clone(), 0)?))
+                    Ok(Found::Batch(submitted(found, find.resume.input_file.clone(), recorded_nonce(find.resume), 0)?))
                 }
                 None => Ok(Found::Nothing),
             }
@@ -436,6 +516,33 @@ mod tests {
         assert_eq!(error.message, "input line 3: bad (and 1 more errors)");
         assert_eq!(error.api_code, Some(batchd_core::ApiCode::Text("invalid_json_line".into())));
         assert_eq!(failed_batch(&batch(r#"{"status":"failed"}"#)).kind, ErrorKind::BatchFailed);
+    }
+
+    #[test]
+    fn a_listed_batch_is_the_chunks_only_with_its_file_nonce_and_namespace() {
+        let ours =
+            Ours { namespace: "a", job: "inv-42", chunk: 0, input_file: "file-a", nonce: Some("00ff00ff00ff00ff") };
+        let listed = |file: &str, ns: &str, nonce: &str, chunk: &str| {
+            batch(&format!(
+                r#"{{"id":"batch_1","status":"in_progress","input_file_id":"{file}","metadata":{{"batchd_ns":"{ns}",
+                "batchd_job":"inv-42","batchd_chunk":"{chunk}","batchd_attempt":"1","batchd_nonce":"{nonce}"}}}}"#
+            ))
+        };
+        assert!(ours.carried_by(&listed("file-a", "a", "00ff00ff00ff00ff", "0")));
+        // The same job id in another namespace on the same account: another file, another nonce.
+        assert!(!ours.carried_by(&listed("file-b", "b", "1234123412341234", "0")));
+        // Each mark on its own is required.
+        assert!(!ours.carried_by(&listed("file-b", "a", "00ff00ff00ff00ff", "0")), "another file");
+        assert!(!ours.carried_by(&listed("file-a", "a", "1234123412341234", "0")), "another nonce");
+        assert!(!ours.carried_by(&listed("file-a", "b", "00ff00ff00ff00ff", "0")), "another namespace");
+        assert!(!ours.carried_by(&listed("file-a", "a", "00ff00ff00ff00ff", "1")), "another chunk");
+        assert!(!ours.carried_by(&batch(r#"{"id":"batch_1","input_file_id":"file-a"}"#)), "no tag");
+        // A ledger of an earlier release records no nonce: the file it recorded is the proof.
+        let earlier = Ours { nonce: None, ..ours };
+        let untagged =
+            batch(r#"{"id":"batch_1","input_file_id":"file-a","metadata":{"batchd_job":"inv-42","batchd_chunk":"0"}}"#);
+        assert!(earlier.carried_by(&untagged));
+        assert!(!earlier.carried_by(&listed("file-b", "b", "1234123412341234", "0")));
     }
 
     #[test]

@@ -20,6 +20,10 @@ pub enum ErrorKind {
     /// A quota is used up (Cloudflare's daily free allocation, a provider's enqueued-token limit): not now, much
     /// later; like a rate limit, it uses no attempt.
     QuotaExhausted,
+    /// A submit resuming after an uncertain create sent nothing: its look-up found a batch that may be the one that
+    /// create made but cannot be checked until it ends (Anthropic shows custom ids only then). The look is tried
+    /// again later, using no attempt and counting no possible duplicate; the earlier create stays uncertain.
+    AwaitingLookUp,
     /// The batch is too large: split it, or fail the chunk if it cannot be split.
     TooLarge,
     /// A poll got "no such batch": the provider no longer has the batch or its results.
@@ -44,6 +48,7 @@ impl ErrorKind {
             Self::Transient => "transient",
             Self::RateLimited => "rate_limited",
             Self::QuotaExhausted => "quota_exhausted",
+            Self::AwaitingLookUp => "awaiting_look_up",
             Self::TooLarge => "too_large",
             Self::NotFound => "not_found",
             Self::BatchFailed => "batch_failed",
@@ -54,10 +59,10 @@ impl ErrorKind {
         }
     }
 
-    /// Whether waiting is the whole answer (a rate limit or a quota): the step is tried again later and no attempt
-    /// is used up.
+    /// Whether waiting is the whole answer (a rate limit, a quota, a look-up waiting for a batch to end): the step
+    /// is tried again later and no attempt is used up.
     pub fn is_throttle(self) -> bool {
-        matches!(self, Self::RateLimited | Self::QuotaExhausted)
+        matches!(self, Self::RateLimited | Self::QuotaExhausted | Self::AwaitingLookUp)
     }
 }
 
@@ -89,7 +94,10 @@ pub struct ApiError {
 impl ApiError {
     /// Whether the same request may succeed later (transient failures, rate limits and quotas).
     pub fn is_retryable(&self) -> bool {
-        matches!(self.kind, ErrorKind::Transient | ErrorKind::RateLimited | ErrorKind::QuotaExhausted)
+        matches!(
+            self.kind,
+            ErrorKind::Transient | ErrorKind::RateLimited | ErrorKind::QuotaExhausted | ErrorKind::AwaitingLookUp
+        )
     }
 
     /// The index of the request item an [`ErrorKind::InvalidInput`] refusal names (`/requests/N` in a schema
@@ -126,6 +134,10 @@ impl ApiError {
             ErrorKind::RateLimited => {
                 (code::RETRIES_EXHAUSTED, "the Batch API kept rate limiting until batchd gave up")
             }
+            ErrorKind::AwaitingLookUp => (
+                code::RETRIES_EXHAUSTED,
+                "a batch an uncertain create may have made had not ended, so it could not be checked",
+            ),
             ErrorKind::Transient => (code::RETRIES_EXHAUSTED, "the Batch API kept failing; the last error was"),
         };
         JobError {
@@ -153,6 +165,7 @@ impl fmt::Display for ApiError {
             ErrorKind::Transient => "transient batch api error",
             ErrorKind::RateLimited => "batch api rate limit",
             ErrorKind::QuotaExhausted => "batch api quota exhausted",
+            ErrorKind::AwaitingLookUp => "waiting to check a batch an uncertain create may have made",
             ErrorKind::TooLarge => "batch too large",
             ErrorKind::NotFound => "batch not found",
             ErrorKind::BatchFailed => "batch failed",
@@ -184,7 +197,7 @@ mod tests {
 
     #[test]
     fn throttles_use_no_attempt_and_are_retryable() {
-        for kind in [ErrorKind::RateLimited, ErrorKind::QuotaExhausted] {
+        for kind in [ErrorKind::RateLimited, ErrorKind::QuotaExhausted, ErrorKind::AwaitingLookUp] {
             assert!(kind.is_throttle() && error(kind).is_retryable(), "{kind}");
         }
         assert!(!ErrorKind::Transient.is_throttle() && error(ErrorKind::Transient).is_retryable());

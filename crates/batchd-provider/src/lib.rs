@@ -167,10 +167,25 @@ impl BodyShape {
     }
 }
 
+/// A fresh nonce for the creates of one chunk: 16 lowercase hex characters (64 random bits). A provider records it
+/// in the chunk's ledger before the first create and puts it on the batch (metadata, custom ids), so a look-up
+/// after an uncertain create adopts only a batch that carries it: namespaces and deployments that share one
+/// account may hold the same job id, never the same nonce (DESIGN decision 23).
+pub fn create_nonce() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// Whether `text` reads as a nonce [`create_nonce`] made (a ledger is writable by anyone who can write to Redis).
+pub fn is_nonce(text: &str) -> bool {
+    text.len() == 16 && text.bytes().all(|byte| matches!(byte, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// Which chunk a batch is: providers put it in the batch's metadata or per-item ids, so a batch an interrupted
 /// submit created can be found again.
 #[derive(Debug, Clone, Copy)]
 pub struct BatchTag<'a> {
+    /// The namespace the job belongs to (several may share one provider account).
+    pub namespace: &'a str,
     /// The job.
     pub job_id: &'a JobId,
     /// The chunk's index in the job.
@@ -219,6 +234,8 @@ impl fmt::Debug for SubmitBatch<'_> {
 pub struct FindBatch<'a> {
     /// The model (routed to this provider).
     pub model: &'a ModelName,
+    /// The namespace the job belongs to.
+    pub namespace: &'a str,
     /// The job.
     pub job_id: &'a JobId,
     /// The chunk's index in the job.
@@ -334,6 +351,16 @@ mod tests {
         assert_eq!(cloudflare.bytes([2, 3]), r#"{"requests":[{},{ }]}"#.len());
         let lines = BodyShape { envelope: 0, per_item: 10, separator: 1 };
         assert_eq!(lines.bytes([5, 5, 5]), 3 * 15 + 2);
+    }
+
+    #[test]
+    fn nonces_are_fresh_and_only_their_own_shape_reads_as_one() {
+        let (a, b) = (create_nonce(), create_nonce());
+        assert!(is_nonce(&a) && is_nonce(&b), "{a} {b}");
+        assert_ne!(a, b, "two creates never share a nonce");
+        for foreign in ["", "0123456789abcde", "0123456789abcdef0", "0123456789ABCDEF", "0123456789abcdeg"] {
+            assert!(!is_nonce(foreign), "{foreign:?}");
+        }
     }
 
     #[test]

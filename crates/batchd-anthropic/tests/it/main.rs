@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use batchd_anthropic::{AnthropicProvider, AnthropicSettings, ApiKey};
 use batchd_core::{JobId, JobOutput, ModelName};
 use batchd_emulator::{AnthropicCallKind, AnthropicCalls, AnthropicFault, Emulator, EmulatorConfig, EmulatorHandle};
-use batchd_provider::{BatchTag, CancelOutcome, Checkpoint, Polled, Provider, RemoteBatch, SubmitBatch, Submitted};
+use batchd_provider::{
+    BatchTag, CancelOutcome, Checkpoint, ErrorKind, Polled, Provider, RemoteBatch, SubmitBatch, Submitted,
+};
 use futures::future::BoxFuture;
 use serde_json::value::RawValue;
 
@@ -60,7 +62,7 @@ async fn submit(
         model: &model,
         items: &items,
         endpoint: None,
-        tag: BatchTag { job_id: &job_id, chunk, attempt },
+        tag: BatchTag { namespace: "test", job_id: &job_id, chunk, attempt },
         resume,
         checkpoint,
     };
@@ -118,6 +120,8 @@ async fn cancel_reaches_the_api_and_the_batch_answers_with_what_finished() {
 #[tokio::test]
 async fn an_uncertain_create_is_found_by_the_next_attempt_not_repeated() {
     let emulator = emulator().await;
+    // The batch runs until the test ends it.
+    emulator.anthropic().set_timing(Duration::from_secs(600), Duration::from_millis(50));
     let provider = provider(&emulator);
     let items = items(4);
     let checkpoint = Recorded::default();
@@ -128,7 +132,18 @@ async fn an_uncertain_create_is_found_by_the_next_attempt_not_repeated() {
     let recorded = checkpoint.0.lock().expect("lock").clone().expect("the chunk's mark is recorded before the create");
     assert!(recorded.id.is_none() && recorded.tag.is_some());
 
-    let again = submit(&provider, "uncertain-1", 2, 2, &items, Some(&recorded), &checkpoint).await.expect("found");
+    // While the batch runs its custom ids cannot be read: the next attempt waits, using no attempt, creating none.
+    let waiting = submit(&provider, "uncertain-1", 2, 2, &items, Some(&recorded), &checkpoint).await;
+    let error = waiting.expect_err("the running batch cannot be checked yet");
+    assert_eq!(error.kind, ErrorKind::AwaitingLookUp, "{error}");
+    assert!(error.kind.is_throttle(), "a wait uses no attempt");
+    assert_eq!(emulator.anthropic().calls_of(AnthropicCallKind::Create).len(), 1, "no second create");
+
+    // Once it has ended, its custom ids carry the chunk's nonce: it is adopted.
+    let batch_ids = emulator.anthropic().batch_ids();
+    assert!(emulator.anthropic().finish_items(&batch_ids[0], 4));
+    let recorded = checkpoint.0.lock().expect("lock").clone().expect("recorded");
+    let again = submit(&provider, "uncertain-1", 2, 3, &items, Some(&recorded), &checkpoint).await.expect("found");
     let creates = emulator.anthropic().calls_of(AnthropicCallKind::Create);
     assert_eq!(creates.len(), 1, "no second create");
     assert_eq!(again.remote.id.as_ref().map(|id| id.as_str()), creates[0].batch_id.as_deref());
@@ -143,24 +158,37 @@ async fn an_uncertain_create_is_found_by_the_next_attempt_not_repeated() {
 }
 
 #[tokio::test]
-async fn another_chunks_batch_of_the_same_size_is_not_taken_for_the_lost_one() {
+async fn another_namespaces_batch_of_the_same_job_is_not_taken_for_the_lost_one() {
     let emulator = emulator().await;
-    emulator.anthropic().set_timing(Duration::from_millis(1), Duration::from_millis(1));
+    // Batches run until the test ends them.
+    emulator.anthropic().set_timing(Duration::from_secs(600), Duration::from_millis(1));
     let provider = provider(&emulator);
     let items = items(2);
     let checkpoint = Recorded::default();
     // The chunk's create fails before anything is created (a reset), but it cannot know that.
     emulator.anthropic().inject(AnthropicFault::reset().on(AnthropicCalls::Create));
-    let error = submit(&provider, "mine", 0, 1, &items, None, &checkpoint).await.expect_err("reset");
+    let error = submit(&provider, "inv-42", 0, 1, &items, None, &checkpoint).await.expect_err("reset");
     assert!(error.maybe_delivered, "{error}");
     let recorded = checkpoint.0.lock().expect("lock").clone().expect("recorded");
-    // Meanwhile another chunk creates a batch of the same size, which ends.
-    let other = submit(&provider, "theirs", 0, 1, &items, None, &Recorded::default()).await.expect("other");
-    results(&provider, &other.remote, 2).await;
+    // Meanwhile another namespace on the same account creates a batch for its own job `inv-42`, chunk 0, of the
+    // same size (its own ledger: its own nonce).
+    let other = submit(&provider, "inv-42", 0, 1, &items, None, &Recorded::default()).await.expect("other");
+    let other_id = other.remote.id.clone().expect("id");
 
-    let mine = submit(&provider, "mine", 0, 2, &items, Some(&recorded), &checkpoint).await.expect("created");
-    assert_ne!(mine.remote.id, other.remote.id, "the other chunk's batch was recognised by its custom ids");
+    // It runs: it cannot be checked, so it is neither adopted nor duplicated; the look waits.
+    let error = submit(&provider, "inv-42", 0, 2, &items, Some(&recorded), &checkpoint).await.expect_err("waits");
+    assert_eq!(error.kind, ErrorKind::AwaitingLookUp, "{error}");
+    assert_eq!(emulator.anthropic().batch_count(), 1);
+
+    // Once it has ended, its custom ids carry the other nonce: a batch of this chunk's own is created.
+    assert!(emulator.anthropic().finish_items(other_id.as_str(), 2));
+    results(&provider, &other.remote, 2).await;
+    let recorded = checkpoint.0.lock().expect("lock").clone().expect("recorded");
+    let mine = submit(&provider, "inv-42", 0, 3, &items, Some(&recorded), &checkpoint).await.expect("created");
+    assert_ne!(mine.remote.id, other.remote.id, "the other namespace's batch was recognised by its custom ids");
     assert_eq!(emulator.anthropic().batch_count(), 2);
+    let mine_id = mine.remote.id.clone().expect("id");
+    assert!(emulator.anthropic().finish_items(mine_id.as_str(), 2));
     assert_eq!(results(&provider, &mine.remote, 2).await.n_failed(), 0);
 }
 
@@ -169,7 +197,7 @@ async fn a_results_download_takes_room_in_the_budget_and_stops_at_the_reply_limi
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use batchd_provider::{ErrorKind, ReplyBudget, ReplyHold};
+    use batchd_provider::{ReplyBudget, ReplyHold};
 
     let emulator = emulator().await;
     emulator.anthropic().set_timing(Duration::from_millis(1), Duration::from_millis(1));

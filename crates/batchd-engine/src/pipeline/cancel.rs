@@ -114,8 +114,14 @@ impl Pipeline {
         };
         let request_id = view.request_id.as_deref().and_then(|id| RequestId::parse(id).ok());
         let resume = RemoteBatch::from_ledger(request_id, view.remote.as_deref()).unwrap_or_default();
-        let find =
-            FindBatch { model, job_id: &chunk.job_id, chunk: chunk.index, n_items: view.items_len, resume: &resume };
+        let find = FindBatch {
+            model,
+            namespace: self.store.keys().namespace(),
+            job_id: &chunk.job_id,
+            chunk: chunk.index,
+            n_items: view.items_len,
+            resume: &resume,
+        };
         match self.renewing(claim, provider.find(find)).await {
             Ok(Found::Batch(submitted)) => {
                 tracing::info!(job_id = %chunk.job_id, chunk = chunk.index, "a cancelled job's chunk had a batch at the provider; cancelling it");

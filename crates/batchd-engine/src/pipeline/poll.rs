@@ -312,7 +312,7 @@ pub(super) enum PollDecision {
 /// Decides what a failed poll means after `poll_failures` consecutive failed polls (of `max_attempts`).
 pub(super) fn after_failed_poll(error: &ApiError, poll_failures: u64, max_attempts: u64) -> PollDecision {
     match error.kind {
-        ErrorKind::Transient | ErrorKind::RateLimited | ErrorKind::QuotaExhausted => {
+        ErrorKind::Transient | ErrorKind::RateLimited | ErrorKind::QuotaExhausted | ErrorKind::AwaitingLookUp => {
             let failures = if error.kind.is_throttle() { poll_failures } else { poll_failures + 1 };
             if failures >= max_attempts { PollDecision::GiveUp { failures } } else { PollDecision::Retry { failures } }
         }

@@ -38,7 +38,7 @@ impl Pipeline {
         let ticket = self.store.begin_submit(claim, self.store.now().await?).await?;
         let checked_at = Instant::now();
         match ticket {
-            SubmitTicket::Go { attempt, resubmit, requests, placement, .. } => {
+            SubmitTicket::Go { attempt, resubmit, looked, requests, placement, .. } => {
                 let body = limits.body.bytes(requests.iter().map(|item| item.get().len()));
                 if 2 * body > room.bytes() {
                     // Items larger than the bound (a job accepted under a larger jobs.max_entry_bytes): nothing
@@ -47,7 +47,7 @@ impl Pipeline {
                     room = self.renewing(claim, self.budget.hold(2 * body)).await;
                 }
                 room.shrink_to(2 * body);
-                let post = Post { provider, model, endpoint, attempt, resubmit, checked_at, deadline_at };
+                let post = Post { provider, model, endpoint, attempt, resubmit, looked, checked_at, deadline_at };
                 self.post(claim, post, &requests, placement).await
             }
             // The cancellation arrived after this step read the ledger.
@@ -75,12 +75,12 @@ impl Pipeline {
         requests: &[R],
         placement: Placement,
     ) -> Result<(), StoreError> {
-        let Post { provider, model, endpoint, attempt, resubmit, checked_at, deadline_at } = post;
+        let Post { provider, model, endpoint, attempt, resubmit, looked, checked_at, deadline_at } = post;
         let chunk = &claim.chunk;
         if !self.still_held(claim, checked_at).await? {
             return Ok(());
         }
-        if resubmit {
+        if resubmit && !looked {
             metrics::possible_duplicate_submit();
             tracing::warn!(
                 job_id = %chunk.job_id,
@@ -105,7 +105,12 @@ impl Pipeline {
             model,
             endpoint,
             items: &items,
-            tag: BatchTag { job_id: &chunk.job_id, chunk: chunk.index, attempt },
+            tag: BatchTag {
+                namespace: self.store.keys().namespace(),
+                job_id: &chunk.job_id,
+                chunk: chunk.index,
+                attempt,
+            },
             resume: resume.as_ref(),
             checkpoint: &checkpoint,
         };
@@ -250,8 +255,12 @@ impl Pipeline {
             SubmitDecision::Retry(retry) => retry,
         };
         let wait = retry_delay(attempt.max(1), &self.retry, error.retry_after, unit_random());
-        let mut record =
-            SubmitRetryRecord { state: retry.state, last_error: error.to_job_error().to_json(), attempts: None };
+        let mut record = SubmitRetryRecord {
+            state: retry.state,
+            last_error: error.to_job_error().to_json(),
+            attempts: None,
+            looked: retry.looked,
+        };
         if retry.give_attempt_back {
             // Rate limiting is not a failure of the job: give the attempt back.
             record.attempts = Some(attempt.saturating_sub(1));
@@ -369,6 +378,9 @@ pub(super) struct Post<'a> {
     pub attempt: u64,
     /// Whether an earlier attempt was interrupted (the remote batch may exist already).
     pub resubmit: bool,
+    /// Whether the previous attempt only looked for that batch and waits for one it found to end: the look
+    /// resumes and is not counted again as a possible duplicate.
+    pub looked: bool,
     /// When the claim was last checked (the chunk marked `submitting` under it).
     pub checked_at: Instant,
     /// The job's deadline: no retry is due after it.
@@ -473,6 +485,8 @@ pub(super) struct SubmitRetry {
     pub state: ChunkState,
     /// Rate limiting is not a failure of the job: the attempt is given back.
     pub give_attempt_back: bool,
+    /// The attempt only looked for an uncertain create's batch and waits for one it found to end.
+    pub looked: bool,
 }
 
 /// Decides what a failed submit of a `n_items`-item batch at attempt `attempt` (of `max_attempts`) means.
@@ -483,13 +497,16 @@ pub(super) fn after_failed_submit(error: &ApiError, n_items: usize, attempt: u64
         ErrorKind::InvalidInput => SubmitDecision::AnswerItemAlone,
         ErrorKind::TooLarge | ErrorKind::BatchFailed | ErrorKind::ReplyTooLarge => SubmitDecision::FailChunk,
         ErrorKind::Permanent | ErrorKind::NotFound | ErrorKind::NotBatchable => SubmitDecision::FailJob,
-        ErrorKind::Transient | ErrorKind::RateLimited | ErrorKind::QuotaExhausted => {
+        ErrorKind::Transient | ErrorKind::RateLimited | ErrorKind::QuotaExhausted | ErrorKind::AwaitingLookUp => {
             let throttled = error.kind.is_throttle();
             if !throttled && attempt >= max_attempts {
                 return SubmitDecision::GiveUp;
             }
-            let state = if error.is_ambiguous_submit() { ChunkState::Submitting } else { ChunkState::Pending };
-            SubmitDecision::Retry(SubmitRetry { state, give_attempt_back: throttled })
+            // A look that waits keeps the earlier create uncertain whatever the error says.
+            let looked = error.kind == ErrorKind::AwaitingLookUp;
+            let state =
+                if looked || error.is_ambiguous_submit() { ChunkState::Submitting } else { ChunkState::Pending };
+            SubmitDecision::Retry(SubmitRetry { state, give_attempt_back: throttled, looked })
         }
     }
 }
@@ -521,19 +538,29 @@ mod tests {
         let timeout = error(ErrorKind::Transient, None, "timed out", true);
         assert_eq!(
             after_failed_submit(&timeout, 3, 1, 5),
-            SubmitDecision::Retry(SubmitRetry { state: ChunkState::Submitting, give_attempt_back: false }),
+            SubmitDecision::Retry(SubmitRetry {
+                state: ChunkState::Submitting,
+                give_attempt_back: false,
+                looked: false
+            }),
             "a submit that may have arrived stays submitting"
         );
         let refused = error(ErrorKind::Transient, Some(503), "unavailable", false);
         assert_eq!(
             after_failed_submit(&refused, 3, 4, 5),
-            SubmitDecision::Retry(SubmitRetry { state: ChunkState::Pending, give_attempt_back: false })
+            SubmitDecision::Retry(SubmitRetry { state: ChunkState::Pending, give_attempt_back: false, looked: false })
         );
         assert_eq!(after_failed_submit(&refused, 3, 5, 5), SubmitDecision::GiveUp);
         let limited = error(ErrorKind::RateLimited, Some(429), "slow down", false);
         assert_eq!(
             after_failed_submit(&limited, 3, 9, 5),
-            SubmitDecision::Retry(SubmitRetry { state: ChunkState::Pending, give_attempt_back: true })
+            SubmitDecision::Retry(SubmitRetry { state: ChunkState::Pending, give_attempt_back: true, looked: false })
+        );
+        // A look that found a batch it cannot check yet: the earlier create stays uncertain, no attempt is used.
+        let waiting = error(ErrorKind::AwaitingLookUp, None, "batch still running", false);
+        assert_eq!(
+            after_failed_submit(&waiting, 3, 9, 5),
+            SubmitDecision::Retry(SubmitRetry { state: ChunkState::Submitting, give_attempt_back: true, looked: true })
         );
     }
 

@@ -137,6 +137,7 @@ impl Pipeline {
                     endpoint: job.endpoint.as_deref(),
                     attempt: 1,
                     resubmit: false,
+                    looked: false,
                     checked_at: std::time::Instant::now(),
                     deadline_at,
                 };

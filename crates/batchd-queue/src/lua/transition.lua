@@ -17,8 +17,9 @@
 --                                                         the lease is renewed to the due time)
 --   mark_pending_poll   7 remote status                  (polling: one more poll answered, failures reset)
 --   mark_poll_failed    7 consecutive failures, 8 error  (polling)
---   mark_submit_retry   7 next state (pending|submitting), 8 error, 9 attempts to record or ""   (submitting; left
---                                                         submitting, the attempt is recorded as uncertain)
+--   mark_submit_retry   7 next state (pending|submitting), 8 error, 9 attempts to record or "", 10 "1" when the
+--                       attempt only looked and waits for a batch it found to end, else ""   (submitting; left
+--                       submitting, the attempt is recorded as uncertain, and as looked when 10 says so)
 --   mark_recreate       7 consecutive failures, 8 error  (polling -> submitting: the batch was refused for a quota
 --                                                         after it was created; it is created again; uncertain too)
 --   mark_unsent         -                                (submitting -> pending: a cancelled job's chunk whose
@@ -53,7 +54,7 @@ local allowed = {
   [T_RELEASE] = any_state,
   [T_FORGET] = {},
 }
-local extra = {[T_MARK_SUBMITTED] = 3, [T_RECORD_REMOTE] = 1, [T_MARK_PENDING_POLL] = 1, [T_MARK_POLL_FAILED] = 2, [T_MARK_SUBMIT_RETRY] = 3,
+local extra = {[T_MARK_SUBMITTED] = 3, [T_RECORD_REMOTE] = 1, [T_MARK_PENDING_POLL] = 1, [T_MARK_POLL_FAILED] = 2, [T_MARK_SUBMIT_RETRY] = 4,
   [T_MARK_RECREATE] = 2}
 if not allowed[transition] then refuse('unknown transition ' .. string.sub(tostring(transition), 1, 64)) end
 if #ARGV ~= 6 + (extra[transition] or 0) then
@@ -70,6 +71,9 @@ if transition == T_MARK_SUBMIT_RETRY then
     refuse('a submit is retried ' .. CHUNK_PENDING .. ' or ' .. CHUNK_SUBMITTING)
   end
   if ARGV[9] ~= '' then uint(ARGV[9], C_ATTEMPTS) end
+  if ARGV[10] ~= '' and (ARGV[10] ~= '1' or ARGV[7] ~= CHUNK_SUBMITTING) then
+    refuse('only a submit left ' .. CHUNK_SUBMITTING .. ' is recorded as looked')
+  end
 end
 local values = read_hash(ledger, F_STATE, chunk_field(chunk, C_STATE), chunk_field(chunk, C_CLAIM),
   chunk_field(chunk, C_N_POLLS), chunk_field(chunk, C_ATTEMPTS), F_CANCEL_SEEN_AT)
@@ -129,6 +133,10 @@ elseif transition == T_MARK_SUBMIT_RETRY then
   end
   if ARGV[7] == CHUNK_SUBMITTING then
     fields[#fields + 1] = f(C_UNCERTAIN)
+    fields[#fields + 1] = attempts
+  end
+  if ARGV[10] == '1' then
+    fields[#fields + 1] = f(C_LOOKED)
     fields[#fields + 1] = attempts
   end
   redis.call('HSET', ledger, unpack(fields))

@@ -126,7 +126,7 @@ impl Store {
         ) = self.run(&cmd).await?;
         let verdict = SubmitVerdict::parse(&verdict, &chunk.job_id)?;
         Ok(match verdict {
-            SubmitVerdict::Submit | SubmitVerdict::Resubmit => {
+            SubmitVerdict::Submit | SubmitVerdict::Resubmit | SubmitVerdict::ResumeLook => {
                 let corrupt = |what: &str| StoreError::Corrupt {
                     job_id: chunk.job_id.to_string(),
                     detail: format!("chunk {}: {what}", chunk.index),
@@ -136,7 +136,14 @@ impl Store {
                 if requests.len() != placement.len() {
                     return Err(corrupt("requests do not match items"));
                 }
-                SubmitTicket::Go { attempt, resubmit: verdict == SubmitVerdict::Resubmit, model, requests, placement }
+                SubmitTicket::Go {
+                    attempt,
+                    resubmit: verdict != SubmitVerdict::Submit,
+                    looked: verdict == SubmitVerdict::ResumeLook,
+                    model,
+                    requests,
+                    placement,
+                }
             }
             SubmitVerdict::Stale => {
                 return Err(stale(claim, format!("begin_submit found the chunk {previous} under a later claim")));
@@ -221,7 +228,7 @@ impl Store {
             claim,
             Transition::MarkSubmitRetry,
             Some(due),
-            &[record.state.as_str(), &record.last_error, &attempts],
+            &[record.state.as_str(), &record.last_error, &attempts, if record.looked { "1" } else { "" }],
         )
         .await
     }

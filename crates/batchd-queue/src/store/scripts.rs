@@ -124,6 +124,9 @@ script_words! {
         Submit = "submit",
         /// As `Submit`, but a previous submit was interrupted (its remote batch may exist).
         Resubmit = "resubmit",
+        /// As `Resubmit`, but the previous attempt only looked for that batch and waits for one it found to end:
+        /// the look resumes, not counted as a possible duplicate.
+        ResumeLook = "resume_look",
     }
 }
 

@@ -87,6 +87,9 @@ pub enum SubmitTicket {
         attempt: u64,
         /// True when a previous submit of this chunk was interrupted (its remote batch may exist).
         resubmit: bool,
+        /// True when the previous attempt only looked for that batch and waits for one it found to end: the look
+        /// resumes, and is no possible duplicate (nothing was sent since the one counted).
+        looked: bool,
         /// The job's model.
         model: String,
         /// The chunk's request items, byte for byte.
@@ -305,6 +308,9 @@ pub struct SubmitRetryRecord {
     pub last_error: String,
     /// The attempt count to record instead of the current one (a rate-limited attempt is given back).
     pub attempts: Option<u64>,
+    /// The attempt only looked for the batch an uncertain create may have made and waits for one it found to end
+    /// (it sent nothing): the next submit resumes the look without counting a possible duplicate.
+    pub looked: bool,
 }
 
 /// How an accepted job is recorded (see [`Store::accept`]).
