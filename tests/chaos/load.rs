@@ -71,7 +71,8 @@ impl Mix {
 
     /// The job JSON of `id`: small items that name the job, so the emulator's call logs tell which job each remote
     /// batch is for (Cloudflare: the first item's `external_reference`; OpenAI: the batch's `metadata`; Anthropic:
-    /// the `custom_id`s, which carry a hash of the job id).
+    /// each request's `metadata.user_id`, a Messages API field batchd passes through; its `custom_id`s carry a
+    /// random nonce per chunk, not the job).
     pub fn job(self, id: &str) -> String {
         let provider = self.provider_of(id);
         let items: Vec<serde_json::Value> = (0..self.items.max(1))
@@ -79,9 +80,12 @@ impl Mix {
                 let text = format!("chaos job {id} item {index}");
                 match provider {
                     Provider::Cloudflare => serde_json::json!({"text": text, "external_reference": id}),
-                    Provider::OpenAi | Provider::Anthropic => {
+                    Provider::OpenAi => {
                         serde_json::json!({"messages": [{"role": "user", "content": text}], "max_tokens": 4})
                     }
+                    Provider::Anthropic => serde_json::json!({
+                        "messages": [{"role": "user", "content": text}], "max_tokens": 4, "metadata": {"user_id": id}
+                    }),
                 }
             })
             .collect();

@@ -4,8 +4,8 @@
 //!
 //! Which job a batch is for is read from what batchd sent, never from batchd's own records: Workers AI submits
 //! carry the item's `external_reference` (the job id, in the chaos jobs), OpenAI batches carry batchd's `metadata`
-//! (`batchd_job`), and Anthropic batches carry `custom_id`s `b-<job hash>-<chunk>-<attempt>-<index>`, whose hash
-//! (FNV-1a, 64 bits, of the job id: docs/providers.md) is matched against the run's job ids.
+//! (`batchd_job`), and Anthropic requests carry the chaos job's `metadata.user_id` (the job id), which batchd passes
+//! through (its own `custom_id`s carry a random nonce per chunk, not the job).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -173,7 +173,7 @@ impl RemoteLog {
 
     fn read_anthropic<'a>(&mut self, emulator: &EmulatorHandle, jobs: impl IntoIterator<Item = &'a String>) {
         let anthropic = emulator.anthropic();
-        let job_of_hash: HashMap<String, &String> = jobs.into_iter().map(|job| (job_hash(job), job)).collect();
+        let jobs: HashSet<&String> = jobs.into_iter().collect();
         let calls = anthropic.calls();
         for call in &calls {
             let Some(batch) = call.batch_id.clone() else { continue };
@@ -182,13 +182,8 @@ impl RemoteLog {
             };
             match call.kind {
                 AnthropicCallKind::Create => {
-                    // `b-<16 hex>-...`: the hash of the job id.
-                    let hash = call
-                        .first_custom_id
-                        .as_deref()
-                        .and_then(|id| id.strip_prefix("b-"))
-                        .map(|rest| rest.split('-').next().unwrap_or_default().to_owned());
-                    let job = hash.and_then(|hash| job_of_hash.get(&hash).map(|job| (*job).clone()));
+                    // What batchd sent: the first request's `metadata.user_id`, the job id in these jobs.
+                    let job = call.first_user_id.clone().filter(|job| jobs.contains(job));
                     self.created.push(Created {
                         provider: Provider::Anthropic,
                         job: job.unwrap_or_default(),
@@ -245,12 +240,4 @@ fn path_id(path: &str, collection: &str) -> Option<String> {
     let rest = path.split(&format!("/{collection}/")).nth(1)?;
     let id = rest.split('/').next()?;
     (!id.is_empty()).then(|| id.to_owned())
-}
-
-/// The job hash in batchd's Anthropic `custom_id`s: FNV-1a (64 bits) of the job id, 16 hex digits.
-fn job_hash(job: &str) -> String {
-    let hash = job
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3));
-    format!("{hash:016x}")
 }

@@ -356,7 +356,7 @@ impl Call<'_> {
     /// the body is read).
     async fn create(&self, body: Body, api_base: &str, record: &mut AnthropicCall) -> Result<Reply, ApiError> {
         let body = read_body(self.headers, body, self.config.max_body_bytes).await?;
-        let (mut items, param_names) = parse_create(&body, self.config.max_requests)?;
+        let (mut items, param_names, first_user_id) = parse_create(&body, self.config.max_requests)?;
         if let Some((indices, status)) = self.error_items {
             for &index in indices {
                 if let Some(item) = items.get_mut(index) {
@@ -369,6 +369,7 @@ impl Call<'_> {
         let n_requests = items.len();
         record.n_requests = Some(n_requests);
         record.first_custom_id = items.first().map(|item| item.custom_id.clone());
+        record.first_user_id = first_user_id;
         record.param_names = param_names;
         let now = SystemTime::now();
         let mut inner = self.anthropic.lock();
@@ -496,7 +497,11 @@ async fn read_body(headers: &HeaderMap, body: Body, max_bytes: usize) -> Result<
 /// `custom_id` and an object `params`. The `params` themselves are checked later, item by item (see
 /// [`run_item`]); the items run here. Also answers the names of the `params` members the requests had (for the
 /// call log).
-pub(crate) fn parse_create(body: &[u8], max_requests: usize) -> Result<(Vec<Item>, Vec<String>), ApiError> {
+/// The requests, the names of their top-level `params` members (each once, sorted) and the first request's
+/// `params.metadata.user_id` (at most 256 bytes), or why the body is refused.
+pub(crate) type ParsedCreate = (Vec<Item>, Vec<String>, Option<String>);
+
+pub(crate) fn parse_create(body: &[u8], max_requests: usize) -> Result<ParsedCreate, ApiError> {
     let Ok(Value::Object(mut object)) = serde_json::from_slice::<Value>(body) else {
         return Err(ApiError::invalid("The request body is not a valid JSON object"));
     };
@@ -544,6 +549,10 @@ pub(crate) fn parse_create(body: &[u8], max_requests: usize) -> Result<(Vec<Item
         checked.push((custom_id, params));
     }
     drop(seen);
+    let first_user_id = checked
+        .first()
+        .and_then(|(_, params)| params.get("metadata")?.get("user_id")?.as_str().map(str::to_owned))
+        .filter(|user_id| user_id.len() <= 256);
     let mut param_names = std::collections::BTreeSet::new();
     let items = checked
         .into_iter()
@@ -557,7 +566,7 @@ pub(crate) fn parse_create(body: &[u8], max_requests: usize) -> Result<(Vec<Item
             Item { custom_id, outcome }
         })
         .collect();
-    Ok((items, param_names.into_iter().collect()))
+    Ok((items, param_names.into_iter().collect(), first_user_id))
 }
 
 #[cfg(test)]
@@ -616,7 +625,7 @@ mod tests {
     fn create_bodies_are_checked_as_a_whole_but_params_are_not() {
         let item = |id: &str| json!({ "custom_id": id, "params": {} });
         let body = |requests: Value| json!({ "requests": requests }).to_string().into_bytes();
-        let (items, _) = parse_create(&body(json!([item("a"), item("b")])), 10).expect("accepted");
+        let (items, _, _) = parse_create(&body(json!([item("a"), item("b")])), 10).expect("accepted");
         assert_eq!(items.len(), 2, "empty params are accepted, to fail later as errored results");
         let refused = [
             body(json!([])),

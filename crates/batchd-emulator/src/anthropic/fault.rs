@@ -252,6 +252,11 @@ pub struct AnthropicCall {
     /// For a create whose body had them, the `custom_id` of its first request (which names the caller's job in
     /// batchd's format, as `first_reference` does for a Workers AI submit).
     pub first_custom_id: Option<String>,
+    /// For an accepted create, the first request's `params.metadata.user_id` (the Messages API's field for the
+    /// caller's own end-user id), when it has one: a caller's own name for the work, as `first_reference` is for a
+    /// Workers AI submit (the chaos runs put the job id there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_user_id: Option<String>,
     /// For a create whose body was accepted, the names of the top-level `params` members its requests had, each
     /// once, sorted (what a test checks a client sent, or did not).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -281,6 +286,7 @@ impl AnthropicCall {
             batch_id: None,
             n_requests: None,
             first_custom_id: None,
+            first_user_id: None,
             param_names: Vec::new(),
             error_type: None,
             fault: None,
