@@ -1059,7 +1059,11 @@ async fn publish_records_the_result_entrys_size_in_bytes() {
         redis::cmd("HGET").arg(f.ledger(job)).arg(name).query_async(conn).await.expect("HGET")
     };
 
-    let fields = [("v", "1"), ("job_id", "caf\u{e9}-\u{65e5}\u{672c}"), ("result", "{\"responses\":[{\"text\":\"\u{1f600}\"}]}")];
+    let fields = [
+        ("v", "1"),
+        ("job_id", "caf\u{e9}-\u{65e5}\u{672c}"),
+        ("result", "{\"responses\":[{\"text\":\"\u{1f600}\"}]}"),
+    ];
     assert_eq!(publish(&mut conn, "a", &fields, "completed").await.expect("publish"), 1);
     let entry: String = hget(&mut conn, "a", "result_entry").await.expect("result_entry");
     let entries: Vec<(String, Vec<(String, String)>)> =

@@ -19,8 +19,8 @@ use batchd_core::ledger::field;
 use batchd_core::{ItemResponse, JobId, JobOutput, JobState, ResultEntry, ResultStatus};
 use batchd_queue::{Store, StoreSettings};
 use batchd_tests::{World, free_port, workspace_binary};
-use serde_json::{Value, json};
 use serde_json::value::RawValue;
+use serde_json::{Value, json};
 
 const MIB: usize = 1024 * 1024;
 
@@ -244,7 +244,8 @@ async fn a_76_mb_result_is_shown_by_its_size_and_the_dashboards_peak_rss_stays_u
     let idle_rss = ui.status_bytes("VmRSS");
 
     // The 76 MB result: its size and the command that prints it, in the page and its JSON twin.
-    let tail = format!("batchd --namespace {ns} tail --stream '{}' --from {big_entry} --count 1 --json", world.keys.results());
+    let tail =
+        format!("batchd --namespace {ns} tail --stream '{}' --from {big_entry} --count 1 --json", world.keys.results());
     let html = ui.page("/jobs/big").await;
     let size = format!("{:.1} MiB ({} bytes)", big_bytes as f64 / MIB as f64, grouped(big_bytes));
     assert!(html.contains(&size), "the page gives the size, {size}: {html}");
@@ -315,7 +316,7 @@ fn grouped(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, digit) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(digit);

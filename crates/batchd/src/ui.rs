@@ -146,10 +146,7 @@ impl Ui {
 }
 
 /// A permit of `turns`, waited for at most `wait`; `None` when none came free in time.
-async fn take_turn(
-    turns: &Arc<tokio::sync::Semaphore>,
-    wait: Duration,
-) -> Option<tokio::sync::OwnedSemaphorePermit> {
+async fn take_turn(turns: &Arc<tokio::sync::Semaphore>, wait: Duration) -> Option<tokio::sync::OwnedSemaphorePermit> {
     tokio::time::timeout(wait, Arc::clone(turns).acquire_owned()).await.ok()?.ok()
 }
 

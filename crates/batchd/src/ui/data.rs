@@ -391,7 +391,8 @@ impl CachedEntry {
     /// Builds the entry from its fields as read. `result` is indexed when it is a JSON object whose `responses`
     /// is an array (what batchd writes); anything else stays a field, shown as `batchd tail --json` shows it.
     fn new(mut fields: HashMap<String, String>) -> Self {
-        let mut entry = Self { fields: HashMap::new(), result_rest: None, result: String::new(), responses: Vec::new() };
+        let mut entry =
+            Self { fields: HashMap::new(), result_rest: None, result: String::new(), responses: Vec::new() };
         if let Some(result) = fields.remove("result") {
             match index_responses(&result) {
                 Some((rest, responses)) => {
