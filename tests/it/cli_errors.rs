@@ -106,6 +106,18 @@ async fn the_most_common_errors_read_exactly_so() {
         ),
         case(&["tail", "--status", "failed"], &[], 2, "batchd: unexpected argument '--status' found (see --help)"),
         case(
+            &["tail", "--from", "now"],
+            &[],
+            2,
+            "batchd: invalid value 'now' for '--from <ENTRY_ID>': \"now\" is not an entry id (<ms>-<seq>) (see --help)",
+        ),
+        case(
+            &["tail", "--from-start", "--from", "1-0"],
+            &[],
+            2,
+            "batchd: the argument '--from-start' cannot be used with '--from <ENTRY_ID>' (see --help)",
+        ),
+        case(
             &["jobs", "--state", "bogus"],
             &[],
             2,

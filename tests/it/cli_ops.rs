@@ -186,6 +186,22 @@ async fn tail_follows_results_from_now_or_from_the_start() {
     assert_eq!(code, 4, "{stderr}");
     assert_eq!(stdout.lines().count(), 3);
     assert!(stderr.trim_end().ends_with("batchd: gave up after 1s with 3 of 5 entries"), "{stderr}");
+
+    // One entry by the id its ledger records (the command the dashboard names for a result it does not read), and
+    // the size the ledger records for it is the entry's, as Redis holds it.
+    let ledger = world.ledger("t-2").await;
+    let entry_id = ledger.get("result_entry").expect("result_entry").clone();
+    let (code, stdout, stderr) =
+        cli(&world, &["tail", "--from", &entry_id, "--count", "1", "--json", "--timeout", "20"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains(&format!(" from entry {entry_id}")), "{stderr}");
+    let lines: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    assert_eq!((lines[0]["job_id"].as_str(), lines[0]["entry_id"].as_str()), (Some("t-2"), Some(entry_id.as_str())));
+    let entries = world.entries(&world.keys.results()).await;
+    let (_, fields) = entries.iter().find(|(id, _)| *id == entry_id).expect("the entry");
+    let bytes: usize = fields.iter().map(|(name, value)| name.len() + value.len()).sum();
+    assert_eq!(ledger.get("result_bytes"), Some(&bytes.to_string()), "the daemon's publish records the size");
     daemon.stop().await.unwrap();
 }
 

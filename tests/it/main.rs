@@ -50,4 +50,5 @@ mod topologies;
 mod transitions;
 mod ui_access;
 mod ui_browser;
+mod ui_memory;
 mod ui_operations;

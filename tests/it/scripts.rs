@@ -1040,6 +1040,55 @@ async fn publish_counts_the_job_and_sets_a_counter_ttl_only_for_new_fields() {
     assert_eq!(ttl(&mut conn, &minute).await, -1);
 }
 
+/// Publishing records the result entry's size in the ledger beside its id, in bytes of the entry's field names and
+/// values as Redis holds them (a character of several bytes counts its bytes), so a reader can decide before it reads
+/// the entry (issue 38); a publish refused by a check records nothing.
+#[tokio::test]
+async fn publish_records_the_result_entrys_size_in_bytes() {
+    let redis = RedisServer::start().await;
+    let mut conn = test_connection(&redis.url()).await;
+    let f = Fixture::new(&mut conn).await;
+    let k = &f.keys;
+    let script = redis::Script::new(&script_source("publish").expect("publish"));
+    let publish = async |conn: &mut MultiplexedConnection, job: &str, fields: &[(&str, &str)], state: &str| {
+        f.run(conn, &["HSET", &f.ledger(job), "state", "running", "n_chunks", "1"]).await;
+        let mut call = script.prepare_invoke();
+        for key in [f.ledger(job), k.results(), k.schedule(), f.cancel(job), k.stats_minute(7), k.remote_batches()] {
+            call.key(key);
+        }
+        call.arg(state).arg("5000").arg("100").arg("60").arg(job).arg("").arg(fields.len());
+        for (name, value) in fields {
+            call.arg(*name).arg(*value);
+        }
+        call.arg(0);
+        call.invoke_async::<i64>(conn).await
+    };
+    let hget = async |conn: &mut MultiplexedConnection, job: &str, name: &str| -> Option<String> {
+        redis::cmd("HGET").arg(f.ledger(job)).arg(name).query_async(conn).await.expect("HGET")
+    };
+
+    let fields = [
+        ("v", "1"),
+        ("job_id", "caf\u{e9}-\u{65e5}\u{672c}"),
+        ("result", "{\"responses\":[{\"text\":\"\u{1f600}\"}]}"),
+    ];
+    assert_eq!(publish(&mut conn, "a", &fields, "completed").await.expect("publish"), 1);
+    let entry: String = hget(&mut conn, "a", "result_entry").await.expect("result_entry");
+    let entries: Vec<(String, Vec<(String, String)>)> =
+        redis::cmd("XRANGE").arg(k.results()).arg(&entry).arg(&entry).query_async(&mut conn).await.expect("XRANGE");
+    let held: usize = entries[0].1.iter().map(|(name, value)| name.len() + value.len()).sum();
+    let expected: usize = fields.iter().map(|(name, value)| name.len() + value.len()).sum();
+    assert_eq!(held, expected);
+    assert!(expected > fields.iter().map(|(name, value)| name.chars().count() + value.chars().count()).sum());
+    assert_eq!(hget(&mut conn, "a", "result_bytes").await, Some(expected.to_string()));
+
+    // Refused before any write: no entry, no size.
+    let refused = publish(&mut conn, "b", &fields, "running").await;
+    assert!(refused.is_err_and(|error| error.to_string().contains("final state")));
+    assert_eq!(hget(&mut conn, "b", "result_bytes").await, None);
+    assert_eq!(hget(&mut conn, "b", "state").await.as_deref(), Some("running"));
+}
+
 /// The hours' counters are the sums of their minutes', each minute added once after it is over, whoever calls.
 #[tokio::test]
 async fn finished_minutes_roll_up_into_their_hours_once() {

@@ -129,6 +129,10 @@ pub mod field {
     pub const RETRIED: &str = "retried";
     /// Id of the published result entry.
     pub const RESULT_ENTRY: &str = "result_entry";
+    /// Size of the published result entry, in bytes of its field names and values, written by the publish with
+    /// [`RESULT_ENTRY`] so that a reader can decide whether to read the entry before it reads it (a stream entry
+    /// is read whole). Ledgers of results published before it existed lack it.
+    pub const RESULT_BYTES: &str = "result_bytes";
     /// Model name.
     pub const MODEL: &str = "model";
     /// Ingress entry id the job was accepted from.
@@ -168,12 +172,13 @@ pub mod field {
 
     /// Every job-level field name, as `(constant name, field name)`: what the storage scripts' prelude is
     /// generated from.
-    pub const JOB_FIELDS: [(&str, &str); 21] = [
+    pub const JOB_FIELDS: [(&str, &str); 22] = [
         ("STATE", STATE),
         ("METADATA", METADATA),
         ("RETRY_FAILED_ITEMS", RETRY_FAILED_ITEMS),
         ("RETRIED", RETRIED),
         ("RESULT_ENTRY", RESULT_ENTRY),
+        ("RESULT_BYTES", RESULT_BYTES),
         ("MODEL", MODEL),
         ("ENTRY_ID", ENTRY_ID),
         ("N_CHUNKS", N_CHUNKS),

@@ -379,6 +379,16 @@ pub async fn rerun_check(
     Ok(RerunCheck { retry_exists, exists, n_chunks: n_chunks.unwrap_or(0), has_requests })
 }
 
+/// The size in bytes of chunk `index`'s stored request items of job `job_id` (`HSTRLEN`: 0 once they are gone), so
+/// that a reader that shows them checks it before it reads them ([`chunk_requests`]).
+pub async fn chunk_requests_bytes(conn: &mut Conn, keys: &Keys, job_id: &JobId, index: u32) -> Result<u64, StoreError> {
+    Ok(redis::cmd("HSTRLEN")
+        .arg(keys.job(job_id))
+        .arg(field::chunk(index, field::CHUNK_REQUESTS))
+        .query_async(conn)
+        .await?)
+}
+
 /// Chunk `index`'s stored request items (a JSON array) of job `job_id`, one chunk per command, for `batchd retry`,
 /// which rebuilds a job from them; `None` once they are gone (a finished job keeps only its timeline).
 pub async fn chunk_requests(

@@ -262,7 +262,7 @@ pub(crate) async fn read_ledger(conn: &mut Conn, keys: &Keys, job_id: &JobId) ->
 
 /// The ledger fields that hold numbers (times in Unix ms, counts, flags), printed as JSON numbers by
 /// `status --json`, as `jobs --json` prints its times.
-const NUMERIC_FIELDS: [&str; 13] = [
+const NUMERIC_FIELDS: [&str; 14] = [
     field::N_CHUNKS,
     field::N_ITEMS,
     field::ACCEPTED_AT,
@@ -276,6 +276,7 @@ const NUMERIC_FIELDS: [&str; 13] = [
     field::RETRIED,
     field::N_REFERENCES,
     field::CANCEL_SEEN_AT,
+    field::RESULT_BYTES,
 ];
 
 /// The per-chunk fields that hold numbers, likewise.

@@ -23,6 +23,11 @@
 //!
 //! Redis may be down when it starts or go away later: the connection is opened on use and healed, pages answer 503
 //! with a "Redis unreachable" page that retries by itself, and `/readyz` says whether Redis answers.
+//!
+//! Its memory is bounded in bytes whatever producers put in Redis ([`data`]: a result entry is read only when its
+//! ledger records it at [`data::RESULT_SHOWN_BYTES`] or less, and kept for paging under [`data::RESULT_CACHE_BYTES`]),
+//! and the pages that read much run [`EXPENSIVE_AT_ONCE`] at a time, the others waiting their turn (docs/ui.md, "How
+//! it stays small").
 
 mod access;
 mod actions;
@@ -92,7 +97,20 @@ struct Ui {
     refresh_secs: u64,
     /// Its host names and authentication.
     access: Arc<access::Access>,
+    /// Turns to run an expensive page: [`EXPENSIVE_AT_ONCE`] permits ([`Ui::turn`]).
+    expensive: Arc<tokio::sync::Semaphore>,
 }
+
+/// Most expensive pages (a job's page and its items, the failed jobs, a bulk retry's dry run) served at once: each
+/// may copy up to [`data::RESULT_SHOWN_BYTES`] or [`data::ITEMS_SHOWN_BYTES`] out of Redis, or walk up to
+/// [`data::FAILED_SCAN`] ledgers, so this bounds the dashboard's memory and the load it puts on Redis whatever the
+/// number of tabs or clients. The others wait their turn ([`EXPENSIVE_WAIT`]).
+pub const EXPENSIVE_AT_ONCE: usize = 2;
+
+/// Longest wait for a turn to serve an expensive page; past it the page is answered 503 ("busy") and tries again
+/// by itself. A page takes milliseconds to a second, so a click normally waits unnoticed instead of meeting an
+/// error; the bound stops a flood from holding connections in line without end.
+pub const EXPENSIVE_WAIT: Duration = Duration::from_secs(10);
 
 impl Ui {
     /// The namespace a request names with `?ns=` (the first one when it names none); 404 for an unknown one.
@@ -112,6 +130,24 @@ impl Ui {
     fn conn(&self) -> Conn {
         self.conn.clone()
     }
+
+    /// A turn to serve expensive page `page`, waited for at most [`EXPENSIVE_WAIT`] (503 past it); held until the
+    /// permit is dropped.
+    async fn turn(&self, page: &'static str) -> Result<tokio::sync::OwnedSemaphorePermit, UiError> {
+        take_turn(&self.expensive, EXPENSIVE_WAIT).await.ok_or_else(|| {
+            tracing::info!(page, at_once = EXPENSIVE_AT_ONCE, wait = ?EXPENSIVE_WAIT, "page turned away: busy");
+            UiError::Busy(format!(
+                "{EXPENSIVE_AT_ONCE} pages that read much (job pages, failed jobs, retry dry runs) were being served \
+                 for the {} s this one waited",
+                EXPENSIVE_WAIT.as_secs()
+            ))
+        })
+    }
+}
+
+/// A permit of `turns`, waited for at most `wait`; `None` when none came free in time.
+async fn take_turn(turns: &Arc<tokio::sync::Semaphore>, wait: Duration) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    tokio::time::timeout(wait, Arc::clone(turns).acquire_owned()).await.ok()?.ok()
 }
 
 /// `batchd ui`: serves the dashboard until `stop` is cancelled (by SIGTERM or SIGINT in `main`).
@@ -139,6 +175,7 @@ pub async fn ui(settings: Settings, args: &UiArgs, stop: CancellationToken) -> a
         allow_actions: args.allow_actions,
         refresh_secs: args.refresh_secs,
         access: Arc::new(access),
+        expensive: Arc::new(tokio::sync::Semaphore::new(EXPENSIVE_AT_ONCE)),
     };
     let mode = match (args.allow_actions, state.access.authenticates()) {
         (true, true) => "actions allowed, authenticated",
@@ -262,6 +299,8 @@ enum UiError {
     Redis(String),
     /// 503: Redis cannot be reached (down, refused, timed out, loading); the page retries by itself.
     Unavailable(String),
+    /// 503: an expensive page waited [`EXPENSIVE_WAIT`] for its turn; the page retries by itself.
+    Busy(String),
 }
 
 impl From<anyhow::Error> for UiError {
@@ -290,6 +329,10 @@ impl IntoResponse for UiError {
             Self::Unavailable(message) => {
                 let message = crate::cli::escape_for_terminal(&message).into_owned();
                 return (StatusCode::SERVICE_UNAVAILABLE, pages::unavailable_page(&message)).into_response();
+            }
+            Self::Busy(message) => {
+                let retry_after = [(header::RETRY_AFTER, pages::UNAVAILABLE_RETRY_SECS.to_string())];
+                return (StatusCode::SERVICE_UNAVAILABLE, retry_after, pages::busy_page(&message)).into_response();
             }
         };
         let message = crate::cli::escape_for_terminal(&message).into_owned();
@@ -640,6 +683,7 @@ async fn job(
     request: Request,
 ) -> Result<Response, UiError> {
     let (keys, job_id) = query.target(&ui, &id)?;
+    let _turn = ui.turn("job").await?;
     let mut conn = ui.conn();
     let now = redis_now(&mut conn).await?;
     let mut value = data::job(&mut conn, &keys, &job_id, query.page.unwrap_or(0)).await?;
@@ -656,6 +700,7 @@ async fn job_items(
 ) -> Result<Response, UiError> {
     let (keys, job_id) = query.target(&ui, &id)?;
     let (chunk, page) = (query.chunk.unwrap_or(0), query.page.unwrap_or(0));
+    let _turn = ui.turn("job items").await?;
     let value = data::job_items(&mut ui.conn(), &keys, &job_id, chunk, page).await?;
     Ok(answer(&ui, &request, &keys, None, value, pages::job_items))
 }
@@ -716,6 +761,7 @@ impl FailedQuery {
 
 async fn failed(State(ui): State<Ui>, Query(query): Query<FailedQuery>, request: Request) -> Result<Response, UiError> {
     let keys = ui.keys(query.ns.as_deref())?;
+    let _turn = ui.turn("failed").await?;
     let mut conn = ui.conn();
     let now = redis_now(&mut conn).await?;
     let value = data::failed(&mut conn, &keys, &query.query(now)?).await?;
@@ -733,6 +779,7 @@ async fn retry_plan(
     request: Request,
 ) -> Result<Response, UiError> {
     let keys = ui.keys(query.ns.as_deref())?;
+    let _turn = ui.turn("retry dry run").await?;
     let mut conn = ui.conn();
     let now = redis_now(&mut conn).await?;
     let value = data::retry_plan(&mut conn, &keys, &query.query(now)?).await?;
@@ -801,6 +848,35 @@ mod tests {
         }
         assert_eq!(Notice::parse(Some("Your session expired: log in at evil.example")), None);
         assert_eq!(Notice::parse(None), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expensive_page_waits_its_turn_for_a_while_then_is_told_busy() {
+        let turns = Arc::new(tokio::sync::Semaphore::new(EXPENSIVE_AT_ONCE));
+        let mut held = Vec::new();
+        for _ in 0..EXPENSIVE_AT_ONCE {
+            held.push(take_turn(&turns, Duration::ZERO).await.expect("the first ones run at once"));
+        }
+        // One more waits; a turn that comes free within the wait is taken.
+        let waiting = tokio::spawn({
+            let turns = Arc::clone(&turns);
+            async move { take_turn(&turns, EXPENSIVE_WAIT).await.is_some() }
+        });
+        tokio::time::sleep(EXPENSIVE_WAIT / 2).await;
+        drop(held.pop());
+        assert!(waiting.await.unwrap(), "served once a turn came free");
+        // With every turn held for longer than the wait, the page is told busy when the wait ends, not before.
+        let started = tokio::time::Instant::now();
+        let _also_held = take_turn(&turns, Duration::ZERO).await.expect("the freed turn");
+        assert!(take_turn(&turns, EXPENSIVE_WAIT).await.is_none());
+        assert_eq!(started.elapsed(), EXPENSIVE_WAIT);
+    }
+
+    #[test]
+    fn busy_is_a_503_that_says_when_to_try_again() {
+        let response = UiError::Busy("2 pages".to_owned()).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], pages::UNAVAILABLE_RETRY_SECS.to_string().as_str());
     }
 
     #[test]

@@ -4,6 +4,8 @@
 -- after publishing cannot leave it uncounted.
 -- Everything is checked before the first write (the ledger is read, the schedule's type checked, the result entry
 -- is the first write); the result entry is at most MAX_PAIRS pairs.
+-- The entry's size (the bytes of its field names and values) is recorded in the ledger beside its id, in the same
+-- HSET, so a reader (the dashboard) knows how large the entry is before it decides to read it.
 -- KEYS: 1 ledger, 2 results stream, 3 schedule, 4 cancel flag, 5 this minute's counters, 6 remote batches
 -- ARGV: 1 final state, 2 now ms, 3 results maxlen, 4 ledger ttl secs, 5 job id, 6 error json (or ""),
 --       7 n result pairs, then result field/value pairs, then n counter pairs, then counter field/amount pairs
@@ -22,6 +24,8 @@ local counts
 counts, after = take_pairs(after, 'counter fields')
 if after - 1 ~= #ARGV then refuse('arguments left over after the counter fields') end
 if #entry_fields == 0 then refuse('a result entry needs fields') end
+local entry_bytes = 0
+for k = 1, #entry_fields do entry_bytes = entry_bytes + #entry_fields[k] end
 for k = 2, #counts, 2 do uint(counts[k], 'counter amount') end
 local head = read_hash(ledger, F_STATE, F_N_CHUNKS)
 local state = head[1]
@@ -32,7 +36,8 @@ if n_chunks > MAX_CHUNKS then refuse('the ledger has ' .. n_chunks .. ' chunks, 
 check_type(schedule, 'zset')
 
 local entry = typed('stream', 'XADD', results, 'MAXLEN', '~', ARGV[3], '*', unpack(entry_fields))
-local fields = {F_STATE, ARGV[1], F_FINISHED_AT, ARGV[2], F_UPDATED_AT, ARGV[2], F_RESULT_ENTRY, entry}
+local fields = {F_STATE, ARGV[1], F_FINISHED_AT, ARGV[2], F_UPDATED_AT, ARGV[2], F_RESULT_ENTRY, entry,
+  F_RESULT_BYTES, string.format('%d', entry_bytes)}
 if ARGV[6] ~= '' then
   fields[#fields + 1] = F_ERROR
   fields[#fields + 1] = ARGV[6]

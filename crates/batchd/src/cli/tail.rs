@@ -21,8 +21,12 @@ const BATCH: usize = 100;
 #[derive(Debug, Clone, clap::Args)]
 pub struct TailArgs {
     /// Start at the first entry the stream still holds, instead of at new entries only.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "from")]
     pub from_start: bool,
+    /// Start at this entry (its id, as `batchd status --json` gives it in `result_entry`), instead of at new
+    /// entries only; with --count 1, print just that entry.
+    #[arg(long, value_name = "ENTRY_ID", value_parser = parse_entry_id)]
+    pub from: Option<EntryId>,
     /// Stop after this many entries.
     #[arg(long, value_name = "N")]
     pub count: Option<u64>,
@@ -43,12 +47,17 @@ pub async fn tail(settings: &Settings, args: &TailArgs) -> anyhow::Result<()> {
     let keys = settings.keys();
     let stream = super::results_stream(&keys, "--stream", args.stream.as_deref())?;
     let mut conn = open(settings).await?;
-    let mut last_id = if args.from_start { "0-0".to_owned() } else { last_entry_id(&mut conn, &stream).await? };
-    eprintln!(
-        "following {stream} on {} {}",
-        settings.redis_label(),
-        if args.from_start { "from the start".to_owned() } else { format!("from now (after {last_id})") }
-    );
+    let mut last_id = match (&args.from, args.from_start) {
+        (Some(from), _) => from.before(),
+        (None, true) => "0-0".to_owned(),
+        (None, false) => last_entry_id(&mut conn, &stream).await?,
+    };
+    let start = match (&args.from, args.from_start) {
+        (Some(from), _) => format!("from entry {from}"),
+        (None, true) => "from the start".to_owned(),
+        (None, false) => format!("from now (after {last_id})"),
+    };
+    eprintln!("following {stream} on {} {start}", settings.redis_label());
     let started = Instant::now();
     let timeout = args.timeout.map(Duration::from_secs);
     let mut seen = 0u64;
@@ -86,6 +95,44 @@ pub async fn tail(settings: &Settings, args: &TailArgs) -> anyhow::Result<()> {
     }
 }
 
+/// A stream entry id, `<ms>-<seq>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryId {
+    /// The milliseconds part.
+    pub ms: u64,
+    /// The sequence number within that millisecond.
+    pub seq: u64,
+}
+
+impl EntryId {
+    /// The greatest id before this one (what `XREAD` reads after, to read this entry first); `0-0` for the first.
+    fn before(self) -> String {
+        match (self.ms, self.seq) {
+            (ms, 0) if ms > 0 => format!("{}-{}", ms - 1, u64::MAX),
+            (ms, 0) => format!("{ms}-0"),
+            (ms, seq) => format!("{ms}-{}", seq - 1),
+        }
+    }
+}
+
+impl std::fmt::Display for EntryId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.ms, self.seq)
+    }
+}
+
+/// Parses a whole stream entry id, `<ms>-<seq>` (both parts, digits only).
+pub fn parse_entry_id(text: &str) -> Result<EntryId, String> {
+    let (ms, seq) = text.split_once('-').ok_or_else(|| format!("{text:?} is not an entry id (<ms>-<seq>)"))?;
+    let part = |part: &str| {
+        part.parse::<u64>()
+            .ok()
+            .filter(|_| part.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(|| format!("{text:?} is not an entry id (<ms>-<seq>)"))
+    };
+    Ok(EntryId { ms: part(ms)?, seq: part(seq)? })
+}
+
 /// The id of the stream's last entry, `0-0` when it is empty or missing.
 async fn last_entry_id(conn: &mut Conn, stream: &str) -> anyhow::Result<String> {
     let last: batchd_queue::inspect::Entries<String> = batchd_queue::inspect::entries(conn, stream, "-", "+", 1, true)
@@ -118,6 +165,20 @@ pub fn entry_line(entry_id: &str, fields: &HashMap<String, String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entry_id_is_read_whole_and_tail_reads_after_the_one_before() {
+        let id = parse_entry_id("1763769605250-3").unwrap();
+        assert_eq!(id, EntryId { ms: 1_763_769_605_250, seq: 3 });
+        assert_eq!(id.to_string(), "1763769605250-3");
+        assert_eq!(id.before(), "1763769605250-2");
+        assert_eq!(parse_entry_id("1763769605250-0").unwrap().before(), format!("1763769605249-{}", u64::MAX));
+        assert_eq!(parse_entry_id("0-1").unwrap().before(), "0-0");
+        assert_eq!(parse_entry_id("0-0").unwrap().before(), "0-0");
+        for bad in ["", "5", "5-", "-5", "5-x", "+5-1", "5-1-2", "$", "99999999999999999999-0"] {
+            assert!(parse_entry_id(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn an_entry_reads_as_one_line() {

@@ -5,7 +5,11 @@
 //! Every read is bounded whatever the backlog: the overview reads a fixed number of keys (the counters of the
 //! last 60 minutes and 24 hours, at most [`CHUNK_SAMPLE`] schedule members), the jobs list pages with a `SCAN`
 //! cursor ([`JOBS_PAGE_SCAN`] ledgers a page at most), a job's ledger is read without its payloads, and a job's
-//! responses are shown [`RESPONSES_PAGE`] at a time from one read of its result entry.
+//! responses are shown [`RESPONSES_PAGE`] at a time from one read of its result entry. What a read copies out of
+//! Redis is bounded in bytes too: a result entry is read only when the size its ledger records is at most
+//! [`RESULT_SHOWN_BYTES`] (a larger one is shown as its size and the `batchd tail` command that prints it), the
+//! entries kept for paging take at most [`RESULT_CACHE_BYTES`], and a chunk's request items are read only when
+//! they are at most [`ITEMS_SHOWN_BYTES`].
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -186,11 +190,14 @@ pub async fn jobs(conn: &mut Conn, keys: &Keys, filter: &JobFilter, cursor: u64)
 
 /// A job for its page: `{"job": <status --json, with its `at_remote`: each chunk still at the remote API against
 /// its model's usual time>, "chunks": [{"index":..,"state":..,"remote":..}], "result": <the result entry, responses
-/// paged> | null, "responses_page": {"page":..,"pages":..,"total":..}}`. The ledger is read
-/// without its payloads ([`batchd_queue::LedgerView`]); `chunks` says what each chunk's state and remote status
-/// mean now ([`batchd_queue::ledger_view::ChunkStatus`]); the result entry is read from Redis once per process and
-/// paged from memory ([`ResultCache`]), so 40 open tabs of one big job cost Redis one read of it, not 40. The request
-/// items are a page of their own ([`job_items`]): the job's page reads none.
+/// paged> | <what it is and how to read it, when it is not read> | null, "responses_page": {"page":..,"pages":..,
+/// "total":..}}`. The ledger is read without its payloads ([`batchd_queue::LedgerView`]); `chunks` says what each
+/// chunk's state and remote status mean now ([`batchd_queue::ledger_view::ChunkStatus`]); the result entry is read
+/// only when the ledger records its size and that is at most [`RESULT_SHOWN_BYTES`] (otherwise `result` is
+/// `{"entry_id":..,"stream":..,"not_read":true,"bytes":N|null,"limit_bytes":..,"read_with":"batchd ... tail
+/// ..."}`), from Redis once per process and paged from memory ([`ResultCache`]), so 40 open tabs of one big job cost
+/// Redis one read of it, not 40. The request items are a page of their own ([`job_items`]): the job's page reads
+/// none.
 pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> anyhow::Result<Value> {
     let view = cli::read_ledger(conn, keys, job_id).await?;
     let mut status = cli::status_json(&view);
@@ -213,27 +220,12 @@ pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> a
         Vec::new()
     };
     status["at_remote"] = serde_json::to_value(&at_remote).context("encode the batches at the remote API")?;
-    let mut result = Value::Null;
-    let mut paging = json!({"page": 0, "pages": 0, "total": 0});
-    let entry_id = view.get(field::RESULT_ENTRY);
-    let stream = view.get(field::REPLY_TO).filter(|stream| keys.is_results_stream(stream));
-    if let (Some(entry_id), Some(stream)) = (entry_id, stream) {
-        match result_entry(conn, stream, entry_id).await? {
-            Some(entry) => {
-                result = entry.head.clone();
-                result["entry_id"] = entry_id.into();
-                if let Some(responses) = &entry.responses {
-                    let (page, pages, start) = page_of(responses.len(), page, RESPONSES_PAGE);
-                    let shown: Vec<Value> = responses.iter().skip(start).take(RESPONSES_PAGE).cloned().collect();
-                    if let Some(output) = result.get_mut("result").and_then(Value::as_object_mut) {
-                        output.insert("responses".into(), shown.into());
-                    }
-                    paging = json!({"page": page, "pages": pages, "total": responses.len(), "first_index": start});
-                }
-            }
-            None => result = json!({"entry_id": entry_id, "trimmed": true}),
+    let (result, paging) = match (view.get(field::RESULT_ENTRY), view.get(field::REPLY_TO)) {
+        (Some(entry_id), Some(stream)) if keys.is_results_stream(stream) => {
+            result_section(conn, keys, &view, stream, entry_id, page).await?
         }
-    }
+        _ => (Value::Null, json!({"page": 0, "pages": 0, "total": 0})),
+    };
     Ok(json!({"job": status, "chunks": chunks, "result": result, "responses_page": paging}))
 }
 
@@ -246,6 +238,11 @@ fn page_of(total: usize, page: usize, per_page: usize) -> (usize, usize, usize) 
 
 /// Request items shown per page.
 pub const ITEMS_PAGE: usize = 50;
+
+/// Most bytes of one chunk's request items the items page reads (their size is checked with `HSTRLEN` first):
+/// above the daemon's default payload limit (`jobs.max_payload_bytes`, 9.5 MB), so every chunk of a deployment
+/// that keeps it is shown; a larger one is shown as its size.
+pub const ITEMS_SHOWN_BYTES: u64 = 10 * 1024 * 1024;
 
 /// Page `page` of chunk `chunk`'s request items of job `job_id`, each with its index in the job: `{"job_id":..,
 /// "state":..,"chunk":..,"chunks":..,"stored":bool,"page":..,"pages":..,"total":..,"items":[{"index":..,
@@ -279,12 +276,29 @@ async fn request_items(
     let Some(placement) = view.chunks.get(chunk).and_then(|metadata| metadata.placement()) else {
         return Ok(missing);
     };
+    let bytes = batchd_queue::ledger_view::chunk_requests_bytes(conn, keys, &view.job_id, chunk as u32)
+        .await
+        .with_context(|| format!("read the size of the request items of chunk {chunk}"))?;
+    if bytes == 0 {
+        return Ok(missing);
+    }
+    if bytes > ITEMS_SHOWN_BYTES {
+        return Ok(json!({
+            "chunk": chunk,
+            "chunks": n_chunks,
+            "stored": true,
+            "not_read": true,
+            "bytes": bytes,
+            "limit_bytes": ITEMS_SHOWN_BYTES,
+            "items": [],
+        }));
+    }
     let stored = batchd_queue::ledger_view::chunk_requests(conn, keys, &view.job_id, chunk as u32)
         .await
         .with_context(|| format!("read the request items of chunk {chunk}"))?;
-    let Some(items) = stored.and_then(|text| serde_json::from_str::<Vec<Box<RawValue>>>(&text).ok()) else {
-        return Ok(missing);
-    };
+    let Some(text) = stored else { return Ok(missing) };
+    // Parsed borrowing: each item is a slice of the text, and only the page shown is built.
+    let Ok(items) = serde_json::from_str::<Vec<&RawValue>>(&text) else { return Ok(missing) };
     let (page, pages, first) = page_of(items.len(), page, ITEMS_PAGE);
     let shown: Vec<Value> = items
         .iter()
@@ -307,32 +321,195 @@ async fn request_items(
     }))
 }
 
-/// A result entry as the job page shows it: its fields as `result --json` shapes them, with the responses kept
-/// apart so a page of them is cut without copying the rest.
+/// Most bytes of a result entry a job's page reads: the size the publish recorded in the ledger
+/// ([`field::RESULT_BYTES`]) is compared with it first, and a larger entry is shown as its size and the `batchd
+/// tail` command that prints it, never read (a stream entry can only be read whole). An entry whose size was not
+/// recorded (published before the ledger recorded it) is not read either.
+pub const RESULT_SHOWN_BYTES: u64 = 8 * 1024 * 1024;
+
+/// Most bytes the result entries kept for paging take ([`ResultCache`]): the entries' text as read, and 8 bytes a
+/// response for where each one is in it. With [`RESULT_SHOWN_BYTES`] and one read at a time it bounds what
+/// results cost the dashboard: at most this plus about three times [`RESULT_SHOWN_BYTES`] while one is read, plus
+/// one entry per page being cut from an entry the cache has let go.
+pub const RESULT_CACHE_BYTES: usize = 32 * 1024 * 1024;
+
+/// What a job's page says of its result entry: `Ok` with the entry (and the responses of page `page`) when it was
+/// read, or a note of what it is and how to read it when it is past [`RESULT_SHOWN_BYTES`] or its size is
+/// unknown. `(result, responses_page)` of [`job`]'s JSON.
+async fn result_section(
+    conn: &mut Conn,
+    keys: &Keys,
+    view: &batchd_queue::LedgerView,
+    stream: &str,
+    entry_id: &str,
+    page: usize,
+) -> anyhow::Result<(Value, Value)> {
+    let no_page = json!({"page": 0, "pages": 0, "total": 0});
+    let recorded = view.number(field::RESULT_BYTES);
+    if recorded.is_none_or(|bytes| bytes > RESULT_SHOWN_BYTES) {
+        let not_read = json!({
+            "entry_id": entry_id,
+            "stream": stream,
+            "not_read": true,
+            "bytes": recorded,
+            "limit_bytes": RESULT_SHOWN_BYTES,
+            "read_with": tail_command(keys, stream, entry_id),
+        });
+        return Ok((not_read, no_page));
+    }
+    let Some(entry) = result_entry(conn, stream, entry_id).await? else {
+        return Ok((json!({"entry_id": entry_id, "trimmed": true}), no_page));
+    };
+    let (mut result, paging) = entry.page(page);
+    result["entry_id"] = entry_id.into();
+    Ok((result, paging))
+}
+
+/// The command that prints result entry `entry_id` of `stream` whole: `batchd tail` from that entry, once, as JSON;
+/// `None` when the ledger's entry id is not one.
+pub fn tail_command(keys: &Keys, stream: &str, entry_id: &str) -> Option<String> {
+    let entry_id = cli::tail::parse_entry_id(entry_id).ok()?;
+    Some(format!("batchd --namespace {} tail --stream '{stream}' --from {entry_id} --count 1 --json", keys.namespace()))
+}
+
+/// A result entry kept for paging its responses: its text as read, with where each response is in its `result`,
+/// so a page of responses is parsed from the text on each view and nothing else of the entry is built. What it
+/// holds is counted in bytes ([`CachedEntry::bytes`]).
 #[derive(Debug)]
 struct CachedEntry {
-    /// The entry without `result.responses`.
-    head: Value,
-    /// `result.responses`, when the entry has a result.
-    responses: Option<Vec<Value>>,
+    /// The entry's fields as read, but `result` when its responses were found (then it is in `result`).
+    fields: HashMap<String, String>,
+    /// `result`'s members other than `responses` (`usage`, `failed_batches`), as JSON text.
+    result_rest: Option<String>,
+    /// The `result` field's text, when its responses were found; each page of them is cut from it.
+    result: String,
+    /// Where each response is in `result`: its first byte and the byte after its last.
+    responses: Vec<(u32, u32)>,
 }
 
-/// Result entries last shown, by `(stream, entry id)`: an entry never changes once written, so it is read from Redis
-/// once and every page of it, in every tab, comes from here. Holding the lock while reading makes concurrent
-/// requests of one entry wait for the one read instead of each copying the entry out of Redis.
+impl CachedEntry {
+    /// Builds the entry from its fields as read. `result` is indexed when it is a JSON object whose `responses`
+    /// is an array (what batchd writes); anything else stays a field, shown as `batchd tail --json` shows it.
+    fn new(mut fields: HashMap<String, String>) -> Self {
+        let mut entry =
+            Self { fields: HashMap::new(), result_rest: None, result: String::new(), responses: Vec::new() };
+        if let Some(result) = fields.remove("result") {
+            match index_responses(&result) {
+                Some((rest, responses)) => {
+                    entry.result_rest = Some(rest);
+                    entry.responses = responses;
+                    entry.result = result;
+                }
+                None => {
+                    fields.insert("result".to_owned(), result);
+                }
+            }
+        }
+        entry.fields = fields;
+        entry
+    }
+
+    /// What it holds, in bytes: the text of its fields, its responses' places, and a little per field.
+    fn bytes(&self) -> usize {
+        let fields: usize = self.fields.iter().map(|(name, value)| name.capacity() + value.capacity() + 64).sum();
+        fields
+            + self.result_rest.as_ref().map_or(0, String::capacity)
+            + self.result.capacity()
+            + self.responses.capacity() * std::mem::size_of::<(u32, u32)>()
+            + std::mem::size_of::<Self>()
+    }
+
+    /// The entry as `batchd tail --json` shows it with only page `page` of its responses (clamped to the last),
+    /// and the page's place: `(result, {"page":..,"pages":..,"total":..,"first_index":..})`.
+    fn page(&self, page: usize) -> (Value, Value) {
+        let mut head = cli::result_json(&self.fields);
+        let Some(rest) = &self.result_rest else {
+            return (head, json!({"page": 0, "pages": 0, "total": 0}));
+        };
+        let mut result: Value = serde_json::from_str(rest).unwrap_or_else(|_| json!({}));
+        let (page, pages, start) = page_of(self.responses.len(), page, RESPONSES_PAGE);
+        let shown: Vec<Value> = self
+            .responses
+            .iter()
+            .skip(start)
+            .take(RESPONSES_PAGE)
+            .map(|&(first, end)| {
+                let text = self.result.get(first as usize..end as usize).unwrap_or("null");
+                serde_json::from_str(text).unwrap_or(Value::Null)
+            })
+            .collect();
+        result["responses"] = shown.into();
+        head["result"] = result;
+        let paging = json!({"page": page, "pages": pages, "total": self.responses.len(), "first_index": start});
+        (head, paging)
+    }
+}
+
+/// A result's members but `responses` as JSON text, and where each response is in `result`; `None` when `result`
+/// is not a JSON object with a `responses` array (or is larger than 4 GiB). The text is parsed once, borrowing:
+/// nothing of a response is copied.
+fn index_responses(result: &str) -> Option<(String, Vec<(u32, u32)>)> {
+    let members: BTreeMap<String, &RawValue> = serde_json::from_str(result).ok()?;
+    let responses: Vec<&RawValue> = serde_json::from_str(members.get("responses")?.get()).ok()?;
+    let base = result.as_ptr().addr();
+    let places = responses
+        .iter()
+        .map(|response| {
+            let first = response.get().as_ptr().addr() - base;
+            Some((u32::try_from(first).ok()?, u32::try_from(first + response.get().len()).ok()?))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let rest: serde_json::Map<String, Value> = members
+        .iter()
+        .filter(|(name, _)| name.as_str() != "responses")
+        .map(|(name, value)| (name.clone(), serde_json::from_str(value.get()).unwrap_or(Value::Null)))
+        .collect();
+    Some((Value::Object(rest).to_string(), places))
+}
+
+/// Result entries last shown, by `(stream, entry id)`, under a budget of [`RESULT_CACHE_BYTES`]: an entry never
+/// changes once written, so it is read from Redis once and every page of it, in every tab, comes from here.
+/// Holding the lock while reading makes concurrent requests of one entry wait for the one read instead of each
+/// copying the entry out of Redis, and makes the dashboard read one entry at a time.
 #[derive(Debug, Default)]
 struct ResultCache {
-    /// The entries, the most recently used last (at most [`RESULT_CACHE_ENTRIES`]).
-    entries: Vec<((String, String), std::sync::Arc<CachedEntry>)>,
+    /// The entries with their size in bytes, the most recently used last.
+    entries: Vec<((String, String), std::sync::Arc<CachedEntry>, usize)>,
+    /// The sum of their sizes, at most [`RESULT_CACHE_BYTES`].
+    bytes: usize,
 }
 
-/// Result entries kept by [`ResultCache`].
-const RESULT_CACHE_ENTRIES: usize = 4;
+impl ResultCache {
+    /// The entry of `key`, now the most recently used; `None` when it is not kept.
+    fn get(&mut self, key: &(String, String)) -> Option<std::sync::Arc<CachedEntry>> {
+        let at = self.entries.iter().position(|(cached, _, _)| cached == key)?;
+        let hit = self.entries.remove(at);
+        let entry = std::sync::Arc::clone(&hit.1);
+        self.entries.push(hit);
+        Some(entry)
+    }
+
+    /// Keeps `entry`, letting go of the least recently used ones until it fits under [`RESULT_CACHE_BYTES`]; an
+    /// entry larger than the whole budget is not kept.
+    fn insert(&mut self, key: (String, String), entry: std::sync::Arc<CachedEntry>) {
+        let bytes = entry.bytes();
+        if bytes > RESULT_CACHE_BYTES {
+            return;
+        }
+        while self.bytes + bytes > RESULT_CACHE_BYTES && !self.entries.is_empty() {
+            let (_, _, freed) = self.entries.remove(0);
+            self.bytes -= freed;
+        }
+        self.bytes += bytes;
+        self.entries.push((key, entry, bytes));
+    }
+}
 
 static RESULT_CACHE: std::sync::LazyLock<tokio::sync::Mutex<ResultCache>> =
     std::sync::LazyLock::new(|| tokio::sync::Mutex::new(ResultCache::default()));
 
-/// Result entry `entry_id` of `stream`, from the cache or read once; `None` when it was trimmed.
+/// Result entry `entry_id` of `stream`, from the cache or read once; `None` when it was trimmed. The caller has
+/// checked its recorded size against [`RESULT_SHOWN_BYTES`].
 async fn result_entry(
     conn: &mut Conn,
     stream: &str,
@@ -340,24 +517,15 @@ async fn result_entry(
 ) -> anyhow::Result<Option<std::sync::Arc<CachedEntry>>> {
     let mut cache = RESULT_CACHE.lock().await;
     let key = (stream.to_owned(), entry_id.to_owned());
-    if let Some(at) = cache.entries.iter().position(|(cached, _)| *cached == key) {
-        let hit = cache.entries.remove(at);
-        let entry = std::sync::Arc::clone(&hit.1);
-        cache.entries.push(hit);
+    if let Some(entry) = cache.get(&key) {
         return Ok(Some(entry));
     }
     let entries: inspect::Entries<String> = inspect::entries(conn, stream, entry_id, entry_id, 1, false)
         .await
         .with_context(|| format!("read result entry {entry_id}"))?;
     let Some((_, fields)) = entries.into_iter().next() else { return Ok(None) };
-    let mut head = cli::result_json(&fields);
-    drop(fields);
-    let responses = head.pointer_mut("/result/responses").and_then(Value::as_array_mut).map(std::mem::take);
-    let entry = std::sync::Arc::new(CachedEntry { head, responses });
-    if cache.entries.len() >= RESULT_CACHE_ENTRIES {
-        cache.entries.remove(0);
-    }
-    cache.entries.push((key, std::sync::Arc::clone(&entry)));
+    let entry = std::sync::Arc::new(CachedEntry::new(fields));
+    cache.insert(key, std::sync::Arc::clone(&entry));
     Ok(Some(entry))
 }
 
@@ -491,4 +659,98 @@ pub async fn dead_list(conn: &mut Conn, keys: &Keys, filter: &DeadFilter) -> any
 /// One dead-letter entry, as `batchd dead show --json` shapes it.
 pub async fn dead_entry(conn: &mut Conn, keys: &Keys, entry_id: &str) -> anyhow::Result<Value> {
     dead::show_json(conn, keys, entry_id).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A result entry's fields as batchd writes them, with `n` responses of about `bytes` each.
+    fn fields(n: usize, bytes: usize) -> HashMap<String, String> {
+        let responses: Vec<Value> = (0..n)
+            .map(|index| json!({"index": index, "success": index % 3 != 0, "result": {"text": "x".repeat(bytes)}}))
+            .collect();
+        let result = json!({"responses": responses, "usage": {"prompt_tokens": 3}, "failed_batches": []});
+        [
+            ("v", "1".to_owned()),
+            ("job_id", "j".to_owned()),
+            ("status", "completed".to_owned()),
+            ("result", result.to_string()),
+            ("items_total", n.to_string()),
+            ("metadata", r#"{"tenant":"a\u00e9"}"#.to_owned()),
+        ]
+        .into_iter()
+        // As read from Redis: each value takes its length, no more.
+        .map(|(name, mut value)| {
+            value.shrink_to_fit();
+            (name.to_owned(), value)
+        })
+        .collect()
+    }
+
+    #[test]
+    fn a_page_of_responses_is_the_entry_as_tail_shows_it_with_those_responses() {
+        let fields = fields(120, 10);
+        let whole = cli::result_json(&fields);
+        let entry = CachedEntry::new(fields);
+        for (page, first, len) in [(0, 0, 50), (1, 50, 50), (2, 100, 20), (9, 100, 20)] {
+            let (shown, paging) = entry.page(page);
+            let mut expected = whole.clone();
+            let responses = whole["result"]["responses"].as_array().unwrap()[first..first + len].to_vec();
+            expected["result"]["responses"] = responses.into();
+            assert_eq!(shown, expected, "page {page}");
+            assert_eq!(paging, json!({"page": first / 50, "pages": 3, "total": 120, "first_index": first}));
+        }
+    }
+
+    #[test]
+    fn a_result_batchd_did_not_write_is_shown_as_it_is() {
+        for result in ["not json", r#"{"usage":{}}"#, r#"{"responses":7}"#, "[1,2]"] {
+            let mut fields = fields(1, 1);
+            fields.insert("result".to_owned(), result.to_owned());
+            let (shown, paging) = CachedEntry::new(fields.clone()).page(0);
+            assert_eq!(shown, cli::result_json(&fields), "{result}");
+            assert_eq!(paging["pages"], 0);
+        }
+    }
+
+    #[test]
+    fn an_entry_counts_its_text_and_its_responses_places() {
+        let fields = fields(1_000, 100);
+        let text: usize = fields.values().map(String::len).sum();
+        let bytes = CachedEntry::new(fields).bytes();
+        assert!(bytes >= text + 1_000 * 8, "{bytes} counts the text ({text}) and 8 bytes a response");
+        assert!(bytes < text * 2, "{bytes} is about the text ({text})");
+    }
+
+    #[test]
+    fn the_cache_holds_bytes_under_its_budget_the_least_recently_used_leaving_first() {
+        let mut cache = ResultCache::default();
+        let key = |n: usize| ("s".to_owned(), format!("{n}-0"));
+        // Entries of about a third of the budget: three fit, the fourth makes the least recently used leave.
+        let big = std::sync::Arc::new(CachedEntry::new(fields(1, RESULT_CACHE_BYTES / 3 - 4_096)));
+        for n in 0..3 {
+            cache.insert(key(n), std::sync::Arc::clone(&big));
+        }
+        assert_eq!(cache.entries.len(), 3);
+        assert!(cache.get(&key(0)).is_some(), "used again: now the most recent");
+        cache.insert(key(3), std::sync::Arc::clone(&big));
+        let kept: Vec<&str> = cache.entries.iter().map(|(key, _, _)| key.1.as_str()).collect();
+        assert_eq!(kept, ["2-0", "0-0", "3-0"]);
+        assert!(cache.bytes <= RESULT_CACHE_BYTES);
+        assert_eq!(cache.bytes, cache.entries.iter().map(|(_, _, bytes)| bytes).sum::<usize>());
+        // Small entries: many fit, older ones leave, and the total stays under the budget.
+        let small = fields(20, 1_000);
+        for n in 10..2_000 {
+            cache.insert(key(n), std::sync::Arc::new(CachedEntry::new(small.clone())));
+            assert!(cache.bytes <= RESULT_CACHE_BYTES);
+        }
+        assert!(cache.get(&key(10)).is_none() && cache.get(&key(1_999)).is_some());
+        assert!(cache.bytes > RESULT_CACHE_BYTES * 9 / 10, "the budget is used: {}", cache.bytes);
+        // An entry over the whole budget is not kept, and lets nothing go.
+        let before = cache.entries.len();
+        cache.insert(key(1), std::sync::Arc::new(CachedEntry::new(fields(1, RESULT_CACHE_BYTES))));
+        assert_eq!(cache.entries.len(), before);
+        assert!(cache.get(&key(1)).is_none());
+    }
 }

@@ -41,6 +41,24 @@ fn time(value: &Value) -> String {
     value.as_u64().map(format_utc).unwrap_or_else(|| "-".to_owned())
 }
 
+/// A size in bytes for people: `76.0 MiB (79,691,776 bytes)`; `-` for anything but a number.
+fn size(value: &Value) -> String {
+    let Some(bytes) = value.as_u64() else { return "-".to_owned() };
+    let digits = bytes.to_string();
+    let mut grouped = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            grouped.push(',');
+        }
+        grouped.push(digit);
+    }
+    match bytes {
+        0..1024 => format!("{grouped} bytes"),
+        1024..1_048_576 => format!("{:.1} KiB ({grouped} bytes)", bytes as f64 / 1024.0),
+        _ => format!("{:.1} MiB ({grouped} bytes)", bytes as f64 / 1_048_576.0),
+    }
+}
+
 /// Milliseconds as an age (`4m05s`), `-` when absent.
 fn age(value: &Value) -> String {
     value.as_u64().map(|ms| format_age(Duration::from_millis(ms))).unwrap_or_else(|| "-".to_owned())
@@ -125,20 +143,44 @@ pub const UNAVAILABLE_RETRY_SECS: u64 = 3;
 /// The page while Redis cannot be reached (503): what happened, and a retry every [`UNAVAILABLE_RETRY_SECS`] by
 /// the script, which loads the page the operator asked for as soon as it answers again.
 pub fn unavailable_page(message: &str) -> Markup {
+    retrying_page(
+        "unavailable",
+        "Redis unreachable",
+        "The dashboard is up, but the Redis it reads does not answer; this page tries again every",
+        "and shows the page as soon as Redis is back.",
+        message,
+    )
+}
+
+/// The page when an expensive page waited too long for its turn (503, see `ui::EXPENSIVE_AT_ONCE`): what happened,
+/// and a retry every [`UNAVAILABLE_RETRY_SECS`] by the script, as [`unavailable_page`].
+pub fn busy_page(message: &str) -> Markup {
+    retrying_page(
+        "busy",
+        "Dashboard busy",
+        "The dashboard serves a few pages that read much at a time, and others were ahead of this one; this page \
+         tries again every",
+        "and shows the page as soon as its turn comes.",
+        message,
+    )
+}
+
+/// A 503 page that the script loads again every [`UNAVAILABLE_RETRY_SECS`] until it answers: heading `title` (with
+/// the id `id`), a sentence around the retry interval, and the error.
+fn retrying_page(id: &str, title: &str, before: &str, after: &str, message: &str) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
             head {
                 meta charset="utf-8";
-                title { "batchd · Redis unreachable" }
+                title { "batchd · " (title) }
                 link rel="stylesheet" href="/assets/ui.css";
                 script src="/assets/ui.js" defer {}
             }
             body data-unavailable="" data-refresh-secs=(UNAVAILABLE_RETRY_SECS) {
                 main #content {
-                    h1 #unavailable { "Redis unreachable" }
-                    p { "The dashboard is up, but the Redis it reads does not answer; this page tries again every "
-                        (UNAVAILABLE_RETRY_SECS) " s and shows the page as soon as Redis is back." }
+                    h1 id=(id) { (title) }
+                    p { (before) " " (UNAVAILABLE_RETRY_SECS) " s " (after) }
                     p #error.error { (shown(message, 2_000)) }
                 }
             }
@@ -643,6 +685,19 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
             p.note #no-result { "Not published yet." }
         } @else if result["trimmed"] == true {
             p.note { "The result entry " (text(&result["entry_id"])) " is no longer in its stream (trimmed)." }
+        } @else if result["not_read"] == true {
+            table.summary #result {
+                tr { th { "entry" } td.mono { (text(&result["entry_id"])) } }
+                tr { th { "size" } td #result-size { @if result["bytes"].is_null() { "not recorded (published before batchd recorded result sizes)" } @else { (size(&result["bytes"])) } } }
+            }
+            p.note #result-not-read {
+                @if result["bytes"].is_null() {
+                    "This page reads a result entry only when its ledger records its size; "
+                } @else {
+                    "This page reads a result entry of at most " (size(&result["limit_bytes"])) "; "
+                }
+                "print it whole with: " code #read-with { (shown(result["read_with"].as_str().unwrap_or("-"), 1_000)) }
+            }
         } @else {
             table.summary #result {
                 tr { th { "status" } td #result-status { (text(&result["status"])) } }
@@ -752,6 +807,9 @@ fn request_items(frame: &Frame<'_>, id: &str, requests: &Value) -> Markup {
         }
         @if requests["stored"] != true {
             p.note #no-items { "Not stored any more: a completed job's ledger keeps only its timeline (its responses are below)." }
+        } @else if requests["not_read"] == true {
+            p.note #items-not-read { "Chunk " (chunk) "'s request items take " (size(&requests["bytes"])) ", more than the "
+                (size(&requests["limit_bytes"])) " this page reads; `batchd retry` still rebuilds the job from them." }
         } @else {
             table #items.responses {
                 thead { tr { th { "#" } th { "request item" } } }
@@ -1005,6 +1063,16 @@ pub fn dead_entry(frame: &Frame<'_>, value: &Value) -> Markup {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_size_reads_in_bytes_and_in_its_unit() {
+        assert_eq!(size(&json!(0)), "0 bytes");
+        assert_eq!(size(&json!(1023)), "1,023 bytes");
+        assert_eq!(size(&json!(1536)), "1.5 KiB (1,536 bytes)");
+        assert_eq!(size(&json!(79_691_776)), "76.0 MiB (79,691,776 bytes)");
+        assert_eq!(size(&json!(null)), "-");
+    }
 
     #[test]
     fn the_jobs_scale_is_a_round_number_at_least_the_peak() {

@@ -3,7 +3,8 @@
 // "refresh" box is unticked, the tab is hidden or a form field has the focus, (2) asks before an action
 // whose form carries data-confirm, and (3) disables an action's button once its form is submitted, so a double
 // click or an impatient second click sends one request (the server's actions are idempotent as well), and (4) on
-// the "Redis unreachable" page, tries again every few seconds and loads the page once Redis answers.
+// the "Redis unreachable" and "Dashboard busy" pages (503), tries again every few seconds and loads the page once
+// it answers.
 (function () {
   "use strict";
   var secs = Number(document.body.getAttribute("data-refresh-secs") || "0");
@@ -36,7 +37,8 @@
     }
     if ((box && !box.checked) || document.hidden || busy()) return;
     load()
-      // A 503 is the "Redis unreachable" page: shown in place, and replaced again once Redis answers.
+      // A 503 is the "Redis unreachable" or "Dashboard busy" page: shown in place, and replaced again once the
+      // page answers.
       .then(function (response) { return response.ok || response.status === 503 ? response.text() : null; })
       .then(function (text) {
         if (text === null) return;
