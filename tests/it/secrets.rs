@@ -381,9 +381,13 @@ async fn every_providers_key_comes_from_its_credential_and_never_leaves_its_head
 
     let openai = OpenAiConfig { api_key: OPENAI_KEY.to_owned(), ..OpenAiConfig::default() };
     let anthropic = AnthropicConfig { api_key: ANTHROPIC_KEY.to_owned(), ..AnthropicConfig::default() };
-    let world =
-        World::with_emulator(EmulatorConfig { token: TOKEN.to_owned(), openai, anthropic, ..EmulatorConfig::default() })
-            .await;
+    let world = World::with_emulator(EmulatorConfig {
+        token: TOKEN.to_owned(),
+        openai,
+        anthropic,
+        ..EmulatorConfig::default()
+    })
+    .await;
     let namespace = world.settings.redis.namespace.clone();
     let dir = world.redis.dir.join("keys");
     let credentials = dir.join("credentials");
@@ -459,8 +463,11 @@ async fn every_providers_key_comes_from_its_credential_and_never_leaves_its_head
     let chat = |text: &str| serde_json::json!({"messages": [{"role": "user", "content": text}], "max_tokens": 5});
     let message = |text: &str| serde_json::json!({"max_tokens": 32, "messages": [{"role": "user", "content": text}]});
     world.enqueue(&bge_m3_job("keys-cf", 2)).await;
-    world.enqueue(&serde_json::json!({"id": "keys-openai", "model": "openai/gpt-4o-mini", "requests": [chat("a")]})).await;
-    let anthropic_job = |id: &str| serde_json::json!({"id": id, "model": "anthropic/claude-sonnet-4-5", "requests": [message("b")]});
+    world
+        .enqueue(&serde_json::json!({"id": "keys-openai", "model": "openai/gpt-4o-mini", "requests": [chat("a")]}))
+        .await;
+    let anthropic_job =
+        |id: &str| serde_json::json!({"id": id, "model": "anthropic/claude-sonnet-4-5", "requests": [message("b")]});
     world.enqueue(&anthropic_job("keys-anthropic")).await;
     for id in ["keys-cf", "keys-openai", "keys-anthropic"] {
         let entry = world.wait_for_result(id, WAIT).await;
@@ -468,10 +475,13 @@ async fn every_providers_key_comes_from_its_credential_and_never_leaves_its_head
     }
 
     // Refusals that echo the key whole: the jobs fail with the message, the key redacted.
-    world.emulator.openai().inject(
-        OpenAiFault::status(403).message(format!("Forbidden for key {OPENAI_KEY}")).on(OpenAiCallKind::Upload),
-    );
-    world.enqueue(&serde_json::json!({"id": "keys-openai-echo", "model": "openai/gpt-4o-mini", "requests": [chat("c")]})).await;
+    world
+        .emulator
+        .openai()
+        .inject(OpenAiFault::status(403).message(format!("Forbidden for key {OPENAI_KEY}")).on(OpenAiCallKind::Upload));
+    world
+        .enqueue(&serde_json::json!({"id": "keys-openai-echo", "model": "openai/gpt-4o-mini", "requests": [chat("c")]}))
+        .await;
     world.emulator.anthropic().inject(
         AnthropicFault::status(403).message(format!("x-api-key {ANTHROPIC_KEY} may not")).on(AnthropicCalls::Create),
     );

@@ -283,8 +283,7 @@ async fn ui_an_origin_matches_a_public_host_with_its_scheme_and_port_and_https_g
 
     // The cookie a first page view sets.
     let cookie_of = |answer: &Answer| answer.header("set-cookie").map(str::to_owned).expect("a session cookie");
-    for (host, extra) in [("dash.example.com", None), ("DASH.example.com:443", None), (&ui.host()[..], Some("https"))]
-    {
+    for (host, extra) in [("dash.example.com", None), ("DASH.example.com:443", None), (&ui.host()[..], Some("https"))] {
         let headers: Vec<(&str, &str)> = extra.map(|proto| ("X-Forwarded-Proto", proto)).into_iter().collect();
         let cookie = cookie_of(&get(&ui, host, "/", &headers).await);
         assert!(cookie.starts_with(&format!("{SECURE}=")), "Host {host}: {cookie}");

@@ -433,7 +433,8 @@ mod tests {
     #[test]
     fn every_key_file_others_can_read_is_warned_about() {
         use std::os::unix::fs::PermissionsExt;
-        for key in ["cloudflare.api_token_file", "events.api_token_file", "openai.api_key_file", "anthropic.api_key_file"]
+        for key in
+            ["cloudflare.api_token_file", "events.api_token_file", "openai.api_key_file", "anthropic.api_key_file"]
         {
             let file = std::env::temp_dir().join(format!("batchd-key-mode-{}-{key}", std::process::id()));
             std::fs::write(&file, "tok\n").unwrap();
@@ -491,7 +492,8 @@ mod tests {
                 .unwrap();
         assert!(named.admin.hosts().is_own_host("prom.internal:9090") && named.admin.hosts().is_own_host("[::1]"));
         assert!(!named.admin.hosts().is_own_host("evil.example:9090"));
-        let err = Settings::load_from(None, &env(&[("BATCHD__ADMIN__ALLOWED_HOSTS", "https://prom:9090")])).unwrap_err();
+        let err =
+            Settings::load_from(None, &env(&[("BATCHD__ADMIN__ALLOWED_HOSTS", "https://prom:9090")])).unwrap_err();
         assert!(
             err.to_string().starts_with(
                 "configuration: admin.allowed_hosts (BATCHD__ADMIN__ALLOWED_HOSTS): \"https://prom:9090\" is not a host"

@@ -87,7 +87,8 @@ impl Settings {
         let Some(dir) = env.get("CREDENTIALS_DIRECTORY").filter(|dir| !dir.is_empty()) else {
             return;
         };
-        let given = |key: &Option<Secret>, file: &str| key.as_ref().is_some_and(|k| !k.expose().is_empty()) || !file.is_empty();
+        let given =
+            |key: &Option<Secret>, file: &str| key.as_ref().is_some_and(|k| !k.expose().is_empty()) || !file.is_empty();
         let credential = |name: &str| {
             let file = Path::new(dir).join(name);
             file.exists().then(|| file.display().to_string())

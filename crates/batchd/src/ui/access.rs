@@ -98,8 +98,7 @@ impl Access {
         token_file: Option<&Path>,
         trusted_user_header: Option<&str>,
     ) -> anyhow::Result<Self> {
-        let public_origins =
-            public_hosts.iter().map(|name| public_origin(name)).collect::<anyhow::Result<Vec<_>>>()?;
+        let public_origins = public_hosts.iter().map(|name| public_origin(name)).collect::<anyhow::Result<Vec<_>>>()?;
         let hosts = HostList::new(public_origins.iter().map(|public| public.name.as_str()))
             .map_err(|why| anyhow::anyhow!("--public-host: {why}"))?;
         let token = token_file.map(read_token).transpose()?;

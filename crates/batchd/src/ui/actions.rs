@@ -68,9 +68,8 @@ impl<F: DeserializeOwned + Send> FromRequest<Ui> for Act<F> {
                 "refused: the request does not come from this dashboard's pages".to_owned(),
             ));
         }
-        let session = cookie(headers, ui.access.session_cookie(headers))
-            .filter(|token| !token.is_empty())
-            .map(str::to_owned);
+        let session =
+            cookie(headers, ui.access.session_cookie(headers)).filter(|token| !token.is_empty()).map(str::to_owned);
         let json = wants_json(headers);
         let user = request.extensions().get::<User>().cloned().unwrap_or(User(None));
         let Form(form) = Form::<ActionForm<F>>::from_request(request, ui)
