@@ -493,13 +493,50 @@ async fn every_providers_key_comes_from_its_credential_and_never_leaves_its_head
         assert!(message.contains("[redacted]"), "{id}: {message}");
     }
 
+    // Transient refusals whose echoed key is cut 16 characters in by the client's cap on a quoted message (OpenAI
+    // 2,048 characters, Anthropic 300): retried, then completed; no piece of the key is kept or logged.
+    // Each pads with its own letter, to find its message again below.
+    let cut_short = |pad: &str, cap: usize, key: &str| format!("{} {key}", pad.repeat(cap - 1 - 16));
+    world
+        .emulator
+        .openai()
+        .inject(OpenAiFault::status(500).message(cut_short("o", 2048, OPENAI_KEY)).on(OpenAiCallKind::GetBatch));
+    world
+        .enqueue(&serde_json::json!({"id": "keys-openai-cut", "model": "openai/gpt-4o-mini", "requests": [chat("d")]}))
+        .await;
+    world
+        .emulator
+        .anthropic()
+        .inject(AnthropicFault::status(500).message(cut_short("q", 300, ANTHROPIC_KEY)).on(AnthropicCalls::Retrieve));
+    world.enqueue(&anthropic_job("keys-anthropic-cut")).await;
+    for id in ["keys-openai-cut", "keys-anthropic-cut"] {
+        let entry = world.wait_for_result(id, WAIT).await;
+        assert_eq!(entry.status, ResultStatus::Completed, "{id}: {:?}", entry.error);
+    }
+    let openai_500s = world
+        .emulator
+        .openai()
+        .calls_of(OpenAiCallKind::GetBatch)
+        .iter()
+        .filter(|call| call.http_status == 500)
+        .count();
+    let anthropic_500s = world
+        .emulator
+        .anthropic()
+        .calls_of(batchd_emulator::AnthropicCallKind::Retrieve)
+        .iter()
+        .filter(|call| call.status == 500)
+        .count();
+    assert_eq!((openai_500s, anthropic_500s), (1, 1), "each cut-short echo was served once");
+
     let (status, metrics) = http_get(admin, "/metrics").await.expect("GET /metrics");
     assert_eq!(status, 200);
     assert_clean("/metrics", &metrics);
-    for id in ["keys-cf", "keys-openai", "keys-anthropic", "keys-openai-echo", "keys-anthropic-echo"] {
+    for id in ["keys-cf", "keys-openai", "keys-anthropic", "keys-openai-echo", "keys-anthropic-echo", "keys-openai-cut"]
+    {
         assert_clean(&format!("status {id} --json"), &cli(&world, &namespace, &["status", id, "--json"]).await);
     }
-    let tail = cli(&world, &namespace, &["tail", "--from-start", "--count", "5", "--timeout", "10", "--json"]).await;
+    let tail = cli(&world, &namespace, &["tail", "--from-start", "--count", "7", "--timeout", "10", "--json"]).await;
     assert_clean("tail", &tail);
     let (dump, _) = dump_redis(&world.conn).await;
     assert!(dump.contains("keys-openai-echo") && dump.contains("[redacted]"), "the dump holds the jobs:\n{dump}");
@@ -511,6 +548,11 @@ async fn every_providers_key_comes_from_its_credential_and_never_leaves_its_head
         assert_eq!(lines, 1, "{key}: warned once at start:\n{logs}");
     }
     assert_clean("the daemon's output", &logs);
+    // The cut-short messages were kept or logged, their piece of the key redacted.
+    let everything = format!("{logs}\n{dump}");
+    for pad in ["oooo", "qqqq"] {
+        assert!(everything.contains(&format!("{pad} [redacted]")), "the message padded with {pad:?} is nowhere");
+    }
 
     // chmod 600: no warning.
     for (_, name) in key_files {
