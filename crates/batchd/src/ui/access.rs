@@ -81,6 +81,8 @@ struct PublicOrigin {
     origin: String,
     /// Whether the origin is https (the session cookie is then `__Host-` and `Secure`).
     https: bool,
+    /// The origin's port (443 or 80 when it names none).
+    port: u16,
 }
 
 /// Who made a request, as the guard found it: the basic-auth user name, `token` for a bearer token, the trusted
@@ -144,14 +146,18 @@ impl Access {
         }
     }
 
-    /// Whether the request was served under https: its `Host` names a `--public-host` whose origin is https, or
-    /// the proxy in front says so (`X-Forwarded-Proto: https`; a client that forges it only gets a cookie its
-    /// browser will not send over plain http).
+    /// Whether the request was served under https: its `Host` names a `--public-host` whose origin is https (on
+    /// that origin's port, or without a port), or the proxy in front says so (`X-Forwarded-Proto: https`; a client
+    /// that forges it only gets a cookie its browser will not send over plain http).
     pub fn is_https(&self, headers: &HeaderMap) -> bool {
         let text = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
         let host_name = text("host").and_then(|host| host.parse::<Authority>().ok());
         let public_https = host_name.is_some_and(|authority| {
-            self.public_origins.iter().any(|public| public.https && public.name.eq_ignore_ascii_case(authority.host()))
+            self.public_origins.iter().any(|public| {
+                public.https
+                    && public.name.eq_ignore_ascii_case(authority.host())
+                    && authority.port_u16().is_none_or(|port| port == public.port)
+            })
         });
         public_https || text("x-forwarded-proto").is_some_and(|proto| proto.trim().eq_ignore_ascii_case("https"))
     }
@@ -224,6 +230,8 @@ struct Origin<'a> {
     name: String,
     /// `scheme://name[:port]`, lowercase, the port left out when it is the scheme's default.
     text: String,
+    /// The port, the scheme's default when none is written.
+    port: u16,
 }
 
 /// `http(s)://host[:port]` with nothing else (no user, path, query or fragment); `None` otherwise.
@@ -240,11 +248,9 @@ fn normalized_origin(origin: &str) -> Option<Origin<'_>> {
     }
     let parsed = authority.parse::<Authority>().ok()?;
     let name = parsed.host().to_ascii_lowercase();
-    let text = match parsed.port_u16() {
-        Some(port) if port != default_port => format!("{scheme}://{name}:{port}"),
-        _ => format!("{scheme}://{name}"),
-    };
-    Some(Origin { scheme, authority, name, text })
+    let port = parsed.port_u16().unwrap_or(default_port);
+    let text = if port == default_port { format!("{scheme}://{name}") } else { format!("{scheme}://{name}:{port}") };
+    Some(Origin { scheme, authority, name, text, port })
 }
 
 /// A `--public-host` value: a host name (or address), meaning the origin `https://NAME` (a proxy with TLS on
@@ -259,10 +265,11 @@ fn public_origin(value: &str) -> anyhow::Result<PublicOrigin> {
     if value.contains("://") {
         let origin = normalized_origin(value.strip_suffix('/').unwrap_or(value)).ok_or_else(refuse)?;
         crate::admin::host_name(&origin.name).ok_or_else(refuse)?;
-        return Ok(PublicOrigin { https: origin.scheme == "https", name: origin.name, origin: origin.text });
+        let https = origin.scheme == "https";
+        return Ok(PublicOrigin { https, name: origin.name, origin: origin.text, port: origin.port });
     }
     let name = crate::admin::host_name(value).ok_or_else(refuse)?;
-    Ok(PublicOrigin { origin: format!("https://{name}"), name, https: true })
+    Ok(PublicOrigin { origin: format!("https://{name}"), name, https: true, port: 443 })
 }
 
 /// The token of `--auth-token-file`: the file's content without its trailing newline.
@@ -409,6 +416,10 @@ mod tests {
             assert_eq!(access.session_cookie(&headers(&[("host", host)])), SESSION_COOKIE);
         }
         assert_eq!(access.session_cookie(&headers(&[("host", "dash.example.com:443")])), SECURE_SESSION_COOKIE);
+        // The same name on another port is not that https origin (a plain-http listener of the same name).
+        let both = self::access(&["https://ops.internal", "http://ops.internal:8080"]);
+        assert_eq!(both.session_cookie(&headers(&[("host", "ops.internal:8080")])), SESSION_COOKIE);
+        assert_eq!(both.session_cookie(&headers(&[("host", "ops.internal")])), SECURE_SESSION_COOKIE);
     }
 
     #[test]
