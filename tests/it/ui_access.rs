@@ -31,25 +31,39 @@ struct Ui {
 
 impl Ui {
     /// Starts `batchd ui --listen <listen-ip>:<free port> <args>` and waits until it answers anything on loopback.
+    /// A process that could not bind its port (taken between picking and binding it, by another test's connection)
+    /// is started again on another port; any other early exit fails at once with the process's own message.
     async fn start(world: &World, listen_ip: &str, args: &[&str]) -> Self {
-        let port = free_port();
-        let log = std::env::temp_dir().join(format!("batchd-ui-access-{}.log", uuid::Uuid::new_v4().simple()));
-        let child = std::process::Command::new(workspace_binary("batchd").expect("batchd binary"))
-            .env_clear()
-            .envs(world.batchd_env())
-            .args(["ui", "--listen", &format!("{listen_ip}:{port}")])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("start batchd ui");
-        let ui = Self { addr: SocketAddr::from(([127, 0, 0, 1], port)), child, log };
-        let started = Instant::now();
-        while send(ui.addr, "GET", "/assets/ui.css", &[], "").await.is_none() {
-            assert!(started.elapsed() < WAIT, "batchd ui did not answer within {WAIT:?}: {}", ui.log());
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        for _ in 0..5 {
+            let port = free_port();
+            let log = std::env::temp_dir().join(format!("batchd-ui-access-{}.log", uuid::Uuid::new_v4().simple()));
+            let child = std::process::Command::new(workspace_binary("batchd").expect("batchd binary"))
+                .env_clear()
+                .envs(world.batchd_env())
+                .args(["ui", "--listen", &format!("{listen_ip}:{port}")])
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).expect("log file"))
+                .spawn()
+                .expect("start batchd ui");
+            let mut ui = Self { addr: SocketAddr::from(([127, 0, 0, 1], port)), child, log };
+            let started = Instant::now();
+            let mut exited = false;
+            while send(ui.addr, "GET", "/assets/ui.css", &[], "").await.is_none() {
+                if ui.child.try_wait().expect("wait").is_some() {
+                    let log = ui.log();
+                    assert!(log.contains("Address already in use"), "batchd ui exited: {log}");
+                    exited = true;
+                    break;
+                }
+                assert!(started.elapsed() < WAIT, "batchd ui did not answer within {WAIT:?}: {}", ui.log());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if !exited {
+                return ui;
+            }
         }
-        ui
+        panic!("batchd ui found no free port in 5 tries");
     }
 
     fn log(&self) -> String {
