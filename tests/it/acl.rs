@@ -604,12 +604,24 @@ async fn the_read_only_operator_cannot_write_through_redis_or_the_cli() {
         ("run a script", vec!["EVAL", "return 1", "0"]),
         ("start a transaction", vec!["MULTI"]),
         ("read another namespace", vec!["HGETALL", "{other}:job:job-1"]),
+        ("read a whole ledger (every item and output, sized by a producer)", vec!["HGETALL", &ledger]),
+        ("read a whole ledger through another hash command", vec!["HRANDFIELD", &ledger, "-100", "WITHVALUES"]),
+        ("read a ledger's values", vec!["HVALS", &ledger]),
         ("flush the database", vec!["FLUSHDB"]),
         ("change the server's configuration", vec!["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]),
     ];
     for (what, args) in &forbidden {
         refused(&mut conn, "the read-only operator", what, &cmd(args)).await;
     }
+    // The counters' hashes (a few hundred fields the daemon sized) are the one place HGETALL is left for `stats`,
+    // `status` and the dashboard's overview; a ledger's fields are read by name (HMGET, HGET, HSTRLEN).
+    let minute = keys.stats_minute(1);
+    let _: () = admin.hset(&minute, "completed", 1).await.expect("seed a counter");
+    let counters: HashMap<String, String> =
+        cmd(&["HGETALL", &minute]).query_async(&mut conn).await.expect("HGETALL of a counter hash");
+    assert_eq!(counters.get("completed").map(String::as_str), Some("1"));
+    let state: Option<String> = cmd(&["HGET", &ledger, "state"]).query_async(&mut conn).await.expect("HGET by name");
+    assert_eq!(state.as_deref(), Some("running"));
 
     let file = world.redis.dir.join("job.json");
     std::fs::write(&file, bge_m3_job("job-2", 1).to_string()).expect("job file");

@@ -2,7 +2,8 @@
 //! slowly is cut off after `admin::HEADER_READ_TIMEOUT`, and so is an idle kept-alive connection; a connection
 //! serves at most `admin::MAX_REQUESTS_PER_CONNECTION` requests; 130 kept-alive connections that each send a request
 //! every 1.5 s cannot keep `/livez` from answering within a second; a request head over
-//! `admin::MAX_REQUEST_HEAD_BYTES` is refused; and a normal scrape works while idle sockets are open.
+//! `admin::MAX_REQUEST_HEAD_BYTES` is refused; a normal scrape works while idle sockets are open; and `/metrics`
+//! answers only to the port's own host names (DNS rebinding), the probes to any.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -257,5 +258,65 @@ async fn admin_server_refuses_a_request_head_over_the_limit() {
     assert!(answer.starts_with("HTTP/1.1 431 "), "{answer}");
     let (status, _) = http_get(admin, "/livez").await.expect("GET /livez");
     assert_eq!(status, 200);
+    daemon.stop().await.expect("clean stop");
+}
+
+/// One `GET` on a fresh connection with exactly these headers (`Host` included, when given): status and body.
+async fn get_with(admin: SocketAddr, target: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut client = TcpStream::connect(admin).await.expect("connect");
+    let mut request = format!("GET {target} HTTP/1.1\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    client.write_all(request.as_bytes()).await.expect("send");
+    let mut answer = Vec::new();
+    tokio::time::timeout(WAIT, client.read_to_end(&mut answer)).await.expect("answered within 30 s").expect("read");
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no answer to GET {target}: {answer}"));
+    let status = head.split(' ').nth(1).and_then(|code| code.parse().ok()).expect("a status");
+    (status, body.to_owned())
+}
+
+/// A page that rebinds its DNS name to the admin port (the browser then sends `Host: <its name>`) reads no metrics
+/// (their labels name models and accounts): `/metrics` and any other path answer 421 to a foreign `Host`, to none,
+/// and to an absolute URI naming another host. `/livez` and `/readyz` answer any `Host` (probes); `localhost`, IP
+/// addresses and `admin.allowed_hosts` get the metrics.
+#[tokio::test]
+async fn admin_metrics_answer_only_to_its_own_host_names_while_the_probes_answer_any() {
+    let world = World::new().await;
+    let mut settings = world.settings.clone();
+    let admin = with_admin(&mut settings);
+    settings.admin.allowed_hosts = vec!["Metrics.Internal".to_owned()];
+    let daemon = Daemon::start(settings, &world.emulator);
+    wait_for_http(admin, "/readyz", WAIT, |status, _| status == 200).await;
+    let port = admin.port();
+
+    let rebinding = format!("rebind.evil.example:{port}");
+    for host in [rebinding.as_str(), "localhost.evil.example", "127.0.0.1.nip.io", "metrics.internal.evil.example"] {
+        for path in ["/metrics", "/", "/metrics/", "/nothing"] {
+            let (status, body) = get_with(admin, path, &[("Host", host)]).await;
+            assert_eq!(status, 421, "GET {path} with Host {host}: {body}");
+            assert!(body.starts_with("the admin server answers only to its own host names"), "{body}");
+            assert!(!body.contains("evil") && !body.contains("nip") && !body.contains("batchd_"), "{body}");
+        }
+        for path in ["/livez", "/readyz"] {
+            let (status, body) = get_with(admin, path, &[("Host", host)]).await;
+            assert_eq!(status, 200, "GET {path} with Host {host}: probes answer any Host: {body}");
+        }
+    }
+    let (status, _) = get_with(admin, "/metrics", &[]).await;
+    assert_eq!(status, 421, "a request without Host");
+    let (status, _) = get_with(admin, "http://rebind.evil.example/metrics", &[("Host", &admin.to_string())]).await;
+    assert_eq!(status, 421, "an absolute URI naming another host");
+
+    for host in [admin.to_string(), format!("localhost:{port}"), format!("[::1]:{port}"), "10.1.2.3:9090".to_owned()]
+        .into_iter()
+        .chain(["metrics.internal".to_owned(), format!("METRICS.internal:{port}")])
+    {
+        let (status, body) = get_with(admin, "/metrics", &[("Host", &host)]).await;
+        assert_eq!(status, 200, "Host {host}: {body}");
+        assert!(body.contains("batchd_"), "Host {host}: the metrics: {body}");
+    }
     daemon.stop().await.expect("clean stop");
 }

@@ -69,6 +69,49 @@ fn deployment_configs_load_and_supervisors_outwait_the_drain() {
     assert!(unit.contains("LoadCredential=cloudflare-api-token:"));
 }
 
+/// Every provider's key reaches the daemon the same way: a systemd credential (optional ones with an empty
+/// fallback, so a missing file does not stop the unit) and a file of a Kubernetes Secret mounted 0440 where
+/// `CREDENTIALS_DIRECTORY` points, by the names `batchd` looks for.
+#[test]
+fn every_providers_key_is_a_systemd_credential_and_a_kubernetes_secret_file() {
+    use batchd::settings::{ANTHROPIC_KEY_CREDENTIAL, OPENAI_KEY_CREDENTIAL, TOKEN_CREDENTIAL};
+    let unit = read("deploy/systemd/batchd.service");
+    let deployment = read("deploy/kubernetes/base/deployment.yaml");
+    assert!(deployment.contains("- name: CREDENTIALS_DIRECTORY\n              value: /var/run/secrets/batchd\n"));
+    assert!(deployment.contains("- name: provider-keys\n              mountPath: /var/run/secrets/batchd\n"));
+    let volume = deployment.split("- name: provider-keys\n          projected:").nth(1).expect("the keys' volume");
+    assert!(volume.trim_start().starts_with("defaultMode: 0440"), "{volume}");
+    for (name, secret, optional) in [
+        (TOKEN_CREDENTIAL, "batchd-cloudflare", false),
+        (OPENAI_KEY_CREDENTIAL, "batchd-openai", true),
+        (ANTHROPIC_KEY_CREDENTIAL, "batchd-anthropic", true),
+    ] {
+        assert!(unit.contains(&format!("\nLoadCredential={name}:/etc/batchd/{name}\n")), "{name}");
+        assert_eq!(unit.contains(&format!("\nSetCredential={name}:\\n\n")), optional, "{name}: the fallback");
+        let source = format!("name: {secret}\n");
+        let at = volume.find(&source).unwrap_or_else(|| panic!("{secret} is not a source of the keys' volume"));
+        let entry = volume[at..].split("- secret:").next().expect("the source");
+        assert_eq!(entry.contains("optional: true"), optional, "{secret}: {entry}");
+        assert!(entry.contains(&format!("- key: {name}\n")) && entry.contains(&format!("path: {name}\n")), "{entry}");
+    }
+}
+
+/// The shipped dashboard listens on every address of its pod, so it authenticates: a token file from a Secret,
+/// mounted where `--auth-token-file` reads it; its probes need no token (`/assets/ui.css`, `/readyz`).
+#[test]
+fn the_shipped_dashboard_requires_a_token_from_a_secret() {
+    let deployment = read("deploy/kubernetes/ui/deployment.yaml");
+    let args = deployment.lines().find(|line| line.trim_start().starts_with("args:")).expect("args");
+    assert!(args.contains("\"--listen\", \"0.0.0.0:8080\""), "{args}");
+    assert!(args.contains("\"--auth-token-file\", \"/var/run/secrets/batchd-ui/token\""), "{args}");
+    assert!(!args.contains("--allow-actions"), "read-only: {args}");
+    assert!(deployment.contains("- name: ui-token\n              mountPath: /var/run/secrets/batchd-ui\n"));
+    let volume = deployment.split("- name: ui-token\n          secret:").nth(1).expect("the token's volume");
+    assert!(volume.contains("secretName: batchd-ui-token") && volume.contains("- key: token\n"), "{volume}");
+    assert!(volume.contains("defaultMode: 0440"), "{volume}");
+    assert!(deployment.contains("path: /assets/ui.css") && deployment.contains("path: /readyz"));
+}
+
 /// Every PromQL expression of the dashboard.
 fn dashboard_exprs(node: &serde_json::Value, out: &mut Vec<String>) {
     match node {

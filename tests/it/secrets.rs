@@ -1,4 +1,4 @@
-//! The API token never leaves the Authorization header: not in the logs (JSON, debug level), not in Redis (any
+//! The API token (and every provider's key) never leaves its header: not in the logs (JSON, debug level), not in Redis (any
 //! key or value of any type: ledgers, schedule, results, dead letters, limiter state), not in `/metrics` or the
 //! probes, not in anything the CLI prints, not in `Debug` output or a panic message.
 //!
@@ -26,6 +26,10 @@ const TOKEN: &str = "cfSECRETtok7Qx9Lm2Zp4Rv8Wn3Kd6Hj1Fb5Tc0Ys";
 const WRONG_TOKEN: &str = "cfWRONGtok3Fz1Nq8Gk5Xw2Pb7Md4Lr9Vh6Jc0Tu";
 /// A Redis password, which must not show either.
 const REDIS_PASSWORD: &str = "rdsPASSWORD5Hq2Wm8Kx4Zt7Nc1Lv9Bj3";
+/// The OpenAI key the emulator accepts (read from a credential file, as systemd and the Kubernetes manifests pass it).
+const OPENAI_KEY: &str = "sk-proj-OPENAIkey4Tg8Rb2Yx6Mq0Wz3Hs7Lc5Nd1";
+/// The Anthropic key the emulator accepts (read from a credential file likewise).
+const ANTHROPIC_KEY: &str = "sk-ant-api03-ANTHROPICkey9Pf3Jw7Cv1Qe5Ku2Gy8";
 /// Length of the pieces of a secret searched for.
 const PIECE: usize = 12;
 
@@ -33,7 +37,7 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// Fails when `text` holds any 12-character piece of a secret, showing where.
 fn assert_clean(what: &str, text: &str) {
-    for secret in [TOKEN, WRONG_TOKEN, REDIS_PASSWORD] {
+    for secret in [TOKEN, WRONG_TOKEN, REDIS_PASSWORD, OPENAI_KEY, ANTHROPIC_KEY] {
         for start in 0..=secret.len() - PIECE {
             let piece = &secret[start..start + PIECE];
             if let Some(at) = text.find(piece) {
@@ -362,6 +366,199 @@ async fn the_token_never_leaves_the_authorization_header() {
     assert!(logs.contains("\"level\":\"DEBUG\""), "debug logs were written");
     assert!(logs.contains("[redacted]"), "the echoed errors were logged, redacted");
     assert_clean("the daemon's output", &logs);
+}
+
+/// Every provider's key, read from its credential file (`$CREDENTIALS_DIRECTORY/<name>`, as the systemd unit and
+/// the Kubernetes manifests pass them), is used and never leaves its header: a Workers AI, an OpenAI and an
+/// Anthropic job complete, and refusals that echo the OpenAI and Anthropic keys are recorded redacted, while the
+/// logs (debug), `/metrics`, the CLI's output and everything in Redis hold no piece of any key. Key files others
+/// can read are warned about, each once, at start (the log) and by `batchd config check` (stderr); `0600` files
+/// get no warning.
+#[tokio::test]
+async fn every_providers_key_comes_from_its_credential_and_never_leaves_its_header() {
+    use batchd_emulator::{AnthropicCalls, AnthropicConfig, AnthropicFault, OpenAiCallKind, OpenAiConfig, OpenAiFault};
+    use std::os::unix::fs::PermissionsExt as _;
+
+    let openai = OpenAiConfig { api_key: OPENAI_KEY.to_owned(), ..OpenAiConfig::default() };
+    let anthropic = AnthropicConfig { api_key: ANTHROPIC_KEY.to_owned(), ..AnthropicConfig::default() };
+    let world = World::with_emulator(EmulatorConfig {
+        token: TOKEN.to_owned(),
+        openai,
+        anthropic,
+        ..EmulatorConfig::default()
+    })
+    .await;
+    let namespace = world.settings.redis.namespace.clone();
+    let dir = world.redis.dir.join("keys");
+    let credentials = dir.join("credentials");
+    std::fs::create_dir_all(&credentials).expect("credentials dir");
+    let keys = [("cloudflare-api-token", TOKEN), ("openai-api-key", OPENAI_KEY), ("anthropic-api-key", ANTHROPIC_KEY)];
+    for (name, key) in keys {
+        let file = credentials.join(name);
+        std::fs::write(&file, format!("{key}\n")).expect("key file");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    }
+    // Only the credentials give the keys: the token from the environment `batchd` sets is taken away.
+    let with_credentials = |command: &mut Command| {
+        command
+            .env_remove("CLOUDFLARE_API_TOKEN")
+            .env("CREDENTIALS_DIRECTORY", &credentials)
+            .env("BATCHD__OPENAI__BASE_URL", world.emulator.openai_base_url())
+            .env("BATCHD__OPENAI__BATCHES_PER_HOUR", "0")
+            .env("BATCHD__OPENAI__REQUEST_TIMEOUT_SECS", "5")
+            .env("BATCHD__ANTHROPIC__BASE_URL", world.emulator.anthropic().base_url())
+            .env("BATCHD__ANTHROPIC__REQUEST_TIMEOUT_SECS", "2");
+    };
+    // Each key's setting and the credential that fills it.
+    let key_files = [
+        ("cloudflare.api_token_file", "cloudflare-api-token"),
+        ("openai.api_key_file", "openai-api-key"),
+        ("anthropic.api_key_file", "anthropic-api-key"),
+    ];
+    let config_check = async |expect_warnings: bool| {
+        let mut command = batchd(&world, &namespace);
+        with_credentials(&mut command);
+        command.args(["config", "check"]);
+        let output = run(command).await;
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "config check passes with warnings: {stderr}");
+        for (key, name) in key_files {
+            let warning = format!(
+                "batchd: warning: {key} {} is readable or writable by others (mode 644); chmod 600 it",
+                credentials.join(name).display()
+            );
+            assert_eq!(stderr.matches(&warning).count(), usize::from(expect_warnings), "{key}: {stderr}");
+        }
+        assert_clean("batchd config check", &format!("{}{stderr}", String::from_utf8_lossy(&output.stdout)));
+    };
+    config_check(true).await;
+
+    // The daemon, from the credentials (still 0644: it warns once for each at start, and runs).
+    let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let logs_dir = dir.join("logs");
+    std::fs::create_dir_all(&logs_dir).expect("logs dir");
+    let stdout = logs_dir.join("daemon.stdout");
+    let stderr = logs_dir.join("daemon.stderr");
+    let mut command = batchd(&world, &namespace);
+    with_credentials(&mut command);
+    command
+        .env("RUST_LOG", "debug")
+        .env("BATCHD__LOG__FORMAT", "json")
+        .env("BATCHD__ADMIN__LISTEN", admin.to_string())
+        .env("BATCHD__ADMIN__SAMPLE_INTERVAL_MS", "100")
+        .env("BATCHD__CLOUDFLARE__REQUEST_TIMEOUT_SECS", "5")
+        .env("BATCHD__INGRESS__BLOCK_MS", "200")
+        .env("BATCHD__SCHEDULE__IDLE_POLL_MS", "20")
+        .env("BATCHD__POLL__INITIAL_INTERVAL_MS", "100")
+        .env("BATCHD__POLL__MAX_INTERVAL_MS", "300")
+        .env("BATCHD__RETRY__INITIAL_BACKOFF_MS", "100")
+        .env("BATCHD__RETRY__MAX_BACKOFF_MS", "300")
+        .arg("run")
+        .stdout(Stdio::from(std::fs::File::create(&stdout).expect("stdout file")))
+        .stderr(Stdio::from(std::fs::File::create(&stderr).expect("stderr file")));
+    let daemon = Daemon { child: command.spawn().expect("start batchd run"), stdout, stderr };
+    wait_for_http(admin, "/readyz", WAIT, |status, _| status == 200).await;
+
+    // Each provider runs a job with its key.
+    let chat = |text: &str| serde_json::json!({"messages": [{"role": "user", "content": text}], "max_tokens": 5});
+    let message = |text: &str| serde_json::json!({"max_tokens": 32, "messages": [{"role": "user", "content": text}]});
+    world.enqueue(&bge_m3_job("keys-cf", 2)).await;
+    world
+        .enqueue(&serde_json::json!({"id": "keys-openai", "model": "openai/gpt-4o-mini", "requests": [chat("a")]}))
+        .await;
+    let anthropic_job =
+        |id: &str| serde_json::json!({"id": id, "model": "anthropic/claude-sonnet-4-5", "requests": [message("b")]});
+    world.enqueue(&anthropic_job("keys-anthropic")).await;
+    for id in ["keys-cf", "keys-openai", "keys-anthropic"] {
+        let entry = world.wait_for_result(id, WAIT).await;
+        assert_eq!(entry.status, ResultStatus::Completed, "{id}: {:?}", entry.error);
+    }
+
+    // Refusals that echo the key whole: the jobs fail with the message, the key redacted.
+    world
+        .emulator
+        .openai()
+        .inject(OpenAiFault::status(403).message(format!("Forbidden for key {OPENAI_KEY}")).on(OpenAiCallKind::Upload));
+    world
+        .enqueue(&serde_json::json!({"id": "keys-openai-echo", "model": "openai/gpt-4o-mini", "requests": [chat("c")]}))
+        .await;
+    world.emulator.anthropic().inject(
+        AnthropicFault::status(403).message(format!("x-api-key {ANTHROPIC_KEY} may not")).on(AnthropicCalls::Create),
+    );
+    world.enqueue(&anthropic_job("keys-anthropic-echo")).await;
+    for id in ["keys-openai-echo", "keys-anthropic-echo"] {
+        let entry = world.wait_for_result(id, WAIT).await;
+        assert_eq!(entry.status, ResultStatus::Failed, "{id}");
+        let message = entry.error.expect("error").message;
+        assert!(message.contains("[redacted]"), "{id}: {message}");
+    }
+
+    // Transient refusals whose echoed key is cut 16 characters in by the client's cap on a quoted message (OpenAI
+    // 2,048 characters, Anthropic 300): retried, then completed; no piece of the key is kept or logged.
+    // Each pads with its own letter, to find its message again below.
+    let cut_short = |pad: &str, cap: usize, key: &str| format!("{} {key}", pad.repeat(cap - 1 - 16));
+    world
+        .emulator
+        .openai()
+        .inject(OpenAiFault::status(500).message(cut_short("o", 2048, OPENAI_KEY)).on(OpenAiCallKind::GetBatch));
+    world
+        .enqueue(&serde_json::json!({"id": "keys-openai-cut", "model": "openai/gpt-4o-mini", "requests": [chat("d")]}))
+        .await;
+    world
+        .emulator
+        .anthropic()
+        .inject(AnthropicFault::status(500).message(cut_short("q", 300, ANTHROPIC_KEY)).on(AnthropicCalls::Retrieve));
+    world.enqueue(&anthropic_job("keys-anthropic-cut")).await;
+    for id in ["keys-openai-cut", "keys-anthropic-cut"] {
+        let entry = world.wait_for_result(id, WAIT).await;
+        assert_eq!(entry.status, ResultStatus::Completed, "{id}: {:?}", entry.error);
+    }
+    let openai_500s = world
+        .emulator
+        .openai()
+        .calls_of(OpenAiCallKind::GetBatch)
+        .iter()
+        .filter(|call| call.http_status == 500)
+        .count();
+    let anthropic_500s = world
+        .emulator
+        .anthropic()
+        .calls_of(batchd_emulator::AnthropicCallKind::Retrieve)
+        .iter()
+        .filter(|call| call.status == 500)
+        .count();
+    assert_eq!((openai_500s, anthropic_500s), (1, 1), "each cut-short echo was served once");
+
+    let (status, metrics) = http_get(admin, "/metrics").await.expect("GET /metrics");
+    assert_eq!(status, 200);
+    assert_clean("/metrics", &metrics);
+    for id in ["keys-cf", "keys-openai", "keys-anthropic", "keys-openai-echo", "keys-anthropic-echo", "keys-openai-cut"]
+    {
+        assert_clean(&format!("status {id} --json"), &cli(&world, &namespace, &["status", id, "--json"]).await);
+    }
+    let tail = cli(&world, &namespace, &["tail", "--from-start", "--count", "7", "--timeout", "10", "--json"]).await;
+    assert_clean("tail", &tail);
+    let (dump, _) = dump_redis(&world.conn).await;
+    assert!(dump.contains("keys-openai-echo") && dump.contains("[redacted]"), "the dump holds the jobs:\n{dump}");
+    assert_clean("Redis", &dump);
+    let logs = daemon.stop().await;
+    assert!(logs.contains("\"level\":\"DEBUG\""), "debug logs were written");
+    for (key, _) in key_files {
+        let lines = logs.lines().filter(|line| line.contains("unsafe setting") && line.contains(key)).count();
+        assert_eq!(lines, 1, "{key}: warned once at start:\n{logs}");
+    }
+    assert_clean("the daemon's output", &logs);
+    // The cut-short messages were kept or logged, their piece of the key redacted.
+    let everything = format!("{logs}\n{dump}");
+    for pad in ["oooo", "qqqq"] {
+        assert!(everything.contains(&format!("{pad} [redacted]")), "the message padded with {pad:?} is nowhere");
+    }
+
+    // chmod 600: no warning.
+    for (_, name) in key_files {
+        std::fs::set_permissions(credentials.join(name), std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    }
+    config_check(false).await;
 }
 
 /// A token the client cannot send (a control character) stops `batchd run` with a message that does not show it.

@@ -3,7 +3,8 @@
 //! action whose `Host` and `Origin` both name the attacker (DNS rebinding) or whose `Origin` is another site is
 //! refused; `--public-host` names are admitted; with `--auth-token-file` or `--trusted-user-header` every request
 //! but the two assets must authenticate; `--allow-actions` on a non-loopback address without authentication does not start; every
-//! answer is `no-store`; `?notice=` shows only known codes.
+//! answer is `no-store`; `?notice=` shows only known codes; a `--public-host` origin matches with its scheme and
+//! port, and under https the session cookie is `__Host-` prefixed and `Secure`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,25 +31,39 @@ struct Ui {
 
 impl Ui {
     /// Starts `batchd ui --listen <listen-ip>:<free port> <args>` and waits until it answers anything on loopback.
+    /// A process that could not bind its port (taken between picking and binding it, by another test's connection)
+    /// is started again on another port; any other early exit fails at once with the process's own message.
     async fn start(world: &World, listen_ip: &str, args: &[&str]) -> Self {
-        let port = free_port();
-        let log = std::env::temp_dir().join(format!("batchd-ui-access-{}.log", uuid::Uuid::new_v4().simple()));
-        let child = std::process::Command::new(workspace_binary("batchd").expect("batchd binary"))
-            .env_clear()
-            .envs(world.batchd_env())
-            .args(["ui", "--listen", &format!("{listen_ip}:{port}")])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("start batchd ui");
-        let ui = Self { addr: SocketAddr::from(([127, 0, 0, 1], port)), child, log };
-        let started = Instant::now();
-        while send(ui.addr, "GET", "/assets/ui.css", &[], "").await.is_none() {
-            assert!(started.elapsed() < WAIT, "batchd ui did not answer within {WAIT:?}: {}", ui.log());
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        for _ in 0..5 {
+            let port = free_port();
+            let log = std::env::temp_dir().join(format!("batchd-ui-access-{}.log", uuid::Uuid::new_v4().simple()));
+            let child = std::process::Command::new(workspace_binary("batchd").expect("batchd binary"))
+                .env_clear()
+                .envs(world.batchd_env())
+                .args(["ui", "--listen", &format!("{listen_ip}:{port}")])
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).expect("log file"))
+                .spawn()
+                .expect("start batchd ui");
+            let mut ui = Self { addr: SocketAddr::from(([127, 0, 0, 1], port)), child, log };
+            let started = Instant::now();
+            let mut exited = false;
+            while send(ui.addr, "GET", "/assets/ui.css", &[], "").await.is_none() {
+                if ui.child.try_wait().expect("wait").is_some() {
+                    let log = ui.log();
+                    assert!(log.contains("Address already in use"), "batchd ui exited: {log}");
+                    exited = true;
+                    break;
+                }
+                assert!(started.elapsed() < WAIT, "batchd ui did not answer within {WAIT:?}: {}", ui.log());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if !exited {
+                return ui;
+            }
         }
-        ui
+        panic!("batchd ui found no free port in 5 tries");
     }
 
     fn log(&self) -> String {
@@ -256,6 +271,74 @@ async fn ui_public_host_names_are_admitted_for_pages_and_as_the_origin_of_action
     assert_eq!(answer.status, 303, "{answer:?}");
     let answer = post_action(&ui, &ui.host(), "https://other.example.com", "/dead/1-0/purge", &[]).await;
     assert_eq!(answer.status, 403, "{answer:?}");
+}
+
+/// An action `POST` with the session cookie named `cookie` (its value and the form token consistent).
+async fn post_with_cookie(ui: &Ui, host: &str, origin: &str, cookie: &str, path: &str) -> Answer {
+    let cookie = format!("{cookie}={SESSION}");
+    let headers = [("Host", host), ("Origin", origin), ("Cookie", cookie.as_str())];
+    send(ui.addr, "POST", path, &headers, &format!("token={SESSION}"))
+        .await
+        .unwrap_or_else(|| panic!("POST {path}: no answer"))
+}
+
+/// A `--public-host` is an origin (a bare name means `https://NAME`): an action's `Origin` must be it exactly,
+/// scheme and port included, and a public name passed through as `Host` is never taken as a plain-http origin.
+/// Under https (that public name, or a proxy's `X-Forwarded-Proto: https`) the session cookie is
+/// `__Host-batchd_ui_session`, `Secure`, `Path=/`, without `Domain`, and only that cookie is read; on plain http
+/// loopback it stays `batchd_ui_session` without `Secure`.
+#[tokio::test]
+async fn ui_an_origin_matches_a_public_host_with_its_scheme_and_port_and_https_gets_a_host_prefixed_cookie() {
+    let world = World::new().await;
+    let public = ["--public-host", "dash.example.com", "--public-host", "http://ops.internal:8080"];
+    let ui = Ui::start(&world, "127.0.0.1", &[&["--allow-actions"][..], &public[..]].concat()).await;
+    const PLAIN: &str = "batchd_ui_session";
+    const SECURE: &str = "__Host-batchd_ui_session";
+
+    // The cookie a first page view sets.
+    let cookie_of = |answer: &Answer| answer.header("set-cookie").map(str::to_owned).expect("a session cookie");
+    for (host, extra) in [("dash.example.com", None), ("DASH.example.com:443", None), (&ui.host()[..], Some("https"))] {
+        let headers: Vec<(&str, &str)> = extra.map(|proto| ("X-Forwarded-Proto", proto)).into_iter().collect();
+        let cookie = cookie_of(&get(&ui, host, "/", &headers).await);
+        assert!(cookie.starts_with(&format!("{SECURE}=")), "Host {host}: {cookie}");
+        let attributes: Vec<&str> = cookie.split(';').skip(1).map(str::trim).collect();
+        assert_eq!(attributes, ["Path=/", "Secure", "HttpOnly", "SameSite=Strict"], "Host {host}: {cookie}");
+    }
+    for host in [ui.host(), format!("localhost:{}", ui.addr.port()), "ops.internal:8080".to_owned()] {
+        let cookie = cookie_of(&get(&ui, &host, "/", &[]).await);
+        assert!(cookie.starts_with(&format!("{PLAIN}=")) && !cookie.contains("Secure"), "Host {host}: {cookie}");
+    }
+
+    // Origins: the public ones exactly, whatever Host the proxy passes.
+    for host in ["dash.example.com".to_owned(), ui.host(), "ops.internal:8080".to_owned()] {
+        for origin in [
+            "http://dash.example.com",
+            "https://dash.example.com:8443",
+            "http://dash.example.com:443",
+            "https://ops.internal:8080",
+            "http://ops.internal",
+            "http://ops.internal:8081",
+        ] {
+            for cookie in [PLAIN, SECURE] {
+                let answer = post_with_cookie(&ui, &host, origin, cookie, "/dead/1-0/purge").await;
+                assert_eq!(answer.status, 403, "Host {host}, Origin {origin}: {answer:?}");
+            }
+        }
+    }
+    let dead = world.keys.dead();
+    // Under https only the __Host- cookie counts: one planted without the prefix (by a sibling subdomain, or over
+    // plain http) does not make a session.
+    let path = dead_letter(&world).await;
+    let answer = post_with_cookie(&ui, "dash.example.com", "https://dash.example.com", PLAIN, &path).await;
+    assert_eq!(answer.status, 403, "{answer:?}");
+    let answer = post_with_cookie(&ui, "dash.example.com", "https://dash.example.com:443", SECURE, &path).await;
+    assert_eq!(answer.status, 303, "{answer:?}");
+    assert!(world.stream(&dead).await.is_empty(), "the honest purge deleted its entry");
+    // The plain-http public origin, with its port, and the plain cookie.
+    let path = dead_letter(&world).await;
+    let answer = post_with_cookie(&ui, "ops.internal:8080", "http://ops.internal:8080", PLAIN, &path).await;
+    assert_eq!(answer.status, 303, "{answer:?}");
+    assert!(world.stream(&dead).await.is_empty(), "the purge from the plain-http origin deleted its entry");
 }
 
 #[tokio::test]

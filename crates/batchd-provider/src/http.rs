@@ -16,6 +16,10 @@ use crate::{ApiError, ErrorKind};
 /// The `User-Agent` every provider's client sends.
 pub const USER_AGENT: &str = concat!("batchd/", env!("CARGO_PKG_VERSION"));
 
+/// Shortest start of a key that [`ApiKey::scrub`] takes out of the end of a message cut short (shorter ones, such
+/// as a key's public `sk-` prefix, say nothing of the key and would redact ordinary text).
+pub const MIN_KEY_PIECE: usize = 4;
+
 /// A secret API key or token. `Debug` and `Display` print `[redacted]`; its text leaves only as a header value
 /// ([`ApiKey::header`]), and is taken out of error texts a server may echo it in ([`ApiKey::scrub`],
 /// [`ApiKey::redact`]).
@@ -50,11 +54,29 @@ impl ApiKey {
         Some(value)
     }
 
-    /// `error` with the key taken out of its message, in case a server echoed it back.
+    /// `error` with the key taken out of its message, in case a server echoed it back: every whole copy, and the
+    /// start of one the message was cut inside (a client caps a quoted message before it scrubs it; the cut may
+    /// be marked with `…`), when that start is [`MIN_KEY_PIECE`] characters or more.
     pub fn scrub(&self, mut error: ApiError) -> ApiError {
         let key = self.expose();
-        if !key.is_empty() && error.message.contains(key) {
+        if key.is_empty() {
+            return error;
+        }
+        if error.message.contains(key) {
             error.message = error.message.replace(key, "[redacted]");
+        }
+        let (text, ellipsis) = match error.message.strip_suffix('…') {
+            Some(text) => (text, "…"),
+            None => (error.message.as_str(), ""),
+        };
+        let cut = key
+            .char_indices()
+            .map(|(at, _)| at)
+            .filter(|at| key[..*at].chars().count() >= MIN_KEY_PIECE)
+            .rev()
+            .find(|at| text.ends_with(&key[..*at]));
+        if let Some(at) = cut {
+            error.message = format!("{}[redacted]{ellipsis}", &text[..text.len() - at]);
         }
         error
     }
@@ -212,6 +234,28 @@ mod tests {
         };
         assert_eq!(key.scrub(error).message, "bad key [redacted] ([redacted])");
         assert_eq!(key.redact(b"x sk-1 y sk-"), b"x [redacted] y sk-");
+    }
+
+    #[test]
+    fn a_message_cut_inside_an_echoed_key_loses_the_keys_start_too() {
+        let key = ApiKey::new("sk-proj-SECRETkey42");
+        let scrub = |message: &str| {
+            let error = ApiError {
+                kind: ErrorKind::Transient,
+                http_status: Some(500),
+                api_code: None,
+                message: message.to_owned(),
+                retry_after: None,
+                maybe_delivered: false,
+            };
+            key.scrub(error).message
+        };
+        assert_eq!(scrub("echo sk-proj-SECRETk…"), "echo [redacted]…", "cut and marked");
+        assert_eq!(scrub("echo sk-proj-SECR"), "echo [redacted]", "cut without a mark");
+        assert_eq!(scrub("sk-proj-SECRETkey42 and sk-proj-S…"), "[redacted] and [redacted]…");
+        assert_eq!(scrub("ask-"), "ask-", "shorter than MIN_KEY_PIECE: ordinary text");
+        assert_eq!(scrub("sk-p"), "[redacted]");
+        assert_eq!(scrub("nothing of it"), "nothing of it");
     }
 
     #[test]

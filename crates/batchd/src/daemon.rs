@@ -108,7 +108,7 @@ pub async fn run_with_providers(
     let _stop_background_on_return = background_stop.clone().drop_guard();
     let mut background: Vec<JoinHandle<()>> = Vec::new();
     if let Some(listener) = admin_listener {
-        let router = admin::router(Arc::clone(&health), recorder.clone());
+        let router = admin::router(Arc::clone(&health), recorder.clone(), settings.admin.hosts());
         let stop = background_stop.clone();
         background.push(tokio::spawn(async move {
             if let Err(error) = admin::serve(listener, router, stop).await {

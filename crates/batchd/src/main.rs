@@ -99,6 +99,10 @@ fn main() -> ExitCode {
             }
             Command::Config { command: ConfigCommand::Check { json } } => {
                 settings.check_for_run()?;
+                // What `run` logs at start as warnings (a key file others can read), on stderr: the check passes.
+                for warning in settings.warnings() {
+                    eprintln!("batchd: warning: {warning}");
+                }
                 let text = settings.to_redacted_toml();
                 if *json {
                     // The same redaction as the TOML: the JSON is made from it.

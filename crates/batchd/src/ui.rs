@@ -15,8 +15,9 @@
 //! Actions (cancel or retry jobs; pause and resume intake; retry or purge dead letters) exist only with
 //! `--allow-actions`, which refuses to start on an address that is not loopback unless authentication is configured.
 //! Each action is a `POST` that must come from a page of the dashboard itself: the browser's `Origin` must be one of
-//! the dashboard's hosts (or, without one, `Sec-Fetch-Site` must say same origin), and the form's token must equal
-//! the session's (a random token in a `SameSite=Strict`, `HttpOnly` cookie, the double-submit pattern); one
+//! the dashboard's hosts, exactly with its scheme and port (or, without one, `Sec-Fetch-Site` must say same origin),
+//! and the form's token must equal the session's (a random token in a `SameSite=Strict`, `HttpOnly` cookie,
+//! `__Host-` prefixed and `Secure` under https: the double-submit pattern); one
 //! extractor checks it all before the body is read (`actions::Act`). Every action is logged with what it did and who asked. Its outcome
 //! comes back to the page as a [`Notice`] code, never as text. Without the flag the buttons are absent and the
 //! endpoints answer 403.
@@ -68,9 +69,11 @@ pub struct UiArgs {
     /// Seconds between the pages' refreshes (0: never).
     #[arg(long, default_value_t = 5, value_name = "SECS")]
     pub refresh_secs: u64,
-    /// Also answer to this host name (repeatable), e.g. the name a reverse proxy serves the dashboard under.
-    /// localhost and IP addresses are always answered; any other name is refused (421).
-    #[arg(long = "public-host", value_name = "NAME")]
+    /// Also answer to this host name (repeatable), e.g. the name a reverse proxy serves the dashboard under: a
+    /// name means the origin https://NAME; give the whole origin (http://NAME:PORT) for another scheme or port.
+    /// Actions must come from exactly that origin. localhost and IP addresses are always answered; any other name
+    /// is refused (421).
+    #[arg(long = "public-host", value_name = "NAME|ORIGIN")]
     pub public_hosts: Vec<String>,
     /// Require the token in this file on every request, as a bearer token or as the basic-auth password (any
     /// user name; a browser asks for it). At least 16 characters; never give it on the command line.
@@ -353,18 +356,15 @@ fn json(value: serde_json::Value) -> Response {
     axum::Json(value).into_response()
 }
 
-/// The session's action token, from its cookie; a new one (with the cookie to set) when it has none.
-fn session_token(headers: &HeaderMap) -> (String, Option<HeaderValue>) {
-    if let Some(token) = cookie(headers, SESSION_COOKIE).filter(|token| token.len() == 32) {
+/// The session's action token, from its cookie (`__Host-` prefixed under https, [`access::Access::session_cookie`]);
+/// a new one (with the cookie to set) when it has none.
+fn session_token(access: &access::Access, headers: &HeaderMap) -> (String, Option<HeaderValue>) {
+    if let Some(token) = cookie(headers, access.session_cookie(headers)).filter(|token| token.len() == 32) {
         return (token.to_owned(), None);
     }
     let token = uuid::Uuid::new_v4().simple().to_string();
-    let cookie = format!("{SESSION_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict");
-    (token, HeaderValue::from_str(&cookie).ok())
+    (token.clone(), HeaderValue::from_str(&access.session_set_cookie(headers, &token)).ok())
 }
-
-/// The cookie that holds a session's action token.
-const SESSION_COOKIE: &str = "batchd_ui_session";
 
 fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
@@ -398,7 +398,7 @@ fn answer(
     if request.uri.path().starts_with("/api/") || wants_json(&request.headers) {
         return json(value);
     }
-    let (token, cookie) = session_token(&request.headers);
+    let (token, cookie) = session_token(&ui.access, &request.headers);
     let frame = frame(ui, keys, &token, notice);
     html(render(&frame, &value), cookie)
 }
@@ -837,7 +837,7 @@ mod tests {
     fn the_session_cookie_is_read_among_others() {
         let mut headers = HeaderMap::new();
         headers.insert(header::COOKIE, HeaderValue::from_static("a=1; batchd_ui_session=abc; b=2"));
-        assert_eq!(cookie(&headers, SESSION_COOKIE), Some("abc"));
+        assert_eq!(cookie(&headers, access::SESSION_COOKIE), Some("abc"));
         assert_eq!(cookie(&headers, "c"), None);
     }
 

@@ -1,9 +1,13 @@
-//! The admin routes (`/livez`, `/readyz`, `/metrics`) and the HTTP/1 server that serves them within limits, so that
+//! The admin routes (`/livez`, `/readyz`, `/metrics`), the host check in front of them, and the HTTP/1 server that serves them within limits, so that
 //! no client can hold it: a header-read timeout that also closes idle keep-alive connections, an idle timeout on
 //! every connection, a bounded number of requests and a bounded age per connection, a connection cap and a
 //! per-peer cap (a connection past either takes the place of the longest-idle one, so a probe is always let in
 //! while some connection is only waiting), and a bounded request head. The dashboard (`batchd ui`) is served by
 //! the same [`serve_limited`].
+//!
+//! `/metrics` (and any other path) answers only to the admin port's own host names ([`HostList`]: `localhost`,
+//! IP addresses, `admin.allowed_hosts`), like the dashboard, so a page that rebinds its DNS name to the port reads
+//! nothing (the rate buckets' labels carry account ids); `/livez` and `/readyz` answer any `Host`, for probes.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -15,8 +19,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use hyper::service::Service as _;
@@ -29,7 +34,7 @@ use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
-use super::Health;
+use super::{Health, HostList};
 
 /// State of the admin server's handlers.
 #[derive(Debug, Clone)]
@@ -40,13 +45,29 @@ struct AdminState {
     metrics: PrometheusHandle,
 }
 
-/// The admin routes: `/livez`, `/readyz`, `/metrics`.
-pub fn router(health: Arc<Health>, metrics: PrometheusHandle) -> Router {
+/// The paths the admin port answers whatever the request's `Host`: the probes, which say only whether the process
+/// is alive and ready (a kubelet may send any `Host`).
+pub const OPEN_PATHS: [&str; 2] = ["/livez", "/readyz"];
+
+/// The admin routes: `/livez`, `/readyz`, `/metrics`; every path but [`OPEN_PATHS`] only for `hosts`.
+pub fn router(health: Arc<Health>, metrics: PrometheusHandle, hosts: HostList) -> Router {
     Router::new()
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
+        .layer(axum::middleware::from_fn_with_state(Arc::new(hosts), host_guard))
         .with_state(AdminState { health, metrics })
+}
+
+/// Answers `421` to a request for anything but [`OPEN_PATHS`] whose `Host` is not one of the admin port's
+/// (DNS rebinding), in one line that does not repeat the request.
+async fn host_guard(State(hosts): State<Arc<HostList>>, request: Request, next: Next) -> Response {
+    if OPEN_PATHS.contains(&request.uri().path()) || hosts.admits(request.headers(), request.uri()) {
+        return next.run(request).await;
+    }
+    let text = "the admin server answers only to its own host names (localhost, its IP addresses and \
+                admin.allowed_hosts)\n";
+    (StatusCode::MISDIRECTED_REQUEST, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
 }
 
 /// Binds the admin listener (port 0 picks a free port; the bound address is logged by [`serve`]).

@@ -18,9 +18,11 @@
 //! takes the place of the longest-idle one, so `/livez` is answered while some connection only waits.
 //!
 //! One file per part: `http.rs` (the routes and the limited HTTP/1 server, which the dashboard reuses),
+//! `hosts.rs` (the host names a server answers to, which the dashboard's check shares),
 //! `sampler.rs` (the Redis sample and the gauges), `systemd.rs` (`sd_notify` and the watchdog); every item is
 //! re-exported here, so callers name it `crate::admin::X`.
 
+mod hosts;
 mod http;
 mod sampler;
 mod systemd;
@@ -31,9 +33,10 @@ use std::time::Duration;
 
 use batchd_engine::runtime::heartbeat::Heartbeat;
 
+pub use hosts::{HostList, host_name, ip_literal};
 pub use http::{
     CLOSE_GRACE, HEADER_READ_TIMEOUT, IDLE_TIMEOUT, MAX_CONNECTION_AGE, MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER,
-    MAX_REQUEST_HEAD_BYTES, MAX_REQUESTS_PER_CONNECTION, bind, router, serve, serve_limited,
+    MAX_REQUEST_HEAD_BYTES, MAX_REQUESTS_PER_CONNECTION, OPEN_PATHS, bind, router, serve, serve_limited,
 };
 pub use sampler::{QueueSample, entry_age, lag, pause_detail, run_sampler};
 pub use systemd::{notify_ready, notify_stopping, run_watchdog, watchdog_interval};

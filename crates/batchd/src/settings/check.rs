@@ -101,6 +101,12 @@ impl Settings {
         if self.admin.stall_secs == 0 {
             return fail("admin.stall_secs", "must be at least 1");
         }
+        if let Err(why) = crate::admin::HostList::new(self.admin.allowed_hosts.iter().map(String::as_str)) {
+            return Err(ConfigError::at(
+                "admin.allowed_hosts",
+                format!("{why} (give names only, e.g. batchd.monitoring.svc, without scheme or port)"),
+            ));
+        }
         if self.cloudflare.max_reply_bytes < 64 * 1024 {
             return fail("cloudflare.max_reply_bytes", "must be at least 65536");
         }
@@ -172,20 +178,11 @@ impl Settings {
                     .to_owned(),
             );
         }
-        // Group read is allowed: Kubernetes mounts Secrets 0440 for the pod's fsGroup.
-        if let Some(mode) = file_mode(&self.cloudflare.api_token_file).filter(|mode| mode & 0o027 != 0) {
-            warnings.push(format!(
-                "cloudflare.api_token_file {} is writable by its group or readable by others (mode {:o}); chmod 600 it",
-                self.cloudflare.api_token_file,
-                mode & 0o777
-            ));
-        }
-        if let Some(mode) = file_mode(&self.anthropic.api_key_file).filter(|mode| mode & 0o027 != 0) {
-            warnings.push(format!(
-                "anthropic.api_key_file {} is writable by its group or readable by others (mode {:o}); chmod 600 it",
-                self.anthropic.api_key_file,
-                mode & 0o777
-            ));
+        let own_group = own_group();
+        for (key, path) in self.secret_files() {
+            if let Some(why) = secret_file_mode(path).and_then(|(mode, group)| exposure(mode, group, own_group)) {
+                warnings.push(format!("{key} {path} {why} (mode {:o}); chmod 600 it", secret_mode_bits(path)));
+            }
         }
         warnings
     }
@@ -315,10 +312,51 @@ fn check_base_url(key: &str, base_url: &str) -> Result<(), ConfigError> {
     }
 }
 
-/// Permission bits of a file, when it exists (Unix).
-fn file_mode(path: &str) -> Option<u32> {
-    use std::os::unix::fs::PermissionsExt;
-    (!path.is_empty()).then(|| std::fs::metadata(path).ok()).flatten().map(|meta| meta.permissions().mode())
+impl Settings {
+    /// Every file a secret is read from, with its key: the Cloudflare token, the events queue's token, the OpenAI
+    /// and Anthropic keys (a systemd credential is one of these once found, [`Settings::use_systemd_credential`]).
+    pub fn secret_files(&self) -> Vec<(&'static str, &str)> {
+        [
+            ("cloudflare.api_token_file", self.cloudflare.api_token_file.as_str()),
+            ("events.api_token_file", self.events.api_token_file.as_str()),
+            ("openai.api_key_file", self.openai.api_key_file.as_str()),
+            ("anthropic.api_key_file", self.anthropic.api_key_file.as_str()),
+        ]
+        .into_iter()
+        .filter(|(_, path)| !path.is_empty())
+        .collect()
+    }
+}
+
+/// A file's permission bits and group, when it exists (Unix; a symlink is followed, as Kubernetes mounts Secrets).
+fn secret_file_mode(path: &str) -> Option<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(path).ok().map(|meta| (meta.mode() & 0o777, meta.gid()))
+}
+
+/// A file's permission bits for a message (0 when it cannot be read).
+fn secret_mode_bits(path: &str) -> u32 {
+    secret_file_mode(path).map_or(0, |(mode, _)| mode)
+}
+
+/// The daemon's own effective group: the group of `/proc/self` (Linux), `None` where that cannot be read.
+fn own_group() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata("/proc/self").ok().map(|meta| meta.gid())
+}
+
+/// Why a secret file with permission bits `mode` and group `group` is readable by someone other than the daemon,
+/// or `None`. Any access by others counts; access by the file's group counts unless that group is the daemon's own
+/// (`own_group`): Kubernetes mounts a Secret `0440` for the pod's `fsGroup`, which is the daemon's group and has no
+/// other member, while a key file `0640` of a shared group (`adm`, `users`) on a host is readable by that group.
+fn exposure(mode: u32, group: u32, own_group: Option<u32>) -> Option<&'static str> {
+    if mode & 0o007 != 0 {
+        return Some("is readable or writable by others");
+    }
+    if mode & 0o070 != 0 && own_group != Some(group) {
+        return Some("is readable or writable by its group, which is not the daemon's own");
+    }
+    None
 }
 
 #[cfg(test)]
@@ -393,18 +431,38 @@ mod tests {
     }
 
     #[test]
-    fn a_token_file_others_can_read_is_warned_about() {
+    fn every_key_file_others_can_read_is_warned_about() {
         use std::os::unix::fs::PermissionsExt;
-        let file = std::env::temp_dir().join(format!("batchd-token-mode-{}", std::process::id()));
-        std::fs::write(&file, "tok\n").unwrap();
-        let path = file.display().to_string();
-        let settings = Settings::load_from(None, &env(&[("BATCHD__CLOUDFLARE__API_TOKEN_FILE", &path)])).unwrap();
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let warnings = settings.warnings();
-        assert!(warnings.iter().any(|w| w.contains("readable by others (mode 644)")), "{warnings:?}");
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o440)).unwrap();
-        assert!(settings.warnings().is_empty(), "group read is how Kubernetes mounts Secrets");
-        std::fs::remove_file(&file).unwrap();
+        for key in
+            ["cloudflare.api_token_file", "events.api_token_file", "openai.api_key_file", "anthropic.api_key_file"]
+        {
+            let file = std::env::temp_dir().join(format!("batchd-key-mode-{}-{key}", std::process::id()));
+            std::fs::write(&file, "tok\n").unwrap();
+            let path = file.display().to_string();
+            let var = crate::settings::env_var(key).unwrap();
+            let settings = Settings::load_from(None, &env(&[(&var, &path)])).unwrap();
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+            let warnings = settings.warnings();
+            let expected = format!("{key} {path} is readable or writable by others (mode 644); chmod 600 it");
+            assert!(warnings.contains(&expected), "{key}: {warnings:?}");
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o440)).unwrap();
+            assert!(settings.warnings().is_empty(), "{key}: read by the daemon's own group (a Kubernetes fsGroup)");
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+            assert!(settings.warnings().is_empty(), "{key}");
+            std::fs::remove_file(&file).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_key_file_is_exposed_to_others_and_to_a_group_not_the_daemons() {
+        assert_eq!(exposure(0o600, 100, Some(1000)), None);
+        assert_eq!(exposure(0o400, 100, None), None);
+        assert_eq!(exposure(0o440, 1000, Some(1000)), None, "Kubernetes: the pod's fsGroup is the daemon's group");
+        assert!(exposure(0o440, 100, Some(1000)).is_some_and(|why| why.contains("its group")), "a shared group");
+        assert!(exposure(0o640, 100, None).is_some(), "the daemon's group unknown: warned");
+        assert!(exposure(0o620, 1000, Some(1000)).is_none(), "written only by the daemon's own group");
+        assert!(exposure(0o604, 1000, Some(1000)).is_some_and(|why| why.contains("others")));
+        assert!(exposure(0o602, 1000, Some(1000)).is_some_and(|why| why.contains("others")));
     }
 
     #[test]
@@ -428,5 +486,19 @@ mod tests {
         assert!(err.to_string().contains("admin.listen"), "{err}");
         let err = Settings::load_from(None, &env(&[("BATCHD__ADMIN__SAMPLE_INTERVAL_MS", "0")])).unwrap_err();
         assert!(err.to_string().contains("admin.sample_interval_ms"), "{err}");
+        assert!(settings.admin.allowed_hosts.is_empty(), "localhost and addresses only by default");
+        let named =
+            Settings::load_from(None, &env(&[("BATCHD__ADMIN__ALLOWED_HOSTS", "batchd.batchd.svc, Prom.Internal")]))
+                .unwrap();
+        assert!(named.admin.hosts().is_own_host("prom.internal:9090") && named.admin.hosts().is_own_host("[::1]"));
+        assert!(!named.admin.hosts().is_own_host("evil.example:9090"));
+        let err =
+            Settings::load_from(None, &env(&[("BATCHD__ADMIN__ALLOWED_HOSTS", "https://prom:9090")])).unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "configuration: admin.allowed_hosts (BATCHD__ADMIN__ALLOWED_HOSTS): \"https://prom:9090\" is not a host"
+            ),
+            "{err}"
+        );
     }
 }

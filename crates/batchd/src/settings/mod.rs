@@ -39,6 +39,15 @@ pub const EXIT_CONFIG: i32 = 78;
 /// from `$CREDENTIALS_DIRECTORY` when neither the environment nor `cloudflare.api_token_file` gives the token.
 pub const TOKEN_CREDENTIAL: &str = "cloudflare-api-token";
 
+/// Name of the credential holding the OpenAI API key (`LoadCredential=openai-api-key:<file>`, or the key of that
+/// name in the Kubernetes Secret mounted at `$CREDENTIALS_DIRECTORY`), used when neither the environment nor
+/// `openai.api_key_file` gives the key.
+pub const OPENAI_KEY_CREDENTIAL: &str = "openai-api-key";
+
+/// Name of the credential holding the Anthropic API key (`LoadCredential=anthropic-api-key:<file>`), used when
+/// neither the environment nor `anthropic.api_key_file` gives the key.
+pub const ANTHROPIC_KEY_CREDENTIAL: &str = "anthropic-api-key";
+
 /// A configuration problem, with the key it concerns in the message (see [`ConfigError::at`]).
 #[derive(Debug, thiserror::Error)]
 #[error("configuration: {0}")]
@@ -76,7 +85,7 @@ pub const CONVENTIONAL_ENV: [(&str, &str, &str); 5] = [
 
 /// The settings that are lists of strings, which the environment gives comma-separated
 /// (`BATCHD__REDIS__NODES=redis://10.0.0.1:6379,redis://10.0.0.2:6379`).
-pub const ENV_LISTS: [&str; 2] = ["redis.nodes", "redis.extra_namespaces"];
+pub const ENV_LISTS: [&str; 3] = ["redis.nodes", "redis.extra_namespaces", "admin.allowed_hosts"];
 
 /// The environment variable that sets `key`: `BATCHD__SECTION__KEY`. `None` for a key inside a list of tables
 /// (`rate_limits.models[0].limit`), which only a file can set.

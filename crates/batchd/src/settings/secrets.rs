@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, Settings, TOKEN_CREDENTIAL};
+use super::{ANTHROPIC_KEY_CREDENTIAL, ConfigError, OPENAI_KEY_CREDENTIAL, Settings, TOKEN_CREDENTIAL};
 
 /// A string that never appears in `Debug` output (tokens, URLs that may carry passwords).
 #[derive(Clone, Deserialize, PartialEq, Eq)]
@@ -80,18 +80,38 @@ impl Settings {
         secret_file("openai.api_key_file", &self.openai.api_key_file)
     }
 
-    /// Points `cloudflare.api_token_file` at the systemd credential `cloudflare-api-token` when the token is
-    /// given no other way and systemd passed credentials (`LoadCredential=` sets `$CREDENTIALS_DIRECTORY`).
+    /// Points each provider's key file at its credential in `$CREDENTIALS_DIRECTORY` (systemd's `LoadCredential=`
+    /// sets it; the Kubernetes manifests set it to where the Secrets are mounted) when the key is given no other
+    /// way and the credential exists: `cloudflare-api-token`, `openai-api-key`, `anthropic-api-key`.
     pub(super) fn use_systemd_credential(&mut self, env: &HashMap<String, String>) {
-        let token_given = self.cloudflare.api_token.as_ref().is_some_and(|token| !token.expose().is_empty());
-        if token_given || !self.cloudflare.api_token_file.is_empty() {
+        let Some(dir) = env.get("CREDENTIALS_DIRECTORY").filter(|dir| !dir.is_empty()) else {
             return;
+        };
+        let given =
+            |key: &Option<Secret>, file: &str| key.as_ref().is_some_and(|k| !k.expose().is_empty()) || !file.is_empty();
+        let credential = |name: &str| {
+            let file = Path::new(dir).join(name);
+            file.exists().then(|| file.display().to_string())
+        };
+        // An optional provider's credential may be present but empty: the unit's `SetCredential=<name>:` fallback
+        // for a key file that is not installed. Empty means "not configured", not an error.
+        let optional = |name: &str| {
+            credential(name).filter(|file| std::fs::read_to_string(file).is_ok_and(|key| !key.trim().is_empty()))
+        };
+        if !given(&self.cloudflare.api_token, &self.cloudflare.api_token_file)
+            && let Some(file) = credential(TOKEN_CREDENTIAL)
+        {
+            self.cloudflare.api_token_file = file;
         }
-        if let Some(dir) = env.get("CREDENTIALS_DIRECTORY").filter(|dir| !dir.is_empty()) {
-            let file = Path::new(dir).join(TOKEN_CREDENTIAL);
-            if file.exists() {
-                self.cloudflare.api_token_file = file.display().to_string();
-            }
+        if !given(&self.openai.api_key, &self.openai.api_key_file)
+            && let Some(file) = optional(OPENAI_KEY_CREDENTIAL)
+        {
+            self.openai.api_key_file = file;
+        }
+        if !given(&self.anthropic.api_key, &self.anthropic.api_key_file)
+            && let Some(file) = optional(ANTHROPIC_KEY_CREDENTIAL)
+        {
+            self.anthropic.api_key_file = file;
         }
     }
 }
@@ -225,6 +245,32 @@ mod tests {
         let settings = Settings::load_from(None, &env(&[("CREDENTIALS_DIRECTORY", empty.to_str().unwrap())])).unwrap();
         assert!(settings.api_token().is_err(), "no such credential: the token is not set");
         std::fs::remove_dir_all(&empty).ok();
+    }
+
+    #[test]
+    fn every_providers_key_comes_from_its_credential_when_given_no_other_way() {
+        let dir = std::env::temp_dir().join(format!("batchd-provider-credentials-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(OPENAI_KEY_CREDENTIAL), "sk-openai-credential\n").unwrap();
+        std::fs::write(dir.join(ANTHROPIC_KEY_CREDENTIAL), "sk-ant-credential\n").unwrap();
+        let credentials = ("CREDENTIALS_DIRECTORY", dir.to_str().unwrap());
+        let settings = Settings::load_from(None, &env(&[credentials])).unwrap();
+        assert_eq!(settings.openai_api_key().unwrap().unwrap().expose(), "sk-openai-credential");
+        assert_eq!(settings.anthropic_key().unwrap().unwrap().expose(), "sk-ant-credential");
+        assert!(settings.api_token().is_err(), "no Cloudflare credential there");
+        let settings = Settings::load_from(
+            None,
+            &env(&[credentials, ("OPENAI_API_KEY", "sk-openai-env"), ("ANTHROPIC_API_KEY", "sk-ant-env")]),
+        )
+        .unwrap();
+        assert_eq!(settings.openai_api_key().unwrap().unwrap().expose(), "sk-openai-env", "the environment wins");
+        assert_eq!(settings.anthropic_key().unwrap().unwrap().expose(), "sk-ant-env", "the environment wins");
+        std::fs::remove_file(dir.join(ANTHROPIC_KEY_CREDENTIAL)).unwrap();
+        std::fs::write(dir.join(OPENAI_KEY_CREDENTIAL), "").unwrap();
+        let settings = Settings::load_from(None, &env(&[credentials])).unwrap();
+        assert!(settings.anthropic_key().unwrap().is_none(), "no credential: Anthropic is not configured");
+        assert!(settings.openai_api_key().unwrap().is_none(), "an empty credential (SetCredential= fallback): off");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

@@ -289,12 +289,21 @@ pub struct AdminSettings {
     pub sample_interval_ms: u64,
     /// A fetch loop silent this long is stuck: `/livez` answers 503 and the systemd watchdog pings stop.
     pub stall_secs: u64,
+    /// Host names `/metrics` answers to besides `localhost` and IP addresses (e.g. a Service's DNS name that
+    /// Prometheus scrapes by); any other `Host` is answered 421, so a DNS-rebinding page reads nothing.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl AdminSettings {
     /// The address to listen on, or `None` when the server is off (validated at load).
     pub fn listen_addr(&self) -> Option<SocketAddr> {
         if self.listen.is_empty() { None } else { self.listen.parse().ok() }
+    }
+
+    /// The host names the admin port answers to (validated at load): `localhost`, IP addresses (the bound one
+    /// among them) and [`AdminSettings::allowed_hosts`].
+    pub fn hosts(&self) -> crate::admin::HostList {
+        crate::admin::HostList::new(self.allowed_hosts.iter().map(String::as_str)).unwrap_or_default()
     }
 
     /// How long a fetch loop may stay silent before the process counts as stuck.

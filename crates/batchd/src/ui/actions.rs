@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 
 use super::access::User;
 use super::data::DEAD_LIST_LIMIT;
-use super::{Notice, SESSION_COOKIE, Ui, UiError, cookie, json, wants_json};
+use super::{Notice, Ui, UiError, cookie, json, wants_json};
 use crate::cli::dead;
 use crate::cli::pause::PauseRecord;
 
@@ -68,7 +68,8 @@ impl<F: DeserializeOwned + Send> FromRequest<Ui> for Act<F> {
                 "refused: the request does not come from this dashboard's pages".to_owned(),
             ));
         }
-        let session = cookie(headers, SESSION_COOKIE).filter(|token| !token.is_empty()).map(str::to_owned);
+        let session =
+            cookie(headers, ui.access.session_cookie(headers)).filter(|token| !token.is_empty()).map(str::to_owned);
         let json = wants_json(headers);
         let user = request.extensions().get::<User>().cloned().unwrap_or(User(None));
         let Form(form) = Form::<ActionForm<F>>::from_request(request, ui)
