@@ -101,6 +101,49 @@ async fn a_job_over_max_requests_is_split_into_batches_and_merged_in_order() {
     daemon.stop().await.expect("stop");
 }
 
+/// Issue 38: a job that ends with its batch still running (its deadline passed) leaves nothing running or stored
+/// at OpenAI that it could settle: the batch is cancelled and the input file deleted, counted.
+#[tokio::test]
+async fn a_job_that_expires_while_its_batch_runs_cancels_the_batch_and_deletes_its_input_file() {
+    let world = openai_world(|_| {}).await;
+    let openai = world.emulator.openai();
+    openai.set_timing(batchd_emulator::OpenAiTiming {
+        in_progress_for: Duration::from_secs(600),
+        ..batchd_emulator::OpenAiTiming::default()
+    });
+    let daemon = world.daemon();
+    world
+        .enqueue(&json!({"id": "late-1", "model": "openai/gpt-4o-mini", "requests": [chat("a")], "deadline_secs": 2}))
+        .await;
+    let entry = world.wait_for_result("late-1", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Expired, "{:?}", entry.error);
+    wait_until("the running batch is cancelled and its input file deleted", WAIT, async || {
+        successful(&world, OpenAiCallKind::CancelBatch) == 1 && openai.file_ids().is_empty()
+    })
+    .await;
+    assert_eq!(openai.batch_count(), 1);
+    daemon.stop().await.expect("stop");
+}
+
+/// Issue 38: a batch whose results are over `openai.max_result_bytes` fails its chunk unread; its three files
+/// (the input, and the output and error files the batch names) are deleted all the same.
+#[tokio::test]
+async fn a_batch_whose_results_are_too_large_to_read_still_has_its_files_deleted() {
+    let world = openai_world(|settings| settings.openai.max_result_bytes = 64).await;
+    let openai = world.emulator.openai();
+    openai.inject(OpenAiFault::fail_items([1]));
+    let daemon = world.daemon();
+    world
+        .enqueue(&json!({"id": "big-1", "model": "openai/gpt-4o-mini", "requests": [chat("a"), chat("b"), chat("c")]}))
+        .await;
+    let entry = world.wait_for_result("big-1", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Failed, "{:?}", entry.error);
+    assert_eq!(entry.error.as_ref().expect("error").code, "reply_too_large");
+    wait_until("the input, output and error files are deleted", WAIT, async || openai.file_ids().is_empty()).await;
+    assert_eq!(successful(&world, OpenAiCallKind::DeleteFile), 3);
+    daemon.stop().await.expect("stop");
+}
+
 #[tokio::test]
 async fn a_rate_limited_create_is_retried_without_a_second_batch() {
     let world = openai_world(|_| {}).await;

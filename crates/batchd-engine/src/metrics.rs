@@ -26,6 +26,7 @@ pub const NAMES: &[&str] = &[
     "batchd_retries_total",
     "batchd_throttled_waits_total",
     "batchd_possible_duplicate_submits_total",
+    "batchd_remote_cleanups_total",
     "batchd_stale_writes_total",
     "batchd_results_published_total",
     "batchd_redis_errors_total",
@@ -245,6 +246,11 @@ pub fn describe() {
         "Submits repeated after an interrupted submit (a remote batch may exist twice)."
     );
     describe_counter!(
+        "batchd_remote_cleanups_total",
+        "What a finished job's unfinished chunks left at their provider (files, a batch), cancelled where it still \
+         ran and deleted, best effort, by provider and outcome (ok, failed)."
+    );
+    describe_counter!(
         "batchd_stale_writes_total",
         "Steps dropped because their claim of a chunk was taken over (the replica was paused past its lease): \
          the write was refused by the chunk's fencing token, and the chunk's new holder carried on."
@@ -448,6 +454,11 @@ pub fn throttled_wait(call: ApiCall) {
 /// A submit is being repeated after an interrupted one.
 pub fn possible_duplicate_submit() {
     counter!("batchd_possible_duplicate_submits_total").increment(1);
+}
+
+/// What a finished job's chunk left at its provider was cleaned up (`outcome`: `ok` or `failed`).
+pub fn remote_cleanup(provider: &'static str, outcome: &'static str) {
+    counter!("batchd_remote_cleanups_total", "provider" => provider, "outcome" => outcome).increment(1);
 }
 
 /// A step's write was refused because its claim of the chunk was taken over.

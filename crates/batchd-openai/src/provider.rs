@@ -481,6 +481,15 @@ impl Provider for OpenAiProvider {
             if !self.settings.delete_files {
                 return Ok(());
             }
+            // A batch whose outcome was not stored (its results too large or unreadable, a job that ended first)
+            // has its files named by the batch, not the ledger: asked for once.
+            let mut remote = remote.clone();
+            if let Some(id) = remote.id.as_ref().filter(|_| remote.output_file.is_none() && remote.error_file.is_none())
+            {
+                let batch = self.client.retrieve(id.as_str()).await?;
+                remote.output_file = batch.output_file_id.filter(|file| is_safe_id(file));
+                remote.error_file = batch.error_file_id.filter(|file| is_safe_id(file));
+            }
             let mut last = Ok(());
             for file in [&remote.input_file, &remote.output_file, &remote.error_file].into_iter().flatten() {
                 if let Err(error) = self.client.delete_file(file).await {

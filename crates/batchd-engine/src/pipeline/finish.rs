@@ -9,8 +9,10 @@ use batchd_core::ledger::field;
 use batchd_core::reference::ChunkReferences;
 use batchd_core::result::code;
 use batchd_core::{
-    ChunkRef, ChunkState, JobError, JobId, JobOutput, JobState, ModelName, ResultEntry, ResultStatus, UnixMillis,
+    ChunkRef, ChunkState, JobError, JobId, JobOutput, JobState, ModelName, RequestId, ResultEntry, ResultStatus,
+    UnixMillis,
 };
+use batchd_provider::RemoteBatch;
 use batchd_queue::{
     AddOutcome, ChunkView, Claim, NewChunk, Placement, PublishContext, Rejection, StoreError, Undeliverable,
 };
@@ -134,7 +136,8 @@ impl Pipeline {
             code::DEADLINE_EXCEEDED,
             format!(
                 "the job's deadline passed after {}s before the Batch API finished; batches still running remotely \
-                 may complete, but their results are not collected",
+                 are asked to cancel where the provider can (Workers AI cannot: they run on) and their files are \
+                 deleted; what they finish is not collected",
                 waited.as_secs()
             ),
         );
@@ -173,7 +176,7 @@ impl Pipeline {
                     let stored = self.store.chunk_references(&chunk).await?;
                     echo_references(&mut output, job_id, stored.as_deref());
                 }
-                self.publish(job_id, &context, JobState::Completed, Some(output), None).await
+                self.publish(job_id, &context, JobState::Completed, Some(output), None).await.map(drop)
             }
             ending => {
                 let Some(context) = self.store.publish_context(job_id).await? else {
@@ -277,11 +280,64 @@ impl Pipeline {
             other => other,
         };
         let include_result = state == JobState::Completed || any_done;
-        self.publish(job_id, &context, state, include_result.then_some(output), error).await
+        let published = self.publish(job_id, &context, state, include_result.then_some(output), error).await?;
+        if published {
+            // A cancelled job's batches still running were just asked to cancel once more (`conclude_cancelled`).
+            self.settle_remote(job_id, &context, !cancelled).await;
+        }
+        Ok(())
     }
 
-    /// Publishes the result entry (exactly once per job, guarded by the ledger state). `output` is left out when
-    /// no batch of a job that did not complete had finished.
+    /// After a job's result is published: what its chunks left at the provider is settled, best effort (STYLE
+    /// rule 31). A done chunk's batch was cleaned up by its poll; every other chunk that recorded a batch or a file
+    /// (a failed one whose results could not be read, one still running at the deadline or past a cancel's wait,
+    /// a submit that gave up after its upload) has its running batch cancelled where the provider can, and its
+    /// files and batch deleted. Each attempt is counted (`batchd_remote_cleanups_total`); nothing here changes
+    /// the result. `cancel_running`: whether a batch still running is asked to cancel here.
+    async fn settle_remote(&self, job_id: &JobId, context: &PublishContext, cancel_running: bool) {
+        let left: Vec<(u32, Option<ChunkState>)> = context
+            .chunks
+            .iter()
+            .filter(|chunk| chunk.state != Some(ChunkState::Done))
+            .map(|chunk| (chunk.index, chunk.state))
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        let Ok(model) = ModelName::parse(&context.model) else { return };
+        let Ok(provider) = self.providers.for_model(&model) else { return };
+        for (index, state) in left {
+            let chunk = ChunkRef::new(job_id.clone(), index);
+            let remote = match self.store.chunk_remote(&chunk).await {
+                Ok((id, refs)) => {
+                    RemoteBatch::from_ledger(id.and_then(|id| RequestId::parse(&id).ok()), refs.as_deref())
+                }
+                Err(error) => {
+                    tracing::warn!(job_id = %job_id, chunk = index, error = %error, "could not read what a finished job's chunk left at its provider; not cleaned up");
+                    continue;
+                }
+            };
+            let Some(remote) = remote.filter(|remote| remote.id.is_some() || remote.input_file.is_some()) else {
+                continue;
+            };
+            let running =
+                cancel_running && remote.id.is_some() && state == Some(ChunkState::Polling) && provider.can_cancel();
+            if running && let Err(error) = provider.cancel(&model, &remote).await {
+                tracing::warn!(job_id = %job_id, chunk = index, error = %error, "could not cancel a finished job's running batch");
+            }
+            let outcome = match provider.clean_up(&remote).await {
+                Ok(()) => "ok",
+                Err(error) => {
+                    tracing::warn!(job_id = %job_id, chunk = index, error = %error, "could not clean up what a finished job's chunk left at its provider");
+                    "failed"
+                }
+            };
+            metrics::remote_cleanup(provider.name(), outcome);
+        }
+    }
+
+    /// Publishes the result entry (exactly once per job, guarded by the ledger state); whether this call published
+    /// it. `output` is left out when no batch of a job that did not complete had finished.
     async fn publish(
         &self,
         job_id: &JobId,
@@ -289,7 +345,7 @@ impl Pipeline {
         state: JobState,
         output: Option<JobOutput>,
         error: Option<JobError>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         let status = match state {
             JobState::Completed => ResultStatus::Completed,
             JobState::Expired => ResultStatus::Expired,
@@ -312,7 +368,8 @@ impl Pipeline {
         };
         let items_failed = entry.items_failed;
         let usage = entry.result.as_ref().map(|output| output.usage.clone());
-        if self.store.publish(job_id, entry, state, &context.reply_to, now).await? {
+        let published = self.store.publish(job_id, entry, state, &context.reply_to, now).await?;
+        if published {
             let turnaround = Duration::from_millis(now.saturating_sub(context.accepted_at));
             metrics::job_finished(status.as_str(), turnaround);
             if let Some(usage) = usage {
@@ -326,7 +383,7 @@ impl Pipeline {
                 "result published"
             );
         }
-        Ok(())
+        Ok(published)
     }
 }
 
