@@ -171,6 +171,24 @@ async fn rate_limits_and_overload_are_retried_without_a_second_batch() {
     daemon.stop().await.expect("stop");
 }
 
+/// Issue 34: a status endpoint that answers 529 and 500 for longer than `retry.max_attempts` polls in a row (4 in
+/// the tests) does not give the running batch up: it is polled until it answers, one batch, one completed result.
+#[tokio::test]
+async fn a_status_outage_longer_than_the_attempts_ends_with_the_batch_read_not_abandoned() {
+    let world = World::new().await;
+    let control = world.emulator.anthropic();
+    control.inject(AnthropicFault::status(529).on(AnthropicCalls::Retrieve).times(6));
+    control.inject(AnthropicFault::status(500).on(AnthropicCalls::Retrieve).times(6));
+    let daemon = Daemon::start(anthropic_settings(&world), &world.emulator);
+    world.enqueue(&job("outage", 2)).await;
+    let entry = world.wait_for_result("outage", WAIT).await;
+    assert_in_order(&entry, 2);
+    let failed = control.calls_of(AnthropicCallKind::Retrieve).iter().filter(|call| call.status != 200).count();
+    assert_eq!(failed, 12, "every fault was met");
+    assert_eq!(control.batch_count(), 1, "one batch");
+    daemon.stop().await.expect("stop");
+}
+
 #[tokio::test]
 async fn a_create_whose_reply_is_lost_is_found_not_repeated() {
     let world = World::new().await;

@@ -144,6 +144,23 @@ async fn a_batch_whose_results_are_too_large_to_read_still_has_its_files_deleted
     daemon.stop().await.expect("stop");
 }
 
+/// Issue 34: a status endpoint that answers 503 for longer than `retry.max_attempts` polls in a row (4 in the
+/// tests) does not give the running batch up: it is polled until it answers, one batch, one completed result.
+#[tokio::test]
+async fn a_status_outage_longer_than_the_attempts_ends_with_the_batch_read_not_abandoned() {
+    let world = openai_world(|_| {}).await;
+    let openai = world.emulator.openai();
+    openai.inject(OpenAiFault::status(503).on(OpenAiCallKind::GetBatch).times(10));
+    let daemon = world.daemon();
+    world.enqueue(&json!({"id": "outage-1", "model": "openai/gpt-4o-mini", "requests": [chat("a")]})).await;
+    let entry = world.wait_for_result("outage-1", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+    let failed = openai.calls_of(OpenAiCallKind::GetBatch).iter().filter(|call| call.http_status == 503).count();
+    assert_eq!(failed, 10, "every fault was met");
+    assert_eq!(openai.batch_count(), 1, "one batch");
+    daemon.stop().await.expect("stop");
+}
+
 #[tokio::test]
 async fn a_rate_limited_create_is_retried_without_a_second_batch() {
     let world = openai_world(|_| {}).await;

@@ -287,9 +287,9 @@ struct EnvelopeError {
     message: Option<String>,
 }
 
-/// What a non-2xx reply means. 429 waits (`retry-after`), 402 (billing) waits much longer, 413 splits, 5xx and
-/// 529 retry (a create answered 5xx may have created its batch: the next attempt looks before creating), 404 is a
-/// batch gone, any other 4xx a refusal.
+/// What a non-2xx reply means. 429 and 529 (`overloaded_error`: the API's own back-pressure) wait, using no
+/// attempt, 402 (billing) waits much longer, 413 splits, other 5xx retry (a create answered 5xx may have created
+/// its batch: the next attempt looks before creating), 404 is a batch gone, any other 4xx a refusal.
 pub(crate) fn from_reply(call: Call, http_status: u16, retry_after: Option<Duration>, body: &[u8]) -> ApiError {
     let envelope: Envelope = serde_json::from_slice(body).unwrap_or_default();
     let error = envelope.error.unwrap_or_default();
@@ -303,7 +303,7 @@ pub(crate) fn from_reply(call: Call, http_status: u16, retry_after: Option<Durat
         .map(|message| message.chars().filter(|c| !c.is_control()).take(MAX_QUOTED).collect())
         .unwrap_or_else(quoted);
     let kind = match http_status {
-        429 => ErrorKind::RateLimited,
+        429 | 529 => ErrorKind::RateLimited,
         402 => ErrorKind::QuotaExhausted,
         413 => ErrorKind::TooLarge,
         404 => ErrorKind::NotFound,
@@ -378,7 +378,7 @@ mod tests {
         };
         assert_eq!(error(429, Call::Create).kind, ErrorKind::RateLimited);
         assert!(!error(429, Call::Create).maybe_delivered, "a 429 created nothing");
-        assert_eq!(error(529, Call::Other).kind, ErrorKind::Transient);
+        assert_eq!(error(529, Call::Other).kind, ErrorKind::RateLimited, "overloaded: a wait, not an attempt");
         assert_eq!(error(500, Call::Other).kind, ErrorKind::Transient);
         assert!(error(500, Call::Create).maybe_delivered, "a 500 on create may have created the batch");
         assert!(!error(500, Call::Other).maybe_delivered);

@@ -1,7 +1,7 @@
 //! Poll: a submitted chunk's remote batch is asked for its status; an answer finishes the chunk, anything else
 //! schedules the next poll (or decides what a failed poll means).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use batchd_core::{ChunkState, JobError, ModelName, RequestId};
 use batchd_provider::{ApiError, ErrorKind, PendingStatus, Polled, Provider, RemoteBatch};
@@ -9,7 +9,7 @@ use batchd_queue::{ChunkView, Claim, StoreError};
 use tracing::Instrument;
 
 use super::cancel::Cancelling;
-use super::{Ending, Pipeline, exhausted, unit_random};
+use super::{Ending, Pipeline, unit_random};
 use crate::metrics::{self, ApiCall};
 use crate::policy::{poll_delay, retry_delay};
 
@@ -224,10 +224,7 @@ impl Pipeline {
             self.store.mark_recreate(claim, failures, &error.to_job_error().to_json(), due).await?;
             return Ok(());
         }
-        let failures = match after_failed_poll(&error, view.poll_failures, self.retry.max_attempts) {
-            PollDecision::GiveUp { failures } => {
-                return self.chunk_failed(claim, exhausted(&error, failures), cancel).await;
-            }
+        let failures = match after_failed_poll(&error, view.poll_failures) {
             PollDecision::FailChunk => {
                 tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "the remote batch failed");
                 return self.chunk_failed(claim, error.to_job_error(), cancel).await;
@@ -243,7 +240,24 @@ impl Pipeline {
             }
             PollDecision::Retry { failures } => failures,
         };
-        let wait = retry_delay(failures.max(1), &self.retry, error.retry_after, unit_random());
+        // The batch exists and is paid for: a poll or download that keeps failing is never an attempt used up,
+        // only a wait. Past `retry.max_attempts` failures in a row it is asked at the poll's longest interval until
+        // it answers or the job's deadline passes (DESIGN decision 22).
+        let wait = if failures >= self.retry.max_attempts {
+            (Duration::from_millis(self.poll.max_interval_ms)).max(error.retry_after.unwrap_or_default())
+        } else {
+            retry_delay(failures.max(1), &self.retry, error.retry_after, unit_random())
+        };
+        if failures == self.retry.max_attempts {
+            tracing::warn!(
+                job_id = %chunk.job_id,
+                chunk = chunk.index,
+                request_id = view.request_id.as_deref().unwrap_or_default(),
+                failures,
+                "the provider has not answered for this batch's last polls; it is kept and asked again at the longest \
+                 poll interval until it answers or the job's deadline passes"
+            );
+        }
         if error.kind.is_throttle() {
             metrics::throttled_wait(ApiCall::Poll);
         } else {
@@ -293,14 +307,11 @@ enum Answer {
 /// What a failed poll means for its chunk (decided from the error alone, without Redis).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum PollDecision {
-    /// Poll again later, with this many consecutive failures recorded (a rate limit does not count as one).
+    /// Poll again later, with this many consecutive failures recorded (a rate limit does not count as one). However
+    /// many there are, the batch is kept: only the provider saying it is gone or failed, or the job's deadline,
+    /// ends it.
     Retry {
         /// Consecutive failed polls, this one included unless it was rate-limited.
-        failures: u64,
-    },
-    /// Transient errors, but `max_attempts` polls in a row failed.
-    GiveUp {
-        /// Consecutive failed polls.
         failures: u64,
     },
     /// The remote batch failed, is gone, or answered too much to read: the chunk fails, the job goes on.
@@ -309,12 +320,12 @@ pub(super) enum PollDecision {
     FailJob,
 }
 
-/// Decides what a failed poll means after `poll_failures` consecutive failed polls (of `max_attempts`).
-pub(super) fn after_failed_poll(error: &ApiError, poll_failures: u64, max_attempts: u64) -> PollDecision {
+/// Decides what a failed poll means after `poll_failures` consecutive failed polls.
+pub(super) fn after_failed_poll(error: &ApiError, poll_failures: u64) -> PollDecision {
     match error.kind {
         ErrorKind::Transient | ErrorKind::RateLimited | ErrorKind::QuotaExhausted | ErrorKind::AwaitingLookUp => {
             let failures = if error.kind.is_throttle() { poll_failures } else { poll_failures + 1 };
-            if failures >= max_attempts { PollDecision::GiveUp { failures } } else { PollDecision::Retry { failures } }
+            PollDecision::Retry { failures }
         }
         ErrorKind::BatchFailed | ErrorKind::NotFound | ErrorKind::TooLarge | ErrorKind::ReplyTooLarge => {
             PollDecision::FailChunk
@@ -339,22 +350,22 @@ mod tests {
     }
 
     #[test]
-    fn failed_polls_retry_until_max_attempts_in_a_row_and_rate_limits_do_not_count() {
+    fn failed_polls_are_retried_however_many_fail_in_a_row_and_rate_limits_do_not_count() {
         let unavailable = error(ErrorKind::Transient, Some(503));
-        assert_eq!(after_failed_poll(&unavailable, 0, 5), PollDecision::Retry { failures: 1 });
-        assert_eq!(after_failed_poll(&unavailable, 3, 5), PollDecision::Retry { failures: 4 });
-        assert_eq!(after_failed_poll(&unavailable, 4, 5), PollDecision::GiveUp { failures: 5 });
+        assert_eq!(after_failed_poll(&unavailable, 0), PollDecision::Retry { failures: 1 });
+        assert_eq!(after_failed_poll(&unavailable, 4), PollDecision::Retry { failures: 5 });
+        assert_eq!(after_failed_poll(&unavailable, 1_000), PollDecision::Retry { failures: 1_001 });
         let limited = error(ErrorKind::RateLimited, Some(429));
-        assert_eq!(after_failed_poll(&limited, 3, 5), PollDecision::Retry { failures: 3 });
+        assert_eq!(after_failed_poll(&limited, 3), PollDecision::Retry { failures: 3 });
     }
 
     #[test]
     fn a_failed_or_vanished_batch_fails_its_chunk_and_a_refusal_fails_the_job() {
         for kind in [ErrorKind::BatchFailed, ErrorKind::NotFound, ErrorKind::TooLarge, ErrorKind::ReplyTooLarge] {
-            assert_eq!(after_failed_poll(&error(kind, Some(200)), 0, 5), PollDecision::FailChunk, "{kind:?}");
+            assert_eq!(after_failed_poll(&error(kind, Some(200)), 0), PollDecision::FailChunk, "{kind:?}");
         }
         for kind in [ErrorKind::Permanent, ErrorKind::InvalidInput, ErrorKind::NotBatchable] {
-            assert_eq!(after_failed_poll(&error(kind, Some(401)), 0, 5), PollDecision::FailJob, "{kind:?}");
+            assert_eq!(after_failed_poll(&error(kind, Some(401)), 0), PollDecision::FailJob, "{kind:?}");
         }
     }
 }
