@@ -40,6 +40,29 @@ async fn wait_until(timeout: Duration, what: &str, mut condition: impl FnMut() -
     }
 }
 
+/// Issue 34: only Workers AI sends events. With `[events]` configured, an OpenAI or Anthropic batch is polled on
+/// the usual schedule, not put off to the events' 10-minute fallback that no event would cut short.
+#[tokio::test]
+async fn with_events_configured_openai_and_anthropic_batches_are_polled_on_the_usual_schedule() {
+    let world = World::with_emulator(with_events(Duration::from_millis(1500))).await;
+    let mut settings = settings_with_events(&world, Duration::from_secs(600));
+    batchd_tests::with_openai(&mut settings, &world.emulator);
+    batchd_tests::with_anthropic(&mut settings, &world.emulator);
+    let daemon = batchd_tests::Daemon::start(settings, &world.emulator);
+    let chat = serde_json::json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5});
+    for (id, model) in [("evented-openai", "openai/gpt-4o-mini"), ("evented-anthropic", "anthropic/claude-sonnet-4-5")]
+    {
+        world.enqueue(&serde_json::json!({"id": id, "model": model, "requests": [chat.clone()]})).await;
+    }
+    for id in ["evented-openai", "evented-anthropic"] {
+        let result = world.wait_for_result(id, Duration::from_secs(30)).await;
+        assert_eq!(result.status, ResultStatus::Completed, "{id}: {:?}", result.error);
+        let took = result.finished_at - result.accepted_at;
+        assert!(took < 10_000, "{id} published {took} ms after acceptance, not after the 10-minute fallback");
+    }
+    daemon.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_job_completes_through_its_event_while_the_fallback_poll_is_10_minutes_away() {
     let world = World::with_emulator(with_events(Duration::from_millis(1500))).await;

@@ -123,6 +123,10 @@ impl CloudflareProvider {
 }
 
 impl Provider for CloudflareProvider {
+    fn sends_events(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         batchd_core::ids::CLOUDFLARE
     }

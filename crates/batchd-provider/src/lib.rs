@@ -89,6 +89,13 @@ pub trait Provider: Send + Sync + fmt::Debug {
         Box::pin(async { Ok(Found::Unsupported) })
     }
 
+    /// Whether the provider sends completion events batchd consumes (Workers AI, through a Cloudflare Queue): only
+    /// then, with `[events]` configured, is a batch's first poll put off to the events' long fallback interval
+    /// (the default: no events, polls on the usual schedule).
+    fn sends_events(&self) -> bool {
+        false
+    }
+
     /// Whether [`Provider::cancel`] stops a running batch, which then ends (seen through polls) with the results
     /// it had finished. When it does, the engine cancels a cancelled job's running batches and waits for them to
     /// end, so the job's result holds what they ran; when it does not (the default), the job ends at once and its

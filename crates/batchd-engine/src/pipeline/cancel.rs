@@ -125,7 +125,7 @@ impl Pipeline {
         match self.renewing(claim, provider.find(find)).await {
             Ok(Found::Batch(submitted)) => {
                 tracing::info!(job_id = %chunk.job_id, chunk = chunk.index, "a cancelled job's chunk had a batch at the provider; cancelling it");
-                if !self.record_submitted(claim, &submitted.remote, &submitted.status).await?.applied() {
+                if !self.record_submitted(claim, provider, &submitted.remote, &submitted.status).await?.applied() {
                     self.orphaned(claim, provider, model, &submitted.remote).await;
                     return Ok(());
                 }

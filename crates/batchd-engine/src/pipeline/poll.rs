@@ -93,7 +93,8 @@ impl Pipeline {
                 if cancel.is_some() && !status.is_cancelling() {
                     self.cancel_batch(claim, provider, model, &remote).await;
                 }
-                self.still_pending(claim, view, &status, cancel).await
+                let events = self.events && provider.sends_events();
+                self.still_pending(claim, view, &status, events, cancel).await
             }
             Ok(Answer::Done(output)) => self.batch_done(claim, view, &request_id, output, cancel).await,
             Err(error) => self.poll_failed(claim, view, error, cancel).await,
@@ -172,12 +173,14 @@ impl Pipeline {
     /// Schedules the next poll of a batch that has not answered yet, whatever status it reports: only the job's
     /// deadline bounds how long it may stay pending. A status the docs do not list is logged once per batch (when
     /// it first appears) and counted at every poll. A cancelled job's batch is polled again no later than the end
-    /// of its wait.
+    /// of its wait. `events`: whether the batch's provider sends completion events that `[events]` consumes (then
+    /// the next poll is the long fallback).
     async fn still_pending(
         &self,
         claim: &Claim,
         view: &ChunkView,
         pending: &PendingStatus,
+        events: bool,
         cancel: Option<Cancelling<'_>>,
     ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
@@ -196,7 +199,7 @@ impl Pipeline {
             }
         }
         let now = self.store.now().await?;
-        let delay = poll_delay(view.n_polls + 1, &self.poll, self.events, unit_random());
+        let delay = poll_delay(view.n_polls + 1, &self.poll, events, unit_random());
         // Never sleep past the deadline (or a cancelled job's wait): the job ends on time.
         let due = (now + delay.as_millis() as u64).min(latest_due(view, cancel));
         self.store.mark_pending_poll(claim, status, due).await?;

@@ -143,7 +143,7 @@ impl Pipeline {
                     return self.submit_failed(claim, model, failed, requests, error).await;
                 };
                 span.record("request_id", tracing::field::display(&request_id));
-                if self.events {
+                if self.events && provider.sends_events() {
                     // Before the record: an event that arrives right after it must find the chunk. A failure
                     // here costs only latency (the fallback poll still comes).
                     let indexed = match self.store.now().await {
@@ -155,7 +155,7 @@ impl Pipeline {
                         tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, error = %error, "could not index the request id for events; the batch is found by its fallback poll");
                     }
                 }
-                let recorded = self.record_submitted(claim, &submitted.remote, &submitted.status).await?;
+                let recorded = self.record_submitted(claim, provider, &submitted.remote, &submitted.status).await?;
                 tracing::debug!(
                     parent: &span,
                     request_id = %request_id,
@@ -188,6 +188,7 @@ impl Pipeline {
     pub(super) async fn record_submitted(
         &self,
         claim: &Claim,
+        provider: &dyn Provider,
         remote: &RemoteBatch,
         status: &str,
     ) -> Result<Fenced, StoreError> {
@@ -197,7 +198,8 @@ impl Pipeline {
         let request_id = remote.id.as_ref().map(ToString::to_string).unwrap_or_default();
         loop {
             let now = self.store.now().await?;
-            let due = now + poll_delay(0, &self.poll, self.events, unit_random()).as_millis() as u64;
+            let events = self.events && provider.sends_events();
+            let due = now + poll_delay(0, &self.poll, events, unit_random()).as_millis() as u64;
             let refs = remote.has_refs().then(|| remote.refs_json());
             let recorded = self.store.mark_submitted(claim, &request_id, status, refs.as_deref(), due).await;
             let error = match recorded {
