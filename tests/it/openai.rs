@@ -161,6 +161,32 @@ async fn a_status_outage_longer_than_the_attempts_ends_with_the_batch_read_not_a
     daemon.stop().await.expect("stop");
 }
 
+/// Issue 34: an account out of quota (`insufficient_quota`, which OpenAI answers with HTTP 429) fails the job at
+/// once, saying so, instead of waiting like a rate limit until the deadline; the input file is deleted.
+#[tokio::test]
+async fn an_account_out_of_quota_fails_the_job_at_once_saying_why() {
+    let world = openai_world(|_| {}).await;
+    let openai = world.emulator.openai();
+    openai.inject(
+        OpenAiFault::status(429)
+            .code("insufficient_quota")
+            .message("You exceeded your current quota, please check your plan and billing details.")
+            .on(OpenAiCallKind::CreateBatch)
+            .times(100),
+    );
+    let daemon = world.daemon();
+    world.enqueue(&json!({"id": "broke-1", "model": "openai/gpt-4o-mini", "requests": [chat("a")]})).await;
+    let entry = world.wait_for_result("broke-1", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Failed);
+    let error = entry.error.as_ref().expect("error");
+    assert_eq!(error.code, "api_error");
+    assert!(error.message.starts_with("the provider account cannot pay for batches"), "{}", error.message);
+    assert!(error.message.contains("exceeded your current quota"), "{}", error.message);
+    assert_eq!(openai.calls_of(OpenAiCallKind::CreateBatch).len(), 1, "one create, not a wait until the deadline");
+    wait_until("the input file is deleted", WAIT, async || openai.file_ids().is_empty()).await;
+    daemon.stop().await.expect("stop");
+}
+
 #[tokio::test]
 async fn a_rate_limited_create_is_retried_without_a_second_batch() {
     let world = openai_world(|_| {}).await;

@@ -288,7 +288,7 @@ struct EnvelopeError {
 }
 
 /// What a non-2xx reply means. 429 and 529 (`overloaded_error`: the API's own back-pressure) wait, using no
-/// attempt, 402 (billing) waits much longer, 413 splits, other 5xx retry (a create answered 5xx may have created
+/// attempt, 402 (`billing_error`) fails the job at once saying why, 413 splits, other 5xx retry (a create answered 5xx may have created
 /// its batch: the next attempt looks before creating), 404 is a batch gone, any other 4xx a refusal.
 pub(crate) fn from_reply(call: Call, http_status: u16, retry_after: Option<Duration>, body: &[u8]) -> ApiError {
     let envelope: Envelope = serde_json::from_slice(body).unwrap_or_default();
@@ -304,7 +304,7 @@ pub(crate) fn from_reply(call: Call, http_status: u16, retry_after: Option<Durat
         .unwrap_or_else(quoted);
     let kind = match http_status {
         429 | 529 => ErrorKind::RateLimited,
-        402 => ErrorKind::QuotaExhausted,
+        402 => ErrorKind::Billing,
         413 => ErrorKind::TooLarge,
         404 => ErrorKind::NotFound,
         408 | 409 | 425 => ErrorKind::Transient,
@@ -384,7 +384,7 @@ mod tests {
         assert!(!error(500, Call::Other).maybe_delivered);
         assert_eq!(error(413, Call::Create).kind, ErrorKind::TooLarge);
         assert_eq!(error(404, Call::Other).kind, ErrorKind::NotFound);
-        assert_eq!(error(402, Call::Create).kind, ErrorKind::QuotaExhausted);
+        assert_eq!(error(402, Call::Create).kind, ErrorKind::Billing);
         for status in [400, 401, 403] {
             assert_eq!(error(status, Call::Create).kind, ErrorKind::Permanent, "{status}");
         }

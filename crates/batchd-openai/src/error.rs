@@ -39,7 +39,7 @@ pub(crate) const MESSAGE_CHARS: usize = 2048;
 /// The kind of a non-2xx reply.
 pub(crate) fn classify(operation: Operation, http_status: u16, code: Option<&str>) -> ErrorKind {
     match (http_status, code) {
-        (_, Some("insufficient_quota")) => ErrorKind::QuotaExhausted,
+        (_, Some("insufficient_quota")) => ErrorKind::Billing,
         (429, _) => ErrorKind::RateLimited,
         (413, _) | (_, Some("file_too_large")) => ErrorKind::TooLarge,
         (404, _) if matches!(operation, Operation::Retrieve | Operation::Content | Operation::Delete) => {
@@ -118,7 +118,7 @@ mod tests {
     fn replies_are_classified_by_status_and_code() {
         use Operation::*;
         assert_eq!(classify(Create, 429, Some("rate_limit_exceeded")), ErrorKind::RateLimited);
-        assert_eq!(classify(Create, 429, Some("insufficient_quota")), ErrorKind::QuotaExhausted);
+        assert_eq!(classify(Create, 429, Some("insufficient_quota")), ErrorKind::Billing, "not a wait: fails fast");
         assert_eq!(classify(Upload, 400, Some("file_too_large")), ErrorKind::TooLarge);
         assert_eq!(classify(Retrieve, 404, None), ErrorKind::NotFound);
         assert_eq!(classify(Create, 404, None), ErrorKind::Permanent, "an unknown input file");

@@ -39,6 +39,10 @@ pub enum ErrorKind {
     ReplyTooLarge,
     /// The provider refused the request and will refuse it again (bad credentials, unknown model, any other 4xx).
     Permanent,
+    /// The account cannot pay for batches (OpenAI's `insufficient_quota`, Anthropic's 402 `billing_error`): no wait
+    /// helps until someone acts on the account, so the job fails at once, saying so (and an alert fires), rather
+    /// than waiting silently until its deadline.
+    Billing,
 }
 
 impl ErrorKind {
@@ -56,6 +60,7 @@ impl ErrorKind {
             Self::NotBatchable => "not_batchable",
             Self::ReplyTooLarge => "reply_too_large",
             Self::Permanent => "permanent",
+            Self::Billing => "billing",
         }
     }
 
@@ -118,6 +123,11 @@ impl ApiError {
     pub fn to_job_error(&self) -> JobError {
         let (job_code, preface) = match self.kind {
             ErrorKind::Permanent => (code::API_ERROR, "the Batch API refused the batch"),
+            ErrorKind::Billing => (
+                code::API_ERROR,
+                "the provider account cannot pay for batches (quota or credit used up: check the account's plan and \
+                 billing), so nothing was run",
+            ),
             ErrorKind::TooLarge => (code::API_ERROR, "the Batch API refused the batch as too large"),
             ErrorKind::BatchFailed => (code::BATCH_FAILED, "the remote batch failed"),
             ErrorKind::InvalidInput => (code::API_ERROR, "the Batch API refused the batch's input"),
@@ -173,6 +183,7 @@ impl fmt::Display for ApiError {
             ErrorKind::NotBatchable => "model does not support batch requests",
             ErrorKind::ReplyTooLarge => "batch api reply too large",
             ErrorKind::Permanent => "batch api refused the request",
+            ErrorKind::Billing => "provider account out of quota or credit",
         };
         write!(f, "{what}{}: {}", self.details(), self.message)
     }

@@ -333,7 +333,9 @@ pub(super) fn after_failed_poll(error: &ApiError, poll_failures: u64) -> PollDec
         ErrorKind::BatchFailed | ErrorKind::NotFound | ErrorKind::TooLarge | ErrorKind::ReplyTooLarge => {
             PollDecision::FailChunk
         }
-        ErrorKind::Permanent | ErrorKind::InvalidInput | ErrorKind::NotBatchable => PollDecision::FailJob,
+        ErrorKind::Permanent | ErrorKind::Billing | ErrorKind::InvalidInput | ErrorKind::NotBatchable => {
+            PollDecision::FailJob
+        }
     }
 }
 
@@ -367,7 +369,7 @@ mod tests {
         for kind in [ErrorKind::BatchFailed, ErrorKind::NotFound, ErrorKind::TooLarge, ErrorKind::ReplyTooLarge] {
             assert_eq!(after_failed_poll(&error(kind, Some(200)), 0), PollDecision::FailChunk, "{kind:?}");
         }
-        for kind in [ErrorKind::Permanent, ErrorKind::InvalidInput, ErrorKind::NotBatchable] {
+        for kind in [ErrorKind::Permanent, ErrorKind::Billing, ErrorKind::InvalidInput, ErrorKind::NotBatchable] {
             assert_eq!(after_failed_poll(&error(kind, Some(401)), 0), PollDecision::FailJob, "{kind:?}");
         }
     }

@@ -498,7 +498,9 @@ pub(super) fn after_failed_submit(error: &ApiError, n_items: usize, attempt: u64
         ErrorKind::InvalidInput if n_items > 1 => SubmitDecision::Split(isolate_cuts(n_items, error.refused_item())),
         ErrorKind::InvalidInput => SubmitDecision::AnswerItemAlone,
         ErrorKind::TooLarge | ErrorKind::BatchFailed | ErrorKind::ReplyTooLarge => SubmitDecision::FailChunk,
-        ErrorKind::Permanent | ErrorKind::NotFound | ErrorKind::NotBatchable => SubmitDecision::FailJob,
+        ErrorKind::Permanent | ErrorKind::Billing | ErrorKind::NotFound | ErrorKind::NotBatchable => {
+            SubmitDecision::FailJob
+        }
         ErrorKind::Transient | ErrorKind::RateLimited | ErrorKind::QuotaExhausted | ErrorKind::AwaitingLookUp => {
             let throttled = error.kind.is_throttle();
             if !throttled && attempt >= max_attempts {
