@@ -187,6 +187,35 @@ async fn an_account_out_of_quota_fails_the_job_at_once_saying_why() {
     daemon.stop().await.expect("stop");
 }
 
+/// Issue 34: the files batchd leaves at OpenAI expire on their own (`openai.file_expiry_secs`, 3 days by
+/// default): the upload carries `expires_after`, the create `output_expires_after`, so the input, output and error
+/// files report `expires_at` = `created_at` + the setting (checked with `delete_files` off, so they stay).
+#[tokio::test]
+async fn uploaded_and_result_files_expire_on_their_own() {
+    let world = openai_world(|settings| {
+        settings.openai.delete_files = false;
+        settings.openai.file_expiry_secs = 7200;
+    })
+    .await;
+    let openai = world.emulator.openai();
+    openai.inject(OpenAiFault::fail_items([1]));
+    let daemon = world.daemon();
+    world
+        .enqueue(&json!({"id": "expiring-1", "model": "openai/gpt-4o-mini", "requests": [chat("a"), chat("b")]}))
+        .await;
+    let entry = world.wait_for_result("expiring-1", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+    let batch = retrieve(&world, &entry.request_ids[0]).await;
+    let files =
+        ["input_file_id", "output_file_id", "error_file_id"].map(|key| batch[key].as_str().expect(key).to_owned());
+    for file in files {
+        let object = get(&world, &format!("files/{file}")).await;
+        let (created, expires) = (object["created_at"].as_u64().expect("created"), object["expires_at"].as_u64());
+        assert_eq!(expires, Some(created + 7200), "{object}");
+    }
+    daemon.stop().await.expect("stop");
+}
+
 #[tokio::test]
 async fn a_rate_limited_create_is_retried_without_a_second_batch() {
     let world = openai_world(|_| {}).await;
@@ -321,8 +350,13 @@ fn error_code(entry: &ResultEntry, index: usize) -> String {
 
 /// The batch `id` as the API reports it (`GET /v1/batches/{id}`).
 async fn retrieve(world: &World, id: &str) -> Value {
+    get(world, &format!("batches/{id}")).await
+}
+
+/// `GET <base>/<path>` at the emulator's OpenAI API, as JSON.
+async fn get(world: &World, path: &str) -> Value {
     reqwest::Client::new()
-        .get(format!("{}/batches/{id}", world.emulator.openai_base_url()))
+        .get(format!("{}/{path}", world.emulator.openai_base_url()))
         .bearer_auth(world.emulator.openai().api_key())
         .send()
         .await

@@ -276,9 +276,23 @@ impl Client {
 
 /// The multipart body of an upload: `purpose=batch` and the JSONL file `file_name`, its lines written by `lines`
 /// straight into the body (so the file is built once). Returns the body and its boundary.
-pub(crate) fn multipart(file_name: &str, capacity: usize, lines: impl FnOnce(&mut Vec<u8>)) -> (Vec<u8>, String) {
+pub(crate) fn multipart(
+    file_name: &str,
+    expiry_secs: u64,
+    capacity: usize,
+    lines: impl FnOnce(&mut Vec<u8>),
+) -> (Vec<u8>, String) {
     let boundary = format!("batchd-{}", uuid::Uuid::new_v4().simple());
-    let mut body = Vec::with_capacity(capacity + 512);
+    let mut body = Vec::with_capacity(capacity + 768);
+    if expiry_secs > 0 {
+        body.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"expires_after[anchor]\"\r\n\r\ncreated_at\r\n\
+                 --{boundary}\r\nContent-Disposition: form-data; name=\"expires_after[seconds]\"\r\n\r\n{expiry_secs}\r\n"
+            )
+            .as_bytes(),
+        );
+    }
     body.extend_from_slice(
         format!(
             "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{boundary}\r\n\
@@ -318,11 +332,15 @@ mod tests {
     }
 
     #[test]
-    fn a_multipart_body_holds_the_purpose_and_the_file() {
-        let (body, boundary) = multipart("batchd-j-0.jsonl", 10, |out| out.extend_from_slice(b"{\"a\":1}\n"));
+    fn a_multipart_body_holds_the_purpose_the_expiry_and_the_file() {
+        let (body, boundary) = multipart("batchd-j-0.jsonl", 7200, 10, |out| out.extend_from_slice(b"{\"a\":1}\n"));
         let text = String::from_utf8(body).expect("utf-8");
         assert!(text.starts_with(&format!("--{boundary}\r\n")));
         assert!(text.contains("name=\"purpose\"\r\n\r\nbatch\r\n"));
+        assert!(text.contains("name=\"expires_after[anchor]\"\r\n\r\ncreated_at\r\n"));
+        assert!(text.contains("name=\"expires_after[seconds]\"\r\n\r\n7200\r\n"));
+        let (none, _) = multipart("f.jsonl", 0, 10, |out| out.extend_from_slice(b"{}\n"));
+        assert!(!String::from_utf8(none).expect("utf-8").contains("expires_after"), "0: not sent");
         assert!(
             text.contains("filename=\"batchd-j-0.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n{\"a\":1}\n\r\n")
         );

@@ -17,4 +17,7 @@ mod wire;
 
 pub use jsonl::{ENDPOINTS, line_shape};
 pub use provider::OpenAiProvider;
-pub use settings::{ApiKey, DEFAULT_BASE_URL, DEFAULT_ENDPOINT, OpenAiBuildError, OpenAiClientSettings};
+pub use settings::{
+    ApiKey, DEFAULT_BASE_URL, DEFAULT_ENDPOINT, DEFAULT_FILE_EXPIRY_SECS, FILE_EXPIRY_SECS, OpenAiBuildError,
+    OpenAiClientSettings,
+};

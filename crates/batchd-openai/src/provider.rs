@@ -22,7 +22,7 @@ use futures::future::BoxFuture;
 use crate::client::{Client, is_safe_id, multipart};
 use crate::error::{self, one_line};
 use crate::jsonl::{self, Joiner};
-use crate::settings::{DEFAULT_ENDPOINT, OpenAiBuildError, OpenAiClientSettings};
+use crate::settings::{DEFAULT_ENDPOINT, FILE_EXPIRY_SECS, OpenAiBuildError, OpenAiClientSettings};
 use crate::wire;
 
 /// The routing name: models are `openai/<model>`.
@@ -102,6 +102,9 @@ impl OpenAiProvider {
         if settings.max_file_bytes == 0 {
             return Err(OpenAiBuildError::InvalidLimit("openai.max_file_bytes"));
         }
+        if settings.file_expiry_secs != 0 && !FILE_EXPIRY_SECS.contains(&settings.file_expiry_secs) {
+            return Err(OpenAiBuildError::InvalidLimit("openai.file_expiry_secs"));
+        }
         let client = Client::new(&settings, budget)?;
         Ok(Self { client, settings })
     }
@@ -151,7 +154,9 @@ impl OpenAiProvider {
         let capacity = shape.bytes(batch.items.iter().map(|item| item.get().len()));
         let name = format!("batchd-{}-{}.jsonl", batch.tag.job_id, batch.tag.chunk);
         let model = batch.model.remote_name();
-        let (body, boundary) = multipart(&name, capacity, |out| jsonl::write_lines(out, batch.items, endpoint, model));
+        let expiry = self.settings.file_expiry_secs;
+        let (body, boundary) =
+            multipart(&name, expiry, capacity, |out| jsonl::write_lines(out, batch.items, endpoint, model));
         let bytes = body.len();
         let file = self.client.upload(body, &boundary).await?;
         Ok((file, bytes))
@@ -189,7 +194,15 @@ impl OpenAiProvider {
             (tag::ATTEMPT, tag.attempt.to_string()),
             (tag::NONCE, nonce.to_owned()),
         ]);
-        let create = wire::CreateBatch { input_file_id: input_file, endpoint, completion_window: "24h", metadata };
+        let output_expires_after = (self.settings.file_expiry_secs > 0)
+            .then_some(wire::Expiry { anchor: "created_at", seconds: self.settings.file_expiry_secs });
+        let create = wire::CreateBatch {
+            input_file_id: input_file,
+            endpoint,
+            completion_window: "24h",
+            metadata,
+            output_expires_after,
+        };
         self.client.create(&create).await
     }
 

@@ -37,6 +37,10 @@ pub struct OpenAiClientSettings {
     pub max_result_bytes: usize,
     /// Whether the input, output and error files are deleted once a batch's results are stored.
     pub delete_files: bool,
+    /// After how many seconds OpenAI deletes the input file and the batch's output and error files by itself
+    /// (`expires_after`, `output_expires_after`; 3,600 to 2,592,000): what a crash or a failed delete leaves behind
+    /// goes away on its own. 0: not sent (OpenAI keeps them 30 days).
+    pub file_expiry_secs: u64,
     /// Batches created per hour and model (0: not limited); the API allows 2,000 per hour.
     pub batches_per_hour: u32,
     /// Creates allowed back to back in a model's bucket.
@@ -47,6 +51,13 @@ pub struct OpenAiClientSettings {
     /// the batch an interrupted attempt may have created.
     pub lookup_pages: usize,
 }
+
+/// Default of [`OpenAiClientSettings::file_expiry_secs`]: 3 days, past the 24 h completion window, the 24 h
+/// default job deadline and a day of the daemon being down.
+pub const DEFAULT_FILE_EXPIRY_SECS: u64 = 3 * 24 * 3600;
+
+/// The expiry the Files and Batch APIs accept, in seconds (one hour to 30 days).
+pub const FILE_EXPIRY_SECS: std::ops::RangeInclusive<u64> = 3600..=2_592_000;
 
 impl OpenAiClientSettings {
     /// Settings for the production API with the defaults of `config/default.toml`.
@@ -62,6 +73,7 @@ impl OpenAiClientSettings {
             max_file_bytes: 200 * 1000 * 1000,
             max_result_bytes: 512 * 1024 * 1024,
             delete_files: true,
+            file_expiry_secs: DEFAULT_FILE_EXPIRY_SECS,
             batches_per_hour: 2000,
             burst: 10,
             model_batches_per_hour: Vec::new(),

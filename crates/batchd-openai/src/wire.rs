@@ -17,6 +17,18 @@ pub(crate) struct CreateBatch<'a> {
     pub completion_window: &'static str,
     /// batchd's tag: job, chunk and attempt.
     pub metadata: BTreeMap<&'static str, String>,
+    /// When the output and error files expire, if set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_expires_after: Option<Expiry>,
+}
+
+/// `{"anchor":"created_at","seconds":N}`: when a file expires.
+#[derive(Debug, Serialize)]
+pub(crate) struct Expiry {
+    /// Always `created_at`, the only anchor the API documents.
+    pub anchor: &'static str,
+    /// Seconds after the anchor.
+    pub seconds: u64,
 }
 
 /// A file object (the reply of an upload).

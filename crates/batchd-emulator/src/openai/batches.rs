@@ -87,6 +87,8 @@ struct CreateParams {
     endpoint: String,
     /// `metadata`, when given and not null.
     metadata: Option<Map<String, Value>>,
+    /// `output_expires_after.seconds`, when given.
+    output_expires_in: Option<std::time::Duration>,
 }
 
 fn missing(param: &str) -> OpenAiError {
@@ -146,18 +148,21 @@ fn parse_create(body: &[u8]) -> Result<CreateParams, OpenAiError> {
             return Err(invalid_value("metadata", "Invalid type for 'metadata': expected an object.".to_owned()));
         }
     };
+    let mut output_expires_in = None;
     if let Some(expiry) = object.remove("output_expires_after") {
         let anchor_ok = expiry.get("anchor").and_then(Value::as_str) == Some("created_at");
-        let seconds_ok =
-            expiry.get("seconds").and_then(Value::as_u64).is_some_and(|s| OUTPUT_EXPIRY_SECONDS.contains(&s));
-        if !anchor_ok || !seconds_ok {
-            return Err(invalid_value(
-                "output_expires_after",
-                "'output_expires_after' needs anchor 'created_at' and seconds between 3600 and 2592000.".to_owned(),
-            ));
+        let seconds = expiry.get("seconds").and_then(Value::as_u64).filter(|s| OUTPUT_EXPIRY_SECONDS.contains(s));
+        match seconds {
+            Some(seconds) if anchor_ok => output_expires_in = Some(std::time::Duration::from_secs(seconds)),
+            _ => {
+                return Err(invalid_value(
+                    "output_expires_after",
+                    "'output_expires_after' needs anchor 'created_at' and seconds between 3600 and 2592000.".to_owned(),
+                ));
+            }
         }
     }
-    Ok(CreateParams { input_file_id, endpoint, metadata })
+    Ok(CreateParams { input_file_id, endpoint, metadata, output_expires_in })
 }
 
 fn check_metadata(metadata: Map<String, Value>) -> Result<Map<String, Value>, OpenAiError> {
@@ -212,7 +217,8 @@ pub(crate) async fn create(State(api): State<Arc<OpenAi>>, parts: CallParts, req
     });
     let outcome = body.and_then(|body| parse_create(&body)).and_then(|params| {
         call.record.file_id = Some(capped(&params.input_file_id));
-        let (view, fault_names) = api.create_batch(params.endpoint, params.input_file_id, params.metadata)?;
+        let (view, fault_names) =
+            api.create_batch(params.endpoint, params.input_file_id, params.metadata, params.output_expires_in)?;
         call.record.batch_id = view["id"].as_str().map(str::to_owned);
         for name in fault_names {
             call.add_fault(name);

@@ -6,6 +6,7 @@
 //! held in memory.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::{
     body::Bytes,
@@ -19,7 +20,7 @@ use super::{
     OpenAi,
     faults::OpenAiCallKind,
     http::{CallParts, OpenAiError, Reply, capped},
-    store::{FILE_EXPIRY, StoredFile},
+    store::StoredFile,
 };
 
 /// Longest text form field read (`purpose`, `expires_after[...]`).
@@ -34,7 +35,7 @@ pub(crate) fn file_json(api: &OpenAi, file: &StoredFile) -> Value {
         "object": "file",
         "bytes": file.content.len(),
         "created_at": created_at,
-        "expires_at": created_at + FILE_EXPIRY.as_secs(),
+        "expires_at": created_at + file.expires_in.as_secs(),
         "filename": file.filename,
         "purpose": file.purpose,
         "status": "processed",
@@ -68,6 +69,7 @@ async fn read_upload(api: &OpenAi, request: Request) -> Result<StoredFile, OpenA
     };
     let mut purpose: Option<String> = None;
     let mut file: Option<(String, Bytes)> = None;
+    let (mut anchor, mut seconds): (Option<String>, Option<String>) = (None, None);
     while let Some(mut field) = multipart.next_field().await.map_err(malformed)? {
         let name = field.name().unwrap_or_default().to_owned();
         match name.as_str() {
@@ -87,10 +89,9 @@ async fn read_upload(api: &OpenAi, request: Request) -> Result<StoredFile, OpenA
                 file = Some((filename, Bytes::from(content)));
             }
             "purpose" => purpose = Some(read_text(field, "purpose").await?),
-            // Accepted and not acted on: files are never deleted by time here.
-            "expires_after[anchor]" | "expires_after[seconds]" => {
-                read_text(field, &name).await?;
-            }
+            // Reported as the file's `expires_at`; files are never deleted by time here.
+            "expires_after[anchor]" => anchor = Some(read_text(field, &name).await?),
+            "expires_after[seconds]" => seconds = Some(read_text(field, &name).await?),
             other => {
                 return Err(OpenAiError::invalid(
                     format!("Unrecognized request argument supplied: {}", capped(other)),
@@ -127,7 +128,28 @@ async fn read_upload(api: &OpenAi, request: Request) -> Result<StoredFile, OpenA
     if !filename.ends_with(".jsonl") {
         return Err(OpenAiError::invalid("Invalid file format for Batch API. Must be .jsonl", Some("file"), None));
     }
-    Ok(api.store_file(filename, content))
+    let expires_in = match (anchor, seconds) {
+        (None, None) => None,
+        (Some(anchor), Some(seconds)) if anchor == "created_at" => {
+            match seconds.parse::<u64>().ok().filter(|seconds| EXPIRY_SECONDS.contains(seconds)) {
+                Some(seconds) => Some(Duration::from_secs(seconds)),
+                None => return Err(bad_expiry()),
+            }
+        }
+        _ => return Err(bad_expiry()),
+    };
+    Ok(api.store_file(filename, content, expires_in))
+}
+
+/// Bounds of `expires_after[seconds]`: one hour to 30 days.
+const EXPIRY_SECONDS: std::ops::RangeInclusive<u64> = 3600..=2_592_000;
+
+fn bad_expiry() -> OpenAiError {
+    OpenAiError::invalid(
+        "'expires_after' needs anchor 'created_at' and seconds between 3600 and 2592000.",
+        Some("expires_after"),
+        Some("invalid_value"),
+    )
 }
 
 /// Reads a small text field; a longer one is refused.

@@ -142,6 +142,8 @@ pub(crate) struct Batch {
     pub input_file_id: String,
     /// `metadata` as created (`None` when the create had none).
     pub metadata: Option<Map<String, Value>>,
+    /// `output_expires_after.seconds`, when the create gave it: when its output and error files expire.
+    pub output_expires_in: Option<Duration>,
     /// When the create arrived.
     pub created: Instant,
     /// Current status.
@@ -206,6 +208,7 @@ impl Batch {
             endpoint,
             input_file_id,
             metadata,
+            output_expires_in: None,
             created: now,
             status: Status::Validating,
             since: now,

@@ -50,6 +50,9 @@ pub(crate) struct StoredFile {
     pub created: Instant,
     /// Position in storing order, from 1 (the order `GET /v1/files` lists in).
     pub seq: u64,
+    /// How long after `created` it expires (the upload's `expires_after`, the batch's `output_expires_after`, else
+    /// the 30-day default); only reported as `expires_at`, nothing is deleted by time.
+    pub expires_in: Duration,
 }
 
 /// The OpenAI emulator's state, shared by its handlers and the handle.
@@ -269,12 +272,21 @@ impl OpenAi {
     // ---- files ----
 
     /// Stores an upload; returns it.
-    pub fn store_file(&self, filename: String, content: Bytes) -> StoredFile {
+    pub fn store_file(&self, filename: String, content: Bytes, expires_in: Option<Duration>) -> StoredFile {
         let mut inner = self.lock();
         let id = format!("file-{}", random_alphanumeric(&mut inner.rng, 22));
         inner.last_file_seq += 1;
         let seq = inner.last_file_seq;
-        let file = StoredFile { id: id.clone(), filename, purpose: "batch", content, created: Instant::now(), seq };
+        let expires_in = expires_in.unwrap_or(FILE_EXPIRY);
+        let file = StoredFile {
+            id: id.clone(),
+            filename,
+            purpose: "batch",
+            content,
+            created: Instant::now(),
+            seq,
+            expires_in,
+        };
         inner.files.insert(id, file.clone());
         file
     }
@@ -330,6 +342,7 @@ impl OpenAi {
         endpoint: String,
         input_file_id: String,
         metadata: Option<Map<String, Value>>,
+        output_expires_in: Option<Duration>,
     ) -> Result<(Value, Vec<&'static str>), OpenAiError> {
         let now = Instant::now();
         let mut inner = self.lock();
@@ -348,6 +361,7 @@ impl OpenAi {
         let content = file.content.clone();
         let id = format!("batch_{}", random_hex(&mut inner.rng, 32));
         let mut batch = Batch::new(id.clone(), endpoint, input_file_id, metadata, content, now);
+        batch.output_expires_in = output_expires_in;
         // Every pending batch-level fault hits this batch once; faults with hits left wait for the next batches.
         let mut fault_names = Vec::new();
         for fault in &mut inner.batch_faults {
@@ -557,14 +571,22 @@ impl Inner {
             request.body = Map::new();
         }
         let batch_id = batch.id.clone();
-        let output_id = (!output.is_empty()).then(|| self.store_result(&batch_id, "output", output, at));
-        let error_id = (!errors.is_empty()).then(|| self.store_result(&batch_id, "error", errors, at));
+        let expires_in = batch.output_expires_in.unwrap_or(FILE_EXPIRY);
+        let output_id = (!output.is_empty()).then(|| self.store_result(&batch_id, "output", output, at, expires_in));
+        let error_id = (!errors.is_empty()).then(|| self.store_result(&batch_id, "error", errors, at, expires_in));
         let batch = &mut self.batches[position];
         batch.output_file_id = output_id;
         batch.error_file_id = error_id;
     }
 
-    fn store_result(&mut self, batch_id: &str, which: &str, content: Vec<u8>, at: Instant) -> String {
+    fn store_result(
+        &mut self,
+        batch_id: &str,
+        which: &str,
+        content: Vec<u8>,
+        at: Instant,
+        expires_in: Duration,
+    ) -> String {
         let id = format!("file-{}", random_alphanumeric(&mut self.rng, 22));
         self.last_file_seq += 1;
         let file = StoredFile {
@@ -574,6 +596,7 @@ impl Inner {
             purpose: "batch_output",
             content: Bytes::from(content),
             created: at,
+            expires_in,
         };
         self.files.insert(id.clone(), file);
         id

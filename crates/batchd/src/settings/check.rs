@@ -237,6 +237,13 @@ impl Settings {
         if openai.lookup_pages == 0 {
             return fail("lookup_pages", "must be at least 1");
         }
+        let expiry = batchd_openai::FILE_EXPIRY_SECS;
+        if openai.file_expiry_secs != 0 && !expiry.contains(&openai.file_expiry_secs) {
+            return fail(
+                "file_expiry_secs",
+                "must be 0 (OpenAI's 30-day default) or 3600-2592000 (one hour to 30 days)",
+            );
+        }
         check_base_url("openai.base_url", &openai.base_url)
     }
 }

@@ -60,6 +60,7 @@ impl Settings {
         settings.model_batches_per_hour =
             openai.models.iter().map(|limit| (limit.model.clone(), limit.batches_per_hour)).collect();
         settings.lookup_pages = openai.lookup_pages;
+        settings.file_expiry_secs = openai.file_expiry_secs;
         settings
     }
 

@@ -169,6 +169,8 @@ pub struct OpenAiSettings {
     pub models: Vec<OpenAiModelLimit>,
     /// Pages of 100 batches looked through when an interrupted submit is resumed.
     pub lookup_pages: usize,
+    /// After how many seconds OpenAI deletes uploaded and result files by itself (0: its 30-day default).
+    pub file_expiry_secs: u64,
 }
 
 /// One `[[openai.models]]` entry.
