@@ -98,6 +98,17 @@ impl RedisServer {
         bail!("redis-server did not start on a port of its own in {REDIS_START_ATTEMPTS} tries: {clashes:?}")
     }
 
+    /// Starts a server without persistence on `port` exactly, once: fails when the port is taken or another
+    /// process answers there (what [`RedisServer::start`] retries on another port).
+    pub async fn start_on(port: u16) -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("batchd-it-redis-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).context("redis dir")?;
+        let args = ["--save", "", "--appendonly", "no"].map(str::to_owned).to_vec();
+        let mut server = Self { port, dir, args, child: None };
+        server.spawn().await?;
+        Ok(server)
+    }
+
     /// Spawns redis-server on `self.port` and waits until it answers; fails (having killed what it spawned) when
     /// the process exits first (the port was taken) or when the server answering on the port is another process.
     async fn spawn(&mut self) -> anyhow::Result<()> {
