@@ -1,12 +1,14 @@
 //! `log.format = "journald"`: a real daemon process writes journald's native protocol, each event with the
 //! priority of its level (so `journalctl -p warning` filters) and its fields as journal fields.
 //!
-//! The test plays journald: it binds `/run/systemd/journal/socket` (free on a machine without systemd, as CI's is)
-//! and reads the datagrams.
+//! The test plays journald on a private socket, never the machine's: `tracing-journald` sends to the fixed path
+//! `/run/systemd/journal/socket`, so the daemon runs in a mount namespace of its own (`unshare --user --mount`)
+//! whose `/run` is an empty tmpfs with the test's directory mounted at `/run/systemd/journal`. The machine's journal
+//! (if one runs) neither receives the test's lines nor loses its socket, and the test runs where one does.
 
 use std::collections::HashMap;
 use std::os::unix::net::UnixDatagram;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -37,27 +39,32 @@ fn parse(datagram: &[u8]) -> HashMap<String, String> {
     fields
 }
 
+/// Run by `sh -c` inside the daemon's own user and mount namespaces, with the test's socket directory and the
+/// daemon's command line as arguments: `/run` becomes an empty tmpfs (only in that namespace), the directory is
+/// mounted at `/run/systemd/journal`, and the daemon replaces the shell.
+const PRIVATE_JOURNAL: &str = r#"mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/journal && mount --bind "$0" /run/systemd/journal && exec "$@""#;
+
 #[tokio::test]
 async fn journald_lines_carry_their_priority_and_fields() {
-    let path = Path::new(batchd::logging::JOURNALD_SOCKET);
-    assert!(
-        !path.exists(),
-        "{} exists: this test plays journald and needs the path free (run it where systemd's journal is not running)",
-        path.display()
-    );
-    std::fs::create_dir_all(path.parent().expect("parent")).expect("create /run/systemd/journal");
-    let journal = UnixDatagram::bind(path).expect("bind the journald socket");
-    journal.set_read_timeout(Some(Duration::from_millis(200))).expect("timeout");
-    struct Unbind<'a>(&'a Path);
-    impl Drop for Unbind<'_> {
+    let dir = std::env::temp_dir().join(format!("batchd-it-journal-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("create the journal directory");
+    struct Remove(PathBuf);
+    impl Drop for Remove {
         fn drop(&mut self) {
-            let _ = std::fs::remove_file(self.0);
+            let _ = std::fs::remove_dir_all(&self.0);
         }
     }
-    let _unbind = Unbind(path);
+    let _remove = Remove(dir.clone());
+    // The daemon sends to this path as it sees it inside its namespace.
+    let socket_name = Path::new(batchd::logging::JOURNALD_SOCKET).file_name().expect("socket file name");
+    let journal = UnixDatagram::bind(dir.join(socket_name)).expect("bind the private journald socket");
+    journal.set_read_timeout(Some(Duration::from_millis(200))).expect("timeout");
 
     let world = World::new().await;
-    let mut daemon = Command::new(binary("batchd").expect("batchd binary"))
+    let mut daemon = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "--", "sh", "-c", PRIVATE_JOURNAL])
+        .arg(&dir)
+        .arg(binary("batchd").expect("batchd binary"))
         .arg("run")
         .env_clear()
         .envs(world.batchd_env())
@@ -65,9 +72,9 @@ async fn journald_lines_carry_their_priority_and_fields() {
         .env("BATCHD__LOG__FORMAT", "journald")
         .env("BATCHD__ADMIN__LISTEN", "")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
-        .expect("start batchd");
+        .expect("start batchd under unshare (util-linux)");
     // A job with a bad model: rejected with a warning that names it.
     world.enqueue(&serde_json::json!({"id": "journald-bad", "model": "no-such/..", "requests": [{"text": "x"}]})).await;
 
@@ -80,6 +87,11 @@ async fn journald_lines_carry_their_priority_and_fields() {
         running && rejected
     };
     while !wanted(&seen) {
+        if let Ok(Some(status)) = daemon.try_wait() {
+            let mut stderr = String::new();
+            let _ = std::io::Read::read_to_string(&mut daemon.stderr.take().expect("stderr"), &mut stderr);
+            panic!("batchd (under unshare: user namespaces must be allowed) exited with {status}: {stderr}");
+        }
         assert!(started.elapsed() < Duration::from_secs(30), "journald got: {seen:?}");
         if let Ok(n) = journal.recv(&mut buffer) {
             seen.push(parse(&buffer[..n]));

@@ -19,7 +19,7 @@ use crate::chaos::remote::RemoteLog;
 /// Scenario 9: two daemons; one is frozen for 3 × the lease with submits and polls in flight, then resumed.
 pub(super) async fn freeze(size: Size) -> anyhow::Result<Outcome> {
     let started = Instant::now();
-    let seed = seed();
+    let seed = seed(size);
     // Batches that outlast the freeze, so the resumed replica also finds chunks the other one is still polling.
     let timing = Timing::new(size, size.pick((secs(2), secs(60)), (secs(1), secs(20))));
     let n_jobs = size.pick(1_000, 120);

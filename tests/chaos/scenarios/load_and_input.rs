@@ -18,7 +18,7 @@ use crate::chaos::{clock, hostile};
 /// start and drain it.
 pub(super) async fn backlog(size: Size) -> anyhow::Result<Outcome> {
     let started = Instant::now();
-    let seed = seed();
+    let seed = seed(size);
     let mut timing = Timing::new(size, size.pick((secs(1), secs(5)), (secs(1), secs(2))));
     timing.latency = (Duration::from_millis(10), Duration::from_millis(100));
     let n_jobs = size.pick(100_000, 3_000);
@@ -81,7 +81,7 @@ pub(super) async fn backlog(size: Size) -> anyhow::Result<Outcome> {
 /// sooner than its interval allows.
 pub(super) async fn clock_skew(size: Size) -> anyhow::Result<Outcome> {
     let started = Instant::now();
-    let seed = seed();
+    let seed = seed(size);
     let mut timing = Timing::new(size, size.pick((secs(1), secs(10)), (secs(1), secs(3))));
     timing.latency = (Duration::from_millis(700), Duration::from_millis(1300));
     let n_jobs = size.pick(3_000, 150);
@@ -175,7 +175,7 @@ const MIB: usize = 1024 * 1024;
 /// (docs/operations.md, "Memory and threads").
 pub(super) async fn hostile_entries(size: Size) -> anyhow::Result<Outcome> {
     let started = Instant::now();
-    let seed = seed();
+    let seed = seed(size);
     let timing = Timing::new(size, size.pick((secs(1), secs(10)), (secs(1), secs(3))));
     let n_jobs = size.pick(3_000, 150);
     let rounds = size.pick(3, 1);

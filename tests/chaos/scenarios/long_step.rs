@@ -44,7 +44,7 @@ const LATE: Duration = Duration::from_millis(12_500);
 /// Scenario 10: a poll-and-download step of 3 × 12.5 s under a 16 s lease, renewed, not taken over.
 pub(super) async fn long_step(size: Size) -> anyhow::Result<Outcome> {
     let started = Instant::now();
-    let seed = seed();
+    let seed = seed(size);
     let timing = Timing::new(size, (secs(1), secs(1)));
     let n_jobs = size.pick(150, 12);
     let mut outcome = Outcome::new(

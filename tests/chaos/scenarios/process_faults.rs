@@ -14,7 +14,7 @@ use crate::chaos::{Size, human, unix_ms};
 /// daemon gets `kill -9` and is restarted.
 pub(super) async fn kill9(size: Size) -> anyhow::Result<Outcome> {
     let started = Instant::now();
-    let seed = seed();
+    let seed = seed(size);
     let mut dice = Dice::new(seed);
     let timing = Timing::new(size, size.pick((secs(1), secs(20)), (secs(1), secs(4))));
     let n_jobs = size.pick(5_000, 150);
@@ -106,7 +106,7 @@ pub(super) async fn kill9(size: Size) -> anyhow::Result<Outcome> {
 /// ready, SIGTERM the old one, wait for exit 0; replica by replica. Zero lost, zero duplicates.
 pub(super) async fn rolling_sigterm(size: Size) -> anyhow::Result<Outcome> {
     let started = Instant::now();
-    let seed = seed();
+    let seed = seed(size);
     let timing = Timing::new(size, size.pick((secs(1), secs(10)), (secs(1), secs(3))));
     let n_jobs = size.pick(3_000, 150);
     let rounds = size.pick(2, 1);

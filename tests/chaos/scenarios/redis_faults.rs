@@ -17,7 +17,7 @@ use crate::chaos::{Size, human, unix_ms};
 /// directory (the full run also does a `SHUTDOWN NOSAVE` later); daemons reconnect on their own.
 pub(super) async fn redis_aof_restart(size: Size) -> anyhow::Result<Outcome> {
     let started = Instant::now();
-    let seed = seed();
+    let seed = seed(size);
     let timing = Timing::new(size, size.pick((secs(1), secs(10)), (secs(1), secs(3))));
     let n_jobs = size.pick(3_000, 150);
     let mut outcome = Outcome::new("2-redis-aof-restart", "Redis (AOF everysec) killed and restarted mid-run", size);
@@ -172,7 +172,7 @@ pub(super) enum Outage {
 /// daemons stay up, `/readyz` says why, work resumes by itself, nothing is lost.
 pub(super) async fn redis_unreachable(size: Size, outage: Outage) -> anyhow::Result<Outcome> {
     let started = Instant::now();
-    let seed = seed();
+    let seed = seed(size);
     let timing = Timing::new(size, size.pick((secs(1), secs(10)), (secs(1), secs(3))));
     let n_jobs = size.pick(2_000, 100);
     let (name, title, args): (&str, &str, &[&str]) = match outage {

@@ -1,6 +1,6 @@
 //! A real browser and a real `batchd ui` for the dashboard's tests: Debian's headless Chromium driven through
-//! its chromedriver (WebDriver) with the `fantoccini` client, and the dashboard as a `batchd ui` process on a free
-//! loopback port. `make deps` installs `chromium` and `chromium-driver`; without them the tests fail saying so.
+//! its chromedriver (WebDriver) with the `fantoccini` client, and the dashboard as a `batchd ui` process on a
+//! loopback port it picks itself (port 0) and reports. `make deps` installs `chromium` and `chromium-driver`; without them the tests fail saying so.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -159,21 +159,34 @@ pub struct Dashboard {
 }
 
 impl Dashboard {
-    /// Starts `batchd ui` with `args` (e.g. `--allow-actions`) on a free port and waits until it answers.
+    /// Starts `batchd ui` with `args` (e.g. `--allow-actions`) on port 0 and waits until it answers on the address
+    /// it reports (its `batchd ui: serving http://ADDR/` line on stdout), so no other server can be mistaken for it.
     pub async fn start(world: &World, args: &[&str]) -> anyhow::Result<Self> {
-        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let log = std::env::temp_dir().join(format!("batchd-ui-{}.log", uuid::Uuid::new_v4().simple()));
-        let child = Command::new(workspace_binary("batchd")?)
+        let name = format!("batchd-ui-{}", uuid::Uuid::new_v4().simple());
+        let log = std::env::temp_dir().join(format!("{name}.log"));
+        let out = std::env::temp_dir().join(format!("{name}.out"));
+        let mut child = Command::new(workspace_binary("batchd")?)
             .env_clear()
             .envs(world.batchd_env())
             .arg("ui")
             .arg("--listen")
-            .arg(addr.to_string())
+            .arg("127.0.0.1:0")
             .args(args)
-            .stdout(Stdio::null())
+            .stdout(std::fs::File::create(&out).context("create the dashboard's stdout")?)
             .stderr(std::fs::File::create(&log).context("create the dashboard's log")?)
             .spawn()
             .context("start batchd ui")?;
+        let reported = reported_addr(&mut child, &out, &log).await;
+        let _ = std::fs::remove_file(&out);
+        let addr = match reported {
+            Ok(addr) => addr,
+            Err(error) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = std::fs::remove_file(&log);
+                return Err(error);
+            }
+        };
         let dashboard = Self { addr, child, log };
         answers(&dashboard.url("/assets/ui.css"), "batchd ui").await?;
         Ok(dashboard)
@@ -187,6 +200,26 @@ impl Dashboard {
     /// `http://<addr><path>`.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+}
+
+/// The address `batchd ui` reports on stdout (`batchd ui: serving http://ADDR/ (...)`, written to `out`) once it
+/// has bound its listener; fails with its log when it exits first, or after [`PAGE_WAIT`].
+async fn reported_addr(child: &mut Child, out: &std::path::Path, log: &std::path::Path) -> anyhow::Result<SocketAddr> {
+    let started = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(out).unwrap_or_default();
+        if let Some(rest) = text.lines().find_map(|line| line.strip_prefix("batchd ui: serving http://")) {
+            let addr = rest.split('/').next().unwrap_or_default();
+            return addr.parse().with_context(|| format!("batchd ui reported {addr:?}"));
+        }
+        if let Some(status) = child.try_wait().context("wait for batchd ui")? {
+            bail!("batchd ui exited ({status}) before listening: {}", std::fs::read_to_string(log).unwrap_or_default());
+        }
+        if started.elapsed() > PAGE_WAIT {
+            bail!("batchd ui did not report its address within {PAGE_WAIT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

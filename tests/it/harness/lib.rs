@@ -1,13 +1,15 @@
-//! Test harness: a private `redis-server` per test (on a free port, so tests can kill and restart it), the Batch
-//! API emulator over HTTP, and the real daemon, in-process or as a process.
+//! Test harness: a private `redis-server` per test (on a port of its own, so tests can kill and restart it), the
+//! Batch API emulator over HTTP, and the real daemon, in-process or as a process.
 //!
 //! Each test uses its own namespace, so `REDIS_URL` may point every test at one shared server instead; tests that
-//! must kill Redis always start their own.
+//! must kill Redis always start their own. The harness never trusts a port alone: a server it starts is used only
+//! once the process answering on its port is the one it spawned.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -19,13 +21,42 @@ use redis::aio::MultiplexedConnection;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// A free TCP port on loopback (bound and released; good enough for tests).
+/// How many ports below the kernel's ephemeral range [`free_port`] draws from.
+const PORT_POOL: u16 = 16_384;
+
+/// A port for a server that a test starts, free when picked. Drawn at random from the [`PORT_POOL`] ports just
+/// below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`, 32768-60999 by default), where neither the
+/// local port of an outgoing connection nor another program's port-0 bind can take it between the pick and the
+/// server's bind (a port from the ephemeral range could be, and was: a test's own Redis connection took the port
+/// its daemon was about to listen on); never handed out twice by one process, so a restart on the same port cannot
+/// meet a sibling test there. Two test processes can still draw the same port (about one chance in 16,000 per
+/// pair), so a starter that can tell checks who answers: [`RedisServer`] retries on another port.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .expect("free port")
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let low = ephemeral_low.saturating_sub(PORT_POOL).max(1_024);
+    let span = u128::from(ephemeral_low.saturating_sub(low).max(1));
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for _ in 0..1_000 {
+        let port = low + (uuid::Uuid::new_v4().as_u128() % span) as u16;
+        // Free on every address (a server bound to 0.0.0.0:port or 127.0.0.1:port makes this bind fail).
+        if !handed_out.contains(&port) && TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            handed_out.insert(port);
+            return port;
+        }
+    }
+    panic!("no free port in {low}..{ephemeral_low} after 1,000 draws")
 }
+
+/// How many ports [`RedisServer::start`] tries: each clash (the port taken between the pick and redis-server's
+/// bind, or another server answering on it) costs one.
+const REDIS_START_ATTEMPTS: usize = 5;
+
+/// How long a redis-server may take to answer once spawned (an AOF restart loads its file first).
+const REDIS_START_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A private redis-server process, killed on drop.
 #[derive(Debug)]
@@ -50,14 +81,38 @@ impl RedisServer {
     pub async fn start_with(args: &[&str]) -> Self {
         let dir = std::env::temp_dir().join(format!("batchd-it-redis-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).expect("redis dir");
-        let mut server =
-            Self { port: free_port(), dir, args: args.iter().map(|s| s.to_string()).collect(), child: None };
-        server.spawn().await;
-        server
+        Self::start_in(dir, args.iter().map(|s| s.to_string()).collect()).await.expect("start redis-server")
     }
 
-    async fn spawn(&mut self) {
-        let child = Command::new("redis-server")
+    /// Starts a server in `dir` on a fresh port, trying another port after a clash.
+    async fn start_in(dir: PathBuf, args: Vec<String>) -> anyhow::Result<Self> {
+        let mut server = Self { port: 0, dir, args, child: None };
+        let mut clashes = Vec::new();
+        for _ in 0..REDIS_START_ATTEMPTS {
+            server.port = free_port();
+            match server.spawn().await {
+                Ok(()) => return Ok(server),
+                Err(clash) => clashes.push(format!("{clash:#}")),
+            }
+        }
+        bail!("redis-server did not start on a port of its own in {REDIS_START_ATTEMPTS} tries: {clashes:?}")
+    }
+
+    /// Starts a server without persistence on `port` exactly, once: fails when the port is taken or another
+    /// process answers there (what [`RedisServer::start`] retries on another port).
+    pub async fn start_on(port: u16) -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("batchd-it-redis-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).context("redis dir")?;
+        let args = ["--save", "", "--appendonly", "no"].map(str::to_owned).to_vec();
+        let mut server = Self { port, dir, args, child: None };
+        server.spawn().await?;
+        Ok(server)
+    }
+
+    /// Spawns redis-server on `self.port` and waits until it answers; fails (having killed what it spawned) when
+    /// the process exits first (the port was taken) or when the server answering on the port is another process.
+    async fn spawn(&mut self) -> anyhow::Result<()> {
+        let mut child = Command::new("redis-server")
             .arg("--port")
             .arg(self.port.to_string())
             .arg("--bind")
@@ -73,17 +128,17 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (make test installs it; or apt-get install redis-server)");
-        self.child = Some(child);
-        let client = redis::Client::open(self.url()).expect("url");
-        let started = Instant::now();
-        loop {
-            if let Ok(mut conn) = client.get_multiplexed_async_connection().await
-                && redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok()
-            {
-                return;
+        let answer = answered_by(&mut child, &self.url()).await;
+        match answer {
+            Ok(()) => {
+                self.child = Some(child);
+                Ok(())
             }
-            assert!(started.elapsed() < Duration::from_secs(10), "redis-server did not start");
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            Err(error) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(error)
+            }
         }
     }
 
@@ -100,10 +155,13 @@ impl RedisServer {
         }
     }
 
-    /// Starts it again on the same port and directory.
+    /// Starts it again on the same port and directory; panics if another process took the port meanwhile (the
+    /// test's clients would reach it, not this server's data).
     pub async fn restart(&mut self) {
         self.kill();
-        self.spawn().await;
+        if let Err(error) = self.spawn().await {
+            panic!("redis-server did not restart on port {}: {error:#}", self.port);
+        }
     }
 }
 
@@ -142,10 +200,45 @@ impl RedisServer {
     pub async fn start_copy(&self) -> anyhow::Result<RedisServer> {
         let dir = std::env::temp_dir().join(format!("batchd-it-redis-{}", uuid::Uuid::new_v4().simple()));
         copy_dir(&self.dir, &dir).with_context(|| format!("copy {}", self.dir.display()))?;
-        let mut server = Self { port: free_port(), dir, args: self.args.clone(), child: None };
-        server.spawn().await;
-        Ok(server)
+        Self::start_in(dir, self.args.clone()).await
     }
+}
+
+/// Waits until the redis-server `child` answers on `url` and is done loading; fails when it exits first, when
+/// another process answers there (`INFO server`'s `process_id` is not the child's), or after
+/// [`REDIS_START_TIMEOUT`].
+async fn answered_by(child: &mut Child, url: &str) -> anyhow::Result<()> {
+    let pid = child.id();
+    let client = redis::Client::open(url).context("redis url")?;
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().context("wait for redis-server")? {
+            bail!("redis-server (pid {pid}) exited with {status} before answering on {url}: the port is taken");
+        }
+        if let Ok(mut conn) = client.get_multiplexed_async_connection().await
+            && let Ok(info) = redis::cmd("INFO").arg("server").query_async::<String>(&mut conn).await
+        {
+            let answering = info_field(&info, "process_id");
+            if answering != Some(pid.to_string()) {
+                bail!(
+                    "{url} is answered by another redis-server (process_id {answering:?}), not the one spawned (pid {pid})"
+                );
+            }
+            // Ours: ready once it is done loading its AOF (PING answers LOADING until then).
+            if redis::cmd("PING").query_async::<String>(&mut conn).await.is_ok() {
+                return Ok(());
+            }
+        }
+        if started.elapsed() > REDIS_START_TIMEOUT {
+            bail!("redis-server (pid {pid}) did not answer on {url} within {REDIS_START_TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The value of `name` in an `INFO` reply (`name:value` lines).
+fn info_field(info: &str, name: &str) -> Option<String> {
+    info.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(':')).map(|value| value.trim().to_owned())
 }
 
 /// Copies a directory tree (a redis-server's working directory: files and `appendonlydir/`).
