@@ -216,6 +216,103 @@ async fn uploaded_and_result_files_expire_on_their_own() {
     daemon.stop().await.expect("stop");
 }
 
+/// Issue 37: a batch whose every request failed has an error file and no output file (OpenAI's docs: the output
+/// file holds the successful responses). The job completes, every item answered with its error, in order.
+#[tokio::test]
+async fn a_batch_whose_every_request_failed_has_no_output_file_and_answers_each_item() {
+    let world = openai_world(|_| {}).await;
+    let openai = world.emulator.openai();
+    openai.inject(OpenAiFault::fail_items([0, 1, 2]));
+    let daemon = world.daemon();
+    world
+        .enqueue(
+            &json!({"id": "all-failed", "model": "openai/gpt-4o-mini", "requests": [chat("a"), chat("b"), chat("c")]}),
+        )
+        .await;
+    let entry = world.wait_for_result("all-failed", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+    assert_eq!((entry.items_total, entry.items_failed), (3, 3));
+    for index in 0..3 {
+        assert_eq!(error(&entry, index)["http_status"], 500, "item {index}");
+    }
+    let batch = retrieve(&world, &entry.request_ids[0]).await;
+    assert!(batch["output_file_id"].is_null() && batch["error_file_id"].is_string(), "{batch}");
+    daemon.stop().await.expect("stop");
+}
+
+/// Issue 37: a results download that fails (a 500, then a reset) is retried from the batch, which is kept: one
+/// batch, one completed result.
+#[tokio::test]
+async fn a_failed_results_download_is_retried_from_the_batch() {
+    let world = openai_world(|_| {}).await;
+    let openai = world.emulator.openai();
+    openai.inject(OpenAiFault::status(500).on(OpenAiCallKind::FileContent));
+    openai.inject(OpenAiFault::reset().on(OpenAiCallKind::FileContent));
+    let daemon = world.daemon();
+    world
+        .enqueue(&json!({"id": "download-1", "model": "openai/gpt-4o-mini", "requests": [chat("a"), chat("b")]}))
+        .await;
+    let entry = world.wait_for_result("download-1", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+    assert_eq!(body(&entry, 1)["object"], "chat.completion");
+    let downloads: Vec<u16> =
+        openai.calls_of(OpenAiCallKind::FileContent).iter().map(|call| call.http_status).collect();
+    assert_eq!(downloads, [500, 0, 200], "a 500, a reset (no status), then the download");
+    assert_eq!(openai.batch_count(), 1);
+    daemon.stop().await.expect("stop");
+}
+
+/// Issue 37: the look after an uncertain create reads past the first page of `GET /v1/batches` (100 newest first)
+/// when more than 100 batches were created after the chunk's: the batch is found on the second page, not created
+/// again.
+#[tokio::test]
+async fn a_look_up_reads_past_the_first_page_of_batches() {
+    let world = openai_world(|settings| settings.retry.max_backoff_ms = 30_000).await;
+    let openai = world.emulator.openai();
+    // The chunk's create makes its batch and its reply is lost (a 500 asking to come back in 15 s): meanwhile
+    // another deployment on the account creates 120 batches.
+    openai.inject(OpenAiFault::status(500).retry_after(15).on(OpenAiCallKind::CreateBatch).after_handling());
+    let daemon = world.daemon();
+    world.enqueue(&json!({"id": "paged-1", "model": "openai/gpt-4o-mini", "requests": [chat("a")]})).await;
+    wait_until("the chunk's create was answered", WAIT, async || {
+        !openai.calls_of(OpenAiCallKind::CreateBatch).is_empty()
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let base = world.emulator.openai_base_url();
+    let key = openai.api_key();
+    let line = r#"{"custom_id":"x","method":"POST","url":"/v1/chat/completions","body":{"model":"gpt-4o-mini","messages":[]}}"#;
+    let boundary = "other-deployment";
+    let upload = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{boundary}\r\n\
+         Content-Disposition: form-data; name=\"file\"; filename=\"other.jsonl\"\r\n\r\n{line}\n\r\n--{boundary}--\r\n"
+    );
+    for _ in 0..120 {
+        let file: Value = client
+            .post(format!("{base}/files"))
+            .bearer_auth(&key)
+            .header("content-type", format!("multipart/form-data; boundary={boundary}"))
+            .body(upload.clone())
+            .send()
+            .await
+            .expect("upload")
+            .json()
+            .await
+            .expect("file");
+        let create =
+            json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"});
+        let reply =
+            client.post(format!("{base}/batches")).bearer_auth(&key).json(&create).send().await.expect("create");
+        assert!(reply.status().is_success(), "{}", reply.status());
+    }
+    assert!(openai.calls_of(OpenAiCallKind::ListBatches).is_empty(), "the 120 were created before the look");
+    let entry = world.wait_for_result("paged-1", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+    assert_eq!(openai.batch_count(), 121, "the chunk's batch was found, not created again");
+    assert_eq!(openai.calls_of(OpenAiCallKind::ListBatches).len(), 2, "one look of two pages");
+    daemon.stop().await.expect("stop");
+}
+
 #[tokio::test]
 async fn a_rate_limited_create_is_retried_without_a_second_batch() {
     let world = openai_world(|_| {}).await;
