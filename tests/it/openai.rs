@@ -290,7 +290,7 @@ async fn a_look_up_reads_past_the_first_page_of_batches() {
     for _ in 0..120 {
         let file: Value = client
             .post(format!("{base}/files"))
-            .bearer_auth(&key)
+            .bearer_auth(key)
             .header("content-type", format!("multipart/form-data; boundary={boundary}"))
             .body(upload.clone())
             .send()
@@ -301,8 +301,7 @@ async fn a_look_up_reads_past_the_first_page_of_batches() {
             .expect("file");
         let create =
             json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"});
-        let reply =
-            client.post(format!("{base}/batches")).bearer_auth(&key).json(&create).send().await.expect("create");
+        let reply = client.post(format!("{base}/batches")).bearer_auth(key).json(&create).send().await.expect("create");
         assert!(reply.status().is_success(), "{}", reply.status());
     }
     assert!(openai.calls_of(OpenAiCallKind::ListBatches).is_empty(), "the 120 were created before the look");
