@@ -33,6 +33,7 @@ mod failures;
 mod flow;
 mod hostile;
 mod journald;
+mod kill_create;
 mod liveness;
 mod memory;
 mod openai;
