@@ -34,6 +34,7 @@ mod flow;
 mod harness_checks;
 mod hostile;
 mod journald;
+mod kill_create;
 mod liveness;
 mod memory;
 mod openai;

@@ -22,6 +22,7 @@ mod config;
 mod control;
 mod events;
 mod fault;
+mod hold;
 mod hub;
 mod limits;
 mod listener;
@@ -438,8 +439,11 @@ impl EmulatorHandle {
         self.state.reset();
     }
 
-    /// Stops accepting connections and waits (at most a few seconds) for open ones to finish.
+    /// Lets held replies go, stops accepting connections and waits (at most a few seconds) for open ones to finish.
     pub async fn shutdown(mut self) {
+        // Held replies would keep their connections open through the whole grace period.
+        self.state.openai.holds.release();
+        self.state.anthropic.holds.release();
         if let Some(shutdown_tx) = self.shutdown_tx.take() {
             let _ = shutdown_tx.send(());
         }

@@ -243,11 +243,15 @@ pub(crate) async fn handle(
         }
         Some(AnthropicFaultKind::ResetAfter) => drop_connection(anthropic, record, &connection),
         fault => {
-            // Logged before any delay: a client that gives up meanwhile drops this future, and the call (with the
-            // batch a create made) must be on record.
+            // Logged before any delay or hold: a client that gives up (or is killed) meanwhile drops this future,
+            // and the call (with the batch a create made) must be on record.
             log_call(anthropic, record, outcome.as_ref().err());
-            if let Some(AnthropicFaultKind::Delay { millis }) = fault {
-                tokio::time::sleep(std::time::Duration::from_millis(millis)).await;
+            match fault {
+                Some(AnthropicFaultKind::Delay { millis }) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(millis)).await;
+                }
+                Some(AnthropicFaultKind::Hold) => anthropic.holds.hold().await,
+                _ => {}
             }
             match outcome {
                 Ok(reply) => reply.into_response().await,

@@ -13,7 +13,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{AnthropicCall, AnthropicConfig, AnthropicFault, ErrorShape};
-use crate::server::Shared;
+use crate::{
+    hold::{HeldView, Released},
+    server::Shared,
+};
 
 /// The control routes.
 pub(crate) fn routes() -> Router<Shared> {
@@ -24,6 +27,18 @@ pub(crate) fn routes() -> Router<Shared> {
         .route("/_emulator/anthropic/reset", post(reset))
         .route("/_emulator/anthropic/batches", get(list_batches))
         .route("/_emulator/anthropic/batches/{id}/finish", post(finish_items))
+        .route("/_emulator/anthropic/held", get(held))
+        .route("/_emulator/anthropic/held/release", post(release_held))
+}
+
+/// `GET /_emulator/anthropic/held`: how many replies a `hold` fault keeps open now, and ever did.
+async fn held(AxumState(state): AxumState<Shared>) -> Json<HeldView> {
+    Json(state.anthropic.holds.view())
+}
+
+/// `POST /_emulator/anthropic/held/release`: lets every held reply go.
+async fn release_held(AxumState(state): AxumState<Shared>) -> Json<Released> {
+    Json(Released { released: state.anthropic.holds.release() })
 }
 
 /// `POST /_emulator/anthropic/faults`: one fault or a list.

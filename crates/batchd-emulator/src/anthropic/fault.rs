@@ -3,8 +3,9 @@
 //! The JSON form (`POST /_emulator/anthropic/faults`) and the Rust form are one type:
 //! `{"kind":"status","status":429,"retry_after_secs":2,"calls":"create","times":1}` is
 //! `AnthropicFault::status(429).retry_after(2).on(AnthropicCalls::Create)`. A fault hits before the call is
-//! handled (`status`, `reset`: no batch is created) or after (`delay`, `status_after`, `reset_after`: the call
-//! takes effect and only its reply is late or lost, the "uncertain create" a client resolves by listing).
+//! handled (`status`, `reset`: no batch is created) or after (`delay`, `hold`, `status_after`, `reset_after`: the
+//! call takes effect and only its reply is late, held or lost, the "uncertain create" a client resolves by
+//! listing).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -52,6 +53,10 @@ pub enum AnthropicFaultKind {
         /// The delay in milliseconds.
         millis: u64,
     },
+    /// Handle the call (a create's batch IS created, the call is logged), then hold its reply until the test
+    /// releases it (`AnthropicControl::release_held`), the client goes away or the emulator stops: the moment a
+    /// test kills the client at, learnt from `AnthropicControl::wait_until_held`.
+    Hold,
     /// Handle the call (a create's batch IS created), then answer this status and its error envelope instead.
     StatusAfter {
         /// HTTP status of the reply.
@@ -84,6 +89,7 @@ impl AnthropicFaultKind {
             AnthropicFaultKind::Status { .. } => "status",
             AnthropicFaultKind::Reset => "reset",
             AnthropicFaultKind::Delay { .. } => "delay",
+            AnthropicFaultKind::Hold => "hold",
             AnthropicFaultKind::StatusAfter { .. } => "status_after",
             AnthropicFaultKind::ResetAfter => "reset_after",
             AnthropicFaultKind::ErrorItems { .. } => "error_items",
@@ -146,6 +152,11 @@ impl AnthropicFault {
     /// Handle the call, reply after `delay`.
     pub fn delay(delay: Duration) -> Self {
         Self::new(AnthropicFaultKind::Delay { millis: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX) })
+    }
+
+    /// Handle the call, then hold its reply until released: see [`AnthropicFaultKind::Hold`].
+    pub fn hold() -> Self {
+        Self::new(AnthropicFaultKind::Hold)
     }
 
     /// Handle the call, then answer `status` instead of its reply.
@@ -263,7 +274,7 @@ pub struct AnthropicCall {
     pub param_names: Vec<String>,
     /// The `error.type` of an error reply.
     pub error_type: Option<String>,
-    /// The injected fault that shaped the call (`status`, `reset`, `delay`, `status_after`, `reset_after`).
+    /// The injected fault that shaped the call (`status`, `reset`, `delay`, `hold`, `status_after`, `reset_after`).
     pub fault: Option<String>,
     /// When the call arrived, in Unix milliseconds.
     pub at_ms: u64,
@@ -337,6 +348,8 @@ mod tests {
         assert_eq!(parsed, AnthropicFault::status(429).retry_after(2).on(AnthropicCalls::Create).times(3));
         let parsed: AnthropicFault = serde_json::from_str(r#"{"kind":"reset_after"}"#).expect("parse fault");
         assert_eq!(parsed, AnthropicFault::reset_after());
+        let parsed: AnthropicFault = serde_json::from_str(r#"{"kind":"hold","calls":"create"}"#).expect("parse fault");
+        assert_eq!(parsed, AnthropicFault::hold().on(AnthropicCalls::Create));
         let parsed: AnthropicFault =
             serde_json::from_str(r#"{"kind":"status_after","status":500,"calls":"create"}"#).expect("parse fault");
         assert_eq!(parsed, AnthropicFault::status_after(500).on(AnthropicCalls::Create));

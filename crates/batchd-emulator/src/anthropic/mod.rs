@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::fault::{AnthropicCall, AnthropicCallKind, AnthropicCalls, AnthropicFault, AnthropicFaultKind};
 use self::{batches::Batches, fault::CallLog};
-use crate::server::Shared;
+use crate::{hold::Holds, server::Shared};
 
 /// Prefix of every emulated Anthropic path: a client's base URL is `http://ADDR` followed by it.
 pub(crate) const PATH_PREFIX: &str = "/anthropic";
@@ -101,6 +101,8 @@ pub enum ErrorShape {
 /// Everything the Anthropic emulator keeps, behind one mutex: settings, batches, faults and the call log.
 #[derive(Debug)]
 pub(crate) struct Anthropic {
+    /// The replies a `hold` fault keeps open, and their release.
+    pub(crate) holds: Holds,
     /// The mutable parts.
     inner: Mutex<Inner>,
 }
@@ -120,6 +122,7 @@ struct Inner {
 impl Anthropic {
     pub(crate) fn new(config: AnthropicConfig) -> Self {
         Self {
+            holds: Holds::default(),
             inner: Mutex::new(Inner {
                 config,
                 batches: Batches::default(),
@@ -277,6 +280,23 @@ impl AnthropicControl {
     /// Clears the pending faults and the call log; batches and settings stay.
     pub fn reset(&self) {
         self.anthropic().reset();
+    }
+
+    /// How many replies an [`AnthropicFault::hold`] keeps open now.
+    pub fn held_replies(&self) -> usize {
+        self.anthropic().holds.n_held()
+    }
+
+    /// Waits until at least `n` replies are held at once, at most `timeout`; answers whether they were. With
+    /// `AnthropicFault::hold().on(AnthropicCalls::Create)`, once it answers `true` the batch exists and its creator
+    /// has not been told its id: the moment to kill the creator at.
+    pub async fn wait_until_held(&self, n: usize, timeout: Duration) -> bool {
+        self.anthropic().holds.wait_held(n, timeout).await
+    }
+
+    /// Lets every held reply go (to a client still there); answers how many were held.
+    pub fn release_held(&self) -> usize {
+        self.anthropic().holds.release()
     }
 }
 

@@ -18,6 +18,7 @@ use super::{
     faults::{OpenAiCallRecord, OpenAiFault},
     millis,
 };
+use crate::hold::{HeldView, Released};
 
 /// The control routes.
 pub(crate) fn routes() -> Router<Arc<OpenAi>> {
@@ -27,6 +28,8 @@ pub(crate) fn routes() -> Router<Arc<OpenAi>> {
         .route("/_emulator/openai/config", get(get_config).post(set_config))
         .route("/_emulator/openai/reset", post(reset))
         .route("/_emulator/openai/batches", get(list_batches))
+        .route("/_emulator/openai/held", get(held))
+        .route("/_emulator/openai/held/release", post(release_held))
 }
 
 /// `POST /_emulator/openai/faults`: one fault or a list.
@@ -57,6 +60,16 @@ async fn list_faults(State(api): State<Arc<OpenAi>>) -> Json<Vec<OpenAiFault>> {
 
 async fn list_calls(State(api): State<Arc<OpenAi>>) -> Json<Vec<OpenAiCallRecord>> {
     Json(api.calls())
+}
+
+/// `GET /_emulator/openai/held`: how many replies a `hold` fault keeps open now, and ever did.
+async fn held(State(api): State<Arc<OpenAi>>) -> Json<HeldView> {
+    Json(api.holds.view())
+}
+
+/// `POST /_emulator/openai/held/release`: lets every held reply go.
+async fn release_held(State(api): State<Arc<OpenAi>>) -> Json<Released> {
+    Json(Released { released: api.holds.release() })
 }
 
 async fn reset(State(api): State<Arc<OpenAi>>) -> StatusCode {

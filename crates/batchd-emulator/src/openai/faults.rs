@@ -83,6 +83,11 @@ pub enum OpenAiFaultKind {
         /// The delay in milliseconds.
         millis: u64,
     },
+    /// Call-level: hold the call open until the test releases it (`OpenAiHandle::release_held`), the client goes
+    /// away or the emulator stops. With `after_handling`, the call is handled and logged first and only its reply
+    /// waits: a create's batch exists while the client still waits for its id, the moment a test kills the client
+    /// at (it learns of the hold from `OpenAiHandle::wait_until_held`).
+    Hold,
     /// Batch-level: the next batch fails validation with `token_limit_exceeded` (the enqueued-token limit), as
     /// observed in practice: the create succeeds, the batch then turns `failed`.
     TokenLimitExceeded,
@@ -107,6 +112,7 @@ impl OpenAiFaultKind {
             OpenAiFaultKind::Status { .. } => "status",
             OpenAiFaultKind::Reset => "reset",
             OpenAiFaultKind::Delay { .. } => "delay",
+            OpenAiFaultKind::Hold => "hold",
             OpenAiFaultKind::TokenLimitExceeded => "token_limit_exceeded",
             OpenAiFaultKind::FailItems { .. } => "fail_items",
             OpenAiFaultKind::Stall { .. } => "stall",
@@ -141,6 +147,12 @@ impl OpenAiFault {
     /// Reply normally after `delay`.
     pub fn delay(delay: Duration) -> Self {
         Self::new(OpenAiFaultKind::Delay { millis: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX) })
+    }
+
+    /// Hold the call open until released: see [`OpenAiFaultKind::Hold`]. `OpenAiFault::hold().on(CreateBatch)
+    /// .after_handling()` makes the batch, logs the call, and holds only the reply.
+    pub fn hold() -> Self {
+        Self::new(OpenAiFaultKind::Hold)
     }
 
     /// The next batch fails validation with `token_limit_exceeded`.
@@ -252,6 +264,10 @@ mod tests {
         assert_eq!(parsed, OpenAiFault::reset().on(OpenAiCallKind::CreateBatch).after_handling());
         let parsed: OpenAiFault = serde_json::from_str(r#"{"kind":"stall","after_items":2}"#).expect("parse");
         assert_eq!(parsed, OpenAiFault::stall(2));
+        let json = r#"{"kind":"hold","calls":"create_batch","after_handling":true}"#;
+        let parsed: OpenAiFault = serde_json::from_str(json).expect("parse fault");
+        assert_eq!(parsed, OpenAiFault::hold().on(OpenAiCallKind::CreateBatch).after_handling());
+        assert!(!parsed.kind.is_batch_level());
     }
 
     #[test]

@@ -195,6 +195,7 @@ impl Call {
     pub async fn admit(mut self, api: &OpenAi, connection: &Connection, headers: &HeaderMap) -> Result<Self, Response> {
         match self.take_fault(api, false) {
             Some(Action::Delay(delay)) => tokio::time::sleep(delay).await,
+            Some(Action::Hold) => api.holds.hold().await,
             Some(Action::Replace(replaced)) => return Err(self.replace(api, connection, replaced)),
             None => {}
         }
@@ -209,8 +210,9 @@ impl Call {
         Err(self.end(api, Err(OpenAiError::for_status(401, Some(message.to_owned()), None))))
     }
 
-    /// Ends a handled call: applies a fault that hits it after handling, logs it, and builds the reply. A delayed
-    /// reply is logged before the wait: if the client gives up meanwhile, what the call did is still on record.
+    /// Ends a handled call: applies a fault that hits it after handling, logs it, and builds the reply. A delayed or
+    /// held reply is logged before the wait: if the client gives up (or is killed) meanwhile, what the call did is
+    /// still on record.
     pub async fn finish(
         mut self,
         api: &OpenAi,
@@ -221,6 +223,11 @@ impl Call {
             Some(Action::Delay(delay)) => {
                 let response = self.end(api, outcome);
                 tokio::time::sleep(delay).await;
+                response
+            }
+            Some(Action::Hold) => {
+                let response = self.end(api, outcome);
+                api.holds.hold().await;
                 response
             }
             Some(Action::Replace(replaced)) => self.replace(api, connection, replaced),
@@ -272,6 +279,7 @@ impl Call {
         self.add_fault(fault.name());
         match fault {
             OpenAiFaultKind::Delay { millis } => Some(Action::Delay(Duration::from_millis(millis))),
+            OpenAiFaultKind::Hold => Some(Action::Hold),
             OpenAiFaultKind::Reset => Some(Action::Replace(Replaced::Reset)),
             OpenAiFaultKind::Status { status, message, code, retry_after_secs } => {
                 let error = OpenAiError { retry_after_secs, ..OpenAiError::for_status(status, message, code) };
@@ -304,6 +312,8 @@ impl Call {
 enum Action {
     /// The reply waits this long.
     Delay(Duration),
+    /// The call waits until the test releases it (see [`crate::hold`]).
+    Hold,
     /// The reply is replaced.
     Replace(Replaced),
 }

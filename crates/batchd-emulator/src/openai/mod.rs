@@ -186,6 +186,23 @@ impl OpenAiHandle {
         self.api.batches()
     }
 
+    /// How many replies (or calls) a [`OpenAiFault::hold`] keeps open now.
+    pub fn held_replies(&self) -> usize {
+        self.api.holds.n_held()
+    }
+
+    /// Waits until at least `n` replies are held at once, at most `timeout`; answers whether they were. With
+    /// `OpenAiFault::hold().on(OpenAiCallKind::CreateBatch).after_handling()`, once it answers `true` the batch
+    /// exists and its creator has not been told: the moment to kill the creator at.
+    pub async fn wait_until_held(&self, n: usize, timeout: Duration) -> bool {
+        self.api.holds.wait_held(n, timeout).await
+    }
+
+    /// Lets every held reply go (to a client still there); answers how many were held.
+    pub fn release_held(&self) -> usize {
+        self.api.holds.release()
+    }
+
     /// Ids of the files stored now (uploads and results not deleted), sorted.
     pub fn file_ids(&self) -> Vec<String> {
         self.api.file_ids()

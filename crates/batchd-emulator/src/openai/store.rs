@@ -22,6 +22,7 @@ use super::{
     results::{LineContext, Outcome, judge, not_run_line, ran_line},
     validation::{BatchError, InputCaps, validate},
 };
+use crate::hold::Holds;
 
 /// Salt of the generator behind ids and shuffles, so it differs from the Cloudflare emulator's for one seed.
 const OPENAI_SEED_SALT: u64 = 0x6f70_656e_6169;
@@ -62,6 +63,8 @@ pub(crate) struct OpenAi {
     pub api_key: String,
     /// Turns instants into Unix times.
     clock: UnixClock,
+    /// The calls and replies a `hold` fault keeps open, and their release.
+    pub holds: Holds,
     /// Everything that changes.
     inner: Mutex<Inner>,
 }
@@ -130,6 +133,7 @@ impl OpenAi {
         Self {
             api_key: config.api_key.clone(),
             clock,
+            holds: Holds::default(),
             inner: Mutex::new(Inner {
                 clock,
                 timing: config.timing,
@@ -371,7 +375,10 @@ impl OpenAi {
                 OpenAiFaultKind::TokenLimitExceeded => batch.refuse_tokens = true,
                 OpenAiFaultKind::FailItems { indices } => batch.fail_lines.extend(indices.iter().copied()),
                 OpenAiFaultKind::Stall { after_items } => batch.stall_after = Some(*after_items),
-                OpenAiFaultKind::Status { .. } | OpenAiFaultKind::Reset | OpenAiFaultKind::Delay { .. } => {}
+                OpenAiFaultKind::Status { .. }
+                | OpenAiFaultKind::Reset
+                | OpenAiFaultKind::Delay { .. }
+                | OpenAiFaultKind::Hold => {}
             }
         }
         inner.batch_faults.retain(|fault| fault.times > 0);

@@ -14,7 +14,7 @@ use reqwest::{Method, StatusCode, header::HeaderMap};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::{FOREVER, start, wait_until};
+use crate::{DEADLINE, FOREVER, start, wait_until};
 
 /// An emulator with these Anthropic settings (everything else default).
 async fn start_with(anthropic: AnthropicConfig) -> EmulatorHandle {
@@ -504,6 +504,49 @@ async fn an_uncertain_create_has_made_its_batch_and_listing_finds_it() {
     let counts: Vec<u64> =
         data.iter().map(|batch| batch["request_counts"]["processing"].as_u64().expect("count")).collect();
     assert_eq!(counts, [4, 2, 3]);
+}
+
+#[tokio::test]
+async fn a_held_create_has_made_its_batch_and_replies_only_once_released() {
+    let emulator = start_paused().await;
+    let anthropic = emulator.anthropic();
+    let client = Client::of(&anthropic);
+    let control = format!("http://{}/_emulator/anthropic", emulator.addr());
+    let http = reqwest::Client::new();
+    let spawn_create = |n: usize| {
+        let client = Client::of(&anthropic);
+        tokio::spawn(async move { client.create(items(n)).await })
+    };
+
+    anthropic.inject(AnthropicFault::hold().on(AnthropicCalls::Create));
+    let create = spawn_create(3);
+    assert!(anthropic.wait_until_held(1, DEADLINE).await, "the create is held");
+    // The batch exists and the call is on record while its client still waits for the reply.
+    assert_eq!((anthropic.batch_count(), anthropic.held_replies()), (1, 1));
+    let logged = anthropic.calls_of(AnthropicCallKind::Create);
+    assert_eq!(logged.len(), 1);
+    assert_eq!((logged[0].status, logged[0].fault.as_deref(), logged[0].n_requests), (200, Some("hold"), Some(3)));
+    let listed = client.list("").await;
+    assert_eq!(listed.body["data"][0]["id"].as_str(), logged[0].batch_id.as_deref(), "other calls are not held");
+    assert!(!create.is_finished(), "no reply yet");
+    let view: Value = http.get(format!("{control}/held")).send().await.expect("held").json().await.expect("json");
+    assert_eq!(view, json!({ "held": 1, "ever_held": 1 }));
+    let released: Value =
+        http.post(format!("{control}/held/release")).send().await.expect("release").json().await.expect("json");
+    assert_eq!(released, json!({ "released": 1 }));
+    let reply = create.await.expect("joined");
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text);
+    assert_eq!(reply.body["id"].as_str(), logged[0].batch_id.as_deref(), "the reply names the logged batch");
+    assert_eq!(anthropic.held_replies(), 0);
+
+    // A client that goes away while its reply is held: the server drops the call, which is held no longer.
+    anthropic.inject(AnthropicFault::hold().on(AnthropicCalls::Create));
+    let create = spawn_create(2);
+    assert!(anthropic.wait_until_held(1, DEADLINE).await, "the create is held");
+    create.abort();
+    wait_until("the dropped client's call to end", async || anthropic.held_replies() == 0).await;
+    assert_eq!(anthropic.batch_count(), 2, "its batch stays");
+    assert_eq!(anthropic.release_held(), 0, "nothing left to release");
 }
 
 #[tokio::test]

@@ -16,7 +16,7 @@ use reqwest::{
 };
 use serde_json::{Value, json};
 
-use crate::{FOREVER, Reply, start, wait_until};
+use crate::{DEADLINE, FOREVER, Reply, start, wait_until};
 
 const CHAT: &str = "/v1/chat/completions";
 const EMBEDDINGS: &str = "/v1/embeddings";
@@ -542,6 +542,61 @@ async fn an_uncertain_create_leaves_a_batch_that_listing_by_metadata_finds() {
     assert_eq!(logged.len(), 3);
     assert_eq!((logged[2].http_status, logged[2].fault.as_deref()), (200, Some("delay")));
     assert!(logged[2].batch_id.is_some());
+}
+
+#[tokio::test]
+async fn a_held_create_has_made_its_batch_and_replies_only_once_released() {
+    let emulator = start_with(held()).await;
+    let client = Client::of(&emulator);
+    let openai = emulator.openai();
+    let control = format!("http://{}/_emulator/openai", emulator.addr());
+    let http = reqwest::Client::new();
+    let file_id = client.upload(&jsonl(CHAT, 1)).await;
+    let body = json!({ "input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h" });
+    let spawn_create = || {
+        let (client, body) = (Client::of(&emulator), body.clone());
+        tokio::spawn(async move { client.try_create(&body).await })
+    };
+
+    // After handling: the batch exists and the call is on record while its client still waits for the reply.
+    openai.inject(OpenAiFault::hold().on(OpenAiCallKind::CreateBatch).after_handling());
+    let create = spawn_create();
+    assert!(openai.wait_until_held(1, DEADLINE).await, "the create is held");
+    assert_eq!((openai.batch_count(), openai.held_replies()), (1, 1));
+    let logged = openai.calls_of(OpenAiCallKind::CreateBatch);
+    assert_eq!((logged.len(), logged[0].http_status, logged[0].fault.as_deref()), (1, 200, Some("hold")));
+    let listed = client.get("/batches").await;
+    assert_eq!(listed.body["data"][0]["id"].as_str(), logged[0].batch_id.as_deref(), "other calls are not held");
+    assert!(!create.is_finished(), "no reply yet");
+    let view: Value = http.get(format!("{control}/held")).send().await.expect("held").json().await.expect("json");
+    assert_eq!(view, json!({ "held": 1, "ever_held": 1 }));
+    assert_eq!(openai.release_held(), 1);
+    let reply = create.await.expect("joined").expect("a reply");
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    assert_eq!(reply.body["id"].as_str(), logged[0].batch_id.as_deref(), "the reply names the logged batch");
+    assert_eq!(openai.held_replies(), 0);
+
+    // Before handling: nothing happens until the release, then the call goes on (released over HTTP).
+    openai.inject(OpenAiFault::hold().on(OpenAiCallKind::CreateBatch));
+    let create = spawn_create();
+    assert!(openai.wait_until_held(1, DEADLINE).await, "the create is held");
+    assert_eq!((openai.batch_count(), openai.calls_of(OpenAiCallKind::CreateBatch).len()), (1, 1), "not handled");
+    let released: Value =
+        http.post(format!("{control}/held/release")).send().await.expect("release").json().await.expect("json");
+    assert_eq!(released, json!({ "released": 1 }));
+    let reply = create.await.expect("joined").expect("a reply");
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    assert_eq!(openai.batch_count(), 2);
+
+    // A client that goes away while its reply is held: the server drops the call, which is held no longer.
+    openai.inject(OpenAiFault::hold().on(OpenAiCallKind::CreateBatch).after_handling());
+    let create = spawn_create();
+    assert!(openai.wait_until_held(1, DEADLINE).await, "the create is held");
+    create.abort();
+    wait_until("the dropped client's call to end", async || openai.held_replies() == 0).await;
+    assert_eq!(openai.batch_count(), 3, "its batch stays");
+    let view: Value = http.get(format!("{control}/held")).send().await.expect("held").json().await.expect("json");
+    assert_eq!(view, json!({ "held": 0, "ever_held": 3 }));
 }
 
 #[tokio::test]
