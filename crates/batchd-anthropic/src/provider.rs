@@ -270,10 +270,7 @@ impl Provider for AnthropicProvider {
                         Ok(Look::Found { id, status }) => return found(&id, &status, &mark),
                         Ok(Look::Wait(n)) => return Err(awaiting(n)),
                         Ok(Look::Nothing) => mark.again(now_ms()),
-                        Err(mut error) => {
-                            error.maybe_delivered = true;
-                            return Err(error);
-                        }
+                        Err(error) => return Err(error.into_failed_look()),
                     }
                 }
                 Some(earlier) => {

@@ -332,7 +332,7 @@ impl Provider for OpenAiProvider {
                 && let Some(found) = self
                     .find_created(batch.tag.namespace, batch.tag.job_id, batch.tag.chunk, resume, usable)
                     .await
-                    .map_err(|error| ApiError { maybe_delivered: true, ..error })?
+                    .map_err(ApiError::into_failed_look)?
             {
                 tracing::info!(
                     job_id = %batch.tag.job_id,
