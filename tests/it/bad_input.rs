@@ -64,7 +64,7 @@ async fn each_bad_job_gets_a_failed_result_that_names_the_problem() {
         )
         .await
         .1,
-        "invalid `job`: unknown field \"modle\"; the fields of a v1 job are id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, endpoint"
+        "invalid `job`: unknown field \"modle\"; the fields of a v1 job are id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, endpoint, pack"
     );
     assert_eq!(
         rejected(&world, &[("payload", "{}".into())], None).await,

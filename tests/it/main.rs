@@ -39,6 +39,7 @@ mod liveness;
 mod memory;
 mod openai;
 mod ops;
+mod packing;
 mod producer;
 mod provider_seam;
 mod recovery;

@@ -64,6 +64,7 @@ fn intake<'a>(entry_id: &'a str, plan: &'a batchd_queue::store::ChunkPlan) -> In
         retry_failed_items: false,
         submit_first: true,
         references: &[],
+        pack: None,
     }
 }
 

@@ -238,6 +238,7 @@ async fn accepted(store: &Store, keys: &Keys, id: &str, plan: &[(usize, usize)])
         retry_failed_items: false,
         submit_first: true,
         references: &[],
+        pack: None,
     };
     assert_eq!(store.accept(&job, &intake).await.expect("accept"), batchd_queue::Accepted::New);
     (job, now)

@@ -51,7 +51,16 @@ impl JobId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// Whether this is a pack's id ([`PACK_PREFIX`]): a remote batch batchd filled from many jobs, with a ledger of
+    /// its own and no result entry. Producers cannot use such ids (the job decoder refuses them).
+    pub fn is_pack(&self) -> bool {
+        self.0.starts_with(PACK_PREFIX)
+    }
 }
+
+/// What a pack's id starts with ([`JobId::is_pack`]).
+pub const PACK_PREFIX: &str = "pack:";
 
 fn is_job_id_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')

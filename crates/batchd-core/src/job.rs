@@ -23,8 +23,8 @@ use crate::keys::Keys;
 pub const JOB_FIELD: &str = "job";
 
 /// The fields a v1 job may have; anything else is refused, so a typo cannot be silently ignored.
-const KNOWN_FIELDS: [&str; 8] =
-    ["id", "model", "requests", "reply_to", "metadata", "deadline_secs", "retry_failed_items", "endpoint"];
+const KNOWN_FIELDS: [&str; 9] =
+    ["id", "model", "requests", "reply_to", "metadata", "deadline_secs", "retry_failed_items", "endpoint", "pack"];
 
 /// Longest accepted `endpoint`, in bytes.
 pub const MAX_ENDPOINT_LEN: usize = 64;
@@ -77,6 +77,10 @@ pub struct Job<R = Box<RawValue>> {
     /// than one (OpenAI; default `/v1/chat/completions`); a path of `[a-z0-9/._-]` starting with `/`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
+    /// `false`: this job gets remote batches of its own, never shared with other jobs (absent: packed when
+    /// `packing.enabled`, see docs/wire-format.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pack: Option<bool>,
     /// Where each request item sits in the decoded text: byte offsets `(start, end)` into the entry's `job`
     /// field, so storage can copy a run of items from the entry inside Redis instead of sending them back.
     #[serde(skip)]
@@ -173,10 +177,20 @@ impl<'a> Job<&'a RawValue> {
 
     /// A copy of the job that owns its items.
     pub fn into_owned(self) -> Job {
-        let Job { id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, endpoint, item_spans } =
-            self;
+        let Job {
+            id,
+            model,
+            requests,
+            reply_to,
+            metadata,
+            deadline_secs,
+            retry_failed_items,
+            endpoint,
+            pack,
+            item_spans,
+        } = self;
         let requests = requests.into_iter().map(RawValue::to_owned).collect();
-        Job { id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, endpoint, item_spans }
+        Job { id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, endpoint, pack, item_spans }
     }
 
     fn decode_text(text: &'a str, default_id: &str, limits: &JobLimits, keys: &Keys) -> Result<Self, DecodeError> {
@@ -200,6 +214,10 @@ impl<'a> Job<&'a RawValue> {
             None | Some("null") => (fallback_id, None),
             Some(raw) => match serde_json::from_str::<String>(raw) {
                 Ok(text) => match JobId::parse(&text) {
+                    Ok(id) if id.is_pack() => (
+                        fallback_id,
+                        Some(format!("starts with {:?}, which batchd keeps for its packs", crate::ids::PACK_PREFIX)),
+                    ),
                     Ok(id) => (id, None),
                     Err(e) => (fallback_id, Some(e.to_string())),
                 },
@@ -329,7 +347,26 @@ impl<'a> Job<&'a RawValue> {
             }
         };
 
-        Ok(Job { id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, endpoint, item_spans })
+        let pack = match members.optional("pack") {
+            None => None,
+            Some(raw) => Some(
+                serde_json::from_str::<bool>(raw.get())
+                    .map_err(|_| invalid("pack", format!("must be true or false, got {}", json_kind(raw.get()))))?,
+            ),
+        };
+
+        Ok(Job {
+            id,
+            model,
+            requests,
+            reply_to,
+            metadata,
+            deadline_secs,
+            retry_failed_items,
+            endpoint,
+            pack,
+            item_spans,
+        })
     }
 }
 
@@ -605,7 +642,7 @@ mod tests {
         );
         assert_eq!(
             error(r#"{"model":"@cf/a/b","requests":[{}],"modle":1}"#),
-            "invalid `job`: unknown field \"modle\"; the fields of a v1 job are id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, endpoint"
+            "invalid `job`: unknown field \"modle\"; the fields of a v1 job are id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, endpoint, pack"
         );
         assert_eq!(
             error(r#"{"model":"openai/m","requests":[{}],"endpoint":"v1/../x?"}"#),
@@ -701,7 +738,7 @@ mod tests {
     fn the_first_unknown_field_in_sorted_order_is_named() {
         assert_eq!(
             error(r#"{"zz":1,"model":"@cf/a/b","requests":[{}],"b":2,"\u0061":3}"#),
-            "invalid `job`: unknown field \"a\"; the fields of a v1 job are id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, endpoint"
+            "invalid `job`: unknown field \"a\"; the fields of a v1 job are id, model, requests, reply_to, metadata, deadline_secs, retry_failed_items, endpoint, pack"
         );
         // An escaped name of a real field is that field.
         assert!(decode(r#"{"\u006dodel":"@cf/a/b","requests":[{}]}"#).is_ok());
@@ -717,7 +754,7 @@ mod tests {
             message,
             format!(
                 "invalid `job`: unknown field \"{}\"… (1048576 bytes); the fields of a v1 job are id, model, requests, \
-                 reply_to, metadata, deadline_secs, retry_failed_items, endpoint",
+                 reply_to, metadata, deadline_secs, retry_failed_items, endpoint, pack",
                 "n".repeat(MAX_QUOTED_CHARS)
             )
         );

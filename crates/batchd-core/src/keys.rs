@@ -64,6 +64,40 @@ impl Keys {
         format!("{}:schedule", self.prefix)
     }
 
+    /// ZSET of packs waiting for their next step, like [`Keys::schedule`] but read only by releases that know
+    /// packs (a replica of an earlier release never takes pack work it cannot read). Member `<pack id>#<chunk>`.
+    pub fn packs(&self) -> String {
+        format!("{}:packs", self.prefix)
+    }
+
+    /// The schedule a job's chunks are in: [`Keys::packs`] for a pack, [`Keys::schedule`] otherwise.
+    pub fn schedule_of(&self, job_id: &JobId) -> String {
+        if job_id.is_pack() { self.packs() } else { self.schedule() }
+    }
+
+    /// ZSET of the chunks waiting to be packed under one packing key (`<model>|<endpoint>`), member
+    /// `<job_id>#<chunk>`, score = arrival (Unix ms, Redis's clock): packs fill in arrival order.
+    pub fn pack_queue(&self, pack_key: &str) -> String {
+        format!("{}:packq:{pack_key}", self.prefix)
+    }
+
+    /// ZSET of the packing keys with chunks waiting, score = when their next pack is due (the oldest arrival plus
+    /// `packing.window_ms`, sooner when arrivals pause or a pack is full).
+    pub fn packers(&self) -> String {
+        format!("{}:packers", self.prefix)
+    }
+
+    /// HASH of each packing key's open pack (field: the packing key, value: the pack's id), the one its packer
+    /// fills until the pack is sent or full.
+    pub fn open_packs(&self) -> String {
+        format!("{}:packopen", self.prefix)
+    }
+
+    /// LIST of a pack's members in item order, each `<n_items>:<job_id>#<chunk>`. Expires with the pack's ledger.
+    pub fn pack_members(&self, pack_id: &JobId) -> String {
+        format!("{}:packm:{pack_id}", self.prefix)
+    }
+
     /// ZSET of the chunks whose remote batch is unfinished (submitted, not yet done or failed), member
     /// `<job_id>#<chunk>`, score = when the batch was submitted (Unix ms, Redis's clock). Added by the transition
     /// that records a submit, removed by the one that stores the chunk's output or failure; the sampler reads its

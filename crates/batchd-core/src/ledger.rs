@@ -169,10 +169,19 @@ pub mod field {
     /// When the daemon first acted on the job's cancellation, Unix ms (Redis's clock), written once under a claim
     /// of one of its chunks: the cancel wait (`workers.cancel_wait_secs`) counts from it.
     pub const CANCEL_SEEN_AT: &str = "cancel_seen_at";
+    /// A pack's number of members (present only in a pack's ledger: a remote batch batchd filled from many jobs'
+    /// chunks, see `batchd_core::ids::JobId::is_pack`); its members are listed in order in `Keys::pack_members`.
+    pub const PACK_MEMBERS: &str = "pack_members";
+    /// A pack's request bytes so far (the sum of its members' items), checked against the provider's limit.
+    pub const PACK_BYTES: &str = "pack_bytes";
+    /// A pack's packing key (`Keys::pack_queue`'s suffix: the provider, model and endpoint its members share).
+    pub const PACK_KEY: &str = "pack_key";
+    /// How many of a pack's members have been handed their results (the delivery's resume point).
+    pub const PACK_DELIVERED: &str = "pack_delivered";
 
     /// Every job-level field name, as `(constant name, field name)`: what the storage scripts' prelude is
     /// generated from.
-    pub const JOB_FIELDS: [(&str, &str); 22] = [
+    pub const JOB_FIELDS: [(&str, &str); 26] = [
         ("STATE", STATE),
         ("METADATA", METADATA),
         ("RETRY_FAILED_ITEMS", RETRY_FAILED_ITEMS),
@@ -195,6 +204,10 @@ pub mod field {
         ("ENDPOINT", ENDPOINT),
         ("N_REFERENCES", N_REFERENCES),
         ("CANCEL_SEEN_AT", CANCEL_SEEN_AT),
+        ("PACK_MEMBERS", PACK_MEMBERS),
+        ("PACK_BYTES", PACK_BYTES),
+        ("PACK_KEY", PACK_KEY),
+        ("PACK_DELIVERED", PACK_DELIVERED),
     ];
 
     /// What a per-chunk field name starts with, before the chunk index.
@@ -253,10 +266,17 @@ pub mod field {
     /// it cannot check yet and waits for it to end (Anthropic shows a batch's custom ids only once it has ended).
     /// While it equals `attempts`, the chunk's next submit resumes the look without counting a possible duplicate.
     pub const CHUNK_LOOKED: &str = "looked";
+    /// Per-chunk: a chunk packed with other jobs' chunks into one remote batch: [`PACK_QUEUED`] while it waits in
+    /// its packing queue, then the id of the pack that carries it. Such a chunk stays `pending` (scheduled only at
+    /// its job's deadline) until the pack hands it its results.
+    pub const CHUNK_PACK: &str = "pack";
+
+    /// [`CHUNK_PACK`]'s value while the chunk waits in its packing queue for a pack.
+    pub const PACK_QUEUED: &str = "queued";
 
     /// Every per-chunk name (the part after `c<index>:`), as `(constant name without `CHUNK_`, name)`: what the
     /// storage scripts' prelude is generated from.
-    pub const CHUNK_FIELDS: [(&str, &str); 18] = [
+    pub const CHUNK_FIELDS: [(&str, &str); 19] = [
         ("STATE", CHUNK_STATE),
         ("REQUEST_ID", CHUNK_REQUEST_ID),
         ("ATTEMPTS", CHUNK_ATTEMPTS),
@@ -275,6 +295,7 @@ pub mod field {
         ("REFERENCES", CHUNK_REFERENCES),
         ("UNCERTAIN", CHUNK_UNCERTAIN),
         ("LOOKED", CHUNK_LOOKED),
+        ("PACK", CHUNK_PACK),
     ];
 }
 

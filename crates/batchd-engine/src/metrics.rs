@@ -27,6 +27,8 @@ pub const NAMES: &[&str] = &[
     "batchd_throttled_waits_total",
     "batchd_possible_duplicate_submits_total",
     "batchd_remote_cleanups_total",
+    "batchd_pack_jobs",
+    "batchd_packs_delivered_total",
     "batchd_stale_writes_total",
     "batchd_results_published_total",
     "batchd_redis_errors_total",
@@ -72,6 +74,9 @@ const TURNAROUND_BUCKETS: &[f64] =
 /// Buckets of `batchd_event_wake_latency_seconds`: events are pulled within a second or two of entering the queue.
 const WAKE_LATENCY_BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];
 
+/// Buckets of `batchd_pack_jobs` (jobs taken into a pack by one packer pass).
+const PACK_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 50.0, 100.0, 500.0, 1000.0, 5000.0, 10000.0, 50000.0];
+
 /// Buckets of `batchd_polls_per_batch`.
 const POLLS_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0];
 
@@ -103,6 +108,9 @@ pub fn install() -> Result<PrometheusHandle, String> {
                 })
                 .and_then(|builder| {
                     builder.set_buckets_for_metric(Matcher::Full("batchd_polls_per_batch".into()), POLLS_BUCKETS)
+                })
+                .and_then(|builder| {
+                    builder.set_buckets_for_metric(Matcher::Full("batchd_pack_jobs".into()), PACK_BUCKETS)
                 })
                 .and_then(PrometheusBuilder::install_recorder)
                 .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
@@ -249,6 +257,15 @@ pub fn describe() {
         "batchd_remote_cleanups_total",
         "What a finished job's unfinished chunks left at their provider (files, a batch), cancelled where it still \
          ran and deleted, best effort, by provider and outcome (ok, failed)."
+    );
+    describe_histogram!(
+        "batchd_pack_jobs",
+        "Jobs one packer pass took into a pack (a pack that waits for the provider's limits fills in several \
+         passes), by provider: how many jobs share a remote batch."
+    );
+    describe_counter!(
+        "batchd_packs_delivered_total",
+        "Packs (remote batches shared by several jobs) whose results were handed to their members."
     );
     describe_counter!(
         "batchd_stale_writes_total",
@@ -454,6 +471,16 @@ pub fn throttled_wait(call: ApiCall) {
 /// A submit is being repeated after an interrupted one.
 pub fn possible_duplicate_submit() {
     counter!("batchd_possible_duplicate_submits_total").increment(1);
+}
+
+/// A packer pass took `jobs` jobs into a pack of `provider`.
+pub fn pack_filled(provider: &'static str, jobs: usize) {
+    histogram!("batchd_pack_jobs", "provider" => provider).record(jobs as f64);
+}
+
+/// A pack's results were handed to its members.
+pub fn pack_delivered() {
+    counter!("batchd_packs_delivered_total").increment(1);
 }
 
 /// What a finished job's chunk left at its provider was cleaned up (`outcome`: `ok` or `failed`).

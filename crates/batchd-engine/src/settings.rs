@@ -30,3 +30,22 @@ pub struct RetrySettings {
     /// Largest backoff.
     pub max_backoff_ms: u64,
 }
+
+/// `[packing]`: small jobs of one provider, model and endpoint share remote batches (packs).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PackingSettings {
+    /// Whether one-batch jobs are packed (a job may still opt out with `"pack": false`).
+    pub enabled: bool,
+    /// Longest a queued job waits for its pack to be sent, from the pack's oldest arrival.
+    pub window_ms: u64,
+    /// A pack is sent this long after the latest arrival when arrivals pause (a lone job waits this long).
+    pub pause_ms: u64,
+}
+
+impl PackingSettings {
+    /// Packing off: every job gets remote batches of its own (the behaviour before packs).
+    pub fn off() -> Self {
+        Self { enabled: false, window_ms: 0, pause_ms: 0 }
+    }
+}

@@ -36,9 +36,9 @@ pub use connection::{Conn, Endpoint, RedisSettings, Topology};
 pub use ingress::SubmitEntry;
 pub use ledger_view::LedgerView;
 pub use store::{
-    Accepted, AddOutcome, ChunkPlan, ChunkRecord, ChunkView, Claim, Claimed, DeadLetter, Fenced, Intake,
-    MAX_CHUNKS_PER_JOB, NewChunk, Placement, PublishContext, Rejection, Store, StoreSettings, SubmitRetryRecord,
-    SubmitTicket, TOO_MANY_DELIVERIES, Transition, Undeliverable,
+    Accepted, AddOutcome, ChunkPlan, ChunkRecord, ChunkView, Claim, Claimed, DeadLetter, Delivery, Fenced, Intake,
+    MAX_CHUNKS_PER_JOB, MAX_PACK_STEP, NewChunk, PackFormed, PackIntake, PackMember, Placement, PublishContext,
+    Rejection, Store, StoreSettings, SubmitRetryRecord, SubmitTicket, TOO_MANY_DELIVERIES, Transition, Undeliverable,
 };
 
 /// Errors of the storage layer.

@@ -189,7 +189,10 @@ pub async fn run_with_providers(
             lease: Duration::from_secs(settings.schedule.lease_secs),
             events: settings.events.enabled(),
             budget: budget.clone(),
+            packing: settings.packing.clone(),
         });
+        // Always: jobs queued while packing was on still get their packs after it is turned off.
+        background.push(tokio::spawn(Arc::clone(&pipeline).run_packer(fetch_stop.clone())));
         spawn_workers(&mut workers, &settings, &endpoint, pipeline, &consumer, &fetch_stop, &shutdown, &health);
     }
     if let Some(events_token) = events_token {

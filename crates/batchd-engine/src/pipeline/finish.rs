@@ -218,6 +218,10 @@ impl Pipeline {
         mut context: PublishContext,
         ending: Ending<'_>,
     ) -> Result<(), StoreError> {
+        if job_id.is_pack() {
+            // A pack publishes nothing itself: its members are handed their items' responses.
+            return self.deliver(job_id, context, ending).await;
+        }
         let cancelled = matches!(ending, Ending::Cancelled(_));
         let mut chunks = Vec::with_capacity(context.chunks.len());
         let mut references = Vec::new();
@@ -294,7 +298,7 @@ impl Pipeline {
     /// a submit that gave up after its upload) has its running batch cancelled where the provider can, and its
     /// files and batch deleted. Each attempt is counted (`batchd_remote_cleanups_total`); nothing here changes
     /// the result. `cancel_running`: whether a batch still running is asked to cancel here.
-    async fn settle_remote(&self, job_id: &JobId, context: &PublishContext, cancel_running: bool) {
+    pub(super) async fn settle_remote(&self, job_id: &JobId, context: &PublishContext, cancel_running: bool) {
         let left: Vec<(u32, Option<ChunkState>)> = context
             .chunks
             .iter()

@@ -28,7 +28,7 @@ use serde_json::value::RawValue;
 use crate::metrics::{self, ApiCall};
 use crate::providers::{CallSlot, Providers};
 use crate::runtime::{ByteBudget, IngressEntry};
-use crate::settings::{PollSettings, RetrySettings};
+use crate::settings::{PackingSettings, PollSettings, RetrySettings};
 
 /// How jobs are split into batches (within each provider's [`batchd_provider::BatchLimits`]).
 #[derive(Debug, Clone)]
@@ -50,6 +50,8 @@ pub struct Pipeline {
     pub retry: RetrySettings,
     /// Splitting of big jobs.
     pub split: SplitSettings,
+    /// Packing of small jobs into shared remote batches (`[packing]`).
+    pub packing: PackingSettings,
     /// Limits applied when decoding jobs.
     pub limits: JobLimits,
     /// Deadline of jobs that set none.
@@ -140,6 +142,7 @@ async fn drop_member(store: &Store, member: &str) {
 
 mod cancel;
 mod finish;
+mod pack;
 mod poll;
 mod submit;
 mod take_in;
@@ -184,6 +187,10 @@ impl Pipeline {
         }
         if matches!(view.chunk_state, ChunkState::Done | ChunkState::Failed) {
             return self.finish(claim).await;
+        }
+        if view.pack.is_some() && view.chunk_state == ChunkState::Pending {
+            // Packed: its pack submits it and hands it its results; it is scheduled only for its deadline.
+            return self.store.reschedule(claim, view.deadline_at).await.map(drop);
         }
         let Ok(model) = ModelName::parse(&view.model) else {
             return Err(StoreError::Corrupt { job_id: chunk.job_id.to_string(), detail: "model".into() });

@@ -142,7 +142,8 @@ impl Pipeline {
             tracing::debug!(model = %view.model, "too many models since the last sample; batch time not counted");
         }
         tracing::debug!(request_id = %request_id, n_polls = view.n_polls + 1, n_failed = output.n_failed(), "batch finished");
-        if view.n_chunks <= 1 && output.n_failed() == 0 && cancel.is_none() {
+        // A pack stores its output first: its members are handed their shares from the ledger, resumably.
+        if view.n_chunks <= 1 && output.n_failed() == 0 && cancel.is_none() && !chunk.job_id.is_pack() {
             // The common case: one batch, nothing to retry: publish straight from what the poll read,
             // without storing the output or reading the ledger again.
             let context = view.single_chunk_context(chunk.index);

@@ -90,6 +90,24 @@ impl Pipeline {
         // entry already holds room, so this never waits: short of room, the batch goes through the schedule
         // (which waits for room holding nothing), like a throttled one.
         let first_body = limits.body.bytes(sizes[..plan[0].1].iter().copied());
+        let retry_failed_items = job.retry_failed_items.unwrap_or(self.split.retry_failed_items);
+        let key = packing_key(&job.model, job.endpoint.as_deref());
+        if let Some(pack) = self.packing(&job, provider, &plan, first_body, &key) {
+            let intake = Intake {
+                entry_id,
+                plan: &plan,
+                now,
+                deadline_at,
+                first_due: deadline_at,
+                retry_failed_items,
+                submit_first: false,
+                references: &references,
+                pack: Some(pack),
+            };
+            let accepted = self.store.accept(&job, &intake).await?;
+            self.accepted(&job, &accepted, plan.len());
+            return Ok(());
+        }
         let body_room = self.budget.try_hold(first_body);
         // Ask for a call slot and the shared limiter before the job exists: a throttled first batch is accepted
         // `pending`, due when its slot comes; otherwise it is accepted already `submitting` and posted at once,
@@ -109,7 +127,6 @@ impl Pipeline {
             Some(wait) => now + wait.as_millis() as u64,
             None => now + self.lease.as_millis() as u64,
         };
-        let retry_failed_items = job.retry_failed_items.unwrap_or(self.split.retry_failed_items);
         let intake = Intake {
             entry_id,
             plan: &plan,
@@ -119,11 +136,12 @@ impl Pipeline {
             retry_failed_items,
             submit_first: wait.is_none(),
             references: &references,
+            pack: None,
         };
-        match self.store.accept(&job, &intake).await? {
+        let accepted = self.store.accept(&job, &intake).await?;
+        self.accepted(&job, &accepted, plan.len());
+        match accepted {
             Accepted::New => {
-                metrics::job_accepted();
-                tracing::debug!(model = %job.model, n_items = job.requests.len(), n_chunks = plan.len(), "job accepted");
                 if wait.is_some() {
                     return Ok(());
                 }
@@ -155,10 +173,20 @@ impl Pipeline {
                 }
                 Ok(())
             }
+            Accepted::CancelRequested | Accepted::Duplicate { .. } => Ok(()),
+        }
+    }
+
+    /// Counts and logs what the accept step answered.
+    fn accepted<R>(&self, job: &Job<R>, accepted: &Accepted, n_chunks: usize) {
+        match accepted {
+            Accepted::New => {
+                metrics::job_accepted();
+                tracing::debug!(model = %job.model, n_items = job.requests.len(), n_chunks, "job accepted");
+            }
             Accepted::CancelRequested => {
                 metrics::job_accepted();
                 tracing::debug!("job accepted with its cancellation already requested; it is concluded next");
-                Ok(())
             }
             Accepted::Duplicate { state } => {
                 metrics::job_duplicate();
@@ -167,7 +195,6 @@ impl Pipeline {
                     state = %state,
                     "job id seen before: entry acknowledged and not run again (the existing job keeps its one result)"
                 );
-                Ok(())
             }
         }
     }
@@ -232,6 +259,12 @@ fn chunk_references<R: std::borrow::Borrow<serde_json::value::RawValue>>(
             references.map(|references| (chunk as u32, references))
         })
         .collect()
+}
+
+/// The packing key of a job: the jobs packed together share a provider, a model and an endpoint (and a namespace:
+/// the key's queue is under the namespace's prefix).
+fn packing_key(model: &batchd_core::ModelName, endpoint: Option<&str>) -> String {
+    format!("{model}|{}", endpoint.unwrap_or(""))
 }
 
 /// The setting that holds a provider's body limit, for the message that quotes it.

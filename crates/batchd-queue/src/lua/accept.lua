@@ -6,10 +6,15 @@
 -- The first chunk can be marked `submitting` (attempt 1) for a caller that posts it right away, unless the job's
 -- cancellation was requested before it arrived: then it stays `pending` and is due at once, for the schedule to
 -- conclude it.
--- KEYS: 1 ledger, 2 submit stream, 3 schedule, 4 cancel flag
+-- A one-chunk job can instead be queued for packing (first chunk's state PACK_QUEUED): its chunk stays `pending`
+-- with C_PACK = PACK_QUEUED, scheduled only at the "other chunks" due time (the caller passes the job's deadline),
+-- and joins its packing queue (KEYS[5], arrival order); the packing key's next pack (KEYS[6]) is due when the
+-- oldest arrival has waited the window, sooner when arrivals pause or the queue holds a full pack's members.
+-- KEYS: 1 ledger, 2 submit stream, 3 schedule, 4 cancel flag[, 5 packing queue, 6 packers]
 -- ARGV: 1 group, 2 entry id, 3 job id, 4 n_chunks, 5 first-chunk due ms, 6 other-chunks due ms,
---       7 first chunk's state (submitting | pending), 8 items source (entry | inline),
---       9.. ledger field/value pairs, the marker
+--       7 first chunk's state (submitting | pending | PACK_QUEUED), 8 items source (entry | inline),
+--       [with PACK_QUEUED: 9 packing key, 10 now ms, 11 window ms, 12 pause ms, 13 members of a full pack,]
+--       then ledger field/value pairs, the marker
 --       "--chunks", then per chunk: items "start:len" and either the byte span "from:to" of its items in the
 --       `job` field (entry) or its requests JSON (inline)
 -- Returns {verdict, state}; verdict: accepted | cancelled | duplicate | missing (the entry is gone or not what
@@ -29,8 +34,16 @@ local first_due, other_due = ARGV[5], ARGV[6]
 uint(first_due, 'first-chunk due time')
 uint(other_due, 'other-chunks due time')
 local first_state, source = ARGV[7], ARGV[8]
-if first_state ~= CHUNK_SUBMITTING and first_state ~= CHUNK_PENDING then
-  refuse('first chunk state must be ' .. CHUNK_SUBMITTING .. ' or ' .. CHUNK_PENDING)
+if first_state ~= CHUNK_SUBMITTING and first_state ~= CHUNK_PENDING and first_state ~= PACK_QUEUED then
+  refuse('first chunk state must be ' .. CHUNK_SUBMITTING .. ', ' .. CHUNK_PENDING .. ' or ' .. PACK_QUEUED)
+end
+local i = 9
+local pack
+if first_state == PACK_QUEUED then
+  if n_chunks ~= 1 or #KEYS ~= 6 then refuse('only a one-chunk job is queued for packing, with its two keys') end
+  pack = {key = ARGV[9], now = uint(ARGV[10], 'now'), window = uint(ARGV[11], 'packing window'),
+    pause = uint(ARGV[12], 'packing pause'), full = uint(ARGV[13], 'members of a full pack')}
+  i = 14
 end
 if source ~= SOURCE_ENTRY and source ~= SOURCE_INLINE then
   refuse('items source must be ' .. SOURCE_ENTRY .. ' or ' .. SOURCE_INLINE)
@@ -45,7 +58,6 @@ if head[1] then
   return {ACCEPT_DUPLICATE, head[1]}
 end
 
-local i = 9
 local fields = {}
 while ARGV[i] ~= CHUNKS_MARKER do
   if i + 1 > #ARGV then refuse('the ledger pairs must be followed by the ' .. CHUNKS_MARKER .. ' marker') end
@@ -77,8 +89,18 @@ else
 end
 
 local verdict = ACCEPT_ACCEPTED
-if first_state == CHUNK_SUBMITTING and redis.call('EXISTS', KEYS[4]) == 1 then
-  verdict, first_state, first_due = ACCEPT_CANCELLED, CHUNK_PENDING, other_due
+if first_state ~= CHUNK_PENDING and redis.call('EXISTS', KEYS[4]) == 1 then
+  -- Due at once, for the schedule to conclude it (a packed job's "other chunks" time is its deadline).
+  if pack then other_due = tostring(pack.now) end
+  verdict, first_state, first_due, pack = ACCEPT_CANCELLED, CHUNK_PENDING, other_due, nil
+end
+-- The packing queue's oldest arrival and size, and the packers' type, are read before the first write.
+local oldest, queued
+if pack then
+  local first = typed('zset', 'ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+  oldest = first[2] and tonumber(first[2]) or pack.now
+  queued = redis.call('ZCARD', KEYS[5])
+  typed('zset', 'ZSCORE', KEYS[6], pack.key)
 end
 
 local members = {}
@@ -98,7 +120,7 @@ for chunk = 0, n_chunks - 1 do
     refuse('chunk ' .. chunk .. ': requests must be a JSON array')
   end
   local state, attempts, due = CHUNK_PENDING, 0, other_due
-  if chunk == 0 then
+  if chunk == 0 and not pack then
     state, due = first_state, first_due
     if state == CHUNK_SUBMITTING then attempts = 1 end
   end
@@ -110,12 +132,22 @@ for chunk = 0, n_chunks - 1 do
     chunk_fields[#chunk_fields + 1] = chunk_field(chunk, C_CLAIM)
     chunk_fields[#chunk_fields + 1] = FIRST_CLAIM
   end
+  if pack then
+    chunk_fields[#chunk_fields + 1] = chunk_field(chunk, C_PACK)
+    chunk_fields[#chunk_fields + 1] = PACK_QUEUED
+  end
   for _, value in ipairs(chunk_fields) do fields[#fields + 1] = value end
   members[#members + 1] = due
   members[#members + 1] = member(job_id, chunk)
 end
 call_sliced('ZADD', schedule, {}, members, 'zset')
 call_sliced('HSET', ledger, {}, fields)
+if pack then
+  redis.call('ZADD', KEYS[5], pack.now, member(job_id, 0))
+  local due = math.min(oldest + pack.window, pack.now + pack.pause)
+  if queued + 1 >= pack.full then due = pack.now end
+  redis.call('ZADD', KEYS[6], due, pack.key)
+end
 redis.call('XACK', stream, group, entry_id)
 redis.call('XDEL', stream, entry_id)
 return {verdict, ''}

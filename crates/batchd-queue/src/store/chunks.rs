@@ -15,10 +15,27 @@ impl Store {
     /// Each claim carries the chunk's view ([`ChunkView`]) as the claim read it, so its step starts without a read.
     /// One read of the schedule finds the candidates (and, when fewer are due, the next due time); the script
     /// claims those still due. Nothing due: no script runs.
+    /// Packs' work ([`Keys::packs`]) is claimed first, then jobs' ([`Keys::schedule`]).
     pub async fn claim_due(&self, now: UnixMillis, limit: usize) -> Result<Claimed, StoreError> {
         let limit = limit.clamp(1, MAX_CLAIM);
+        let mut claimed = self.claim_due_in(&self.keys.packs(), now, limit).await?;
+        let left = limit - claimed.claims.len() - claimed.unknown.len();
+        if left == 0 {
+            return Ok(claimed);
+        }
+        let jobs = self.claim_due_in(&self.keys.schedule(), now, left).await?;
+        claimed.next_due = match (claimed.next_due, jobs.next_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        claimed.claims.extend(jobs.claims);
+        claimed.unknown.extend(jobs.unknown);
+        Ok(claimed)
+    }
+
+    async fn claim_due_in(&self, schedule: &str, now: UnixMillis, limit: usize) -> Result<Claimed, StoreError> {
         let read: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
-            .arg(self.keys.schedule())
+            .arg(schedule)
             .arg("-inf")
             .arg("+inf")
             .arg("WITHSCORES")
@@ -49,7 +66,7 @@ impl Store {
         }
         let lease_until = now + self.settings.lease.as_millis() as u64;
         let mut keys = Vec::with_capacity(2 * candidates.len() + 1);
-        keys.push(self.keys.schedule());
+        keys.push(schedule.to_owned());
         for (_, chunk) in &candidates {
             keys.push(self.keys.job(&chunk.job_id));
             keys.push(self.keys.cancel(&chunk.job_id));
@@ -86,10 +103,17 @@ impl Store {
         Ok(claimed)
     }
 
-    /// The score of the earliest schedule member, if any (to sleep until it is due).
+    /// The score of the earliest member of the schedules (jobs' and packs'), if any (to sleep until it is due).
     pub async fn next_due(&self) -> Result<Option<UnixMillis>, StoreError> {
-        let first: Vec<(String, f64)> = self.conn.clone().zrange_withscores(self.keys.schedule(), 0, 0).await?;
-        Ok(first.first().map(|(_, score)| *score as UnixMillis))
+        let mut next: Option<UnixMillis> = None;
+        for schedule in [self.keys.schedule(), self.keys.packs()] {
+            let first: Vec<(String, f64)> = self.conn.clone().zrange_withscores(schedule, 0, 0).await?;
+            if let Some((_, score)) = first.first() {
+                let score = *score as UnixMillis;
+                next = Some(next.map_or(score, |next| next.min(score)));
+            }
+        }
+        Ok(next)
     }
 
     /// Hands claimed work that was never started back, due at `due` (each claim fenced: one taken over meanwhile
@@ -132,7 +156,12 @@ impl Store {
                     detail: format!("chunk {}: {what}", chunk.index),
                 };
                 let placement = Placement::parse(&items, &indices).ok_or_else(|| corrupt("items"))?;
-                let requests: Vec<Box<RawValue>> = serde_json::from_str(&requests).map_err(|_| corrupt("requests"))?;
+                let requests: Vec<Box<RawValue>> = if requests.is_empty() && chunk.job_id.is_pack() {
+                    // A pack's first chunk: its members' items, read from their ledgers.
+                    self.pack_requests(&chunk.job_id).await?
+                } else {
+                    serde_json::from_str(&requests).map_err(|_| corrupt("requests"))?
+                };
                 if requests.len() != placement.len() {
                     return Err(corrupt("requests do not match items"));
                 }
@@ -299,7 +328,7 @@ impl Store {
         let now = self.now().await?;
         let mut cmd = ScriptCall::new(
             &self.scripts.transition,
-            &[self.keys.job(&chunk.job_id), self.keys.schedule(), self.keys.remote_batches()],
+            &[self.keys.job(&chunk.job_id), self.keys.schedule_of(&chunk.job_id), self.keys.remote_batches()],
         );
         cmd.arg(transition.as_str())
             .arg(chunk.to_string())
@@ -388,6 +417,7 @@ impl Store {
             n_references: number(next()) as usize,
             cancel_seen_at: next().and_then(|value| value.parse().ok()),
             submitted_at: next().and_then(|value| value.parse().ok()),
+            pack: next(),
             cancel_requested,
         }))
     }
@@ -405,7 +435,7 @@ impl Store {
         let chunk = &claim.chunk;
         let mut cmd = ScriptCall::new(
             &self.scripts.chunk_done,
-            &[self.keys.job(&chunk.job_id), self.keys.schedule(), self.keys.remote_batches()],
+            &[self.keys.job(&chunk.job_id), self.keys.schedule_of(&chunk.job_id), self.keys.remote_batches()],
         );
         cmd.arg(chunk.to_string())
             .arg(chunk.index)
@@ -434,6 +464,10 @@ impl Store {
             .clone()
             .hget(self.keys.job(&chunk.job_id), field::chunk(chunk.index, field::CHUNK_REQUESTS))
             .await?;
+        if text.is_none() && chunk.job_id.is_pack() {
+            // A pack's first chunk holds no copy of its members' items.
+            return self.pack_requests(&chunk.job_id).await;
+        }
         text.as_deref().and_then(|text| serde_json::from_str(text).ok()).ok_or_else(|| StoreError::Corrupt {
             job_id: chunk.job_id.to_string(),
             detail: format!("chunk {} has no stored requests", chunk.index),
@@ -453,7 +487,8 @@ impl Store {
         chunks: &[NewChunk],
     ) -> Result<AddOutcome, StoreError> {
         let job_id = &claim.chunk.job_id;
-        let mut cmd = ScriptCall::new(&self.scripts.add_chunks, &[self.keys.job(job_id), self.keys.schedule()]);
+        let mut cmd =
+            ScriptCall::new(&self.scripts.add_chunks, &[self.keys.job(job_id), self.keys.schedule_of(job_id)]);
         cmd.arg(job_id.as_str())
             .arg(due)
             .arg(if replace { claim.chunk.index.to_string() } else { String::new() })
@@ -528,7 +563,8 @@ impl Store {
         let Some(chunk) = member.and_then(|member| ChunkRef::parse(&member).ok()) else {
             return Ok(None);
         };
-        let mut cmd = ScriptCall::new(&self.scripts.wake, &[self.keys.job(&chunk.job_id), self.keys.schedule()]);
+        let mut cmd =
+            ScriptCall::new(&self.scripts.wake, &[self.keys.job(&chunk.job_id), self.keys.schedule_of(&chunk.job_id)]);
         cmd.arg(chunk.to_string()).arg(chunk.index).arg(now).arg(min_gap.as_millis() as u64);
         let woken: i64 = self.run(&cmd).await?;
         let woken = script_flag("wake", woken, &chunk.job_id)?;
@@ -538,10 +574,16 @@ impl Store {
         Ok(Some((chunk, woken)))
     }
 
-    /// Takes `member` off the schedule (a member batchd did not write, or whose ledger is corrupt).
+    /// Takes `member` off the schedules (a member batchd did not write, or whose ledger is corrupt).
     pub async fn drop_member(&self, member: &str) -> Result<(), StoreError> {
-        let _: i64 =
-            redis::cmd("ZREM").arg(self.keys.schedule()).arg(member).query_async(&mut self.conn.clone()).await?;
+        // A member that is not a chunk's is removed from both schedules (a rare path).
+        let schedules = match ChunkRef::parse(member) {
+            Ok(chunk) => vec![self.keys.schedule_of(&chunk.job_id)],
+            Err(_) => vec![self.keys.schedule(), self.keys.packs()],
+        };
+        for schedule in schedules {
+            let _: i64 = redis::cmd("ZREM").arg(schedule).arg(member).query_async(&mut self.conn.clone()).await?;
+        }
         Ok(())
     }
 }

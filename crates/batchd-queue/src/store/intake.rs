@@ -72,7 +72,9 @@ impl Store {
             if intake.plan.len() > 1 || verdict == AcceptVerdict::Cancelled {
                 self.scheduled(intake.now); // chunks due at once
             }
-            if !intake.submit_first {
+            if intake.pack.is_some() && verdict == AcceptVerdict::Accepted {
+                self.queued_for_packing();
+            } else if !intake.submit_first {
                 self.scheduled(intake.first_due); // a first chunk the caller does not post (throttled)
             }
         }
@@ -97,21 +99,34 @@ impl Store {
         intake: &Intake<'_>,
         source: ItemsSource,
     ) -> Result<(AcceptVerdict, String), StoreError> {
-        let Intake { entry_id, plan, now, deadline_at, first_due, retry_failed_items, submit_first, references } =
+        let Intake { entry_id, plan, now, deadline_at, first_due, retry_failed_items, submit_first, references, pack } =
             *intake;
         let reply_to = job.reply_to.clone().unwrap_or_else(|| self.keys.results());
-        let mut cmd = ScriptCall::new(
-            &self.scripts.accept,
-            &[self.keys.job(&job.id), self.keys.submit(), self.keys.schedule(), self.keys.cancel(&job.id)],
-        );
+        let mut keys =
+            vec![self.keys.job(&job.id), self.keys.submit(), self.keys.schedule(), self.keys.cancel(&job.id)];
+        if let Some(pack) = &pack {
+            keys.push(self.keys.pack_queue(pack.key));
+            keys.push(self.keys.packers());
+        }
+        let mut cmd = ScriptCall::new(&self.scripts.accept, &keys);
+        let first_state = match (&pack, submit_first) {
+            (Some(_), _) => field::PACK_QUEUED,
+            (None, true) => ChunkState::Submitting.as_str(),
+            (None, false) => ChunkState::Pending.as_str(),
+        };
+        // A packed job's chunk is scheduled only for its deadline (its pack does the submit).
+        let other_due = if pack.is_some() { deadline_at } else { now };
         cmd.arg(batchd_core::keys::CONSUMER_GROUP)
             .arg(entry_id)
             .arg(job.id.as_str())
             .arg(plan.len())
             .arg(first_due)
-            .arg(now)
-            .arg(if submit_first { ChunkState::Submitting } else { ChunkState::Pending }.as_str())
+            .arg(other_due)
+            .arg(first_state)
             .arg(source.as_str());
+        if let Some(pack) = &pack {
+            cmd.arg(pack.key).arg(now).arg(pack.window_ms).arg(pack.pause_ms).arg(pack.full_members);
+        }
         let mut ledger: Vec<(&str, String)> = vec![
             (field::STATE, JobState::Accepted.as_str().to_owned()),
             (field::MODEL, job.model.to_string()),

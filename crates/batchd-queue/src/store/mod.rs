@@ -16,6 +16,7 @@ use crate::{Conn, StoreError};
 mod chunks;
 mod ending;
 mod intake;
+mod packs;
 mod remote;
 mod scripts;
 mod types;
@@ -62,6 +63,8 @@ pub struct Store {
     scripts: std::sync::Arc<Scripts>,
     /// Wakes this process's schedule fetcher when a step becomes due soon (see [`Store::soon_due`]).
     soon_due: std::sync::Arc<tokio::sync::Notify>,
+    /// Wakes this process's packer when an accepted job queued a chunk for packing (see [`Store::packing_queued`]).
+    packing_queued: std::sync::Arc<tokio::sync::Notify>,
     /// Redis's clock, for every time that orders work between replicas.
     clock: std::sync::Arc<crate::clock::RedisClock>,
     /// Most bytes of an entry's fields copied to the dead-letter stream (see [`Store::with_dead_entry_bytes`]).
@@ -96,6 +99,11 @@ pub const MAX_SCRIPT_PAIRS: usize = 400;
 /// Most schedule members one claim takes (`claim.lua` refuses a larger limit).
 pub const MAX_CLAIM: usize = 10_000;
 
+/// Most members one step of a pack takes or hands results to (`pack_form.lua`, `pack_deliver.lua`): a pack of tens
+/// of thousands of members is formed and delivered in runs of this many, each atomic, so neither script holds
+/// Redis for long nor unpacks more than ~1,000 values.
+pub const MAX_PACK_STEP: usize = 500;
+
 /// Most of an entry's original fields a dead-letter copy holds: with the copy's own fields, the one `XADD` stays
 /// within [`MAX_SCRIPT_PAIRS`]. Fields past it are only counted (`original_fields`), and the copy is `truncated`.
 pub const DEAD_MAX_FIELDS: usize = 256;
@@ -119,6 +127,7 @@ impl Store {
             settings,
             scripts: std::sync::Arc::new(Scripts::load()),
             soon_due: std::sync::Arc::new(tokio::sync::Notify::new()),
+            packing_queued: std::sync::Arc::new(tokio::sync::Notify::new()),
             clock: std::sync::Arc::new(crate::clock::RedisClock::new()),
             dead_entry_bytes: DEFAULT_DEAD_ENTRY_BYTES,
         }

@@ -16,6 +16,9 @@ pub(super) struct Scripts {
     pub(super) rate_limit: Script,
     pub(super) wake: Script,
     pub(super) roll_up: Script,
+    pub(super) pack_form: Script,
+    pub(super) pack_deliver: Script,
+    pub(super) pack_close: Script,
 }
 
 /// Defines a word a script and Rust exchange (a verdict a script returns, or an argument it takes): an enum with
@@ -84,6 +87,30 @@ script_words! {
         Duplicate = "duplicate",
         /// The entry is gone or not what the caller read (items copied from the entry); nothing was done.
         Missing = "missing",
+    }
+}
+
+script_words! {
+    /// The verdict of `pack_form.lua`.
+    pub enum PackVerdict ("pack_form", "PACK_") {
+        /// Members were taken into the pack (created by this call when it did not exist).
+        Formed = "formed",
+        /// No queued chunk could be taken and the pack does not exist: nothing was formed.
+        Empty = "empty",
+        /// The pack was submitted already (or finished): its membership is frozen.
+        Sealed = "sealed",
+    }
+}
+
+script_words! {
+    /// The verdict of `pack_deliver.lua`.
+    pub enum DeliverVerdict ("pack_deliver", "DELIVER_") {
+        /// The run was delivered (members already served or ended are skipped).
+        Delivered = "delivered",
+        /// The pack's cursor is not the caller's: another delivery moved it.
+        Moved = "moved",
+        /// The pack has no ledger.
+        Gone = "gone",
     }
 }
 
@@ -222,7 +249,7 @@ impl ViewField {
 /// The ledger fields of a chunk's view ([`ChunkView`]), in the order its parser reads them: read by
 /// [`Store::load_chunk`] and, in the claim itself, by `claim.lua` (which gets this list generated as
 /// `VIEW_FIELDS`). The job's state comes first and the claim token is [`VIEW_CLAIM`].
-pub const VIEW_FIELDS: [ViewField; 20] = [
+pub const VIEW_FIELDS: [ViewField; 21] = [
     ViewField::Job(field::STATE),
     ViewField::Job(field::MODEL),
     ViewField::Chunk(field::CHUNK_STATE),
@@ -243,6 +270,7 @@ pub const VIEW_FIELDS: [ViewField; 20] = [
     ViewField::Job(field::N_REFERENCES),
     ViewField::Job(field::CANCEL_SEEN_AT),
     ViewField::Chunk(field::CHUNK_SUBMITTED_AT),
+    ViewField::Chunk(field::CHUNK_PACK),
 ];
 
 /// Where the claim token is in [`VIEW_FIELDS`] (1-based, as Lua counts).
@@ -291,6 +319,9 @@ fn script_constants() -> String {
     strings.extend(Transition::lua_locals());
     strings.extend(FenceVerdict::lua_locals());
     strings.extend(AddVerdict::lua_locals());
+    strings.extend(PackVerdict::lua_locals());
+    strings.extend(DeliverVerdict::lua_locals());
+    strings.push(("PACK_QUEUED".to_owned(), field::PACK_QUEUED));
     strings.push(("CHUNKS_MARKER".to_owned(), CHUNKS_MARKER));
     strings.push(("ENTRY_JOB_FIELD".to_owned(), batchd_core::job::JOB_FIELD));
 
@@ -302,6 +333,7 @@ fn script_constants() -> String {
     writeln!(text, "local MAX_PAIRS = {MAX_SCRIPT_PAIRS}").expect("writing into memory");
     writeln!(text, "local MAX_LIMIT = {MAX_CLAIM}").expect("writing into memory");
     writeln!(text, "local FIRST_CLAIM = {FIRST_CLAIM}").expect("writing into memory");
+    writeln!(text, "local MAX_PACK_STEP = {MAX_PACK_STEP}").expect("writing into memory");
     let view: Vec<String> = VIEW_FIELDS
         .iter()
         .map(|field| match field {
@@ -362,13 +394,16 @@ pub fn script_source(name: &str) -> Option<String> {
         "rate_limit" => include_str!("../lua/rate_limit.lua"),
         "wake" => include_str!("../lua/wake.lua"),
         "roll_up" => include_str!("../lua/roll_up.lua"),
+        "pack_form" => include_str!("../lua/pack_form.lua"),
+        "pack_deliver" => include_str!("../lua/pack_deliver.lua"),
+        "pack_close" => include_str!("../lua/pack_close.lua"),
         _ => return None,
     };
     Some(script_text(body))
 }
 
 /// The file names (without `.lua`) of every storage script, for [`script_source`].
-pub const SCRIPT_NAMES: [&str; 11] = [
+pub const SCRIPT_NAMES: [&str; 14] = [
     "accept",
     "reject",
     "claim",
@@ -380,6 +415,9 @@ pub const SCRIPT_NAMES: [&str; 11] = [
     "rate_limit",
     "wake",
     "roll_up",
+    "pack_form",
+    "pack_deliver",
+    "pack_close",
 ];
 
 /// Most minutes one roll-up of the finished-jobs counters takes (`roll_up.lua` refuses more): three hours.
@@ -434,6 +472,9 @@ impl Scripts {
             rate_limit: load("rate_limit"),
             wake: load("wake"),
             roll_up: load("roll_up"),
+            pack_form: load("pack_form"),
+            pack_deliver: load("pack_deliver"),
+            pack_close: load("pack_close"),
         }
     }
 }

@@ -156,6 +156,8 @@ pub struct ChunkView {
     pub cancel_seen_at: Option<UnixMillis>,
     /// When the chunk's batch was submitted (Unix ms, Redis's clock), once it has been.
     pub submitted_at: Option<UnixMillis>,
+    /// For a chunk packed with other jobs' ([`field::CHUNK_PACK`]): `queued`, or the id of the pack that carries it.
+    pub pack: Option<String>,
 }
 
 impl ChunkView {
@@ -334,6 +336,58 @@ pub struct Intake<'a> {
     /// The items' `external_reference`s per chunk (chunk index, references), for a provider that does not echo
     /// them itself: written into the ledger with the job, only for chunks that have any.
     pub references: &'a [(u32, ChunkReferences)],
+    /// Queue the job's one chunk for packing instead of scheduling it for a submit of its own (`submit_first`
+    /// is then false); the chunk's deadline watcher is the job's deadline.
+    pub pack: Option<PackIntake<'a>>,
+}
+
+/// How a one-chunk job joins its packing queue at acceptance (see `accept.lua`).
+#[derive(Debug, Clone, Copy)]
+pub struct PackIntake<'a> {
+    /// The packing key: the chunks packed together share it (provider, model and endpoint:
+    /// [`batchd_core::Keys::pack_queue`]).
+    pub key: &'a str,
+    /// `packing.window_ms`: how long the oldest queued chunk waits at most before its pack is due.
+    pub window_ms: u64,
+    /// `packing.pause_ms`: a pack is due this long after the latest arrival when arrivals pause.
+    pub pause_ms: u64,
+    /// Queued chunks that fill a pack: with this many waiting, the pack is due at once.
+    pub full_members: u64,
+}
+
+/// What one call of [`Store::form_pack`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackFormed {
+    /// Whether the pack exists and takes members (false: nothing to pack, or its membership is frozen).
+    pub open: bool,
+    /// Members taken by this call.
+    pub added: usize,
+    /// The pack's items so far.
+    pub n_items: usize,
+    /// A queued chunk did not fit: the pack is full.
+    pub full: bool,
+    /// Chunks still queued under the packing key.
+    pub left: usize,
+}
+
+/// One member of a pack as its members list records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackMember {
+    /// The member's chunk.
+    pub chunk: ChunkRef,
+    /// How many items it has (its run in the pack's items follows the members before it).
+    pub n_items: usize,
+}
+
+/// What a member of a finished pack is handed ([`Store::deliver_pack`]).
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The member's chunk.
+    pub chunk: ChunkRef,
+    /// `done` (with the chunk's output) or `failed` (with its error).
+    pub state: ChunkState,
+    /// The output or error JSON.
+    pub payload: String,
 }
 
 /// An ingress entry finished as a failed job without running (see [`Store::reject`]).

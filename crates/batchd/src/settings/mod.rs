@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 pub use batchd_cloudflare::{ModelLimit, ModelTask, RateLimitSettings, TaskType};
 /// The one URL mask (also shown by `cli::connect`).
 pub use batchd_core::redact_url;
-pub use batchd_engine::settings::{PollSettings, RetrySettings};
+pub use batchd_engine::settings::{PackingSettings, PollSettings, RetrySettings};
 pub use load::describe_config_error;
 pub use secrets::Secret;
 pub use sections::{
@@ -128,6 +128,8 @@ pub struct Settings {
     pub poll: PollSettings,
     /// Retries of transient errors.
     pub retry: RetrySettings,
+    /// Packing small jobs into shared remote batches.
+    pub packing: PackingSettings,
     /// Job limits and defaults.
     pub jobs: JobSettings,
     /// Shared submit rate limits.

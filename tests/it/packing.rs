@@ -1,0 +1,186 @@
+//! Packing (DESIGN decision 20): small jobs of one provider, model and endpoint share remote batches, and each job
+//! still gets its own result entry with its own items in order. The daemon in-process, real Redis, the emulator's
+//! three APIs over HTTP; what is shared is counted from the emulator's own call logs.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use batchd_core::{ResultEntry, ResultStatus};
+use batchd_emulator::{AnthropicCallKind, CallKind, OpenAiCallKind};
+use batchd_tests::{World, with_anthropic, with_openai};
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// One-request jobs per provider: enqueued in one pipeline before the daemon starts.
+const N_JOBS: usize = 500;
+
+/// Each job's one request and the text its answer must echo.
+fn one_request_job(provider: &str, index: usize) -> (Value, String) {
+    let text = format!("job {index} asks");
+    let (model, request) = match provider {
+        "cloudflare" => ("@cf/meta/llama-3.3-70b-instruct-fp8-fast", json!({"prompt": text})),
+        "openai" => ("openai/gpt-4o-mini", json!({"messages": [{"role": "user", "content": text}], "max_tokens": 5})),
+        _ => {
+            ("anthropic/claude-sonnet-4-5", json!({"max_tokens": 16, "messages": [{"role": "user", "content": text}]}))
+        }
+    };
+    (json!({"id": format!("{provider}-{index}"), "model": model, "requests": [request]}), text)
+}
+
+/// The text an answer carries, however its provider shapes it.
+fn answer_text(entry: &ResultEntry) -> String {
+    let response = &entry.result.as_ref().expect("a result").responses[0];
+    assert!(response.success, "{}: {:?}", entry.job_id, response.error);
+    let body: Value = serde_json::from_str(response.result.as_ref().expect("a body").get()).expect("json");
+    [&body["response"], &body["choices"][0]["message"]["content"], &body["content"][0]["text"]]
+        .into_iter()
+        .find_map(|text| text.as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("{}: no text in {body}", entry.job_id))
+}
+
+/// Remote batches the emulator created for `provider`.
+fn remote_batches(world: &World, provider: &str) -> usize {
+    match provider {
+        "cloudflare" => world.emulator.calls().iter().filter(|call| call.kind == CallKind::Submit).count(),
+        "openai" => world
+            .emulator
+            .openai()
+            .calls_of(OpenAiCallKind::CreateBatch)
+            .iter()
+            .filter(|call| call.http_status == 200)
+            .count(),
+        _ => world
+            .emulator
+            .anthropic()
+            .calls_of(AnthropicCallKind::Create)
+            .iter()
+            .filter(|call| call.status == 200)
+            .count(),
+    }
+}
+
+async fn many_one_request_jobs_share_few_remote_batches(provider: &str) {
+    let mut world = World::new().await;
+    match provider {
+        "openai" => with_openai(&mut world.settings, &world.emulator),
+        "anthropic" => with_anthropic(&mut world.settings, &world.emulator),
+        _ => {}
+    }
+    assert!(world.settings.packing.enabled, "packing is on by default");
+    let mut expected = HashMap::new();
+    let mut pipe = redis::pipe();
+    for index in 0..N_JOBS {
+        let (job, text) = one_request_job(provider, index);
+        pipe.xadd(world.keys.submit(), "*", &[("job", job.to_string())]).ignore();
+        expected.insert(format!("{provider}-{index}"), text);
+    }
+    let _: () = pipe.query_async(&mut world.conn.clone()).await.expect("enqueue");
+    let daemon = world.daemon();
+    let results = world.wait_for_results(N_JOBS, WAIT).await;
+    assert_eq!(results.len(), N_JOBS, "one result per job");
+    let mut seen = std::collections::HashSet::new();
+    for fields in &results {
+        let entry = ResultEntry::from_fields(fields).expect("a result entry");
+        assert!(seen.insert(entry.job_id.clone()), "{} published twice", entry.job_id);
+        assert_eq!(entry.status, ResultStatus::Completed, "{}: {:?}", entry.job_id, entry.error);
+        assert_eq!((entry.items_total, entry.items_failed), (1, 0), "{}", entry.job_id);
+        let text = answer_text(&entry);
+        let own = &expected[&entry.job_id];
+        assert!(text.contains(own.as_str()), "{} got another job's answer: {text:?}", entry.job_id);
+        assert_eq!(entry.request_ids.len(), 1, "{}: the pack's batch is named", entry.job_id);
+    }
+    let batches = remote_batches(&world, provider);
+    assert!((1..=5).contains(&batches), "{provider}: {batches} remote batches for {N_JOBS} one-request jobs");
+    // Every pack was delivered and closed: nothing is left queued or scheduled for packing.
+    let mut conn = world.conn.clone();
+    let packers: usize = conn.zcard(world.keys.packers()).await.expect("zcard");
+    let packs: usize = conn.zcard(world.keys.packs()).await.expect("zcard");
+    assert_eq!((packers, packs), (0, 0), "packing keys left {packers}, packs left {packs}");
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn workers_ai_one_request_jobs_share_remote_batches_each_with_its_own_answer() {
+    many_one_request_jobs_share_few_remote_batches("cloudflare").await;
+}
+
+#[tokio::test]
+async fn openai_one_request_jobs_share_remote_batches_each_with_its_own_answer() {
+    many_one_request_jobs_share_few_remote_batches("openai").await;
+}
+
+#[tokio::test]
+async fn anthropic_one_request_jobs_share_remote_batches_each_with_its_own_answer() {
+    many_one_request_jobs_share_few_remote_batches("anthropic").await;
+}
+
+#[tokio::test]
+async fn a_refused_item_in_a_pack_fails_only_its_own_job() {
+    let world = World::new().await;
+    world.emulator.set_strict_items(true);
+    let mut pipe = redis::pipe();
+    for index in 0..20 {
+        let request =
+            if index == 7 { json!({"neither": "text nor query"}) } else { json!({"text": format!("t{index}")}) };
+        let job = json!({"id": format!("strict-{index}"), "model": "@cf/baai/bge-m3", "requests": [request]});
+        pipe.xadd(world.keys.submit(), "*", &[("job", job.to_string())]).ignore();
+    }
+    let _: () = pipe.query_async(&mut world.conn.clone()).await.expect("enqueue");
+    let daemon = world.daemon();
+    world.wait_for_results(20, WAIT).await;
+    for index in 0..20 {
+        let entry = world.wait_for_result(&format!("strict-{index}"), WAIT).await;
+        let response = &entry.result.as_ref().expect("a result").responses[0];
+        if index == 7 {
+            assert!(!response.success, "the malformed item failed");
+            let error: Value = serde_json::from_str(response.error.as_ref().expect("error").get()).expect("json");
+            assert_eq!(error["http_status"], 400, "{error}");
+        } else {
+            assert_eq!(entry.status, ResultStatus::Completed, "strict-{index}: {:?}", entry.error);
+            assert!(response.success, "strict-{index} was answered: {:?}", response.error);
+        }
+    }
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_job_that_opts_out_gets_a_remote_batch_of_its_own() {
+    let world = World::new().await;
+    let mut pipe = redis::pipe();
+    for index in 0..10 {
+        let mut job = json!({"id": format!("solo-{index}"), "model": "@cf/baai/bge-m3", "requests": [{"text": "x"}]});
+        if index < 3 {
+            job["pack"] = json!(false);
+        }
+        pipe.xadd(world.keys.submit(), "*", &[("job", job.to_string())]).ignore();
+    }
+    let _: () = pipe.query_async(&mut world.conn.clone()).await.expect("enqueue");
+    let daemon = world.daemon();
+    world.wait_for_results(10, WAIT).await;
+    let mut pack_ids = std::collections::HashSet::new();
+    for index in 0..10 {
+        let entry = world.wait_for_result(&format!("solo-{index}"), WAIT).await;
+        assert_eq!(entry.status, ResultStatus::Completed, "solo-{index}: {:?}", entry.error);
+        pack_ids.insert(entry.request_ids[0].clone());
+    }
+    let batches = remote_batches(&world, "cloudflare");
+    // Three alone, the seven others packed (in one batch, or two when the packer ran between their arrivals).
+    assert!((4..=5).contains(&batches), "{batches} remote batches");
+    assert_eq!(pack_ids.len(), batches, "each job names the batch that ran it");
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_lone_job_is_sent_after_the_pause_not_the_whole_window() {
+    let mut world = World::new().await;
+    world.settings.packing.window_ms = 60_000;
+    world.settings.packing.pause_ms = 100;
+    let daemon = world.daemon();
+    world.enqueue(&json!({"id": "lone", "model": "@cf/baai/bge-m3", "requests": [{"text": "x"}]})).await;
+    // Far less than the window: the pause after the lone arrival sent it.
+    let entry = world.wait_for_result("lone", Duration::from_secs(20)).await;
+    assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+    daemon.stop().await.expect("stop");
+}
