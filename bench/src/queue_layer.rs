@@ -123,6 +123,7 @@ async fn handle(entry: IngressEntry, ctx: Data<Arc<DrainContext>>) -> Result<(),
                 retry_failed_items: false,
                 submit_first: false,
                 references: &[],
+                pack: None,
             };
             ctx.store.accept(&job, &intake).await?;
         }

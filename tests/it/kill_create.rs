@@ -60,7 +60,7 @@ struct Process {
 impl Process {
     /// Starts `batchd run` against the world's Redis and namespace, with all three providers pointed at a new port
     /// of the emulator.
-    async fn start(world: &World, name: &str) -> Self {
+    async fn start(world: &World, name: &str, packing: bool) -> Self {
         let emulator: &EmulatorHandle = &world.emulator;
         let addr = emulator.listen_also("127.0.0.1:0".parse().expect("addr")).await.expect("listen");
         let origin = format!("http://{addr}");
@@ -71,6 +71,7 @@ impl Process {
         command
             .arg("run")
             .envs(TEST_ENV.iter().copied())
+            .env("BATCHD__PACKING__ENABLED", packing.to_string())
             .env("CLOUDFLARE_API_TOKEN", emulator.token())
             .env("BATCHD__CLOUDFLARE__BASE_URL", EmulatorHandle::base_url_of(addr))
             .env("OPENAI_API_KEY", emulator.openai().api_key())
@@ -128,20 +129,50 @@ async fn assert_one_completed_result(world: &World, job_id: &str) {
     assert_eq!(mine, 1, "exactly one result for {job_id}: {results:?}");
 }
 
-/// The ledger's count of creates whose outcome was unknown.
+/// The count of creates whose outcome was unknown, in the ledger of what was created: the job's own, or its
+/// pack's when it was packed.
 async fn possible_duplicate_submits(world: &World, job_id: &str) -> Option<String> {
-    world.ledger(job_id).await.get("possible_duplicate_submits").cloned()
+    let ledger = world.ledger(job_id).await;
+    match ledger.get("c0:pack") {
+        Some(pack) => world.ledger(pack).await.get("possible_duplicate_submits").cloned(),
+        None => ledger.get("possible_duplicate_submits").cloned(),
+    }
+}
+
+/// What the killed create carries: one job of `items` (unpacked), or one one-request job per item sharing a pack.
+/// Returns the job ids.
+async fn enqueue(world: &World, prefix: &str, model: &str, items: Vec<Value>, packed: bool) -> Vec<String> {
+    let jobs: Vec<(String, Vec<Value>)> = if packed {
+        items.into_iter().enumerate().map(|(i, item)| (format!("{prefix}-{i}"), vec![item])).collect()
+    } else {
+        vec![(prefix.to_owned(), items)]
+    };
+    let mut pipe = redis::pipe();
+    for (id, requests) in &jobs {
+        let job = json!({"id": id, "model": model, "requests": requests});
+        pipe.xadd(world.keys.submit(), "*", &[("job", job.to_string())]).ignore();
+    }
+    let _: () = pipe.query_async(&mut world.conn.clone()).await.expect("enqueue");
+    jobs.into_iter().map(|(id, _)| id).collect()
 }
 
 #[tokio::test]
 async fn openai_a_kill_9_inside_the_create_leaves_one_batch_the_next_process_looks_up_and_adopts() {
+    openai_kill_9_inside_the_create(false).await;
+}
+
+#[tokio::test]
+async fn openai_a_kill_9_inside_a_packs_create_leaves_one_batch_the_next_process_looks_up_and_adopts() {
+    openai_kill_9_inside_the_create(true).await;
+}
+
+async fn openai_kill_9_inside_the_create(packed: bool) {
     let world = World::new().await;
     let openai = world.emulator.openai();
     // The create makes its batch, is logged, and its reply is held until the client is gone.
     openai.inject(OpenAiFault::hold().on(OpenAiCallKind::CreateBatch).after_handling());
-    let mut first = Process::start(&world, "first").await;
-    let job = json!({"id": "killed-openai", "model": "openai/gpt-4o-mini", "requests": [chat("a"), chat("b")]});
-    world.enqueue(&job).await;
+    let mut first = Process::start(&world, "first", packed).await;
+    let jobs = enqueue(&world, "killed-openai", "openai/gpt-4o-mini", vec![chat("a"), chat("b")], packed).await;
     assert!(openai.wait_until_held(1, WAIT).await, "the create never reached the emulator");
     let creates = openai.calls_of(OpenAiCallKind::CreateBatch);
     assert_eq!(creates.len(), 1, "{creates:?}");
@@ -158,8 +189,10 @@ async fn openai_a_kill_9_inside_the_create_leaves_one_batch_the_next_process_loo
         "the first process looked its batch up before the kill: the kill did not land in the create"
     );
 
-    let second = Process::start(&world, "second").await;
-    assert_one_completed_result(&world, "killed-openai").await;
+    let second = Process::start(&world, "second", packed).await;
+    for job in &jobs {
+        assert_one_completed_result(&world, job).await;
+    }
     assert_eq!(openai.batch_count(), 1, "exactly one batch at the provider: {:?}", openai.batch_statuses());
     assert_eq!(openai.calls_of(OpenAiCallKind::CreateBatch).len(), 1, "the second process did not create");
     let calls = openai.calls();
@@ -173,21 +206,28 @@ async fn openai_a_kill_9_inside_the_create_leaves_one_batch_the_next_process_loo
             && call.batch_id.as_deref() == Some(held_batch.as_str())
     });
     assert!(adopted, "the second process polled the held batch {held_batch}: {calls:?}");
-    assert_eq!(possible_duplicate_submits(&world, "killed-openai").await.as_deref(), Some("1"), "counted once");
+    assert_eq!(possible_duplicate_submits(&world, &jobs[0]).await.as_deref(), Some("1"), "counted once");
 }
 
 #[tokio::test]
 async fn anthropic_a_kill_9_inside_the_create_leaves_one_batch_the_next_process_waits_for_and_adopts() {
+    anthropic_kill_9_inside_the_create(false).await;
+}
+
+#[tokio::test]
+async fn anthropic_a_kill_9_inside_a_packs_create_leaves_one_batch_the_next_process_waits_for_and_adopts() {
+    anthropic_kill_9_inside_the_create(true).await;
+}
+
+async fn anthropic_kill_9_inside_the_create(packed: bool) {
     // Batches keep processing until the test finishes their items.
     let anthropic = AnthropicConfig { processing_for: Duration::from_secs(3600), ..AnthropicConfig::default() };
     let world = World::with_emulator(EmulatorConfig { anthropic, ..EmulatorConfig::default() }).await;
     let control = world.emulator.anthropic();
     control.inject(AnthropicFault::hold().on(AnthropicCalls::Create));
-    let mut first = Process::start(&world, "first").await;
+    let mut first = Process::start(&world, "first", packed).await;
     let requests: Vec<Value> = (0..3).map(|i| message(&format!("question {i}"))).collect();
-    world
-        .enqueue(&json!({"id": "killed-anthropic", "model": "anthropic/claude-sonnet-4-5", "requests": requests}))
-        .await;
+    let jobs = enqueue(&world, "killed-anthropic", "anthropic/claude-sonnet-4-5", requests, packed).await;
     assert!(control.wait_until_held(1, WAIT).await, "the create never reached the emulator");
     let creates = control.calls_of(AnthropicCallKind::Create);
     assert_eq!(creates.len(), 1, "{creates:?}");
@@ -205,7 +245,7 @@ async fn anthropic_a_kill_9_inside_the_create_leaves_one_batch_the_next_process_
 
     // The second process looks, finds a candidate still running (its custom ids cannot be read yet), and waits:
     // it looks again, creates nothing, publishes nothing.
-    let second = Process::start(&world, "second").await;
+    let second = Process::start(&world, "second", packed).await;
     let lists_by_second = || {
         control
             .calls_of(AnthropicCallKind::List)
@@ -223,14 +263,16 @@ async fn anthropic_a_kill_9_inside_the_create_leaves_one_batch_the_next_process_
 
     // The batch ends: the look reads its first result, finds the chunk's nonce, and adopts it.
     assert!(control.finish_items(&held_batch, 3), "the held batch was still running");
-    assert_one_completed_result(&world, "killed-anthropic").await;
+    for job in &jobs {
+        assert_one_completed_result(&world, job).await;
+    }
     assert_eq!(control.batch_count(), 1, "exactly one batch at the provider: {:?}", control.batch_ids());
     assert_eq!(control.calls_of(AnthropicCallKind::Create).len(), 1, "the second process did not create");
     let read = control.calls_of(AnthropicCallKind::Results).iter().any(|call| {
         call.port == second.port && call.batch_id.as_deref() == Some(held_batch.as_str()) && call.status == 200
     });
     assert!(read, "the second process read the held batch's results: {:?}", control.calls());
-    assert_eq!(possible_duplicate_submits(&world, "killed-anthropic").await.as_deref(), Some("1"), "counted once");
+    assert_eq!(possible_duplicate_submits(&world, &jobs[0]).await.as_deref(), Some("1"), "counted once");
 }
 
 fn chat(text: &str) -> Value {

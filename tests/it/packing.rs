@@ -16,6 +16,20 @@ const WAIT: Duration = Duration::from_secs(90);
 /// One-request jobs per provider: enqueued in one pipeline before the daemon starts.
 const N_JOBS: usize = 500;
 
+/// A world whose daemons pack (the harness turns packing off for the rest of the suite).
+async fn packing_world() -> World {
+    let mut world = World::new().await;
+    world.settings.packing.enabled = true;
+    world
+}
+
+#[test]
+fn packing_is_on_by_default() {
+    let settings = batchd::settings::Settings::load_from(None, &HashMap::new()).expect("the default settings");
+    assert!(settings.packing.enabled);
+    assert_eq!((settings.packing.window_ms, settings.packing.pause_ms), (2000, 200));
+}
+
 /// Each job's one request and the text its answer must echo.
 fn one_request_job(provider: &str, index: usize) -> (Value, String) {
     let text = format!("job {index} asks");
@@ -62,13 +76,13 @@ fn remote_batches(world: &World, provider: &str) -> usize {
 }
 
 async fn many_one_request_jobs_share_few_remote_batches(provider: &str) {
-    let mut world = World::new().await;
+    let mut world = packing_world().await;
     match provider {
         "openai" => with_openai(&mut world.settings, &world.emulator),
         "anthropic" => with_anthropic(&mut world.settings, &world.emulator),
         _ => {}
     }
-    assert!(world.settings.packing.enabled, "packing is on by default");
+    world.settings.packing.enabled = true;
     let mut expected = HashMap::new();
     let mut pipe = redis::pipe();
     for index in 0..N_JOBS {
@@ -118,7 +132,7 @@ async fn anthropic_one_request_jobs_share_remote_batches_each_with_its_own_answe
 
 #[tokio::test]
 async fn a_refused_item_in_a_pack_fails_only_its_own_job() {
-    let world = World::new().await;
+    let world = packing_world().await;
     world.emulator.set_strict_items(true);
     let mut pipe = redis::pipe();
     for index in 0..20 {
@@ -147,7 +161,7 @@ async fn a_refused_item_in_a_pack_fails_only_its_own_job() {
 
 #[tokio::test]
 async fn a_job_that_opts_out_gets_a_remote_batch_of_its_own() {
-    let world = World::new().await;
+    let world = packing_world().await;
     let mut pipe = redis::pipe();
     for index in 0..10 {
         let mut job = json!({"id": format!("solo-{index}"), "model": "@cf/baai/bge-m3", "requests": [{"text": "x"}]});
@@ -174,7 +188,7 @@ async fn a_job_that_opts_out_gets_a_remote_batch_of_its_own() {
 
 #[tokio::test]
 async fn a_lone_job_is_sent_after_the_pause_not_the_whole_window() {
-    let mut world = World::new().await;
+    let mut world = packing_world().await;
     world.settings.packing.window_ms = 60_000;
     world.settings.packing.pause_ms = 100;
     let daemon = world.daemon();
@@ -182,5 +196,82 @@ async fn a_lone_job_is_sent_after_the_pause_not_the_whole_window() {
     // Far less than the window: the pause after the lone arrival sent it.
     let entry = world.wait_for_result("lone", Duration::from_secs(20)).await;
     assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+    daemon.stop().await.expect("stop");
+}
+
+/// A world packing Anthropic jobs whose batches keep processing until the test finishes their items.
+async fn slow_anthropic_world() -> World {
+    let anthropic = batchd_emulator::AnthropicConfig {
+        processing_for: Duration::from_secs(3600),
+        ..batchd_emulator::AnthropicConfig::default()
+    };
+    let mut world = World::with_emulator(batchd_emulator::EmulatorConfig { anthropic, ..Default::default() }).await;
+    world.settings.packing.enabled = true;
+    with_anthropic(&mut world.settings, &world.emulator);
+    world
+}
+
+/// Enqueues `n` one-request Anthropic jobs `<prefix>-<i>` in one pipeline.
+async fn enqueue_anthropic(world: &World, prefix: &str, n: usize) {
+    let mut pipe = redis::pipe();
+    for index in 0..n {
+        let (mut job, _) = one_request_job("anthropic", index);
+        job["id"] = json!(format!("{prefix}-{index}"));
+        pipe.xadd(world.keys.submit(), "*", &[("job", job.to_string())]).ignore();
+    }
+    let _: () = pipe.query_async(&mut world.conn.clone()).await.expect("enqueue");
+}
+
+/// The batch the emulator created, once it has exactly one.
+async fn the_one_batch(world: &World) -> String {
+    let control = world.emulator.anthropic();
+    batchd_tests::wait_until("the pack's create", WAIT, async || !control.batch_ids().is_empty()).await;
+    let ids = control.batch_ids();
+    assert_eq!(ids.len(), 1, "one remote batch for the pack: {ids:?}");
+    ids[0].clone()
+}
+
+#[tokio::test]
+async fn a_job_cancelled_while_its_pack_runs_ends_at_once_and_the_others_complete() {
+    let world = slow_anthropic_world().await;
+    enqueue_anthropic(&world, "member", 5).await;
+    let daemon = world.daemon();
+    let batch = the_one_batch(&world).await;
+    world.cancel("member-2", "not needed").await;
+    let cancelled = world.wait_for_result("member-2", WAIT).await;
+    assert_eq!(cancelled.status, ResultStatus::Cancelled, "{:?}", cancelled.error);
+    assert_eq!(cancelled.items_failed, 1, "its item was not answered");
+    let control = world.emulator.anthropic();
+    assert!(control.calls_of(AnthropicCallKind::Cancel).is_empty(), "the pack still serves four jobs");
+    assert!(control.finish_items(&batch, 5), "the pack's batch was still running");
+    for index in [0, 1, 3, 4] {
+        let entry = world.wait_for_result(&format!("member-{index}"), WAIT).await;
+        assert_eq!(entry.status, ResultStatus::Completed, "member-{index}: {:?}", entry.error);
+        let text = answer_text(&entry);
+        assert!(text.contains(&format!("job {index} asks")), "member-{index} got {text:?}");
+    }
+    world.wait_until_settled(WAIT).await;
+    assert_eq!(world.results().await.len(), 5, "one result per job, the cancelled one's answer dropped");
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_pack_whose_every_job_was_cancelled_is_cancelled_at_the_provider() {
+    let world = slow_anthropic_world().await;
+    enqueue_anthropic(&world, "alone", 2).await;
+    let daemon = world.daemon();
+    let batch = the_one_batch(&world).await;
+    for index in 0..2 {
+        world.cancel(&format!("alone-{index}"), "changed my mind").await;
+        let entry = world.wait_for_result(&format!("alone-{index}"), WAIT).await;
+        assert_eq!(entry.status, ResultStatus::Cancelled, "{:?}", entry.error);
+    }
+    let control = world.emulator.anthropic();
+    batchd_tests::wait_until("the pack's batch to be cancelled", WAIT, async || {
+        control.calls_of(AnthropicCallKind::Cancel).iter().any(|call| call.batch_id.as_deref() == Some(batch.as_str()))
+    })
+    .await;
+    world.wait_until_settled(WAIT).await;
+    assert_eq!(world.results().await.len(), 2, "nothing more was published");
     daemon.stop().await.expect("stop");
 }

@@ -109,7 +109,7 @@ pub async fn cancel(
     call(
         conn,
         "cancel",
-        &[keys.job(job_id), keys.cancel(job_id), keys.schedule()],
+        &[keys.job(job_id), keys.cancel(job_id), keys.schedule_of(job_id)],
         &[job_id.as_str().as_bytes(), ttl.as_bytes(), reason.as_bytes()],
     )
     .await

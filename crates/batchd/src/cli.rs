@@ -426,9 +426,19 @@ fn status_text(
             }
             (None, None) => {}
         }
+        match chunk.get(field::CHUNK_PACK) {
+            Some(field::PACK_QUEUED) => {
+                line("", "packed: waiting for its pack (jobs sharing a remote batch)".to_owned())
+            }
+            Some(pack) => line("", format!("packed in {pack} with other jobs (`batchd status {pack}`)")),
+            None => {}
+        }
         if let Some(error) = chunk.last_error() {
             error_lines(&mut line, "", &error);
         }
+    }
+    if let Some(members) = view.get(field::PACK_MEMBERS) {
+        line("pack of", format!("{members} jobs (their items, in order, make this remote batch)"));
     }
     for (name, label) in [(field::DUPLICATES, "duplicates"), (field::POSSIBLE_DUPLICATE_SUBMITS, "resubmits")] {
         if let Some(value) = view.header.get(name) {

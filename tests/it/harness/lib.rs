@@ -486,6 +486,10 @@ pub fn test_settings(redis_url: &str, emulator: &EmulatorHandle, namespace: &str
         ("BATCHD__RETRY__MAX_BACKOFF_MS", "200".to_owned()),
         ("BATCHD__RETRY__MAX_ATTEMPTS", "4".to_owned()),
         ("BATCHD__SHUTDOWN__GRACE_SECS", "5".to_owned()),
+        // Packing (on by default) has its own tests (tests/it/packing.rs, kill_create.rs): the rest of the suite
+        // drives the path of a job with remote batches of its own (big jobs, `"pack": false`, packing off), whose
+        // per-job calls and ledgers they check.
+        ("BATCHD__PACKING__ENABLED", "false".to_owned()),
         // Rate limiting has its own tests; elsewhere it would only slow the tests down.
         ("BATCHD__RATE_LIMITS__TEXT_GENERATION", "0".to_owned()),
         ("BATCHD__RATE_LIMITS__EMBEDDINGS", "0".to_owned()),

@@ -247,6 +247,10 @@ impl Pipeline {
                         .unwrap_or_else(|| JobError::new(code::API_ERROR, "the batch failed")),
                     request_id: chunk.request_id.clone(),
                 },
+                // In a pack that was sent: it may still run (and be billed); its answers are dropped when they come.
+                Some(ChunkState::Pending) if chunk.pack.as_deref().is_some_and(|pack| pack != field::PACK_QUEUED) => {
+                    ChunkOutcome::Unfinished
+                }
                 // Never sent: a cancelled job's batch that was still waiting to be submitted.
                 Some(ChunkState::Pending) if cancelled => ChunkOutcome::NotRun,
                 _ => ChunkOutcome::Unfinished,
@@ -285,6 +289,10 @@ impl Pipeline {
         };
         let include_result = state == JobState::Completed || any_done;
         let published = self.publish(job_id, &context, state, include_result.then_some(output), error).await?;
+        if published && state != JobState::Completed {
+            // A job that ended early (cancelled, expired, failed) may leave a shared batch nobody needs.
+            self.leave_packs(job_id, &context).await;
+        }
         if published {
             // A cancelled job's batches still running were just asked to cancel once more (`conclude_cancelled`).
             self.settle_remote(job_id, &context, !cancelled).await;

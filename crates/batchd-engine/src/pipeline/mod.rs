@@ -190,7 +190,9 @@ impl Pipeline {
         }
         if view.pack.is_some() && view.chunk_state == ChunkState::Pending {
             // Packed: its pack submits it and hands it its results; it is scheduled only for its deadline.
-            return self.store.reschedule(claim, view.deadline_at).await.map(drop);
+            // (At most 15 digits of Unix ms, as the scripts take: a deadline centuries away is watched in 33658.)
+            let watch_at = view.deadline_at.min(999_999_999_999_999);
+            return self.store.reschedule(claim, watch_at).await.map(drop);
         }
         let Ok(model) = ModelName::parse(&view.model) else {
             return Err(StoreError::Corrupt { job_id: chunk.job_id.to_string(), detail: "model".into() });

@@ -48,6 +48,11 @@ impl Pipeline {
         if !self.packing.enabled || job.pack == Some(false) || plan.len() != 1 {
             return None;
         }
+        // An item naming a model of its own could make a whole shared batch fail (OpenAI takes one model per
+        // file): such a job gets a batch of its own, as before packs.
+        if job.requests.iter().any(|item| item.borrow().get().contains("\"model\"")) {
+            return None;
+        }
         let limits = provider.limits();
         let small_items = limits.max_items.is_none_or(|max| 2 * job.requests.len() <= max);
         if !small_items || 2 * first_body > limits.max_body_bytes {
@@ -264,6 +269,40 @@ impl Pipeline {
             self.settle_remote(pack_id, &context, state != JobState::Cancelled).await;
         }
         Ok(())
+    }
+}
+
+impl Pipeline {
+    /// After a member's job ended before its pack did: when no job of the pack needs it any more, the pack is
+    /// cancelled (its remote batch too, where the provider can cancel). Best effort: the pack runs to its end
+    /// otherwise, and its answers for ended jobs are dropped.
+    pub(super) async fn leave_packs(&self, job_id: &JobId, context: &PublishContext) {
+        let packs = context
+            .chunks
+            .iter()
+            .filter_map(|chunk| chunk.pack.as_deref())
+            .filter(|pack| pack.starts_with(batchd_core::ids::PACK_PREFIX));
+        for pack in packs {
+            let Ok(pack) = JobId::parse(pack) else { continue };
+            let unneeded = match self.store.pack_unneeded(&pack).await {
+                Ok(unneeded) => unneeded,
+                Err(error) => {
+                    tracing::warn!(job_id = %job_id, pack = %pack, error = %error, "could not check whether a pack is still needed; it runs on");
+                    continue;
+                }
+            };
+            if !unneeded {
+                continue;
+            }
+            match self.store.cancel(&pack, "every job in this pack ended before it").await {
+                Ok(_) => {
+                    tracing::info!(job_id = %job_id, pack = %pack, "no job needs its pack any more; the pack is cancelled")
+                }
+                Err(error) => {
+                    tracing::warn!(job_id = %job_id, pack = %pack, error = %error, "could not cancel an unneeded pack; it runs on")
+                }
+            }
+        }
     }
 }
 

@@ -7,26 +7,29 @@
 -- key's open pack (KEYS[6]), the one later calls fill until it is sealed or full. A candidate that left the queue (another replica
 -- packed it), whose job finished (cancelled, expired) or that is not a queued chunk any more is dropped from the
 -- queue. Every read and check comes before the first write; at most MAX_PACK_STEP candidates per call.
--- KEYS: 1 packing queue, 2 packers, 3 pack ledger, 4 pack members list, 5 packs' schedule, 6 open packs, then per
---       candidate its ledger
+-- A pack whose cancellation was requested (KEYS[7]: every job in it ended) takes no one either.
+-- KEYS: 1 packing queue, 2 packers, 3 pack ledger, 4 pack members list, 5 packs' schedule, 6 open packs, 7 the
+--       pack's cancel flag, then per candidate its ledger
 -- ARGV: 1 packing key, 2 pack id, 3 now ms, 4 the pack chunk's lease-until ms, 5 most items, 6 most bytes,
 --       7 bytes added per item, 8 model, 9 endpoint (or ""), then per candidate: member, chunk index
 -- Returns {verdict, members added, the pack's items, 1 when full (a candidate did not fit), chunks left queued}
 local queue, packers, pack, list, packs, open = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local first_candidate = 7
 local key, pack_id = ARGV[1], ARGV[2]
 local now = uint(ARGV[3], 'now')
 local lease_until = uint(ARGV[4], 'lease end')
 local max_items = uint(ARGV[5], 'most items')
 local max_bytes = uint(ARGV[6], 'most bytes')
 local per_item = uint(ARGV[7], 'bytes per item')
-local n = #KEYS - 6
+local n = #KEYS - first_candidate
 if n < 0 or n > MAX_PACK_STEP or #ARGV ~= 9 + 2 * n then
   refuse('0 to ' .. MAX_PACK_STEP .. ' candidates, each with its ledger key, member and chunk index')
 end
 local head = read_hash(pack, F_STATE, F_N_ITEMS, F_PACK_BYTES, F_PACK_MEMBERS, F_DEADLINE_AT,
   chunk_field(0, C_STATE), F_N_CHUNKS)
 local exists = head[1] ~= false and head[1] ~= nil
-if exists and (is_terminal(head[1]) or head[6] ~= CHUNK_PENDING or head[7] ~= '1') then
+if exists and (is_terminal(head[1]) or head[6] ~= CHUNK_PENDING or head[7] ~= '1'
+    or typed('string', 'EXISTS', KEYS[7]) == 1) then
   return {PACK_SEALED, 0, 0, 0, 0}
 end
 local items, bytes, count, deadline = 0, 0, 0, 0
@@ -34,7 +37,7 @@ if exists then
   items = uint(head[2], 'the pack\'s ' .. F_N_ITEMS)
   bytes = uint(head[3] or '0', 'the pack\'s ' .. F_PACK_BYTES)
   count = uint(head[4] or '0', 'the pack\'s ' .. F_PACK_MEMBERS)
-  deadline = uint(head[5] or '0', 'the pack\'s ' .. F_DEADLINE_AT)
+  deadline = tonumber(head[5] or '0') or 0
 end
 local members = {}
 for k = 1, n do members[k] = ARGV[8 + 2 * k] end
@@ -49,21 +52,22 @@ local taken, dropped, full = {}, {}, 0
 for k = 1, n do
   if scores[k] then
     local chunk = uint(ARGV[9 + 2 * k], 'chunk index')
-    local view = read_hash(KEYS[6 + k], F_STATE, F_DEADLINE_AT, chunk_field(chunk, C_STATE),
+    local view = read_hash(KEYS[first_candidate + k], F_STATE, F_DEADLINE_AT, chunk_field(chunk, C_STATE),
       chunk_field(chunk, C_PACK), chunk_field(chunk, C_ITEMS))
     if not view[1] or is_terminal(view[1]) or view[3] ~= CHUNK_PENDING or view[4] ~= PACK_QUEUED then
       dropped[#dropped + 1] = members[k]
     else
       check_items(view[5])
       local len = tonumber(string.match(view[5], ':(%d+)$'))
-      local size = redis.call('HSTRLEN', KEYS[6 + k], chunk_field(chunk, C_REQUESTS)) + len * per_item
+      local size = redis.call('HSTRLEN', KEYS[first_candidate + k], chunk_field(chunk, C_REQUESTS)) + len * per_item
       -- A pack's first member always goes (it was planned within the limits on its own).
       if (items + len > max_items or bytes + size > max_bytes) and (count + #taken) > 0 then
         full = 1
         break
       end
       items, bytes = items + len, bytes + size
-      local member_deadline = uint(view[2] or '0', 'the ledger\'s ' .. F_DEADLINE_AT)
+      -- A deadline may be centuries away (more digits than `uint` takes): compared as a number.
+      local member_deadline = tonumber(view[2] or '0') or 0
       if member_deadline > deadline then deadline = member_deadline end
       taken[#taken + 1] = {k = k, chunk = chunk, len = len}
     end
@@ -77,7 +81,7 @@ end
 
 local listed, removed = {}, {}
 for _, member_taken in ipairs(taken) do
-  local ledger = KEYS[6 + member_taken.k]
+  local ledger = KEYS[first_candidate + member_taken.k]
   redis.call('HSET', ledger, chunk_field(member_taken.chunk, C_PACK), pack_id, F_UPDATED_AT, now)
   listed[#listed + 1] = member_taken.len .. ':' .. members[member_taken.k]
   removed[#removed + 1] = members[member_taken.k]
@@ -86,7 +90,8 @@ for _, dropped_member in ipairs(dropped) do removed[#removed + 1] = dropped_memb
 if #listed > 0 then redis.call('RPUSH', list, unpack(listed)) end
 if #removed > 0 then redis.call('ZREM', queue, unpack(removed)) end
 count = count + #taken
-local fields = {F_N_ITEMS, items, F_PACK_BYTES, bytes, F_PACK_MEMBERS, count, F_DEADLINE_AT, deadline,
+local fields = {F_N_ITEMS, items, F_PACK_BYTES, bytes, F_PACK_MEMBERS, count,
+  F_DEADLINE_AT, string.format('%.0f', deadline),
   F_UPDATED_AT, now, chunk_field(0, C_ITEMS), '0:' .. items}
 if not exists then
   local first = {F_STATE, JOB_ACCEPTED, F_MODEL, ARGV[8], F_PACK_KEY, key, F_ACCEPTED_AT, now, F_N_CHUNKS, 1,

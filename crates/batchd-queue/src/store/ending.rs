@@ -29,13 +29,14 @@ impl Store {
             return Ok(None);
         };
         let n_references: usize = head[8].as_deref().and_then(|n| n.parse().ok()).unwrap_or(0);
-        const PER_CHUNK: [&str; 7] = [
+        const PER_CHUNK: [&str; 8] = [
             field::CHUNK_REQUEST_ID,
             field::CHUNK_STATE,
             field::CHUNK_OUTPUT,
             field::CHUNK_LAST_ERROR,
             field::CHUNK_ITEMS,
             field::CHUNK_INDICES,
+            field::CHUNK_PACK,
             field::CHUNK_REFERENCES,
         ];
         // A chunk's references are asked for only when the job has some.
@@ -51,8 +52,8 @@ impl Store {
             let mut values = values.into_iter();
             for index in first..last {
                 let mut next = || values.next().flatten();
-                let (request_id, state, output, last_error, items, indices) =
-                    (next(), next(), next(), next(), next(), next());
+                let (request_id, state, output, last_error, items, indices, pack) =
+                    (next(), next(), next(), next(), next(), next(), next());
                 let references = if n_references > 0 { next() } else { None };
                 let placement = Placement::parse(items.as_deref().unwrap_or(""), indices.as_deref().unwrap_or(""))
                     .ok_or_else(|| StoreError::Corrupt {
@@ -66,6 +67,7 @@ impl Store {
                     output,
                     last_error,
                     placement,
+                    pack,
                     references,
                 });
             }

@@ -55,6 +55,9 @@ impl<'a> DeadLetterCopy<'a> {
     }
 }
 
+/// The latest time a script takes (15 digits of Unix ms).
+const MAX_SCRIPT_TIME: UnixMillis = 999_999_999_999_999;
+
 impl Store {
     /// Accepts `job` from ingress entry `entry_id`: ledger created, chunks scheduled, entry acknowledged.
     /// The first chunk is scheduled at `first_due` (the accepting replica submits it right away and holds it
@@ -115,7 +118,8 @@ impl Store {
             (None, false) => ChunkState::Pending.as_str(),
         };
         // A packed job's chunk is scheduled only for its deadline (its pack does the submit).
-        let other_due = if pack.is_some() { deadline_at } else { now };
+        // (The scripts' numbers have at most 15 digits: a deadline centuries away is watched in the year 33658.)
+        let other_due = if pack.is_some() { deadline_at.min(MAX_SCRIPT_TIME) } else { now };
         cmd.arg(batchd_core::keys::CONSUMER_GROUP)
             .arg(entry_id)
             .arg(job.id.as_str())

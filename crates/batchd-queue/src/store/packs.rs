@@ -92,6 +92,7 @@ impl Store {
             self.keys.pack_members(pack_id),
             self.keys.packs(),
             self.keys.open_packs(),
+            self.keys.cancel(pack_id),
         ];
         keys.extend(candidates.iter().map(|chunk| self.keys.job(&chunk.job_id)));
         let mut cmd = ScriptCall::new(&self.scripts.pack_form, &keys);
@@ -234,6 +235,24 @@ impl Store {
             }
             DeliverVerdict::Moved | DeliverVerdict::Gone => Ok(None),
         }
+    }
+
+    /// Whether every job of a pack of at most [`MAX_PACK_STEP`] members has ended (cancelled, expired, or served):
+    /// then nobody needs its remote batch any more. `false` for a bigger pack (not read: it runs to its end).
+    pub async fn pack_unneeded(&self, pack_id: &JobId) -> Result<bool, StoreError> {
+        let n: usize = self.conn.clone().llen(self.keys.pack_members(pack_id)).await?;
+        if n == 0 || n > MAX_PACK_STEP {
+            return Ok(false);
+        }
+        let members = self.pack_members(pack_id, 0, n).await?;
+        let mut pipe = redis::pipe();
+        for member in &members {
+            pipe.hget(self.keys.job(&member.chunk.job_id), field::STATE);
+        }
+        let states: Vec<Option<String>> = pipe.query_async(&mut self.conn.clone()).await?;
+        Ok(states.iter().all(|state| {
+            state.as_deref().is_none_or(|state| state.parse::<JobState>().is_ok_and(JobState::is_terminal))
+        }))
     }
 
     /// How many of a pack's members have been handed their results (the delivery's cursor).

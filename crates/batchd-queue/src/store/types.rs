@@ -179,6 +179,7 @@ impl ChunkView {
                 output: None,
                 last_error: None,
                 placement: Placement::Range { start: self.items_start, len: self.items_len },
+                pack: self.pack.clone(),
                 references: None,
             }],
         }
@@ -223,6 +224,8 @@ pub struct ChunkRecord {
     pub last_error: Option<String>,
     /// Which of the job's items the chunk carries.
     pub placement: Placement,
+    /// For a packed chunk ([`field::CHUNK_PACK`]): `queued`, or the id of the pack that carries it.
+    pub pack: Option<String>,
     /// The `external_reference`s of the items the chunk was accepted with (`ChunkReferences`' JSON, keyed by job
     /// index), when it has any and the provider does not echo them; read only when the job has some.
     pub references: Option<String>,
