@@ -53,7 +53,8 @@ pub use crate::{
     },
     calls::{CallKind, CallRecord, QueueCallKind, QueueCallRecord},
     config::{
-        DurationRange, EmulatorConfig, Family, RandomFaults, RateLimit, RefusalForm, SchemaKeyword, default_models,
+        DurationRange, EmulatorConfig, Family, ProviderLimits, RandomFaults, RateLimit, RefusalForm, SchemaKeyword,
+        default_models,
     },
     events::{
         AckWarnings, DEFAULT_EVENTS_QUEUE, DEFAULT_SUBSCRIPTION_ID, EventBody, EventCounts, EventFaults, EventsConfig,
@@ -262,6 +263,13 @@ impl EmulatorHandle {
     /// Changes the per-(account, model) rate limit (`None`: unlimited); the windows start empty.
     pub fn set_rate_limit(&self, rate_limit: Option<RateLimit>) {
         self.state.update_limits(|limits| limits.rate_limit = rate_limit);
+    }
+
+    /// Sets the creation and request limits of all three providers to a preset: [`ProviderLimits::Documented`]
+    /// turns on the documented ones (OpenAI's batch creates, Anthropic's requests, Workers AI's submits),
+    /// [`ProviderLimits::Off`] turns them off. A changed limit starts with a full window (or bucket).
+    pub fn set_provider_limits(&self, preset: ProviderLimits) {
+        self.state.set_provider_limits(preset);
     }
 
     /// Whether polls count against the rate limit too (by default only submits do).

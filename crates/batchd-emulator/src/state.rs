@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use crate::{
     calls::{CallRecord, QueueCallRecord},
-    config::{DurationRange, EmulatorConfig, Family, RandomFaults, RateLimit},
+    config::{DurationRange, EmulatorConfig, Family, ProviderLimits, RandomFaults, RateLimit},
     events::{EventFacts, EventFaults, EventType, EventsConfig},
     fault::{Endpoint, Fault, FaultKind},
     hub::{EventHub, Pulled, QueueStats},
@@ -488,6 +488,17 @@ impl State {
             inner.n_rate_limited += 1;
         }
         admitted
+    }
+
+    /// Sets the three providers' creation and request limits to a preset (see [`ProviderLimits`]).
+    pub fn set_provider_limits(&self, preset: ProviderLimits) {
+        let (workers_ai, openai, anthropic) = preset.limits();
+        self.update_limits(|limits| {
+            limits.rate_limit = workers_ai;
+            limits.limit_polls = false;
+        });
+        self.openai.set_create_limit(openai);
+        self.anthropic.set_rate_limit(anthropic);
     }
 
     pub fn rate_limited_count(&self) -> u64 {

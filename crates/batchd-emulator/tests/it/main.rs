@@ -9,6 +9,7 @@ mod faults;
 mod lifecycle;
 mod limits;
 mod openai;
+mod provider_limits;
 mod random;
 mod variants;
 
