@@ -69,6 +69,8 @@ pub struct EmulatorConfig {
     pub anthropic: crate::anthropic::AnthropicConfig,
     /// The OpenAI Files and Batch API emulator served under `/openai/v1` (see [`crate::OpenAiConfig`]).
     pub openai: crate::openai::OpenAiConfig,
+    /// The Gemini Batch Mode emulator served under `/gemini` (see [`crate::GeminiConfig`]).
+    pub gemini: crate::gemini::GeminiConfig,
 }
 
 impl Default for EmulatorConfig {
@@ -97,6 +99,7 @@ impl Default for EmulatorConfig {
             seed: 0,
             anthropic: crate::anthropic::AnthropicConfig::default(),
             openai: crate::openai::OpenAiConfig::default(),
+            gemini: crate::gemini::GeminiConfig::default(),
         }
     }
 }
@@ -329,7 +332,8 @@ impl EmulatorConfig {
 
     /// These settings with every provider's remote batch taking `duration` from create to results, split over its
     /// states: Workers AI a quarter `queued`, the rest `running`; OpenAI a tenth `validating`, eight tenths
-    /// `in_progress`, a tenth `finalizing`; Anthropic all of it processing.
+    /// `in_progress`, a tenth `finalizing`; Anthropic all of it processing; Gemini a quarter `PENDING`, the rest
+    /// `RUNNING`.
     pub fn with_batch_duration(mut self, duration: Duration) -> Self {
         self.queued_for = duration / 4;
         self.running_for = duration - duration / 4;
@@ -337,6 +341,8 @@ impl EmulatorConfig {
         self.openai.timing.finalizing_for = duration / 10;
         self.openai.timing.in_progress_for = duration - 2 * (duration / 10);
         self.anthropic.processing_for = duration;
+        self.gemini.pending_for = duration / 4;
+        self.gemini.running_for = duration - duration / 4;
         self
     }
 

@@ -13,7 +13,8 @@
 //! The same server fakes Anthropic's Message Batches API under `/anthropic` (see [`EmulatorHandle::anthropic`] and
 //! the README, "Anthropic Message Batches"), and OpenAI's Files and Batch APIs under `/openai/v1`
 //! ([`EmulatorHandle::openai_base_url`]), controlled through [`EmulatorHandle::openai`] or `/_emulator/openai/`
-//! (see the README, "OpenAI Batch API").
+//! (see the README, "OpenAI Batch API"), and Google's Gemini Batch Mode under `/gemini` ([`EmulatorHandle::gemini`],
+//! the README's "Gemini Batch Mode").
 
 mod account_api;
 mod anthropic;
@@ -22,6 +23,7 @@ mod config;
 mod control;
 mod events;
 mod fault;
+mod gemini;
 mod hold;
 mod hub;
 mod limits;
@@ -61,6 +63,7 @@ pub use crate::{
         PullOrder,
     },
     fault::{Calls, Fault, FaultKind},
+    gemini::{GeminiCall, GeminiCallKind, GeminiCalls, GeminiConfig, GeminiControl, GeminiFault, GeminiFaultKind},
     hub::QueueStats,
     openai::{
         OPENAI_PREFIX, OpenAiCallKind, OpenAiCallRecord, OpenAiConfig, OpenAiFault, OpenAiFaultKind, OpenAiHandle,
@@ -202,6 +205,12 @@ impl EmulatorHandle {
     /// faults, call log, timing).
     pub fn anthropic(&self) -> AnthropicControl {
         AnthropicControl::new(self.addr, Arc::clone(&self.state))
+    }
+
+    /// In-process control of the Gemini Batch Mode emulator served under `/gemini` (base URL, key, faults, call
+    /// log, timing).
+    pub fn gemini(&self) -> GeminiControl {
+        GeminiControl::new(self.addr, Arc::clone(&self.state.gemini))
     }
 
     /// The configured account id.
@@ -452,6 +461,7 @@ impl EmulatorHandle {
         // Held replies would keep their connections open through the whole grace period.
         self.state.openai.holds.release();
         self.state.anthropic.holds.release();
+        self.state.gemini.holds.release();
         if let Some(shutdown_tx) = self.shutdown_tx.take() {
             let _ = shutdown_tx.send(());
         }

@@ -7,8 +7,8 @@ use std::{io::Write, net::SocketAddr, time::Duration};
 
 use anyhow::Context;
 use batchd_emulator::{
-    AnthropicConfig, DurationRange, Emulator, EmulatorConfig, EventBody, EventFaults, EventsConfig, OpenAiConfig,
-    OpenAiLimits, OpenAiTiming, ProviderLimits, PullOrder, RandomFaults, RateLimit,
+    AnthropicConfig, DurationRange, Emulator, EmulatorConfig, EventBody, EventFaults, EventsConfig, GeminiConfig,
+    OpenAiConfig, OpenAiLimits, OpenAiTiming, ProviderLimits, PullOrder, RandomFaults, RateLimit,
 };
 use clap::{Parser, ValueEnum};
 
@@ -169,6 +169,15 @@ struct Args {
     /// Keep input order in OpenAI result files (by default they are shuffled, as the API documents).
     #[arg(long)]
     openai_keep_order: bool,
+    /// Key callers of the Gemini emulator (under /gemini) must send as `x-goog-api-key` or `?key=`.
+    #[arg(long, env = "EMULATOR_GEMINI_KEY", default_value = "emulator-gemini-key")]
+    gemini_api_key: String,
+    /// Milliseconds a Gemini batch stays `PENDING`.
+    #[arg(long, default_value_t = 100)]
+    gemini_pending_ms: u64,
+    /// Milliseconds a Gemini batch then stays `RUNNING` before it ends.
+    #[arg(long, default_value_t = 200)]
+    gemini_running_ms: u64,
     /// OpenAI batch creates allowed per --openai-create-limit-per-ms; over it, HTTP 429 `rate_limit_exceeded`.
     #[arg(long, value_name = "N")]
     openai_create_limit: Option<u32>,
@@ -311,6 +320,12 @@ async fn main() -> anyhow::Result<()> {
             limits: OpenAiLimits { max_file_bytes: args.openai_max_file_bytes, ..OpenAiLimits::default() },
             shuffle: !args.openai_keep_order,
             create_limit: None,
+        },
+        gemini: GeminiConfig {
+            api_key: args.gemini_api_key,
+            pending_for: Duration::from_millis(args.gemini_pending_ms),
+            running_for: Duration::from_millis(args.gemini_running_ms),
+            ..GeminiConfig::default()
         },
     };
     config = config.with_provider_limits(match args.provider_limits {

@@ -6,6 +6,7 @@ mod control;
 mod errors;
 mod events;
 mod faults;
+mod gemini;
 mod lifecycle;
 mod limits;
 mod openai;
