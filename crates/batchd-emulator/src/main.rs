@@ -1,5 +1,6 @@
-//! `batchd-emulator`: runs the Workers AI Batch API emulator (and, with `--events`, its events queue) until SIGTERM
-//! or SIGINT.
+//! `batchd-emulator`: runs the Workers AI Batch API emulator (and, with `--events`, its events queue), with the
+//! OpenAI (`/openai/v1`), Anthropic (`/anthropic`) and Gemini (`/gemini`) ones on the same address, until SIGTERM or
+//! SIGINT.
 //!
 //! Prints `batchd-emulator listening on http://ADDR/client/v4` on stdout once bound; logs go to stderr.
 
@@ -58,7 +59,8 @@ struct Args {
     #[arg(long, value_enum, default_value_t = LimitsArg::Off)]
     provider_limits: LimitsArg,
     /// Every provider's remote batch takes this many milliseconds from create to results (overrides --queued-ms,
-    /// --running-ms, --openai-*-ms and --anthropic-processing-ms; see `EmulatorConfig::with_batch_duration`).
+    /// --running-ms, --openai-*-ms, --anthropic-processing-ms and --gemini-*-ms; see
+    /// `EmulatorConfig::with_batch_duration`).
     #[arg(long, value_name = "MS")]
     batch_duration_ms: Option<u64>,
     /// Milliseconds a finished batch can still be polled before it answers 404 (forever when absent).

@@ -372,7 +372,7 @@ async fn the_preset_and_batch_duration_from_the_config() {
 }
 
 #[tokio::test]
-async fn the_binary_takes_the_preset_its_overrides_and_one_batch_duration() {
+async fn the_binary_takes_the_preset_its_overrides_and_one_batch_duration_for_all_four_apis() {
     let process = crate::binary::EmulatorProcess::spawn(
         &[
             "--provider-limits",
@@ -401,5 +401,7 @@ async fn the_binary_takes_the_preset_its_overrides_and_one_batch_duration() {
     let openai_ms = ["validating_ms", "in_progress_ms", "finalizing_ms"].map(|field| openai[field].clone());
     assert_eq!(openai_ms, [json!(500), json!(4000), json!(500)]);
     assert_eq!(get("anthropic/config").await["processing_ms"], 5000);
+    let gemini = get("gemini/config").await;
+    assert_eq!((gemini["pending_ms"].clone(), gemini["running_ms"].clone()), (json!(1250), json!(3750)));
     process.stop_with_sigterm().await;
 }
