@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use crate::{
     calls::{CallRecord, QueueCallRecord},
-    config::{DurationRange, RandomFaults, RateLimit},
+    config::{DurationRange, ProviderLimits, RandomFaults, RateLimit},
     events::{EventFaults, EventsConfig},
     fault::Fault,
     hub::QueueStats,
@@ -31,6 +31,7 @@ pub(crate) fn routes() -> Router<Shared> {
         .route("/_emulator/calls", get(list_calls))
         .route("/_emulator/config", get(get_config).post(set_config))
         .route("/_emulator/reset", post(reset))
+        .route("/_emulator/provider_limits", get(get_provider_limits).post(set_provider_limits))
         .route("/_emulator/batches", get(list_batches))
         .route("/_emulator/stats", get(stats))
         .route("/_emulator/queue", get(queue_stats))
@@ -68,16 +69,6 @@ async fn list_calls(AxumState(state): AxumState<Shared>) -> Json<Vec<CallRecord>
     Json(state.calls())
 }
 
-/// A rate limit as the control API reads and writes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RateLimitBody {
-    /// See [`RateLimit::requests`].
-    requests: u32,
-    /// See [`RateLimit::per`], in milliseconds.
-    per_ms: u64,
-}
-
 /// `POST /_emulator/config`: every field optional, absent means unchanged; `null` removes a cap or limit.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -93,7 +84,7 @@ struct ConfigChange {
     max_items: Option<Option<usize>>,
     /// See [`Limits::rate_limit`].
     #[serde(default, deserialize_with = "present")]
-    rate_limit: Option<Option<RateLimitBody>>,
+    rate_limit: Option<Option<RateLimit>>,
     /// See [`Limits::limit_polls`].
     limit_polls: Option<bool>,
     /// See [`Limits::retention`], in milliseconds.
@@ -138,7 +129,7 @@ struct ConfigView {
     /// See [`Limits::max_items`].
     max_items: Option<usize>,
     /// See [`Limits::rate_limit`].
-    rate_limit: Option<RateLimitBody>,
+    rate_limit: Option<RateLimit>,
     /// See [`Limits::limit_polls`].
     limit_polls: bool,
     /// See [`Limits::retention`], in milliseconds.
@@ -175,9 +166,7 @@ fn config_view(state: &State) -> ConfigView {
         running_for_ms: millis(timing.running_for),
         max_body_bytes: limits.max_body_bytes,
         max_items: limits.max_items,
-        rate_limit: limits
-            .rate_limit
-            .map(|limit| RateLimitBody { requests: limit.requests, per_ms: millis(limit.per) }),
+        rate_limit: limits.rate_limit,
         limit_polls: limits.limit_polls,
         retention_ms: limits.retention.map(millis),
         strict_items: state.strict_items(),
@@ -209,8 +198,7 @@ async fn set_config(AxumState(state): AxumState<Shared>, Json(change): Json<Conf
             limits.max_items = max_items;
         }
         if let Some(rate_limit) = change.rate_limit {
-            limits.rate_limit =
-                rate_limit.map(|body| RateLimit::new(body.requests, Duration::from_millis(body.per_ms)));
+            limits.rate_limit = rate_limit;
         }
         if let Some(limit_polls) = change.limit_polls {
             limits.limit_polls = limit_polls;
@@ -245,6 +233,57 @@ async fn set_config(AxumState(state): AxumState<Shared>, Json(change): Json<Conf
     }
     tracing::info!(?timing, ?limits, "emulator settings changed");
     Json(config_view(&state))
+}
+
+/// `POST /_emulator/provider_limits`: a preset of the three providers' limits.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProviderLimitsChange {
+    /// `documented` or `off`.
+    preset: ProviderLimits,
+}
+
+/// The creation and request limits of the three providers, and the 429s each answered since start or its reset.
+#[derive(Debug, Clone, Serialize)]
+struct ProviderLimitsView {
+    /// Workers AI, per account and model: [`Limits::rate_limit`].
+    workers_ai: Option<RateLimit>,
+    /// Whether Workers AI polls count too.
+    workers_ai_limit_polls: bool,
+    /// OpenAI batch creates: [`crate::OpenAiConfig::create_limit`].
+    openai_creates: Option<RateLimit>,
+    /// Every Anthropic call: [`crate::AnthropicConfig::rate_limit`].
+    anthropic_requests: Option<RateLimit>,
+    /// 429s answered by each limit: `{"workers_ai":N,"openai":N,"anthropic":N}`.
+    rate_limited: Value,
+}
+
+fn provider_limits_view(state: &Shared) -> ProviderLimitsView {
+    let limits = state.limits();
+    ProviderLimitsView {
+        workers_ai: limits.rate_limit,
+        workers_ai_limit_polls: limits.limit_polls,
+        openai_creates: state.openai.create_limit(),
+        anthropic_requests: state.anthropic.rate_limit(),
+        rate_limited: json!({
+            "workers_ai": state.rate_limited_count(),
+            "openai": state.openai.rate_limited_count(),
+            "anthropic": state.anthropic.rate_limited_count(),
+        }),
+    }
+}
+
+async fn get_provider_limits(AxumState(state): AxumState<Shared>) -> Json<ProviderLimitsView> {
+    Json(provider_limits_view(&state))
+}
+
+async fn set_provider_limits(
+    AxumState(state): AxumState<Shared>,
+    Json(change): Json<ProviderLimitsChange>,
+) -> Json<ProviderLimitsView> {
+    state.set_provider_limits(change.preset);
+    tracing::info!(preset = ?change.preset, "provider limits changed");
+    Json(provider_limits_view(&state))
 }
 
 /// `GET /_emulator/stats`: counters a test outside the process can read.

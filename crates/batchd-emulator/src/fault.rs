@@ -274,6 +274,25 @@ impl Fault {
     }
 }
 
+/// A fault that hits a number of calls: what [`take_hit`] counts down.
+pub(crate) trait Hits {
+    /// How many matching calls the fault still hits.
+    fn times_mut(&mut self) -> &mut u32;
+}
+
+/// Uses up one hit of the first fault `hits` accepts and answers it as it was; a fault whose hits are used up is
+/// removed. The faults of the Anthropic and Gemini emulators are taken so.
+pub(crate) fn take_hit<F: Hits + Clone>(faults: &mut Vec<F>, hits: impl Fn(&F) -> bool) -> Option<F> {
+    let position = faults.iter().position(hits)?;
+    let taken = faults[position].clone();
+    let times = faults[position].times_mut();
+    *times = times.saturating_sub(1);
+    if *times == 0 {
+        faults.remove(position);
+    }
+    Some(taken)
+}
+
 /// Default envelope code and message for a `status` fault without them.
 pub(crate) fn default_error_for_status(status: u16) -> (i64, String) {
     match status {

@@ -13,7 +13,8 @@
 //! The same server fakes Anthropic's Message Batches API under `/anthropic` (see [`EmulatorHandle::anthropic`] and
 //! the README, "Anthropic Message Batches"), and OpenAI's Files and Batch APIs under `/openai/v1`
 //! ([`EmulatorHandle::openai_base_url`]), controlled through [`EmulatorHandle::openai`] or `/_emulator/openai/`
-//! (see the README, "OpenAI Batch API").
+//! (see the README, "OpenAI Batch API"), and Google's Gemini Batch Mode under `/gemini` ([`EmulatorHandle::gemini`],
+//! the README's "Gemini Batch Mode").
 
 mod account_api;
 mod anthropic;
@@ -22,6 +23,7 @@ mod config;
 mod control;
 mod events;
 mod fault;
+mod gemini;
 mod hold;
 mod hub;
 mod limits;
@@ -53,13 +55,15 @@ pub use crate::{
     },
     calls::{CallKind, CallRecord, QueueCallKind, QueueCallRecord},
     config::{
-        DurationRange, EmulatorConfig, Family, RandomFaults, RateLimit, RefusalForm, SchemaKeyword, default_models,
+        DurationRange, EmulatorConfig, Family, ProviderLimits, RandomFaults, RateLimit, RefusalForm, SchemaKeyword,
+        default_models,
     },
     events::{
         AckWarnings, DEFAULT_EVENTS_QUEUE, DEFAULT_SUBSCRIPTION_ID, EventBody, EventCounts, EventFaults, EventsConfig,
         PullOrder,
     },
     fault::{Calls, Fault, FaultKind},
+    gemini::{GeminiCall, GeminiCallKind, GeminiCalls, GeminiConfig, GeminiControl, GeminiFault, GeminiFaultKind},
     hub::QueueStats,
     openai::{
         OPENAI_PREFIX, OpenAiCallKind, OpenAiCallRecord, OpenAiConfig, OpenAiFault, OpenAiFaultKind, OpenAiHandle,
@@ -203,6 +207,12 @@ impl EmulatorHandle {
         AnthropicControl::new(self.addr, Arc::clone(&self.state))
     }
 
+    /// In-process control of the Gemini Batch Mode emulator served under `/gemini` (base URL, key, faults, call
+    /// log, timing).
+    pub fn gemini(&self) -> GeminiControl {
+        GeminiControl::new(self.addr, Arc::clone(&self.state.gemini))
+    }
+
     /// The configured account id.
     pub fn account_id(&self) -> &str {
         &self.state.config.account_id
@@ -262,6 +272,13 @@ impl EmulatorHandle {
     /// Changes the per-(account, model) rate limit (`None`: unlimited); the windows start empty.
     pub fn set_rate_limit(&self, rate_limit: Option<RateLimit>) {
         self.state.update_limits(|limits| limits.rate_limit = rate_limit);
+    }
+
+    /// Sets the creation and request limits of all three providers to a preset: [`ProviderLimits::Documented`]
+    /// turns on the documented ones (OpenAI's batch creates, Anthropic's requests, Workers AI's submits),
+    /// [`ProviderLimits::Off`] turns them off. A changed limit starts with a full window (or bucket).
+    pub fn set_provider_limits(&self, preset: ProviderLimits) {
+        self.state.set_provider_limits(preset);
     }
 
     /// Whether polls count against the rate limit too (by default only submits do).
@@ -444,6 +461,7 @@ impl EmulatorHandle {
         // Held replies would keep their connections open through the whole grace period.
         self.state.openai.holds.release();
         self.state.anthropic.holds.release();
+        self.state.gemini.holds.release();
         if let Some(shutdown_tx) = self.shutdown_tx.take() {
             let _ = shutdown_tx.send(());
         }

@@ -1,10 +1,14 @@
-//! Limits that change at runtime: body and item caps, the per-(account, model) rate limit, batch retention.
+//! Limits that change at runtime: body and item caps, the per-(account, model) rate limit, batch retention, and
+//! the rate limiter every provider module meters its calls with.
 //!
-//! The rate limiter is a sliding window over a log of admitted calls: a call is admitted when fewer than
-//! `requests` calls were admitted for the same account and model in the last `per`. Unlike a token bucket,
-//! that never lets more than `requests` calls through in any window of `per`, which is how Cloudflare states
-//! its limits ("300 requests per minute") and lets a test predict exactly which call gets the 429. Refused
-//! calls are not logged, so a client that keeps retrying early is not punished further.
+//! A [`RateLimit`] without a burst is a sliding window over a log of admitted calls: a call is admitted when fewer
+//! than `requests` calls were admitted for the same key in the last `per`. Unlike a token bucket, that never lets
+//! more than `requests` calls through in any window of `per`, which is how Cloudflare states its limits ("300
+//! requests per minute") and lets a test predict exactly which call gets the 429. With a burst it is a token bucket
+//! (kept as a GCRA: one theoretical arrival time per key, exact in integer time): it holds at most `burst` calls
+//! and refills at `requests` per `per`, which is how Anthropic describes its limits ("continuously replenished")
+//! and how OpenAI enforces an hourly one in shorter periods. Refused calls use nothing, so a client that keeps
+//! retrying early is not punished further.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -43,30 +47,48 @@ impl Limits {
     }
 }
 
-/// Sliding-window logs of admitted calls, one per (account, model).
+/// What the limiter remembers of one key's admitted calls.
+#[derive(Debug)]
+enum Admitted {
+    /// A sliding window: the times of the calls admitted within the last window, oldest first.
+    Window(VecDeque<Instant>),
+    /// A token bucket as a GCRA: the time at which the bucket would be full again if no call came.
+    Bucket(Instant),
+}
+
+impl Admitted {
+    /// An empty window, or a full bucket.
+    fn fresh(burst: Option<u32>, now: Instant) -> Self {
+        match burst {
+            None => Self::Window(VecDeque::new()),
+            Some(_) => Self::Bucket(now),
+        }
+    }
+}
+
+/// The admitted calls, one record per (account, model) or whatever pair of names a provider keys its limit by.
 #[derive(Debug, Default)]
 pub(crate) struct RateLimiter {
-    /// Times of the calls admitted within the last window, oldest first, by (account, model).
-    admitted: HashMap<(String, String), VecDeque<Instant>>,
+    /// What each key admitted.
+    admitted: HashMap<(String, String), Admitted>,
 }
 
 impl RateLimiter {
     /// Admits a call for `account` and `model` at `now`, or returns how long until a call would be admitted.
     pub fn admit(&mut self, account: &str, model: &str, limit: RateLimit, now: Instant) -> Result<(), Duration> {
-        if limit.requests == 0 {
+        if limit.requests == 0 || limit.burst == Some(0) {
             return Err(limit.per);
         }
-        let log = self.admitted.entry((account.to_owned(), model.to_owned())).or_default();
-        while log.front().is_some_and(|&at| now.saturating_duration_since(at) >= limit.per) {
-            log.pop_front();
-        }
-        match log.front() {
-            Some(&oldest) if log.len() >= limit.requests as usize => {
-                Err((oldest + limit.per).saturating_duration_since(now))
-            }
-            _ => {
-                log.push_back(now);
-                Ok(())
+        let entry = self
+            .admitted
+            .entry((account.to_owned(), model.to_owned()))
+            .or_insert_with(|| Admitted::fresh(limit.burst, now));
+        loop {
+            match (limit.burst, &mut *entry) {
+                (None, Admitted::Window(log)) => return admit_window(log, limit, now),
+                (Some(burst), Admitted::Bucket(full_at)) => return admit_bucket(full_at, limit, burst, now),
+                // The key was metered by a limit of the other kind: start afresh.
+                (burst, other) => *other = Admitted::fresh(burst, now),
             }
         }
     }
@@ -74,6 +96,78 @@ impl RateLimiter {
     /// Forgets every admitted call (a new limit, or a reset, starts with full windows).
     pub fn clear(&mut self) {
         self.admitted.clear();
+    }
+}
+
+/// The sliding window: admitted when fewer than `requests` calls were admitted in the last `per`.
+fn admit_window(log: &mut VecDeque<Instant>, limit: RateLimit, now: Instant) -> Result<(), Duration> {
+    while log.front().is_some_and(|&at| now.saturating_duration_since(at) >= limit.per) {
+        log.pop_front();
+    }
+    match log.front() {
+        Some(&oldest) if log.len() >= limit.requests as usize => {
+            Err((oldest + limit.per).saturating_duration_since(now))
+        }
+        _ => {
+            log.push_back(now);
+            Ok(())
+        }
+    }
+}
+
+/// The token bucket: each call adds one emission interval (`per / requests`) to the time the bucket is full
+/// again; a call is admitted while that time is at most `burst - 1` intervals ahead of `now`.
+fn admit_bucket(full_at: &mut Instant, limit: RateLimit, burst: u32, now: Instant) -> Result<(), Duration> {
+    let interval = limit.per / limit.requests;
+    let tolerance = interval * (burst - 1);
+    let start = (*full_at).max(now);
+    let ahead = start.saturating_duration_since(now);
+    if ahead > tolerance {
+        return Err(ahead - tolerance);
+    }
+    *full_at = start + interval;
+    Ok(())
+}
+
+/// A provider's metered calls under the limit its settings hold: what the limit admitted, and how many calls it
+/// refused. A changed limit starts with a full window (or bucket).
+#[derive(Debug, Default)]
+pub(crate) struct Meter {
+    /// The limit the admitted calls were counted under.
+    counted_under: Option<RateLimit>,
+    /// What the limit admitted.
+    limiter: RateLimiter,
+    /// Calls refused since start or the last reset.
+    n_refused: u64,
+}
+
+impl Meter {
+    /// Admits one call counted under `key` at `now` by `limit` (`None`: every call passes), or returns how long
+    /// until one would be admitted (and counts the refusal).
+    pub fn admit(&mut self, limit: Option<RateLimit>, key: &str, now: Instant) -> Result<(), Duration> {
+        if self.counted_under != limit {
+            self.limiter.clear();
+            self.counted_under = limit;
+        }
+        let Some(limit) = limit else {
+            return Ok(());
+        };
+        let admitted = self.limiter.admit(key, "", limit, now);
+        if admitted.is_err() {
+            self.n_refused += 1;
+        }
+        admitted
+    }
+
+    /// Calls refused since start or the last reset.
+    pub fn n_refused(&self) -> u64 {
+        self.n_refused
+    }
+
+    /// Empties the window (or fills the bucket) and zeroes the refused count.
+    pub fn reset(&mut self) {
+        self.limiter.clear();
+        self.n_refused = 0;
     }
 }
 
@@ -120,6 +214,54 @@ mod tests {
         assert_eq!(limiter.admit("a", "m", limit, start + ms(1000)), Ok(()));
         limiter.clear();
         assert_eq!(limiter.admit("a", "m", limit, start + ms(1001)), Ok(()));
+    }
+
+    #[test]
+    fn a_bucket_lets_a_burst_through_then_one_call_per_interval() {
+        let start = Instant::now();
+        // 2,000 an hour is one call per 1.8 s; a burst of 3.
+        let limit = RateLimit::new(2000, Duration::from_secs(3600)).burst(3);
+        let mut limiter = RateLimiter::default();
+        for _ in 0..3 {
+            assert_eq!(limiter.admit("a", "m", limit, start), Ok(()));
+        }
+        assert_eq!(limiter.admit("a", "m", limit, start), Err(ms(1800)));
+        assert_eq!(limiter.admit("a", "m", limit, start + ms(1000)), Err(ms(800)));
+        assert_eq!(limiter.admit("a", "m", limit, start + ms(1800)), Ok(()));
+        assert_eq!(limiter.admit("a", "m", limit, start + ms(1800)), Err(ms(1800)));
+        // Idle for long enough, the bucket is full again, and never fuller than the burst.
+        let later = start + Duration::from_secs(100);
+        for _ in 0..3 {
+            assert_eq!(limiter.admit("a", "m", limit, later), Ok(()));
+        }
+        assert!(limiter.admit("a", "m", limit, later).is_err());
+    }
+
+    #[test]
+    fn a_burst_of_one_spaces_every_call() {
+        let start = Instant::now();
+        let limit = RateLimit::new(50, Duration::from_secs(60)).burst(1);
+        let mut limiter = RateLimiter::default();
+        assert_eq!(limiter.admit("a", "m", limit, start), Ok(()));
+        assert_eq!(limiter.admit("a", "m", limit, start + ms(1199)), Err(ms(1)));
+        assert_eq!(limiter.admit("a", "m", limit, start + ms(1200)), Ok(()));
+        assert_eq!(limiter.admit("a", "m", limit.burst(0), start + ms(5000)), Err(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn a_meter_counts_refusals_and_resets() {
+        let start = Instant::now();
+        let limit = Some(RateLimit::new(1, ms(1000)));
+        let mut meter = Meter::default();
+        assert_eq!(meter.admit(limit, "k", start), Ok(()));
+        assert_eq!(meter.admit(limit, "k", start), Err(ms(1000)));
+        assert_eq!(meter.n_refused(), 1);
+        meter.reset();
+        assert_eq!(meter.n_refused(), 0);
+        assert_eq!(meter.admit(limit, "k", start), Ok(()));
+        assert_eq!(meter.admit(None, "k", start), Ok(()));
+        // A new limit starts with a full window.
+        assert_eq!(meter.admit(Some(RateLimit::new(1, ms(2000))), "k", start), Ok(()));
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! `batchd-emulator`: runs the Workers AI Batch API emulator (and, with `--events`, its events queue) until SIGTERM
-//! or SIGINT.
+//! `batchd-emulator`: runs the Workers AI Batch API emulator (and, with `--events`, its events queue), with the
+//! OpenAI (`/openai/v1`), Anthropic (`/anthropic`) and Gemini (`/gemini`) ones on the same address, until SIGTERM or
+//! SIGINT.
 //!
 //! Prints `batchd-emulator listening on http://ADDR/client/v4` on stdout once bound; logs go to stderr.
 
@@ -7,8 +8,8 @@ use std::{io::Write, net::SocketAddr, time::Duration};
 
 use anyhow::Context;
 use batchd_emulator::{
-    AnthropicConfig, DurationRange, Emulator, EmulatorConfig, EventBody, EventFaults, EventsConfig, OpenAiConfig,
-    OpenAiLimits, OpenAiTiming, PullOrder, RandomFaults, RateLimit,
+    AnthropicConfig, DurationRange, Emulator, EmulatorConfig, EventBody, EventFaults, EventsConfig, GeminiConfig,
+    OpenAiConfig, OpenAiLimits, OpenAiTiming, ProviderLimits, PullOrder, RandomFaults, RateLimit,
 };
 use clap::{Parser, ValueEnum};
 
@@ -45,9 +46,23 @@ struct Args {
     /// Length of the rate-limit window in milliseconds.
     #[arg(long, default_value_t = 60_000)]
     rate_limit_per_ms: u64,
+    /// Make the rate limit a token bucket of this many calls, refilled at --rate-limit-requests per
+    /// --rate-limit-per-ms (a sliding window when absent).
+    #[arg(long, requires = "rate_limit_requests")]
+    rate_limit_burst: Option<u32>,
     /// Count polls against the rate limit too (by default only submits).
     #[arg(long)]
     limit_polls: bool,
+    /// The providers' creation and request limits: `documented` enforces OpenAI's 2,000 batch creates an hour
+    /// (burst 1), Anthropic's 50 requests a minute (every call, burst 50) and Workers AI's 300 submits a minute per
+    /// model (polls free); the flags of each limit override it.
+    #[arg(long, value_enum, default_value_t = LimitsArg::Off)]
+    provider_limits: LimitsArg,
+    /// Every provider's remote batch takes this many milliseconds from create to results (overrides --queued-ms,
+    /// --running-ms, --openai-*-ms, --anthropic-processing-ms and --gemini-*-ms; see
+    /// `EmulatorConfig::with_batch_duration`).
+    #[arg(long, value_name = "MS")]
+    batch_duration_ms: Option<u64>,
     /// Milliseconds a finished batch can still be polled before it answers 404 (forever when absent).
     #[arg(long)]
     retention_ms: Option<u64>,
@@ -156,6 +171,52 @@ struct Args {
     /// Keep input order in OpenAI result files (by default they are shuffled, as the API documents).
     #[arg(long)]
     openai_keep_order: bool,
+    /// Key callers of the Gemini emulator (under /gemini) must send as `x-goog-api-key` or `?key=`.
+    #[arg(long, env = "EMULATOR_GEMINI_KEY", default_value = "emulator-gemini-key")]
+    gemini_api_key: String,
+    /// Milliseconds a Gemini batch stays `PENDING`.
+    #[arg(long, default_value_t = 100)]
+    gemini_pending_ms: u64,
+    /// Milliseconds a Gemini batch then stays `RUNNING` before it ends.
+    #[arg(long, default_value_t = 200)]
+    gemini_running_ms: u64,
+    /// OpenAI batch creates allowed per --openai-create-limit-per-ms; over it, HTTP 429 `rate_limit_exceeded`.
+    #[arg(long, value_name = "N")]
+    openai_create_limit: Option<u32>,
+    /// The window (or refill period) of --openai-create-limit, in milliseconds.
+    #[arg(long, default_value_t = 3_600_000, value_name = "MS")]
+    openai_create_limit_per_ms: u64,
+    /// Make --openai-create-limit a token bucket of this many creates (a sliding window when absent).
+    #[arg(long, requires = "openai_create_limit", value_name = "N")]
+    openai_create_burst: Option<u32>,
+    /// Anthropic calls of any kind allowed per --anthropic-rate-limit-per-ms; over it, HTTP 429
+    /// `rate_limit_error`.
+    #[arg(long, value_name = "N")]
+    anthropic_rate_limit: Option<u32>,
+    /// The window (or refill period) of --anthropic-rate-limit, in milliseconds.
+    #[arg(long, default_value_t = 60_000, value_name = "MS")]
+    anthropic_rate_limit_per_ms: u64,
+    /// Make --anthropic-rate-limit a token bucket of this many calls (a sliding window when absent).
+    #[arg(long, requires = "anthropic_rate_limit", value_name = "N")]
+    anthropic_rate_limit_burst: Option<u32>,
+}
+
+/// `--provider-limits`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LimitsArg {
+    /// No creation or request limits.
+    Off,
+    /// The documented ones (see `ProviderLimits::Documented`).
+    Documented,
+}
+
+/// A rate limit from a flag's count, window and optional burst.
+fn rate_limit(requests: u32, per_ms: u64, burst: Option<u32>) -> RateLimit {
+    let limit = RateLimit::new(requests, Duration::from_millis(per_ms));
+    match burst {
+        Some(burst) => limit.burst(burst),
+        None => limit,
+    }
 }
 
 /// `--events-body`.
@@ -190,17 +251,15 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
-    let config = EmulatorConfig {
+    let mut config = EmulatorConfig {
         token: args.token,
         account_id: args.account_id,
         queued_for: Duration::from_millis(args.queued_ms),
         running_for: Duration::from_millis(args.running_ms),
         max_body_bytes: args.max_body_bytes,
         max_items: args.max_items,
-        rate_limit: args
-            .rate_limit_requests
-            .map(|requests| RateLimit::new(requests, Duration::from_millis(args.rate_limit_per_ms))),
-        limit_polls: args.limit_polls,
+        rate_limit: None,
+        limit_polls: false,
         retention: args.retention_ms.map(Duration::from_millis),
         submit_status: args.submit_status,
         extra_models: Vec::new(),
@@ -262,8 +321,34 @@ async fn main() -> anyhow::Result<()> {
             },
             limits: OpenAiLimits { max_file_bytes: args.openai_max_file_bytes, ..OpenAiLimits::default() },
             shuffle: !args.openai_keep_order,
+            create_limit: None,
+        },
+        gemini: GeminiConfig {
+            api_key: args.gemini_api_key,
+            pending_for: Duration::from_millis(args.gemini_pending_ms),
+            running_for: Duration::from_millis(args.gemini_running_ms),
+            ..GeminiConfig::default()
         },
     };
+    config = config.with_provider_limits(match args.provider_limits {
+        LimitsArg::Off => ProviderLimits::Off,
+        LimitsArg::Documented => ProviderLimits::Documented,
+    });
+    config.limit_polls = args.limit_polls;
+    if let Some(requests) = args.rate_limit_requests {
+        config.rate_limit = Some(rate_limit(requests, args.rate_limit_per_ms, args.rate_limit_burst));
+    }
+    if let Some(requests) = args.openai_create_limit {
+        config.openai.create_limit =
+            Some(rate_limit(requests, args.openai_create_limit_per_ms, args.openai_create_burst));
+    }
+    if let Some(requests) = args.anthropic_rate_limit {
+        config.anthropic.rate_limit =
+            Some(rate_limit(requests, args.anthropic_rate_limit_per_ms, args.anthropic_rate_limit_burst));
+    }
+    if let Some(ms) = args.batch_duration_ms {
+        config = config.with_batch_duration(Duration::from_millis(ms));
+    }
     let shutdown = shutdown_signal().context("install signal handlers")?;
     let handle = Emulator::start(config, args.listen).await.with_context(|| format!("listen on {}", args.listen))?;
     let mut stdout = std::io::stdout().lock();

@@ -40,6 +40,7 @@ pub(crate) fn router(state: Shared) -> Router {
     let providers = Router::new()
         .merge(crate::anthropic::routes())
         .merge(crate::openai::router(Arc::clone(&state.openai)))
+        .merge(crate::gemini::routes(Arc::clone(&state.gemini)))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), late_reply));
     Router::new()
         .merge(control::routes())
@@ -50,7 +51,7 @@ pub(crate) fn router(state: Shared) -> Router {
         .with_state(state)
 }
 
-/// The random latency of the OpenAI and Anthropic APIs, as the run endpoint has it: the call is handled (and
+/// The random latency of the OpenAI, Anthropic and Gemini APIs, as the run endpoint has it: the call is handled (and
 /// logged) first, then its reply waits, so a create's batch exists before its reply leaves. Control calls
 /// (`/_emulator/...`) are answered at once.
 async fn late_reply(
@@ -59,7 +60,9 @@ async fn late_reply(
     next: axum::middleware::Next,
 ) -> Response {
     let path = request.uri().path();
-    let api = path.starts_with(crate::openai::OPENAI_PREFIX) || path.starts_with(crate::anthropic::PATH_PREFIX);
+    let api = path.starts_with(crate::openai::OPENAI_PREFIX)
+        || path.starts_with(crate::anthropic::PATH_PREFIX)
+        || path.starts_with(crate::gemini::PATH_PREFIX);
     let response = next.run(request).await;
     if api {
         let latency = state.draw_latency();

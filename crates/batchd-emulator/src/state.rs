@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use crate::{
     calls::{CallRecord, QueueCallRecord},
-    config::{DurationRange, EmulatorConfig, Family, RandomFaults, RateLimit},
+    config::{DurationRange, EmulatorConfig, Family, ProviderLimits, RandomFaults, RateLimit},
     events::{EventFacts, EventFaults, EventType, EventsConfig},
     fault::{Endpoint, Fault, FaultKind},
     hub::{EventHub, Pulled, QueueStats},
@@ -49,6 +49,8 @@ pub(crate) struct State {
     pub anthropic: crate::anthropic::Anthropic,
     /// The OpenAI emulator's state, served by the same server.
     pub openai: Arc<crate::openai::OpenAi>,
+    /// The Gemini Batch Mode emulator's state, served by the same server.
+    pub gemini: Arc<crate::gemini::Gemini>,
     /// Everything that changes.
     inner: Mutex<Inner>,
 }
@@ -415,10 +417,12 @@ impl State {
         let hub = EventHub::new(&config);
         let anthropic = crate::anthropic::Anthropic::new(config.anthropic.clone());
         let openai = Arc::new(crate::openai::OpenAi::new(&config.openai, config.seed));
+        let gemini = Arc::new(crate::gemini::Gemini::new(config.gemini.clone()));
         Self {
             config,
             anthropic,
             openai,
+            gemini,
             inner: Mutex::new(Inner {
                 timing,
                 limits,
@@ -488,6 +492,17 @@ impl State {
             inner.n_rate_limited += 1;
         }
         admitted
+    }
+
+    /// Sets the three providers' creation and request limits to a preset (see [`ProviderLimits`]).
+    pub fn set_provider_limits(&self, preset: ProviderLimits) {
+        let (workers_ai, openai, anthropic) = preset.limits();
+        self.update_limits(|limits| {
+            limits.rate_limit = workers_ai;
+            limits.limit_polls = false;
+        });
+        self.openai.set_create_limit(openai);
+        self.anthropic.set_rate_limit(anthropic);
     }
 
     pub fn rate_limited_count(&self) -> u64 {
@@ -907,7 +922,7 @@ fn take_one(faults: &mut VecDeque<Fault>, position: usize) -> Option<FaultKind> 
     Some(kind)
 }
 
-fn unix_ms() -> u64 {
+pub(crate) fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
 }
 

@@ -261,6 +261,24 @@ pub(crate) async fn handle(
     }
 }
 
+impl Anthropic {
+    /// Admits one call under [`AnthropicConfig::rate_limit`]; `Err`: the 429 `rate_limit_error` to answer, with
+    /// `retry-after` in whole seconds.
+    fn admit_request(&self) -> Result<(), ApiError> {
+        let mut inner = self.lock();
+        let limit = inner.config.rate_limit;
+        inner.requests.admit(limit, "requests", tokio::time::Instant::now()).map_err(|wait| ApiError {
+            retry_after_secs: Some(crate::limits::retry_after_secs(wait)),
+            ..ApiError::new(
+                429,
+                "Number of requests has exceeded your per-minute rate limit \
+                 (https://docs.anthropic.com/en/api/rate-limits); see the response headers for current usage. Please \
+                 reduce the number of requests you are sending or try again later.",
+            )
+        })
+    }
+}
+
 /// Logs a call answered with `error`, or 200 without one.
 fn log_call(anthropic: &Anthropic, mut record: AnthropicCall, error: Option<&ApiError>) {
     match error {
@@ -342,6 +360,10 @@ impl Call<'_> {
                 return Err(ApiError::invalid(format!("anthropic-version: unknown version {}", capped(version))));
             }
             Some(_) => {}
+        }
+        if let Err(error) = self.anthropic.admit_request() {
+            record.fault = Some("rate_limit".to_owned());
+            return Err(error);
         }
         let api_base = api_base(headers, connection);
         let now = SystemTime::now();

@@ -98,6 +98,9 @@ struct ConfigChange {
     shuffle_results: Option<bool>,
     /// See [`AnthropicConfig::error_shape`].
     error_shape: Option<ErrorShape>,
+    /// See [`AnthropicConfig::rate_limit`]: `{"requests":50,"per_ms":60000,"burst":50}`; `null`: off.
+    #[serde(default, deserialize_with = "present")]
+    rate_limit: Option<Option<crate::config::RateLimit>>,
 }
 
 /// Reads a field that is present (possibly `null`) as `Some`; an absent one stays `None` through `default`.
@@ -140,6 +143,9 @@ impl ConfigChange {
         }
         if let Some(value) = self.error_shape {
             config.error_shape = value;
+        }
+        if let Some(value) = self.rate_limit {
+            config.rate_limit = value;
         }
     }
 }

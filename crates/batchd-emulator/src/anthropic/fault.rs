@@ -7,7 +7,7 @@
 //! call takes effect and only its reply is late, held or lost, the "uncertain create" a client resolves by
 //! listing).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -213,14 +213,13 @@ pub(crate) fn take_fault(faults: &mut Vec<AnthropicFault>, kind: AnthropicCallKi
         fault.calls.matches(kind)
             && (kind == AnthropicCallKind::Create || !matches!(fault.kind, AnthropicFaultKind::ErrorItems { .. }))
     };
-    let position = faults.iter().position(hits)?;
-    let fault = &mut faults[position];
-    fault.times = fault.times.saturating_sub(1);
-    let taken = fault.kind.clone();
-    if fault.times == 0 {
-        faults.remove(position);
+    crate::fault::take_hit(faults, hits).map(|fault| fault.kind)
+}
+
+impl crate::fault::Hits for AnthropicFault {
+    fn times_mut(&mut self) -> &mut u32 {
+        &mut self.times
     }
-    Some(taken)
 }
 
 /// What a call was, from its method and path.
@@ -285,9 +284,7 @@ pub struct AnthropicCall {
 impl AnthropicCall {
     /// A record of a call arriving now on local `port`, to be completed as it is handled.
     pub(crate) fn arriving(kind: AnthropicCallKind, method: &str, path: &str, port: u16) -> Self {
-        let at_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX));
+        let at_ms = crate::state::unix_ms();
         Self {
             seq: 0,
             kind,

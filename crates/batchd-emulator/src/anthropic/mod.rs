@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::fault::{AnthropicCall, AnthropicCallKind, AnthropicCalls, AnthropicFault, AnthropicFaultKind};
 use self::{batches::Batches, fault::CallLog};
-use crate::{hold::Holds, server::Shared};
+use crate::{config::RateLimit, hold::Holds, limits::Meter, server::Shared};
 
 /// Prefix of every emulated Anthropic path: a client's base URL is `http://ADDR` followed by it.
 pub(crate) const PATH_PREFIX: &str = "/anthropic";
@@ -67,6 +67,10 @@ pub struct AnthropicConfig {
     pub shuffle_results: bool,
     /// The shape of an `errored` result's `error`: nested (documented) or flat (seen in some captures).
     pub error_shape: ErrorShape,
+    /// The requests-per-minute limit: every call with the right key counts (creates, polls, lists, results,
+    /// cancels, deletes); over it, 429 `rate_limit_error` with `retry-after`. `None`: off;
+    /// [`RateLimit::anthropic_requests`] is Tier 1's 50 a minute.
+    pub rate_limit: Option<RateLimit>,
 }
 
 impl Default for AnthropicConfig {
@@ -83,6 +87,7 @@ impl Default for AnthropicConfig {
             max_queued_requests: None,
             shuffle_results: true,
             error_shape: ErrorShape::Nested,
+            rate_limit: None,
         }
     }
 }
@@ -117,6 +122,8 @@ struct Inner {
     faults: Vec<AnthropicFault>,
     /// The call log.
     calls: CallLog,
+    /// What [`AnthropicConfig::rate_limit`] admitted.
+    requests: Meter,
 }
 
 impl Anthropic {
@@ -128,6 +135,7 @@ impl Anthropic {
                 batches: Batches::default(),
                 faults: Vec::new(),
                 calls: CallLog::default(),
+                requests: Meter::default(),
             }),
         }
     }
@@ -138,6 +146,20 @@ impl Anthropic {
 
     fn config(&self) -> AnthropicConfig {
         self.lock().config.clone()
+    }
+
+    /// See [`AnthropicConfig::rate_limit`].
+    pub(crate) fn rate_limit(&self) -> Option<RateLimit> {
+        self.lock().config.rate_limit
+    }
+
+    pub(crate) fn set_rate_limit(&self, limit: Option<RateLimit>) {
+        self.lock().config.rate_limit = limit;
+    }
+
+    /// Calls answered 429 by the rate limit since start or the last reset.
+    pub(crate) fn rate_limited_count(&self) -> u64 {
+        self.lock().requests.n_refused()
     }
 
     fn inject(&self, fault: AnthropicFault) {
@@ -157,10 +179,13 @@ impl Anthropic {
         self.lock().calls.records().to_vec()
     }
 
-    /// Clears the pending faults (as [`Anthropic::clear_faults`]) and the call log; batches and settings stay.
+    /// Clears the pending faults (as [`Anthropic::clear_faults`]), the call log, the rate limit's window and its
+    /// refused count; batches and settings stay.
     fn reset(&self) {
         self.clear_faults();
-        self.lock().calls.clear();
+        let mut inner = self.lock();
+        inner.calls.clear();
+        inner.requests.reset();
     }
 
     /// See [`AnthropicControl::finish_items`].
@@ -277,7 +302,13 @@ impl AnthropicControl {
         self.anthropic().finish_items(batch_id, n_items)
     }
 
-    /// Clears the pending faults and the call log; batches and settings stay.
+    /// Calls answered 429 by [`AnthropicConfig::rate_limit`] since start or the last reset (injected 429s do not
+    /// count).
+    pub fn rate_limited_count(&self) -> u64 {
+        self.anthropic().rate_limited_count()
+    }
+
+    /// Clears the pending faults, the call log and the rate limit's window; batches and settings stay.
     pub fn reset(&self) {
         self.anthropic().reset();
     }

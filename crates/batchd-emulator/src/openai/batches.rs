@@ -207,6 +207,11 @@ pub(crate) async fn create(State(api): State<Arc<OpenAi>>, parts: CallParts, req
         Ok(call) => call,
         Err(response) => return response,
     };
+    // Every create that passes the key counts against the creation limit, as a gateway counts requests.
+    if let Err(error) = api.admit_create() {
+        call.add_fault("rate_limit");
+        return call.end(&api, Err(error));
+    }
     // The body is read only after the key is checked, and only up to a bound.
     let body = axum::body::to_bytes(request.into_body(), MAX_CREATE_BODY_BYTES).await.map_err(|_| {
         OpenAiError::invalid(

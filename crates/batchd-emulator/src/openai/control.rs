@@ -18,7 +18,10 @@ use super::{
     faults::{OpenAiCallRecord, OpenAiFault},
     millis,
 };
-use crate::hold::{HeldView, Released};
+use crate::{
+    config::RateLimit,
+    hold::{HeldView, Released},
+};
 
 /// The control routes.
 pub(crate) fn routes() -> Router<Arc<OpenAi>> {
@@ -108,6 +111,9 @@ struct ConfigChange {
     enqueued_token_limit: Option<Option<u64>>,
     /// See [`super::OpenAiConfig::shuffle`].
     shuffle: Option<bool>,
+    /// See [`super::OpenAiConfig::create_limit`]: `{"requests":2000,"per_ms":3600000,"burst":1}`; `null`: off.
+    #[serde(default, deserialize_with = "present")]
+    create_limit: Option<Option<RateLimit>>,
 }
 
 /// Reads a field that is present (possibly `null`) as `Some`; an absent one stays `None` through `default`.
@@ -138,6 +144,8 @@ struct ConfigView {
     enqueued_token_limit: Option<u64>,
     /// See [`super::OpenAiConfig::shuffle`].
     shuffle: bool,
+    /// See [`super::OpenAiConfig::create_limit`].
+    create_limit: Option<RateLimit>,
 }
 
 fn config_view(api: &OpenAi) -> ConfigView {
@@ -153,6 +161,7 @@ fn config_view(api: &OpenAi) -> ConfigView {
         max_embedding_inputs: limits.max_embedding_inputs,
         enqueued_token_limit: limits.enqueued_token_limit,
         shuffle: api.shuffle(),
+        create_limit: api.create_limit(),
     }
 }
 
@@ -191,6 +200,9 @@ async fn set_config(State(api): State<Arc<OpenAi>>, Json(change): Json<ConfigCha
     api.set_limits(limits);
     if let Some(shuffle) = change.shuffle {
         api.set_shuffle(shuffle);
+    }
+    if let Some(limit) = change.create_limit {
+        api.set_create_limit(limit);
     }
     tracing::info!(?timing, ?limits, "openai emulator settings changed");
     Json(config_view(&api))

@@ -37,7 +37,7 @@ pub use self::{
     faults::{OpenAiCallKind, OpenAiCallRecord, OpenAiFault, OpenAiFaultKind},
     lifecycle::OpenAiTiming,
 };
-use crate::listener::Connection;
+use crate::{config::RateLimit, listener::Connection};
 
 /// Path prefix of the emulated OpenAI API on the emulator's server.
 pub const OPENAI_PREFIX: &str = "/openai/v1";
@@ -79,6 +79,9 @@ pub struct OpenAiConfig {
     /// Whether output and error files list requests in a random order, as the API documents ("order is not
     /// guaranteed"); `false` keeps input order (line order), for a test that wants it.
     pub shuffle: bool,
+    /// The batch creation limit (`POST /v1/batches`, one organization): over it, 429 `rate_limit_exceeded` with
+    /// `retry-after`. `None`: off; [`RateLimit::openai_batch_creates`] is the documented 2,000 an hour.
+    pub create_limit: Option<RateLimit>,
 }
 
 impl Default for OpenAiConfig {
@@ -88,6 +91,7 @@ impl Default for OpenAiConfig {
             timing: OpenAiTiming::default(),
             limits: OpenAiLimits::default(),
             shuffle: true,
+            create_limit: None,
         }
     }
 }
@@ -140,7 +144,8 @@ impl OpenAiHandle {
         self.calls().into_iter().filter(|call| call.kind == kind).collect()
     }
 
-    /// Clears pending faults and the call log; files, batches and settings stay.
+    /// Clears pending faults, the call log, the creation limit's window and its refused count; files, batches and
+    /// settings stay.
     pub fn reset(&self) {
         self.api.reset();
     }
@@ -168,6 +173,21 @@ impl OpenAiHandle {
     /// Whether result files are shuffled (for batches validated from now on).
     pub fn set_shuffle(&self, shuffle: bool) {
         self.api.set_shuffle(shuffle);
+    }
+
+    /// The batch creation limit in force (see [`OpenAiConfig::create_limit`]).
+    pub fn create_limit(&self) -> Option<RateLimit> {
+        self.api.create_limit()
+    }
+
+    /// Changes the batch creation limit (`None`: off); a changed limit starts with a full bucket (or window).
+    pub fn set_create_limit(&self, limit: Option<RateLimit>) {
+        self.api.set_create_limit(limit);
+    }
+
+    /// Creates answered 429 by the creation limit since start or the last reset (injected 429s do not count).
+    pub fn rate_limited_count(&self) -> u64 {
+        self.api.rate_limited_count()
     }
 
     /// Batches created since start.

@@ -22,7 +22,7 @@ use super::{
     results::{LineContext, Outcome, judge, not_run_line, ran_line},
     validation::{BatchError, InputCaps, validate},
 };
-use crate::hold::Holds;
+use crate::{config::RateLimit, hold::Holds, limits::Meter};
 
 /// Salt of the generator behind ids and shuffles, so it differs from the Cloudflare emulator's for one seed.
 const OPENAI_SEED_SALT: u64 = 0x6f70_656e_6169;
@@ -125,6 +125,10 @@ struct Inner {
     last_seq: u64,
     /// Ids, request ids and shuffles.
     rng: StdRng,
+    /// The batch creation limit (see [`OpenAiConfig::create_limit`]).
+    create_limit: Option<RateLimit>,
+    /// What the creation limit admitted.
+    creates: Meter,
 }
 
 impl OpenAi {
@@ -149,6 +153,8 @@ impl OpenAi {
                 calls: Vec::new(),
                 last_seq: 0,
                 rng: StdRng::seed_from_u64(seed ^ OPENAI_SEED_SALT),
+                create_limit: config.create_limit,
+                creates: Meter::default(),
             }),
         }
     }
@@ -186,6 +192,43 @@ impl OpenAi {
 
     pub fn set_limits(&self, limits: OpenAiLimits) {
         self.lock().limits = limits;
+    }
+
+    pub fn create_limit(&self) -> Option<RateLimit> {
+        self.lock().create_limit
+    }
+
+    pub fn set_create_limit(&self, limit: Option<RateLimit>) {
+        self.lock().create_limit = limit;
+    }
+
+    pub fn rate_limited_count(&self) -> u64 {
+        self.lock().creates.n_refused()
+    }
+
+    /// Admits one batch create under the creation limit; `Err`: the 429 OpenAI answers over a rate limit.
+    pub fn admit_create(&self) -> Result<(), OpenAiError> {
+        let mut inner = self.lock();
+        let limit = inner.create_limit;
+        let wait = match inner.creates.admit(limit, "batches", tokio::time::Instant::now()) {
+            Ok(()) => return Ok(()),
+            Err(wait) => wait,
+        };
+        let window = match limit.map(|limit| limit.per.as_secs()) {
+            Some(3600) => "requests per hour".to_owned(),
+            Some(60) => "requests per min".to_owned(),
+            _ => format!("requests per {} ms", limit.map_or(0, |limit| limit.per.as_millis())),
+        };
+        let message = format!(
+            "Rate limit reached for batch creations in organization {ORGANIZATION} on {window}: Limit {}. Please \
+             try again in {:.3}s.",
+            limit.map_or(0, |limit| limit.requests),
+            wait.as_secs_f64(),
+        );
+        Err(OpenAiError {
+            retry_after_secs: Some(crate::limits::retry_after_secs(wait)),
+            ..OpenAiError::for_status(429, Some(message), None)
+        })
     }
 
     pub fn shuffle(&self) -> bool {
@@ -244,6 +287,7 @@ impl OpenAi {
         let mut inner = self.lock();
         inner.calls.clear();
         inner.last_seq = 0;
+        inner.creates.reset();
     }
 
     /// Removes the faults not used up yet and answers them, call-level first.

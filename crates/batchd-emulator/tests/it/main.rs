@@ -6,9 +6,11 @@ mod control;
 mod errors;
 mod events;
 mod faults;
+mod gemini;
 mod lifecycle;
 mod limits;
 mod openai;
+mod provider_limits;
 mod random;
 mod variants;
 
