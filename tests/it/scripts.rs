@@ -843,6 +843,58 @@ fn cases(f: &Fixture) -> Vec<Case> {
     );
     case("wake: schedule type", "wake", wrong(k.schedule(), "list"), keys.clone(), args.clone(), Err("holds a list"));
     case("wake: not due later", "wake", vec![], keys.clone(), with(&args, 2, Some("10000")), Ok("0"));
+
+    // pack_form: KEYS packing queue, packers, pack ledger, members, packs, open packs, pack's cancel flag, then
+    // each candidate's ledger; ARGV key, pack id, now, lease end, most items, most bytes, bytes per item, model,
+    // endpoint, then each candidate's member and chunk index
+    let pack = "pack:00000000000000000000000000000001";
+    let pack_id = JobId::parse(pack).expect("pack id");
+    let packq = k.pack_queue("m|");
+    let keys = vec![
+        packq.clone(),
+        k.packers(),
+        f.ledger(pack),
+        k.pack_members(&pack_id),
+        k.packs(),
+        k.open_packs(),
+        f.cancel(pack),
+        f.ledger("queued"),
+    ];
+    let args = strings(&["m|", pack, "1000", "7000", "100", "100000", "10", "@cf/baai/bge-m3", "", "queued#0", "0"]);
+    let queued = vec![
+        strings(&["ZADD", &packq, "1", "queued#0"]),
+        strings(&["HSET", &f.ledger("queued"), "state", "accepted", "c0:state", "pending", "c0:pack", "queued"]),
+        strings(&["HSET", &f.ledger("queued"), "c0:items", "x"]),
+    ];
+    case("pack_form: now", "pack_form", vec![], keys.clone(), with(&args, 2, Some("x")), Err("now"));
+    case("pack_form: candidates", "pack_form", vec![], keys.clone(), with(&args, 10, None), Err("candidates"));
+    case("pack_form: queue type", "pack_form", wrong(packq.clone(), "list"), keys.clone(), args.clone(), Err("list"));
+    case("pack_form: members type", "pack_form", wrong(keys[3].clone(), "string"), keys.clone(), args.clone(), Err("string"));
+    case("pack_form: items", "pack_form", queued, keys.clone(), args.clone(), Err("start:len"));
+    case("pack_form: nothing queued", "pack_form", vec![], keys.clone(), args.clone(), Ok("empty"));
+
+    // pack_deliver: KEYS pack ledger, schedule, then each member's ledger; ARGV pack id, now, request id, cursor,
+    // then each member's member, chunk index, state, payload
+    let keys = vec![f.ledger(pack), k.schedule(), f.ledger("live")];
+    let args = strings(&[pack, "1000", "batch_1", "0", "live#1", "1", "done", "{}"]);
+    let open_pack = vec![strings(&["HSET", &f.ledger(pack), "state", "running", "pack_delivered", "0"])];
+    case("pack_deliver: members", "pack_deliver", vec![], keys.clone(), with(&args, 7, None), Err("members"));
+    case("pack_deliver: now", "pack_deliver", vec![], keys.clone(), with(&args, 1, Some("x")), Err("now"));
+    case("pack_deliver: state", "pack_deliver", open_pack.clone(), keys.clone(), with(&args, 6, Some("pending")), Err("state"));
+    let mut broken = open_pack.clone();
+    broken.extend(wrong(k.schedule(), "list"));
+    case("pack_deliver: schedule type", "pack_deliver", broken, keys.clone(), args.clone(), Err("holds a list"));
+    case("pack_deliver: no pack", "pack_deliver", vec![], keys.clone(), args.clone(), Ok("gone"));
+
+    // pack_close: KEYS pack ledger, packs, members, remote batches; ARGV final state, now, ledger ttl, pack id
+    let keys = vec![f.ledger(pack), k.packs(), k.pack_members(&pack_id), k.remote_batches()];
+    let args = strings(&["completed", "1000", "60", pack]);
+    case("pack_close: state", "pack_close", vec![], keys.clone(), with(&args, 0, Some("running")), Err("final state"));
+    case("pack_close: ttl", "pack_close", vec![], keys.clone(), with(&args, 2, Some("0")), Err("ledger ttl"));
+    let mut broken = open_pack.clone();
+    broken.extend(wrong(k.packs(), "list"));
+    case("pack_close: packs type", "pack_close", broken, keys.clone(), args.clone(), Err("holds a list"));
+    case("pack_close: no pack", "pack_close", vec![], keys.clone(), args.clone(), Ok("0"));
     cases
 }
 

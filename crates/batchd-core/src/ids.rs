@@ -62,6 +62,12 @@ impl JobId {
 /// What a pack's id starts with ([`JobId::is_pack`]).
 pub const PACK_PREFIX: &str = "pack:";
 
+/// A packed chunk's `c<i>:pack` while it waits in its packing queue (then: the id of the pack that carries it).
+pub const PACK_QUEUED: &str = "queued";
+
+/// What separates a pack member's item count from its chunk in the pack's members list (`<n_items>:<job#chunk>`).
+pub const PACK_MEMBER_SEPARATOR: &str = ":";
+
 fn is_job_id_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')
 }

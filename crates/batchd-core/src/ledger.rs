@@ -266,13 +266,10 @@ pub mod field {
     /// it cannot check yet and waits for it to end (Anthropic shows a batch's custom ids only once it has ended).
     /// While it equals `attempts`, the chunk's next submit resumes the look without counting a possible duplicate.
     pub const CHUNK_LOOKED: &str = "looked";
-    /// Per-chunk: a chunk packed with other jobs' chunks into one remote batch: [`PACK_QUEUED`] while it waits in
-    /// its packing queue, then the id of the pack that carries it. Such a chunk stays `pending` (scheduled only at
-    /// its job's deadline) until the pack hands it its results.
+    /// Per-chunk: a chunk packed with other jobs' chunks into one remote batch: `queued` while it waits in its
+    /// packing queue (`crate::ids::PACK_QUEUED`), then the id of the pack that carries it. Such a chunk stays
+    /// `pending` (scheduled only at its job's deadline) until the pack hands it its results.
     pub const CHUNK_PACK: &str = "pack";
-
-    /// [`CHUNK_PACK`]'s value while the chunk waits in its packing queue for a pack.
-    pub const PACK_QUEUED: &str = "queued";
 
     /// Every per-chunk name (the part after `c<index>:`), as `(constant name without `CHUNK_`, name)`: what the
     /// storage scripts' prelude is generated from.

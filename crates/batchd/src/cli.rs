@@ -427,7 +427,7 @@ fn status_text(
             (None, None) => {}
         }
         match chunk.get(field::CHUNK_PACK) {
-            Some(field::PACK_QUEUED) => {
+            Some(batchd_core::ids::PACK_QUEUED) => {
                 line("", "packed: waiting for its pack (jobs sharing a remote batch)".to_owned())
             }
             Some(pack) => line("", format!("packed in {pack} with other jobs (`batchd status {pack}`)")),

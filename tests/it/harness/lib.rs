@@ -416,6 +416,8 @@ impl World {
             ("BATCHD__REDIS__NAMESPACE", self.settings.redis.namespace.clone()),
             ("BATCHD__CLOUDFLARE__BASE_URL", self.emulator.base_url()),
             ("CLOUDFLARE_ACCOUNT_ID", self.emulator.account_id().to_owned()),
+            // As in `test_settings`: the suite's per-job checks drive jobs with remote batches of their own.
+            ("BATCHD__PACKING__ENABLED", "false".to_owned()),
         ]
     }
 

@@ -83,7 +83,7 @@ local listed, removed = {}, {}
 for _, member_taken in ipairs(taken) do
   local ledger = KEYS[first_candidate + member_taken.k]
   redis.call('HSET', ledger, chunk_field(member_taken.chunk, C_PACK), pack_id, F_UPDATED_AT, now)
-  listed[#listed + 1] = member_taken.len .. ':' .. members[member_taken.k]
+  listed[#listed + 1] = member_taken.len .. PACK_MEMBER_SEPARATOR .. members[member_taken.k]
   removed[#removed + 1] = members[member_taken.k]
 end
 for _, dropped_member in ipairs(dropped) do removed[#removed + 1] = dropped_member end

@@ -113,7 +113,7 @@ impl Store {
         }
         let mut cmd = ScriptCall::new(&self.scripts.accept, &keys);
         let first_state = match (&pack, submit_first) {
-            (Some(_), _) => field::PACK_QUEUED,
+            (Some(_), _) => batchd_core::ids::PACK_QUEUED,
             (None, true) => ChunkState::Submitting.as_str(),
             (None, false) => ChunkState::Pending.as_str(),
         };

@@ -154,7 +154,7 @@ impl Store {
             .await?;
         read.iter()
             .map(|entry| {
-                let parsed = entry.split_once(':').and_then(|(n, member)| {
+                let parsed = entry.split_once(batchd_core::ids::PACK_MEMBER_SEPARATOR).and_then(|(n, member)| {
                     Some(PackMember { n_items: n.parse().ok()?, chunk: ChunkRef::parse(member).ok()? })
                 });
                 parsed.ok_or_else(|| StoreError::Corrupt {

@@ -321,7 +321,8 @@ fn script_constants() -> String {
     strings.extend(AddVerdict::lua_locals());
     strings.extend(PackVerdict::lua_locals());
     strings.extend(DeliverVerdict::lua_locals());
-    strings.push(("PACK_QUEUED".to_owned(), field::PACK_QUEUED));
+    strings.push(("PACK_QUEUED".to_owned(), batchd_core::ids::PACK_QUEUED));
+    strings.push(("PACK_MEMBER_SEPARATOR".to_owned(), batchd_core::ids::PACK_MEMBER_SEPARATOR));
     strings.push(("CHUNKS_MARKER".to_owned(), CHUNKS_MARKER));
     strings.push(("ENTRY_JOB_FIELD".to_owned(), batchd_core::job::JOB_FIELD));
 
