@@ -57,6 +57,9 @@ fn config_check_and_run_refuse_the_same_configurations_the_same_way() {
     assert_eq!(code, 0, "a good configuration passes: {out}");
 }
 
+/// A provider's settings, one of them wrong, and the start of the refusal's line.
+type Case<'a> = (&'a [(&'a str, &'a str)], (&'a str, &'a str), &'a str);
+
 /// Every provider is optional, and each configured one's settings are checked the same way: by its kind's
 /// registration, at `config check` and at `run`, exit 78 naming the setting and its environment variable (an
 /// OpenAI base URL of another scheme used to pass the check and stop `run` with exit 1).
@@ -72,7 +75,7 @@ fn a_wrong_setting_of_any_provider_stops_config_check_and_run_with_78_naming_it_
     let (code, err) = batchd(&["config", "check"], &no_cloudflare);
     assert_eq!(code, 78, "{err}");
     assert!(err.contains("no provider is configured") && err.contains("ANTHROPIC_API_KEY"), "{err}");
-    let cases: &[(&[(&str, &str)], (&str, &str), &str)] = &[
+    let cases: &[Case<'_>] = &[
         (&openai, ("BATCHD__OPENAI__MAX_REQUESTS", "50001"), "openai.max_requests (BATCHD__OPENAI__MAX_REQUESTS): "),
         (
             &openai,

@@ -75,14 +75,16 @@ mod tests {
         BuildContext { lease: Duration::from_secs(600), inflight_bytes: 1 << 30, reply_budget: None }
     }
 
+    /// Makes one setting wrong.
+    type Spoil = fn(&mut AnthropicSettings);
+
     #[test]
     fn each_refused_setting_is_named_by_its_key() {
         let good = AnthropicSettings::new(ApiKey::new("sk-ant"));
-        let check_and_build = |settings: &AnthropicSettings| {
-            check(settings, &context()).and_then(|()| build(settings, &context()).map(drop))
-        };
+        let check_and_build =
+            |settings: &AnthropicSettings| REGISTRATION.check_and_build(settings, &context()).map(drop);
         assert!(check_and_build(&good).is_ok());
-        let cases: [(&str, fn(&mut AnthropicSettings)); 9] = [
+        let cases: [(&str, Spoil); 9] = [
             ("max_body_bytes", |s| s.max_body_bytes = 300_000_000),
             ("max_requests", |s| s.max_requests = 100_001),
             ("max_reply_bytes", |s| s.max_reply_bytes = 10),

@@ -122,6 +122,8 @@ impl CloudflareProvider {
 }
 
 impl Provider for CloudflareProvider {
+    /// No cancel call; completion events; each item's `external_reference` echoed in its response by Workers AI
+    /// itself, so items are sent with it.
     fn capabilities(&self) -> batchd_provider::Capabilities {
         crate::registration::CAPABILITIES
     }
@@ -133,8 +135,6 @@ impl Provider for CloudflareProvider {
     fn limits(&self) -> BatchLimits {
         self.limits
     }
-
-    /// Workers AI echoes each item's `external_reference` in its response: items are sent with it.
 
     fn check_model(&self, model: &ModelName) -> Result<(), String> {
         match self.catalog.get() {

@@ -81,14 +81,16 @@ mod tests {
         BuildContext { lease: Duration::from_secs(300), inflight_bytes: 1 << 30, reply_budget: None }
     }
 
+    /// Makes one setting wrong.
+    type Spoil = fn(&mut OpenAiClientSettings);
+
     #[test]
     fn each_refused_setting_is_named_by_its_key() {
         let good = OpenAiClientSettings::new(ApiKey::new("sk-x"));
-        let check_and_build = |settings: &OpenAiClientSettings| {
-            check(settings, &context()).and_then(|()| build(settings, &context()).map(drop))
-        };
+        let check_and_build =
+            |settings: &OpenAiClientSettings| REGISTRATION.check_and_build(settings, &context()).map(drop);
         assert!(check_and_build(&good).is_ok());
-        let cases: [(&str, fn(&mut OpenAiClientSettings)); 8] = [
+        let cases: [(&str, Spoil); 8] = [
             ("max_requests", |s| s.max_requests = 50_001),
             ("max_file_bytes", |s| s.max_file_bytes = 300_000_000),
             ("max_result_bytes", |s| s.max_result_bytes = 10),

@@ -103,6 +103,15 @@ pub struct Registration<S: 'static, P: Provider + 'static> {
     pub build: fn(&S, &BuildContext) -> Result<Arc<P>, SettingError>,
 }
 
+impl<S: 'static, P: Provider + 'static> Registration<S, P> {
+    /// What `batchd run` and `batchd config check` do with an instance's settings: [`Registration::check`], then
+    /// [`Registration::build`].
+    pub fn check_and_build(&self, settings: &S, context: &BuildContext) -> Result<Arc<P>, SettingError> {
+        (self.check)(settings, context)?;
+        (self.build)(settings, context)
+    }
+}
+
 impl<S: 'static, P: Provider + 'static> std::fmt::Debug for Registration<S, P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registration").field("kind", &self.kind).finish_non_exhaustive()

@@ -146,8 +146,7 @@ impl<S: 'static, P: Provider + 'static> Registered for Entry<S, P> {
         let Some(instance) = (self.settings)(settings)? else {
             return Ok(false);
         };
-        (self.registration.check)(&instance, context).map_err(|error| self.refused(error))?;
-        (self.registration.build)(&instance, context).map_err(|error| self.refused(error))?;
+        self.registration.check_and_build(&instance, context).map_err(|error| self.refused(error))?;
         Ok(true)
     }
 

@@ -299,22 +299,20 @@ mod tests {
             assert!(error.contains(named), "{error}");
             assert_eq!(refusal(&[cloudflare[0], cloudflare[1], (key, value)]), None, "{key}: no key, no OpenAI");
         }
-        for (key, value, named) in [
-            ("BATCHD__ANTHROPIC__BASE_URL", "http://api.anthropic.com", "anthropic.base_url"),
-            ("BATCHD__ANTHROPIC__MAX_REQUESTS", "100001", "anthropic.max_requests"),
-            ("BATCHD__ANTHROPIC__MAX_BODY_BYTES", "300000000", "anthropic.max_body_bytes"),
-            ("BATCHD__ANTHROPIC__BURST", "0", "anthropic.burst (BATCHD__ANTHROPIC__BURST)"),
-            ("BATCHD__ANTHROPIC__REQUEST_TIMEOUT_SECS", "120", "anthropic.request_timeout_secs"),
+        let (anthropic, with_cloudflare): (&[(&str, &str)], &[(&str, &str)]) =
+            (&[("ANTHROPIC_API_KEY", "sk-ant")], &cloudflare);
+        for (given, key, value, named) in [
+            (anthropic, "BATCHD__ANTHROPIC__BASE_URL", "http://api.anthropic.com", "anthropic.base_url"),
+            (anthropic, "BATCHD__ANTHROPIC__MAX_REQUESTS", "100001", "anthropic.max_requests"),
+            (anthropic, "BATCHD__ANTHROPIC__MAX_BODY_BYTES", "300000000", "anthropic.max_body_bytes"),
+            (anthropic, "BATCHD__ANTHROPIC__BURST", "0", "anthropic.burst (BATCHD__ANTHROPIC__BURST)"),
+            (anthropic, "BATCHD__ANTHROPIC__REQUEST_TIMEOUT_SECS", "120", "anthropic.request_timeout_secs"),
+            (with_cloudflare, "BATCHD__CLOUDFLARE__BASE_URL", "http://10.0.0.5:8787", "cloudflare.base_url"),
+            (with_cloudflare, "BATCHD__CLOUDFLARE__MAX_REPLY_BYTES", "1000", "cloudflare.max_reply_bytes"),
+            (with_cloudflare, "BATCHD__CLOUDFLARE__REQUEST_TIMEOUT_SECS", "120", "cloudflare.request_timeout_secs"),
         ] {
-            let error = refusal(&[("ANTHROPIC_API_KEY", "sk-ant"), (key, value)]).expect(key);
-            assert!(error.contains(named), "{error}");
-        }
-        for (key, value, named) in [
-            ("BATCHD__CLOUDFLARE__BASE_URL", "http://10.0.0.5:8787", "cloudflare.base_url"),
-            ("BATCHD__CLOUDFLARE__MAX_REPLY_BYTES", "1000", "cloudflare.max_reply_bytes"),
-            ("BATCHD__CLOUDFLARE__REQUEST_TIMEOUT_SECS", "120", "cloudflare.request_timeout_secs"),
-        ] {
-            let error = refusal(&[cloudflare[0], cloudflare[1], (key, value)]).expect(key);
+            let env: Vec<(&str, &str)> = given.iter().copied().chain([(key, value)]).collect();
+            let error = refusal(&env).expect(key);
             assert!(error.contains(named), "{error}");
         }
         let error = refusal(&[("CLOUDFLARE_API_TOKEN", "tok")]).expect("a token without an account");
