@@ -299,8 +299,8 @@ mod tests {
             assert!(error.contains(named), "{error}");
             assert_eq!(refusal(&[cloudflare[0], cloudflare[1], (key, value)]), None, "{key}: no key, no OpenAI");
         }
-        let (anthropic, with_cloudflare): (&[(&str, &str)], &[(&str, &str)]) =
-            (&[("ANTHROPIC_API_KEY", "sk-ant")], &cloudflare);
+        let anthropic: &[(&str, &str)] = &[("ANTHROPIC_API_KEY", "sk-ant")];
+        let with_cloudflare: &[(&str, &str)] = &cloudflare;
         for (given, key, value, named) in [
             (anthropic, "BATCHD__ANTHROPIC__BASE_URL", "http://api.anthropic.com", "anthropic.base_url"),
             (anthropic, "BATCHD__ANTHROPIC__MAX_REQUESTS", "100001", "anthropic.max_requests"),
