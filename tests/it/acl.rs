@@ -248,10 +248,11 @@ async fn every_role_does_its_job_with_the_shipped_rules() {
     let refused = world.wait_for_result(&not_a_job, WAIT).await;
     assert_eq!(refused.status, ResultStatus::Failed);
     assert_eq!(refused.error.as_ref().map(|e| e.code.as_str()), Some("invalid_entry"));
-    let (_, limiters): (u64, Vec<String>) = cmd(&["SCAN", "0", "MATCH", &keys.rate_limit("*"), "COUNT", "1000"])
-        .query_async(&mut world.conn.clone())
-        .await
-        .expect("scan");
+    let (_, limiters): (u64, Vec<String>) =
+        cmd(&["SCAN", "0", "MATCH", &batchd_core::Keys::rate_limit("*:*"), "COUNT", "1000"])
+            .query_async(&mut world.conn.clone())
+            .await
+            .expect("scan");
     assert!(!limiters.is_empty(), "the shared rate limiter booked its slots as the batchd user");
     let billed = read_results(&mut billing_reader, 1).await;
     assert_eq!(billed["acl-2"].status, ResultStatus::Completed, "{:?}", billed["acl-2"]);
@@ -505,7 +506,7 @@ async fn a_producer_may_only_enqueue_and_read_results() {
     let dead = keys.dead();
     let schedule = keys.schedule();
     let cancel = keys.cancel(&batchd_core::JobId::parse("victim-1").expect("id"));
-    let rate_limit = keys.rate_limit("acct:embeddings");
+    let rate_limit = batchd_core::Keys::rate_limit("acct:embeddings");
     let (other_submit, other_results) = (other.submit(), other.results());
     let forbidden: Vec<(&str, Vec<&str>)> = vec![
         ("forge a result", vec!["XADD", &results, "*", "job_id", "victim-1", "status", "completed"]),

@@ -167,7 +167,7 @@ async fn rate_buckets_follow_the_catalogs_task_and_the_tables_apply_without_it()
     world.enqueue(&job).await;
     assert_eq!(world.wait_for_result("catalog-task", WAIT).await.status, ResultStatus::Completed);
     let account = world.emulator.account_id();
-    let embeddings = world.keys.rate_limit(&format!("{account}:embeddings"));
+    let embeddings = batchd_core::Keys::rate_limit(&format!("{account}:embeddings"));
     assert!(world.conn.clone().exists::<_, bool>(&embeddings).await.unwrap(), "the catalog says Text Embeddings");
     daemon.stop().await.unwrap();
 
@@ -186,7 +186,7 @@ async fn rate_buckets_follow_the_catalogs_task_and_the_tables_apply_without_it()
     job["model"] = new_model.into();
     world.enqueue(&job).await;
     assert_eq!(world.wait_for_result("table-task", WAIT).await.status, ResultStatus::Completed);
-    let text = world.keys.rate_limit(&format!("{account}:text_generation"));
+    let text = batchd_core::Keys::rate_limit(&format!("{account}:text_generation"));
     assert!(world.conn.clone().exists::<_, bool>(&text).await.unwrap(), "the hand table's fallback");
     assert_eq!(world.emulator.catalog_calls(), 0, "catalog_refresh_secs = 0 reads no catalog");
     daemon.stop().await.unwrap();

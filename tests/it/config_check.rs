@@ -57,6 +57,58 @@ fn config_check_and_run_refuse_the_same_configurations_the_same_way() {
     assert_eq!(code, 0, "a good configuration passes: {out}");
 }
 
+/// A provider's settings, one of them wrong, and the start of the refusal's line.
+type Case<'a> = (&'a [(&'a str, &'a str)], (&'a str, &'a str), &'a str);
+
+/// Every provider is optional, and each configured one's settings are checked the same way: by its kind's
+/// registration, at `config check` and at `run`, exit 78 naming the setting and its environment variable (an
+/// OpenAI base URL of another scheme used to pass the check and stop `run` with exit 1).
+#[test]
+fn a_wrong_setting_of_any_provider_stops_config_check_and_run_with_78_naming_it_and_its_variable() {
+    let no_cloudflare: [(&str, &str); 2] = [("CLOUDFLARE_ACCOUNT_ID", ""), ("CLOUDFLARE_API_TOKEN", "")];
+    let openai = [no_cloudflare[0], no_cloudflare[1], ("OPENAI_API_KEY", "sk-check")];
+    let anthropic = [no_cloudflare[0], no_cloudflare[1], ("ANTHROPIC_API_KEY", "sk-ant-check")];
+    for alone in [&openai, &anthropic] {
+        let (code, err) = batchd(&["config", "check"], alone);
+        assert_eq!(code, 0, "{alone:?}: one provider is enough: {err}");
+    }
+    let (code, err) = batchd(&["config", "check"], &no_cloudflare);
+    assert_eq!(code, 78, "{err}");
+    assert!(err.contains("no provider is configured") && err.contains("ANTHROPIC_API_KEY"), "{err}");
+    let cases: &[Case<'_>] = &[
+        (&openai, ("BATCHD__OPENAI__MAX_REQUESTS", "50001"), "openai.max_requests (BATCHD__OPENAI__MAX_REQUESTS): "),
+        (
+            &openai,
+            ("BATCHD__OPENAI__BASE_URL", "ftp://api.openai.com/v1"),
+            "openai.base_url (BATCHD__OPENAI__BASE_URL): ",
+        ),
+        (&openai, ("BATCHD__OPENAI__PROJECT", "p\u{1}"), "openai.project (BATCHD__OPENAI__PROJECT): "),
+        (&openai, ("BATCHD__OPENAI__REQUEST_TIMEOUT_SECS", "600"), "openai.request_timeout_secs (BATCHD__OPENAI__"),
+        (
+            &anthropic,
+            ("BATCHD__ANTHROPIC__MAX_BODY_BYTES", "10"),
+            "anthropic.max_body_bytes (BATCHD__ANTHROPIC__MAX_BODY_BYTES): ",
+        ),
+        (&anthropic, ("BATCHD__ANTHROPIC__VERSION", ""), "anthropic.version (BATCHD__ANTHROPIC__VERSION): "),
+        (&anthropic, ("BATCHD__ANTHROPIC__ACCOUNT", "a b"), "anthropic.account (BATCHD__ANTHROPIC__ACCOUNT): "),
+        (
+            &[],
+            ("BATCHD__CLOUDFLARE__MAX_REPLY_BYTES", "100"),
+            "cloudflare.max_reply_bytes (BATCHD__CLOUDFLARE__MAX_REPLY_BYTES): ",
+        ),
+        (&[], ("BATCHD__CLOUDFLARE__ACCOUNT", "{x}"), "cloudflare.account (BATCHD__CLOUDFLARE__ACCOUNT): "),
+    ];
+    for (base, wrong, expected) in cases {
+        let env: Vec<(&str, &str)> = base.iter().copied().chain([*wrong]).collect();
+        let (check_code, check_err) = batchd(&["config", "check"], &env);
+        let (run_code, run_err) = batchd(&["run"], &env);
+        assert_eq!((check_code, run_code), (78, 78), "{wrong:?}: check said {check_err:?}, run said {run_err:?}");
+        assert_eq!(check_err, run_err, "{wrong:?}: the same message from both");
+        assert!(check_err.starts_with(&format!("batchd: configuration: {expected}")), "{wrong:?}: {check_err:?}");
+        assert!(!check_err.contains("sk-check") && !check_err.contains("sk-ant-check"), "keys are never printed");
+    }
+}
+
 /// Lists come comma-separated from the environment (a Redis Cluster's nodes, the extra namespaces), as a
 /// Kubernetes Deployment sets them without a mounted file.
 #[test]

@@ -44,6 +44,7 @@ mod producer;
 mod provider_seam;
 mod recovery;
 mod references;
+mod registration;
 mod schema;
 mod scripts;
 mod secrets;

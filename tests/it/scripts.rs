@@ -97,7 +97,7 @@ impl Fixture {
         fixture.run(conn, &["ZADD", &fixture.keys.schedule(), "9000", "live#0", "9000", "live#1"]).await;
         fixture.run(conn, &["XADD", &fixture.keys.results(), "*", "v", "1"]).await;
         fixture.run(conn, &["XADD", &fixture.keys.dead(), "*", "source_id", "1-0"]).await;
-        fixture.run(conn, &["SET", &fixture.keys.rate_limit("b"), "123"]).await;
+        fixture.run(conn, &["SET", &batchd_core::Keys::rate_limit("b"), "123"]).await;
         fixture
     }
 
@@ -752,7 +752,7 @@ fn cases(f: &Fixture) -> Vec<Case> {
     );
 
     // rate_limit: KEYS bucket
-    let keys = vec![k.rate_limit("b")];
+    let keys = vec![batchd_core::Keys::rate_limit("b")];
     let args = strings(&["20", "1"]);
     case("rate_limit: interval", "rate_limit", vec![], keys.clone(), with(&args, 0, Some("fast")), Err("interval"));
     case("rate_limit: zero interval", "rate_limit", vec![], keys.clone(), with(&args, 0, Some("0")), Err("interval"));
@@ -761,7 +761,7 @@ fn cases(f: &Fixture) -> Vec<Case> {
     case(
         "rate_limit: bucket type",
         "rate_limit",
-        wrong(k.rate_limit("b"), "hash"),
+        wrong(batchd_core::Keys::rate_limit("b"), "hash"),
         keys.clone(),
         args.clone(),
         Err("holds a hash"),

@@ -82,7 +82,7 @@ impl Client {
             HeaderValue::from_str(value).ok().filter(|_| !value.is_empty()).ok_or(BuildError::InvalidHeader(name))
         };
         let mut headers = HeaderMap::new();
-        headers.insert("x-api-key", settings.api_key.header("").ok_or(BuildError::InvalidHeader("api key"))?);
+        headers.insert("x-api-key", settings.api_key.header("").ok_or(BuildError::InvalidHeader("api_key"))?);
         headers.insert("anthropic-version", header("version", &settings.version)?);
         if let Some(beta) = &settings.beta {
             headers.insert("anthropic-beta", header("beta", beta)?);

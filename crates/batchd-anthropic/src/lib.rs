@@ -9,11 +9,13 @@
 mod client;
 mod lookup;
 mod provider;
+mod registration;
 mod results;
 mod settings;
 mod wire;
 
 pub use provider::{AnthropicProvider, NAME};
+pub use registration::{CAPABILITIES, REGISTRATION};
 pub use settings::{
     AnthropicSettings, ApiKey, BuildError, DEFAULT_BASE_URL, DEFAULT_VERSION, MAX_BODY_BYTES, MAX_REQUESTS,
 };

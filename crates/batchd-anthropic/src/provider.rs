@@ -47,10 +47,10 @@ impl AnthropicProvider {
         if !(1..=MAX_REQUESTS).contains(&settings.max_requests) {
             return Err(BuildError::InvalidLimit(format!("max_requests: must be 1-{MAX_REQUESTS}")));
         }
-        let bucket = (settings.requests_per_minute > 0).then(|| RateBucket {
-            name: format!("{NAME}:{}", settings.workspace_id.as_deref().unwrap_or("default")),
-            interval: Duration::from_secs(60).div_f64(f64::from(settings.requests_per_minute)),
-            burst: settings.burst.max(1),
+        let bucket = (settings.requests_per_minute > 0).then(|| {
+            let interval = Duration::from_secs(60).div_f64(f64::from(settings.requests_per_minute));
+            let workspace = settings.workspace_id.as_deref().unwrap_or("default");
+            RateBucket::new(&settings.account, workspace, interval, settings.burst.max(1))
         });
         Ok(Self {
             client: Client::new(settings)?,
@@ -379,8 +379,8 @@ impl Provider for AnthropicProvider {
         })
     }
 
-    fn can_cancel(&self) -> bool {
-        true
+    fn capabilities(&self) -> batchd_provider::Capabilities {
+        crate::registration::CAPABILITIES
     }
 
     fn cancel<'a>(

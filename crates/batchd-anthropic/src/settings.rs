@@ -25,6 +25,9 @@ pub struct AnthropicSettings {
     pub base_url: String,
     /// The API key.
     pub api_key: ApiKey,
+    /// The account's label (`[A-Za-z0-9._-]`, `anthropic` by default): it names the rate bucket, which every
+    /// namespace and replica using the same label shares.
+    pub account: String,
     /// The `anthropic-version` header.
     pub version: String,
     /// The `anthropic-beta` header, when set.
@@ -56,6 +59,7 @@ impl AnthropicSettings {
         Self {
             base_url: DEFAULT_BASE_URL.to_owned(),
             api_key,
+            account: crate::provider::NAME.to_owned(),
             version: DEFAULT_VERSION.to_owned(),
             beta: None,
             workspace_id: None,
@@ -82,10 +86,10 @@ pub enum BuildError {
         /// What is wrong with it.
         reason: String,
     },
-    /// A header value (key, version, beta, workspace) cannot be sent.
+    /// A header value cannot be sent, named by its setting (`api_key`, `version`, `beta`, `workspace_id`).
     #[error("anthropic {0}: empty or not sendable in an HTTP header")]
     InvalidHeader(&'static str),
-    /// A limit is out of range.
+    /// A limit is out of range: `<setting>: <why>`.
     #[error("anthropic {0}")]
     InvalidLimit(String),
     /// The HTTP client could not be built.

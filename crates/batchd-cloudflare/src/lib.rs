@@ -13,6 +13,7 @@ mod error;
 mod provider;
 mod queues;
 mod rate_limits;
+mod registration;
 mod reply;
 mod settings;
 mod subscriptions;
@@ -31,6 +32,7 @@ pub use error::{ApiError, ErrorKind};
 pub use provider::{BODY_SHAPE, CloudflareProvider};
 pub use queues::{BatchEvent, EventKind, MAX_PULL_BATCH, Pulled, QueueClient, QueueMessage};
 pub use rate_limits::{ModelLimit, ModelTask, RateLimitSettings, TaskSource, TaskType, rate_bucket};
+pub use registration::{CAPABILITIES, ProviderSettings, REGISTRATION, client_error};
 pub use reply::{PendingStatus, PollStatus, Submitted};
 pub use settings::{
     ApiToken, ClientBuildError, ClientSettings, DEFAULT_BASE_URL, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_REPLY_BYTES,

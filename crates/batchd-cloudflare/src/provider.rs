@@ -32,8 +32,8 @@ const QUEUED: &str = "queued";
 pub struct CloudflareProvider {
     /// The API client of the account.
     client: BatchClient,
-    /// The account id (part of every rate-limit bucket).
-    account_id: String,
+    /// The account's label, the first part of every rate-limit bucket (the account id unless configured).
+    account: String,
     /// The shared limits per task type and model.
     rate_limits: RateLimitSettings,
     /// What one batch may hold.
@@ -47,11 +47,11 @@ pub struct CloudflareProvider {
 }
 
 impl CloudflareProvider {
-    /// The provider for `account_id` through `client`, with batches of at most `max_body_bytes` (the API's
-    /// documented limit is 10 MB) and `max_items` items.
+    /// The provider for the account labelled `account` (its rate buckets' names) through `client`, with batches
+    /// of at most `max_body_bytes` (the API's documented limit is 10 MB) and `max_items` items.
     pub fn new(
         client: BatchClient,
-        account_id: impl Into<String>,
+        account: impl Into<String>,
         rate_limits: RateLimitSettings,
         max_body_bytes: usize,
         max_items: Option<usize>,
@@ -59,7 +59,7 @@ impl CloudflareProvider {
         let adaptive = Arc::new(AdaptiveRates::new(Duration::from_secs(rate_limits.window_secs)));
         Self {
             client,
-            account_id: account_id.into(),
+            account: account.into(),
             rate_limits,
             limits: BatchLimits { max_body_bytes, max_items, body: BODY_SHAPE },
             catalog: SharedCatalog::default(),
@@ -92,8 +92,7 @@ impl CloudflareProvider {
     /// Counts a 429 for the model's submit bucket; a repeated one lowers the bucket's rate (logged).
     fn note_rate_limited(&self, model: &ModelName) {
         let catalog = self.catalog.get();
-        let Some((bucket, limit)) =
-            rate_bucket(&self.account_id, model.as_str(), &self.rate_limits, catalog.as_deref())
+        let Some((bucket, limit)) = rate_bucket(&self.account, model.as_str(), &self.rate_limits, catalog.as_deref())
         else {
             return;
         };
@@ -123,8 +122,10 @@ impl CloudflareProvider {
 }
 
 impl Provider for CloudflareProvider {
-    fn sends_events(&self) -> bool {
-        true
+    /// No cancel call; completion events; each item's `external_reference` echoed in its response by Workers AI
+    /// itself, so items are sent with it.
+    fn capabilities(&self) -> batchd_provider::Capabilities {
+        crate::registration::CAPABILITIES
     }
 
     fn name(&self) -> &'static str {
@@ -133,11 +134,6 @@ impl Provider for CloudflareProvider {
 
     fn limits(&self) -> BatchLimits {
         self.limits
-    }
-
-    /// Workers AI echoes each item's `external_reference` in its response: items are sent with it.
-    fn echoes_external_reference(&self) -> bool {
-        true
     }
 
     fn check_model(&self, model: &ModelName) -> Result<(), String> {
@@ -155,13 +151,14 @@ impl Provider for CloudflareProvider {
             return None;
         }
         let catalog = self.catalog.get();
-        let (bucket, limit) = rate_bucket(&self.account_id, model.as_str(), &self.rate_limits, catalog.as_deref())?;
+        let (bucket, limit) = rate_bucket(&self.account, model.as_str(), &self.rate_limits, catalog.as_deref())?;
         let fraction = if self.rate_limits.adaptive && call == Call::Submit {
             self.adaptive.fraction(&bucket, Instant::now())
         } else {
             1.0
         };
-        let name = if call == Call::Poll { format!("poll:{bucket}") } else { bucket };
+        // `<account>:<bucket>`; a poll's bucket is the account's `poll:<bucket>`.
+        let name = if call == Call::Poll { bucket.replacen(':', ":poll:", 1) } else { bucket };
         Some(RateBucket {
             name,
             interval: Duration::from_secs(self.rate_limits.window_secs).div_f64(f64::from(limit) * fraction),

@@ -14,6 +14,10 @@ pub const STATS_MINUTE_TTL_SECS: u64 = 2 * 3600;
 /// How long a per-hour stats hash ([`Keys::stats_hour`]) is kept: eight days, so the last week is always whole.
 pub const STATS_HOUR_TTL_SECS: u64 = 8 * 86_400;
 
+/// The start of every rate limiter key's hash tag (`{batchd-rate:<account>}`, [`Keys::rate_limit`]), which the
+/// ACL files grant (`~{batchd-rate:*`).
+pub const RATE_LIMIT_TAG: &str = "batchd-rate";
+
 /// Why a namespace was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("namespace {namespace:?} is invalid: use 1-64 characters of A-Z a-z 0-9 . _ -")]
@@ -148,10 +152,15 @@ impl Keys {
         format!("{}:paused", self.prefix)
     }
 
-    /// STRING: the shared rate limiter's state (GCRA theoretical arrival time, ms) for one bucket
-    /// (`<account>:<task type or model>`).
-    pub fn rate_limit(&self, bucket: &str) -> String {
-        format!("{}:ratelimit:{}", self.prefix, bucket)
+    /// STRING: the shared rate limiter's state (GCRA theoretical arrival time, ms) for one bucket,
+    /// `<account>:<bucket>` (the provider instance's account label, then the task type, model or `poll:...`):
+    /// `{batchd-rate:<account>}:<bucket>`. Not in any namespace: every namespace and replica whose provider
+    /// instance has the same account label shares the bucket, as the provider's limit is the account's. Each
+    /// account's buckets share their own hash tag, so on Redis Cluster the limiter is a call of its own (one key).
+    /// A bucket name without an account is kept whole as the tag.
+    pub fn rate_limit(bucket: &str) -> String {
+        let (account, bucket) = bucket.split_once(':').unwrap_or((bucket, ""));
+        format!("{{{RATE_LIMIT_TAG}:{account}}}:{bucket}")
     }
 
     /// STRING: the Workers AI model catalog of `account` as batchd last read it (JSON: when it was read and, per
@@ -230,7 +239,9 @@ mod tests {
         assert_eq!(keys.dead(), "{batchd}:dead");
         assert_eq!(keys.cancel(&id), "{batchd}:cancel:inv-42");
         assert_eq!(keys.paused(), "{batchd}:paused");
-        assert_eq!(keys.rate_limit("acct:embeddings"), "{batchd}:ratelimit:acct:embeddings");
+        assert_eq!(Keys::rate_limit("acct:embeddings"), "{batchd-rate:acct}:embeddings");
+        assert_eq!(Keys::rate_limit("acct:poll:embeddings"), "{batchd-rate:acct}:poll:embeddings");
+        assert_eq!(Keys::rate_limit("openai"), "{batchd-rate:openai}:", "no account: the whole name is the tag");
         assert_eq!(keys.stats_minute(29_000_000), "{batchd}:stats:m:29000000");
         assert_eq!(keys.stats_hour(483_000), "{batchd}:stats:h:483000");
         assert_eq!(keys.stats_turnaround(483_000), "{batchd}:stats:turnaround:483000");

@@ -1,13 +1,13 @@
 //! The providers one daemon serves, by routing name: a job's model name picks one
 //! ([`batchd_core::ModelName::provider`]), and a model whose provider is not configured is refused at take-in
-//! with the setting to add.
+//! with the setting to add, as the kind's registration ([`batchd_provider::Kind`]) says it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use batchd_core::ModelName;
-use batchd_provider::Provider;
+use batchd_provider::{Kind, Provider};
 
 /// Every configured provider, by routing name, and the API calls in flight to each.
 #[derive(Debug, Clone, Default)]
@@ -18,6 +18,8 @@ pub struct Providers {
     in_flight: BTreeMap<String, Arc<AtomicUsize>>,
     /// Most API calls in flight to one provider at once (`workers.calls_per_provider`); 0: no cap.
     max_calls: usize,
+    /// Every provider kind the daemon knows (configured or not), for the refusal of a model none serves.
+    kinds: Vec<&'static Kind>,
 }
 
 /// One API call's place among its provider's calls in flight ([`Providers::call_slot`]); given back on drop.
@@ -47,6 +49,13 @@ impl Providers {
         self
     }
 
+    /// Every provider kind the daemon knows (the registry), so that a job for a kind that is not configured is
+    /// refused naming what to set.
+    pub fn with_kinds(mut self, kinds: impl IntoIterator<Item = &'static Kind>) -> Self {
+        self.kinds = kinds.into_iter().collect();
+        self
+    }
+
     /// Caps the API calls in flight to each provider at `max` (0: no cap), so that one slow provider cannot hold
     /// every worker: a step that finds its provider at the cap is rescheduled, like a throttled one.
     pub fn with_call_cap(mut self, max: usize) -> Self {
@@ -70,14 +79,19 @@ impl Providers {
     /// The provider that runs `model`, or a sentence saying which one it needs and how to configure it.
     pub fn for_model(&self, model: &ModelName) -> Result<&Arc<dyn Provider>, String> {
         let name = model.provider();
-        self.by_name.get(name).ok_or_else(|| {
-            let how = match name {
-                batchd_core::ids::CLOUDFLARE => "set cloudflare.account_id and CLOUDFLARE_API_TOKEN",
-                "openai" => "set OPENAI_API_KEY or api_key_file in [openai]",
-                "anthropic" => "set ANTHROPIC_API_KEY or api_key_file in [anthropic]",
-                _ => "use a model name of a provider batchd supports (@cf/..., openai/..., anthropic/...)",
-            };
-            format!("model {model} runs on the {name} provider, which this daemon does not have configured; {how}")
+        self.by_name.get(name).ok_or_else(|| match self.kinds.iter().find(|kind| kind.name == name) {
+            Some(kind) => format!(
+                "model {model} runs on the {name} provider, which this daemon does not have configured; {}",
+                kind.configure
+            ),
+            None => {
+                let known: Vec<&str> = self.kinds.iter().flat_map(|kind| kind.models.iter().copied()).collect();
+                format!(
+                    "model {model} runs on the {name} provider, which this daemon does not have configured; use a \
+                     model name of a provider batchd supports ({})",
+                    known.join(", ")
+                )
+            }
         })
     }
 

@@ -58,14 +58,13 @@ impl Client {
     pub(crate) fn new(settings: &OpenAiClientSettings, budget: Option<ReplyBudget>) -> Result<Self, OpenAiBuildError> {
         let base = http::base_url(&settings.base_url)
             .map_err(|reason| OpenAiBuildError::InvalidBaseUrl { url: settings.base_url.clone(), reason })?;
-        let authorization =
-            settings.api_key.header("Bearer ").ok_or(OpenAiBuildError::InvalidHeader("openai api key"))?;
+        let authorization = settings.api_key.header("Bearer ").ok_or(OpenAiBuildError::InvalidHeader("api_key"))?;
         let header = |value: &Option<String>, what| match value.as_deref().map(str::trim) {
             None | Some("") => Ok(None),
             Some(value) => HeaderValue::from_str(value).map(Some).map_err(|_| OpenAiBuildError::InvalidHeader(what)),
         };
-        let organization = header(&settings.organization, "openai.organization")?;
-        let project = header(&settings.project, "openai.project")?;
+        let organization = header(&settings.organization, "organization")?;
+        let project = header(&settings.project, "project")?;
         let http = http::client(settings.request_timeout, settings.connect_timeout).map_err(OpenAiBuildError::Http)?;
         Ok(Self {
             http,

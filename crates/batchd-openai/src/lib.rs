@@ -12,11 +12,13 @@ mod client;
 mod error;
 mod jsonl;
 mod provider;
+mod registration;
 mod settings;
 mod wire;
 
 pub use jsonl::{ENDPOINTS, line_shape};
 pub use provider::OpenAiProvider;
+pub use registration::{CAPABILITIES, REGISTRATION};
 pub use settings::{
     ApiKey, DEFAULT_BASE_URL, DEFAULT_ENDPOINT, DEFAULT_FILE_EXPIRY_SECS, FILE_EXPIRY_SECS, OpenAiBuildError,
     OpenAiClientSettings,

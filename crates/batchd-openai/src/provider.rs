@@ -97,13 +97,13 @@ impl OpenAiProvider {
     /// Builds the provider; result files are counted in `budget` while they are read, when given.
     pub fn new(settings: OpenAiClientSettings, budget: Option<ReplyBudget>) -> Result<Self, OpenAiBuildError> {
         if settings.max_requests == 0 {
-            return Err(OpenAiBuildError::InvalidLimit("openai.max_requests"));
+            return Err(OpenAiBuildError::InvalidLimit("max_requests"));
         }
         if settings.max_file_bytes == 0 {
-            return Err(OpenAiBuildError::InvalidLimit("openai.max_file_bytes"));
+            return Err(OpenAiBuildError::InvalidLimit("max_file_bytes"));
         }
         if settings.file_expiry_secs != 0 && !FILE_EXPIRY_SECS.contains(&settings.file_expiry_secs) {
-            return Err(OpenAiBuildError::InvalidLimit("openai.file_expiry_secs"));
+            return Err(OpenAiBuildError::InvalidLimit("file_expiry_secs"));
         }
         let client = Client::new(&settings, budget)?;
         Ok(Self { client, settings })
@@ -307,10 +307,9 @@ impl Provider for OpenAiProvider {
             .iter()
             .find(|(model, _)| model == name)
             .map_or(self.settings.batches_per_hour, |(_, limit)| *limit);
-        (per_hour > 0).then(|| RateBucket {
-            name: format!("{NAME}:{name}"),
-            interval: Duration::from_secs(3600).div_f64(f64::from(per_hour)),
-            burst: self.settings.burst.max(1),
+        (per_hour > 0).then(|| {
+            let interval = Duration::from_secs(3600).div_f64(f64::from(per_hour));
+            RateBucket::new(&self.settings.account, name, interval, self.settings.burst.max(1))
         })
     }
 
@@ -467,8 +466,8 @@ impl Provider for OpenAiProvider {
         })
     }
 
-    fn can_cancel(&self) -> bool {
-        true
+    fn capabilities(&self) -> batchd_provider::Capabilities {
+        crate::registration::CAPABILITIES
     }
 
     fn cancel<'a>(

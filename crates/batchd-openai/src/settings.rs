@@ -21,6 +21,9 @@ pub struct OpenAiClientSettings {
     pub base_url: String,
     /// The API key, sent as `Authorization: Bearer <key>`.
     pub api_key: ApiKey,
+    /// The account's label (`[A-Za-z0-9._-]`, `openai` by default): it names the rate buckets, which every
+    /// namespace and replica using the same label shares.
+    pub account: String,
     /// Sent as `OpenAI-Organization` when set.
     pub organization: Option<String>,
     /// Sent as `OpenAI-Project` when set.
@@ -65,6 +68,7 @@ impl OpenAiClientSettings {
         Self {
             base_url: DEFAULT_BASE_URL.to_owned(),
             api_key,
+            account: crate::provider::NAME.to_owned(),
             organization: None,
             project: None,
             request_timeout: Duration::from_secs(100),
@@ -93,10 +97,11 @@ pub enum OpenAiBuildError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The key, organization or project cannot be sent in a header, or the key is empty.
+    /// The key, organization or project (named by its setting: `api_key`, `organization`, `project`) cannot be
+    /// sent in a header, or the key is empty.
     #[error("invalid {0}: empty, or holds characters that cannot be sent in a header")]
     InvalidHeader(&'static str),
-    /// A limit is zero.
+    /// A limit (named by its setting) is zero.
     #[error("invalid {0}: must be at least 1")]
     InvalidLimit(&'static str),
     /// The HTTP client could not be created.

@@ -137,6 +137,28 @@ pub fn base_url(raw: &str) -> Result<Url, String> {
     Ok(url)
 }
 
+/// Refuses a plain-HTTP base URL that is not on this machine: the key would cross the network in clear. The
+/// error is the reason.
+pub fn refuse_clear_text(base_url: &str) -> Result<(), String> {
+    let Some(rest) = base_url.trim().strip_prefix("http://") else {
+        return Ok(()); // https, or a URL `base_url` refuses with a clearer message
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),
+    };
+    let loopback =
+        host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        return Ok(());
+    }
+    Err(format!(
+        "{base_url:?} is plain http to another host, which would send the API token in clear; use https (http is \
+         allowed only for loopback, e.g. the emulator on 127.0.0.1)"
+    ))
+}
+
 /// `url` with each of `segments` appended as a path segment, its bytes in `encoded` percent-encoded (each API
 /// has its own idea of which characters a segment may carry literally).
 pub fn join(url: &Url, segments: &[&str], encoded: &'static AsciiSet) -> Url {
@@ -271,6 +293,23 @@ mod tests {
             "mailto:someone@example.com",
         ] {
             assert!(base_url(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn plain_http_is_refused_unless_the_api_is_on_this_machine() {
+        for allowed in [
+            "https://api.cloudflare.com/client/v4",
+            "http://127.0.0.1:8787/client/v4",
+            "http://127.9.0.1:1",
+            "http://localhost:8787",
+            "http://[::1]:8787/x",
+        ] {
+            assert!(refuse_clear_text(allowed).is_ok(), "{allowed}");
+        }
+        for refused in ["http://api.cloudflare.com/client/v4", "http://10.0.0.5:8787", "http://[2001:db8::1]:80"] {
+            let why = refuse_clear_text(refused).expect_err(refused);
+            assert!(why.contains("in clear"), "{why}");
         }
     }
 }

@@ -8,11 +8,14 @@
 //! the ledger, the result entry, the dashboard and the CLI are the same for every provider.
 //!
 //! A job picks its provider by its model name ([`batchd_core::ModelName::provider`]): `@cf/...` and `@hf/...`
-//! are Cloudflare's, `openai/<model>` OpenAI's, `anthropic/<model>` Anthropic's.
+//! are Cloudflare's, `openai/<model>` OpenAI's, `anthropic/<model>` Anthropic's. Each provider's crate exports a
+//! [`Registration`] (its [`Kind`]: names, model names, [`Capabilities`]; and how it is built from its settings),
+//! which is all the daemon, the CLI and the dashboard know of it.
 
 mod budget;
 mod error;
 pub mod http;
+mod registration;
 mod remote;
 pub mod text;
 
@@ -25,6 +28,7 @@ use serde_json::value::RawValue;
 
 pub use budget::{ReplyBudget, ReplyHold};
 pub use error::{ApiError, ErrorKind};
+pub use registration::{BuildContext, Capabilities, Kind, Registration, SettingError, check_request_timeout};
 pub use remote::{MAX_REMOTE_REF_LEN, RemoteBatch};
 
 /// A batch inference API behind batchd's engine. Object-safe: the engine holds one `Arc<dyn Provider>` per
@@ -36,6 +40,13 @@ pub trait Provider: Send + Sync + fmt::Debug {
 
     /// What one remote batch may hold.
     fn limits(&self) -> BatchLimits;
+
+    /// What this provider can do: its kind's [`Kind::capabilities`] (the default: nothing beyond the required
+    /// calls). [`Provider::can_cancel`], [`Provider::sends_events`] and [`Provider::echoes_external_reference`]
+    /// read it.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
 
     /// Refuses a model this provider cannot run as a batch (checked at take-in, before anything is sent), with a
     /// sentence saying why.
@@ -49,7 +60,7 @@ pub trait Provider: Send + Sync + fmt::Debug {
     /// it on the item's response in the result, and the provider leaves it out of what it sends
     /// ([`batchd_core::reference::strip`]), so the contract is the same at every provider.
     fn echoes_external_reference(&self) -> bool {
-        false
+        self.capabilities().echoes_external_reference
     }
 
     /// The shared rate limiter bucket a call about `model` takes a slot of, or `None` when it is not limited.
@@ -93,7 +104,7 @@ pub trait Provider: Send + Sync + fmt::Debug {
     /// then, with `[events]` configured, is a batch's first poll put off to the events' long fallback interval
     /// (the default: no events, polls on the usual schedule).
     fn sends_events(&self) -> bool {
-        false
+        self.capabilities().events
     }
 
     /// Whether [`Provider::cancel`] stops a running batch, which then ends (seen through polls) with the results
@@ -101,7 +112,7 @@ pub trait Provider: Send + Sync + fmt::Debug {
     /// end, so the job's result holds what they ran; when it does not (the default), the job ends at once and its
     /// batches run on, unread.
     fn can_cancel(&self) -> bool {
-        false
+        self.capabilities().cancel
     }
 
     /// Asks the provider to cancel a remote batch; called for batches still running, only when
@@ -130,15 +141,31 @@ pub enum Call {
     Poll,
 }
 
-/// A slot of the shared limiter (GCRA in Redis, shared by every replica).
+/// A slot of the shared limiter (GCRA in Redis, shared by every replica and every namespace that uses the same
+/// account).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateBucket {
-    /// The bucket's name, unique across providers (e.g. `<account>:text-generation`).
+    /// The bucket's name, `<account>:<bucket>` ([`RateBucket::new`]): the provider instance's account label
+    /// first, which names the Redis key's hash tag (`batchd_core::Keys::rate_limit`), then the bucket within the
+    /// account (`text-generation`, `poll:text-generation`, a model).
     pub name: String,
     /// The time one slot stands for: the window divided by the limit.
     pub interval: Duration,
     /// Slots allowed back to back.
     pub burst: u32,
+}
+
+impl RateBucket {
+    /// The bucket `bucket` of the account labelled `account` (a label of `[A-Za-z0-9._-]`, [`is_account_label`]).
+    pub fn new(account: &str, bucket: &str, interval: Duration, burst: u32) -> Self {
+        Self { name: format!("{account}:{bucket}"), interval, burst }
+    }
+}
+
+/// Whether `label` may name an account's rate buckets: 1-64 characters of `A-Z a-z 0-9 . _ -` (it becomes part
+/// of a Redis hash tag, so no `{`, `}` or `:`).
+pub fn is_account_label(label: &str) -> bool {
+    (1..=64).contains(&label.len()) && label.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
 /// What one remote batch may hold; the engine cuts jobs into chunks within it.

@@ -1,5 +1,6 @@
-//! `batchd run`: wires storage, the providers (Cloudflare; OpenAI when `[openai]` has a key) and two apalis
-//! workers together, and runs them until shutdown.
+//! `batchd run`: wires storage, the configured providers (every kind in the registry, `registry.rs`, whose
+//! settings are given; at least one) with their background tasks, and two apalis workers per namespace together,
+//! and runs them until shutdown.
 //!
 //! The workers are run one task each (not under apalis's `Monitor`, which reports success even when a worker
 //! died): a worker that ends before shutdown was requested makes `run` return an error, so the process exits
@@ -16,18 +17,18 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use apalis::layers::WorkerBuilderExt;
 use apalis_core::worker::builder::WorkerBuilder;
-use batchd_anthropic::AnthropicProvider;
-use batchd_cloudflare::{BatchClient, CloudflareProvider, QueueClient, SubscriptionClient};
+use batchd_cloudflare::{CloudflareProvider, QueueClient, SubscriptionClient};
 use batchd_engine::providers::Providers;
-use batchd_openai::OpenAiProvider;
-use batchd_provider::{Provider, ReplyBudget, ReplyHold};
+use batchd_provider::{BuildContext, Provider, ReplyBudget, ReplyHold};
 use batchd_queue::Store;
+use futures::future::BoxFuture;
 
 use batchd_engine::runtime::{ByteBudget, DeliveryLimit, EntryBudget, IngressSettings, ScheduleSettings};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Health};
+use crate::registry::{REGISTRY, TaskContext};
 use crate::settings::{Secret, Settings};
 use batchd_engine::pipeline::{Pipeline, SplitSettings, handle_due, handle_entry};
 
@@ -46,7 +47,9 @@ const CATALOG_AT_START: Duration = Duration::from_secs(10);
 const BACKGROUND_STOP: Duration = Duration::from_secs(2);
 
 /// Runs the daemon until `shutdown` is cancelled (then drains within the grace period and returns `Ok`), or
-/// until a worker stops on its own (returns an error).
+/// until a worker stops on its own (returns an error). `token` is the Cloudflare API token when the settings
+/// configure Cloudflare without one (an embedder's; `batchd run` finds it in the settings and passes an empty
+/// one).
 pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken) -> anyhow::Result<()> {
     run_with_providers(settings, token, Vec::new(), shutdown).await
 }
@@ -54,11 +57,15 @@ pub async fn run(settings: Settings, token: Secret, shutdown: CancellationToken)
 /// [`run`], with providers of the embedder's own beside the configured ones (routed by their names; one with a
 /// configured provider's name replaces it). Tests use it to drive the real pipeline through a test provider.
 pub async fn run_with_providers(
-    settings: Settings,
+    mut settings: Settings,
     token: Secret,
     extra: Vec<Arc<dyn Provider>>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let given = |token: &Option<Secret>| token.as_ref().is_some_and(|token| !token.expose().is_empty());
+    if !settings.cloudflare.account_id.trim().is_empty() && !given(&settings.cloudflare.api_token) {
+        settings.cloudflare.api_token = Some(token).filter(|token| !token.expose().is_empty());
+    }
     let recorder = batchd_engine::metrics::install().map_err(anyhow::Error::msg)?;
     let health = Arc::new(Health::default());
     // The admin port first: one that is taken fails the start at once, before any work is taken.
@@ -72,35 +79,28 @@ pub async fn run_with_providers(
     let conn = endpoint.shared().context("redis")?;
     // One memory budget for the process, shared by every namespace (docs/operations.md, "Memory and threads").
     let budget = ByteBudget::new(settings.workers.inflight_bytes);
-    let client = BatchClient::new(settings.client_settings(&token))
-        .context("cloudflare settings")?
-        .with_reply_budget(reply_budget(&budget));
-    let cloudflare = CloudflareProvider::new(
-        client,
-        settings.cloudflare.account_id.clone(),
-        settings.rate_limits.clone(),
-        settings.jobs.max_payload_bytes,
-        Some(settings.jobs.max_batch_items).filter(|max| *max > 0),
-    );
-    let cloudflare = Arc::new(cloudflare);
-    let mut providers = Providers::new().with(Arc::clone(&cloudflare) as Arc<dyn Provider>);
-    if let Some(key) = settings.anthropic_key()? {
-        let anthropic = AnthropicProvider::new(&settings.anthropic_settings(&key))
-            .context("anthropic settings")?
-            .with_reply_budget(reply_budget(&budget));
-        tracing::info!(base_url = %settings.anthropic.base_url, "anthropic message batches configured (anthropic/... models)");
-        providers = providers.with(Arc::new(anthropic));
-    }
-    if let Some(key) = settings.openai_api_key()? {
-        let openai = OpenAiProvider::new(settings.openai_settings(&key), Some(reply_budget(&budget)))
-            .context("openai settings")?;
-        tracing::info!(base_url = %settings.openai.base_url, "openai batch configured (openai/... models)");
-        providers = providers.with(Arc::new(openai));
+    let context = BuildContext {
+        lease: Duration::from_secs(settings.schedule.lease_secs),
+        inflight_bytes: settings.workers.inflight_bytes,
+        reply_budget: Some(reply_budget(&budget)),
+    };
+    let mut providers = Providers::new().with_kinds(crate::registry::kinds());
+    let mut starts = Vec::new();
+    for entry in &REGISTRY {
+        if let Some(built) = entry.build(&settings, &context)? {
+            let kind = entry.kind();
+            tracing::info!(provider = kind.name, models = %kind.models.join(", "), "{} configured", kind.title);
+            providers = providers.with(built.provider);
+            starts.push(built.tasks);
+        }
     }
     let providers = extra
         .into_iter()
         .fold(providers, |providers, extra| providers.with(extra))
         .with_call_cap(settings.workers.calls_per_provider);
+    if providers.names().next().is_none() {
+        return Err(crate::registry::none_configured().into());
+    }
     batchd_engine::metrics::providers_configured(providers.names());
 
     // Stopped last, after the drain, so probes and scrapes are answered while work in flight finishes.
@@ -124,7 +124,6 @@ pub async fn run_with_providers(
         recorder,
         background_stop.clone(),
     )));
-    batchd_engine::metrics::known_models(settings.rate_limits.task_types.iter().map(|entry| entry.model.as_str()));
     {
         // The process metrics (RSS, CPU, open fds) are read on the sampler's rhythm.
         let (interval, stop) = (settings.admin.sample_interval(), background_stop.clone());
@@ -149,34 +148,28 @@ pub async fn run_with_providers(
     }
     let consumer = consumer_name();
     let fetch_stop = shutdown.child_token();
-    // The model catalog is read (or taken from Redis) before any job is taken in, so the first jobs are checked
-    // against it; a slow or failing catalog only delays the start by its timeout (the tables apply meanwhile).
-    let events_token =
-        if settings.events.enabled() { Some(settings.events_token()?.unwrap_or_else(|| token.clone())) } else { None };
-    let upkeep = batchd_engine::catalog::CloudflareUpkeep {
-        provider: Arc::clone(&cloudflare),
-        account_id: settings.cloudflare.account_id.clone(),
-        store: Store::new(conn.clone(), namespaces[0].clone(), settings.store_settings()),
-        refresh: Some(Duration::from_secs(settings.cloudflare.catalog_refresh_secs))
-            .filter(|refresh| !refresh.is_zero()),
-        subscriptions: match &events_token {
-            Some(events_token) => Some(
-                SubscriptionClient::new(settings.client_settings(events_token), &settings.events.queue_id)
-                    .context("events settings")?,
-            ),
-            None => None,
-        },
-    };
-    if tokio::time::timeout(CATALOG_AT_START, upkeep.load_catalog()).await.is_err() {
-        tracing::warn!(timeout = ?CATALOG_AT_START, "the model catalog did not load in time; the [rate_limits] tables apply until it does");
+    let stores: Vec<Store> = namespaces
+        .iter()
+        .map(|keys| {
+            Store::new(conn.clone(), keys.clone(), settings.store_settings())
+                .with_dead_entry_bytes(settings.retention.dead_entry_bytes)
+        })
+        .collect();
+    // Each provider's background tasks start before any job is taken in (Workers AI reads its model catalog
+    // first, so the first jobs are checked against it).
+    for tasks in starts {
+        tasks
+            .start(TaskContext {
+                settings: &settings,
+                stores: &stores,
+                background: &mut background,
+                background_stop: &background_stop,
+                fetch_stop: &fetch_stop,
+            })
+            .await?;
     }
-    background.push(tokio::spawn(upkeep.run(background_stop.clone())));
     let mut workers = JoinSet::new();
-    let mut stores = Vec::with_capacity(namespaces.len());
-    for keys in &namespaces {
-        let store = Store::new(conn.clone(), keys.clone(), settings.store_settings())
-            .with_dead_entry_bytes(settings.retention.dead_entry_bytes);
-        stores.push(store.clone());
+    for store in &stores {
         let pipeline = Arc::new(Pipeline {
             store: store.clone(),
             providers: providers.clone(),
@@ -194,19 +187,6 @@ pub async fn run_with_providers(
         // Always: jobs queued while packing was on still get their packs after it is turned off.
         background.push(tokio::spawn(Arc::clone(&pipeline).run_packer(fetch_stop.clone())));
         spawn_workers(&mut workers, &settings, &endpoint, pipeline, &consumer, &fetch_stop, &shutdown, &health);
-    }
-    if let Some(events_token) = events_token {
-        let mut queue_settings = settings.client_settings(&events_token);
-        // A pull brings at most 100 small event messages.
-        queue_settings.max_reply_bytes = 16 * 1024 * 1024;
-        let queue = QueueClient::new(queue_settings, &settings.events.queue_id).context("events settings")?;
-        background.push(tokio::spawn(batchd_engine::events::run_puller(
-            queue,
-            stores,
-            settings.event_pull(),
-            Duration::from_millis(settings.poll.initial_interval_ms),
-            fetch_stop.clone(),
-        )));
     }
     health.workers_running();
     admin::notify_ready();
@@ -249,6 +229,59 @@ pub async fn run_with_providers(
     stop_background(background_stop, background).await;
     tracing::info!("batchd stopped");
     Ok(())
+}
+
+/// Workers AI's background tasks (its registry line's): the model catalog's upkeep, read once (or taken from
+/// Redis) before any job is taken in (a slow or failing catalog only delays the start by its timeout; the
+/// `[rate_limits]` tables apply meanwhile) then kept fresh, and with `[events]` the events queue's consumer.
+pub fn cloudflare_tasks(
+    provider: Arc<CloudflareProvider>,
+    context: TaskContext<'_>,
+) -> BoxFuture<'_, anyhow::Result<()>> {
+    Box::pin(async move {
+        let TaskContext { settings, stores, background, background_stop, fetch_stop } = context;
+        batchd_engine::metrics::known_models(settings.rate_limits.task_types.iter().map(|entry| entry.model.as_str()));
+        let events_token = if settings.events.enabled() {
+            Some(match settings.events_token()? {
+                Some(token) => token,
+                None => settings.api_token()?,
+            })
+        } else {
+            None
+        };
+        let upkeep = batchd_engine::catalog::CloudflareUpkeep {
+            provider,
+            account_id: settings.cloudflare.account_id.clone(),
+            store: stores[0].clone(),
+            refresh: Some(Duration::from_secs(settings.cloudflare.catalog_refresh_secs))
+                .filter(|refresh| !refresh.is_zero()),
+            subscriptions: match &events_token {
+                Some(events_token) => Some(
+                    SubscriptionClient::new(settings.client_settings(events_token), &settings.events.queue_id)
+                        .context("events settings")?,
+                ),
+                None => None,
+            },
+        };
+        if tokio::time::timeout(CATALOG_AT_START, upkeep.load_catalog()).await.is_err() {
+            tracing::warn!(timeout = ?CATALOG_AT_START, "the model catalog did not load in time; the [rate_limits] tables apply until it does");
+        }
+        background.push(tokio::spawn(upkeep.run(background_stop.clone())));
+        if let Some(events_token) = events_token {
+            let mut queue_settings = settings.client_settings(&events_token);
+            // A pull brings at most 100 small event messages.
+            queue_settings.max_reply_bytes = 16 * 1024 * 1024;
+            let queue = QueueClient::new(queue_settings, &settings.events.queue_id).context("events settings")?;
+            background.push(tokio::spawn(batchd_engine::events::run_puller(
+                queue,
+                stores.to_vec(),
+                settings.event_pull(),
+                Duration::from_millis(settings.poll.initial_interval_ms),
+                fetch_stop.clone(),
+            )));
+        }
+        Ok(())
+    })
 }
 
 /// Counts a provider's poll replies and results downloads against the process's memory budget: the bytes, the

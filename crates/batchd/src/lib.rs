@@ -5,6 +5,7 @@ pub mod admin;
 pub mod cli;
 pub mod daemon;
 pub mod logging;
+pub mod registry;
 pub mod settings;
 pub mod ui;
 

@@ -137,7 +137,6 @@ async fn run_daemon(settings: Settings) -> anyhow::Result<()> {
     for warning in settings.warnings() {
         tracing::warn!(warning = %warning, "unsafe setting");
     }
-    let token = settings.api_token()?;
     let shutdown = CancellationToken::new();
     let signals = shutdown.clone();
     tokio::spawn(async move {
@@ -145,7 +144,8 @@ async fn run_daemon(settings: Settings) -> anyhow::Result<()> {
         tracing::info!("stop signal received");
         signals.cancel();
     });
-    batchd::run(settings, token, shutdown).await
+    // Every provider's key, the Cloudflare token included, is read from the settings.
+    batchd::run(settings, batchd::settings::Secret::new(""), shutdown).await
 }
 
 async fn wait_for_signal() {

@@ -514,7 +514,8 @@ impl Store {
         })
     }
 
-    /// Asks the shared limiter of `bucket` for one slot; `None` means go now (the slot is booked), otherwise how
+    /// Asks the shared limiter of `bucket` (`<account>:<bucket>`, shared by every namespace using that account:
+    /// [`batchd_core::Keys::rate_limit`]) for one slot; `None` means go now (the slot is booked), otherwise how
     /// long to wait before asking again. `interval` is the window divided by the limit.
     pub async fn rate_limit(
         &self,
@@ -522,7 +523,7 @@ impl Store {
         interval: Duration,
         burst: u32,
     ) -> Result<Option<Duration>, StoreError> {
-        let mut cmd = ScriptCall::new(&self.scripts.rate_limit, &[self.keys.rate_limit(bucket)]);
+        let mut cmd = ScriptCall::new(&self.scripts.rate_limit, &[batchd_core::Keys::rate_limit(bucket)]);
         cmd.arg(interval.as_secs_f64() * 1000.0).arg(burst.max(1));
         let wait_ms: u64 = self.run(&cmd).await?;
         Ok((wait_ms > 0).then(|| Duration::from_millis(wait_ms)))

@@ -16,8 +16,8 @@ use super::tail::TailArgs;
 use super::workers::WorkersArgs;
 use super::{EXIT_CODES_HELP, SubmitArgs};
 
-/// Run Cloudflare Workers AI batch jobs from Redis: producers XADD jobs, batchd submits and polls them and
-/// publishes one result entry per job to a results stream.
+/// Run batch inference jobs at Workers AI, OpenAI and Anthropic from Redis: producers XADD jobs, batchd submits
+/// and polls them and publishes one result entry per job to a results stream.
 #[derive(Debug, Parser)]
 #[command(name = "batchd", version, after_help = EXIT_CODES_HELP, max_term_width = 100)]
 pub struct Cli {
@@ -153,7 +153,8 @@ line on stderr and exit code 1."
         #[command(subcommand)]
         command: super::events::EventsCommand,
     },
-    /// List the Cloudflare models that take batch requests, with their task, rate-limit bucket and limit.
+    /// List the providers (model names, capabilities, whether configured) and the Workers AI models that take
+    /// batch requests, with their task, rate-limit bucket and limit.
     Models(super::models::ModelsArgs),
     /// Check the configuration.
     Config {

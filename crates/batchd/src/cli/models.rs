@@ -1,6 +1,8 @@
-//! `batchd models`: the Cloudflare models that take batch requests, with the task type, rate-limit bucket and limit
-//! batchd gives each, from the model catalog (the copy the daemons share in Redis; read from the API when there
-//! is none, or with `--refresh`), or from the `[rate_limits]` tables when the catalog cannot be read.
+//! `batchd models`: the provider kinds batchd knows (from the registry: model names, capabilities, whether this
+//! configuration has each), then, when Workers AI is configured, its models that take batch requests, with the
+//! task type, rate-limit bucket and limit batchd gives each, from the model catalog (the copy the daemons share in
+//! Redis; read from the API when there is none, or with `--refresh`), or from the `[rate_limits]` tables when the
+//! catalog cannot be read.
 
 use anyhow::Context as _;
 use batchd_cloudflare::{BatchClient, ModelCatalog, rate_bucket};
@@ -15,7 +17,8 @@ pub struct ModelsArgs {
     /// Read the catalog from the API now (and share it through Redis) instead of using the daemons' copy.
     #[arg(long)]
     pub refresh: bool,
-    /// Print JSON: `{"source":..,"fetched_at":..,"models":[{"model":..,"task":..,"bucket":..,"limit":..}]}`.
+    /// Print JSON: `{"providers":[{"kind":..,"title":..,"models":[..],"capabilities":{..},"configured":..}],
+    /// "source":..,"fetched_at":..,"models":[{"model":..,"task":..,"bucket":..,"limit":..}]}`.
     #[arg(long)]
     pub json: bool,
 }
@@ -38,6 +41,11 @@ struct Row {
 
 /// Runs `batchd models`.
 pub async fn models(settings: &Settings, args: &ModelsArgs) -> anyhow::Result<()> {
+    let providers: Vec<(&'static batchd_provider::Kind, bool)> =
+        crate::registry::REGISTRY.iter().map(|entry| (entry.kind(), entry.configured(settings))).collect();
+    if !settings.cloudflare_configured() {
+        return print_providers(&providers, args.json, None);
+    }
     let mut conn = super::connect(settings).await?;
     let keys = settings.keys();
     let account = &settings.cloudflare.account_id;
@@ -96,10 +104,16 @@ pub async fn models(settings: &Settings, args: &ModelsArgs) -> anyhow::Result<()
                        "limit": row.limit, "window_secs": limits.window_secs, "paid_only": row.paid_only})
             })
             .collect();
-        return print_json(&json!({"source": source, "fetched_at": fetched_at, "models": models}));
+        return print_providers(
+            &providers,
+            true,
+            Some(json!({"source": source, "fetched_at": fetched_at, "models": models})),
+        );
     }
+    print_providers(&providers, false, None)?;
+    println!();
     println!(
-        "{} batchable models (source: {}; limits per {} s)",
+        "{} batchable Workers AI models (source: {}; limits per {} s)",
         rows.len(),
         escape_for_terminal(&source),
         limits.window_secs
@@ -118,6 +132,37 @@ pub async fn models(settings: &Settings, args: &ModelsArgs) -> anyhow::Result<()
             limit,
             escape_for_terminal(bucket)
         );
+    }
+    Ok(())
+}
+
+/// Prints the provider kinds: a table (`PROVIDER  MODELS  CAPABILITIES  CONFIGURED`), or with `json` one object
+/// with `providers` and the fields of `catalog` (the Workers AI models; without it, `models` is empty).
+fn print_providers(
+    providers: &[(&'static batchd_provider::Kind, bool)],
+    json: bool,
+    catalog: Option<serde_json::Value>,
+) -> anyhow::Result<()> {
+    if json {
+        let listed: Vec<serde_json::Value> = providers
+            .iter()
+            .map(|(kind, configured)| {
+                let mut value = crate::registry::kind_json(kind);
+                value["configured"] = (*configured).into();
+                value
+            })
+            .collect();
+        let mut value = catalog.unwrap_or_else(|| json!({"source": null, "fetched_at": null, "models": []}));
+        value["providers"] = listed.into();
+        return print_json(&value);
+    }
+    println!("{:<12}  {:<28}  {:<40}  CONFIGURED", "PROVIDER", "MODELS", "CAPABILITIES");
+    for (kind, configured) in providers {
+        let capabilities: Vec<&str> =
+            kind.capabilities.named().iter().filter(|(_, has)| *has).map(|(name, _)| *name).collect();
+        let capabilities = if capabilities.is_empty() { "-".to_owned() } else { capabilities.join(",") };
+        let configured = if *configured { "yes" } else { "no" };
+        println!("{:<12}  {:<28}  {capabilities:<40}  {configured}", kind.name, kind.models.join(" "));
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! Validation: the relations between values that the types cannot express (checked at every load), the
-//! warnings the daemon logs at start, and `check_for_run`, shared by `batchd run` and `batchd config check`.
+//! warnings the daemon logs at start, and `check_for_run`, shared by `batchd run` and `batchd config check`: every
+//! configured provider's settings checked by its kind's registration (`registry.rs`).
 
 use std::net::SocketAddr;
 
@@ -50,9 +51,6 @@ impl Settings {
         }
         if self.schedule.batch == 0 {
             return fail("schedule.batch", "must be at least 1");
-        }
-        if self.schedule.lease_secs <= self.cloudflare.request_timeout_secs {
-            return fail("schedule.lease_secs", "must exceed cloudflare.request_timeout_secs");
         }
         if self.poll.multiplier.is_nan() || self.poll.multiplier < 1.0 {
             return fail("poll.multiplier", "must be at least 1.0");
@@ -107,27 +105,6 @@ impl Settings {
                 format!("{why} (give names only, e.g. batchd.monitoring.svc, without scheme or port)"),
             ));
         }
-        if self.cloudflare.max_reply_bytes < 64 * 1024 {
-            return fail("cloudflare.max_reply_bytes", "must be at least 65536");
-        }
-        check_base_url("cloudflare.base_url", &self.cloudflare.base_url)?;
-        check_base_url("anthropic.base_url", &self.anthropic.base_url)?;
-        if !(1024..=batchd_anthropic::MAX_BODY_BYTES).contains(&self.anthropic.max_body_bytes) {
-            return fail("anthropic.max_body_bytes", "must be 1024-256000000 (the API's limit is 256 MB)");
-        }
-        if !(1..=batchd_anthropic::MAX_REQUESTS).contains(&self.anthropic.max_requests) {
-            return fail("anthropic.max_requests", "must be 1-100000 (the API's limit)");
-        }
-        if self.anthropic.max_reply_bytes < 64 * 1024 {
-            return fail("anthropic.max_reply_bytes", "must be at least 65536");
-        }
-        if self.anthropic.burst == 0 {
-            return fail("anthropic.burst", "must be at least 1");
-        }
-        if self.schedule.lease_secs <= self.anthropic.request_timeout_secs && self.anthropic_configured() {
-            return fail("schedule.lease_secs", "must exceed anthropic.request_timeout_secs");
-        }
-        self.check_openai()?;
         if self.events.enabled() {
             if !(1..=batchd_cloudflare::MAX_PULL_BATCH).contains(&self.events.batch_size) {
                 return fail("events.batch_size", "must be 1-100 (the Queues limit)");
@@ -153,12 +130,6 @@ impl Settings {
             return fail("redis.nodes", why);
         }
         Ok(())
-    }
-
-    /// Whether a key for Anthropic is given (by the environment or a file).
-    pub fn anthropic_configured(&self) -> bool {
-        self.anthropic.api_key.as_ref().is_some_and(|key| !key.expose().is_empty())
-            || !self.anthropic.api_key_file.is_empty()
     }
 
     /// What is allowed but unsafe, for the daemon to log at start as warnings: certificate checks turned off, a
@@ -188,92 +159,46 @@ impl Settings {
     }
 
     /// Everything `run` checks before it starts work, short of connecting, and the one function both `batchd run`
-    /// and `batchd config check` call: the tokens can be read, the API clients can be built from these settings
-    /// (account id, base URL, token, queue id), the Redis deployment (TLS files included) is usable, the log filter
-    /// (`log.level`, or `RUST_LOG` when set) parses.
+    /// and `batchd config check` call: at least one provider is configured, and each configured one's settings
+    /// pass its kind's check and build (keys readable, limits within the API's, a request within the lease, URLs
+    /// and headers its client can use); the events queue's client can be built; the Redis deployment (TLS files
+    /// included) is usable; the log filter (`log.level`, or `RUST_LOG` when set) parses.
     pub fn check_for_run(&self) -> Result<(), ConfigError> {
-        if self.cloudflare.account_id.trim().is_empty() {
-            return Err(ConfigError::at("cloudflare.account_id", "not set (the Cloudflare account's id)"));
+        let context = batchd_provider::BuildContext {
+            lease: std::time::Duration::from_secs(self.schedule.lease_secs),
+            inflight_bytes: self.workers.inflight_bytes,
+            reply_budget: None,
+        };
+        let mut configured = 0;
+        for entry in &crate::registry::REGISTRY {
+            configured += usize::from(entry.check(self, &context)?);
         }
-        let token = self.api_token()?;
-        batchd_cloudflare::BatchClient::new(self.client_settings(&token))
-            .map_err(|e| cloudflare_error(e, "cloudflare.api_token"))?;
+        if configured == 0 {
+            return Err(crate::registry::none_configured());
+        }
         if self.events.enabled() {
+            if !self.cloudflare_configured() {
+                return Err(ConfigError::at(
+                    "events.queue_id",
+                    "set, but Workers AI is not configured (the events are Workers AI's; see [cloudflare])",
+                ));
+            }
             let (token, token_key) = match self.events_token()? {
                 Some(token) => (token, "events.api_token"),
-                None => (token, "cloudflare.api_token"),
+                None => (self.api_token()?, "cloudflare.api_token"),
             };
-            batchd_cloudflare::QueueClient::new(self.client_settings(&token), &self.events.queue_id)
-                .map_err(|e| cloudflare_error(e, token_key))?;
-        }
-        if let Some(key) = self.anthropic_key()? {
-            batchd_anthropic::AnthropicProvider::new(&self.anthropic_settings(&key)).map_err(anthropic_error)?;
+            batchd_cloudflare::QueueClient::new(self.client_settings(&token), &self.events.queue_id).map_err(|e| {
+                let error = batchd_cloudflare::client_error(e);
+                match error.key {
+                    "api_token" => ConfigError::at(token_key, error.why),
+                    "queue_id" => ConfigError::at("events.queue_id", error.why),
+                    key => ConfigError::at(&format!("cloudflare.{key}"), error.why),
+                }
+            })?;
         }
         self.redis_endpoint()?;
         crate::logging::check(&self.log, std::env::var("RUST_LOG").ok().as_deref()).map_err(ConfigError::keyed)?;
         Ok(())
-    }
-}
-
-impl Settings {
-    /// `[openai]`: limits within the API's, a lease longer than a request, a base URL that keeps the key private.
-    fn check_openai(&self) -> Result<(), ConfigError> {
-        let openai = &self.openai;
-        let fail = |key: &str, why: &str| Err(ConfigError::at(&format!("openai.{key}"), why));
-        if !(1..=50_000).contains(&openai.max_requests) {
-            return fail("max_requests", "must be 1 to 50000 (the API's limit per batch)");
-        }
-        if !(1024..=200 * 1000 * 1000).contains(&openai.max_file_bytes) {
-            return fail("max_file_bytes", "must be 1024 to 200000000 (the API's limit per input file)");
-        }
-        if openai.max_result_bytes < 64 * 1024 {
-            return fail("max_result_bytes", "must be at least 65536");
-        }
-        // The lease must outlast a request only where OpenAI is used (a key is given).
-        let configured = openai.api_key.is_some() || !openai.api_key_file.is_empty();
-        if openai.request_timeout_secs == 0 || (configured && self.schedule.lease_secs <= openai.request_timeout_secs) {
-            return fail("request_timeout_secs", "must be at least 1 and below schedule.lease_secs");
-        }
-        if openai.lookup_pages == 0 {
-            return fail("lookup_pages", "must be at least 1");
-        }
-        let expiry = batchd_openai::FILE_EXPIRY_SECS;
-        if openai.file_expiry_secs != 0 && !expiry.contains(&openai.file_expiry_secs) {
-            return fail(
-                "file_expiry_secs",
-                "must be 0 (OpenAI's 30-day default) or 3600-2592000 (one hour to 30 days)",
-            );
-        }
-        check_base_url("openai.base_url", &openai.base_url)
-    }
-}
-
-/// A Cloudflare client's refusal as the key it concerns (`token_key` for the token it was given).
-fn cloudflare_error(error: batchd_cloudflare::ClientBuildError, token_key: &str) -> ConfigError {
-    use batchd_cloudflare::ClientBuildError as E;
-    match error {
-        E::InvalidAccountId(why) => ConfigError::at("cloudflare.account_id", why),
-        E::InvalidBaseUrl { url, reason } => ConfigError::at("cloudflare.base_url", format!("{url:?}: {reason}")),
-        E::InvalidToken(why) => ConfigError::at(token_key, why),
-        E::InvalidQueueId(id) => {
-            ConfigError::at("events.queue_id", format!("{id:?}: 1-64 characters of A-Z a-z 0-9 _ -"))
-        }
-        E::Http(error) => ConfigError(format!("cloudflare: cannot build the HTTP client: {error}")),
-    }
-}
-
-/// The Anthropic provider's refusal as the key it concerns.
-fn anthropic_error(error: batchd_anthropic::BuildError) -> ConfigError {
-    use batchd_anthropic::BuildError as E;
-    match error {
-        E::InvalidBaseUrl { url, reason } => ConfigError::at("anthropic.base_url", format!("{url:?}: {reason}")),
-        E::InvalidHeader("api key") => ConfigError::at("anthropic.api_key", "empty or not sendable in an HTTP header"),
-        E::InvalidHeader("workspace") => ConfigError::at("anthropic.workspace_id", "not sendable in an HTTP header"),
-        E::InvalidHeader(name) => {
-            ConfigError::at(&format!("anthropic.{name}"), "empty or not sendable in an HTTP header")
-        }
-        E::InvalidLimit(why) => ConfigError::keyed(format!("anthropic.{why}")),
-        E::Http(error) => ConfigError(format!("anthropic: cannot build the HTTP client: {error}")),
     }
 }
 
@@ -292,31 +217,6 @@ fn check_redis_url(key: &str, url: &str) -> Result<(), ConfigError> {
              unix:///path/to/socket)"
         ),
     ))
-}
-
-/// Refuses a plain-HTTP API base URL that is not on this machine: the token would cross the network in clear.
-fn check_base_url(key: &str, base_url: &str) -> Result<(), ConfigError> {
-    let Some(rest) = base_url.trim().strip_prefix("http://") else {
-        return Ok(()); // https, or a URL the client itself refuses with a clearer message
-    };
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    let host = match authority.strip_prefix('[') {
-        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
-        None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),
-    };
-    let loopback =
-        host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
-    if loopback {
-        Ok(())
-    } else {
-        Err(ConfigError::at(
-            key,
-            format!(
-                "{base_url:?} is plain http to another host, which would send the API token in clear; use https \
-                 (http is allowed only for loopback, e.g. the emulator on 127.0.0.1)"
-            ),
-        ))
-    }
 }
 
 impl Settings {
@@ -373,68 +273,71 @@ mod tests {
     use super::*;
     use crate::settings::test_env as env;
 
-    #[test]
-    fn openai_limits_and_its_request_timeout_are_checked_where_a_key_is_given() {
-        let load = |pairs: &[(&str, &str)]| Settings::load_from(None, &env(pairs)).map_err(|e| e.to_string());
-        let error = load(&[("BATCHD__OPENAI__MAX_REQUESTS", "50001")]).unwrap_err();
-        assert!(error.contains("openai.max_requests"), "{error}");
-        let error = load(&[("BATCHD__OPENAI__MAX_FILE_BYTES", "300000000")]).unwrap_err();
-        assert!(error.contains("openai.max_file_bytes"), "{error}");
-        let error = load(&[("BATCHD__OPENAI__BASE_URL", "http://10.0.0.5/v1")]).unwrap_err();
-        assert!(error.contains("openai.base_url") && error.contains("in clear"), "{error}");
-        let short_lease = [("BATCHD__SCHEDULE__LEASE_SECS", "30"), ("BATCHD__CLOUDFLARE__REQUEST_TIMEOUT_SECS", "10")];
-        assert!(load(&short_lease).is_ok(), "no key: OpenAI's timeout does not matter");
-        let error = load(&[short_lease[0], short_lease[1], ("OPENAI_API_KEY", "sk-x")]).unwrap_err();
-        assert!(error.contains("openai.request_timeout_secs"), "{error}");
+    /// `check_for_run`'s refusal of these settings, or `None` when they pass.
+    fn refusal(pairs: &[(&str, &str)]) -> Option<String> {
+        let settings = Settings::load_from(None, &env(pairs)).expect("loads: providers are checked for run");
+        settings.check_for_run().err().map(|error| error.to_string())
     }
 
     #[test]
-    fn plain_http_is_refused_unless_the_api_is_on_this_machine() {
-        let load = |url: &str| Settings::load_from(None, &env(&[("BATCHD__CLOUDFLARE__BASE_URL", url)]));
-        for allowed in [
-            "https://api.cloudflare.com/client/v4",
-            "http://127.0.0.1:8787/client/v4",
-            "http://127.9.0.1:1",
-            "http://localhost:8787",
-            "http://[::1]:8787/x",
+    fn each_configured_providers_settings_are_checked_for_run_naming_the_key_and_its_variable() {
+        let cloudflare = [("CLOUDFLARE_ACCOUNT_ID", "acct"), ("CLOUDFLARE_API_TOKEN", "tok")];
+        assert_eq!(refusal(&cloudflare), None);
+        assert_eq!(refusal(&[("OPENAI_API_KEY", "sk-x")]), None, "OpenAI alone: Cloudflare is optional");
+        assert_eq!(refusal(&[("ANTHROPIC_API_KEY", "sk-ant")]), None, "Anthropic alone");
+        let none = refusal(&[]).expect("no provider");
+        assert!(none.contains("no provider is configured") && none.contains("OPENAI_API_KEY"), "{none}");
+        for (key, value, named) in [
+            ("BATCHD__OPENAI__MAX_REQUESTS", "50001", "openai.max_requests (BATCHD__OPENAI__MAX_REQUESTS)"),
+            ("BATCHD__OPENAI__MAX_FILE_BYTES", "300000000", "openai.max_file_bytes (BATCHD__OPENAI__MAX_FILE_BYTES)"),
+            ("BATCHD__OPENAI__BASE_URL", "http://10.0.0.5/v1", "openai.base_url (BATCHD__OPENAI__BASE_URL)"),
+            ("BATCHD__OPENAI__BASE_URL", "ftp://10.0.0.5/v1", "openai.base_url (BATCHD__OPENAI__BASE_URL)"),
+            ("BATCHD__OPENAI__ORGANIZATION", "org\u{7}", "openai.organization (BATCHD__OPENAI__ORGANIZATION)"),
+            ("BATCHD__OPENAI__ACCOUNT", "a:b", "openai.account (BATCHD__OPENAI__ACCOUNT)"),
         ] {
-            assert!(load(allowed).is_ok(), "{allowed}");
+            let error = refusal(&[("OPENAI_API_KEY", "sk-x"), (key, value)]).expect(key);
+            assert!(error.contains(named), "{error}");
+            assert_eq!(refusal(&[cloudflare[0], cloudflare[1], (key, value)]), None, "{key}: no key, no OpenAI");
         }
-        for refused in ["http://api.cloudflare.com/client/v4", "http://10.0.0.5:8787", "http://[2001:db8::1]:80"] {
-            let error = load(refused).expect_err(refused).to_string();
-            assert!(error.contains("cloudflare.base_url") && error.contains("in clear"), "{error}");
+        let anthropic: &[(&str, &str)] = &[("ANTHROPIC_API_KEY", "sk-ant")];
+        let with_cloudflare: &[(&str, &str)] = &cloudflare;
+        for (given, key, value, named) in [
+            (anthropic, "BATCHD__ANTHROPIC__BASE_URL", "http://api.anthropic.com", "anthropic.base_url"),
+            (anthropic, "BATCHD__ANTHROPIC__MAX_REQUESTS", "100001", "anthropic.max_requests"),
+            (anthropic, "BATCHD__ANTHROPIC__MAX_BODY_BYTES", "300000000", "anthropic.max_body_bytes"),
+            (anthropic, "BATCHD__ANTHROPIC__BURST", "0", "anthropic.burst (BATCHD__ANTHROPIC__BURST)"),
+            (anthropic, "BATCHD__ANTHROPIC__REQUEST_TIMEOUT_SECS", "120", "anthropic.request_timeout_secs"),
+            (with_cloudflare, "BATCHD__CLOUDFLARE__BASE_URL", "http://10.0.0.5:8787", "cloudflare.base_url"),
+            (with_cloudflare, "BATCHD__CLOUDFLARE__MAX_REPLY_BYTES", "1000", "cloudflare.max_reply_bytes"),
+            (with_cloudflare, "BATCHD__CLOUDFLARE__REQUEST_TIMEOUT_SECS", "120", "cloudflare.request_timeout_secs"),
+        ] {
+            let env: Vec<(&str, &str)> = given.iter().copied().chain([(key, value)]).collect();
+            let error = refusal(&env).expect(key);
+            assert!(error.contains(named), "{error}");
         }
+        let error = refusal(&[("CLOUDFLARE_API_TOKEN", "tok")]).expect("a token without an account");
+        assert!(error.contains("cloudflare.account_id (CLOUDFLARE_ACCOUNT_ID or"), "{error}");
+        let error = refusal(&[("OPENAI_API_KEY", "sk-x"), ("BATCHD__EVENTS__QUEUE_ID", "q")]).expect("events");
+        assert!(error.contains("events.queue_id") && error.contains("Workers AI is not configured"), "{error}");
     }
 
     #[test]
-    fn anthropic_settings_are_checked_at_load() {
+    fn anthropic_settings_reach_its_client() {
         let load = |pairs: &[(&str, &str)]| Settings::load_from(None, &env(pairs));
         let defaults = load(&[]).unwrap();
         assert_eq!(defaults.anthropic.base_url, "https://api.anthropic.com");
         assert_eq!((defaults.anthropic.max_requests, defaults.anthropic.max_body_bytes), (100_000, 256_000_000));
-        assert!(!defaults.anthropic_configured(), "no key, no Anthropic");
-        let local = load(&[("BATCHD__ANTHROPIC__BASE_URL", "http://127.0.0.1:8787/anthropic")]).unwrap();
-        assert_eq!(local.anthropic.base_url, "http://127.0.0.1:8787/anthropic");
-        for (key, value, named) in [
-            ("BATCHD__ANTHROPIC__BASE_URL", "http://api.anthropic.com", "anthropic.base_url"),
-            ("BATCHD__ANTHROPIC__MAX_REQUESTS", "100001", "anthropic.max_requests"),
-            ("BATCHD__ANTHROPIC__MAX_BODY_BYTES", "300000000", "anthropic.max_body_bytes"),
-            ("BATCHD__ANTHROPIC__BURST", "0", "anthropic.burst"),
-        ] {
-            let error = load(&[(key, value)]).expect_err(key).to_string();
-            assert!(error.contains(named), "{error}");
-        }
-        let error = load(&[("ANTHROPIC_API_KEY", "sk"), ("BATCHD__ANTHROPIC__REQUEST_TIMEOUT_SECS", "120")])
-            .expect_err("a request longer than the lease")
-            .to_string();
-        assert!(error.contains("anthropic.request_timeout_secs"), "{error}");
+        assert!(defaults.anthropic_instance().unwrap().is_none(), "no key, no Anthropic");
         let configured = load(&[("ANTHROPIC_API_KEY", "sk-secret-123")]).unwrap();
-        let client = configured.anthropic_settings(&configured.anthropic_key().unwrap().expect("key"));
+        let client = configured.anthropic_instance().unwrap().expect("configured");
         assert_eq!((client.version.as_str(), client.beta.as_deref()), ("2023-06-01", None));
+        assert_eq!(client.account, "anthropic", "the account label defaults to the kind's name");
         assert!(client.delete_batches, "ended batches are deleted by default");
         assert!(!format!("{client:?}").contains("sk-secret-123"), "the key never prints");
         let keep = load(&[("ANTHROPIC_API_KEY", "sk"), ("BATCHD__ANTHROPIC__DELETE_BATCHES", "false")]).unwrap();
-        assert!(!keep.anthropic_settings(&keep.anthropic_key().unwrap().expect("key")).delete_batches);
+        assert!(!keep.anthropic_instance().unwrap().expect("configured").delete_batches);
+        let cloudflare = load(&[("CLOUDFLARE_ACCOUNT_ID", "acct-1"), ("CLOUDFLARE_API_TOKEN", "tok")]).unwrap();
+        assert_eq!(cloudflare.cloudflare_instance().unwrap().expect("configured").account, "acct-1");
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! What the other crates are handed, built from the settings: the API client settings, the event puller's
-//! settings, the Redis endpoint, the key builders, job limits and storage settings.
+//! What the other crates are handed, built from the settings: each provider instance's settings (`None` when it
+//! is not configured), the API client settings, the event puller's settings, the Redis endpoint, the key
+//! builders, job limits and storage settings.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -20,11 +21,49 @@ impl Settings {
         settings
     }
 
+    /// Whether `[cloudflare]` is configured: its account id or its token is given (then both must be).
+    pub fn cloudflare_configured(&self) -> bool {
+        !self.cloudflare.account_id.trim().is_empty()
+            || self.cloudflare.api_token.as_ref().is_some_and(|token| !token.expose().is_empty())
+            || !self.cloudflare.api_token_file.is_empty()
+    }
+
+    /// The Workers AI instance (`[cloudflare]`, `[rate_limits]`, `jobs.max_payload_bytes`), `None` when it is not
+    /// configured; an error names a missing token.
+    pub fn cloudflare_instance(&self) -> Result<Option<batchd_cloudflare::ProviderSettings>, ConfigError> {
+        if !self.cloudflare_configured() {
+            return Ok(None);
+        }
+        let token = self.api_token()?;
+        let account =
+            if self.cloudflare.account.is_empty() { &self.cloudflare.account_id } else { &self.cloudflare.account };
+        Ok(Some(batchd_cloudflare::ProviderSettings {
+            client: self.client_settings(&token),
+            account: account.trim().to_owned(),
+            rate_limits: self.rate_limits.clone(),
+            max_body_bytes: self.jobs.max_payload_bytes,
+            max_items: Some(self.jobs.max_batch_items).filter(|max| *max > 0),
+        }))
+    }
+
+    /// The OpenAI Batch instance (`[openai]`), `None` when no key is given.
+    pub fn openai_instance(&self) -> Result<Option<batchd_openai::OpenAiClientSettings>, ConfigError> {
+        Ok(self.openai_api_key()?.map(|key| self.openai_settings(&key)))
+    }
+
+    /// The Anthropic Message Batches instance (`[anthropic]`), `None` when no key is given.
+    pub fn anthropic_instance(&self) -> Result<Option<batchd_anthropic::AnthropicSettings>, ConfigError> {
+        Ok(self.anthropic_key()?.map(|key| self.anthropic_settings(&key)))
+    }
+
     /// How to reach Anthropic Message Batches with `key` (`[anthropic]`).
     pub fn anthropic_settings(&self, key: &Secret) -> batchd_anthropic::AnthropicSettings {
         let config = &self.anthropic;
         let mut settings =
             batchd_anthropic::AnthropicSettings::new(batchd_anthropic::ApiKey::new(key.expose().to_owned()));
+        if !config.account.is_empty() {
+            settings.account = config.account.clone();
+        }
         settings.base_url = config.base_url.clone();
         settings.version = config.version.clone();
         settings.beta = (!config.beta.is_empty()).then(|| config.beta.clone());
@@ -40,19 +79,22 @@ impl Settings {
         settings
     }
 
-    /// The OpenAI provider's settings with `key`: the input file is bounded by `openai.max_file_bytes` and by a
-    /// quarter of `workers.inflight_bytes` (a submit holds room for its items and the file built from them).
+    /// The OpenAI provider's settings with `key` (its build bounds the input file by a quarter of
+    /// `workers.inflight_bytes` too: a submit holds room for its items and the file built from them).
     pub fn openai_settings(&self, key: &Secret) -> batchd_openai::OpenAiClientSettings {
         let openai = &self.openai;
         let mut settings =
             batchd_openai::OpenAiClientSettings::new(batchd_openai::ApiKey::new(key.expose().to_owned()));
+        if !openai.account.is_empty() {
+            settings.account = openai.account.clone();
+        }
         settings.base_url = openai.base_url.clone();
         settings.organization = Some(openai.organization.clone()).filter(|value| !value.is_empty());
         settings.project = Some(openai.project.clone()).filter(|value| !value.is_empty());
         settings.request_timeout = Duration::from_secs(openai.request_timeout_secs);
         settings.connect_timeout = Duration::from_secs(openai.connect_timeout_secs);
         settings.max_requests = openai.max_requests;
-        settings.max_file_bytes = openai.max_file_bytes.min(self.workers.inflight_bytes / 4);
+        settings.max_file_bytes = openai.max_file_bytes;
         settings.max_result_bytes = openai.max_result_bytes;
         settings.delete_files = openai.delete_files;
         settings.batches_per_hour = openai.batches_per_hour;

@@ -82,6 +82,8 @@ pub enum RedisMode {
 pub struct CloudflareSettings {
     /// Account id.
     pub account_id: String,
+    /// The label of the account's rate-limit buckets; empty: the account id.
+    pub account: String,
     /// The API token, from the environment only.
     #[serde(default)]
     pub api_token: Option<Secret>,
@@ -108,6 +110,8 @@ pub struct AnthropicConfig {
     pub api_key: Option<Secret>,
     /// A file holding the API key.
     pub api_key_file: String,
+    /// The label of the account's rate-limit bucket; empty: `anthropic`.
+    pub account: String,
     /// Base URL of the API.
     pub base_url: String,
     /// The `anthropic-version` header.
@@ -143,6 +147,8 @@ pub struct OpenAiSettings {
     pub api_key: Option<Secret>,
     /// A file holding the API key.
     pub api_key_file: String,
+    /// The label of the account's rate-limit buckets; empty: `openai`.
+    pub account: String,
     /// Base URL of the API, `.../v1`.
     pub base_url: String,
     /// Sent as `OpenAI-Organization` when not empty.

@@ -226,7 +226,9 @@ pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> a
         }
         _ => (Value::Null, json!({"page": 0, "pages": 0, "total": 0})),
     };
-    Ok(json!({"job": status, "chunks": chunks, "result": result, "responses_page": paging}))
+    // What its provider can do (cancel, ...), from the kind's registration.
+    let provider = view.get(field::MODEL).and_then(crate::registry::kind_of).map(crate::registry::kind_json);
+    Ok(json!({"job": status, "chunks": chunks, "result": result, "responses_page": paging, "provider": provider}))
 }
 
 /// Page `page` of `total` things shown `per_page` at a time, clamped to the last page: `(page, pages, first)`.

@@ -555,20 +555,20 @@ pub fn jobs(frame: &Frame<'_>, filters: &JobsFilters<'_>, page: &Value) -> Marku
     layout(frame, "Jobs", body)
 }
 
-/// What cancelling a job of `model` does, as its confirmation says: OpenAI and Anthropic batches are cancelled at
-/// the provider; Workers AI has no remote cancel, so its batches run on and their results are discarded.
-fn cancel_confirmation(model: &str) -> &'static str {
-    let provider = batchd_core::ModelName::parse(model).map(|model| model.provider().to_owned()).unwrap_or_default();
-    match provider.as_str() {
-        batchd_core::ids::CLOUDFLARE => {
-            "Cancel this job? Workers AI has no remote cancel: batches already submitted keep running there; their results are discarded."
-        }
-        "openai" | "anthropic" => {
-            "Cancel this job? Batches already submitted are cancelled at the provider; the result keeps what had finished."
-        }
-        _ => {
-            "Cancel this job? Batches already submitted are cancelled at their provider where it can cancel; otherwise their results are discarded."
-        }
+/// What cancelling a job of `model` does, as its confirmation says, from its provider kind's capabilities (the
+/// registry): a provider that can cancel has its batches cancelled; at one that cannot (Workers AI), they run on
+/// and their results are discarded.
+fn cancel_confirmation(model: &str) -> String {
+    match crate::registry::kind_of(model) {
+        Some(kind) if kind.capabilities.cancel => format!(
+            "Cancel this job? Batches already submitted are cancelled at {}; the result keeps what had finished.",
+            kind.title
+        ),
+        Some(kind) => format!(
+            "Cancel this job? {} has no remote cancel: batches already submitted keep running there; their results are discarded.",
+            kind.title
+        ),
+        None => "Cancel this job? Batches already submitted are cancelled at their provider where it can cancel; otherwise their results are discarded.".to_owned(),
     }
 }
 
@@ -610,7 +610,7 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
         h1 { "Job " span #job-id { (shown(id, 120)) } }
         p { span #job-state class=(format!("state state-{state}")) { (shown(state, 40)) } }
         @if !terminal {
-            (action(frame, &format!("/jobs/{}/cancel", encode(id)), "Cancel job", "cancel-job", cancel_confirmation(job[field::MODEL].as_str().unwrap_or(""))))
+            (action(frame, &format!("/jobs/{}/cancel", encode(id)), "Cancel job", "cancel-job", &cancel_confirmation(job[field::MODEL].as_str().unwrap_or(""))))
         }
         @if terminal && state != "completed" {
             (action(frame, &format!("/jobs/{}/retry", encode(id)), "Retry job", "retry-job", "Enqueue a retry of this job? It runs again as a new job, from the request items its ledger kept."))
