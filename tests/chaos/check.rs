@@ -15,7 +15,7 @@
 //! Over 500 lines because [`verify`] and its duplicate tracing are one pass: the checks for lost, duplicated and
 //! left-over work and the tracing of each duplicate submit all read the same results map and call logs.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use batchd_core::{JobId, Keys};
@@ -25,7 +25,7 @@ use super::Size;
 use super::cluster::{Cluster, End};
 use super::excuse::{
     CAUSE_AMBIGUOUS, CAUSE_HORIZON, CAUSE_KILL, CAUSE_ON_WIRE, Evidence, LOOK_CAUSES, MAX_AMBIGUOUS_PER_MILLE,
-    ON_WIRE_MS, RECORD_MS, var_or,
+    ON_WIRE_MS, RECORD_MS, mark_started, var_or,
 };
 use super::load::{Collected, Collector, Produced, Provider};
 use super::remote::{Created, RemoteLog};
@@ -477,6 +477,34 @@ fn in_result(results: &HashMap<String, Vec<ResultSeen>>, created: &Created) -> b
         .is_some_and(|entries| entries.iter().any(|entry| entry.request_ids.contains(&created.batch)))
 }
 
+/// The start of every Anthropic create mark of the jobs submitted more than once, from their chunks' ledgers
+/// (`c<i>:remote`): what a look's window and its reading order are measured from.
+async fn anthropic_mark_starts(
+    conn: &mut ConnectionManager,
+    keys: &Keys,
+    by_job: &BTreeMap<&str, Vec<&Created>>,
+) -> HashMap<String, u64> {
+    let mut starts = HashMap::new();
+    for (job, creates) in by_job {
+        if creates.len() < 2 || creates[0].provider != Provider::Anthropic {
+            continue;
+        }
+        let Ok(id) = JobId::parse(job) else { continue };
+        let chunks: BTreeSet<&str> =
+            creates.iter().filter_map(|created| created.mark.as_deref()?.rsplit('-').next()).collect();
+        for chunk in chunks {
+            let remote: redis::RedisResult<Option<String>> =
+                redis::cmd("HGET").arg(keys.job(&id)).arg(format!("c{chunk}:remote")).query_async(conn).await;
+            if let Ok(Some(remote)) = remote
+                && let Some((mark, started)) = mark_started(&remote)
+            {
+                starts.insert(mark, started);
+            }
+        }
+    }
+    starts
+}
+
 /// One create in a line, for failure messages: `msgbatch_... at 1764... by daemon #3 (port 4242), 200, hold`.
 fn describe(created: &Created, evidence: &Evidence<'_>) -> String {
     let daemon = evidence.incarnation(created.port).map_or("?".to_owned(), |(index, end)| match end {
@@ -564,7 +592,7 @@ async fn judge_remote_work(
     // Every batch a daemon polled had its id recorded first, so a polled leftover is "recorded, then submitted
     // again anyway", never an interrupted create.
     let polled = log.polled();
-    let evidence = Evidence::of(cluster, &log);
+    let evidence = Evidence::of(cluster, &log).with_mark_starts(anthropic_mark_starts(conn, keys, &by_job).await);
     // An OpenAI look reads the newest `openai.lookup_pages` pages of 100 batches: a batch that many creates deep
     // when its chunk looked again is out of its reach (the creates are in log order).
     let horizon = var_or(cluster, "BATCHD__OPENAI__LOOKUP_PAGES", 10) as usize * 100;
@@ -709,14 +737,25 @@ async fn judge_remote_work(
         format!("one kill caused {most} duplicate submits, more than the {in_flight_bound} submits a replica can have in flight")
     });
     if !unexplained.is_empty() {
+        // Workers AI and OpenAI cases first: fewer, and each a different story from the Anthropic looks.
+        unexplained.sort_by_key(|line| line.contains(": anthropic batch"));
         let mut evidence = Vec::new();
         for line in unexplained.iter().take(5) {
             let job = line.split(':').next().unwrap_or_default();
             evidence.push(ledger_line(conn, keys, job).await);
         }
         outcome.failures.push(format!(
-            "{} duplicate remote submits without the evidence of an excuse: {} (ledgers: {})",
+            "{} duplicate remote submits without the evidence of an excuse ({}): {} (ledgers: {})",
             unexplained.len(),
+            Provider::ALL
+                .iter()
+                .map(|provider| format!(
+                    "{} {}",
+                    unexplained.iter().filter(|line| line.contains(&format!(": {} batch", provider.as_str()))).count(),
+                    provider.as_str()
+                ))
+                .collect::<Vec<_>>()
+                .join(", "),
             unexplained.iter().take(5).cloned().collect::<Vec<_>>().join(" || "),
             evidence.join(" | ")
         ));

@@ -136,6 +136,9 @@ pub struct Evidence<'a> {
     clocks: HashMap<u16, Vec<(u64, i64)>>,
     /// Anthropic batches, oldest first (by log time, then log order).
     anthropic: Vec<&'a Created>,
+    /// When each Anthropic create mark began (`<nonce>-<chunk>` → the daemon's Unix ms), as the chunks' ledgers
+    /// record it: a mark begins at the chunk's first create attempt, which need not have reached the API.
+    mark_started: HashMap<String, u64>,
 }
 
 impl<'a> Evidence<'a> {
@@ -167,7 +170,14 @@ impl<'a> Evidence<'a> {
             anthropic_processing_ms: cluster.emulator.anthropic().config().processing_for.as_millis() as u64,
             clocks,
             anthropic,
+            mark_started: HashMap::new(),
         }
+    }
+
+    /// The Anthropic create marks' start times, from the ledgers (see [`mark_started`]).
+    pub fn with_mark_starts(mut self, mark_started: HashMap<String, u64>) -> Self {
+        self.mark_started = mark_started;
+        self
     }
 
     /// When the request reached the emulator, at the latest: Workers AI logs a submit after an injected delay.
@@ -271,7 +281,7 @@ impl<'a> Evidence<'a> {
         let of_mark: Vec<&&Created> =
             self.anthropic.iter().filter(|created| created.mark.as_deref() == Some(mark)).collect();
         let Some(first) = of_mark.first() else { return Verdict::NoMark };
-        let started = self.daemon_ms(first.port, first.at_ms);
+        let started = self.mark_started.get(mark).copied().unwrap_or_else(|| self.daemon_ms(first.port, first.at_ms));
         let latest = of_mark.iter().rfind(|created| created.at_ms <= look_ms).unwrap_or(first);
         let last = self.daemon_ms(latest.port, latest.at_ms).max(started);
         let (from_ms, to_ms) = (started.saturating_sub(LOOK_CLOCK_MARGIN_MS), last + LOOK_CLOCK_MARGIN_MS);
@@ -323,6 +333,17 @@ impl<'a> Evidence<'a> {
             Verdict::Found
         }
     }
+}
+
+/// The mark (`<nonce>-<chunk>`) and its start (the daemon's Unix ms) in a chunk's `c<i>:remote` ledger field
+/// (`{"tag":"n-<nonce>-<chunk>-@<started>@<last>"}`, wire-format.md).
+pub fn mark_started(remote: &str) -> Option<(String, u64)> {
+    let value: serde_json::Value = serde_json::from_str(remote).ok()?;
+    let tag = value["tag"].as_str()?;
+    let mut parts = tag.split('@');
+    let prefix = parts.next()?.strip_prefix("n-")?.strip_suffix('-')?;
+    let started = parts.next()?.parse().ok()?;
+    Some((prefix.to_owned(), started))
 }
 
 /// A numeric daemon setting of the run, or its default.
