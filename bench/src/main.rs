@@ -461,7 +461,11 @@ async fn scenario_lifecycle(bench: &Bench<'_>, report: &mut Report) -> anyhow::R
     );
     report.add(s, &monitor_label, "commands run inside scripts per job", "cmds", m, per_job(&seen.lua, monitored_n));
     for (step, commands) in &seen.steps {
-        let metric = format!("commands per job, step {step} (its call and what it ran)");
+        let metric = if step == "outside scripts" {
+            "commands per job, outside scripts".to_owned()
+        } else {
+            format!("commands per job, script {step} (its call and what it ran)")
+        };
         report.add(s, &monitor_label, &metric, "cmds", m, *commands as f64 / monitored_n as f64);
     }
     report.detail(
