@@ -10,7 +10,7 @@
 //!     sends nothing, so it was sent before, and it is admitted when the emulator logged it at most [`ON_WIRE_MS`]
 //!     after the kill (the emulator does not record when it received a request, only when it handled it);
 //!   - a SIGSTOP that outlasted the lease, for a create sent before the SIGSTOP (it reached the emulator at most
-//!     [`ON_WIRE_MS`] after it) whose reply came less than [`RECORD_MS`] before it, or later;
+//!     [`ON_WIRE_MS`] after it);
 //!   - a Redis outage that outlasted the lease, with the reply during it ([`Evidence::outage_explains`]).
 //! - **OpenAI**: the next create of the chunk looks the batch up by its `metadata` first, so no fault excuses a
 //!   leftover, except one more creates deep than the look reads (`openai.lookup_pages` × 100).
@@ -228,10 +228,9 @@ impl<'a> Evidence<'a> {
                 return Some(if on_wire { CAUSE_ON_WIRE } else { CAUSE_KILL });
             }
         }
-        let frozen =
-            self.freezes.get(index).into_iter().flatten().any(|(from_ms, _)| {
-                arrival <= from_ms + ON_WIRE_MS && reply_latest.saturating_add(RECORD_MS) >= *from_ms
-            });
+        // Sent before the SIGSTOP and never recorded: however long before its reply came, the replica stopped
+        // before recording it (a recorded id is in the result, or polled).
+        let frozen = self.freezes.get(index).into_iter().flatten().any(|(from_ms, _)| arrival <= from_ms + ON_WIRE_MS);
         if frozen {
             return Some(CAUSE_FREEZE);
         }
