@@ -288,6 +288,20 @@ pub struct Monitored {
     pub client: BTreeMap<String, u64>,
     /// Commands run inside scripts, per command.
     pub lua: BTreeMap<String, u64>,
+    /// Commands per step: a script's call and the commands it ran, under the script's name (`accept`, `claim`,
+    /// ...), and the daemon's commands outside scripts under `outside scripts`.
+    pub steps: BTreeMap<String, u64>,
+}
+
+/// The step a script call belongs to: the name of the script whose SHA it calls (`batchd_queue`'s scripts).
+fn script_names() -> HashMap<String, String> {
+    batchd_queue::store::SCRIPT_NAMES
+        .iter()
+        .filter_map(|name| {
+            let source = batchd_queue::store::script_source(name)?;
+            Some((redis::Script::new(&source).get_hash().to_owned(), (*name).to_owned()))
+        })
+        .collect()
 }
 
 /// `n` jobs through a fresh daemon while a `MONITOR` connection records every command; the harness's own
@@ -301,6 +315,7 @@ pub async fn monitored(redis: &RedisServer, n: usize, logs: &Path, tag: &str) ->
     let stop = Arc::new(AtomicBool::new(false));
     let port = redis.port;
     let thread_stop = Arc::clone(&stop);
+    let scripts = script_names();
     let monitor = std::thread::spawn(move || -> anyhow::Result<Monitored> {
         let mut stream = TcpStream::connect(("127.0.0.1", port))?;
         stream.set_read_timeout(Some(Duration::from_millis(200)))?;
@@ -308,6 +323,8 @@ pub async fn monitored(redis: &RedisServer, n: usize, logs: &Path, tag: &str) ->
         let mut reader = BufReader::new(stream);
         let mut seen = Monitored::default();
         let mut line = Vec::new();
+        // The script whose commands follow: Redis shows a script's call, then every command it ran.
+        let mut step: Option<String> = None;
         while !thread_stop.load(Ordering::Acquire) {
             line.clear();
             match reader.read_until(b'\n', &mut line) {
@@ -325,8 +342,18 @@ pub async fn monitored(redis: &RedisServer, n: usize, logs: &Path, tag: &str) ->
                         .unwrap_or("")
                         .to_lowercase();
                     if source.ends_with(" lua") {
+                        let in_step = step.clone().unwrap_or_else(|| "script (unknown call)".to_owned());
+                        *seen.steps.entry(in_step).or_default() += 1;
                         *seen.lua.entry(command).or_default() += 1;
-                    } else if !source.ends_with(&own_addr) {
+                    } else if source.ends_with(&own_addr) {
+                        step = None;
+                    } else {
+                        step = (command == "evalsha").then(|| {
+                            let sha = text[open + close + 1..].split('"').nth(3).unwrap_or_default();
+                            scripts.get(sha).cloned().unwrap_or_else(|| "script (unknown SHA)".to_owned())
+                        });
+                        let in_step = step.clone().unwrap_or_else(|| "outside scripts".to_owned());
+                        *seen.steps.entry(in_step).or_default() += 1;
                         *seen.client.entry(command).or_default() += 1;
                     }
                 }

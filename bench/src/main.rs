@@ -280,6 +280,7 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 
+    add_ratios(&mut report, &options);
     report.finish();
     let modes: Vec<&str> = options.modes.iter().map(|m| m.label()).collect();
     let table = report.table(&modes);
@@ -441,35 +442,69 @@ async fn scenario_lifecycle(bench: &Bench<'_>, report: &mut Report) -> anyhow::R
         report.add(s, &paced_label, "XADD → result p50", "ms", m, percentile(&mut paced, 50.0));
         report.add(s, &paced_label, "XADD → result p99", "ms", m, percentile(&mut paced, 99.0));
     }
-    // Round trips: one run under MONITOR (slower, so not timed).
+    // Round trips and commands per step: one run under MONITOR (slower, so not timed), labelled with its own size.
     let monitored_n = 2_000.min(n);
+    let monitor_label = format!("batchd, {} jobs at once under MONITOR (not timed)", fmt(monitored_n as f64));
     let redis = RedisServer::start(mode, work).await?;
     let seen = lifecycle::monitored(&redis, monitored_n, logs, &format!("monitor-{m}")).await?;
     // load_chunk sends HMGET + GET of the cancel flag in one pipeline: one round trip for the two.
     let pipelined = seen.client.get("get").copied().unwrap_or(0);
     let client = per_job(&seen.client, monitored_n);
-    report.add(s, &burst_label, "commands sent by the daemon per job (MONITOR)", "cmds", m, client);
+    report.add(s, &monitor_label, "commands sent by the daemon per job", "cmds", m, client);
     report.add(
         s,
-        &burst_label,
-        "round trips per job (MONITOR)",
+        &monitor_label,
+        "round trips per job",
         "round trips",
         m,
         client - pipelined as f64 / monitored_n as f64,
     );
-    report.add(
-        s,
-        &burst_label,
-        "commands run inside scripts per job (MONITOR)",
-        "cmds",
-        m,
-        per_job(&seen.lua, monitored_n),
-    );
+    report.add(s, &monitor_label, "commands run inside scripts per job", "cmds", m, per_job(&seen.lua, monitored_n));
+    for (step, commands) in &seen.steps {
+        let metric = if step == "outside scripts" {
+            "commands per job, outside scripts".to_owned()
+        } else {
+            format!("commands per job, script {step} (its call and what it ran)")
+        };
+        report.add(s, &monitor_label, &metric, "cmds", m, *commands as f64 / monitored_n as f64);
+    }
     report.detail(
         &format!("2 full lifecycle / {m} / MONITOR per job ({monitored_n} jobs)"),
-        json!({"client": scaled(&seen.client, monitored_n), "lua": scaled(&seen.lua, monitored_n)}),
+        json!({"client": scaled(&seen.client, monitored_n), "lua": scaled(&seen.lua, monitored_n),
+               "steps": scaled(&seen.steps, monitored_n)}),
     );
     Ok(())
+}
+
+/// The ratios and sums the docs quote, computed from this run's rows (runs paired by index: run i of one figure
+/// against run i of the other), under scenario `ratios`: batchd's drains against BullMQ's and apalis-redis's, the
+/// lifecycle's throughput against BullMQ's no-op drain, and worker + redis-server CPU per drained job of each system.
+fn add_ratios(report: &mut Report, options: &Options) {
+    let s = "ratios";
+    let queue = "1 queue layer";
+    let bullmq = report.system_like(queue, "BullMQ");
+    let lifecycle = "2 full lifecycle";
+    let burst = format!("batchd, {} jobs at once", fmt(options.n as f64));
+    let tuned = format!("batchd tuned (1 runtime thread, concurrency 64/128), {} jobs at once", fmt(options.n as f64));
+    if let Some(bullmq) = bullmq {
+        for system in ["batchd (accept)", "batchd (ack)", "apalis-redis 1.0.0", "apalis-redis 1.0.0 (lock_tasks=false)"]
+        {
+            let label = format!("{system} ÷ {bullmq}");
+            report.ratio(s, &label, "drain, jobs/s", (queue, system, "drain"), (queue, &bullmq, "drain"));
+        }
+        for system in [&burst, &tuned] {
+            let label = format!("{system}: lifecycle ÷ {bullmq} no-op drain");
+            report.ratio(s, &label, "throughput, jobs/s", (lifecycle, system, "throughput"), (queue, &bullmq, "drain"));
+        }
+    }
+    let systems: Vec<String> = report.systems(queue);
+    for system in systems {
+        let parts = [
+            (queue, system.as_str(), "CPU per job, worker process, drain"),
+            (queue, system.as_str(), "CPU per job, redis-server, drain"),
+        ];
+        report.sum(s, &system, "CPU per drained job, worker process + redis-server", "µs", &parts);
+    }
 }
 
 /// Scenario 6: default settings, every API call answered after 100 ms.

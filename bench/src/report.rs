@@ -90,6 +90,73 @@ impl Report {
         }
     }
 
+    /// The per-run values of a figure, per mode.
+    fn runs_of(&self, (scenario, system, metric): (&str, &str, &str)) -> Vec<(String, Vec<f64>)> {
+        self.raw
+            .iter()
+            .filter(|((s, sys, met, _, _), _)| s == scenario && sys == system && met == metric)
+            .map(|((.., mode), values)| (mode.clone(), values.clone()))
+            .collect()
+    }
+
+    /// The first system of `scenario` whose name starts with `prefix` (`BullMQ` → `BullMQ 6.7.0`).
+    pub fn system_like(&self, scenario: &str, prefix: &str) -> Option<String> {
+        self.raw
+            .iter()
+            .find(|((s, system, ..), _)| s == scenario && system.starts_with(prefix))
+            .map(|((_, system, ..), _)| system.clone())
+    }
+
+    /// The systems of `scenario`, in the order first seen.
+    pub fn systems(&self, scenario: &str) -> Vec<String> {
+        let mut systems: Vec<String> = Vec::new();
+        for ((s, system, ..), _) in &self.raw {
+            if s == scenario && !systems.contains(system) {
+                systems.push(system.clone());
+            }
+        }
+        systems
+    }
+
+    /// Adds, per mode, the ratio `numerator ÷ denominator` of each run (runs paired by index) as figure `metric` of
+    /// `system` in `scenario`, unit `×`; nothing when either figure is missing.
+    pub fn ratio(
+        &mut self,
+        scenario: &str,
+        system: &str,
+        metric: &str,
+        numerator: (&str, &str, &str),
+        denominator: (&str, &str, &str),
+    ) {
+        let over = self.runs_of(denominator);
+        for (mode, values) in self.runs_of(numerator) {
+            let Some((_, under)) = over.iter().find(|(other, _)| *other == mode) else { continue };
+            for (top, bottom) in values.iter().zip(under) {
+                self.add(scenario, system, metric, "×", &mode, top / bottom);
+            }
+        }
+    }
+
+    /// Adds, per mode, the sum of `parts` for each run (runs paired by index) as figure `metric` of `system` in
+    /// `scenario`; nothing when a part is missing.
+    pub fn sum(&mut self, scenario: &str, system: &str, metric: &str, unit: &str, parts: &[(&str, &str, &str)]) {
+        let runs: Vec<Vec<(String, Vec<f64>)>> = parts.iter().map(|part| self.runs_of(*part)).collect();
+        let Some(first) = runs.first() else { return };
+        for (mode, values) in first {
+            let of_mode: Vec<&Vec<f64>> =
+                runs.iter().filter_map(|part| part.iter().find(|(other, _)| other == mode).map(|(_, v)| v)).collect();
+            if of_mode.len() != parts.len() {
+                continue;
+            }
+            for run in 0..values.len() {
+                let total: Option<f64> = of_mode.iter().map(|values| values.get(run).copied()).sum();
+                if let Some(total) = total {
+                    self.add(scenario, system, metric, unit, mode, total);
+                }
+            }
+        }
+    }
+
     /// Records a detail (JSON) under `key`.
     pub fn detail(&mut self, key: &str, value: serde_json::Value) {
         self.details.insert(key.to_owned(), value);
@@ -195,5 +262,26 @@ mod tests {
         assert_eq!(percentile(&mut values, 99.0), 99.0);
         assert_eq!(fmt(12345.6), "12,346");
         assert_eq!(fmt(1.234), "1.23");
+    }
+
+    #[test]
+    fn ratios_and_sums_pair_runs_by_index() {
+        let mut report = Report::default();
+        for (a, b) in [(30.0, 10.0), (40.0, 20.0), (90.0, 30.0)] {
+            report.add("1", "batchd", "drain", "jobs/s", "off", a);
+            report.add("1", "BullMQ 6.7.0", "drain", "jobs/s", "off", b);
+        }
+        let bullmq = report.system_like("1", "BullMQ").expect("found by prefix");
+        report.ratio("ratios", "batchd ÷ BullMQ", "drain", ("1", "batchd", "drain"), ("1", &bullmq, "drain"));
+        report.sum("ratios", "both", "drain", "jobs/s", &[("1", "batchd", "drain"), ("1", &bullmq, "drain")]);
+        report.ratio("ratios", "none", "drain", ("1", "nobody", "drain"), ("1", &bullmq, "drain"));
+        report.finish();
+        let row =
+            |system: &str| report.rows.iter().find(|row| row.system == system).map(|row| row.by_mode["off"].clone());
+        let ratio = row("batchd ÷ BullMQ").expect("a ratio row");
+        assert_eq!(ratio.runs, [3.0, 2.0, 3.0], "run by run, not median by median");
+        assert_eq!((ratio.median, row("both").expect("a sum row").runs), (3.0, vec![40.0, 60.0, 120.0]));
+        assert!(row("none").is_none(), "a missing figure adds no row");
+        assert_eq!(report.systems("1"), ["batchd", "BullMQ 6.7.0"]);
     }
 }

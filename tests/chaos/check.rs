@@ -5,19 +5,17 @@
 //! ingress group (`XPENDING {ns}:submit batchd`), in the schedule (`ZCARD {ns}:schedule`) or in the submit
 //! stream. A duplicate remote submit is a job for which an API (Workers AI, OpenAI or Anthropic: the emulator's
 //! three call logs, read by [`super::remote`]) created more than one batch; a batch whose id did not make it into
-//! the result is an orphan, and it is excused only with evidence: it was never polled (a polled id had been
-//! recorded, so submitting again was a defect), and either the daemon that created it was killed with -9 at most
-//! one request timeout (+ 2 s) later (the submit window), or its reply arrived during a Redis outage that then
-//! lasted longer than the lease (the daemon gives an id up after the lease), or the replica was frozen past its
-//! lease with the create in flight, or (Anthropic only) the API lost the create's reply after making the batch
-//! and batchd's look for it was inconclusive. At OpenAI only the freeze excuses a duplicate, or a batch more
-//! creates deep than the look reads (`openai.lookup_pages` × 100): a resumed submit finds its batch by `metadata`. It must also be counted in the job's ledger (`possible_duplicate_submits`). Anything
-//! else is a failure; the excused count is reported per scenario and per provider.
+//! the result is a leftover, and it is excused only with evidence: it was never polled (a polled id had been
+//! recorded, so submitting again was a defect), and the evidence of [`super::excuse`] holds for its provider — at
+//! Workers AI a kill, a freeze or a Redis outage inside the create's reply window; at OpenAI a batch more creates
+//! deep than the look reads; at Anthropic a look, replayed on the emulator's state at that moment, that could not
+//! have found it. It must also be counted in the job's ledger (`possible_duplicate_submits`). Anything else is a
+//! failure; the excused count is reported per scenario, per provider and per kind of evidence.
 //!
 //! Over 500 lines because [`verify`] and its duplicate tracing are one pass: the checks for lost, duplicated and
 //! left-over work and the tracing of each duplicate submit all read the same results map and call logs.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use batchd_core::{JobId, Keys};
@@ -25,6 +23,10 @@ use redis::aio::ConnectionManager;
 
 use super::Size;
 use super::cluster::{Cluster, End};
+use super::excuse::{
+    CAUSE_AMBIGUOUS, CAUSE_HORIZON, CAUSE_KILL, CAUSE_ON_WIRE, Evidence, LOOK_CAUSES, MAX_AMBIGUOUS_PER_MILLE,
+    ON_WIRE_MS, RECORD_MS, mark_started, var_or,
+};
 use super::load::{Collected, Collector, Produced, Provider};
 use super::remote::{Created, RemoteLog};
 
@@ -49,9 +51,9 @@ pub struct Outcome {
     pub duplicated_results: Vec<String>,
     /// Remote batches created more than once for the same job (from the emulator's call log).
     pub duplicate_submits: usize,
-    /// What caused them: `kill -9 inside the submit window`, `redis unavailable for a lease after the reply`.
+    /// What excused them, by kind ([`super::excuse`]).
     pub duplicate_causes: BTreeMap<String, usize>,
-    /// Kills that landed inside at least one submit window (caused at least one duplicate).
+    /// Kills that caused at least one (Workers AI) duplicate.
     pub kills_in_submit_window: usize,
     /// Sum of the ledgers' `possible_duplicate_submits` (resubmits batchd counted, including after ambiguous
     /// API answers that created nothing).
@@ -95,6 +97,16 @@ pub struct ProviderCounts {
     pub duplicate_submits: usize,
     /// Of those, excused by evidence.
     pub excused: usize,
+    /// The excused ones by kind of evidence (`excuse.rs`).
+    pub excused_by: BTreeMap<String, usize>,
+    /// Creates whose reply a kill -9 of their process cut (held for an aimed kill, not yet sent, or on the wire).
+    pub interrupted_by_kill: usize,
+    /// Creates whose reply their daemon never got: lost by the API (an injected fault) or cut by a kill.
+    pub uncertain_creates: usize,
+    /// Of those, the ones a look found: their batch is the one in the job's result.
+    pub uncertain_found: usize,
+    /// Answered list calls (the pages the looks for uncertain creates read; OpenAI and Anthropic).
+    pub list_calls: usize,
 }
 
 impl ProviderCounts {
@@ -115,6 +127,11 @@ impl ProviderCounts {
             "faults": self.faults,
             "duplicate_submits": self.duplicate_submits,
             "excused_duplicate_submits": self.excused,
+            "excused_by_kind": self.excused_by,
+            "creates_interrupted_by_a_kill": self.interrupted_by_kill,
+            "uncertain_creates": self.uncertain_creates,
+            "uncertain_creates_found_by_a_look": self.uncertain_found,
+            "look_list_calls": self.list_calls,
         })
     }
 }
@@ -158,10 +175,11 @@ impl Outcome {
         self.duplicate_causes.values().sum()
     }
 
-    /// Duplicate remote submits excused because the API lost a create's reply where it offers no way to look
-    /// the batch up reliably (Anthropic): the only ones a scenario that allows no duplicate accepts.
+    /// Duplicate remote submits excused because an Anthropic look, replayed on the emulator's state, could not
+    /// have found the batch a create whose reply was lost had made (the API has no idempotency key and no
+    /// metadata): the only ones a scenario that allows no duplicate accepts.
     pub fn duplicates_from_lost_replies(&self) -> usize {
-        self.duplicate_causes.get(CAUSE_REPLY_LOST).copied().unwrap_or(0)
+        LOOK_CAUSES.iter().map(|cause| self.duplicate_causes.get(*cause).copied().unwrap_or(0)).sum()
     }
 
     /// Duplicate remote submits batchd could have avoided: all but [`Outcome::duplicates_from_lost_replies`].
@@ -452,26 +470,61 @@ pub async fn verify(
     outcome.log_dir = cluster.log_dir().display().to_string();
 }
 
-/// Why a leftover remote batch (created for a job, not in its result) may exist, with the evidence for it; `None`
-/// when nothing excuses it.
-const CAUSE_KILL: &str = "kill -9 inside the submit window";
-const CAUSE_FREEZE: &str = "replica frozen (SIGSTOP) past its lease";
-const CAUSE_OUTAGE: &str = "redis unavailable for a lease after the reply";
-const CAUSE_REPLY_LOST: &str = "create reply lost by the API, look inconclusive (anthropic)";
-const CAUSE_HORIZON: &str = "more newer batches than the look reads (openai.lookup_pages)";
+/// Whether `created` is in its job's result (the batch whose results the job carries).
+fn in_result(results: &HashMap<String, Vec<ResultSeen>>, created: &Created) -> bool {
+    results
+        .get(&created.job)
+        .is_some_and(|entries| entries.iter().any(|entry| entry.request_ids.contains(&created.batch)))
+}
 
-/// Whether a fault that leaves a created batch unknown to its daemon (a kill in the submit window, a Redis outage
-/// outlasting the lease, a create whose reply the API lost) may cost a second batch at `provider`. Not at OpenAI:
-/// batchd tags each batch with its job and chunk in `metadata` and looks it up before creating again, so a
-/// duplicate there is a defect unless a frozen replica posted a create after its lease (which fencing cannot stop
-/// once the request has left). Workers AI has no key to look by; Anthropic's look (by time, request count and the
-/// first custom id) can be inconclusive, and then batchd creates again and counts it.
-fn may_lose_track(provider: Provider) -> bool {
-    provider != Provider::OpenAi
+/// The start of every Anthropic create mark of the jobs submitted more than once, from their chunks' ledgers
+/// (`c<i>:remote`): what a look's window and its reading order are measured from.
+async fn anthropic_mark_starts(
+    conn: &mut ConnectionManager,
+    keys: &Keys,
+    by_job: &BTreeMap<&str, Vec<&Created>>,
+) -> HashMap<String, u64> {
+    let mut starts = HashMap::new();
+    for (job, creates) in by_job {
+        if creates.len() < 2 || creates[0].provider != Provider::Anthropic {
+            continue;
+        }
+        let Ok(id) = JobId::parse(job) else { continue };
+        let chunks: BTreeSet<&str> =
+            creates.iter().filter_map(|created| created.mark.as_deref()?.rsplit('-').next()).collect();
+        for chunk in chunks {
+            let remote: redis::RedisResult<Option<String>> =
+                redis::cmd("HGET").arg(keys.job(&id)).arg(format!("c{chunk}:remote")).query_async(conn).await;
+            if let Ok(Some(remote)) = remote
+                && let Some((mark, started)) = mark_started(&remote)
+            {
+                starts.insert(mark, started);
+            }
+        }
+    }
+    starts
+}
+
+/// One create in a line, for failure messages: `msgbatch_... at 1764... by daemon #3 (port 4242), 200, hold`.
+fn describe(created: &Created, evidence: &Evidence<'_>) -> String {
+    let daemon = evidence.incarnation(created.port).map_or("?".to_owned(), |(index, end)| match end {
+        Some(End::Killed { at_ms }) => format!("#{index}, killed at {at_ms}"),
+        Some(End::Stopped { at_ms, .. }) => format!("#{index}, stopped at {at_ms}"),
+        Some(End::Died { at_ms, .. }) => format!("#{index}, died at {at_ms}"),
+        None => format!("#{index}"),
+    });
+    format!(
+        "{} at {} by daemon {daemon} (port {}){}{}",
+        created.batch,
+        created.at_ms,
+        created.port,
+        if created.reply_lost { ", reply lost" } else { "" },
+        created.fault.as_deref().map(|fault| format!(", fault {fault}")).unwrap_or_default()
+    )
 }
 
 /// The duplicate-submit part of [`verify`]: every remote batch of every provider traced to its job and, when it is a
-/// leftover, to the fault that excuses it; per-provider figures in `outcome.providers`.
+/// leftover, to the fault that excuses it ([`Evidence`]); per-provider figures in `outcome.providers`.
 #[allow(clippy::too_many_arguments)]
 async fn judge_remote_work(
     cluster: &mut Cluster,
@@ -516,6 +569,9 @@ async fn judge_remote_work(
     for created in &log.created {
         by_job.entry(created.job.as_str()).or_default().push(created);
     }
+    for creates in by_job.values_mut() {
+        creates.sort_by_key(|created| (created.at_ms, created.seq));
+    }
     let never_submitted: Vec<&String> =
         ids.iter().filter(|id| results.contains_key(*id) && !by_job.contains_key(id.as_str())).collect();
     outcome.expect(never_submitted.is_empty(), || {
@@ -534,9 +590,9 @@ async fn judge_remote_work(
     };
     outcome.counted_possible_duplicates = counted.values().sum();
     // Every batch a daemon polled had its id recorded first, so a polled leftover is "recorded, then submitted
-    // again anyway", never a submit window.
+    // again anyway", never an interrupted create.
     let polled = log.polled();
-    let windows = Windows::of(cluster);
+    let evidence = Evidence::of(cluster, &log).with_mark_starts(anthropic_mark_starts(conn, keys, &by_job).await);
     // An OpenAI look reads the newest `openai.lookup_pages` pages of 100 batches: a batch that many creates deep
     // when its chunk looked again is out of its reach (the creates are in log order).
     let horizon = var_or(cluster, "BATCHD__OPENAI__LOOKUP_PAGES", 10) as usize * 100;
@@ -548,8 +604,8 @@ async fn judge_remote_work(
         .collect();
     let creates_between =
         |from_ms: u64, to_ms: u64| openai_creates.iter().filter(|at| **at > from_ms && **at < to_ms).count();
-    outcome.figure("excuse_window_kill_ms", windows.kill_ms);
-    outcome.figure("excuse_window_lease_ms", windows.lease_ms);
+    outcome.figure("excuse_record_ms", RECORD_MS);
+    outcome.figure("excuse_on_wire_ms", ON_WIRE_MS);
     let mut per_provider: BTreeMap<Provider, ProviderCounts> = BTreeMap::new();
     for provider in produced.mix.providers() {
         let counts = per_provider.entry(*provider).or_default();
@@ -559,6 +615,19 @@ async fn judge_remote_work(
         counts.polls = log.polls(*provider);
         counts.calls = log.calls.get(provider).copied().unwrap_or(0);
         counts.faults = log.faulted.get(provider).copied().unwrap_or(0);
+        counts.list_calls =
+            log.lists.iter().filter(|list| list.provider == *provider && list.http_status == 200).count();
+    }
+    // Creates whose reply their daemon never got (lost by the API, held for a kill, cut by a kill), and of those,
+    // the ones a look found: their batch is the one in the job's result.
+    for created in &log.created {
+        let interrupted = evidence.interrupted_by_kill(created);
+        let counts = per_provider.entry(created.provider).or_default();
+        counts.interrupted_by_kill += usize::from(interrupted);
+        if interrupted || created.reply_lost {
+            counts.uncertain_creates += 1;
+            counts.uncertain_found += usize::from(in_result(results, created));
+        }
     }
     let mut kills_hit: HashSet<usize> = HashSet::new();
     let mut attributed_kills: Vec<usize> = Vec::new();
@@ -571,74 +640,61 @@ async fn judge_remote_work(
         let extra = job_creates.len() - 1;
         outcome.duplicate_submits += extra;
         per_provider.entry(provider).or_default().duplicate_submits += extra;
-        let recorded: HashSet<&str> = results
-            .get(*job)
-            .map(|entries| entries.iter().flat_map(|entry| entry.request_ids.iter().map(String::as_str)).collect())
-            .unwrap_or_default();
-        let orphans: Vec<&&Created> =
-            job_creates.iter().filter(|created| !recorded.contains(created.batch.as_str())).collect();
+        let orphans: Vec<&&Created> = job_creates.iter().filter(|created| !in_result(results, created)).collect();
         let mut job_kills = HashSet::new();
         for orphan in &orphans {
-            let incarnation = cluster.by_port(orphan.port);
-            let was_polled = polled.contains(orphan.batch.as_str());
-            let cause = match incarnation.map(|(index, incarnation)| (index, &incarnation.end)) {
-                _ if was_polled => None,
-                // Created by a process killed before its reply could have been recorded (the reply is at most one
-                // request timeout away), and no other orphan of this job by the same kill.
-                Some((index, Some(End::Killed { at_ms })))
-                    if may_lose_track(provider)
-                        && orphan.at_ms <= *at_ms
-                        && orphan.at_ms + windows.kill_ms >= *at_ms
-                        && job_kills.insert(index) =>
-                {
-                    kills_hit.insert(index);
-                    attributed_kills.push(index);
-                    Some(CAUSE_KILL)
-                }
-                // Sent before a SIGSTOP, or by a step frozen between its last check of the claim and its POST (the
-                // reply comes within latency + the API timeout of the SIGCONT): the daemon could not record it, another
-                // one resubmitted the chunk, and fencing refused the late record.
-                Some((index, _))
-                    if cluster.freezes.iter().any(|(frozen, from_ms, to_ms)| {
-                        *frozen == index && orphan.at_ms + 15_000 >= *from_ms && orphan.at_ms <= to_ms + 15_000
-                    }) =>
-                {
-                    Some(CAUSE_FREEZE)
-                }
-                _ if may_lose_track(provider)
-                    && cluster.redis_outages.iter().any(|outage| windows.outage_explains(orphan.at_ms, *outage)) =>
-                {
-                    Some(CAUSE_OUTAGE)
-                }
-                _ if provider == Provider::Anthropic && orphan.reply_lost => Some(CAUSE_REPLY_LOST),
-                // Its chunk's next create came after more OpenAI batches than the look reads: the look could not
-                // see it.
-                _ if provider == Provider::OpenAi
-                    && job_creates
+            let cause: Result<&'static str, String> = if polled.contains(orphan.batch.as_str()) {
+                Err("it was polled, so its id had been recorded".to_owned())
+            } else {
+                match provider {
+                    Provider::Cloudflare => evidence
+                        .excuse_workers_ai(orphan, &mut job_kills)
+                        .ok_or_else(|| "no kill, freeze or Redis outage inside its window".to_owned()),
+                    // Its chunk's next create came after more OpenAI batches than the look reads: the look could not
+                    // see it.
+                    Provider::OpenAi => job_creates
                         .iter()
                         .filter(|next| next.at_ms > orphan.at_ms)
                         .map(|next| next.at_ms)
                         .min()
-                        .is_some_and(|next_ms| creates_between(orphan.at_ms, next_ms) >= horizon) =>
-                {
-                    Some(CAUSE_HORIZON)
+                        .filter(|next_ms| creates_between(orphan.at_ms, *next_ms) >= horizon)
+                        .map(|_| CAUSE_HORIZON)
+                        .ok_or_else(|| "the next create's look by metadata was within reach".to_owned()),
+                    Provider::Anthropic => {
+                        let position = job_creates.iter().position(|created| created.batch == orphan.batch);
+                        match position.and_then(|position| job_creates.get(position + 1)) {
+                            Some(next) => {
+                                let verdict = evidence.replay(orphan, next);
+                                verdict.cause().ok_or_else(|| {
+                                    format!(
+                                        "the look before the next create ({}) could have found it: {verdict:?}",
+                                        describe(next, &evidence)
+                                    )
+                                })
+                            }
+                            None => Err("created after the batch its job recorded".to_owned()),
+                        }
+                    }
                 }
-                _ => None,
             };
             match cause {
-                Some(cause) => {
+                Ok(cause) => {
+                    if matches!(cause, CAUSE_KILL | CAUSE_ON_WIRE)
+                        && let Some((index, _)) = evidence.incarnation(orphan.port)
+                    {
+                        kills_hit.insert(*index);
+                        attributed_kills.push(*index);
+                    }
                     *outcome.duplicate_causes.entry(cause.to_owned()).or_default() += 1;
-                    per_provider.entry(provider).or_default().excused += 1;
+                    let counts = per_provider.entry(provider).or_default();
+                    counts.excused += 1;
+                    *counts.excused_by.entry(cause.to_owned()).or_default() += 1;
                 }
-                None => unexplained.push(format!(
-                    "{job}: {} batch {} created at Unix ms {} by daemon {:?} ending {:?}{}{}",
+                Err(why) => unexplained.push(format!(
+                    "{job}: {} batch {} not excused: {why}; the job's creates: [{}]",
                     provider.as_str(),
-                    orphan.batch,
-                    orphan.at_ms,
-                    incarnation.map(|(index, _)| index),
-                    incarnation.map(|(_, incarnation)| incarnation.end.clone()),
-                    if orphan.reply_lost { ", its reply lost by the API" } else { "" },
-                    if was_polled { ", and polled: its id had been recorded" } else { "" },
+                    describe(orphan, &evidence),
+                    job_creates.iter().map(|created| describe(created, &evidence)).collect::<Vec<_>>().join("; ")
                 )),
             }
         }
@@ -650,6 +706,19 @@ async fn judge_remote_work(
             format!(
                 "{job} was submitted {} times but its ledger counts {in_ledger} possible duplicates",
                 job_creates.len()
+            )
+        });
+    }
+    // The looks that could not tell candidates apart are counted apart, and bounded.
+    if let Some(counts) = per_provider.get(&Provider::Anthropic) {
+        let ambiguous = counts.excused_by.get(CAUSE_AMBIGUOUS).copied().unwrap_or(0);
+        let allowed = (counts.jobs * MAX_AMBIGUOUS_PER_MILLE).div_ceil(1000);
+        outcome.figure("anthropic_ambiguous_looks_allowed", allowed);
+        outcome.expect(ambiguous <= allowed, || {
+            format!(
+                "{ambiguous} Anthropic duplicates from looks with more ended candidates than they read, over the \
+                 {allowed} allowed ({MAX_AMBIGUOUS_PER_MILLE} per mille of {} Anthropic jobs)",
+                counts.jobs
             )
         });
     }
@@ -668,21 +737,31 @@ async fn judge_remote_work(
         format!("one kill caused {most} duplicate submits, more than the {in_flight_bound} submits a replica can have in flight")
     });
     if !unexplained.is_empty() {
+        // Workers AI and OpenAI cases first: fewer, and each a different story from the Anthropic looks.
+        unexplained.sort_by_key(|line| line.contains(": anthropic batch"));
         let mut evidence = Vec::new();
         for line in unexplained.iter().take(5) {
             let job = line.split(':').next().unwrap_or_default();
             evidence.push(ledger_line(conn, keys, job).await);
         }
         outcome.failures.push(format!(
-            "{} duplicate remote submits without a kill, freeze, Redis outage or lost reply to explain them: {} \
-             (ledgers: {})",
+            "{} duplicate remote submits without the evidence of an excuse ({}): {} (ledgers: {})",
             unexplained.len(),
-            unexplained.iter().take(5).cloned().collect::<Vec<_>>().join("; "),
+            Provider::ALL
+                .iter()
+                .map(|provider| format!(
+                    "{} {}",
+                    unexplained.iter().filter(|line| line.contains(&format!(": {} batch", provider.as_str()))).count(),
+                    provider.as_str()
+                ))
+                .collect::<Vec<_>>()
+                .join(", "),
+            unexplained.iter().take(5).cloned().collect::<Vec<_>>().join(" || "),
             evidence.join(" | ")
         ));
     }
     if no_duplicate_submits {
-        // None allowed but those the API's own lost replies cause where it offers no way to ask (Anthropic).
+        // None allowed but those an Anthropic look provably could not find.
         let duplicates = outcome.avoidable_duplicates();
         outcome.expect(duplicates == 0, || format!("{duplicates} duplicate remote submits where none are allowed"));
     }
@@ -693,45 +772,4 @@ async fn judge_remote_work(
         ),
     );
     outcome.providers = per_provider;
-}
-
-/// How long after creating a remote batch a fault can still leave it unrecorded, from the run's settings; what
-/// falls outside is a defect, not an excuse.
-#[derive(Debug, Clone, Copy)]
-struct Windows {
-    /// A kill -9 excuses a batch its process created at most this long before (`cloudflare.request_timeout_secs`
-    /// bounds the reply, plus 2 s for recording it on a loaded machine).
-    kill_ms: u64,
-    /// `schedule.lease_secs`: how long a daemon holding a request id retries recording it while Redis is away.
-    lease_ms: u64,
-    /// `cloudflare.request_timeout_secs`.
-    request_timeout_ms: u64,
-}
-
-impl Windows {
-    /// Slack for a loaded 2-core machine (scheduling, Redis's clock against the runner's).
-    const SLACK_MS: u64 = 2_000;
-
-    fn of(cluster: &Cluster) -> Self {
-        let request_timeout_ms = var_or(cluster, "BATCHD__CLOUDFLARE__REQUEST_TIMEOUT_SECS", 60) * 1000;
-        let lease_ms = var_or(cluster, "BATCHD__SCHEDULE__LEASE_SECS", 120) * 1000;
-        Self { kill_ms: request_timeout_ms + Self::SLACK_MS, lease_ms, request_timeout_ms }
-    }
-
-    /// Whether a Redis outage (`start`, `end` in Unix ms) explains a batch created at `at_ms`: its reply arrived
-    /// during the outage (created at most one request timeout before it began, and before it ended), and the outage
-    /// outlasted the lease. The daemon holding the request id keeps trying to record it for as long as it holds the
-    /// chunk's lease, but it cannot renew a lease while Redis is away: the lease it last renewed before the outage
-    /// ends at most one lease after the outage began, and the chunk is then another replica's to resubmit. An
-    /// outage shorter than the lease explains nothing: the request id is recorded once Redis is back (finding f1).
-    fn outage_explains(&self, at_ms: u64, (start, end): (u64, u64)) -> bool {
-        at_ms + self.request_timeout_ms + Self::SLACK_MS >= start
-            && at_ms <= end
-            && start + self.lease_ms <= end + Self::SLACK_MS
-    }
-}
-
-/// A numeric daemon setting of the run, or its default.
-fn var_or(cluster: &Cluster, key: &str, default: u64) -> u64 {
-    cluster.var(key).and_then(|value| value.parse().ok()).unwrap_or(default)
 }

@@ -21,6 +21,11 @@ pub fn set_clock(file: &Path, spec: &str) -> anyhow::Result<()> {
     std::fs::rename(&next, file).with_context(|| format!("rename to {}", file.display()))
 }
 
+/// The offset of a spec [`set_clock`] writes (`+300s`, `-600s`), in ms.
+pub fn offset_ms(spec: &str) -> i64 {
+    spec.trim_end_matches('s').parse::<i64>().map_or(0, |secs| secs * 1000)
+}
+
 /// The environment that gives a daemon the wall clock of `file` (see [`set_clock`]), with its monotonic clock real.
 pub fn faked_clock(file: &Path) -> anyhow::Result<Vec<(String, String)>> {
     anyhow::ensure!(

@@ -105,6 +105,14 @@ pub struct Cluster {
     pub kills: usize,
     /// Daemons frozen with SIGSTOP: (incarnation index, Unix ms of the SIGSTOP, of the SIGCONT).
     pub freezes: Vec<(usize, u64, u64)>,
+    /// The emulator's reply latency, shortest and longest, in ms (0, 0 without random latency).
+    pub latency_ms: (u64, u64),
+    /// The delay of the `delay` faults the scenario injects into the emulator, in ms (one value per run).
+    pub injected_delay_ms: u64,
+    /// Wall-clock changes of the daemons of a slot: (slot, from Unix ms, offset ms), in order (faked clocks).
+    pub clocks: Vec<(usize, u64, i64)>,
+    /// Kills aimed at a create whose reply the emulator held: (provider, incarnation index).
+    pub aimed_kills: Vec<(batchd_emulator::Provider, usize)>,
     /// The batchd binary.
     bin: PathBuf,
     /// Environment of every daemon, besides the per-process variables.
@@ -140,6 +148,10 @@ impl Cluster {
         let bin = workspace_binary("batchd")?;
         let redis = RedisServer::start_with(redis_args).await;
         let fault_rate = emulator.random_faults.as_ref().map(|faults| faults.rate);
+        let latency_ms = emulator
+            .random_latency
+            .as_ref()
+            .map_or((0, 0), |range| (range.min.as_millis() as u64, range.max.as_millis() as u64));
         let seed = emulator.seed;
         let emulator = Emulator::start(emulator, "127.0.0.1:0".parse()?).await.context("start the emulator")?;
         // The OpenAI and Anthropic APIs fail at the rate the Workers AI emulator draws.
@@ -192,6 +204,10 @@ impl Cluster {
             restarts: 0,
             kills: 0,
             freezes: Vec::new(),
+            latency_ms,
+            injected_delay_ms: 0,
+            clocks: Vec::new(),
+            aimed_kills: Vec::new(),
             bin,
             vars: all_vars,
             log_dir,

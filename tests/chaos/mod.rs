@@ -13,6 +13,7 @@ pub mod abandoned;
 pub mod check;
 pub mod clock;
 pub mod cluster;
+pub mod excuse;
 pub mod hostile;
 pub mod load;
 pub mod provider_faults;

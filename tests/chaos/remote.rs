@@ -29,6 +29,35 @@ pub struct Created {
     /// The API made the batch and then lost or replaced the create's reply (an injected fault after handling):
     /// the daemon could not know the batch existed without asking.
     pub reply_lost: bool,
+    /// Position in its provider's call log (orders creates logged in the same millisecond).
+    pub seq: u64,
+    /// The faults that shaped the call, as the emulator names them (`delay`, `hold`, `reset_after`, ...).
+    pub fault: Option<String>,
+    /// Requests in the batch, where the log says (Anthropic: what a look compares with the chunk's size).
+    pub n_requests: Option<usize>,
+    /// Anthropic: the chunk's create mark its first `custom_id` carries (`<nonce>-<chunk>`): every create made for
+    /// one mark, and the look for it, share it.
+    pub mark: Option<String>,
+}
+
+impl Created {
+    /// Whether a fault named `name` shaped the call.
+    pub fn had_fault(&self, name: &str) -> bool {
+        self.fault.as_deref().is_some_and(|faults| faults.split('+').any(|fault| fault == name))
+    }
+}
+
+/// A list call (a page of `GET /v1/batches` at OpenAI or Anthropic): what a look for an uncertain create reads.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    /// The API.
+    pub provider: Provider,
+    /// The emulator port of the daemon process that made it.
+    pub port: u16,
+    /// When the emulator logged it, Unix ms.
+    pub at_ms: u64,
+    /// HTTP status of the reply (0: connection dropped).
+    pub http_status: u16,
 }
 
 /// A call that touched one remote batch (a poll, a results download), for the checks that follow a batch.
@@ -72,6 +101,10 @@ pub struct RemoteLog {
     pub created: Vec<Created>,
     /// Polls and results downloads of batches, in log order per provider.
     pub touches: Vec<Touch>,
+    /// List calls at OpenAI and Anthropic, in log order per provider.
+    pub lists: Vec<Listed>,
+    /// Anthropic batches deleted (answered 200), with when: a deleted batch is not listed after.
+    pub deleted: HashMap<String, u64>,
     /// API calls per provider.
     pub calls: BTreeMap<Provider, usize>,
     /// Calls an injected or random fault shaped, per provider.
@@ -115,6 +148,10 @@ impl RemoteLog {
                     port: call.port,
                     at_ms: call.at_ms,
                     reply_lost: false,
+                    seq: call.seq,
+                    fault: call.fault.clone(),
+                    n_requests: call.n_items,
+                    mark: None,
                 }),
                 CallKind::Poll => self.touches.push(touch("poll")),
                 _ => {}
@@ -156,8 +193,18 @@ impl RemoteLog {
                     port: call.port,
                     at_ms: call.at_ms,
                     reply_lost: call.http_status != 200,
+                    seq: call.seq,
+                    fault: call.fault.clone(),
+                    n_requests: None,
+                    mark: None,
                 }),
                 (OpenAiCallKind::GetBatch, Some(batch)) => self.touches.push(touch(batch, "poll")),
+                (OpenAiCallKind::ListBatches, _) => self.lists.push(Listed {
+                    provider: Provider::OpenAi,
+                    port: call.port,
+                    at_ms: call.at_ms,
+                    http_status: call.http_status,
+                }),
                 (OpenAiCallKind::FileContent, _) => {
                     if let Some(batch) = file_id.as_ref().and_then(|file| batch_of_file.get(file)) {
                         self.touches.push(touch(batch, "results"));
@@ -176,6 +223,14 @@ impl RemoteLog {
         let jobs: HashSet<&String> = jobs.into_iter().collect();
         let calls = anthropic.calls();
         for call in &calls {
+            if call.kind == AnthropicCallKind::List {
+                self.lists.push(Listed {
+                    provider: Provider::Anthropic,
+                    port: call.port,
+                    at_ms: call.at_ms,
+                    http_status: call.status,
+                });
+            }
             let Some(batch) = call.batch_id.clone() else { continue };
             let touch = |what| {
                 Touch::new(Provider::Anthropic, &batch, what, call.port, call.at_ms, call.status, call.fault.is_some())
@@ -191,10 +246,17 @@ impl RemoteLog {
                         port: call.port,
                         at_ms: call.at_ms,
                         reply_lost: call.status != 200,
+                        seq: call.seq,
+                        fault: call.fault.clone(),
+                        n_requests: call.n_requests,
+                        mark: call.first_custom_id.as_deref().and_then(mark_of),
                     });
                 }
                 AnthropicCallKind::Retrieve => self.touches.push(touch("poll")),
                 AnthropicCallKind::Results => self.touches.push(touch("results")),
+                AnthropicCallKind::Delete if call.status == 200 => {
+                    self.deleted.insert(batch, call.at_ms);
+                }
                 _ => {}
             }
         }
@@ -232,6 +294,18 @@ impl RemoteLog {
     /// Polls per provider.
     pub fn polls(&self, provider: Provider) -> usize {
         self.touches.iter().filter(|touch| touch.provider == provider && touch.what == "poll").count()
+    }
+}
+
+/// The create mark in one of batchd's Anthropic `custom_id`s (`n-<nonce>-<chunk>-<attempt>-<index>`), as
+/// `<nonce>-<chunk>`.
+fn mark_of(custom_id: &str) -> Option<String> {
+    let mut parts = custom_id.split('-');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some("n"), Some(nonce), Some(chunk)) if !nonce.is_empty() && !chunk.is_empty() => {
+            Some(format!("{nonce}-{chunk}"))
+        }
+        _ => None,
     }
 }
 

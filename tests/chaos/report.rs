@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::check::Outcome;
+use super::check::{Outcome, ProviderCounts};
 use super::human;
 
 /// The columns of the table.
@@ -21,26 +21,26 @@ const HEADER: [&str; 11] = [
     "verdict",
 ];
 
-/// `0`, or the number with its causes: `84 (8 kills in window)`, `16 (redis away > lease)`, `24 (frozen past
-/// lease)`, `3 (anthropic replies lost)`.
+/// `0`, or the number with the kinds of evidence that excused them: `34 (9 kills, anthropic looks)`.
 fn duplicate_submits(outcome: &Outcome) -> String {
     if outcome.duplicate_submits == 0 {
         return "0".to_owned();
     }
     let mut causes = Vec::new();
     if outcome.kills_in_submit_window > 0 {
-        causes.push(format!("{} kills in window", outcome.kills_in_submit_window));
+        causes.push(format!("{} kills", outcome.kills_in_submit_window));
     }
-    if outcome.duplicate_causes.keys().any(|cause| cause.starts_with("redis")) {
+    let has = |prefix: &str| outcome.duplicate_causes.keys().any(|cause| cause.starts_with(prefix));
+    if has("workers ai: redis") {
         causes.push("redis away > lease".to_owned());
     }
-    if outcome.duplicate_causes.keys().any(|cause| cause.starts_with("replica frozen")) {
+    if has("workers ai: sent before a SIGSTOP") {
         causes.push("frozen past lease".to_owned());
     }
-    if outcome.duplicate_causes.keys().any(|cause| cause.starts_with("create reply lost")) {
-        causes.push("anthropic replies lost".to_owned());
+    if has("anthropic look") {
+        causes.push("anthropic looks".to_owned());
     }
-    if outcome.duplicate_causes.keys().any(|cause| cause.starts_with("more newer batches")) {
+    if has("openai look") {
         causes.push("past the openai look's reach".to_owned());
     }
     format!("{} ({})", outcome.duplicate_submits, causes.join(", "))
@@ -69,11 +69,38 @@ fn rows(outcomes: &[Outcome]) -> Vec<[String; 11]> {
 }
 
 /// The columns of the per-provider table.
-const PROVIDER_HEADER: [&str; 10] =
-    ["scenario", "provider", "jobs", "lost", "batches", "polls/batch", "calls", "faults", "dup. submits", "excused"];
+const PROVIDER_HEADER: [&str; 14] = [
+    "scenario",
+    "provider",
+    "jobs",
+    "lost",
+    "batches",
+    "polls/batch",
+    "calls",
+    "faults",
+    "dup. submits",
+    "excused (by kind)",
+    "creates cut by a kill",
+    "uncertain creates",
+    "found by a look",
+    "list calls",
+];
+
+/// The excused count with its kinds: `9 (5 kill, 4 on the wire)`.
+fn excused_by_kind(counts: &ProviderCounts) -> String {
+    if counts.excused == 0 {
+        return "0".to_owned();
+    }
+    let kinds: Vec<String> = counts
+        .excused_by
+        .iter()
+        .map(|(kind, n)| format!("{n} {}", kind.split_once(": ").map_or(kind.as_str(), |(_, what)| what)))
+        .collect();
+    format!("{} ({})", counts.excused, kinds.join(", "))
+}
 
 /// One row per scenario and provider its jobs went to.
-fn provider_rows(outcomes: &[Outcome]) -> Vec<[String; 10]> {
+fn provider_rows(outcomes: &[Outcome]) -> Vec<[String; 14]> {
     outcomes
         .iter()
         .flat_map(|outcome| {
@@ -88,7 +115,11 @@ fn provider_rows(outcomes: &[Outcome]) -> Vec<[String; 10]> {
                     counts.calls.to_string(),
                     counts.faults.to_string(),
                     counts.duplicate_submits.to_string(),
-                    counts.excused.to_string(),
+                    excused_by_kind(counts),
+                    counts.interrupted_by_kill.to_string(),
+                    counts.uncertain_creates.to_string(),
+                    counts.uncertain_found.to_string(),
+                    counts.list_calls.to_string(),
                 ]
             })
         })
@@ -172,7 +203,7 @@ pub fn json(outcome: &Outcome) -> serde_json::Value {
         "duplicate_submits": outcome.duplicate_submits,
         "duplicate_submit_causes": outcome.duplicate_causes,
         "excused_duplicate_submits": outcome.excused_duplicates(),
-        "kills_in_submit_window": outcome.kills_in_submit_window,
+        "kills_that_caused_a_duplicate": outcome.kills_in_submit_window,
         "counted_possible_duplicate_submits": outcome.counted_possible_duplicates,
         "recovery_ms": outcome.recovery.map(|d| d.as_millis() as u64),
         "recovery_measures": outcome.recovery_what,

@@ -42,6 +42,7 @@ pub(super) async fn freeze(size: Size) -> anyhow::Result<Outcome> {
     // Slow replies (a third of the lease), so the victim has submits and polls in flight when it stops, at every
     // provider: the call takes effect at once, its reply is late.
     let slow = timing.lease / 3;
+    cluster.injected_delay_ms = slow.as_millis() as u64;
     let times = size.pick(40, 12);
     for calls in [Calls::Submit, Calls::Poll] {
         let kind = FaultKind::Delay { millis: slow.as_millis() as u64 };
@@ -77,7 +78,7 @@ pub(super) async fn freeze(size: Size) -> anyhow::Result<Outcome> {
 
     let produced = producer.await?;
     finish(&mut cluster, collector, &produced, size.pick(secs(300), secs(120)), false, &mut outcome).await;
-    let frozen = outcome.duplicate_causes.get("replica frozen (SIGSTOP) past its lease").copied().unwrap_or(0);
+    let frozen = outcome.duplicate_causes.get(crate::chaos::excuse::CAUSE_FREEZE).copied().unwrap_or(0);
     outcome.figure("duplicate_submits_of_posts_in_flight_at_the_freeze", frozen);
 
     // No finished chunk was touched again: no API call for a job after its result was published. Except calls the

@@ -11,7 +11,7 @@ use crate::chaos::check::{Outcome, drain};
 use crate::chaos::cluster::Cluster;
 use crate::chaos::load::{self, Collector, Mix, spawn_producer};
 use crate::chaos::remote::RemoteLog;
-use crate::chaos::{Size, human};
+use crate::chaos::{Size, human, unix_ms};
 use crate::chaos::{clock, hostile};
 
 /// Scenario 5: a backlog of 100,000 jobs enqueued while no daemon runs (pipelined `XADD`), then three daemons
@@ -96,6 +96,7 @@ pub(super) async fn clock_skew(size: Size) -> anyhow::Result<Outcome> {
     for (slot, spec) in ["+0s", "+300s", "-300s"].into_iter().enumerate() {
         let file = clock::clock_file(cluster.log_dir(), slot);
         clock::set_clock(&file, spec)?;
+        cluster.clocks.push((slot, 0, clock::offset_ms(spec)));
         cluster.set_slot_vars(slot, clock::faked_clock(&file)?);
         cluster.event(format!("slot {slot}: wall clock {spec}"));
     }
@@ -120,6 +121,7 @@ pub(super) async fn clock_skew(size: Size) -> anyhow::Result<Outcome> {
         supervised_sleep(&mut cluster, at.saturating_sub(waited)).await;
         waited = at;
         clock::set_clock(&clock::clock_file(cluster.log_dir(), slot), spec)?;
+        cluster.clocks.push((slot, unix_ms(), clock::offset_ms(spec)));
         cluster.event(format!("the wall clock of slot {slot} jumps to {spec}"));
     }
     let produced = producer.await?;
