@@ -100,6 +100,8 @@ async fn a_daemon_process_killed_with_sigkill_loses_nothing() {
             .env("BATCHD__INGRESS__RECLAIM_IDLE_SECS", "2")
             .env("BATCHD__INGRESS__RECLAIM_INTERVAL_SECS", "1")
             .env("BATCHD__ADMIN__LISTEN", "127.0.0.1:0")
+            // Jobs with batches of their own (the polling chunks this waits for); kill_create.rs kills inside packs.
+            .env("BATCHD__PACKING__ENABLED", "false")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
