@@ -869,7 +869,14 @@ fn cases(f: &Fixture) -> Vec<Case> {
     case("pack_form: now", "pack_form", vec![], keys.clone(), with(&args, 2, Some("x")), Err("now"));
     case("pack_form: candidates", "pack_form", vec![], keys.clone(), with(&args, 10, None), Err("candidates"));
     case("pack_form: queue type", "pack_form", wrong(packq.clone(), "list"), keys.clone(), args.clone(), Err("list"));
-    case("pack_form: members type", "pack_form", wrong(keys[3].clone(), "string"), keys.clone(), args.clone(), Err("string"));
+    case(
+        "pack_form: members type",
+        "pack_form",
+        wrong(keys[3].clone(), "string"),
+        keys.clone(),
+        args.clone(),
+        Err("string"),
+    );
     case("pack_form: items", "pack_form", queued, keys.clone(), args.clone(), Err("start:len"));
     case("pack_form: nothing queued", "pack_form", vec![], keys.clone(), args.clone(), Ok("empty"));
 
@@ -880,7 +887,14 @@ fn cases(f: &Fixture) -> Vec<Case> {
     let open_pack = vec![strings(&["HSET", &f.ledger(pack), "state", "running", "pack_delivered", "0"])];
     case("pack_deliver: members", "pack_deliver", vec![], keys.clone(), with(&args, 7, None), Err("members"));
     case("pack_deliver: now", "pack_deliver", vec![], keys.clone(), with(&args, 1, Some("x")), Err("now"));
-    case("pack_deliver: state", "pack_deliver", open_pack.clone(), keys.clone(), with(&args, 6, Some("pending")), Err("state"));
+    case(
+        "pack_deliver: state",
+        "pack_deliver",
+        open_pack.clone(),
+        keys.clone(),
+        with(&args, 6, Some("pending")),
+        Err("state"),
+    );
     let mut broken = open_pack.clone();
     broken.extend(wrong(k.schedule(), "list"));
     case("pack_deliver: schedule type", "pack_deliver", broken, keys.clone(), args.clone(), Err("holds a list"));

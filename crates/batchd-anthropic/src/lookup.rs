@@ -80,15 +80,19 @@ pub fn consider(batch: MessageBatch, from_ms: u64, to_ms: u64, n_items: usize) -
     }
 }
 
-/// The candidates (by index) whose first result line is worth reading: ended ones, those created closest to
-/// `started_ms` (the chunk's first create) first, at most [`MAX_CHECKS`]; one without a readable time comes last.
-pub fn to_check(candidates: &[Candidate], started_ms: u64) -> Vec<usize> {
+/// The candidates (by index) whose first result line is worth reading: ended ones, those created closest to one of
+/// the chunk's creates first (`started_ms`, its first, or `last_ms`, its latest: the uncertain create may come
+/// minutes after the first), at most [`MAX_CHECKS`]; one without a readable time comes last.
+pub fn to_check(candidates: &[Candidate], started_ms: u64, last_ms: u64) -> Vec<usize> {
     let mut ended: Vec<(u64, usize)> = candidates
         .iter()
         .enumerate()
         .filter(|(_, candidate)| candidate.ended)
         .map(|(index, candidate)| {
-            (candidate.created_ms.map_or(u64::MAX, |created| created.abs_diff(started_ms)), index)
+            let distance = candidate
+                .created_ms
+                .map_or(u64::MAX, |created| created.abs_diff(started_ms).min(created.abs_diff(last_ms)));
+            (distance, index)
         })
         .collect();
     ended.sort_unstable();
@@ -189,7 +193,7 @@ mod tests {
             (0..40).rev().map(|i| candidate(true, Some(started - 500 + i * 1_000))).collect();
         candidates.push(candidate(false, Some(started)));
         candidates.push(candidate(true, None));
-        let chosen = to_check(&candidates, started);
+        let chosen = to_check(&candidates, started, started);
         assert_eq!(chosen.len(), MAX_CHECKS);
         // The closest first (500 ms either side of the first create), then outwards: the 16 within 14.5 s.
         let created: Vec<u64> = chosen.iter().map(|index| candidates[*index].created_ms.expect("time")).collect();
@@ -197,7 +201,7 @@ mod tests {
         assert!(created.iter().all(|ms| ms.abs_diff(started) <= 14_500), "{created:?}");
         assert!(!chosen.contains(&40), "an unended candidate has no results to read");
         assert!(!chosen.contains(&41), "one without a time comes after every timed one");
-        assert_eq!(to_check(&candidates[40..], started), vec![1], "it is read when few are left");
+        assert_eq!(to_check(&candidates[40..], started, started), vec![1], "it is read when few are left");
     }
 
     #[test]

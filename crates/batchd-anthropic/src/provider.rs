@@ -105,7 +105,7 @@ impl AnthropicProvider {
                 "more than 1,000 batches since the uncertain create; looked at the newest only"
             );
         }
-        let worth_reading = lookup::to_check(&candidates, mark.started_ms);
+        let worth_reading = lookup::to_check(&candidates, mark.started_ms, mark.last_ms);
         let mut checks = Vec::with_capacity(candidates.len());
         for (index, candidate) in candidates.iter().enumerate() {
             let check = if worth_reading.contains(&index) {

@@ -248,7 +248,9 @@ impl Pipeline {
                     request_id: chunk.request_id.clone(),
                 },
                 // In a pack that was sent: it may still run (and be billed); its answers are dropped when they come.
-                Some(ChunkState::Pending) if chunk.pack.as_deref().is_some_and(|pack| pack != batchd_core::ids::PACK_QUEUED) => {
+                Some(ChunkState::Pending)
+                    if chunk.pack.as_deref().is_some_and(|pack| pack != batchd_core::ids::PACK_QUEUED) =>
+                {
                     ChunkOutcome::Unfinished
                 }
                 // Never sent: a cancelled job's batch that was still waiting to be submitted.

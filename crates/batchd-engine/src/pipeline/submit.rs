@@ -139,7 +139,8 @@ impl Pipeline {
                         retry_after: None,
                         maybe_delivered: true,
                     };
-                    let failed = FailedSubmit { attempt, placement, deadline_at, can_cancel: provider.can_cancel() };
+                    let failed =
+                        FailedSubmit { attempt, resubmit, placement, deadline_at, can_cancel: provider.can_cancel() };
                     return self.submit_failed(claim, model, failed, requests, error).await;
                 };
                 span.record("request_id", tracing::field::display(&request_id));
@@ -175,7 +176,8 @@ impl Pipeline {
                 }
             }
             Err(error) => {
-                let failed = FailedSubmit { attempt, placement, deadline_at, can_cancel: provider.can_cancel() };
+                let failed =
+                    FailedSubmit { attempt, resubmit, placement, deadline_at, can_cancel: provider.can_cancel() };
                 self.submit_failed(claim, model, failed, requests, error).await
             }
         }
@@ -240,7 +242,7 @@ impl Pipeline {
         error: ApiError,
     ) -> Result<(), StoreError> {
         let chunk = &claim.chunk;
-        let FailedSubmit { attempt, placement, deadline_at, can_cancel } = failed;
+        let FailedSubmit { attempt, resubmit, placement, deadline_at, can_cancel } = failed;
         let now = self.store.now().await?;
         let retry = match after_failed_submit(&error, placement.len(), attempt, self.retry.max_attempts) {
             SubmitDecision::Split(cuts) => {
@@ -254,7 +256,15 @@ impl Pipeline {
                 tracing::warn!(job_id = %chunk.job_id, chunk = chunk.index, model = %model, error = %error, "the Batch API refused the batch");
                 return self.conclude(&chunk.job_id, Ending::Failed(error.to_job_error())).await;
             }
-            SubmitDecision::Retry(retry) => retry,
+            SubmitDecision::Retry(mut retry) => {
+                // This attempt resumed an uncertain create: that its own request certainly created nothing (a 429,
+                // a refused connection) says nothing of the earlier one, whose batch may exist. The chunk stays
+                // `submitting`, so the next attempt looks again under the same mark before it creates.
+                if resubmit {
+                    retry.state = ChunkState::Submitting;
+                }
+                retry
+            }
         };
         let wait = retry_delay(attempt.max(1), &self.retry, error.retry_after, unit_random());
         let mut record = SubmitRetryRecord {
@@ -423,6 +433,8 @@ impl Checkpoint for LedgerCheckpoint<'_> {
 struct FailedSubmit {
     /// The attempt that failed (1-based).
     attempt: u64,
+    /// Whether it resumed an earlier create whose outcome was unknown.
+    resubmit: bool,
     /// Where the chunk's items sit in the job.
     placement: Placement,
     /// The job's deadline.
