@@ -1,12 +1,12 @@
 //! Packing (DESIGN decision 20): small jobs of one provider, model and endpoint share remote batches, and each job
-//! still gets its own result entry with its own items in order. The daemon in-process, real Redis, the emulator's
+//! still gets its own result entry with its own items in order, under the providers' documented creation limits. The daemon in-process, real Redis, the emulator's
 //! three APIs over HTTP; what is shared is counted from the emulator's own call logs.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use batchd_core::{ResultEntry, ResultStatus};
-use batchd_emulator::{AnthropicCallKind, CallKind, OpenAiCallKind};
+use batchd_emulator::{AnthropicCallKind, CallKind, EmulatorConfig, OpenAiCallKind, ProviderLimits};
 use batchd_tests::{World, with_anthropic, with_openai};
 use redis::AsyncCommands;
 use serde_json::{Value, json};
@@ -76,7 +76,11 @@ fn remote_batches(world: &World, provider: &str) -> usize {
 }
 
 async fn many_one_request_jobs_share_few_remote_batches(provider: &str) {
-    let mut world = packing_world().await;
+    // The emulator meters like the providers: OpenAI 2,000 creates an hour (one every 1.8 s), Anthropic 50 calls
+    // a minute (polls included), Workers AI 300 submits a minute per model.
+    let config = EmulatorConfig::default().with_provider_limits(ProviderLimits::Documented);
+    let mut world = World::with_emulator(config).await;
+    world.settings.packing.enabled = true;
     match provider {
         "openai" => with_openai(&mut world.settings, &world.emulator),
         "anthropic" => with_anthropic(&mut world.settings, &world.emulator),
@@ -205,7 +209,7 @@ async fn slow_anthropic_world() -> World {
         processing_for: Duration::from_secs(3600),
         ..batchd_emulator::AnthropicConfig::default()
     };
-    let mut world = World::with_emulator(batchd_emulator::EmulatorConfig { anthropic, ..Default::default() }).await;
+    let mut world = World::with_emulator(EmulatorConfig { anthropic, ..Default::default() }).await;
     world.settings.packing.enabled = true;
     with_anthropic(&mut world.settings, &world.emulator);
     world
