@@ -227,36 +227,7 @@ impl Pipeline {
         let mut references = Vec::new();
         for chunk in &mut context.chunks {
             references.extend(chunk.references.take());
-            // Each stored output is dropped as soon as it is parsed.
-            let output = chunk.output.take();
-            let outcome = match chunk.state {
-                Some(ChunkState::Done) => match output.as_deref().map(serde_json::from_str::<JobOutput>) {
-                    Some(Ok(output)) => ChunkOutcome::Done(output),
-                    _ => {
-                        return Err(StoreError::Corrupt {
-                            job_id: job_id.to_string(),
-                            detail: format!("chunk {} is done without a readable output", chunk.index),
-                        });
-                    }
-                },
-                Some(ChunkState::Failed) => ChunkOutcome::Failed {
-                    error: chunk
-                        .last_error
-                        .as_deref()
-                        .and_then(|text| serde_json::from_str(text).ok())
-                        .unwrap_or_else(|| JobError::new(code::API_ERROR, "the batch failed")),
-                    request_id: chunk.request_id.clone(),
-                },
-                // In a pack that was sent: it may still run (and be billed); its answers are dropped when they come.
-                Some(ChunkState::Pending)
-                    if chunk.pack.as_deref().is_some_and(|pack| pack != batchd_core::ids::PACK_QUEUED) =>
-                {
-                    ChunkOutcome::Unfinished
-                }
-                // Never sent: a cancelled job's batch that was still waiting to be submitted.
-                Some(ChunkState::Pending) if cancelled => ChunkOutcome::NotRun,
-                _ => ChunkOutcome::Unfinished,
-            };
+            let outcome = chunk_outcome(job_id, chunk, cancelled)?;
             chunks.push((chunk.index, chunk.placement.clone(), outcome));
         }
         let (state, error, unanswered) = match ending {
@@ -399,6 +370,45 @@ impl Pipeline {
         }
         Ok(published)
     }
+}
+
+/// What a chunk's stored record says it produced, for assembling its job's (or its pack's) output. Its stored
+/// output is moved out and dropped as soon as it is parsed. `cancelled`: the job ends cancelled, so a chunk never
+/// sent is `not run`.
+pub(super) fn chunk_outcome(
+    job_id: &JobId,
+    chunk: &mut batchd_queue::ChunkRecord,
+    cancelled: bool,
+) -> Result<ChunkOutcome, StoreError> {
+    let output = chunk.output.take();
+    Ok(match chunk.state {
+        Some(ChunkState::Done) => match output.as_deref().map(serde_json::from_str::<JobOutput>) {
+            Some(Ok(output)) => ChunkOutcome::Done(output),
+            _ => {
+                return Err(StoreError::Corrupt {
+                    job_id: job_id.to_string(),
+                    detail: format!("chunk {} is done without a readable output", chunk.index),
+                });
+            }
+        },
+        Some(ChunkState::Failed) => ChunkOutcome::Failed {
+            error: chunk
+                .last_error
+                .as_deref()
+                .and_then(|text| serde_json::from_str(text).ok())
+                .unwrap_or_else(|| JobError::new(code::API_ERROR, "the batch failed")),
+            request_id: chunk.request_id.clone(),
+        },
+        // In a pack that was sent: it may still run (and be billed); its answers are dropped when they come.
+        Some(ChunkState::Pending)
+            if chunk.pack.as_deref().is_some_and(|pack| pack != batchd_core::ids::PACK_QUEUED) =>
+        {
+            ChunkOutcome::Unfinished
+        }
+        // Never sent: a cancelled job's batch that was still waiting to be submitted.
+        Some(ChunkState::Pending) if cancelled => ChunkOutcome::NotRun,
+        _ => ChunkOutcome::Unfinished,
+    })
 }
 
 /// Puts a chunk's stored `external_reference`s on their items' responses (see [`batchd_core::reference`]); an

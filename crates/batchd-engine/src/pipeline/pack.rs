@@ -12,7 +12,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use batchd_core::result::code;
 use batchd_core::{ChunkState, ItemResponse, Job, JobError, JobId, JobOutput, JobState, ModelName};
 use batchd_provider::Provider;
 use batchd_queue::{Delivery, MAX_PACK_STEP, PackIntake, PackMember, PublishContext, StoreError};
@@ -177,7 +176,7 @@ impl Pipeline {
     pub(super) async fn deliver(
         &self,
         pack_id: &JobId,
-        context: PublishContext,
+        mut context: PublishContext,
         ending: Ending<'_>,
     ) -> Result<(), StoreError> {
         let (state, ended) = match &ending {
@@ -189,27 +188,9 @@ impl Pipeline {
         let unanswered = ended.clone().unwrap_or_else(|| JobError::new("missing", "no response for this item"));
         let request_id = context.chunks.iter().find_map(|chunk| chunk.request_id.clone()).unwrap_or_default();
         let mut chunks = Vec::with_capacity(context.chunks.len());
-        for chunk in &context.chunks {
-            let outcome = match chunk.state {
-                Some(ChunkState::Done) => match chunk.output.as_deref().map(serde_json::from_str::<JobOutput>) {
-                    Some(Ok(output)) => ChunkOutcome::Done(output),
-                    _ => {
-                        return Err(StoreError::Corrupt {
-                            job_id: pack_id.to_string(),
-                            detail: format!("pack chunk {} is done without a readable output", chunk.index),
-                        });
-                    }
-                },
-                Some(ChunkState::Failed) => ChunkOutcome::Failed {
-                    error: chunk
-                        .last_error
-                        .as_deref()
-                        .and_then(|text| serde_json::from_str(text).ok())
-                        .unwrap_or_else(|| JobError::new(code::API_ERROR, "the batch failed")),
-                    request_id: chunk.request_id.clone(),
-                },
-                _ => ChunkOutcome::Unfinished,
-            };
+        for chunk in &mut context.chunks {
+            // A pack is never cancelled as "not run": its unsent chunk leaves its items unanswered.
+            let outcome = super::finish::chunk_outcome(pack_id, chunk, false)?;
             chunks.push((chunk.index, chunk.placement.clone(), outcome));
         }
         let done: Vec<bool> = {
