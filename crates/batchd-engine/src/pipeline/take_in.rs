@@ -1,22 +1,40 @@
-//! Take-in: an ingress entry becomes a job (its batches planned, its first one posted at once) or a rejection
-//! with a result that says why.
+//! Take-in: an ingress entry becomes a job (decoded, its batches planned, then queued for a pack or given batches
+//! of its own, the first posted at once) or a rejection with a result that says why.
 
 use std::time::Duration;
 
 use crate::runtime::IngressEntry;
 use batchd_core::reference::{self, ChunkReferences};
 use batchd_core::result::code;
-use batchd_core::{DecodeError, Job, JobError, JobId};
+use batchd_core::{DecodeError, Job, JobError, JobId, UnixMillis};
+use batchd_provider::Provider;
 use batchd_queue::{Accepted, Claim, DeadLetter, Intake, MAX_CHUNKS_PER_JOB, Placement, Rejection, StoreError};
+use serde_json::value::RawValue;
 
 use super::submit::Post;
 use super::{Ending, Pipeline};
 use crate::metrics::{self, ApiCall};
 use crate::policy::plan_chunks;
 
+/// A refusal at take-in: the result's error code and its message.
+type Refusal = (&'static str, String);
+
+/// What planning a decoded job found: its provider, its items' sizes, its batches and their `external_reference`s.
+struct Planned<'p> {
+    /// The provider its model routes to.
+    provider: &'p dyn Provider,
+    /// Each item's size, bytes.
+    sizes: Vec<usize>,
+    /// Its batches, `(first item, items)`.
+    plan: Vec<(usize, usize)>,
+    /// The batches' `external_reference`s kept by batchd (for a provider that does not echo them).
+    references: Vec<(u32, ChunkReferences)>,
+}
+
 impl Pipeline {
-    /// Decodes an ingress entry, plans its batches and accepts it as a job (or rejects it with a result that
-    /// says why), then submits its first batch straight away.
+    /// Takes in one ingress entry, in named phases: decode it (or reject the entry), plan the job's batches (or
+    /// refuse the job, saying why), then accept it, either into its packing key's queue (the packer submits it
+    /// with other jobs) or with batches of its own, the first posted straight away.
     // Spans are debug-level: at info they cost ~12% of the daemon's CPU per job (a profile of an earlier round), so
     // every warn and error event names its job (and chunk) itself.
     #[tracing::instrument(level = "debug", skip_all, fields(entry_id = %entry.id, job_id = tracing::field::Empty))]
@@ -29,43 +47,64 @@ impl Pipeline {
         };
         let entry_id = entry.id.as_str();
         tracing::Span::current().record("job_id", tracing::field::display(&job.id));
+        let planned = match self.plan(&job) {
+            Ok(planned) => planned,
+            Err((reason, message)) => return self.refuse(&job, entry_id, reason, message).await,
+        };
+        let deadline_at = self.deadline_at(&job, now);
+        let first_body = planned.provider.limits().body.bytes(planned.sizes[..planned.plan[0].1].iter().copied());
+        let key = packing_key(&job.model, job.endpoint.as_deref());
+        let intake = Intake {
+            entry_id,
+            plan: &planned.plan,
+            now,
+            deadline_at,
+            first_due: deadline_at,
+            retry_failed_items: job.retry_failed_items.unwrap_or(self.split.retry_failed_items),
+            submit_first: false,
+            references: &planned.references,
+            pack: self.packing(&job, planned.provider, &planned.plan, first_body, &key),
+        };
+        if intake.pack.is_some() {
+            // Queued for its packing key: scheduled only for its deadline, submitted by the packer.
+            let accepted = self.store.accept(&job, &intake).await?;
+            self.accepted(&job, &accepted, planned.plan.len());
+            return Ok(());
+        }
+        self.accept_own(&job, &planned, intake, first_body).await
+    }
+
+    /// Routes a decoded job to its provider and plans its batches under the provider's limits; refuses a job that
+    /// cannot run (no provider for its model, a model that cannot batch, an item too large, too many batches,
+    /// too many `external_reference` bytes to keep).
+    fn plan<'p, R: std::borrow::Borrow<RawValue>>(&'p self, job: &Job<R>) -> Result<Planned<'p>, Refusal> {
         let provider = match self.providers.for_model(&job.model) {
             Ok(provider) => provider.as_ref(),
-            Err(reason) => return self.refuse(&job, entry_id, code::INVALID_JOB, reason).await,
+            Err(reason) => return Err((code::INVALID_JOB, reason)),
         };
-        if let Err(reason) = provider.check_model(&job.model) {
-            return self.refuse(&job, entry_id, code::MODEL_NOT_BATCHABLE, reason).await;
-        }
+        provider.check_model(&job.model).map_err(|reason| (code::MODEL_NOT_BATCHABLE, reason))?;
         let limits = provider.limits();
-        let sizes: Vec<usize> = job.requests.iter().map(|item| item.get().len()).collect();
-        let planned = plan_chunks(&sizes, limits.body, limits.max_body_bytes, limits.max_items);
-        let refusal = match &planned {
-            Err(too_large) => Some((
-                code::ITEM_TOO_LARGE,
-                format!(
-                    "request item {} is {} bytes: sent alone it makes a {}-byte body, over the payload limit of {} \
-                     bytes ({}); nothing was submitted",
-                    too_large.index,
-                    too_large.bytes,
-                    too_large.body_bytes,
-                    limits.max_body_bytes,
-                    payload_setting(provider.name())
-                ),
-            )),
-            Ok(plan) if plan.len() > MAX_CHUNKS_PER_JOB as usize => Some((
-                code::INVALID_JOB,
-                format!(
-                    "the job needs {} batches, more than the {MAX_CHUNKS_PER_JOB} one job may have: split it into \
-                     smaller jobs (or raise jobs.max_batch_items); nothing was submitted",
-                    plan.len()
-                ),
-            )),
-            Ok(_) => None,
-        };
-        if let Some((reason, message)) = refusal {
-            return self.refuse(&job, entry_id, reason, message).await;
+        let sizes: Vec<usize> = job.requests.iter().map(|item| item.borrow().get().len()).collect();
+        let plan = plan_chunks(&sizes, limits.body, limits.max_body_bytes, limits.max_items).map_err(|too_large| {
+            let message = format!(
+                "request item {} is {} bytes: sent alone it makes a {}-byte body, over the payload limit of {} bytes \
+                 ({}); nothing was submitted",
+                too_large.index,
+                too_large.bytes,
+                too_large.body_bytes,
+                limits.max_body_bytes,
+                payload_setting(provider.name())
+            );
+            (code::ITEM_TOO_LARGE, message)
+        })?;
+        if plan.len() > MAX_CHUNKS_PER_JOB as usize {
+            let message = format!(
+                "the job needs {} batches, more than the {MAX_CHUNKS_PER_JOB} one job may have: split it into smaller \
+                 jobs (or raise jobs.max_batch_items); nothing was submitted",
+                plan.len()
+            );
+            return Err((code::INVALID_JOB, message));
         }
-        let plan = planned.expect("a refused plan returned above");
         // A provider that does not echo `external_reference` gets items without it; batchd keeps each chunk's in
         // the ledger with the job (nothing for a job without any) and echoes them in the result.
         let references =
@@ -81,39 +120,37 @@ impl Pipeline {
                 reference::MAX_CHUNK_BYTES,
                 provider.name()
             );
-            return self.refuse(&job, entry_id, code::INVALID_JOB, message).await;
+            return Err((code::INVALID_JOB, message));
         }
+        Ok(Planned { provider, sizes, plan, references })
+    }
+
+    /// When a job taken in at `now` ends `expired`: its own `deadline_secs`, or the default.
+    fn deadline_at<R>(&self, job: &Job<R>, now: UnixMillis) -> UnixMillis {
         let deadline = job.deadline_secs.map(Duration::from_secs).unwrap_or(self.default_deadline);
         // Saturating: a producer may ask for a deadline centuries away.
-        let deadline_at = now.saturating_add(u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX));
-        // The first batch's body is posted from the items in hand; it needs room of its own in the budget. The
-        // entry already holds room, so this never waits: short of room, the batch goes through the schedule
-        // (which waits for room holding nothing), like a throttled one.
-        let first_body = limits.body.bytes(sizes[..plan[0].1].iter().copied());
-        let retry_failed_items = job.retry_failed_items.unwrap_or(self.split.retry_failed_items);
-        let key = packing_key(&job.model, job.endpoint.as_deref());
-        if let Some(pack) = self.packing(&job, provider, &plan, first_body, &key) {
-            let intake = Intake {
-                entry_id,
-                plan: &plan,
-                now,
-                deadline_at,
-                first_due: deadline_at,
-                retry_failed_items,
-                submit_first: false,
-                references: &references,
-                pack: Some(pack),
-            };
-            let accepted = self.store.accept(&job, &intake).await?;
-            self.accepted(&job, &accepted, plan.len());
-            return Ok(());
-        }
+        now.saturating_add(u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    /// Accepts a job with batches of its own and posts the first at once from the items in hand, when a call slot,
+    /// the shared limiter and room in the budget allow; otherwise the first batch is accepted `pending`, due when
+    /// its slot comes.
+    async fn accept_own(
+        &self,
+        job: &Job<&RawValue>,
+        planned: &Planned<'_>,
+        mut intake: Intake<'_>,
+        first_body: usize,
+    ) -> Result<(), StoreError> {
+        // The first batch's body needs room of its own in the budget. The entry already holds room, so this never
+        // waits: short of room, the batch goes through the schedule (which waits for room holding nothing), like a
+        // throttled one.
         let body_room = self.budget.try_hold(first_body);
         // Ask for a call slot and the shared limiter before the job exists: a throttled first batch is accepted
         // `pending`, due when its slot comes; otherwise it is accepted already `submitting` and posted at once,
         // under its lease, holding its call slot until the post is done.
         let admitted = match &body_room {
-            Some(_) => self.admit(provider, &job.model, ApiCall::Submit).await?,
+            Some(_) => self.admit(planned.provider, &job.model, ApiCall::Submit).await?,
             None => {
                 tracing::debug!(first_body, "no room in workers.inflight_bytes for the first batch now; scheduling it");
                 Err(Duration::ZERO)
@@ -123,57 +160,41 @@ impl Pipeline {
             Ok(slot) => (Some(slot), None),
             Err(wait) => (None, Some(wait)),
         };
-        let first_due = match wait {
-            Some(wait) => now + wait.as_millis() as u64,
-            None => now + self.lease.as_millis() as u64,
-        };
-        let intake = Intake {
-            entry_id,
-            plan: &plan,
-            now,
+        intake.first_due = intake.now + wait.unwrap_or(self.lease).as_millis() as u64;
+        intake.submit_first = wait.is_none();
+        let accepted = self.store.accept(job, &intake).await?;
+        self.accepted(job, &accepted, planned.plan.len());
+        if matches!(accepted, Accepted::New) && wait.is_none() {
+            self.post_first(job, planned, intake.deadline_at).await;
+        }
+        Ok(())
+    }
+
+    /// Posts a just-accepted job's first batch with the items in hand, under the claim the accept step gave it.
+    /// A failure is logged: the entry is taken in (acknowledged) and the chunk is retried from the schedule.
+    async fn post_first(&self, job: &Job<&RawValue>, planned: &Planned<'_>, deadline_at: UnixMillis) {
+        let len = planned.plan[0].1;
+        let claim = Claim::first(job.id.clone());
+        let post = Post {
+            provider: planned.provider,
+            model: &job.model,
+            endpoint: job.endpoint.as_deref(),
+            attempt: 1,
+            resubmit: false,
+            looked: false,
+            checked_at: std::time::Instant::now(),
             deadline_at,
-            first_due,
-            retry_failed_items,
-            submit_first: wait.is_none(),
-            references: &references,
-            pack: None,
         };
-        let accepted = self.store.accept(&job, &intake).await?;
-        self.accepted(&job, &accepted, plan.len());
-        match accepted {
-            Accepted::New => {
-                if wait.is_some() {
-                    return Ok(());
-                }
-                // Post the first chunk with the items in hand instead of reading them back.
-                let first = &job.requests[..plan[0].1];
-                let claim = Claim::first(job.id.clone());
-                let placement = Placement::Range { start: 0, len: plan[0].1 };
-                let post = Post {
-                    provider,
-                    model: &job.model,
-                    endpoint: job.endpoint.as_deref(),
-                    attempt: 1,
-                    resubmit: false,
-                    looked: false,
-                    checked_at: std::time::Instant::now(),
-                    deadline_at,
-                };
-                let posted = self.post(&claim, post, first, placement).await;
-                if let Err(StoreError::StaleClaim { job_id, chunk, detail }) = &posted {
-                    super::stale_step(job_id, *chunk, detail);
-                } else if let Err(error) = posted {
-                    // The entry is taken in (acknowledged); what is retried is the chunk, from the schedule.
-                    metrics::redis_error("submit");
-                    tracing::error!(
-                        job_id = %job.id,
-                        error = %error,
-                        "submitting the first batch failed; it is retried after its lease"
-                    );
-                }
-                Ok(())
-            }
-            Accepted::CancelRequested | Accepted::Duplicate { .. } => Ok(()),
+        let posted = self.post(&claim, post, &job.requests[..len], Placement::Range { start: 0, len }).await;
+        if let Err(StoreError::StaleClaim { job_id, chunk, detail }) = &posted {
+            super::stale_step(job_id, *chunk, detail);
+        } else if let Err(error) = posted {
+            metrics::redis_error("submit");
+            tracing::error!(
+                job_id = %job.id,
+                error = %error,
+                "submitting the first batch failed; it is retried after its lease"
+            );
         }
     }
 
