@@ -203,6 +203,30 @@ async fn a_lone_job_is_sent_after_the_pause_not_the_whole_window() {
     daemon.stop().await.expect("stop");
 }
 
+/// Regression (the chaos suite with packing on found it): once a key's open pack was sent, jobs that arrived later
+/// stayed queued until their deadline, because the packer kept finding the sent pack and never started another.
+#[tokio::test]
+async fn jobs_arriving_after_a_pack_was_sent_form_the_next_pack() {
+    let mut world = packing_world().await;
+    world.settings.packing.pause_ms = 100;
+    let daemon = world.daemon();
+    let mut batches = std::collections::HashSet::new();
+    for round in 0..3 {
+        for index in 0..3 {
+            let id = format!("round{round}-{index}");
+            world.enqueue(&json!({"id": id, "model": "@cf/baai/bge-m3", "requests": [{"text": id}]})).await;
+        }
+        for index in 0..3 {
+            let entry = world.wait_for_result(&format!("round{round}-{index}"), Duration::from_secs(20)).await;
+            assert_eq!(entry.status, ResultStatus::Completed, "round {round}: {:?}", entry.error);
+            batches.insert(entry.request_ids[0].clone());
+        }
+    }
+    assert_eq!(batches.len(), 3, "each round's jobs shared one new batch: {batches:?}");
+    assert_eq!(remote_batches(&world, "cloudflare"), 3);
+    daemon.stop().await.expect("stop");
+}
+
 /// A world packing Anthropic jobs whose batches keep processing until the test finishes their items.
 async fn slow_anthropic_world() -> World {
     let anthropic = batchd_emulator::AnthropicConfig {

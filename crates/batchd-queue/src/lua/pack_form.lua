@@ -3,8 +3,9 @@
 -- whose chunk 0 is scheduled in the packs' schedule under its first claim; its members are listed in item order.
 -- A pack takes members while its one chunk is `pending` (never sent, or every create so far certainly created
 -- nothing: waiting for the provider's limits fills it further); once a create is sent (`submitting`) or the chunk
--- was split, its membership is frozen and a call answers PACK_SEALED. A pack created here becomes its packing
--- key's open pack (KEYS[6]), the one later calls fill until it is sealed or full. A candidate that left the queue (another replica
+-- was split, its membership is frozen and a call answers PACK_SEALED (with the chunks still queued) and stops it
+-- being the key's open pack. A pack created here becomes its packing key's open pack (KEYS[6]), the one later
+-- calls fill until it is sealed or full. A candidate that left the queue (another replica
 -- packed it), whose job finished (cancelled, expired) or that is not a queued chunk any more is dropped from the
 -- queue. Every read and check comes before the first write; at most MAX_PACK_STEP candidates per call.
 -- A pack whose cancellation was requested (KEYS[7]: every job in it ended) takes no one either.
@@ -13,6 +14,7 @@
 -- ARGV: 1 packing key, 2 pack id, 3 now ms, 4 the pack chunk's lease-until ms, 5 most items, 6 most bytes,
 --       7 bytes added per item, 8 model, 9 endpoint (or ""), then per candidate: member, chunk index
 -- Returns {verdict, members added, the pack's items, 1 when full (a candidate did not fit), chunks left queued}
+-- (a sealed pack: {PACK_SEALED, 0, 0, 0, chunks left queued})
 local queue, packers, pack, list, packs, open = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local first_candidate = 7
 local key, pack_id = ARGV[1], ARGV[2]
@@ -30,7 +32,10 @@ local head = read_hash(pack, F_STATE, F_N_ITEMS, F_PACK_BYTES, F_PACK_MEMBERS, F
 local exists = head[1] ~= false and head[1] ~= nil
 if exists and (is_terminal(head[1]) or head[6] ~= CHUNK_PENDING or head[7] ~= '1'
     or typed('string', 'EXISTS', KEYS[7]) == 1) then
-  return {PACK_SEALED, 0, 0, 0, 0}
+  -- Sealed: it stops being the key's open pack, so the next call starts a new one for what is still queued.
+  local left = typed('zset', 'ZCARD', queue)
+  if typed('hash', 'HGET', open, key) == pack_id then redis.call('HDEL', open, key) end
+  return {PACK_SEALED, 0, 0, 0, left}
 end
 local items, bytes, count, deadline = 0, 0, 0, 0
 if exists then
