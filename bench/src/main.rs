@@ -7,7 +7,8 @@
 //! 4. poll timing ([`poll_timing`]); 5. big payloads ([`big`]);
 //! 6. default settings against an API answering in 100 ms ([`api_latency`]);
 //! 7. batch events against polling, time-compressed ([`batch_events`]);
-//! 8. scenario 6's burst at each provider: Workers AI, OpenAI Batch, Anthropic Message Batches ([`providers`]).
+//! 8. scenario 6's burst at each provider: Workers AI, OpenAI Batch, Anthropic Message Batches ([`providers`]);
+//! 9. packing under the providers' documented creation limits: 50,000 one-item jobs per provider ([`providers`]).
 //!
 //! Needs the release binaries `batchd` and `batchd-emulator` next to this one, `node` with bench/peers/node_modules,
 //! and target/bench-peers/release/apalis-redis-bench: scripts/bench.sh builds and installs all of them.
@@ -59,6 +60,8 @@ struct Options {
     events_n: usize,
     /// Jobs of scenario 8 (per run of each provider).
     providers_n: usize,
+    /// Jobs of scenario 9 (per run of each provider).
+    packing_n: usize,
     /// Where the JSON report goes.
     out: PathBuf,
 }
@@ -68,13 +71,14 @@ fn options() -> anyhow::Result<Options> {
     let mut options = Options {
         runs: 3,
         modes: vec![Persistence::Off, Persistence::AofEverysec],
-        scenarios: vec![1, 2, 3, 4, 5, 6, 7, 8],
+        scenarios: vec![1, 2, 3, 4, 5, 6, 7, 8, 9],
         n: 20_000,
         backlog: 100_000,
         poll_window: Duration::from_secs(10),
         latency_n: 20_000,
         events_n: 300,
         providers_n: 20_000,
+        packing_n: 50_000,
         out: root.join("target/bench/report.json"),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -90,6 +94,7 @@ fn options() -> anyhow::Result<Options> {
                 options.latency_n = 5_000;
                 options.events_n = 100;
                 options.providers_n = 1_000;
+                options.packing_n = 2_000;
                 i += 1;
                 continue;
             }
@@ -99,6 +104,7 @@ fn options() -> anyhow::Result<Options> {
             "--latency-n" => options.latency_n = value()?.parse()?,
             "--events-n" => options.events_n = value()?.parse()?,
             "--providers-n" => options.providers_n = value()?.parse()?,
+            "--packing-n" => options.packing_n = value()?.parse()?,
             "--out" => options.out = value()?.into(),
             "--modes" => {
                 options.modes = value()?
@@ -113,8 +119,8 @@ fn options() -> anyhow::Result<Options> {
             "--scenarios" => options.scenarios = value()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "-h" | "--help" => {
                 println!(
-                    "usage: batchd-bench [--quick] [--runs 3] [--modes off,aof] [--scenarios 1,2,3,4,5,6,7,8] [--n 20000] \
-                     [--backlog 100000] [--latency-n 20000] [--events-n 300] [--providers-n 20000] \
+                    "usage: batchd-bench [--quick] [--runs 3] [--modes off,aof] [--scenarios 1,2,3,4,5,6,7,8,9] [--n 20000] \
+                     [--backlog 100000] [--latency-n 20000] [--events-n 300] [--providers-n 20000] [--packing-n 50000] \
                      [--out target/bench/report.json]"
                 );
                 std::process::exit(0);
@@ -278,6 +284,9 @@ async fn main() -> anyhow::Result<()> {
         if options.scenarios.contains(&8) {
             scenario_providers(&bench, &mut report).await?;
         }
+        if options.scenarios.contains(&9) {
+            scenario_packing(&bench, &mut report).await?;
+        }
     }
 
     add_ratios(&mut report, &options);
@@ -293,7 +302,8 @@ async fn main() -> anyhow::Result<()> {
         "load_average_end": load_end,
         "options": {"runs": options.runs, "n": options.n, "backlog": options.backlog,
                     "poll_window_secs": options.poll_window.as_secs(), "latency_n": options.latency_n,
-                    "events_n": options.events_n, "providers_n": options.providers_n},
+                    "events_n": options.events_n, "providers_n": options.providers_n,
+                    "packing_n": options.packing_n},
         "load_average_per_run": RUN_LOADS.lock().expect("lock").iter()
             .map(|(what, load)| json!({"run": what, "load_average": load})).collect::<Vec<_>>(),
         "rows": report.rows,
@@ -588,7 +598,7 @@ async fn scenario_providers(bench: &Bench<'_>, report: &mut Report) -> anyhow::R
             };
             for &limits in limits {
                 let setting = match limits {
-                    providers::Limits::Defaults => "defaults",
+                    providers::Limits::Defaults | providers::Limits::Documented => "defaults",
                     providers::Limits::TenMegabytes => "defaults but a 10 MB body limit",
                 };
                 progress(&format!("[{m}] scenario 8, run {}: {n} jobs, {}, {setting}", run + 1, provider.label()));
@@ -612,6 +622,44 @@ async fn scenario_providers(bench: &Bench<'_>, report: &mut Report) -> anyhow::R
                 report.add(s, &label, "daemon peak RSS (VmHWM)", "MiB", m, r.hwm_mib);
                 report.detail(&format!("{s} / {label} / {m} / API calls per job by kind"), json!(r.calls_by_kind));
             }
+        }
+    }
+    Ok(())
+}
+
+/// Scenario 9: packing under each provider's documented creation limits (issue 33), one provider at a time.
+async fn scenario_packing(bench: &Bench<'_>, report: &mut Report) -> anyhow::Result<()> {
+    let Bench { options, mode, work, logs } = *bench;
+    let s = "9 packing";
+    let m = mode.label();
+    let n = options.packing_n;
+    for run in 0..options.runs {
+        for provider in providers::Provider::ALL {
+            progress(&format!("[{m}] scenario 9, run {}: {n} jobs, {}, documented limits", run + 1, provider.label()));
+            let redis = RedisServer::start(mode, work).await?;
+            let tag = format!("packing-{m}-{run}-{provider:?}").to_lowercase();
+            let mut r = providers::run(&redis, provider, providers::Limits::Documented, n, logs, &tag)
+                .await
+                .with_context(|| format!("scenario 9: {}", provider.label()))?;
+            let label = format!(
+                "{}, batchd defaults (packing on), the API's documented creation limits, {} ms replies, {} one-item \
+                 jobs at once, {} s batches",
+                provider.label(),
+                providers::LATENCY_MS,
+                fmt(n as f64),
+                providers::BATCH_MS / 1000
+            );
+            add_burst_rows(report, (s, &label, m), &mut r.burst);
+            report.add(s, &label, "remote batches per job", "batches", m, r.batches_per_job);
+            report.add(s, &label, "API calls per job", "calls", m, r.calls_per_job);
+            report.add(s, &label, "polls per batch", "polls", m, r.polls_per_batch);
+            report.add(s, &label, "jobs not completed", "jobs", m, r.not_completed as f64);
+            report.add(s, &label, "daemon peak RSS (VmHWM)", "MiB", m, r.hwm_mib);
+            if let Some((packed, alone)) = r.lone_ms {
+                report.add(s, &label, "a lone job after the burst, packed: XADD → result", "ms", m, packed);
+                report.add(s, &label, "a lone job after the burst, \"pack\": false: XADD → result", "ms", m, alone);
+            }
+            report.detail(&format!("{s} / {label} / {m} / API calls per job by kind"), json!(r.calls_by_kind));
         }
     }
     Ok(())

@@ -9,7 +9,13 @@
 //! the emulator's call log (status requests over batches created).
 //!
 //! Only what the emulator cannot honour is changed from the defaults: the admin server and the rate limits are off
-//! (OpenAI's 2,000 batches per hour included). A second run per file-based provider sets its body limit to
+//! (OpenAI's 2,000 batches per hour included). Its jobs opt out of packing (`"pack": false`): scenario 8 measures
+//! the path of a job with a remote batch of its own.
+//!
+//! Scenario 9 (issue 33) runs the same burst against the limits real accounts meet ([`Limits::Documented`]): the
+//! emulator enforces OpenAI's 2,000 creates an hour (burst 1), Anthropic's 50 calls a minute (polls included) and
+//! Workers AI's 300 submits a minute, and the daemon keeps its own default limits. After the burst, one lone job
+//! packed and one with `"pack": false` measure what packing adds to a job that arrives alone. A second run per file-based provider sets its body limit to
 //! Workers AI's 10 MB (`openai.max_file_bytes`, `anthropic.max_body_bytes`): a submit holds room for twice that
 //! limit in `workers.inflight_bytes` before it reads its items, and at the defaults that is half the budget
 //! (OpenAI, 2 × 64 MiB) or all of it (Anthropic, 2 × 256 MB), which the throughput shows.
@@ -32,8 +38,9 @@ pub const BATCH_MS: u64 = 5_000;
 /// A batch API of the scenario; [`Provider::label`] names it in the report.
 pub use batchd_emulator::Provider;
 
-/// The job JSON of job `id` at `provider`: one small item, as the producers' docs write them.
-fn job(provider: Provider, id: &str) -> String {
+/// The job JSON of job `id` at `provider`: one small item, as the producers' docs write them, opting out of
+/// packing (`"pack": false`) unless `pack`.
+fn job_packed(provider: Provider, id: &str, pack: bool) -> String {
     let item = match provider {
         Provider::Cloudflare => {
             serde_json::json!({"query": "What is batchd?", "contexts": [{"text": "A batch daemon."}]})
@@ -47,7 +54,11 @@ fn job(provider: Provider, id: &str) -> String {
         Provider::OpenAi => "openai/gpt-4o-mini",
         Provider::Anthropic => "anthropic/claude-haiku-4-5",
     };
-    serde_json::json!({"id": id, "model": model, "requests": [item]}).to_string()
+    let mut job = serde_json::json!({"id": id, "model": model, "requests": [item]});
+    if !pack {
+        job["pack"] = serde_json::Value::Bool(false);
+    }
+    job.to_string()
 }
 
 /// `provider`'s call log on the emulator's control API, and the call kinds that create a batch and ask its status.
@@ -66,6 +77,8 @@ pub enum Limits {
     Defaults,
     /// OpenAI's and Anthropic's body limits lowered to Workers AI's 10 MB.
     TenMegabytes,
+    /// The defaults, against an emulator that enforces each provider's documented creation limits (scenario 9).
+    Documented,
 }
 
 /// What one run measured.
@@ -85,6 +98,8 @@ pub struct ProviderRun {
     pub not_completed: usize,
     /// Daemon VmHWM after the last result, MiB.
     pub hwm_mib: f64,
+    /// With [`Limits::Documented`]: XADD → result of a lone job after the burst, packed and with `"pack": false`, ms.
+    pub lone_ms: Option<(f64, f64)>,
 }
 
 /// The environment that configures all three providers against `emulator`, with no rate limit of OpenAI's, and
@@ -94,10 +109,13 @@ fn provider_env(emulator: &Emulator, limits: Limits) -> Vec<(&'static str, Strin
     let mut env = vec![
         ("OPENAI_API_KEY", "emulator-openai-key".to_owned()),
         ("BATCHD__OPENAI__BASE_URL", format!("{origin}/openai/v1")),
-        ("BATCHD__OPENAI__BATCHES_PER_HOUR", "0".to_owned()),
         ("ANTHROPIC_API_KEY", "emulator-anthropic-key".to_owned()),
         ("BATCHD__ANTHROPIC__BASE_URL", format!("{origin}/anthropic")),
     ];
+    if limits != Limits::Documented {
+        // The emulator meters nothing: batchd's own OpenAI limit would be the only one.
+        env.push(("BATCHD__OPENAI__BATCHES_PER_HOUR", "0".to_owned()));
+    }
     if limits == Limits::TenMegabytes {
         env.push(("BATCHD__OPENAI__MAX_FILE_BYTES", "10000000".to_owned()));
         env.push(("BATCHD__ANTHROPIC__MAX_BODY_BYTES", "10000000".to_owned()));
@@ -125,6 +143,7 @@ pub async fn run(
         ("--anthropic-processing-ms", ms(BATCH_MS)),
     ]
     .into_iter()
+    .chain((limits == Limits::Documented).then(|| ("--provider-limits", "documented".to_owned())))
     .flat_map(|(flag, value)| [flag.to_owned(), value])
     .collect();
     let emulator = start_emulator(2_000, 3_000, &emulator_args, &logs.join(format!("emulator-{tag}.log")))?;
@@ -140,7 +159,8 @@ pub async fn run(
     for chunk in (0..n).collect::<Vec<_>>().chunks(1_000) {
         let mut pipe = redis::pipe();
         for i in chunk {
-            pipe.cmd("XADD").arg(stack.keys.submit()).arg("*").arg("job").arg(job(provider, &format!("P{i}")));
+            let job = job_packed(provider, &format!("P{i}"), limits == Limits::Documented);
+            pipe.cmd("XADD").arg(stack.keys.submit()).arg("*").arg("job").arg(job);
         }
         let ids: Vec<String> = pipe.query_async(&mut conn).await?;
         entry_ids.extend(ids);
@@ -148,6 +168,13 @@ pub async fn run(
     wait_results(&mut conn, &stack.keys, n, Duration::from_secs(3_600)).await?;
     let cpu1 = pids.map(cpu_secs);
     let hwm_mib = status_mib(pids[0], "VmHWM");
+    let lone_ms = if limits == Limits::Documented {
+        let packed = lone_job(&mut conn, &stack.keys, &job_packed(provider, "L0", true), n + 1).await?;
+        let alone = lone_job(&mut conn, &stack.keys, &job_packed(provider, "L1", false), n + 2).await?;
+        Some((packed, alone))
+    } else {
+        None
+    };
     let (path, create, status) = call_log(provider);
     let calls: Vec<serde_json::Value> = reqwest::get(format!("{}{path}", stack.emulator.origin()))
         .await?
@@ -177,5 +204,19 @@ pub async fn run(
         calls_by_kind,
         not_completed: results.values().filter(|(_, status)| status != "completed").count(),
         hwm_mib,
+        lone_ms,
     })
+}
+
+/// Enqueues `job` alone and waits for the `nth` result entry: XADD → result, ms.
+async fn lone_job(
+    conn: &mut redis::aio::MultiplexedConnection,
+    keys: &batchd_core::Keys,
+    job: &str,
+    nth: usize,
+) -> anyhow::Result<f64> {
+    let started = std::time::Instant::now();
+    let _: String = redis::cmd("XADD").arg(keys.submit()).arg("*").arg("job").arg(job).query_async(conn).await?;
+    wait_results(conn, keys, nth, Duration::from_secs(600)).await?;
+    Ok(started.elapsed().as_secs_f64() * 1000.0)
 }

@@ -470,11 +470,12 @@ pub async fn verify(
     outcome.log_dir = cluster.log_dir().display().to_string();
 }
 
-/// Whether `created` is in its job's result (the batch whose results the job carries).
-fn in_result(results: &HashMap<String, Vec<ResultSeen>>, created: &Created) -> bool {
-    results
-        .get(&created.job)
-        .is_some_and(|entries| entries.iter().any(|entry| entry.request_ids.contains(&created.batch)))
+/// Whether `created` is in its job's result (the batch whose results the job carries): for a pack's batch, in its
+/// members' results (each member's entry names the pack's batch).
+fn in_result(results: &HashMap<String, Vec<ResultSeen>>, log: &RemoteLog, created: &Created) -> bool {
+    log.jobs_of(&created.job).iter().any(|job| {
+        results.get(*job).is_some_and(|entries| entries.iter().any(|entry| entry.request_ids.contains(&created.batch)))
+    })
 }
 
 /// The start of every Anthropic create mark of the jobs submitted more than once, from their chunks' ledgers
@@ -540,7 +541,12 @@ async fn judge_remote_work(
     if !injected.is_empty() {
         outcome.figure("provider_faults_injected", serde_json::json!(injected));
     }
-    let log = RemoteLog::read(&cluster.emulator, ids.iter().chain(produced.hostile.iter()));
+    let mut log = RemoteLog::read(&cluster.emulator, ids.iter().chain(produced.hostile.iter()));
+    if let Err(error) = log.attribute_packs(conn, keys, ids).await {
+        outcome.failures.push(format!("cannot read which pack served each job: {error}"));
+    }
+    outcome
+        .figure("packs_created", log.created.iter().filter(|created| log.members.contains_key(&created.job)).count());
     if let Err(error) = RemoteLog::save(&cluster.emulator, cluster.log_dir()) {
         outcome.notes.push(format!("could not save the call logs in {}: {error}", cluster.log_dir().display()));
     }
@@ -555,11 +561,11 @@ async fn judge_remote_work(
             format!("the {} emulator created {counted} batches but logged {logged} creates", provider.as_str())
         });
     }
-    // Every batch is for a job the producer enqueued: never for a hostile entry, never for no job at all.
+    // Every batch is for jobs the producer enqueued: never for a hostile entry, never for no job at all.
     let strays: Vec<String> = log
         .created
         .iter()
-        .filter(|created| !produced.acked.contains_key(&created.job))
+        .filter(|created| log.jobs_of(&created.job).iter().any(|job| !produced.acked.contains_key(*job)))
         .map(|created| format!("{} batch {} for job {:?}", created.provider.as_str(), created.batch, created.job))
         .collect();
     outcome.expect(strays.is_empty(), || {
@@ -572,8 +578,9 @@ async fn judge_remote_work(
     for creates in by_job.values_mut() {
         creates.sort_by_key(|created| (created.at_ms, created.seq));
     }
+    outcome.figure("units_submitted", by_job.keys().filter(|unit| !unit.is_empty()).count());
     let never_submitted: Vec<&String> =
-        ids.iter().filter(|id| results.contains_key(*id) && !by_job.contains_key(id.as_str())).collect();
+        ids.iter().filter(|id| results.contains_key(*id) && !by_job.contains_key(log.unit_of(id))).collect();
     outcome.expect(never_submitted.is_empty(), || {
         format!(
             "{} jobs have a result but were never submitted: {:?}",
@@ -581,7 +588,8 @@ async fn judge_remote_work(
             never_submitted.iter().take(5).collect::<Vec<_>>()
         )
     });
-    let counted = match counted_duplicates(conn, keys, ids).await {
+    let units: Vec<String> = ids.iter().cloned().chain(log.members.keys().cloned()).collect();
+    let counted = match counted_duplicates(conn, keys, &units).await {
         Ok(counted) => counted,
         Err(error) => {
             outcome.failures.push(format!("cannot read the ledgers: {error}"));
@@ -626,7 +634,7 @@ async fn judge_remote_work(
         counts.interrupted_by_kill += usize::from(interrupted);
         if interrupted || created.reply_lost {
             counts.uncertain_creates += 1;
-            counts.uncertain_found += usize::from(in_result(results, created));
+            counts.uncertain_found += usize::from(in_result(results, &log, created));
         }
     }
     let mut kills_hit: HashSet<usize> = HashSet::new();
@@ -640,7 +648,7 @@ async fn judge_remote_work(
         let extra = job_creates.len() - 1;
         outcome.duplicate_submits += extra;
         per_provider.entry(provider).or_default().duplicate_submits += extra;
-        let orphans: Vec<&&Created> = job_creates.iter().filter(|created| !in_result(results, created)).collect();
+        let orphans: Vec<&&Created> = job_creates.iter().filter(|created| !in_result(results, &log, created)).collect();
         let mut job_kills = HashSet::new();
         for orphan in &orphans {
             let cause: Result<&'static str, String> = if polled.contains(orphan.batch.as_str()) {

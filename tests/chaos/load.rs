@@ -65,8 +65,13 @@ impl Mix {
 
     /// The provider of job `id` (one of [`ids`]); an id without a numeric suffix goes to the first.
     pub fn provider_of(self, id: &str) -> Provider {
-        let n = id.rsplit('-').next().and_then(|n| n.parse::<usize>().ok()).unwrap_or(0);
-        self.providers[n % self.providers.len()]
+        self.providers[number(id) % self.providers.len()]
+    }
+
+    /// Whether job `id` opts out of packing (`"pack": false`): one in four of each provider's jobs, so a run drives
+    /// both paths, remote batches shared by many jobs (packing is on by default) and a job's batch of its own.
+    pub fn opts_out_of_packing(self, id: &str) -> bool {
+        (number(id) / self.providers.len()) % 4 == 3
     }
 
     /// The job JSON of `id`: small items that name the job, so the emulator's call logs tell which job each remote
@@ -89,8 +94,17 @@ impl Mix {
                 }
             })
             .collect();
-        serde_json::json!({"id": id, "model": model(provider), "requests": items}).to_string()
+        let mut job = serde_json::json!({"id": id, "model": model(provider), "requests": items});
+        if self.opts_out_of_packing(id) {
+            job["pack"] = serde_json::Value::Bool(false);
+        }
+        job.to_string()
     }
+}
+
+/// The numeric suffix of job id `<prefix>-<n>` (0 without one).
+fn number(id: &str) -> usize {
+    id.rsplit('-').next().and_then(|n| n.parse::<usize>().ok()).unwrap_or(0)
 }
 
 /// Job ids `<prefix>-0`, `<prefix>-1`, ...

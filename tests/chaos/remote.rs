@@ -2,10 +2,12 @@
 //! batch created (its job, the daemon port that created it, when, and whether the API lost its reply), the batches a
 //! daemon polled, and the calls per provider. The check ([`super::check`]) judges duplicates from this alone.
 //!
-//! Which job a batch is for is read from what batchd sent, never from batchd's own records: Workers AI submits
-//! carry the item's `external_reference` (the job id, in the chaos jobs), OpenAI batches carry batchd's `metadata`
-//! (`batchd_job`), and Anthropic requests carry the chaos job's `metadata.user_id` (the job id), which batchd passes
-//! through (its own `custom_id`s carry a random nonce per chunk, not the job).
+//! Which job a batch is for is read from what batchd sent: Workers AI submits carry the item's
+//! `external_reference` (the job id, in the chaos jobs), OpenAI batches carry batchd's `metadata` (`batchd_job`),
+//! and Anthropic requests carry the chaos job's `metadata.user_id` (the job id), which batchd passes through (its
+//! own `custom_id`s carry a random nonce per chunk, not the job). A pack's batch serves many jobs and its create
+//! names one of them (or, at OpenAI, the pack): which pack served which job is the one thing read from batchd's
+//! records ([`RemoteLog::attribute_packs`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -113,6 +115,10 @@ pub struct RemoteLog {
     pub batches_counted: BTreeMap<Provider, usize>,
     /// OpenAI files still stored at the end (inputs and results not deleted).
     pub openai_files_left: usize,
+    /// The jobs each pack served ([`RemoteLog::attribute_packs`]), by pack id.
+    pub members: HashMap<String, Vec<String>>,
+    /// Each packed job's pack.
+    pub pack_of: HashMap<String, String>,
 }
 
 impl RemoteLog {
@@ -262,6 +268,60 @@ impl RemoteLog {
         }
         self.count(Provider::Anthropic, calls.len(), calls.iter().filter(|call| call.fault.is_some()).count());
         self.batches_counted.insert(Provider::Anthropic, anthropic.batch_count());
+    }
+
+    /// Attributes every create to its unit of remote work: a job's own batch to the job, a pack's batch to the pack
+    /// (DESIGN decision 20), so a pack created twice is one pack's duplicate, not a duplicate of each of its jobs.
+    /// What batchd sent names a pack's batch only in part (OpenAI's metadata names the pack; a Workers AI or
+    /// Anthropic create names its first request's job), so each job's pack is read from its ledger (`c0:pack`,
+    /// a packable job has one chunk); the checks then hold a pack to its members' results and its own ledger.
+    pub async fn attribute_packs(
+        &mut self,
+        conn: &mut redis::aio::ConnectionManager,
+        keys: &batchd_core::Keys,
+        jobs: &[String],
+    ) -> redis::RedisResult<()> {
+        let field = batchd_core::ledger::field::chunk(0, batchd_core::ledger::field::CHUNK_PACK);
+        let mut pack_of: HashMap<String, String> = HashMap::new();
+        for page in jobs.chunks(1000) {
+            let mut pipe = redis::pipe();
+            for id in page {
+                let key = batchd_core::JobId::parse(id).map(|id| keys.job(&id)).unwrap_or_default();
+                pipe.cmd("HGET").arg(key).arg(&field);
+            }
+            let packs: Vec<Option<String>> = pipe.query_async(conn).await?;
+            for (job, pack) in page.iter().zip(packs) {
+                if let Some(pack) = pack.filter(|pack| pack.starts_with(batchd_core::ids::PACK_PREFIX)) {
+                    pack_of.insert(job.clone(), pack);
+                }
+            }
+        }
+        for (job, pack) in &pack_of {
+            self.members.entry(pack.clone()).or_default().push(job.clone());
+        }
+        for members in self.members.values_mut() {
+            members.sort();
+        }
+        for created in &mut self.created {
+            if let Some(pack) = pack_of.get(&created.job) {
+                created.job.clone_from(pack);
+            }
+        }
+        self.pack_of = pack_of;
+        Ok(())
+    }
+
+    /// The jobs a unit of remote work served: a pack's members, or the job itself.
+    pub fn jobs_of<'a>(&'a self, unit: &'a str) -> Vec<&'a str> {
+        match self.members.get(unit) {
+            Some(members) => members.iter().map(String::as_str).collect(),
+            None => vec![unit],
+        }
+    }
+
+    /// The unit of remote work that served `job`: its pack, or the job itself.
+    pub fn unit_of<'a>(&'a self, job: &'a str) -> &'a str {
+        self.pack_of.get(job).map_or(job, String::as_str)
     }
 
     /// Writes the three call logs as they are now to `dir` (`calls-cloudflare.json`, `calls-openai.json`,

@@ -87,7 +87,8 @@ pub(super) async fn freeze(size: Size) -> anyhow::Result<Outcome> {
     let resumed_window = cluster.freezes.first().map(|(_, _, to)| (victim_port, to + slow.as_millis() as u64 + 1_000));
     let published = published_at(&mut cluster).await?;
     let jobs: Vec<String> = produced.acked.keys().cloned().collect();
-    let log = RemoteLog::read(&cluster.emulator, &jobs);
+    let mut log = RemoteLog::read(&cluster.emulator, &jobs);
+    log.attribute_packs(&mut cluster.conn.clone(), &cluster.keys, &jobs).await?;
     let job_of_batch: HashMap<&str, &str> =
         log.created.iter().map(|created| (created.batch.as_str(), created.job.as_str())).collect();
     // Creates (by their job) and polls (by their batch's job). Not results downloads: an Anthropic look for an
@@ -100,7 +101,8 @@ pub(super) async fn freeze(size: Size) -> anyhow::Result<Outcome> {
     );
     let late: Vec<String> = calls
         .filter_map(|(job, what, port, at_ms)| {
-            let at = *published.get(job)?;
+            // A pack's calls end before the first of its members publishes.
+            let at = log.jobs_of(job).iter().filter_map(|member| published.get(*member)).min().copied()?;
             let in_flight_at_resume = resumed_window.is_some_and(|(victim, until)| port == victim && at_ms <= until);
             (at_ms > at + 200 && !in_flight_at_resume)
                 .then(|| format!("{job}: {what} at {at_ms} after its result at {at}"))

@@ -192,9 +192,6 @@ impl Timing {
             ("BATCHD__RETRY__MAX_BACKOFF_MS", ms(max_backoff)),
             ("BATCHD__RETRY__MAX_ATTEMPTS", "8".to_owned()),
             ("BATCHD__SHUTDOWN__GRACE_SECS", secs(grace)),
-            // The checker attributes each remote batch to the job whose id it carries; a pack carries its own id
-            // (issue 33: attribute packs to their members, then run the suite with packing on, its default).
-            ("BATCHD__PACKING__ENABLED", "false".to_owned()),
         ];
         let latency = size.pick(
             (Duration::from_millis(50), Duration::from_millis(500)),
