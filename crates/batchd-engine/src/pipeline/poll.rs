@@ -295,9 +295,10 @@ impl Pipeline {
     }
 }
 
-/// The latest a chunk's next step may be due: the job's deadline, or a cancelled job's end of the wait.
+/// The latest a chunk's next step may be due: the job's deadline, or the end of a settling job's wait (a cancelled
+/// job's ends by the deadline; an expired job's after it, by `jobs.deadline_settle_secs`).
 fn latest_due(view: &ChunkView, cancel: Option<Cancelling<'_>>) -> batchd_core::UnixMillis {
-    cancel.map_or(view.deadline_at, |cancel| cancel.ends_at.min(view.deadline_at))
+    cancel.map_or(view.deadline_at, |cancel| cancel.ends_at)
 }
 
 /// What a poll (and, where the provider needs one, a results download) answered.
