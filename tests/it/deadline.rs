@@ -2,13 +2,15 @@
 //! Anthropic and Workers AI APIs and a real Redis: a job whose deadline passes while its batch runs has the batch
 //! cancelled, waits for it to end, and ends `expired` with the responses it finished, its files and batch cleaned
 //! up; Workers AI, which has no cancel, says so; items the provider expired are sent once more (never one it
-//! refused) and marked `resent`.
+//! refused) and marked `resent`; how long a batch's polls have failed is a gauge.
 
 use std::time::Duration;
 
 use batchd_core::{ResultEntry, ResultStatus};
 use batchd_emulator::{AnthropicCallKind, EmulatorConfig, OpenAiCallKind, OpenAiFault};
-use batchd_tests::{Daemon, World, bge_m3_job, wait_until, with_anthropic, with_openai};
+use batchd_tests::{
+    Daemon, World, bge_m3_job, http_get, wait_for_http, wait_until, with_admin, with_anthropic, with_openai,
+};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -147,5 +149,39 @@ async fn items_the_provider_expired_are_sent_once_more_and_marked_but_a_refused_
     assert_eq!(creates.iter().filter(|call| call.http_status == 200).count(), 2);
     let statuses: Vec<&str> = openai.batch_statuses().into_iter().map(|(_, status)| status).collect();
     assert!(statuses.contains(&"expired") && statuses.contains(&"completed"), "{statuses:?}");
+    daemon.stop().await.expect("stop");
+}
+
+/// `batchd_remote_unreachable_seconds` for OpenAI, scraped from the daemon's `/metrics` (`None` before it exists).
+async fn unreachable_seconds(admin: std::net::SocketAddr) -> Option<f64> {
+    let (_, text) = http_get(admin, "/metrics").await.expect("metrics");
+    let line =
+        text.lines().find(|line| line.starts_with(r#"batchd_remote_unreachable_seconds{provider="openai"} "#))?;
+    line.rsplit(' ').next()?.parse().ok()
+}
+
+#[tokio::test]
+async fn the_unreachable_gauge_rises_while_a_batchs_polls_fail_and_falls_once_it_is_read() {
+    let mut world = World::new().await;
+    with_openai(&mut world.settings, &world.emulator);
+    let admin = with_admin(&mut world.settings);
+    let openai = world.emulator.openai();
+    openai.inject(OpenAiFault::status(503).on(OpenAiCallKind::GetBatch).times(1000));
+    let daemon = world.daemon();
+    wait_for_http(admin, "/readyz", WAIT, |status, _| status == 200).await;
+    world.enqueue(&json!({"id": "unreachable-1", "model": "openai/gpt-4o-mini", "requests": [chat("a")]})).await;
+    wait_until("the gauge reads a failing batch", WAIT, async || {
+        unreachable_seconds(admin).await.is_some_and(|seconds| seconds >= 1.0)
+    })
+    .await;
+    let first = unreachable_seconds(admin).await.expect("gauge");
+    wait_until("the gauge rises while polls keep failing", WAIT, async || {
+        unreachable_seconds(admin).await.is_some_and(|seconds| seconds > first)
+    })
+    .await;
+    openai.clear_faults();
+    let entry = world.wait_for_result("unreachable-1", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+    assert_eq!(unreachable_seconds(admin).await, Some(0.0), "read at last: no batch is unreachable");
     daemon.stop().await.expect("stop");
 }
