@@ -175,7 +175,10 @@ pub async fn run_with_providers(
             providers: providers.clone(),
             poll: settings.poll.clone(),
             retry: settings.retry.clone(),
-            split: SplitSettings { retry_failed_items: settings.jobs.retry_failed_items },
+            split: SplitSettings {
+                retry_failed_items: settings.jobs.retry_failed_items,
+                resend_expired_items: settings.jobs.resend_expired_items,
+            },
             limits: settings.job_limits(),
             default_deadline: Some(settings.jobs.default_deadline_secs)
                 .filter(|secs| *secs > 0)

@@ -95,7 +95,7 @@ impl Pipeline {
             let again: Vec<usize> = output
                 .responses
                 .iter()
-                .filter(|response| resend(response, context.retry_failed_items))
+                .filter(|response| resend(response, self.split.resend_expired_items, context.retry_failed_items))
                 .map(|response| response.index)
                 .collect();
             if again.is_empty() {
@@ -410,11 +410,12 @@ impl Pipeline {
 const RESEND_ROOM: Duration = Duration::from_secs(300);
 
 /// Whether a response's item is sent again in the job's one extra round: an item the provider expired (its
-/// window closed before it ran) always; another failure only with `retry_failed_items`, and never one the
-/// provider refused (a 4xx: the same request gets the same answer).
-fn resend(response: &ItemResponse, retry_failed_items: bool) -> bool {
+/// window closed before it ran) with `resend_expired` (`jobs.resend_expired_items`, on by default); another
+/// failure only with `retry_failed_items`, and never one the provider refused (a 4xx: the same request gets the
+/// same answer).
+fn resend(response: &ItemResponse, resend_expired: bool, retry_failed_items: bool) -> bool {
     match response.failure_kind() {
-        Some(ItemFailure::Expired) => true,
+        Some(ItemFailure::Expired) => resend_expired || retry_failed_items,
         Some(ItemFailure::Other) => retry_failed_items,
         Some(ItemFailure::Refused) | None => false,
     }
@@ -499,11 +500,14 @@ mod tests {
         let expired = failed(r#"{"code":"batch_expired","message":"x"}"#);
         let refused = failed(r#"{"code":"invalid_request_error","message":"x","http_status":400}"#);
         let server = failed(r#"{"code":"server_error","message":"x","http_status":500}"#);
-        assert!(resend(&expired, false) && resend(&expired, true));
-        assert!(!resend(&refused, false) && !resend(&refused, true), "a 4xx is never resent");
-        assert!(!resend(&server, false) && resend(&server, true));
+        assert!(resend(&expired, true, false) && resend(&expired, true, true));
+        assert!(!resend(&expired, false, false), "expired items are resent unless jobs.resend_expired_items is off");
+        for (expired, all) in [(false, false), (true, false), (false, true), (true, true)] {
+            assert!(!resend(&refused, expired, all), "a 4xx is never resent");
+            assert_eq!(resend(&server, expired, all), all, "another failure only with retry_failed_items");
+        }
         let success = ItemResponse { success: true, ..failed("{}") };
-        assert!(!resend(&success, true));
+        assert!(!resend(&success, true, true));
     }
 
     #[test]

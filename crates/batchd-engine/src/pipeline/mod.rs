@@ -35,6 +35,9 @@ use crate::settings::{PackingSettings, PollSettings, RetrySettings};
 pub struct SplitSettings {
     /// Default for a job's `retry_failed_items`.
     pub retry_failed_items: bool,
+    /// Whether items the provider expired are sent once more while the deadline leaves room
+    /// (`jobs.resend_expired_items`).
+    pub resend_expired_items: bool,
 }
 
 /// Everything the handlers share.

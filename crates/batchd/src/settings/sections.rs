@@ -258,6 +258,9 @@ pub struct JobSettings {
     pub max_batch_items: usize,
     /// Default for a job's `retry_failed_items`.
     pub retry_failed_items: bool,
+    /// Send once more the items a provider expired (its window closed before they ran), while the job's deadline
+    /// is at least 5 minutes away.
+    pub resend_expired_items: bool,
 }
 
 /// `[retention]`
