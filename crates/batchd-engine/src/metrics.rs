@@ -142,13 +142,16 @@ static UNREACHABLE: Mutex<Unreachable> = Mutex::new(Unreachable { batches: None,
 /// Records a poll (with its results download, if any) of a remote batch: `failing` when it failed with an error
 /// batchd waits out (the batch is kept), otherwise it was read. `batch` names the batch (its chunk's schedule
 /// member); `forget_after`: how long a failing batch no poll of this process reports on is still counted (another
-/// replica may be polling it now, or its job ended). Sets the provider's gauge.
+/// replica may be polling it now, or its job ended). The provider's gauge is set when a run of failures starts or
+/// ends, and on the sampler's tick ([`collect_process`]) meanwhile, so a poll that fails again costs one map update
+/// however many batches are failing.
 pub fn remote_poll(provider: &str, batch: &str, failing: bool, forget_after: Duration) {
     let now = Instant::now();
     let mut unreachable = UNREACHABLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    unreachable.polled(provider, batch, failing, now, forget_after);
-    let seconds = unreachable.gauges(now).into_iter().find(|(name, _)| name == provider).map_or(0.0, |(_, s)| s);
-    gauge!("batchd_remote_unreachable_seconds", "provider" => provider.to_owned()).set(seconds);
+    if unreachable.polled(provider, batch, failing, now, forget_after) {
+        let seconds = unreachable.gauges(now).into_iter().find(|(name, _)| name == provider).map_or(0.0, |(_, s)| s);
+        gauge!("batchd_remote_unreachable_seconds", "provider" => provider.to_owned()).set(seconds);
+    }
 }
 
 /// A batch whose polls are failing: since when, until when it still counts without another failure.
@@ -170,19 +173,28 @@ struct Unreachable {
 }
 
 impl Unreachable {
-    /// Records one poll of `batch` at `provider` at `now`.
-    fn polled(&mut self, provider: &str, batch: &str, failing: bool, now: Instant, forget_after: Duration) {
+    /// Records one poll of `batch` at `provider` at `now`; whether a run of failures started or ended (or the
+    /// provider is new), when its gauge is worth setting at once.
+    fn polled(&mut self, provider: &str, batch: &str, failing: bool, now: Instant, forget_after: Duration) -> bool {
+        let mut changed = false;
         if !self.providers.iter().any(|name| name == provider) {
             self.providers.push(provider.to_owned());
+            changed = true;
         }
         let batches = self.batches.get_or_insert_with(HashMap::new);
         let key = (provider.to_owned(), batch.to_owned());
-        if failing {
-            let run = batches.entry(key).or_insert(Failing { since: now, counts_until: now });
-            run.counts_until = now + forget_after;
-        } else {
-            batches.remove(&key);
+        if !failing {
+            return batches.remove(&key).is_some() || changed;
         }
+        if !batches.contains_key(&key) {
+            changed = true;
+            // A new run of failures (once per batch and outage): runs no longer counted are dropped here too, so
+            // the map stays bounded by the batches failing now even when the metrics are never rendered.
+            batches.retain(|_, run| run.counts_until > now);
+        }
+        let run = batches.entry(key).or_insert(Failing { since: now, counts_until: now });
+        run.counts_until = now + forget_after;
+        changed
     }
 
     /// Each provider's longest run of failures at `now`, in seconds (runs no longer counted are dropped).
@@ -682,19 +694,23 @@ mod tests {
         let at = |secs: u64| start + Duration::from_secs(secs);
         let forget = Duration::from_secs(90);
         assert!(unreachable.gauges(start).is_empty());
-        unreachable.polled("openai", "job:0", false, at(0), forget);
+        assert!(unreachable.polled("openai", "job:0", false, at(0), forget), "a new provider");
         assert_eq!(unreachable.gauges(at(0)), [("openai".to_owned(), 0.0)]);
-        unreachable.polled("openai", "job:0", true, at(10), forget);
-        unreachable.polled("openai", "job:0", true, at(40), forget);
-        unreachable.polled("openai", "other:1", true, at(50), forget);
-        unreachable.polled("anthropic", "a:0", true, at(45), forget);
+        assert!(unreachable.polled("openai", "job:0", true, at(10), forget), "a run starts");
+        assert!(!unreachable.polled("openai", "job:0", true, at(40), forget), "and goes on");
+        assert!(unreachable.polled("openai", "other:1", true, at(50), forget));
+        assert!(unreachable.polled("anthropic", "a:0", true, at(45), forget));
         let gauges = unreachable.gauges(at(70));
         assert!(gauges.contains(&("openai".to_owned(), 60.0)), "{gauges:?}");
         assert!(gauges.contains(&("anthropic".to_owned(), 25.0)), "{gauges:?}");
         // Read at last: the other failing batch is the longest now.
-        unreachable.polled("openai", "job:0", false, at(80), forget);
+        assert!(unreachable.polled("openai", "job:0", false, at(80), forget), "a run ends");
+        assert!(!unreachable.polled("openai", "job:0", false, at(81), forget));
         assert!(unreachable.gauges(at(80)).contains(&("openai".to_owned(), 30.0)));
-        // A batch no poll reports on any more (another replica polls it, or its job ended) stops counting.
+        // A batch no poll reports on any more (another replica polls it, or its job ended) stops counting, and is
+        // dropped when another batch starts failing.
+        assert!(unreachable.polled("anthropic", "b:0", true, at(200), forget));
+        assert_eq!(unreachable.batches.as_ref().map(HashMap::len), Some(1), "only the new run is kept");
         assert_eq!(unreachable.gauges(at(200)), [("openai".to_owned(), 0.0), ("anthropic".to_owned(), 0.0)]);
     }
 
