@@ -93,7 +93,8 @@ async fn errored_and_expired_requests_are_marked_and_the_rest_answered() {
     let daemon = Daemon::start(anthropic_settings(&world), &world.emulator);
     let mut requests: Vec<serde_json::Value> = (0..6).map(|i| item(&format!("question {i}"))).collect();
     requests[1] = json!({"messages": [{"role": "user", "content": "no max_tokens"}]});
-    world.enqueue(&json!({"id": "claude-2", "model": MODEL, "requests": requests})).await;
+    // A deadline under the resend room (5 min): the expired requests are not sent again (tests/it/deadline.rs).
+    world.enqueue(&json!({"id": "claude-2", "model": MODEL, "requests": requests, "deadline_secs": 60})).await;
     let entry = world.wait_for_result("claude-2", WAIT).await;
     assert_eq!(entry.status, ResultStatus::Completed, "a batch that expired still answers every request");
     let texts = texts(&entry);

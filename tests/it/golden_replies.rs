@@ -264,8 +264,9 @@ async fn openai_documented_replies_give_each_item_its_documented_outcome() {
     batchd_tests::with_openai(&mut world.settings, &world.emulator);
     world.settings.openai.base_url = format!("{}/v1", golden.origin);
     let chat = |text: &str| json!({"messages": [{"role": "user", "content": text}], "max_tokens": 5});
+    // A deadline under the resend room (5 min): the expired item is published as the API gave it, not sent again.
     let job = json!({"id": "golden-openai", "model": "openai/gpt-4o-mini", "retry_failed_items": false,
-        "requests": [chat("first"), chat("second"), chat("third")]});
+        "deadline_secs": 60, "requests": [chat("first"), chat("second"), chat("third")]});
     let (entry, calls) = run(&world, &golden, &job).await;
     assert_eq!(entry.request_ids, ["batch_abc123"], "the documented batch id is recorded");
     let items = items(&entry);
@@ -344,8 +345,9 @@ async fn anthropic_documented_replies_give_each_item_its_documented_outcome() {
     batchd_tests::with_anthropic(&mut world.settings, &world.emulator);
     world.settings.anthropic.base_url = golden.origin.clone();
     let message = |text: &str| json!({"max_tokens": 32, "messages": [{"role": "user", "content": text}]});
+    // A deadline under the resend room (5 min): the expired item is published as the API gave it, not sent again.
     let job = json!({"id": "golden-anthropic", "model": "anthropic/claude-sonnet-4-5", "retry_failed_items": false,
-        "requests": [message("one"), message("two"), message("three"), message("four")]});
+        "deadline_secs": 60, "requests": [message("one"), message("two"), message("three"), message("four")]});
     let (entry, calls) = run(&world, &golden, &job).await;
     assert_eq!(entry.request_ids, ["msgbatch_01HkcTjaV5uDC8jWR4ZsDV8d"], "the documented batch id is recorded");
     let items = items(&entry);

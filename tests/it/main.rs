@@ -24,6 +24,7 @@ mod cloudflare;
 mod config_check;
 mod cost;
 mod dead_letters;
+mod deadline;
 mod deploy;
 mod edges;
 mod events;

@@ -426,7 +426,10 @@ async fn an_expired_batch_gives_the_results_that_finished_and_the_rest_as_expire
     openai.inject(OpenAiFault::stall(2));
     let daemon = world.daemon();
     let requests: Vec<Value> = (0..5).map(|i| chat(&format!("item-{i}"))).collect();
-    world.enqueue(&json!({"id": "expired-1", "model": "openai/gpt-4o-mini", "requests": requests})).await;
+    // A deadline under the resend room (5 min): the expired requests are not sent again (tests/it/deadline.rs).
+    world
+        .enqueue(&json!({"id": "expired-1", "model": "openai/gpt-4o-mini", "requests": requests, "deadline_secs": 60}))
+        .await;
     let entry = world.wait_for_result("expired-1", WAIT).await;
     assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
     let output = entry.result.as_ref().expect("result");

@@ -224,6 +224,7 @@ impl Provider for DownloadProvider {
                     ),
                     error: None,
                     external_reference: None,
+                    resent: false,
                 })
                 .collect();
             Ok((

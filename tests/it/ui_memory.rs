@@ -143,6 +143,7 @@ async fn publish(world: &World, store: &Store, id: &str, n: usize, response_byte
             result: Some(RawValue::from_string(json!({"response": text}).to_string()).expect("raw JSON")),
             error: None,
             external_reference: None,
+            resent: false,
         })
         .collect();
     let entry = ResultEntry {

@@ -2,6 +2,7 @@
 //! check-and-build of an instance from its settings that `batchd run` and `batchd config check` share.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use batchd_provider::{BuildContext, Capabilities, Kind, Registration, SettingError, check_request_timeout, http};
 
@@ -9,8 +10,13 @@ use crate::provider::{AnthropicProvider, NAME};
 use crate::settings::{AnthropicSettings, BuildError, MAX_BODY_BYTES, MAX_REQUESTS};
 
 /// What Message Batches can do: cancel a running batch (it ends with what it finished); no events; the API does
-/// not echo an item's `external_reference`.
-pub const CAPABILITIES: Capabilities = Capabilities { cancel: true, events: false, echoes_external_reference: false };
+/// not echo an item's `external_reference`; a batch expires 24 h after its creation.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    cancel: true,
+    events: false,
+    echoes_external_reference: false,
+    window: Some(Duration::from_secs(24 * 3600)),
+};
 
 /// Anthropic Message Batches, as the daemon's registry lists it.
 pub static REGISTRATION: Registration<AnthropicSettings, AnthropicProvider> = Registration {

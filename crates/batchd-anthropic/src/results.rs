@@ -111,7 +111,14 @@ impl Join {
                 if let Ok(MessageUsage { usage: Some(usage) }) = serde_json::from_str(message.get()) {
                     add_usage(&mut self.usage, usage);
                 }
-                ItemResponse { index, success: true, result: Some(message), error: None, external_reference: None }
+                ItemResponse {
+                    index,
+                    success: true,
+                    result: Some(message),
+                    error: None,
+                    external_reference: None,
+                    resent: false,
+                }
             }
             ("succeeded", None) => failure(index, "missing", "the result says succeeded but carries no message"),
             ("errored", _) => {

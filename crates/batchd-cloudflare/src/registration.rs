@@ -11,8 +11,10 @@ use crate::settings::{ClientBuildError, ClientSettings};
 use crate::{BatchClient, CloudflareProvider};
 
 /// What Workers AI can do: no cancel call (a cancelled job's batches run on, unread); completion events through
-/// a Cloudflare Queue; the API echoes each item's `external_reference`.
-pub const CAPABILITIES: Capabilities = Capabilities { cancel: false, events: true, echoes_external_reference: true };
+/// a Cloudflare Queue; the API echoes each item's `external_reference`; its docs give no window after which a
+/// batch expires.
+pub const CAPABILITIES: Capabilities =
+    Capabilities { cancel: false, events: true, echoes_external_reference: true, window: None };
 
 /// What a Workers AI instance is built from.
 #[derive(Debug, Clone)]

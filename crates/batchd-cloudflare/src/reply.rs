@@ -253,6 +253,7 @@ fn restore_order(items: Vec<wire::Shape<wire::Item>>, key: IndexKey, n_items: us
             result: item.result,
             error: item.error,
             external_reference: item.external_reference,
+            resent: false,
         });
     }
     let n_missing = slots.iter().filter(|slot| slot.is_none()).count();

@@ -406,7 +406,14 @@ mod tests {
         let raw = |text: &str| RawValue::from_string(text.to_owned()).expect("json");
         let mut output = JobOutput {
             responses: vec![
-                ItemResponse { index: 0, success: true, result: Some(raw("1")), error: None, external_reference: None },
+                ItemResponse {
+                    index: 0,
+                    success: true,
+                    result: Some(raw("1")),
+                    error: None,
+                    external_reference: None,
+                    resent: false,
+                },
                 ItemResponse::failure(1, Some(raw(r#"{"code":"server_error"}"#))),
                 ItemResponse::failure(2, Some(raw(r#"{"code":"not_run"}"#))),
                 ItemResponse::failure(3, Some(raw(r#"{"code":"missing"}"#))),

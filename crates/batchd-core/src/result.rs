@@ -163,13 +163,73 @@ pub struct ItemResponse {
     /// The request item's top-level `external_reference`, echoed back (absent when it had none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_reference: Option<Box<RawValue>>,
+    /// `true` when the item was sent to the provider twice (its first answer was an expiry, or a failure resent by
+    /// `retry_failed_items`): this response is the second one. Absent otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resent: bool,
 }
 
 impl ItemResponse {
     /// A response for item `index` that did not succeed, with `error` as its error object.
     pub fn failure(index: usize, error: Option<Box<RawValue>>) -> Self {
-        Self { index, success: false, result: None, error, external_reference: None }
+        Self { index, success: false, result: None, error, external_reference: None, resent: false }
     }
+
+    /// What kind of failure a response with `success:false` is, read from the `code` and `http_status` of its
+    /// error object (the `{"code","message"}` shape every provider's failed items have); `None` for a success.
+    pub fn failure_kind(&self) -> Option<ItemFailure> {
+        if self.success {
+            return None;
+        }
+        /// The members of an item's error that say what kind of failure it is.
+        #[derive(Deserialize)]
+        struct ErrorCode {
+            /// The provider's (or batchd's) code.
+            #[serde(default)]
+            code: Option<serde_json::Value>,
+            /// The HTTP status the provider answered the request with.
+            #[serde(default)]
+            http_status: Option<u16>,
+        }
+        let read = self.error.as_deref().and_then(|error| serde_json::from_str::<ErrorCode>(error.get()).ok());
+        let Some(ErrorCode { code, http_status }) = read else {
+            return Some(ItemFailure::Other);
+        };
+        let code = code.as_ref().and_then(serde_json::Value::as_str).unwrap_or_default();
+        if item_code::EXPIRED.contains(&code) {
+            return Some(ItemFailure::Expired);
+        }
+        let refused_status =
+            http_status.is_some_and(|status| (400..500).contains(&status) && ![408, 429].contains(&status));
+        if refused_status || item_code::REFUSED.contains(&code) {
+            return Some(ItemFailure::Refused);
+        }
+        Some(ItemFailure::Other)
+    }
+}
+
+/// What kind of failure an item's response is ([`ItemResponse::failure_kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ItemFailure {
+    /// The provider did not run it before its batch's window closed: sent again once while the job's deadline
+    /// leaves room.
+    Expired,
+    /// The provider refused the request itself (a 4xx other than 408 and 429): sending it again cannot help, so
+    /// it is never resent.
+    Refused,
+    /// Anything else (a 5xx, a timeout, not run): resent only when the job asks for `retry_failed_items`.
+    Other,
+}
+
+/// The item error codes the providers' docs give for the kinds of [`ItemFailure`].
+pub mod item_code {
+    /// A request the provider did not run before the batch's window closed: OpenAI `batch_expired` (an error-file
+    /// line's `error.code`), Anthropic `expired` (the result's `type`).
+    pub const EXPIRED: [&str; 2] = ["batch_expired", "expired"];
+    /// A request the provider refused as such, where the item carries no HTTP status: Anthropic's `errored` types
+    /// of its 4xx errors.
+    pub const REFUSED: [&str; 5] =
+        ["invalid_request_error", "authentication_error", "permission_error", "not_found_error", "request_too_large"];
 }
 
 /// The `result` field: all responses in request order plus token usage.
@@ -292,6 +352,30 @@ impl ResultEntry {
 mod tests {
     use super::*;
 
+    #[test]
+    fn an_items_failure_is_an_expiry_a_refusal_or_something_else() {
+        let kind = |error: &str| ItemResponse::failure(0, Some(raw(error))).failure_kind();
+        assert_eq!(kind(r#"{"code":"batch_expired","message":"x"}"#), Some(ItemFailure::Expired));
+        assert_eq!(kind(r#"{"code":"expired","message":"x"}"#), Some(ItemFailure::Expired));
+        assert_eq!(kind(r#"{"code":"invalid_request_error","http_status":400}"#), Some(ItemFailure::Refused));
+        assert_eq!(kind(r#"{"code":"x","http_status":404}"#), Some(ItemFailure::Refused));
+        assert_eq!(kind(r#"{"code":"invalid_request_error","message":"x"}"#), Some(ItemFailure::Refused));
+        for other in [r#"{"code":"server_error","http_status":500}"#, r#"{"code":"r","http_status":429}"#, "7"] {
+            assert_eq!(kind(other), Some(ItemFailure::Other), "{other}");
+        }
+        assert_eq!(ItemResponse::failure(0, None).failure_kind(), Some(ItemFailure::Other));
+        let success = ItemResponse { success: true, ..ItemResponse::failure(0, None) };
+        assert_eq!(success.failure_kind(), None);
+    }
+
+    #[test]
+    fn resent_is_on_the_wire_only_when_true() {
+        let mut response = ItemResponse::failure(3, None);
+        assert!(!serde_json::to_string(&response).unwrap().contains("resent"));
+        response.resent = true;
+        assert_eq!(serde_json::to_string(&response).unwrap(), r#"{"index":3,"success":false,"resent":true}"#);
+    }
+
     fn raw(text: &str) -> Box<RawValue> {
         RawValue::from_string(text.to_owned()).unwrap()
     }
@@ -305,6 +389,7 @@ mod tests {
                     result: Some(raw(r#"{"response":[{"id":0,"score":0.73}]}"#)),
                     error: None,
                     external_reference: Some(raw(r#""q1""#)),
+                    resent: false,
                 },
                 ItemResponse {
                     index: 1,
@@ -312,6 +397,7 @@ mod tests {
                     result: None,
                     error: Some(raw(r#"{"code":5004,"message":"Invalid data"}"#)),
                     external_reference: None,
+                    resent: false,
                 },
             ],
             usage: serde_json::json!({"prompt_tokens": 12, "completion_tokens": 0, "total_tokens": 12}),

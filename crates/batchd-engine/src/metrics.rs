@@ -5,8 +5,9 @@
 //! and listed in [`NAMES`] (which the Grafana dashboard is checked against). [`install`] installs the process-wide
 //! Prometheus recorder once and returns the handle the admin server renders from.
 
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -27,6 +28,7 @@ pub const NAMES: &[&str] = &[
     "batchd_throttled_waits_total",
     "batchd_possible_duplicate_submits_total",
     "batchd_remote_cleanups_total",
+    "batchd_remote_unreachable_seconds",
     "batchd_pack_jobs",
     "batchd_packs_delivered_total",
     "batchd_stale_writes_total",
@@ -121,10 +123,98 @@ pub fn install() -> Result<PrometheusHandle, String> {
         .clone()
 }
 
-/// Refreshes the `process_*` metrics (call before rendering, or on the sampler's tick).
+/// Refreshes the `process_*` metrics and `batchd_remote_unreachable_seconds` (call before rendering, or on the
+/// sampler's tick).
 pub fn collect_process() {
     if let Some(collector) = PROCESS.get() {
         collector.collect();
+    }
+    let now = Instant::now();
+    let gauges = UNREACHABLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner).gauges(now);
+    for (provider, seconds) in gauges {
+        gauge!("batchd_remote_unreachable_seconds", "provider" => provider).set(seconds);
+    }
+}
+
+/// The batches this process polls whose polls keep failing, for `batchd_remote_unreachable_seconds`.
+static UNREACHABLE: Mutex<Unreachable> = Mutex::new(Unreachable { batches: None, providers: Vec::new() });
+
+/// Records a poll (with its results download, if any) of a remote batch: `failing` when it failed with an error
+/// batchd waits out (the batch is kept), otherwise it was read. `batch` names the batch (its chunk's schedule
+/// member); `forget_after`: how long a failing batch no poll of this process reports on is still counted (another
+/// replica may be polling it now, or its job ended). The provider's gauge is set when a run of failures starts or
+/// ends, and on the sampler's tick ([`collect_process`]) meanwhile, so a poll that fails again costs one map update
+/// however many batches are failing.
+pub fn remote_poll(provider: &str, batch: &str, failing: bool, forget_after: Duration) {
+    let now = Instant::now();
+    let mut unreachable = UNREACHABLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if unreachable.polled(provider, batch, failing, now, forget_after) {
+        let seconds = unreachable.gauges(now).into_iter().find(|(name, _)| name == provider).map_or(0.0, |(_, s)| s);
+        gauge!("batchd_remote_unreachable_seconds", "provider" => provider.to_owned()).set(seconds);
+    }
+}
+
+/// A batch whose polls are failing: since when, until when it still counts without another failure.
+#[derive(Debug, Clone, Copy)]
+struct Failing {
+    /// The first failed poll of the current run of failures.
+    since: Instant,
+    /// The last failed poll plus the forget period.
+    counts_until: Instant,
+}
+
+/// Failing batches by provider and batch, and every provider seen (whose gauge reads 0 once none is failing).
+#[derive(Debug)]
+struct Unreachable {
+    /// `(provider, batch)` to its run of failures; `None` until the first poll.
+    batches: Option<HashMap<(String, String), Failing>>,
+    /// Every provider a poll was recorded for.
+    providers: Vec<String>,
+}
+
+impl Unreachable {
+    /// Records one poll of `batch` at `provider` at `now`; whether a run of failures started or ended (or the
+    /// provider is new), when its gauge is worth setting at once.
+    fn polled(&mut self, provider: &str, batch: &str, failing: bool, now: Instant, forget_after: Duration) -> bool {
+        let mut changed = false;
+        if !self.providers.iter().any(|name| name == provider) {
+            self.providers.push(provider.to_owned());
+            changed = true;
+        }
+        let batches = self.batches.get_or_insert_with(HashMap::new);
+        let key = (provider.to_owned(), batch.to_owned());
+        if !failing {
+            return batches.remove(&key).is_some() || changed;
+        }
+        if !batches.contains_key(&key) {
+            changed = true;
+            // A new run of failures (once per batch and outage): runs no longer counted are dropped here too, so
+            // the map stays bounded by the batches failing now even when the metrics are never rendered.
+            batches.retain(|_, run| run.counts_until > now);
+        }
+        let run = batches.entry(key).or_insert(Failing { since: now, counts_until: now });
+        run.counts_until = now + forget_after;
+        changed
+    }
+
+    /// Each provider's longest run of failures at `now`, in seconds (runs no longer counted are dropped).
+    fn gauges(&mut self, now: Instant) -> Vec<(String, f64)> {
+        let Some(batches) = self.batches.as_mut() else {
+            return Vec::new();
+        };
+        batches.retain(|_, run| run.counts_until > now);
+        self.providers
+            .iter()
+            .map(|provider| {
+                let longest = batches
+                    .iter()
+                    .filter(|((name, _), _)| name == provider)
+                    .map(|(_, run)| now.saturating_duration_since(run.since))
+                    .max()
+                    .unwrap_or_default();
+                (provider.clone(), longest.as_secs_f64())
+            })
+            .collect()
     }
 }
 
@@ -337,6 +427,13 @@ pub fn describe() {
         Unit::Seconds,
         "Age of the oldest unfinished remote batch (submitted, not yet done or failed) per provider and model, among \
          the oldest batches of the namespace the sampler reads (a model with none of them reads 0). Sampled from Redis."
+    );
+    describe_gauge!(
+        "batchd_remote_unreachable_seconds",
+        Unit::Seconds,
+        "Per provider, the longest a remote batch polled by this process has gone unread: since the first of its \
+         polls (or result downloads) that keep failing with errors batchd waits out (0 when none is failing). The \
+         batch is kept and asked again until the job's deadline; this says how long the provider has not answered."
     );
     describe_gauge!("batchd_redis_up", "1 when the last sample reached Redis, 0 when it did not.");
     describe_gauge!("batchd_build_info", "Always 1; the label `version` is the running batchd version.");
@@ -589,6 +686,33 @@ pub fn redis_up(up: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_unreachable_gauge_rises_while_polls_fail_and_falls_when_the_batch_is_read() {
+        let mut unreachable = Unreachable { batches: None, providers: Vec::new() };
+        let start = Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        let forget = Duration::from_secs(90);
+        assert!(unreachable.gauges(start).is_empty());
+        assert!(unreachable.polled("openai", "job:0", false, at(0), forget), "a new provider");
+        assert_eq!(unreachable.gauges(at(0)), [("openai".to_owned(), 0.0)]);
+        assert!(unreachable.polled("openai", "job:0", true, at(10), forget), "a run starts");
+        assert!(!unreachable.polled("openai", "job:0", true, at(40), forget), "and goes on");
+        assert!(unreachable.polled("openai", "other:1", true, at(50), forget));
+        assert!(unreachable.polled("anthropic", "a:0", true, at(45), forget));
+        let gauges = unreachable.gauges(at(70));
+        assert!(gauges.contains(&("openai".to_owned(), 60.0)), "{gauges:?}");
+        assert!(gauges.contains(&("anthropic".to_owned(), 25.0)), "{gauges:?}");
+        // Read at last: the other failing batch is the longest now.
+        assert!(unreachable.polled("openai", "job:0", false, at(80), forget), "a run ends");
+        assert!(!unreachable.polled("openai", "job:0", false, at(81), forget));
+        assert!(unreachable.gauges(at(80)).contains(&("openai".to_owned(), 30.0)));
+        // A batch no poll reports on any more (another replica polls it, or its job ended) stops counting, and is
+        // dropped when another batch starts failing.
+        assert!(unreachable.polled("anthropic", "b:0", true, at(200), forget));
+        assert_eq!(unreachable.batches.as_ref().map(HashMap::len), Some(1), "only the new run is kept");
+        assert_eq!(unreachable.gauges(at(200)), [("openai".to_owned(), 0.0), ("anthropic".to_owned(), 0.0)]);
+    }
 
     /// Every `batchd_` name written in this file is listed in `NAMES`, and every listed name is described.
     #[test]

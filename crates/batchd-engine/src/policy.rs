@@ -402,7 +402,7 @@ mod tests {
     }
 
     fn response(index: usize, success: bool) -> ItemResponse {
-        ItemResponse { index, success, result: None, error: None, external_reference: None }
+        ItemResponse { index, success, result: None, error: None, external_reference: None, resent: false }
     }
 
     fn output(indices: &[(usize, bool)], tokens: u64) -> JobOutput {

@@ -193,7 +193,7 @@ impl Joiner {
             if let Some(body) = body {
                 self.add_usage(body);
             }
-            ItemResponse { index, success: true, result, error: None, external_reference: None }
+            ItemResponse { index, success: true, result, error: None, external_reference: None, resent: false }
         } else {
             ItemResponse::failure(index, Some(item_error(error, status, body)))
         };

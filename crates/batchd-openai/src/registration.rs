@@ -2,6 +2,7 @@
 //! an instance from its settings that `batchd run` and `batchd config check` share.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use batchd_provider::{BuildContext, Capabilities, Kind, Registration, SettingError, check_request_timeout, http};
 
@@ -10,8 +11,13 @@ use crate::provider::NAME;
 use crate::settings::{FILE_EXPIRY_SECS, OpenAiBuildError, OpenAiClientSettings};
 
 /// What OpenAI Batch can do: cancel a running batch (it ends with what it finished); no events; the API does not
-/// echo an item's `external_reference`.
-pub const CAPABILITIES: Capabilities = Capabilities { cancel: true, events: false, echoes_external_reference: false };
+/// echo an item's `external_reference`; a batch expires 24 h after its creation (`completion_window` "24h").
+pub const CAPABILITIES: Capabilities = Capabilities {
+    cancel: true,
+    events: false,
+    echoes_external_reference: false,
+    window: Some(Duration::from_secs(24 * 3600)),
+};
 
 /// OpenAI Batch, as the daemon's registry lists it.
 pub static REGISTRATION: Registration<OpenAiClientSettings, OpenAiProvider> = Registration {

@@ -25,6 +25,10 @@ pub struct Capabilities {
     /// Its API echoes each item's top-level `external_reference` in the item's response itself (Workers AI);
     /// otherwise the engine keeps the references from take-in and puts them on the responses.
     pub echoes_external_reference: bool,
+    /// The longest a batch runs at the provider before it expires (OpenAI and Anthropic: 24 h from its creation);
+    /// `None` when its docs give none (Workers AI). A job that sets no deadline gets this window plus the settle
+    /// wait and a margin (`jobs.default_deadline_secs` unset), so a batch that uses its whole window is collected.
+    pub window: Option<Duration>,
 }
 
 impl Capabilities {

@@ -175,9 +175,15 @@ pub async fn run_with_providers(
             providers: providers.clone(),
             poll: settings.poll.clone(),
             retry: settings.retry.clone(),
-            split: SplitSettings { retry_failed_items: settings.jobs.retry_failed_items },
+            split: SplitSettings {
+                retry_failed_items: settings.jobs.retry_failed_items,
+                resend_expired_items: settings.jobs.resend_expired_items,
+            },
             limits: settings.job_limits(),
-            default_deadline: Duration::from_secs(settings.jobs.default_deadline_secs),
+            default_deadline: Some(settings.jobs.default_deadline_secs)
+                .filter(|secs| *secs > 0)
+                .map(Duration::from_secs),
+            deadline_settle: Duration::from_secs(settings.jobs.deadline_settle_secs),
             cancel_wait: Duration::from_secs(settings.workers.cancel_wait_secs),
             lease: Duration::from_secs(settings.schedule.lease_secs),
             events: settings.events.enabled(),

@@ -16,6 +16,11 @@
 //! the daemon first acted on the cancel (recorded once in the ledger); then the job ends with what finished, its
 //! batches still cancelling asked once more. At a provider without a cancel call (Cloudflare), the job ends at once
 //! and its batches run on, unread.
+//!
+//! A job whose deadline passes is settled the same way (DESIGN decision 22): its running batches are cancelled and
+//! waited for, bounded by `jobs.deadline_settle_secs` after the deadline, and it ends `expired` with what they
+//! finished, the rest `deadline_exceeded` ([`Pipeline::settle_deadline`]). A member of a shared pack keeps the
+//! shared-batch rule instead (it ends at once; the pack is cancelled only when no member needs it).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,14 +34,38 @@ use super::{Ending, Pipeline, unit_random};
 use crate::metrics::ApiCall;
 use crate::policy::retry_delay;
 
-/// A step of a cancelled job at a provider that can cancel: why, and until when its batches are waited for.
+/// A step of a job whose remote work is being settled (cancelled on request, or past its deadline) at a provider
+/// that can cancel: why, and until when its batches are waited for.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Cancelling<'a> {
-    /// The cancellation's reason.
-    pub reason: &'a str,
-    /// When the wait for its batches ends (Unix ms, Redis's clock): the job's deadline or the end of the cancel
-    /// wait, whichever comes first. No step of the job is scheduled later.
+    /// Why the job's batches are cancelled.
+    pub why: Why<'a>,
+    /// When the wait for its batches ends (Unix ms, Redis's clock): for a cancel, the job's deadline or the end of
+    /// the cancel wait, whichever comes first; past the deadline, the end of `jobs.deadline_settle_secs`. No step of
+    /// the job is scheduled later.
     pub ends_at: UnixMillis,
+}
+
+/// Why a job's running batches are cancelled and waited for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Why<'a> {
+    /// Its cancellation was requested, with this reason: it ends `cancelled`.
+    Cancel(&'a str),
+    /// Its deadline passed, `waited` after its acceptance: it ends `expired`.
+    Deadline {
+        /// From acceptance to the deadline.
+        waited: Duration,
+    },
+}
+
+impl Why<'_> {
+    /// How the job ends once its batches were waited for as `waited` says.
+    fn ending(self, waited: Waited) -> Ending<'static> {
+        match self {
+            Why::Cancel(reason) => Ending::Cancelled(cancelled_error(reason, waited)),
+            Why::Deadline { waited: after } => Ending::Expired(deadline_error(after, waited)),
+        }
+    }
 }
 
 impl Pipeline {
@@ -49,7 +78,7 @@ impl Pipeline {
             .ok()
             .and_then(|model| self.providers.for_model(&model).ok().map(|provider| (model, Arc::clone(provider))));
         let Some((model, provider)) = routed.filter(|(_, provider)| provider.can_cancel()) else {
-            return self.conclude_cancelled(job_id, reason, None).await;
+            return self.conclude_settled(job_id, Why::Cancel(reason), None).await;
         };
         let now = self.store.now().await?;
         // The wait starts when the daemon first acts on the cancel: recorded once, under this claim.
@@ -62,17 +91,56 @@ impl Pipeline {
         };
         let (ends_at, limit) = wait_limit(view.deadline_at, seen_at, self.cancel_wait);
         if now >= ends_at {
-            return self.conclude_cancelled(job_id, reason, Some((&model, provider.as_ref(), limit))).await;
+            return self.conclude_settled(job_id, Why::Cancel(reason), Some((&model, provider.as_ref(), limit))).await;
         }
-        let cancel = Cancelling { reason, ends_at };
+        self.settle_step(claim, view, &model, provider.as_ref(), Cancelling { why: Why::Cancel(reason), ends_at }).await
+    }
+
+    /// A step of a job whose deadline has passed (DESIGN decision 22): where the provider can cancel, its running
+    /// batches are cancelled and waited for until `jobs.deadline_settle_secs` after the deadline, and the job ends
+    /// `expired` with what they finished (the rest `deadline_exceeded`), its files cleaned up. Where it cannot
+    /// (Workers AI), the job ends at once and says its batches run on. A member of a shared pack (or the pack
+    /// itself) keeps the shared-batch rule: it ends at once with what was delivered ([`Pipeline::expire`]).
+    pub(super) async fn settle_deadline(
+        &self,
+        claim: &Claim,
+        view: &ChunkView,
+        now: UnixMillis,
+    ) -> Result<(), StoreError> {
+        let job_id = &claim.chunk.job_id;
+        if view.pack.is_some() || job_id.is_pack() {
+            return self.expire(job_id, view, now).await;
+        }
+        let why = Why::Deadline { waited: Duration::from_millis(view.deadline_at.saturating_sub(view.accepted_at)) };
+        let routed = ModelName::parse(&view.model)
+            .ok()
+            .and_then(|model| self.providers.for_model(&model).ok().map(|provider| (model, Arc::clone(provider))));
+        let Some((model, provider)) = routed.filter(|(_, provider)| provider.can_cancel()) else {
+            return self.conclude_settled(job_id, why, None).await;
+        };
+        let ends_at = view.deadline_at.saturating_add(self.deadline_settle.as_millis() as u64);
+        if now >= ends_at {
+            let limit = Limit::DeadlineSettle(self.deadline_settle);
+            return self.conclude_settled(job_id, why, Some((&model, provider.as_ref(), limit))).await;
+        }
+        self.settle_step(claim, view, &model, provider.as_ref(), Cancelling { why, ends_at }).await
+    }
+
+    /// One step of a job whose batches are being cancelled and waited for, by the chunk's state.
+    async fn settle_step(
+        &self,
+        claim: &Claim,
+        view: &ChunkView,
+        model: &ModelName,
+        provider: &dyn Provider,
+        cancel: Cancelling<'_>,
+    ) -> Result<(), StoreError> {
         match view.chunk_state {
             // Cancelled (unless it already is) by the poll, which stores the batch's outcome once it ends and then
             // settles the job.
-            ChunkState::Polling => {
-                self.poll(claim, provider.as_ref(), &model, view, Instant::now(), Some(cancel)).await
-            }
+            ChunkState::Polling => self.poll(claim, provider, model, view, Instant::now(), Some(cancel)).await,
             // Claimed, so no submit of it is in flight (its submit failed uncertainly, or its replica died).
-            ChunkState::Submitting => self.look_up(claim, provider.as_ref(), &model, view, cancel).await,
+            ChunkState::Submitting => self.look_up(claim, provider, model, view, cancel).await,
             ChunkState::Pending | ChunkState::Done | ChunkState::Failed => {
                 self.settle_cancel(claim, view.chunk_state, cancel).await
             }
@@ -96,7 +164,7 @@ impl Pipeline {
         }
     }
 
-    /// A cancelled job's `submitting` chunk, claimed: an earlier submit may have created its batch. Looks it up at
+    /// A settling job's `submitting` chunk, claimed: an earlier submit may have created its batch. Looks it up at
     /// the provider without creating: a batch found is recorded as submitted and polled at once (which asks the
     /// provider to cancel it); nothing found, the chunk was never sent. A failed look is tried again (the chunk
     /// stays `submitting`, and the job waits for it).
@@ -175,9 +243,8 @@ impl Pipeline {
             .count();
         if running == 0 {
             let sent = context.chunks.iter().filter(|chunk| chunk.request_id.is_some()).count();
-            tracing::info!(job_id = %job_id, "job cancelled");
-            let error = cancelled_error(cancel.reason, Waited::Ended { sent });
-            return self.conclude_with(job_id, context, Ending::Cancelled(error)).await;
+            tracing::info!(job_id = %job_id, why = ?cancel.why, "job settled: its batches have ended");
+            return self.conclude_with(job_id, context, cancel.why.ending(Waited::Ended { sent })).await;
         }
         if matches!(chunk_state, ChunkState::Pending | ChunkState::Submitting) {
             let due = (self.store.now().await? + self.poll.max_interval_ms).min(cancel.ends_at);
@@ -187,13 +254,13 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Ends a cancelled job now, with the results of the batches that had finished. `cancelling`: the provider
-    /// that can cancel the batches still running and the limit of the wait that ran out; they are asked to cancel
-    /// once more, best effort.
-    async fn conclude_cancelled(
+    /// Ends a cancelled or expired job now, with the results of the batches that had finished. `cancelling`: the
+    /// provider that can cancel the batches still running and the limit of the wait that ran out; they are asked to
+    /// cancel once more, best effort.
+    async fn conclude_settled(
         &self,
         job_id: &JobId,
-        reason: &str,
+        why: Why<'_>,
         cancelling: Option<(&ModelName, &dyn Provider, Limit)>,
     ) -> Result<(), StoreError> {
         let Some(context) = self.store.publish_context(job_id).await? else {
@@ -206,8 +273,8 @@ impl Pipeline {
             }
             None => Waited::NoCancel,
         };
-        tracing::info!(job_id = %job_id, "job cancelled");
-        self.conclude_with(job_id, context, Ending::Cancelled(cancelled_error(reason, waited))).await
+        tracing::info!(job_id = %job_id, why = ?why, ?waited, "job settled");
+        self.conclude_with(job_id, context, why.ending(waited)).await
     }
 
     /// Asks the provider to cancel each chunk's running remote batch; returns how many it took a cancel for.
@@ -250,6 +317,8 @@ enum Limit {
     Deadline,
     /// `workers.cancel_wait_secs`, counted from when the daemon first acted on the cancel.
     CancelWait(Duration),
+    /// `jobs.deadline_settle_secs`, counted from the job's deadline.
+    DeadlineSettle(Duration),
 }
 
 /// What became of a cancelled job's batches that were running at the provider.
@@ -287,6 +356,9 @@ fn cancelled_error(reason: &str, waited: Waited) -> JobError {
                 Limit::CancelWait(wait) => {
                     format!("the wait for them to end ran out (workers.cancel_wait_secs, {}s)", wait.as_secs())
                 }
+                Limit::DeadlineSettle(wait) => {
+                    format!("the wait for them to end ran out (jobs.deadline_settle_secs, {}s)", wait.as_secs())
+                }
             };
             format!(
                 "{limit} while its batches were cancelling at the provider ({asked} asked to cancel again): the \
@@ -298,6 +370,38 @@ fn cancelled_error(reason: &str, waited: Waited) -> JobError {
             .to_owned(),
     };
     JobError::new(code::CANCELLED, format!("cancelled on request{why}; {remote}"))
+}
+
+/// The job-level error of a job whose deadline passed `after` its acceptance (also the error of each item that
+/// was not answered: code `deadline_exceeded`).
+fn deadline_error(after: Duration, waited: Waited) -> JobError {
+    let remote = match waited {
+        Waited::Ended { sent: 0 } => "nothing had been sent to the provider".to_owned(),
+        Waited::Ended { sent } => format!(
+            "of its {sent} batches at the provider, those still running were cancelled there and have ended: the \
+             responses they finished are included (and billed), the requests they did not answer are marked \
+             deadline_exceeded"
+        ),
+        Waited::LimitPassed { limit, asked } => {
+            let limit = match limit {
+                Limit::DeadlineSettle(wait) => {
+                    format!("the wait for them to end ran out (jobs.deadline_settle_secs, {}s)", wait.as_secs())
+                }
+                Limit::Deadline | Limit::CancelWait(_) => "the wait for them to end ran out".to_owned(),
+            };
+            format!(
+                "its running batches were asked to cancel, and {limit} ({asked} asked to cancel again): the \
+                 responses of the batches that had ended are included, those the others finish are not collected"
+            )
+        }
+        Waited::NoCancel => "its batches could not be cancelled (the provider's Batch API has no cancel): they keep \
+                             running remotely (and may be billed), and their results are not collected"
+            .to_owned(),
+    };
+    JobError::new(
+        code::DEADLINE_EXCEEDED,
+        format!("the job's deadline passed {}s after it was accepted; {remote}", after.as_secs()),
+    )
 }
 
 #[cfg(test)]
@@ -323,6 +427,26 @@ mod tests {
         let waited = Waited::LimitPassed { limit: Limit::CancelWait(Duration::from_secs(600)), asked: 1 };
         let message = cancelled_error("", waited).message;
         assert!(message.contains("the wait for them to end ran out (workers.cancel_wait_secs, 600s)"), "{message}");
+    }
+
+    #[test]
+    fn the_deadline_error_says_what_became_of_the_running_batches() {
+        let after = Duration::from_secs(15);
+        let ended = deadline_error(after, Waited::Ended { sent: 1 });
+        assert_eq!(ended.code, code::DEADLINE_EXCEEDED);
+        assert!(ended.message.starts_with("the job's deadline passed 15s after it was accepted; of its 1 batches"));
+        assert!(ended.message.contains("marked deadline_exceeded"), "{}", ended.message);
+        let no_cancel = deadline_error(after, Waited::NoCancel).message;
+        assert!(no_cancel.contains("could not be cancelled"), "{no_cancel}");
+        assert!(no_cancel.contains("may be billed"), "{no_cancel}");
+        let waited = Waited::LimitPassed { limit: Limit::DeadlineSettle(Duration::from_secs(600)), asked: 1 };
+        let passed = deadline_error(after, waited).message;
+        assert!(passed.contains("(jobs.deadline_settle_secs, 600s) (1 asked to cancel again)"), "{passed}");
+        let why = Why::Deadline { waited: after };
+        assert!(
+            matches!(why.ending(Waited::NoCancel), Ending::Expired(error) if error.code == code::DEADLINE_EXCEEDED)
+        );
+        assert!(matches!(Why::Cancel("x").ending(Waited::NoCancel), Ending::Cancelled(_)));
     }
 
     #[test]

@@ -1,13 +1,15 @@
 //! Finish: every way a job ends, and its one result entry. Every ending (rejected at take-in, dead-lettered after
 //! too many deliveries, finished, failed, expired, cancelled) goes through [`Pipeline::conclude`], the only caller
-//! of the storage's publish, reject and dead-letter transitions. A finished job may first resubmit its failed items once; then `conclude` assembles what the
-//! chunks produced and publishes it, exactly once.
+//! of the storage's publish, reject and dead-letter transitions. A finished job may first send some items once
+//! more (those the provider expired; with `retry_failed_items`, the other failures it did not refuse), while its
+//! deadline leaves room; then `conclude` assembles what the chunks produced and publishes it, exactly once, the
+//! items sent twice marked `resent`.
 
 use std::time::Duration;
 
 use batchd_core::ledger::field;
 use batchd_core::reference::ChunkReferences;
-use batchd_core::result::code;
+use batchd_core::result::{ItemFailure, ItemResponse, code};
 use batchd_core::{
     ChunkRef, ChunkState, JobError, JobId, JobOutput, JobState, ModelName, RequestId, ResultEntry, ResultStatus,
     UnixMillis,
@@ -61,8 +63,9 @@ pub(crate) enum Ending<'a> {
 }
 
 impl Pipeline {
-    /// Every chunk has finished: resubmit failed items once if asked to, otherwise publish.
-    /// The step holds `claim` (of one of the job's chunks), which fences the failed-items retry.
+    /// Every chunk has finished: resubmit, once, the items the provider expired (and, with `retry_failed_items`,
+    /// the other failed ones it did not refuse) while the deadline leaves room; otherwise publish.
+    /// The step holds `claim` (of one of the job's chunks), which fences the resubmission.
     pub(super) async fn finish(&self, claim: &Claim) -> Result<(), StoreError> {
         let job_id = &claim.chunk.job_id;
         let Some(context) = self.store.publish_context(job_id).await? else {
@@ -71,14 +74,16 @@ impl Pipeline {
         if context.chunks.iter().any(|chunk| !matches!(chunk.state, Some(ChunkState::Done | ChunkState::Failed))) {
             return Ok(()); // not every chunk has finished yet
         }
-        if context.retry_failed_items && !context.retried && self.retry_failed_items(claim, &context).await? {
+        if !context.retried && self.resend_items(claim, &context).await? {
             return Ok(());
         }
         self.conclude_with(job_id, context, Ending::Finished).await
     }
 
-    /// Adds one more round of chunks carrying the items that came back `success:false`; returns whether it did.
-    async fn retry_failed_items(&self, claim: &Claim, context: &PublishContext) -> Result<bool, StoreError> {
+    /// Adds one more round of chunks carrying the items to send again ([`resend`]), when the job's deadline is
+    /// at least [`RESEND_ROOM`] away; returns whether it did. Each item is sent twice at most: the round is marked
+    /// on the ledger (`retried`), and there is one per job.
+    async fn resend_items(&self, claim: &Claim, context: &PublishContext) -> Result<bool, StoreError> {
         let job_id = &claim.chunk.job_id;
         let mut indices = Vec::new();
         let mut requests = Vec::new();
@@ -87,12 +92,17 @@ impl Pipeline {
             else {
                 continue;
             };
-            let failed: Vec<usize> = output.responses.iter().filter(|r| !r.success).map(|r| r.index).collect();
-            if failed.is_empty() {
+            let again: Vec<usize> = output
+                .responses
+                .iter()
+                .filter(|response| resend(response, self.split.resend_expired_items, context.retry_failed_items))
+                .map(|response| response.index)
+                .collect();
+            if again.is_empty() {
                 continue;
             }
             let stored = self.store.chunk_requests(&ChunkRef::new(job_id.clone(), chunk.index)).await?;
-            for local in failed {
+            for local in again {
                 if let (Some(index), Some(item)) = (chunk.placement.job_index(local), stored.get(local)) {
                     indices.push(index);
                     requests.push(item.clone());
@@ -100,6 +110,18 @@ impl Pipeline {
             }
         }
         if indices.is_empty() {
+            return Ok(false);
+        }
+        let now = self.store.now().await?;
+        let deadline_at = match &claim.view {
+            Some(view) => view.deadline_at,
+            None => match self.store.load_chunk(&claim.chunk).await? {
+                Some(view) => view.deadline_at,
+                None => return Ok(false),
+            },
+        };
+        if deadline_at.saturating_sub(now) < RESEND_ROOM.as_millis() as u64 {
+            tracing::info!(job_id = %job_id, n_items = indices.len(), "items to send again, but the deadline is too close; published as they are");
             return Ok(false);
         }
         let sizes: Vec<usize> = requests.iter().map(|item| item.get().len()).collect();
@@ -121,27 +143,30 @@ impl Pipeline {
             })
             .collect();
         let n = indices.len();
-        match self.store.add_chunks(claim, self.store.now().await?, false, Some(field::RETRIED), &chunks).await? {
+        match self.store.add_chunks(claim, now, false, Some(field::RETRIED), &chunks).await? {
             AddOutcome::Added => {
-                tracing::info!(job_id = %job_id, n_items = n, "resubmitting failed items once");
+                tracing::info!(job_id = %job_id, n_items = n, "sending expired (or failed) items once more");
                 Ok(true)
             }
             AddOutcome::AlreadyDone | AddOutcome::Gone => Ok(false),
         }
     }
 
+    /// Ends a job past its deadline at once, with what it had (the shared-batch rule, DESIGN decision 20): a member
+    /// of a shared pack (whose batch may still run for the other members, and is cancelled only when no member
+    /// needs it) or a pack itself. Any other job settles its remote work first ([`Pipeline::settle_deadline`]).
     pub(super) async fn expire(&self, job_id: &JobId, view: &ChunkView, now: UnixMillis) -> Result<(), StoreError> {
         let waited = Duration::from_millis(now.saturating_sub(view.accepted_at));
         let error = JobError::new(
             code::DEADLINE_EXCEEDED,
             format!(
-                "the job's deadline passed after {}s before the Batch API finished; batches still running remotely \
-                 are asked to cancel where the provider can (Workers AI cannot: they run on) and their files are \
-                 deleted; what they finish is not collected",
+                "the job's deadline passed after {}s before the Batch API finished; its requests share a remote batch \
+                 with other jobs, which is cancelled only when no job needs it any more: the responses delivered by \
+                 then are included, the rest are not collected",
                 waited.as_secs()
             ),
         );
-        tracing::warn!(job_id = %job_id, "job expired");
+        tracing::warn!(job_id = %job_id, "packed job expired");
         self.conclude(job_id, Ending::Expired(error)).await
     }
 
@@ -223,6 +248,7 @@ impl Pipeline {
             return self.deliver(job_id, context, ending).await;
         }
         let cancelled = matches!(ending, Ending::Cancelled(_));
+        let settled = cancelled || matches!(ending, Ending::Expired(_));
         let mut chunks = Vec::with_capacity(context.chunks.len());
         let mut references = Vec::new();
         for chunk in &mut context.chunks {
@@ -239,7 +265,13 @@ impl Pipeline {
             Ending::Cancelled(error) => (JobState::Cancelled, Some(error.clone()), error),
         };
         let any_done = chunks.iter().any(|(_, _, outcome)| matches!(outcome, ChunkOutcome::Done(_)));
+        let resent = resent_items(&chunks);
         let mut output = assemble(context.n_items, chunks, &unanswered);
+        for index in resent {
+            if let Some(response) = output.responses.get_mut(index) {
+                response.resent = true;
+            }
+        }
         // Every item's reference on its response, however it ended (a split chunk's are on its first piece).
         for stored in references {
             echo_references(&mut output, job_id, Some(&stored));
@@ -267,8 +299,9 @@ impl Pipeline {
             self.leave_packs(job_id, &context).await;
         }
         if published {
-            // A cancelled job's batches still running were just asked to cancel once more (`conclude_cancelled`).
-            self.settle_remote(job_id, &context, !cancelled).await;
+            // A cancelled or expired job's batches still running were just asked to cancel once more
+            // (`conclude_settled`); a packed member has no batch of its own.
+            self.settle_remote(job_id, &context, !settled).await;
         }
         Ok(())
     }
@@ -372,6 +405,35 @@ impl Pipeline {
     }
 }
 
+/// The least time before a job's deadline for its expired (or failed) items to be sent again: less would mostly
+/// buy a batch cancelled at the deadline.
+const RESEND_ROOM: Duration = Duration::from_secs(300);
+
+/// Whether a response's item is sent again in the job's one extra round: an item the provider expired (its
+/// window closed before it ran) with `resend_expired` (`jobs.resend_expired_items`, on by default); another
+/// failure only with `retry_failed_items`, and never one the provider refused (a 4xx: the same request gets the
+/// same answer).
+fn resend(response: &ItemResponse, resend_expired: bool, retry_failed_items: bool) -> bool {
+    match response.failure_kind() {
+        Some(ItemFailure::Expired) => resend_expired || retry_failed_items,
+        Some(ItemFailure::Other) => retry_failed_items,
+        Some(ItemFailure::Refused) | None => false,
+    }
+}
+
+/// Marks the responses of items that were sent twice: those of the chunks of the extra round (placed by index)
+/// that ran, `Done` or `Failed`. `chunks`: the job's chunks as assembled.
+fn resent_items(chunks: &[(u32, Placement, ChunkOutcome)]) -> Vec<usize> {
+    chunks
+        .iter()
+        .filter(|(_, placement, outcome)| {
+            matches!(placement, Placement::Indices(_))
+                && matches!(outcome, ChunkOutcome::Done(_) | ChunkOutcome::Failed { .. })
+        })
+        .flat_map(|(_, placement, _)| placement.job_indices())
+        .collect()
+}
+
 /// What a chunk's stored record says it produced, for assembling its job's (or its pack's) output. Its stored
 /// output is moved out and dropped as soon as it is parsed. `cancelled`: the job ends cancelled, so a chunk never
 /// sent is `not run`.
@@ -422,5 +484,40 @@ fn echo_references(output: &mut JobOutput, job_id: &JobId, stored: Option<&str>)
         None => {
             tracing::warn!(job_id = %job_id, "a chunk's stored external_reference values are unreadable; they are not echoed")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed(error: &str) -> ItemResponse {
+        ItemResponse::failure(0, Some(RawValue::from_string(error.to_owned()).unwrap()))
+    }
+
+    #[test]
+    fn expired_items_are_resent_by_default_other_failures_only_when_asked_and_refusals_never() {
+        let expired = failed(r#"{"code":"batch_expired","message":"x"}"#);
+        let refused = failed(r#"{"code":"invalid_request_error","message":"x","http_status":400}"#);
+        let server = failed(r#"{"code":"server_error","message":"x","http_status":500}"#);
+        assert!(resend(&expired, true, false) && resend(&expired, true, true));
+        assert!(!resend(&expired, false, false), "expired items are resent unless jobs.resend_expired_items is off");
+        for (expired, all) in [(false, false), (true, false), (false, true), (true, true)] {
+            assert!(!resend(&refused, expired, all), "a 4xx is never resent");
+            assert_eq!(resend(&server, expired, all), all, "another failure only with retry_failed_items");
+        }
+        let success = ItemResponse { success: true, ..failed("{}") };
+        assert!(!resend(&success, true, true));
+    }
+
+    #[test]
+    fn only_items_of_the_extra_round_that_ran_are_marked_resent() {
+        let output = JobOutput { responses: Vec::new(), usage: serde_json::json!({}), failed_batches: Vec::new() };
+        let chunks = vec![
+            (0, Placement::Range { start: 0, len: 4 }, ChunkOutcome::Done(output.clone())),
+            (1, Placement::Indices(vec![1, 3]), ChunkOutcome::Done(output)),
+            (2, Placement::Indices(vec![2]), ChunkOutcome::Unfinished),
+        ];
+        assert_eq!(resent_items(&chunks), [1, 3]);
     }
 }

@@ -35,6 +35,9 @@ use crate::settings::{PackingSettings, PollSettings, RetrySettings};
 pub struct SplitSettings {
     /// Default for a job's `retry_failed_items`.
     pub retry_failed_items: bool,
+    /// Whether items the provider expired are sent once more while the deadline leaves room
+    /// (`jobs.resend_expired_items`).
+    pub resend_expired_items: bool,
 }
 
 /// Everything the handlers share.
@@ -54,8 +57,12 @@ pub struct Pipeline {
     pub packing: PackingSettings,
     /// Limits applied when decoding jobs.
     pub limits: JobLimits,
-    /// Deadline of jobs that set none.
-    pub default_deadline: Duration,
+    /// Deadline of jobs that set none, when `jobs.default_deadline_secs` is set; `None`: each provider's own
+    /// default ([`default_deadline`]).
+    pub default_deadline: Option<Duration>,
+    /// How long after a job's deadline its batches still running are waited for once asked to cancel
+    /// (`jobs.deadline_settle_secs`); then it ends `expired` with what had finished.
+    pub deadline_settle: Duration,
     /// How long a cancelled job waits for its batches to end at the provider (`workers.cancel_wait_secs`), from
     /// when the daemon first acted on the cancel; then it ends with what finished.
     pub cancel_wait: Duration,
@@ -183,7 +190,7 @@ impl Pipeline {
         }
         let now = self.store.now().await?;
         if now >= view.deadline_at {
-            return self.expire(&chunk.job_id, &view, now).await;
+            return self.settle_deadline(claim, &view, now).await;
         }
         if matches!(view.chunk_state, ChunkState::Done | ChunkState::Failed) {
             return self.finish(claim).await;
@@ -314,6 +321,26 @@ impl Pipeline {
     }
 }
 
+/// Margin added to a provider's window in its default deadline: time to be taken in, wait for a submit slot and
+/// poll once more after the window.
+pub const DEADLINE_MARGIN: Duration = Duration::from_secs(3600);
+
+/// Default deadline when neither the job nor `jobs.default_deadline_secs` sets one and the provider documents no
+/// window (Workers AI).
+pub const DEADLINE_WITHOUT_WINDOW: Duration = Duration::from_secs(86_400);
+
+/// The deadline of a job that sets none, counted from acceptance: `jobs.default_deadline_secs` when set
+/// (`configured`); otherwise the provider's `window` (the longest a batch runs there before it expires) plus the
+/// settle wait (`jobs.deadline_settle_secs`) plus [`DEADLINE_MARGIN`], so a batch that uses its whole window is
+/// still collected; [`DEADLINE_WITHOUT_WINDOW`] for a provider without one.
+pub fn default_deadline(configured: Option<Duration>, window: Option<Duration>, settle: Duration) -> Duration {
+    match (configured, window) {
+        (Some(configured), _) => configured,
+        (None, Some(window)) => window + settle + DEADLINE_MARGIN,
+        (None, None) => DEADLINE_WITHOUT_WINDOW,
+    }
+}
+
 fn exhausted(error: &ApiError, attempts: u64) -> JobError {
     let mut job_error = error.to_job_error();
     job_error.code = code::RETRIES_EXHAUSTED.to_owned();
@@ -324,6 +351,15 @@ fn exhausted(error: &ApiError, attempts: u64) -> JobError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_without_a_deadline_gets_the_setting_or_its_providers_window_plus_the_settle_wait_and_a_margin() {
+        let settle = Duration::from_secs(600);
+        let day = Duration::from_secs(86_400);
+        assert_eq!(default_deadline(Some(Duration::from_secs(60)), Some(day), settle), Duration::from_secs(60));
+        assert_eq!(default_deadline(None, Some(day), settle), Duration::from_secs(86_400 + 600 + 3600));
+        assert_eq!(default_deadline(None, None, settle), DEADLINE_WITHOUT_WINDOW);
+    }
 
     #[test]
     fn a_lease_is_renewed_three_times_per_lease_and_never_in_a_busy_loop() {

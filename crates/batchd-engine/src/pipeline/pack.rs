@@ -375,6 +375,7 @@ mod tests {
             result: Some(RawValue::from_string(result.to_owned()).unwrap()),
             error: None,
             external_reference: None,
+            resent: false,
         }
     }
 

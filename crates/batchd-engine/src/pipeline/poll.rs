@@ -88,6 +88,12 @@ impl Pipeline {
                 metrics::api_request(provider.name(), ApiCall::Poll, error.kind.as_str(), error.http_status, elapsed)
             }
         }
+        // How long the batch has gone unread (`batchd_remote_unreachable_seconds`): a failure batchd waits out
+        // (the batch is kept) extends it, any answer ends it.
+        let failing =
+            matches!(&polled, Err(error) if matches!(after_failed_poll(error, 0), PollDecision::Retry { .. }));
+        let forget_after = Duration::from_millis(3 * self.poll.max_interval_ms.max(self.retry.max_backoff_ms));
+        metrics::remote_poll(provider.name(), &chunk.to_string(), failing, forget_after);
         let stored = match polled {
             Ok(Answer::Pending(status)) => {
                 if cancel.is_some() && !status.is_cancelling() {
@@ -295,9 +301,10 @@ impl Pipeline {
     }
 }
 
-/// The latest a chunk's next step may be due: the job's deadline, or a cancelled job's end of the wait.
+/// The latest a chunk's next step may be due: the job's deadline, or the end of a settling job's wait (a cancelled
+/// job's ends by the deadline; an expired job's after it, by `jobs.deadline_settle_secs`).
 fn latest_due(view: &ChunkView, cancel: Option<Cancelling<'_>>) -> batchd_core::UnixMillis {
-    cancel.map_or(view.deadline_at, |cancel| cancel.ends_at.min(view.deadline_at))
+    cancel.map_or(view.deadline_at, |cancel| cancel.ends_at)
 }
 
 /// What a poll (and, where the provider needs one, a results download) answered.

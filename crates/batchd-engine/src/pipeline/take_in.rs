@@ -51,7 +51,7 @@ impl Pipeline {
             Ok(planned) => planned,
             Err((reason, message)) => return self.refuse(&job, entry_id, reason, message).await,
         };
-        let deadline_at = self.deadline_at(&job, now);
+        let deadline_at = self.deadline_at(&job, planned.provider, now);
         let first_body = planned.provider.limits().body.bytes(planned.sizes[..planned.plan[0].1].iter().copied());
         let key = packing_key(&job.model, job.endpoint.as_deref());
         let intake = Intake {
@@ -125,9 +125,13 @@ impl Pipeline {
         Ok(Planned { provider, sizes, plan, references })
     }
 
-    /// When a job taken in at `now` ends `expired`: its own `deadline_secs`, or the default.
-    fn deadline_at<R>(&self, job: &Job<R>, now: UnixMillis) -> UnixMillis {
-        let deadline = job.deadline_secs.map(Duration::from_secs).unwrap_or(self.default_deadline);
+    /// When a job taken in at `now` for `provider` reaches its deadline: its own `deadline_secs`, or the default
+    /// (`jobs.default_deadline_secs`, or the provider's window plus the settle wait and a margin:
+    /// [`super::default_deadline`]).
+    fn deadline_at<R>(&self, job: &Job<R>, provider: &dyn Provider, now: UnixMillis) -> UnixMillis {
+        let deadline = job.deadline_secs.map(Duration::from_secs).unwrap_or_else(|| {
+            super::default_deadline(self.default_deadline, provider.capabilities().window, self.deadline_settle)
+        });
         // Saturating: a producer may ask for a deadline centuries away.
         now.saturating_add(u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX))
     }

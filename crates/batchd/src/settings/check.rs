@@ -64,8 +64,8 @@ impl Settings {
         if self.retry.max_attempts == 0 {
             return fail("retry.max_attempts", "must be at least 1");
         }
-        if self.jobs.default_deadline_secs == 0 {
-            return fail("jobs.default_deadline_secs", "must be at least 1");
+        if self.jobs.deadline_settle_secs == 0 {
+            return fail("jobs.deadline_settle_secs", "must be at least 1");
         }
         if self.jobs.max_payload_bytes < 1024 {
             return fail("jobs.max_payload_bytes", "must be at least 1024");

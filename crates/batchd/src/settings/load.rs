@@ -189,7 +189,7 @@ mod tests {
     fn defaults_load_and_are_sane() {
         let settings = Settings::load_from(None, &env(&[])).unwrap();
         assert_eq!(settings.redis.namespace, "batchd");
-        assert_eq!(settings.jobs.default_deadline_secs, 86_400);
+        assert_eq!(settings.jobs.default_deadline_secs, 0, "per provider");
         assert_eq!(settings.log.format, LogFormat::Text);
     }
 

@@ -241,8 +241,13 @@ pub struct ScheduleConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobSettings {
-    /// Default deadline of a job.
+    /// Deadline of a job that sets none, in seconds from acceptance; 0: per provider, its window plus
+    /// `deadline_settle_secs` plus an hour (OpenAI and Anthropic: 24 h + 10 min + 1 h), 24 h where the provider
+    /// documents no window (Workers AI).
     pub default_deadline_secs: u64,
+    /// How long after a job's deadline its batches still running are waited for, once asked to cancel at a
+    /// provider that can (OpenAI, Anthropic); then the job ends `expired` with what had finished.
+    pub deadline_settle_secs: u64,
     /// Largest accepted `job` field.
     pub max_entry_bytes: usize,
     /// Largest accepted number of items.
@@ -253,6 +258,9 @@ pub struct JobSettings {
     pub max_batch_items: usize,
     /// Default for a job's `retry_failed_items`.
     pub retry_failed_items: bool,
+    /// Send once more the items a provider expired (its window closed before they ran), while the job's deadline
+    /// is at least 5 minutes away.
+    pub resend_expired_items: bool,
 }
 
 /// `[retention]`
