@@ -1,5 +1,6 @@
 //! What every provider's HTTP client is built from, written once: the API key that never prints, the base URL
-//! check, path segments appended percent-encoded, the `reqwest` client (the settings' timeouts, no redirects),
+//! check, path segments appended percent-encoded, the `reqwest` clients (the settings' timeouts, no redirects; the
+//! transfer client for uploads and result downloads, timed by progress rather than by a total),
 //! `Retry-After` read from a reply's headers, and a failed request (no complete reply) as an [`ApiError`]. Each
 //! provider's `client.rs` keeps only what its API does differently (URLs, headers, reply bodies).
 
@@ -181,6 +182,34 @@ pub fn client(request_timeout: Duration, connect_timeout: Duration) -> Result<re
         .connect_timeout(connect_timeout)
         .redirect(reqwest::redirect::Policy::none())
         .build()
+}
+
+/// The HTTP client of a provider's uploads and results downloads: like [`client`], but with no limit on the whole
+/// request. A transfer is timed by its progress instead: it fails when no byte arrives for `idle_timeout` (the
+/// reply's start, each piece of its body), so a 512 MiB result on a slow link is read to its end, and a stalled
+/// one fails in `idle_timeout` whatever its size. Bytes are bounded by the caller (a result cap, the memory
+/// budget).
+pub fn transfer_client(connect_timeout: Duration, idle_timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .user_agent(USER_AGENT)
+        .read_timeout(idle_timeout)
+        .connect_timeout(connect_timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+}
+
+/// [`transport_error`] of a transfer ([`transfer_client`]): a timeout is a pause of `idle_timeout` without a byte.
+pub fn transfer_error(
+    error: &reqwest::Error,
+    http_status: Option<u16>,
+    idle_timeout: Duration,
+    creates: bool,
+) -> ApiError {
+    let mut failed = transport_error(error, http_status, idle_timeout, creates);
+    if error.is_timeout() {
+        failed.message = format!("the transfer stalled: no byte for {idle_timeout:?}: {}", error_chain(error));
+    }
+    failed
 }
 
 /// A reply's `Retry-After`, in seconds or as an HTTP date, when present and readable.

@@ -25,8 +25,8 @@ pub use load::describe_config_error;
 pub use secrets::Secret;
 pub use sections::{
     AdminSettings, AnthropicConfig, CloudflareSettings, EventSettings, IngressConfig, JobSettings, LogFormat,
-    LogSettings, OpenAiModelLimit, OpenAiSettings, RedisMode, RedisSettings, RetentionSettings, ScheduleConfig,
-    ShutdownSettings, WorkerSettings,
+    LogSettings, OpenAiModelLimit, OpenAiSettings, OpenAiTokenLimit, RedisMode, RedisSettings, RetentionSettings,
+    ScheduleConfig, ShutdownSettings, WorkerSettings,
 };
 
 /// The built-in defaults; the same file documents every key.
