@@ -850,7 +850,7 @@ async fn embeddings_and_responses_jobs_go_to_their_endpoint_and_an_unknown_endpo
         }))
         .await;
     world
-        .enqueue(&json!({"id": "bad-endpoint", "model": "openai/m", "endpoint": "/v1/videos", "requests": [{}]}))
+        .enqueue(&json!({"id": "bad-endpoint", "model": "openai/m", "endpoint": "/v1/audio/speech", "requests": [{}]}))
         .await;
 
     let embeddings = world.wait_for_result("emb-1", WAIT).await;
@@ -873,7 +873,7 @@ async fn embeddings_and_responses_jobs_go_to_their_endpoint_and_an_unknown_endpo
     let refused = world.wait_for_result("bad-endpoint", WAIT).await;
     assert_eq!(refused.status, ResultStatus::Failed);
     assert!(
-        refused.error.as_ref().expect("error").message.contains("no endpoint \"/v1/videos\""),
+        refused.error.as_ref().expect("error").message.contains("no endpoint \"/v1/audio/speech\""),
         "{:?}",
         refused.error
     );

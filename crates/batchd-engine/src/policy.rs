@@ -405,9 +405,9 @@ mod tests {
     #[test]
     fn chunks_stay_under_an_inputs_limit_where_items_hold_several() {
         let inputs = [3, 1, 2, 4, 1, 7, 1];
-        let plan = plan_chunks_with_inputs(&[10; 7], BODY_SHAPE, 1000, Some(50), Some((&inputs, 5))).unwrap();
-        assert_eq!(plan, vec![(0, 2), (2, 1), (3, 2), (5, 1), (6, 1)], "an item over the limit alone is alone");
-        for (start, len) in &plan[..] {
+        let planned = plan_chunks_with_inputs(&[10; 7], BODY_SHAPE, 1000, Some(50), Some((&inputs, 5))).unwrap();
+        assert_eq!(planned, vec![(0, 2), (2, 1), (3, 2), (5, 1), (6, 1)], "an item over the limit alone is alone");
+        for (start, len) in &planned[..] {
             let held: usize = inputs[*start..start + len].iter().sum();
             assert!(held <= 5 || *len == 1, "{start}+{len}: {held}");
         }

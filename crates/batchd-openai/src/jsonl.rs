@@ -325,7 +325,7 @@ mod tests {
         let refs: Vec<&RawValue> = owned.iter().map(AsRef::as_ref).collect();
         let mut out = Vec::new();
         write_lines(&mut out, &refs, endpoint, model);
-        let shape = line_shape(50_000);
+        let shape = line_shape(50_000, endpoint.len());
         assert!(out.len() <= shape.bytes(items.iter().map(|item| item.len())), "the shape is an upper bound");
         let text = String::from_utf8(out).expect("utf-8");
         assert!(text.ends_with('\n'));
