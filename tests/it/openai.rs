@@ -630,7 +630,7 @@ async fn a_cancel_after_an_uncertain_create_finds_its_batch_and_cancels_it_witho
     let requests: Vec<Value> = (0..3).map(|i| chat(&format!("item-{i}"))).collect();
     world.enqueue(&json!({"id": "uncertain-cancel", "model": "openai/gpt-4o-mini", "requests": requests})).await;
     wait_until("the create's outcome is unknown", WAIT, async || {
-        world.ledger("uncertain-cancel").await.get("c0:uncertain").map(String::as_str) == Some("1")
+        world.ledger("uncertain-cancel").await.contains_key("c0:uncertain")
     })
     .await;
     assert_eq!(openai.batch_count(), 1, "the batch exists");
