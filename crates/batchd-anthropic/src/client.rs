@@ -316,9 +316,9 @@ struct EnvelopeError {
     message: Option<String>,
 }
 
-/// What a non-2xx reply means. 429, 529 (`overloaded_error`) and every other 5xx (`api_error`) are the API's
+/// What a non-2xx reply means. 429, 529 (`overloaded_error`) and a create's other 5xx (`api_error`) are the API's
 /// back-pressure: they wait, using no attempt (a create answered 5xx may have created its batch: the next attempt
-/// looks before creating). 402 (`billing_error`) fails the job at once saying why, 413 splits, 404 is a batch
+/// looks before creating); other calls' 5xx are transient (a running batch is never given up on for them). 402 (`billing_error`) fails the job at once saying why, 413 splits, 404 is a batch
 /// gone, any other 4xx a refusal.
 pub(crate) fn from_reply(call: Call, http_status: u16, retry_after: Option<Duration>, body: &[u8]) -> ApiError {
     let envelope: Envelope = serde_json::from_slice(body).unwrap_or_default();
@@ -333,11 +333,14 @@ pub(crate) fn from_reply(call: Call, http_status: u16, retry_after: Option<Durat
         .map(|message| message.chars().filter(|c| !c.is_control()).take(MAX_QUOTED).collect())
         .unwrap_or_else(quoted);
     let kind = match http_status {
-        429 | 500.. => ErrorKind::RateLimited,
+        429 | 529 => ErrorKind::RateLimited,
+        // A create answered 5xx: the API's back-pressure on work not yet at the API, a wait. Elsewhere (a poll, a
+        // download) transient: a batch that exists is never given up on for it, and its polls back off.
+        500.. if call == Call::Create => ErrorKind::RateLimited,
         402 => ErrorKind::Billing,
         413 => ErrorKind::TooLarge,
         404 => ErrorKind::NotFound,
-        408 | 409 | 425 => ErrorKind::Transient,
+        408 | 409 | 425 | 500.. => ErrorKind::Transient,
         _ => ErrorKind::Permanent,
     };
     let api_code = error.kind.map(|kind| ApiCode::Text(kind.chars().take(64).collect()));
@@ -408,8 +411,9 @@ mod tests {
         assert_eq!(error(429, Call::Create).kind, ErrorKind::RateLimited);
         assert!(!error(429, Call::Create).maybe_delivered, "a 429 created nothing");
         assert_eq!(error(529, Call::Other).kind, ErrorKind::RateLimited, "overloaded: a wait, not an attempt");
-        assert_eq!(error(500, Call::Other).kind, ErrorKind::RateLimited, "api_error: a wait too");
+        assert_eq!(error(500, Call::Create).kind, ErrorKind::RateLimited, "a create's api_error: a wait too");
         assert_eq!(error(503, Call::Create).kind, ErrorKind::RateLimited);
+        assert_eq!(error(500, Call::Other).kind, ErrorKind::Transient, "a poll's backs off");
         assert_eq!(error(408, Call::Other).kind, ErrorKind::Transient);
         assert!(error(500, Call::Create).maybe_delivered, "a 500 on create may have created the batch");
         assert!(!error(500, Call::Other).maybe_delivered);

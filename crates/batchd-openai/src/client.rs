@@ -270,7 +270,8 @@ impl Client {
             Err(mut error) => {
                 error.http_status = Some(status);
                 error.retry_after = retry_after;
-                if status == 429 || status >= 500 {
+                // Back-pressure stays a wait; any other error whose body could not be read is transient.
+                if error::classify(operation, status, None) == ErrorKind::RateLimited {
                     error.kind = ErrorKind::RateLimited;
                 }
                 error

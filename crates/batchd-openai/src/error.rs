@@ -1,6 +1,6 @@
-//! OpenAI's failures classified once into the kinds the engine acts on ([`ErrorKind`]): 429 and 5xx are the API's
-//! back-pressure, waits that use no attempt (`insufficient_quota`, also a 429, fails fast as a billing problem),
-//! 408/409 and broken connections are transient, 413 and `file_too_large` are
+//! OpenAI's failures classified once into the kinds the engine acts on ([`ErrorKind`]): 429, and 5xx on an upload
+//! or a create, are the API's back-pressure, waits that use no attempt (`insufficient_quota`, also a 429, fails
+//! fast as a billing problem), 408/409, other 5xx and broken connections are transient, 413 and `file_too_large` are
 //! too large, 404 while polling or downloading means the batch or file is gone, and every other 4xx is permanent.
 //! A create whose outcome is unknown (timeout or reset after sending, a 5xx, an unreadable 2xx) is marked
 //! `maybe_delivered`, so the engine resumes it by looking the batch up instead of creating it again.
@@ -41,13 +41,16 @@ pub(crate) const MESSAGE_CHARS: usize = 2048;
 pub(crate) fn classify(operation: Operation, http_status: u16, code: Option<&str>) -> ErrorKind {
     match (http_status, code) {
         (_, Some("insufficient_quota")) => ErrorKind::Billing,
-        // The API's back-pressure: an overloaded or briefly unavailable API is waited out, never an attempt.
-        (429 | 500..=599, _) => ErrorKind::RateLimited,
+        (429, _) => ErrorKind::RateLimited,
+        // The API's back-pressure on work not yet at the API: an overloaded or briefly unavailable API is waited
+        // out, never an attempt. Elsewhere (a poll, a download) a 5xx is transient: a batch that exists is never
+        // given up on for it either, and its polls back off to `poll.max_interval_ms` as failures add up.
+        (500..=599, _) if matches!(operation, Operation::Upload | Operation::Create) => ErrorKind::RateLimited,
         (413, _) | (_, Some("file_too_large")) => ErrorKind::TooLarge,
         (404, _) if matches!(operation, Operation::Retrieve | Operation::Content | Operation::Delete) => {
             ErrorKind::NotFound
         }
-        (408 | 409, _) => ErrorKind::Transient,
+        (408 | 409 | 500..=599, _) => ErrorKind::Transient,
         _ => ErrorKind::Permanent,
     }
 }
@@ -124,8 +127,9 @@ mod tests {
         assert_eq!(classify(Upload, 400, Some("file_too_large")), ErrorKind::TooLarge);
         assert_eq!(classify(Retrieve, 404, None), ErrorKind::NotFound);
         assert_eq!(classify(Create, 404, None), ErrorKind::Permanent, "an unknown input file");
-        assert_eq!(classify(Content, 503, None), ErrorKind::RateLimited, "back-pressure: a wait");
-        assert_eq!(classify(Create, 500, Some("server_error")), ErrorKind::RateLimited);
+        assert_eq!(classify(Create, 500, Some("server_error")), ErrorKind::RateLimited, "back-pressure: a wait");
+        assert_eq!(classify(Upload, 503, None), ErrorKind::RateLimited);
+        assert_eq!(classify(Content, 503, None), ErrorKind::Transient, "a batch's download backs off");
         assert_eq!(classify(Retrieve, 408, None), ErrorKind::Transient);
         assert_eq!(classify(Create, 401, Some("invalid_api_key")), ErrorKind::Permanent);
     }
