@@ -202,6 +202,36 @@ async fn an_embeddings_job_is_planned_under_50000_inputs_a_batch() {
     daemon.stop().await.expect("stop");
 }
 
+/// Packed embeddings jobs whose inputs together go over 50,000 (three one-item jobs of 20,000 inputs, packed into
+/// one remote batch by lines and bytes) are split before anything is sent, never refused by the API.
+#[tokio::test]
+async fn a_pack_of_embeddings_over_50000_inputs_is_split_before_it_is_sent() {
+    let mut world = World::new().await;
+    with_openai(&mut world.settings, &world.emulator);
+    world.settings.packing.enabled = true;
+    let openai = world.emulator.openai();
+    let daemon = world.daemon();
+    for job in 0..3 {
+        let inputs: Vec<String> = (0..20_000).map(|i| format!("{job}-{i}")).collect();
+        world
+            .enqueue(&json!({
+                "id": format!("packed-{job}"),
+                "model": "openai/text-embedding-3-small",
+                "endpoint": "/v1/embeddings",
+                "requests": [{"input": inputs}],
+            }))
+            .await;
+    }
+    for job in 0..3 {
+        let entry = world.wait_for_result(&format!("packed-{job}"), WAIT).await;
+        assert_eq!(entry.status, ResultStatus::Completed, "{job}: {:?}", entry.error);
+        assert_eq!(body(&entry, 0)["data"].as_array().expect("vectors").len(), 20_000);
+    }
+    let statuses: Vec<&str> = openai.batch_statuses().into_iter().map(|(_, status)| status).collect();
+    assert_eq!(statuses, ["completed", "completed"], "the pack of three, split in two before it was sent");
+    daemon.stop().await.expect("stop");
+}
+
 /// The endpoint list is `openai.endpoints`: by default the documented set (`/v1/videos` included); a job naming
 /// another fails before anything is sent, saying which setting lists them.
 #[tokio::test]
