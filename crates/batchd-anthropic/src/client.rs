@@ -204,6 +204,9 @@ impl Client {
         let client = if call == Call::Other { &self.http } else { &self.transfer };
         let mut request = client.request(method, url).headers(self.headers.clone());
         if let Some(body) = body {
+            if call == Call::Create {
+                request = request.timeout(http::upload_deadline(self.idle_timeout, body.len()));
+            }
             request = request.header(CONTENT_TYPE, "application/json").body(body);
         }
         request.send().await.map_err(|error| self.scrub(self.transport(call, &error, None)))

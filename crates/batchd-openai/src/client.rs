@@ -95,6 +95,7 @@ impl Client {
     pub(crate) async fn upload(&self, body: Vec<u8>, boundary: &str) -> Result<String, ApiError> {
         let request = self
             .transfer_request(Method::POST, &["files"])
+            .timeout(http::upload_deadline(self.idle_timeout, body.len()))
             .header(CONTENT_TYPE, format!("multipart/form-data; boundary={boundary}"))
             .body(body);
         let file: wire::FileObject = self.json(Operation::Upload, request).await?;

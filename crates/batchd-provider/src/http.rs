@@ -198,7 +198,19 @@ pub fn transfer_client(connect_timeout: Duration, idle_timeout: Duration) -> Res
         .build()
 }
 
-/// [`transport_error`] of a transfer ([`transfer_client`]): a timeout is a pause of `idle_timeout` without a byte.
+/// Slowest upload a transfer is given time for, in bytes a second: an upload's bytes are written by the OS, which
+/// says nothing of a server that stops reading, so an upload also ends at [`upload_deadline`].
+pub const MIN_UPLOAD_RATE: u64 = 64 * 1024;
+
+/// The longest an upload of `bytes` may take in all (with its reply): `idle_timeout` plus the bytes at
+/// [`MIN_UPLOAD_RATE`] (about 52 minutes for 200 MB). A bound for a server that stops reading, not a pace: an
+/// upload at any usable speed ends long before it.
+pub fn upload_deadline(idle_timeout: Duration, bytes: usize) -> Duration {
+    idle_timeout + Duration::from_secs((bytes as u64).div_ceil(MIN_UPLOAD_RATE))
+}
+
+/// [`transport_error`] of a transfer ([`transfer_client`]): a timeout is a pause of `idle_timeout` without a byte
+/// (or an upload slower than [`MIN_UPLOAD_RATE`]).
 pub fn transfer_error(
     error: &reqwest::Error,
     http_status: Option<u16>,
@@ -207,7 +219,11 @@ pub fn transfer_error(
 ) -> ApiError {
     let mut failed = transport_error(error, http_status, idle_timeout, creates);
     if error.is_timeout() {
-        failed.message = format!("the transfer stalled: no byte for {idle_timeout:?}: {}", error_chain(error));
+        failed.message = format!(
+            "the transfer stalled (no byte for {idle_timeout:?}, or an upload slower than {} KiB/s): {}",
+            MIN_UPLOAD_RATE / 1024,
+            error_chain(error)
+        );
     }
     failed
 }
@@ -307,6 +323,13 @@ mod tests {
         assert_eq!(scrub("ask-"), "ask-", "shorter than MIN_KEY_PIECE: ordinary text");
         assert_eq!(scrub("sk-p"), "[redacted]");
         assert_eq!(scrub("nothing of it"), "nothing of it");
+    }
+
+    #[test]
+    fn an_upload_is_given_its_bytes_at_the_slowest_rate_beyond_the_idle_timeout() {
+        let idle = Duration::from_secs(60);
+        assert_eq!(upload_deadline(idle, 0), idle);
+        assert_eq!(upload_deadline(idle, 200_000_000), idle + Duration::from_secs(3052));
     }
 
     #[test]
