@@ -43,6 +43,7 @@ mod openai;
 mod ops;
 mod packing;
 mod producer;
+mod provider_limits;
 mod provider_seam;
 mod recovery;
 mod references;

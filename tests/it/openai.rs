@@ -633,7 +633,7 @@ async fn a_cancel_after_an_uncertain_create_finds_its_batch_and_cancels_it_witho
     let requests: Vec<Value> = (0..3).map(|i| chat(&format!("item-{i}"))).collect();
     world.enqueue(&json!({"id": "uncertain-cancel", "model": "openai/gpt-4o-mini", "requests": requests})).await;
     wait_until("the create's outcome is unknown", WAIT, async || {
-        world.ledger("uncertain-cancel").await.get("c0:uncertain").map(String::as_str) == Some("1")
+        world.ledger("uncertain-cancel").await.contains_key("c0:uncertain")
     })
     .await;
     assert_eq!(openai.batch_count(), 1, "the batch exists");
@@ -853,7 +853,7 @@ async fn embeddings_and_responses_jobs_go_to_their_endpoint_and_an_unknown_endpo
         }))
         .await;
     world
-        .enqueue(&json!({"id": "bad-endpoint", "model": "openai/m", "endpoint": "/v1/videos", "requests": [{}]}))
+        .enqueue(&json!({"id": "bad-endpoint", "model": "openai/m", "endpoint": "/v1/audio/speech", "requests": [{}]}))
         .await;
 
     let embeddings = world.wait_for_result("emb-1", WAIT).await;
@@ -876,7 +876,7 @@ async fn embeddings_and_responses_jobs_go_to_their_endpoint_and_an_unknown_endpo
     let refused = world.wait_for_result("bad-endpoint", WAIT).await;
     assert_eq!(refused.status, ResultStatus::Failed);
     assert!(
-        refused.error.as_ref().expect("error").message.contains("no endpoint \"/v1/videos\""),
+        refused.error.as_ref().expect("error").message.contains("no endpoint \"/v1/audio/speech\""),
         "{:?}",
         refused.error
     );

@@ -31,6 +31,8 @@ const MAX_QUOTED: usize = 300;
 pub enum Call {
     /// `POST /v1/messages/batches`.
     Create,
+    /// A results download.
+    Results,
     /// Any other call.
     Other,
 }
@@ -40,6 +42,11 @@ pub enum Call {
 pub struct Client {
     /// The HTTP client: the settings' timeouts, no redirects.
     http: reqwest::Client,
+    /// The client of creates (a body of up to 256 MB) and results downloads: no total limit, `idle_timeout`
+    /// between bytes.
+    transfer: reqwest::Client,
+    /// The longest pause in a transfer, quoted in its timeout errors.
+    idle_timeout: Duration,
     /// The headers every call carries (the key marked sensitive).
     headers: HeaderMap,
     /// `{base}/v1/messages/batches`.
@@ -91,8 +98,15 @@ impl Client {
             headers.insert("anthropic-workspace-id", header("workspace_id", workspace)?);
         }
         let http = http::client(settings.request_timeout, settings.connect_timeout).map_err(BuildError::Http)?;
+        if settings.idle_timeout.is_zero() {
+            return Err(BuildError::InvalidLimit("idle_timeout_secs: must be at least 1".to_owned()));
+        }
+        let transfer =
+            http::transfer_client(settings.connect_timeout, settings.idle_timeout).map_err(BuildError::Http)?;
         Ok(Self {
             http,
+            transfer,
+            idle_timeout: settings.idle_timeout,
             headers,
             origin: url_origin::of(&base),
             batches_url,
@@ -178,7 +192,8 @@ impl Client {
         }
     }
 
-    /// Sends a request; a reply of any status is returned, a transport failure classified.
+    /// Sends a request; a reply of any status is returned, a transport failure classified. A create and a results
+    /// download go through the transfer client (timed by progress, not by `request_timeout`).
     async fn send(
         &self,
         call: Call,
@@ -186,15 +201,20 @@ impl Client {
         url: Url,
         body: Option<Vec<u8>>,
     ) -> Result<reqwest::Response, ApiError> {
-        let mut request = self.http.request(method, url).headers(self.headers.clone());
+        let client = if call == Call::Other { &self.http } else { &self.transfer };
+        let mut request = client.request(method, url).headers(self.headers.clone());
         if let Some(body) = body {
+            if call == Call::Create {
+                request = request.timeout(http::upload_deadline(self.idle_timeout, body.len()));
+            }
             request = request.header(CONTENT_TYPE, "application/json").body(body);
         }
         request.send().await.map_err(|error| self.scrub(self.transport(call, &error, None)))
     }
 
-    /// Streams the results at `url` line by line into `line`, holding room in `budget` for the bytes read (1 MiB
-    /// at a time, never waiting while holding room); refuses more than `max_reply_bytes`. Returns the room held.
+    /// Streams the results at `url` line by line into `line`, holding room in `budget` for the bytes read (their
+    /// declared length at once, else growing by doubling, never waiting while holding room); refuses more than
+    /// `max_reply_bytes` or than the budget can hold. Returns the room held.
     #[tracing::instrument(level = "debug", skip_all, fields(url = %url.path()))]
     pub async fn results(
         &self,
@@ -202,7 +222,7 @@ impl Client {
         budget: Option<&ReplyBudget>,
         mut line: impl FnMut(&[u8]),
     ) -> Result<Vec<ReplyHold>, ApiError> {
-        let mut response = self.send(Call::Other, Method::GET, url, None).await?;
+        let mut response = self.send(Call::Results, Method::GET, url, None).await?;
         let http_status = response.status().as_u16();
         if !(200..300).contains(&http_status) {
             let headers = response.headers().clone();
@@ -215,20 +235,27 @@ impl Client {
             }
             return Err(self.scrub(from_reply(Call::Other, http_status, http::retry_after(&headers), &reply)));
         }
-        if let Some(declared) = response.content_length().filter(|declared| *declared > self.max_reply_bytes as u64) {
-            return Err(too_large(http_status, declared, self.max_reply_bytes));
-        }
+        let limit = self.max_reply_bytes.min(budget.map_or(usize::MAX, ReplyBudget::capacity));
         let (mut held, mut held_bytes, mut total) = (Vec::<ReplyHold>::new(), 0usize, 0usize);
+        if let Some(declared) = response.content_length() {
+            if declared > limit as u64 {
+                return Err(too_large(http_status, declared, limit));
+            }
+            // A declared length: its room is taken at once, so the download never waits again.
+            if let Some(budget) = budget {
+                budget.cover(&mut held, &mut held_bytes, declared as usize, RESULTS_STEP).await;
+            }
+        }
         let mut lines = LineSplitter::default();
         loop {
             let chunk = match response.chunk().await {
                 Ok(Some(chunk)) => chunk,
                 Ok(None) => break,
-                Err(error) => return Err(self.scrub(self.transport(Call::Other, &error, Some(http_status)))),
+                Err(error) => return Err(self.scrub(self.transport(Call::Results, &error, Some(http_status)))),
             };
             total += chunk.len();
-            if total > self.max_reply_bytes {
-                return Err(too_large(http_status, total as u64, self.max_reply_bytes));
+            if total > limit {
+                return Err(too_large(http_status, total as u64, limit));
             }
             if let Some(budget) = budget {
                 budget.cover(&mut held, &mut held_bytes, total, RESULTS_STEP).await;
@@ -259,7 +286,12 @@ impl Client {
 
     /// A transport failure: a create that may have been sent may have created its batch.
     fn transport(&self, call: Call, error: &reqwest::Error, http_status: Option<u16>) -> ApiError {
-        http::transport_error(error, http_status, self.request_timeout, call == Call::Create)
+        match call {
+            Call::Other => http::transport_error(error, http_status, self.request_timeout, false),
+            Call::Create | Call::Results => {
+                http::transfer_error(error, http_status, self.idle_timeout, call == Call::Create)
+            }
+        }
     }
 
     /// Removes the key from an error's message, in case a server echoed it.
@@ -287,9 +319,10 @@ struct EnvelopeError {
     message: Option<String>,
 }
 
-/// What a non-2xx reply means. 429 and 529 (`overloaded_error`: the API's own back-pressure) wait, using no
-/// attempt, 402 (`billing_error`) fails the job at once saying why, 413 splits, other 5xx retry (a create answered 5xx may have created
-/// its batch: the next attempt looks before creating), 404 is a batch gone, any other 4xx a refusal.
+/// What a non-2xx reply means. 429, 529 (`overloaded_error`) and a create's other 5xx (`api_error`) are the API's
+/// back-pressure: they wait, using no attempt (a create answered 5xx may have created its batch: the next attempt
+/// looks before creating); other calls' 5xx are transient (a running batch is never given up on for them). 402 (`billing_error`) fails the job at once saying why, 413 splits, 404 is a batch
+/// gone, any other 4xx a refusal.
 pub(crate) fn from_reply(call: Call, http_status: u16, retry_after: Option<Duration>, body: &[u8]) -> ApiError {
     let envelope: Envelope = serde_json::from_slice(body).unwrap_or_default();
     let error = envelope.error.unwrap_or_default();
@@ -304,11 +337,13 @@ pub(crate) fn from_reply(call: Call, http_status: u16, retry_after: Option<Durat
         .unwrap_or_else(quoted);
     let kind = match http_status {
         429 | 529 => ErrorKind::RateLimited,
+        // A create answered 5xx: the API's back-pressure on work not yet at the API, a wait. Elsewhere (a poll, a
+        // download) transient: a batch that exists is never given up on for it, and its polls back off.
+        500.. if call == Call::Create => ErrorKind::RateLimited,
         402 => ErrorKind::Billing,
         413 => ErrorKind::TooLarge,
         404 => ErrorKind::NotFound,
-        408 | 409 | 425 => ErrorKind::Transient,
-        500.. => ErrorKind::Transient,
+        408 | 409 | 425 | 500.. => ErrorKind::Transient,
         _ => ErrorKind::Permanent,
     };
     let api_code = error.kind.map(|kind| ApiCode::Text(kind.chars().take(64).collect()));
@@ -379,7 +414,10 @@ mod tests {
         assert_eq!(error(429, Call::Create).kind, ErrorKind::RateLimited);
         assert!(!error(429, Call::Create).maybe_delivered, "a 429 created nothing");
         assert_eq!(error(529, Call::Other).kind, ErrorKind::RateLimited, "overloaded: a wait, not an attempt");
-        assert_eq!(error(500, Call::Other).kind, ErrorKind::Transient);
+        assert_eq!(error(500, Call::Create).kind, ErrorKind::RateLimited, "a create's api_error: a wait too");
+        assert_eq!(error(503, Call::Create).kind, ErrorKind::RateLimited);
+        assert_eq!(error(500, Call::Other).kind, ErrorKind::Transient, "a poll's backs off");
+        assert_eq!(error(408, Call::Other).kind, ErrorKind::Transient);
         assert!(error(500, Call::Create).maybe_delivered, "a 500 on create may have created the batch");
         assert!(!error(500, Call::Other).maybe_delivered);
         assert_eq!(error(413, Call::Create).kind, ErrorKind::TooLarge);

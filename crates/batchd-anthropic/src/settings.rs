@@ -34,8 +34,11 @@ pub struct AnthropicSettings {
     pub beta: Option<String>,
     /// The `anthropic-workspace-id` header, when set.
     pub workspace_id: Option<String>,
-    /// Longest wait for one request (a create of a 256 MB body included).
+    /// Longest wait for one request other than a create or a results download.
     pub request_timeout: Duration,
+    /// Longest pause in a create (its body of up to 256 MB, then its reply) or a results download: those are timed
+    /// by progress, not by a total.
+    pub idle_timeout: Duration,
     /// Longest wait to connect.
     pub connect_timeout: Duration,
     /// Largest reply read: a results download of more fails its chunk (`reply_too_large`).
@@ -64,6 +67,7 @@ impl AnthropicSettings {
             beta: None,
             workspace_id: None,
             request_timeout: Duration::from_secs(300),
+            idle_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(10),
             max_reply_bytes: 512 * 1024 * 1024,
             max_body_bytes: MAX_BODY_BYTES,

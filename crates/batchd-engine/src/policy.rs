@@ -86,22 +86,41 @@ pub fn plan_chunks(
     max_payload_bytes: usize,
     max_items: Option<usize>,
 ) -> Result<Vec<(usize, usize)>, ItemTooLarge> {
+    plan_chunks_with_inputs(item_sizes, shape, max_payload_bytes, max_items, None)
+}
+
+/// [`plan_chunks`] under a limit on inputs too, where an item may hold several (OpenAI's 50,000 embedding inputs
+/// per batch): `inputs` is each item's count and the most one chunk may hold. An item over that limit alone gets a
+/// chunk of its own (the provider refuses it, that item's chunk alone).
+pub fn plan_chunks_with_inputs(
+    item_sizes: &[usize],
+    shape: BodyShape,
+    max_payload_bytes: usize,
+    max_items: Option<usize>,
+    inputs: Option<(&[usize], usize)>,
+) -> Result<Vec<(usize, usize)>, ItemTooLarge> {
     let max_items = max_items.filter(|max| *max > 0).unwrap_or(usize::MAX);
     let mut plan = Vec::new();
-    let (mut start, mut len, mut items_bytes) = (0usize, 0usize, 0usize);
+    let (mut start, mut len, mut items_bytes, mut n_inputs) = (0usize, 0usize, 0usize, 0usize);
     for (index, &bytes) in item_sizes.iter().enumerate() {
         let alone = shape.bytes([bytes]);
         if alone >= max_payload_bytes {
             return Err(ItemTooLarge { index, bytes, body_bytes: alone });
         }
+        let (item_inputs, max_inputs) = match inputs {
+            Some((counts, max)) => (counts.get(index).copied().unwrap_or(1), max),
+            None => (0, usize::MAX),
+        };
         // Body with this item added: the envelope, the items with their overheads, the separators.
         let with_item = shape.bytes([items_bytes + bytes]) + len * (shape.per_item + shape.separator);
-        if len > 0 && (with_item >= max_payload_bytes || len == max_items) {
+        let over_inputs = n_inputs.saturating_add(item_inputs) > max_inputs;
+        if len > 0 && (with_item >= max_payload_bytes || len == max_items || over_inputs) {
             plan.push((start, len));
-            (start, len, items_bytes) = (index, 0, 0);
+            (start, len, items_bytes, n_inputs) = (index, 0, 0, 0);
         }
         len += 1;
         items_bytes += bytes;
+        n_inputs = n_inputs.saturating_add(item_inputs);
     }
     if len > 0 || plan.is_empty() {
         plan.push((start, len));
@@ -380,6 +399,19 @@ mod tests {
         assert_eq!(body(&[10, 10, 10]), 47);
         assert_eq!(plan(&[10, 10, 10], 47, None), Ok(vec![(0, 2), (2, 1)]));
         assert_eq!(plan(&[10, 10, 10], 48, None), Ok(vec![(0, 3)]));
+    }
+
+    /// Issue 34: items that hold several inputs (OpenAI embeddings) are planned under the inputs limit too.
+    #[test]
+    fn chunks_stay_under_an_inputs_limit_where_items_hold_several() {
+        let inputs = [3, 1, 2, 4, 1, 7, 1];
+        let planned = plan_chunks_with_inputs(&[10; 7], BODY_SHAPE, 1000, Some(50), Some((&inputs, 5))).unwrap();
+        assert_eq!(planned, vec![(0, 2), (2, 1), (3, 2), (5, 1), (6, 1)], "an item over the limit alone is alone");
+        for (start, len) in &planned[..] {
+            let held: usize = inputs[*start..start + len].iter().sum();
+            assert!(held <= 5 || *len == 1, "{start}+{len}: {held}");
+        }
+        assert_eq!(plan_chunks_with_inputs(&[10; 7], BODY_SHAPE, 1000, Some(3), None), plan(&[10; 7], 1000, Some(3)));
     }
 
     #[test]

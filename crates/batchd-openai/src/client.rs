@@ -1,6 +1,8 @@
 //! The HTTP side: one function per API call (upload, create, retrieve, list, cancel, delete a file, stream a
 //! file's content), each sending one request and handing the reply to `error` or `wire`. Result files are read as
 //! a stream, line by line into the join, counted against `max_result_bytes` and the engine's memory budget.
+//! Uploads and result downloads go through the transfer client: timed by progress (`idle_timeout` without a byte
+//! fails them), not by `request_timeout`.
 
 use std::time::Duration;
 
@@ -29,6 +31,10 @@ const MAX_ID_LEN: usize = 256;
 pub(crate) struct Client {
     /// The HTTP client (timeouts set, redirects off: one could carry the key elsewhere).
     http: reqwest::Client,
+    /// The client of uploads and result downloads: no total limit, `idle_timeout` between bytes.
+    transfer: reqwest::Client,
+    /// The longest pause in a transfer, quoted in its timeout errors.
+    idle_timeout: Duration,
     /// The base URL, `.../v1`.
     base: Url,
     /// The key, to scrub it from any text a server echoes.
@@ -41,7 +47,8 @@ pub(crate) struct Client {
     project: Option<HeaderValue>,
     /// The whole-request limit, quoted in timeout errors.
     request_timeout: Duration,
-    /// Largest result file read.
+    /// Largest result read (output and error files together): `max_result_bytes`, at most what the memory budget
+    /// can hold ([`ReplyBudget::capacity`]).
     max_result_bytes: usize,
     /// Where result files are counted while they are read.
     budget: Option<ReplyBudget>,
@@ -66,15 +73,20 @@ impl Client {
         let organization = header(&settings.organization, "organization")?;
         let project = header(&settings.project, "project")?;
         let http = http::client(settings.request_timeout, settings.connect_timeout).map_err(OpenAiBuildError::Http)?;
+        let transfer =
+            http::transfer_client(settings.connect_timeout, settings.idle_timeout).map_err(OpenAiBuildError::Http)?;
         Ok(Self {
             http,
+            transfer,
+            idle_timeout: settings.idle_timeout,
             base,
             key: settings.api_key.clone(),
             authorization,
             organization,
             project,
             request_timeout: settings.request_timeout,
-            max_result_bytes: settings.max_result_bytes,
+            // A result larger than the memory budget can hold fails `reply_too_large` rather than going over it.
+            max_result_bytes: settings.max_result_bytes.min(budget.as_ref().map_or(usize::MAX, ReplyBudget::capacity)),
             budget,
         })
     }
@@ -82,7 +94,8 @@ impl Client {
     /// `POST /files` with a multipart body already built by [`multipart`]; the new file's id.
     pub(crate) async fn upload(&self, body: Vec<u8>, boundary: &str) -> Result<String, ApiError> {
         let request = self
-            .request(Method::POST, &["files"])
+            .transfer_request(Method::POST, &["files"])
+            .timeout(http::upload_deadline(self.idle_timeout, body.len()))
             .header(CONTENT_TYPE, format!("multipart/form-data; boundary={boundary}"))
             .body(body);
         let file: wire::FileObject = self.json(Operation::Upload, request).await?;
@@ -130,15 +143,17 @@ impl Client {
     }
 
     /// Streams `GET /files/{id}/content` line by line into `joiner`, within `max_result_bytes` (`already` bytes
-    /// of an earlier file included) and the memory budget (room is added to `held`); returns the bytes read.
+    /// of an earlier file included) and the memory budget (`held` holds room for `held_bytes`, grown as needed);
+    /// returns the bytes read.
     pub(crate) async fn stream_content(
         &self,
         id: &str,
         joiner: &mut Joiner,
         already: usize,
         held: &mut Vec<ReplyHold>,
+        held_bytes: &mut usize,
     ) -> Result<usize, ApiError> {
-        let request = self.request(Method::GET, &["files", checked(id)?, "content"]);
+        let request = self.transfer_request(Method::GET, &["files", checked(id)?, "content"]);
         let mut response = self.send(Operation::Content, request).await?;
         let status = response.status().as_u16();
         if !response.status().is_success() {
@@ -151,7 +166,7 @@ impl Client {
             api_code: None,
             message: format!(
                 "the batch's result files are {bytes} bytes or more, over the limit of {limit} bytes \
-                 (openai.max_result_bytes)"
+                 (openai.max_result_bytes, at most workers.inflight_bytes / 3)"
             ),
             retry_after: None,
             maybe_delivered: false,
@@ -161,10 +176,12 @@ impl Client {
             if already.saturating_add(declared) > limit {
                 return Err(too_large(already.saturating_add(declared)));
             }
+            // A declared length: its room is taken at once, so the download never waits again.
+            if let Some(budget) = &self.budget {
+                budget.cover(held, held_bytes, already + declared, BUDGET_STEP).await;
+            }
         }
         let mut total = already;
-        // Room is held for every byte read so far, `already` included (taken while reading the earlier file).
-        let mut held_bytes = if already == 0 { 0 } else { already.next_multiple_of(BUDGET_STEP) };
         let mut lines = LineSplitter::default();
         while let Some(bytes) =
             response.chunk().await.map_err(|error| self.transport_error(Operation::Content, &error, Some(status)))?
@@ -174,7 +191,7 @@ impl Client {
                 return Err(too_large(total));
             }
             if let Some(budget) = &self.budget {
-                budget.cover(held, &mut held_bytes, total, BUDGET_STEP).await;
+                budget.cover(held, held_bytes, total, BUDGET_STEP).await;
             }
             lines.feed(&bytes, |line| joiner.add_line(line));
         }
@@ -187,13 +204,23 @@ impl Client {
         self.request_with_query(method, segments, None)
     }
 
-    /// [`Client::request`] with a query string (built by the caller from checked ids only).
-    fn request_with_query(&self, method: Method, segments: &[&str], query: Option<&str>) -> reqwest::RequestBuilder {
+    /// [`Client::request`] on the transfer client (an upload, a results download).
+    fn transfer_request(&self, method: Method, segments: &[&str]) -> reqwest::RequestBuilder {
+        self.with_headers(self.transfer.request(method, self.url(segments, None)))
+    }
+
+    /// `{base}/{segments}?{query}`.
+    fn url(&self, segments: &[&str], query: Option<&str>) -> Url {
         let mut url = self.base.clone();
         let path = format!("{}/{}", url.path().trim_end_matches('/'), segments.join("/"));
         url.set_path(&path);
         url.set_query(query);
-        let mut request = self.http.request(method, url).header(AUTHORIZATION, self.authorization.clone());
+        url
+    }
+
+    /// `request` with the headers every call carries.
+    fn with_headers(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        let mut request = request.header(AUTHORIZATION, self.authorization.clone());
         if let Some(organization) = &self.organization {
             request = request.header("OpenAI-Organization", organization.clone());
         }
@@ -201,6 +228,11 @@ impl Client {
             request = request.header("OpenAI-Project", project.clone());
         }
         request
+    }
+
+    /// [`Client::request`] with a query string (built by the caller from checked ids only).
+    fn request_with_query(&self, method: Method, segments: &[&str], query: Option<&str>) -> reqwest::RequestBuilder {
+        self.with_headers(self.http.request(method, self.url(segments, query)))
     }
 
     async fn send(
@@ -239,7 +271,8 @@ impl Client {
             Err(mut error) => {
                 error.http_status = Some(status);
                 error.retry_after = retry_after;
-                if status == 429 {
+                // Back-pressure stays a wait; any other error whose body could not be read is transient.
+                if error::classify(operation, status, None) == ErrorKind::RateLimited {
                     error.kind = ErrorKind::RateLimited;
                 }
                 error
@@ -268,7 +301,12 @@ impl Client {
 
     /// The error of a request that got no complete reply; a create that was sent may have worked.
     fn transport_error(&self, operation: Operation, error: &reqwest::Error, http_status: Option<u16>) -> ApiError {
-        let error = http::transport_error(error, http_status, self.request_timeout, operation == Operation::Create);
+        let creates = operation == Operation::Create;
+        let error = if matches!(operation, Operation::Upload | Operation::Content) {
+            http::transfer_error(error, http_status, self.idle_timeout, creates)
+        } else {
+            http::transport_error(error, http_status, self.request_timeout, creates)
+        };
         ApiError { message: error::one_line(&error.message, error::MESSAGE_CHARS), ..error }
     }
 }

@@ -1,5 +1,6 @@
-//! OpenAI's failures classified once into the kinds the engine acts on ([`ErrorKind`]): 429 is a rate limit
-//! (`insufficient_quota` a quota), 408/409/5xx and broken connections are transient, 413 and `file_too_large` are
+//! OpenAI's failures classified once into the kinds the engine acts on ([`ErrorKind`]): 429, and 5xx on an upload
+//! or a create, are the API's back-pressure, waits that use no attempt (`insufficient_quota`, also a 429, fails
+//! fast as a billing problem), 408/409, other 5xx and broken connections are transient, 413 and `file_too_large` are
 //! too large, 404 while polling or downloading means the batch or file is gone, and every other 4xx is permanent.
 //! A create whose outcome is unknown (timeout or reset after sending, a 5xx, an unreadable 2xx) is marked
 //! `maybe_delivered`, so the engine resumes it by looking the batch up instead of creating it again.
@@ -41,11 +42,15 @@ pub(crate) fn classify(operation: Operation, http_status: u16, code: Option<&str
     match (http_status, code) {
         (_, Some("insufficient_quota")) => ErrorKind::Billing,
         (429, _) => ErrorKind::RateLimited,
+        // The API's back-pressure on work not yet at the API: an overloaded or briefly unavailable API is waited
+        // out, never an attempt. Elsewhere (a poll, a download) a 5xx is transient: a batch that exists is never
+        // given up on for it either, and its polls back off to `poll.max_interval_ms` as failures add up.
+        (500..=599, _) if matches!(operation, Operation::Upload | Operation::Create) => ErrorKind::RateLimited,
         (413, _) | (_, Some("file_too_large")) => ErrorKind::TooLarge,
         (404, _) if matches!(operation, Operation::Retrieve | Operation::Content | Operation::Delete) => {
             ErrorKind::NotFound
         }
-        (408 | 409, _) | (500..=599, _) => ErrorKind::Transient,
+        (408 | 409 | 500..=599, _) => ErrorKind::Transient,
         _ => ErrorKind::Permanent,
     }
 }
@@ -122,7 +127,10 @@ mod tests {
         assert_eq!(classify(Upload, 400, Some("file_too_large")), ErrorKind::TooLarge);
         assert_eq!(classify(Retrieve, 404, None), ErrorKind::NotFound);
         assert_eq!(classify(Create, 404, None), ErrorKind::Permanent, "an unknown input file");
-        assert_eq!(classify(Content, 503, None), ErrorKind::Transient);
+        assert_eq!(classify(Create, 500, Some("server_error")), ErrorKind::RateLimited, "back-pressure: a wait");
+        assert_eq!(classify(Upload, 503, None), ErrorKind::RateLimited);
+        assert_eq!(classify(Content, 503, None), ErrorKind::Transient, "a batch's download backs off");
+        assert_eq!(classify(Retrieve, 408, None), ErrorKind::Transient);
         assert_eq!(classify(Create, 401, Some("invalid_api_key")), ErrorKind::Permanent);
     }
 
@@ -135,7 +143,7 @@ mod tests {
         assert_eq!(error.message, "Rate limit reached");
         assert!(!error.maybe_delivered, "a 429 created nothing");
         let lost = from_reply(Operation::Create, 502, None, b"<html>bad gateway</html>");
-        assert!(lost.maybe_delivered && lost.kind == ErrorKind::Transient);
+        assert!(lost.maybe_delivered && lost.kind == ErrorKind::RateLimited);
         assert!(lost.message.contains("bad gateway"));
         assert!(!from_reply(Operation::Upload, 502, None, b"").maybe_delivered);
     }

@@ -12,8 +12,9 @@ use batchd_provider::BodyShape;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-/// The endpoints a batch may target (the reference's list, Part B1 §3).
-pub const ENDPOINTS: [&str; 7] = [
+/// The endpoints a batch may target by default (`openai.endpoints`): the reference's list (Part B1 §3: the guide's
+/// seven and the API reference's `/v1/videos`).
+pub const DEFAULT_ENDPOINTS: [&str; 8] = [
     "/v1/responses",
     "/v1/chat/completions",
     "/v1/embeddings",
@@ -21,7 +22,43 @@ pub const ENDPOINTS: [&str; 7] = [
     "/v1/moderations",
     "/v1/images/generations",
     "/v1/images/edits",
+    "/v1/videos",
 ];
+
+/// The embeddings endpoint, whose batches are limited by inputs as well as by lines.
+pub const EMBEDDINGS: &str = "/v1/embeddings";
+
+/// Most embedding inputs in one `/v1/embeddings` batch ("Embeddings batches are capped at 50,000 inputs in
+/// total", the reference's Part B1 §3).
+pub const MAX_EMBEDDING_INPUTS: usize = 50_000;
+
+/// The embedding inputs an item asks for: its `input`'s elements when it is an array of texts or of token
+/// arrays, else 1 (a text, an array of token ids, or an item without a readable `input`, which the API refuses
+/// on its own).
+pub fn embedding_inputs(item: &RawValue) -> usize {
+    /// The one member read.
+    #[derive(Deserialize)]
+    struct Body<'a> {
+        /// `input`, unparsed.
+        #[serde(borrow, default)]
+        input: Option<&'a RawValue>,
+    }
+    let Ok(Body { input: Some(input) }) = serde_json::from_str::<Body<'_>>(item.get()) else {
+        return 1;
+    };
+    if !input.get().trim_start().starts_with('[') {
+        return 1;
+    }
+    match serde_json::from_str::<Vec<&RawValue>>(input.get()) {
+        // An array of token ids is one input.
+        Ok(elements) if elements.first().is_some_and(|first| !first.get().starts_with(['[', '"'])) => 1,
+        Ok(elements) => elements.len().max(1),
+        Err(_) => 1,
+    }
+}
+
+/// Longest endpoint `openai.endpoints` may name, in bytes (it is part of every input line's bound).
+pub const MAX_ENDPOINT_LEN: usize = 64;
 
 /// What every input line holds besides its item, custom id, endpoint and model: the line is
 /// `{"custom_id":"<i>","method":"POST","url":"<endpoint>","body":{"model":"<model>",<item's members>}}` and a
@@ -32,11 +69,10 @@ const LINE_FRAME: &str = r#"{"custom_id":"","method":"POST","url":"","body":{"mo
 const MESSAGE_CHARS: usize = 2048;
 
 /// An upper bound of an input file's size for items of given sizes: each line is its item plus at most this
-/// much (a custom id of up to `max_requests` digits, the longest endpoint, a model name of up to
+/// much (a custom id of up to `max_requests` digits, an endpoint of up to `endpoint` bytes, a model name of up to
 /// `batchd_core`'s limit), and a newline.
-pub fn line_shape(max_requests: usize) -> BodyShape {
+pub fn line_shape(max_requests: usize, endpoint: usize) -> BodyShape {
     let digits = max_requests.max(1).to_string().len();
-    let endpoint = ENDPOINTS.iter().map(|endpoint| endpoint.len()).max().unwrap_or(0);
     let per_item = LINE_FRAME.len() + 1 + digits + endpoint + batchd_core::ids::MAX_MODEL_LEN;
     BodyShape { envelope: 0, per_item, separator: 0 }
 }
@@ -269,6 +305,17 @@ fn not_run() -> Box<RawValue> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn embedding_inputs_count_the_texts_and_token_arrays_of_an_input() {
+        let count = |json: &str| embedding_inputs(&RawValue::from_string(json.to_owned()).expect("json"));
+        assert_eq!(count(r#"{"input":"one"}"#), 1);
+        assert_eq!(count(r#"{"input":["a","b","c"],"dimensions":4}"#), 3);
+        assert_eq!(count(r#"{"input":[[1,2],[3]]}"#), 2);
+        assert_eq!(count(r#"{"input":[101,2023,102]}"#), 1, "one tokenized input");
+        assert_eq!(count(r#"{"no_input":true}"#), 1);
+        assert_eq!(count(r#"{"input":[]}"#), 1);
+    }
+
     fn raw(text: &str) -> Box<RawValue> {
         RawValue::from_string(text.to_owned()).expect("json")
     }
@@ -278,7 +325,7 @@ mod tests {
         let refs: Vec<&RawValue> = owned.iter().map(AsRef::as_ref).collect();
         let mut out = Vec::new();
         write_lines(&mut out, &refs, endpoint, model);
-        let shape = line_shape(50_000);
+        let shape = line_shape(50_000, endpoint.len());
         assert!(out.len() <= shape.bytes(items.iter().map(|item| item.len())), "the shape is an upper bound");
         let text = String::from_utf8(out).expect("utf-8");
         assert!(text.ends_with('\n'));

@@ -11,12 +11,13 @@
 mod client;
 mod error;
 mod jsonl;
+mod pacing;
 mod provider;
 mod registration;
 mod settings;
 mod wire;
 
-pub use jsonl::{ENDPOINTS, line_shape};
+pub use jsonl::{DEFAULT_ENDPOINTS, MAX_ENDPOINT_LEN, line_shape};
 pub use provider::OpenAiProvider;
 pub use registration::{CAPABILITIES, REGISTRATION};
 pub use settings::{

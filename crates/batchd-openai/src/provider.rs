@@ -14,14 +14,15 @@ use std::time::Duration;
 
 use batchd_core::{JobId, JobOutput, ModelName, RequestId};
 use batchd_provider::{
-    ApiError, BatchLimits, BatchTag, Call, CancelOutcome, ErrorKind, FindBatch, Found, PendingStatus, Polled, Provider,
-    RateBucket, RemoteBatch, ReplyBudget, ReplyHold, SubmitBatch, Submitted, create_nonce, is_nonce,
+    ApiError, BatchLimits, BatchTag, Call, CancelOutcome, ErrorKind, FindBatch, Found, InputLimit, PendingStatus,
+    Polled, Provider, RateBucket, RemoteBatch, ReplyBudget, ReplyHold, SubmitBatch, Submitted, create_nonce, is_nonce,
 };
 use futures::future::BoxFuture;
 
 use crate::client::{Client, is_safe_id, multipart};
 use crate::error::{self, one_line};
 use crate::jsonl::{self, Joiner};
+use crate::pacing::{OverLimit, Reservation, TokenPacer, estimate_tokens};
 use crate::settings::{DEFAULT_ENDPOINT, FILE_EXPIRY_SECS, OpenAiBuildError, OpenAiClientSettings};
 use crate::wire;
 
@@ -81,8 +82,20 @@ const PENDING: [&str; 4] = ["validating", "in_progress", "finalizing", "cancelli
 /// The statuses of a batch whose results are in its files.
 const ENDED: [&str; 3] = ["completed", "expired", "cancelled"];
 
+/// Whether a batch of this status has ended (its enqueued tokens are no longer counted).
+fn has_ended(status: &str) -> bool {
+    ENDED.contains(&status) || status == "failed"
+}
+
 /// The validation error code of the enqueued-token limit (a `failed` batch; "not now", not "never").
 const TOKEN_LIMIT: &str = "token_limit_exceeded";
+
+/// How long a create waits for room under a model's enqueued-token limit before it asks again (a lower bound of
+/// the engine's backoff).
+const PACING_WAIT: Duration = Duration::from_secs(5);
+
+/// Most counted batches asked about (retrieved) before a create is made to wait for room under a token limit.
+const MAX_PACING_LOOKS: usize = 20;
 
 /// OpenAI's Batch API behind the provider seam.
 #[derive(Debug, Clone)]
@@ -91,6 +104,8 @@ pub struct OpenAiProvider {
     client: Client,
     /// Limits, rates and clean-up settings.
     settings: OpenAiClientSettings,
+    /// The enqueued tokens of this replica's running batches, per paced model.
+    pacer: TokenPacer,
 }
 
 impl OpenAiProvider {
@@ -106,7 +121,51 @@ impl OpenAiProvider {
             return Err(OpenAiBuildError::InvalidLimit("file_expiry_secs"));
         }
         let client = Client::new(&settings, budget)?;
-        Ok(Self { client, settings })
+        let pacer = TokenPacer::new(&settings.enqueued_token_limits);
+        Ok(Self { client, settings, pacer })
+    }
+
+    /// Counts a create of `tokens` for `model` under its enqueued-token limit, when it is paced: the batches
+    /// counted for it that may have ended (seen by another replica's poll) are asked about first. A batch that
+    /// alone is over the limit is split (when it can be); one that does not fit now waits, using no attempt.
+    async fn reserve_tokens(&self, model: &str, tokens: u64, n_items: usize) -> Result<Option<Reservation>, ApiError> {
+        let Some(limit) = self.pacer.limit(model) else {
+            return Ok(None);
+        };
+        if tokens > limit && n_items > 1 {
+            return Err(error::local(
+                ErrorKind::TooLarge,
+                format!(
+                    "the batch's estimated {tokens} input tokens are over {model}'s enqueued-token limit of {limit} \
+                     (openai.enqueued_token_limits)"
+                ),
+            ));
+        }
+        if let Some(Ok(reservation)) = self.pacer.reserve(model, tokens) {
+            return Ok(Some(reservation));
+        }
+        for id in self.pacer.counted_batches(model).into_iter().take(MAX_PACING_LOOKS) {
+            match self.client.retrieve(&id).await {
+                Ok(batch) if has_ended(batch.status.as_deref().unwrap_or_default()) => self.pacer.ended(&id),
+                Err(error) if error.kind == ErrorKind::NotFound => self.pacer.ended(&id),
+                _ => {}
+            }
+        }
+        match self.pacer.reserve(model, tokens) {
+            Some(Ok(reservation)) => Ok(Some(reservation)),
+            Some(Err(OverLimit { enqueued, tokens, limit })) => Err(ApiError {
+                retry_after: Some(PACING_WAIT),
+                ..error::local(
+                    ErrorKind::QuotaExhausted,
+                    format!(
+                        "waiting for room under {model}'s enqueued-token limit of {limit} \
+                         (openai.enqueued_token_limits): batches of an estimated {enqueued} input tokens are running, \
+                         this one needs {tokens}"
+                    ),
+                )
+            }),
+            None => Ok(None),
+        }
     }
 
     /// The batch an interrupted attempt may have created for chunk `chunk` of `job_id`: the recorded one if it
@@ -206,6 +265,12 @@ impl OpenAiProvider {
         self.client.create(&create).await
     }
 
+    /// The longest configured endpoint, in bytes (the default's when none is longer).
+    fn longest_endpoint(&self) -> usize {
+        let default = DEFAULT_ENDPOINT.len();
+        self.settings.endpoints.iter().map(String::len).max().unwrap_or(default).max(default)
+    }
+
     /// Deletes a file, logging a failure (best effort).
     async fn delete_quietly(&self, file: &str) {
         if let Err(error) = self.client.delete_file(file).await {
@@ -292,8 +357,13 @@ impl Provider for OpenAiProvider {
         BatchLimits {
             max_body_bytes: self.settings.max_file_bytes,
             max_items: Some(self.settings.max_requests),
-            body: jsonl::line_shape(self.settings.max_requests),
+            body: jsonl::line_shape(self.settings.max_requests, self.longest_endpoint()),
         }
+    }
+
+    fn input_limit(&self, endpoint: Option<&str>) -> Option<InputLimit> {
+        (endpoint == Some(jsonl::EMBEDDINGS))
+            .then_some(InputLimit { max_inputs: jsonl::MAX_EMBEDDING_INPUTS, inputs_of: jsonl::embedding_inputs })
     }
 
     fn rate_bucket(&self, model: &ModelName, call: Call) -> Option<RateBucket> {
@@ -316,15 +386,30 @@ impl Provider for OpenAiProvider {
     fn submit<'a>(&'a self, batch: SubmitBatch<'a>) -> BoxFuture<'a, Result<Submitted, ApiError>> {
         Box::pin(async move {
             let endpoint = batch.endpoint.unwrap_or(DEFAULT_ENDPOINT);
-            if !jsonl::ENDPOINTS.contains(&endpoint) {
+            if !self.settings.endpoints.iter().any(|known| known == endpoint) {
                 return Err(error::local(
                     ErrorKind::Permanent,
                     format!(
-                        "the OpenAI Batch API has no endpoint {endpoint:?}; use one of {}",
-                        jsonl::ENDPOINTS.join(", ")
+                        "the OpenAI Batch API has no endpoint {endpoint:?}; use one of {} (openai.endpoints)",
+                        self.settings.endpoints.join(", ")
                     ),
                 ));
             }
+            if endpoint == jsonl::EMBEDDINGS && batch.items.len() > 1 {
+                let inputs: usize = batch.items.iter().map(|item| jsonl::embedding_inputs(item)).sum();
+                if inputs > jsonl::MAX_EMBEDDING_INPUTS {
+                    // Planned under the limit at take-in; a pack or a resend may still go over it: split, not sent.
+                    return Err(error::local(
+                        ErrorKind::TooLarge,
+                        format!(
+                            "the batch holds {inputs} embedding inputs, over the API's {} per batch",
+                            jsonl::MAX_EMBEDDING_INPUTS
+                        ),
+                    ));
+                }
+            }
+            let model = batch.model.remote_name();
+            let tokens = estimate_tokens(batch.items.iter().map(|item| item.get().len()));
             // Until a look answers, an earlier create stays uncertain: a failed look is reported as one that may
             // have created, so the next attempt looks again instead of taking the chunk for a fresh one.
             if let Some(resume) = batch.resume
@@ -339,8 +424,15 @@ impl Provider for OpenAiProvider {
                     batch_id = found.id.as_deref().unwrap_or_default(),
                     "found the batch an interrupted submit created; not creating another"
                 );
+                if let Some(id) =
+                    found.id.as_deref().filter(|_| !has_ended(found.status.as_deref().unwrap_or_default()))
+                {
+                    self.pacer.count_found(id, model, tokens);
+                }
                 return submitted(found, resume.input_file.clone(), recorded_nonce(resume), 0);
             }
+            // Room under the model's enqueued-token limit is taken before anything is uploaded or created.
+            let reservation = self.reserve_tokens(model, tokens, batch.items.len()).await?;
             // One nonce for every create of the chunk, recorded before the first: a look-up after any of them
             // recognises the batch it made.
             let recorded = batch.resume.and_then(recorded_nonce);
@@ -371,7 +463,12 @@ impl Provider for OpenAiProvider {
                 created = self.create(&batch.tag, &input_file, endpoint, &nonce).await;
             }
             match created {
-                Ok(created) => submitted(created, Some(input_file), Some(&nonce), body_bytes),
+                Ok(created) => {
+                    if let (Some(reservation), Some(id)) = (reservation, created.id.as_deref()) {
+                        reservation.created(id);
+                    }
+                    submitted(created, Some(input_file), Some(&nonce), body_bytes)
+                }
                 // The batch may exist: the engine resubmits, and the resumed submit looks before creating.
                 Err(error) if error.maybe_delivered => Err(error),
                 Err(error) => {
@@ -397,6 +494,9 @@ impl Provider for OpenAiProvider {
             };
             let batch = self.client.retrieve(id.as_str()).await?;
             let status = batch.status.clone().unwrap_or_default();
+            if has_ended(&status) {
+                self.pacer.ended(id.as_str());
+            }
             let polled = match status.as_str() {
                 "cancelling" => Polled::Pending(PendingStatus::cancelling("cancelling")),
                 status if PENDING.contains(&status) => Polled::Pending(PendingStatus::documented(status)),
@@ -423,10 +523,10 @@ impl Provider for OpenAiProvider {
     ) -> BoxFuture<'a, Result<(JobOutput, Vec<ReplyHold>), ApiError>> {
         Box::pin(async move {
             let mut joiner = Joiner::new(n_items);
-            let mut held = Vec::new();
+            let (mut held, mut held_bytes) = (Vec::new(), 0);
             let mut read = 0;
             for file in [&remote.output_file, &remote.error_file].into_iter().flatten() {
-                read += self.client.stream_content(file, &mut joiner, read, &mut held).await?;
+                read += self.client.stream_content(file, &mut joiner, read, &mut held, &mut held_bytes).await?;
             }
             let (output, skipped) = joiner.finish();
             if skipped != jsonl::Skipped::default() {

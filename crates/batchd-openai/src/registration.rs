@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use batchd_provider::{BuildContext, Capabilities, Kind, Registration, SettingError, check_request_timeout, http};
 
+use crate::MAX_ENDPOINT_LEN;
 use crate::OpenAiProvider;
 use crate::provider::NAME;
-use crate::settings::{FILE_EXPIRY_SECS, OpenAiBuildError, OpenAiClientSettings};
+use crate::settings::{DEFAULT_ENDPOINT, FILE_EXPIRY_SECS, OpenAiBuildError, OpenAiClientSettings};
 
 /// What OpenAI Batch can do: cancel a running batch (it ends with what it finished); no events; the API does not
 /// echo an item's `external_reference`; a batch expires 24 h after its creation (`completion_window` "24h").
@@ -55,7 +56,45 @@ fn check(settings: &OpenAiClientSettings, context: &BuildContext) -> Result<(), 
     if !batchd_provider::is_account_label(&settings.account) {
         return fail("account", "must be 1-64 characters of A-Z a-z 0-9 . _ -");
     }
+    if settings.idle_timeout.is_zero() {
+        return fail("idle_timeout_secs", "must be at least 1");
+    }
+    check_endpoints(&settings.endpoints).map_err(|why| SettingError::new("endpoints", why))?;
+    for (model, tokens) in &settings.enqueued_token_limits {
+        if model.trim().is_empty() || *tokens == 0 {
+            return fail("enqueued_token_limits", "each entry needs a model and tokens of at least 1");
+        }
+    }
     http::refuse_clear_text(&settings.base_url).map_err(|why| SettingError::new("base_url", why))
+}
+
+/// Checks `openai.endpoints`: at least one, each a `/v1/...` path of at most [`MAX_ENDPOINT_LEN`] bytes of
+/// `a-z 0-9 / _ . -` (it goes into every input line), none twice. The error is the reason.
+fn check_endpoints(endpoints: &[String]) -> Result<(), String> {
+    if endpoints.is_empty() {
+        return Err(format!("must name at least one endpoint, e.g. {DEFAULT_ENDPOINT:?}"));
+    }
+    for (index, endpoint) in endpoints.iter().enumerate() {
+        let path = endpoint.strip_prefix("/v1/").unwrap_or_default();
+        let well_formed = !path.is_empty()
+            && endpoint.len() <= MAX_ENDPOINT_LEN
+            && !endpoint.ends_with('/')
+            && !endpoint.contains("//")
+            && path
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'/' | b'_' | b'.' | b'-'));
+        if !well_formed {
+            let shown: String = endpoint.chars().take(MAX_ENDPOINT_LEN + 1).collect();
+            return Err(format!(
+                "{shown:?} is not an endpoint path: each must be \"/v1/...\" (at most {MAX_ENDPOINT_LEN} bytes of \
+                 a-z 0-9 / _ . -), e.g. \"/v1/chat/completions\""
+            ));
+        }
+        if endpoints[..index].contains(endpoint) {
+            return Err(format!("{endpoint:?} is listed twice"));
+        }
+    }
+    Ok(())
 }
 
 /// Builds an instance's provider.
@@ -96,7 +135,7 @@ mod tests {
         let check_and_build =
             |settings: &OpenAiClientSettings| REGISTRATION.check_and_build(settings, &context()).map(drop);
         assert!(check_and_build(&good).is_ok());
-        let cases: [(&str, Spoil); 8] = [
+        let cases: [(&str, Spoil); 13] = [
             ("max_requests", |s| s.max_requests = 50_001),
             ("max_file_bytes", |s| s.max_file_bytes = 300_000_000),
             ("max_result_bytes", |s| s.max_result_bytes = 10),
@@ -105,12 +144,20 @@ mod tests {
             ("file_expiry_secs", |s| s.file_expiry_secs = 60),
             ("base_url", |s| s.base_url = "http://10.0.0.5/v1".to_owned()),
             ("organization", |s| s.organization = Some("a\nb".to_owned())),
+            ("idle_timeout_secs", |s| s.idle_timeout = Duration::ZERO),
+            ("enqueued_token_limits", |s| s.enqueued_token_limits.push(("gpt-4o".to_owned(), 0))),
+            ("endpoints", |s| s.endpoints.clear()),
+            ("endpoints", |s| s.endpoints.push("v1/chat".to_owned())),
+            ("endpoints", |s| s.endpoints.push("/v1/embeddings".to_owned())),
         ];
         for (key, spoil) in cases {
             let mut settings = good.clone();
             spoil(&mut settings);
             assert_eq!(check_and_build(&settings).expect_err(key).key, key);
         }
+        let mut more = good.clone();
+        more.endpoints.push("/v1/audio/speech".to_owned());
+        assert!(check_and_build(&more).is_ok(), "a new endpoint is configurable");
         let mut settings = good.clone();
         settings.account = "a:b".to_owned();
         assert_eq!(check_and_build(&settings).expect_err("account").key, "account");

@@ -28,8 +28,11 @@ pub struct OpenAiClientSettings {
     pub organization: Option<String>,
     /// Sent as `OpenAI-Project` when set.
     pub project: Option<String>,
-    /// Limit on one whole request (an upload of a 200 MB file included).
+    /// Limit on one whole request other than an upload or a results download.
     pub request_timeout: Duration,
+    /// Longest pause in an upload or a results download (no byte sent or received): those are timed by progress,
+    /// not by a total, so a large file on a slow link is read to its end and a stalled one fails.
+    pub idle_timeout: Duration,
     /// Limit on opening a connection.
     pub connect_timeout: Duration,
     /// Most request lines in one batch (the API's limit is 50,000).
@@ -53,11 +56,22 @@ pub struct OpenAiClientSettings {
     /// Pages of `GET /v1/batches` (100 batches each, newest first) looked through when a resumed submit looks for
     /// the batch an interrupted attempt may have created.
     pub lookup_pages: usize,
+    /// The endpoints a job may name (`/v1/...`); a job naming another fails before anything is sent. The API's
+    /// list grows (it is configurable so that a new endpoint needs no release): [`crate::DEFAULT_ENDPOINTS`].
+    pub endpoints: Vec<String>,
+    /// The organization's enqueued-token limits of some models (`(model without "openai/", tokens)`): batchd keeps
+    /// the estimated input tokens of its running batches of such a model under the limit, and waits before
+    /// creating one more that would go over it. A model without one is not paced (a `token_limit_exceeded` is
+    /// then waited out). OpenAI publishes the limits per tier on the organization's Limits page, not by API.
+    pub enqueued_token_limits: Vec<(String, u64)>,
 }
 
 /// Default of [`OpenAiClientSettings::file_expiry_secs`]: 3 days, past the 24 h completion window, the 24 h
 /// default job deadline and a day of the daemon being down.
 pub const DEFAULT_FILE_EXPIRY_SECS: u64 = 3 * 24 * 3600;
+
+/// Default of [`OpenAiClientSettings::idle_timeout`], in seconds.
+pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 60;
 
 /// The expiry the Files and Batch APIs accept, in seconds (one hour to 30 days).
 pub const FILE_EXPIRY_SECS: std::ops::RangeInclusive<u64> = 3600..=2_592_000;
@@ -72,6 +86,7 @@ impl OpenAiClientSettings {
             organization: None,
             project: None,
             request_timeout: Duration::from_secs(100),
+            idle_timeout: Duration::from_secs(DEFAULT_IDLE_TIMEOUT_SECS),
             connect_timeout: Duration::from_secs(10),
             max_requests: 50_000,
             max_file_bytes: 200 * 1000 * 1000,
@@ -82,6 +97,8 @@ impl OpenAiClientSettings {
             burst: 10,
             model_batches_per_hour: Vec::new(),
             lookup_pages: 10,
+            endpoints: crate::DEFAULT_ENDPOINTS.iter().map(|endpoint| (*endpoint).to_owned()).collect(),
+            enqueued_token_limits: Vec::new(),
         }
     }
 }

@@ -14,8 +14,9 @@ pub enum ErrorKind {
     /// Try again after a backoff (honouring `retry_after`): timeouts, 5xx, overload, unreadable replies,
     /// connection errors.
     Transient,
-    /// The provider asked batchd to slow down (429): try again after `retry_after` or a backoff, without using up
-    /// an attempt: being throttled is not a failure of the job.
+    /// The provider asked batchd to slow down (429) or is overloaded or briefly unavailable (5xx, Anthropic's 529
+    /// `overloaded_error`): its back-pressure. Try again after `retry_after` or a backoff, without using up an
+    /// attempt: being throttled is not a failure of the job, and the batch or request is not given up on for it.
     RateLimited,
     /// A quota is used up (Cloudflare's daily free allocation, a provider's enqueued-token limit): not now, much
     /// later; like a rate limit, it uses no attempt.
@@ -151,6 +152,9 @@ impl ApiError {
             ErrorKind::QuotaExhausted => {
                 (code::RETRIES_EXHAUSTED, "the Batch API quota stayed exhausted until batchd gave up")
             }
+            ErrorKind::RateLimited if self.http_status.is_some_and(|status| status >= 500) => {
+                (code::RETRIES_EXHAUSTED, "the Batch API stayed overloaded or unavailable until batchd gave up")
+            }
             ErrorKind::RateLimited => {
                 (code::RETRIES_EXHAUSTED, "the Batch API kept rate limiting until batchd gave up")
             }
@@ -244,6 +248,16 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&job_error).expect("serialises")["api_code"],
             serde_json::json!("rate_limit_error")
+        );
+    }
+
+    #[test]
+    fn an_overload_that_outlasts_the_job_says_so() {
+        let overloaded = ApiError { http_status: Some(529), ..error(ErrorKind::RateLimited) }.to_job_error();
+        assert!(
+            overloaded.message.starts_with("the Batch API stayed overloaded or unavailable"),
+            "{}",
+            overloaded.message
         );
     }
 }

@@ -1,5 +1,6 @@
 //! What every provider's HTTP client is built from, written once: the API key that never prints, the base URL
-//! check, path segments appended percent-encoded, the `reqwest` client (the settings' timeouts, no redirects),
+//! check, path segments appended percent-encoded, the `reqwest` clients (the settings' timeouts, no redirects; the
+//! transfer client for uploads and result downloads, timed by progress rather than by a total),
 //! `Retry-After` read from a reply's headers, and a failed request (no complete reply) as an [`ApiError`]. Each
 //! provider's `client.rs` keeps only what its API does differently (URLs, headers, reply bodies).
 
@@ -183,6 +184,50 @@ pub fn client(request_timeout: Duration, connect_timeout: Duration) -> Result<re
         .build()
 }
 
+/// The HTTP client of a provider's uploads and results downloads: like [`client`], but with no limit on the whole
+/// request. A transfer is timed by its progress instead: it fails when no byte arrives for `idle_timeout` (the
+/// reply's start, each piece of its body), so a 512 MiB result on a slow link is read to its end, and a stalled
+/// one fails in `idle_timeout` whatever its size. Bytes are bounded by the caller (a result cap, the memory
+/// budget).
+pub fn transfer_client(connect_timeout: Duration, idle_timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .user_agent(USER_AGENT)
+        .read_timeout(idle_timeout)
+        .connect_timeout(connect_timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+}
+
+/// Slowest upload a transfer is given time for, in bytes a second: an upload's bytes are written by the OS, which
+/// says nothing of a server that stops reading, so an upload also ends at [`upload_deadline`].
+pub const MIN_UPLOAD_RATE: u64 = 64 * 1024;
+
+/// The longest an upload of `bytes` may take in all (with its reply): `idle_timeout` plus the bytes at
+/// [`MIN_UPLOAD_RATE`] (about 52 minutes for 200 MB). A bound for a server that stops reading, not a pace: an
+/// upload at any usable speed ends long before it.
+pub fn upload_deadline(idle_timeout: Duration, bytes: usize) -> Duration {
+    idle_timeout + Duration::from_secs((bytes as u64).div_ceil(MIN_UPLOAD_RATE))
+}
+
+/// [`transport_error`] of a transfer ([`transfer_client`]): a timeout is a pause of `idle_timeout` without a byte
+/// (or an upload slower than [`MIN_UPLOAD_RATE`]).
+pub fn transfer_error(
+    error: &reqwest::Error,
+    http_status: Option<u16>,
+    idle_timeout: Duration,
+    creates: bool,
+) -> ApiError {
+    let mut failed = transport_error(error, http_status, idle_timeout, creates);
+    if error.is_timeout() {
+        failed.message = format!(
+            "the transfer stalled (no byte for {idle_timeout:?}, or an upload slower than {} KiB/s): {}",
+            MIN_UPLOAD_RATE / 1024,
+            error_chain(error)
+        );
+    }
+    failed
+}
+
 /// A reply's `Retry-After`, in seconds or as an HTTP date, when present and readable.
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     crate::text::parse_retry_after(headers.get(RETRY_AFTER)?.to_str().ok()?, SystemTime::now())
@@ -278,6 +323,13 @@ mod tests {
         assert_eq!(scrub("ask-"), "ask-", "shorter than MIN_KEY_PIECE: ordinary text");
         assert_eq!(scrub("sk-p"), "[redacted]");
         assert_eq!(scrub("nothing of it"), "nothing of it");
+    }
+
+    #[test]
+    fn an_upload_is_given_its_bytes_at_the_slowest_rate_beyond_the_idle_timeout() {
+        let idle = Duration::from_secs(60);
+        assert_eq!(upload_deadline(idle, 0), idle);
+        assert_eq!(upload_deadline(idle, 200_000_000), idle + Duration::from_secs(3052));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use batchd_core::{JobId, JobOutput, ModelName};
 use futures::future::BoxFuture;
 use serde_json::value::RawValue;
 
-pub use budget::{ReplyBudget, ReplyHold};
+pub use budget::{REPLY_COPIES, ReplyBudget, ReplyHold};
 pub use error::{ApiError, ErrorKind};
 pub use registration::{BuildContext, Capabilities, Kind, Registration, SettingError, check_request_timeout};
 pub use remote::{MAX_REMOTE_REF_LEN, RemoteBatch};
@@ -40,6 +40,14 @@ pub trait Provider: Send + Sync + fmt::Debug {
 
     /// What one remote batch may hold.
     fn limits(&self) -> BatchLimits;
+
+    /// A limit of one batch for `endpoint` that counts something other than items or bytes (OpenAI: 50,000
+    /// embedding inputs in a `/v1/embeddings` batch, where an item's `input` may be an array), so the engine plans
+    /// batches under it too; `None` (the default): no such limit.
+    fn input_limit(&self, endpoint: Option<&str>) -> Option<InputLimit> {
+        let _ = endpoint;
+        None
+    }
 
     /// What this provider can do: its kind's [`Kind::capabilities`] (the default: nothing beyond the required
     /// calls). [`Provider::can_cancel`], [`Provider::sends_events`] and [`Provider::echoes_external_reference`]
@@ -177,6 +185,15 @@ pub struct BatchLimits {
     pub max_items: Option<usize>,
     /// How the body's size follows from its items' sizes.
     pub body: BodyShape,
+}
+
+/// A per-batch limit on inputs, where an item may hold several ([`Provider::input_limit`]).
+#[derive(Debug, Clone, Copy)]
+pub struct InputLimit {
+    /// Most inputs in one batch.
+    pub max_inputs: usize,
+    /// How many inputs an item holds (at least 1; an item it cannot read counts 1: the provider refuses it anyway).
+    pub inputs_of: fn(&RawValue) -> usize,
 }
 
 /// The size of a batch's body as a function of its items' sizes: an envelope, each item with a fixed overhead

@@ -38,7 +38,7 @@ const ITEM_BYTES: usize = 32;
 
 /// Room a poll holds per byte of its reply: the reply, what is read from it (the items' results), and the result
 /// or chunk output written from that to Redis.
-const REPLY_COPIES: usize = 3;
+use batchd_provider::REPLY_COPIES;
 
 /// Longest wait for the model catalog at start, before jobs are taken in.
 const CATALOG_AT_START: Duration = Duration::from_secs(10);
@@ -303,6 +303,8 @@ fn reply_budget(budget: &ByteBudget) -> ReplyBudget {
             try_hold.try_hold(bytes.saturating_mul(REPLY_COPIES)).map(|room| Box::new(room) as ReplyHold)
         },
     )
+    // One reply is given the whole budget at most, and keeps it to its end.
+    .with_capacity(budget.total_bytes() / REPLY_COPIES)
 }
 
 /// The result of one worker task: its name and how it ended.

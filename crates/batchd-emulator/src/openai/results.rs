@@ -19,8 +19,9 @@ pub(crate) const DEFAULT_EMBEDDING_DIM: usize = 8;
 /// Largest `dimensions` honoured; larger asks get this many.
 const MAX_EMBEDDING_DIM: usize = 4096;
 
-/// The documented batch endpoints, each with the body it answers.
-pub(crate) const ENDPOINTS: [&str; 7] = [
+/// The documented batch endpoints, each with the body it answers (the guide's seven and the API reference's
+/// `/v1/videos`).
+pub(crate) const ENDPOINTS: [&str; 8] = [
     "/v1/responses",
     "/v1/chat/completions",
     "/v1/embeddings",
@@ -28,6 +29,7 @@ pub(crate) const ENDPOINTS: [&str; 7] = [
     "/v1/moderations",
     "/v1/images/generations",
     "/v1/images/edits",
+    "/v1/videos",
 ];
 
 /// Tokens one request used (words of its input and of the text generated).
@@ -80,7 +82,7 @@ pub(crate) fn judge(endpoint: &str, body: &Map<String, Value>) -> Outcome {
     }
     let required = match endpoint {
         "/v1/chat/completions" => "messages",
-        "/v1/completions" | "/v1/images/generations" | "/v1/images/edits" => "prompt",
+        "/v1/completions" | "/v1/images/generations" | "/v1/images/edits" | "/v1/videos" => "prompt",
         _ => "input",
     };
     let present = match body.get(required) {
@@ -123,7 +125,7 @@ fn input_text(endpoint: &str, body: &Map<String, Value>) -> String {
             .and_then(Value::as_array)
             .and_then(|messages| messages.last())
             .map_or_else(String::new, |message| message.get("content").map(content_text).unwrap_or_default()),
-        "/v1/completions" | "/v1/images/generations" | "/v1/images/edits" => {
+        "/v1/completions" | "/v1/images/generations" | "/v1/images/edits" | "/v1/videos" => {
             body.get("prompt").map(first_text).unwrap_or_default()
         }
         _ => body.get("input").map(first_text).unwrap_or_default(),
@@ -314,6 +316,16 @@ fn success_body(context: LineContext<'_>, request_id: &str, body: &Map<String, V
             let results: Vec<Value> = input_texts(body).iter().map(|_| moderation_result()).collect();
             json!({ "id": format!("modr-{suffix}"), "model": model, "results": results })
         }
+        // A video job, as the Videos API answers its create: the job, not the video.
+        "/v1/videos" => json!({
+            "id": format!("video_{suffix}"),
+            "object": "video",
+            "created_at": created,
+            "status": "queued",
+            "model": model,
+            "progress": 0,
+            "prompt": text,
+        }),
         // Images: a tiny fixed payload.
         _ => json!({ "created": created, "data": [{ "b64_json": "ZW11bGF0b3I=", "revised_prompt": text }] }),
     }

@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use super::submit::Post;
 use super::{Ending, Pipeline};
 use crate::metrics::{self, ApiCall};
-use crate::policy::plan_chunks;
+use crate::policy::plan_chunks_with_inputs;
 
 /// A refusal at take-in: the result's error code and its message.
 type Refusal = (&'static str, String);
@@ -85,7 +85,14 @@ impl Pipeline {
         provider.check_model(&job.model).map_err(|reason| (code::MODEL_NOT_BATCHABLE, reason))?;
         let limits = provider.limits();
         let sizes: Vec<usize> = job.requests.iter().map(|item| item.borrow().get().len()).collect();
-        let plan = plan_chunks(&sizes, limits.body, limits.max_body_bytes, limits.max_items).map_err(|too_large| {
+        // A limit on inputs (OpenAI: embedding inputs per batch) is planned under too: only such jobs count them.
+        let input_limit = provider.input_limit(job.endpoint.as_deref());
+        let counts: Vec<usize> = input_limit
+            .map(|limit| job.requests.iter().map(|item| (limit.inputs_of)(item.borrow())).collect())
+            .unwrap_or_default();
+        let inputs = input_limit.map(|limit| (counts.as_slice(), limit.max_inputs));
+        let plan = plan_chunks_with_inputs(&sizes, limits.body, limits.max_body_bytes, limits.max_items, inputs)
+            .map_err(|too_large| {
             let message = format!(
                 "request item {} is {} bytes: sent alone it makes a {}-byte body, over the payload limit of {} bytes \
                  ({}); nothing was submitted",

@@ -76,6 +76,7 @@ impl Settings {
         settings.requests_per_minute = config.requests_per_minute;
         settings.burst = config.burst;
         settings.delete_batches = config.delete_batches;
+        settings.idle_timeout = Duration::from_secs(config.idle_timeout_secs);
         settings
     }
 
@@ -103,6 +104,10 @@ impl Settings {
             openai.models.iter().map(|limit| (limit.model.clone(), limit.batches_per_hour)).collect();
         settings.lookup_pages = openai.lookup_pages;
         settings.file_expiry_secs = openai.file_expiry_secs;
+        settings.idle_timeout = Duration::from_secs(openai.idle_timeout_secs);
+        settings.endpoints = openai.endpoints.clone();
+        settings.enqueued_token_limits =
+            openai.enqueued_token_limits.iter().map(|limit| (limit.model.clone(), limit.tokens)).collect();
         settings
     }
 

@@ -25,8 +25,8 @@ pub use load::describe_config_error;
 pub use secrets::Secret;
 pub use sections::{
     AdminSettings, AnthropicConfig, CloudflareSettings, EventSettings, IngressConfig, JobSettings, LogFormat,
-    LogSettings, OpenAiModelLimit, OpenAiSettings, RedisMode, RedisSettings, RetentionSettings, ScheduleConfig,
-    ShutdownSettings, WorkerSettings,
+    LogSettings, OpenAiModelLimit, OpenAiSettings, OpenAiTokenLimit, RedisMode, RedisSettings, RetentionSettings,
+    ScheduleConfig, ShutdownSettings, WorkerSettings,
 };
 
 /// The built-in defaults; the same file documents every key.
@@ -85,7 +85,7 @@ pub const CONVENTIONAL_ENV: [(&str, &str, &str); 5] = [
 
 /// The settings that are lists of strings, which the environment gives comma-separated
 /// (`BATCHD__REDIS__NODES=redis://10.0.0.1:6379,redis://10.0.0.2:6379`).
-pub const ENV_LISTS: [&str; 3] = ["redis.nodes", "redis.extra_namespaces", "admin.allowed_hosts"];
+pub const ENV_LISTS: [&str; 4] = ["redis.nodes", "redis.extra_namespaces", "admin.allowed_hosts", "openai.endpoints"];
 
 /// The environment variable that sets `key`: `BATCHD__SECTION__KEY`. `None` for a key inside a list of tables
 /// (`rate_limits.models[0].limit`), which only a file can set.

@@ -136,6 +136,8 @@ pub struct AnthropicConfig {
     pub burst: u32,
     /// Delete an ended batch once its results are stored.
     pub delete_batches: bool,
+    /// Longest pause in a create's upload or a results download (no byte sent or received), in seconds.
+    pub idle_timeout_secs: u64,
 }
 
 /// `[openai]`: the OpenAI Batch provider, configured when a key is given (`OPENAI_API_KEY` or `api_key_file`).
@@ -177,6 +179,22 @@ pub struct OpenAiSettings {
     pub lookup_pages: usize,
     /// After how many seconds OpenAI deletes uploaded and result files by itself (0: its 30-day default).
     pub file_expiry_secs: u64,
+    /// Longest pause in an upload or a results download (no byte sent or received), in seconds.
+    pub idle_timeout_secs: u64,
+    /// The endpoints a job may name.
+    pub endpoints: Vec<String>,
+    /// Enqueued-token limits of some models (none: not paced).
+    pub enqueued_token_limits: Vec<OpenAiTokenLimit>,
+}
+
+/// One `openai.enqueued_token_limits` entry.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiTokenLimit {
+    /// The model as OpenAI names it (without `openai/`).
+    pub model: String,
+    /// The organization's enqueued-token limit for it (OpenAI's Limits page).
+    pub tokens: u64,
 }
 
 /// One `[[openai.models]]` entry.
