@@ -15,6 +15,7 @@
 mod budget;
 mod error;
 pub mod http;
+pub mod items;
 mod registration;
 mod remote;
 pub mod text;
