@@ -39,7 +39,9 @@ pub enum Call {
 /// as it is (the `:cancel` and `:download` verbs follow it).
 pub fn is_resource(name: &str, collection: &str) -> bool {
     name.strip_prefix(collection).and_then(|rest| rest.strip_prefix('/')).is_some_and(|id| {
-        !id.is_empty() && id.len() <= MAX_ID_LEN && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        !id.is_empty()
+            && id.len() <= MAX_ID_LEN
+            && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
     })
 }
 
@@ -250,7 +252,12 @@ impl Client {
     }
 
     /// A reply's body, at most 4 MiB.
-    async fn read_small(&self, call: Call, http_status: u16, mut response: reqwest::Response) -> Result<Vec<u8>, ApiError> {
+    async fn read_small(
+        &self,
+        call: Call,
+        http_status: u16,
+        mut response: reqwest::Response,
+    ) -> Result<Vec<u8>, ApiError> {
         let mut reply = Vec::new();
         loop {
             match response.chunk().await {
@@ -394,7 +401,10 @@ mod tests {
         assert_eq!(big.kind, ErrorKind::TooLarge);
         assert_eq!(error(400, Call::Create, "API key not valid.").kind, ErrorKind::Permanent);
         assert_eq!(error(403, Call::Other, "m").kind, ErrorKind::Permanent);
-        assert_eq!(from_reply(Call::Other, 502, None, b"<html>\n bad\x07 gateway</html>").message, "<html> bad gateway</html>");
+        assert_eq!(
+            from_reply(Call::Other, 502, None, b"<html>\n bad\x07 gateway</html>").message,
+            "<html> bad gateway</html>"
+        );
     }
 
     #[test]

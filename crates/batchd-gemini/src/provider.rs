@@ -245,7 +245,11 @@ impl Provider for GeminiProvider {
             self.check_model(batch.model).map_err(|why| refusal(ErrorKind::Permanent, why))?;
             // A batch name already recorded is the chunk's batch.
             if let Some(remote) = batch.resume.filter(|remote| remote.id.is_some()) {
-                return Ok(Submitted { remote: remote.clone(), status: "BATCH_STATE_PENDING".to_owned(), body_bytes: 0 });
+                return Ok(Submitted {
+                    remote: remote.clone(),
+                    status: "BATCH_STATE_PENDING".to_owned(),
+                    body_bytes: 0,
+                });
             }
             let job_id = batch.tag.job_id.as_str();
             let recorded = recorded_nonce(batch.resume);
@@ -291,7 +295,12 @@ impl Provider for GeminiProvider {
             let mut created = self.client.create(model, wire::file_body(&file, &display_name)).await;
             // The recorded file may be gone (deleted after a certain refusal, or expired after 48 hours).
             if reused.is_some() && matches!(&created, Err(error) if error.kind == ErrorKind::NotFound) {
-                tracing::warn!(job_id, chunk = batch.tag.chunk, file, "the recorded input file is gone; uploading it again");
+                tracing::warn!(
+                    job_id,
+                    chunk = batch.tag.chunk,
+                    file,
+                    "the recorded input file is gone; uploading it again"
+                );
                 (file, body_bytes) = self.upload_recorded(&batch, &display_name, &nonce).await?;
                 created = self.client.create(model, wire::file_body(&file, &display_name)).await;
             }
@@ -314,18 +323,20 @@ impl Provider for GeminiProvider {
         &'a self,
         _model: &'a ModelName,
         remote: &'a RemoteBatch,
-        n_items: usize,
+        _n_items: usize,
     ) -> BoxFuture<'a, Result<(Polled, Vec<ReplyHold>), ApiError>> {
         Box::pin(async move {
             let name = batch_id(remote)?;
-            let (reply, held) = self.client.get(name, self.budget.as_ref()).await?;
+            // A finished batch's operation carries its inline responses: read within the budget, then dropped (they
+            // are read again by `fetch_results`).
+            let (reply, _held) = self.client.get(name, self.budget.as_ref()).await?;
             let Some(operation) = Operation::read(&reply) else {
                 return Ok((Polled::Pending(PendingStatus::undocumented("unreadable")), Vec::new()));
             };
             drop(reply);
             let state = operation.state();
             let state_text = operation.state_text().unwrap_or("unreadable").to_owned();
-            let ended = match state {
+            match state {
                 State::Running => return Ok((Polled::Pending(PendingStatus::documented(&state_text)), Vec::new())),
                 State::Cancelling => return Ok((Polled::Pending(PendingStatus::cancelling(&state_text)), Vec::new())),
                 State::Other => return Ok((Polled::Pending(PendingStatus::undocumented(&state_text)), Vec::new())),
@@ -340,17 +351,11 @@ impl Provider for GeminiProvider {
                         maybe_delivered: false,
                     });
                 }
-                State::Succeeded => "missing",
-                State::Cancelled => "cancelled",
-                State::Expired => "expired",
-            };
-            let polled = match operation.responses(n_items, ended) {
-                Responses::Inline(output) => return Ok((Polled::Done(output), held)),
-                Responses::File(file) if is_resource(&file, "files") => {
-                    Polled::Ready(RemoteBatch { output_file: Some(file), ..remote.clone() })
-                }
-                Responses::File(_) | Responses::None => Polled::Done(Join::new(n_items).finish(ended)),
-            };
+                State::Succeeded | State::Cancelled | State::Expired => {}
+            }
+            // Ready even with the responses inline: the engine deletes what an ended batch left only after a fetch.
+            let output_file = operation.responses_file().filter(|file| is_resource(file, "files"));
+            let polled = Polled::Ready(RemoteBatch { output_file, ..remote.clone() });
             Ok((polled, Vec::new()))
         })
     }
@@ -362,13 +367,33 @@ impl Provider for GeminiProvider {
         n_items: usize,
     ) -> BoxFuture<'a, Result<(JobOutput, Vec<ReplyHold>), ApiError>> {
         Box::pin(async move {
-            let Some(file) = remote.output_file.as_deref().filter(|file| is_resource(file, "files")) else {
-                return Err(refusal(ErrorKind::NotFound, "the chunk records no responses file".to_owned()));
+            let file = match remote.output_file.as_deref().filter(|file| is_resource(file, "files")) {
+                Some(file) => file.to_owned(),
+                None => {
+                    // The responses are inline in the finished batch's operation (read within the budget).
+                    let (reply, held) = self.client.get(batch_id(remote)?, self.budget.as_ref()).await?;
+                    let operation = Operation::read(&reply).unwrap_or_default();
+                    drop(reply);
+                    let ended = match operation.state() {
+                        State::Cancelled => "cancelled",
+                        State::Expired => "expired",
+                        _ => "missing",
+                    };
+                    match operation.responses(n_items, ended) {
+                        Responses::Inline(output) => return Ok((output, held)),
+                        Responses::File(file) if is_resource(&file, "files") => file,
+                        Responses::File(_) | Responses::None => return Ok((Join::new(n_items).finish(ended), held)),
+                    }
+                }
             };
             let mut join = Join::new(n_items);
-            let held = self.client.download(file, self.budget.as_ref(), |line| join.add_line(line)).await?;
+            let held = self.client.download(&file, self.budget.as_ref(), |line| join.add_line(line)).await?;
             if join.skipped > 0 {
-                tracing::warn!(batch = remote.id.as_ref().map(RequestId::as_str), skipped = join.skipped, "response lines skipped");
+                tracing::warn!(
+                    batch = remote.id.as_ref().map(RequestId::as_str),
+                    skipped = join.skipped,
+                    "response lines skipped"
+                );
             }
             Ok((join.finish("missing"), held))
         })

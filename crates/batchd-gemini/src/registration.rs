@@ -30,7 +30,10 @@ pub static REGISTRATION: Registration<GeminiSettings, GeminiProvider> = Registra
 fn check(settings: &GeminiSettings, context: &BuildContext) -> Result<(), SettingError> {
     let fail = |key: &'static str, why: String| Err(SettingError::new(key, why));
     if !(1024..=MAX_INLINE_BYTES).contains(&settings.max_inline_bytes) {
-        return fail("max_inline_bytes", format!("must be 1024-{MAX_INLINE_BYTES} (the API's inline limit, about 20 MB)"));
+        return fail(
+            "max_inline_bytes",
+            format!("must be 1024-{MAX_INLINE_BYTES} (the API's inline limit, about 20 MB)"),
+        );
     }
     if !(1024..=MAX_FILE_BYTES).contains(&settings.max_file_bytes) {
         return fail("max_file_bytes", format!("must be 1024-{MAX_FILE_BYTES} (the Files API's limit, 2 GB)"));

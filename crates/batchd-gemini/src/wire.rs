@@ -246,10 +246,17 @@ impl Operation {
 
     /// Why a failed batch failed: `(code, message)`.
     pub fn failure(&self) -> (String, String) {
-        self.error.as_ref().map_or_else(
-            || ("FAILED".to_owned(), "the batch failed without an error".to_owned()),
-            RpcStatus::parts,
-        )
+        self.error
+            .as_ref()
+            .map_or_else(|| ("FAILED".to_owned(), "the batch failed without an error".to_owned()), RpcStatus::parts)
+    }
+
+    /// The responses file a finished batch names, if its responses are not inline.
+    pub fn responses_file(&self) -> Option<String> {
+        [self.response.as_ref(), self.metadata.as_ref().and_then(|batch| batch.output.as_ref()), self.output.as_ref()]
+            .into_iter()
+            .flatten()
+            .find_map(|output| output.responses_file.clone())
     }
 
     /// Where the responses of a batch of `n_items` requests are, the inline ones joined on their keys; `ended` is

@@ -24,9 +24,9 @@ pub use batchd_engine::settings::{PackingSettings, PollSettings, RetrySettings};
 pub use load::describe_config_error;
 pub use secrets::Secret;
 pub use sections::{
-    AdminSettings, AnthropicConfig, CloudflareSettings, EventSettings, GeminiConfig, IngressConfig, JobSettings, LogFormat,
-    LogSettings, OpenAiModelLimit, OpenAiSettings, RedisMode, RedisSettings, RetentionSettings, ScheduleConfig,
-    ShutdownSettings, WorkerSettings,
+    AdminSettings, AnthropicConfig, CloudflareSettings, EventSettings, GeminiConfig, IngressConfig, JobSettings,
+    LogFormat, LogSettings, OpenAiModelLimit, OpenAiSettings, RedisMode, RedisSettings, RetentionSettings,
+    ScheduleConfig, ShutdownSettings, WorkerSettings,
 };
 
 /// The built-in defaults; the same file documents every key.
