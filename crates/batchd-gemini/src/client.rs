@@ -23,6 +23,9 @@ const BUDGET_STEP: usize = 1024 * 1024;
 /// Longest part of an error body quoted in a message, in characters.
 const MAX_QUOTED: usize = 300;
 
+/// The setting that bounds a finished batch or responses file.
+const MAX_RESULT_SETTING: &str = "gemini.max_result_bytes";
+
 /// Longest batch or file id batchd sends back in a path.
 const MAX_ID_LEN: usize = 128;
 
@@ -217,7 +220,7 @@ impl Client {
             return Err(self.scrub(from_reply(Call::Other, http_status, retry_after, &body)));
         }
         if let Some(declared) = response.content_length().filter(|declared| *declared > self.max_result_bytes as u64) {
-            return Err(too_large(http_status, declared, self.max_result_bytes));
+            return Err(ApiError::reply_over_limit(http_status, declared, self.max_result_bytes, MAX_RESULT_SETTING));
         }
         let (mut held, mut held_bytes, mut total) = (Vec::<ReplyHold>::new(), 0usize, 0usize);
         loop {
@@ -228,7 +231,12 @@ impl Client {
             };
             total += piece.len();
             if total > self.max_result_bytes {
-                return Err(too_large(http_status, total as u64, self.max_result_bytes));
+                return Err(ApiError::reply_over_limit(
+                    http_status,
+                    total as u64,
+                    self.max_result_bytes,
+                    MAX_RESULT_SETTING,
+                ));
             }
             if let Some(budget) = budget {
                 budget.cover(&mut held, &mut held_bytes, total, BUDGET_STEP).await;
@@ -352,31 +360,9 @@ pub(crate) fn from_reply(call: Call, http_status: u16, retry_after: Option<Durat
     }
 }
 
-/// A 2xx reply that is not what the API documents.
+/// A 2xx reply that is not what the API documents (a create's may have created its batch).
 pub(crate) fn unreadable(call: Call, http_status: u16, what: &str) -> ApiError {
-    ApiError {
-        kind: ErrorKind::Transient,
-        http_status: Some(http_status),
-        api_code: None,
-        message: what.to_owned(),
-        retry_after: None,
-        maybe_delivered: call == Call::Create,
-    }
-}
-
-/// A finished batch or responses file over `gemini.max_result_bytes`.
-fn too_large(http_status: u16, bytes: u64, limit: usize) -> ApiError {
-    ApiError {
-        kind: ErrorKind::ReplyTooLarge,
-        http_status: Some(http_status),
-        api_code: None,
-        message: format!(
-            "the results are {bytes} bytes or more, over the limit of {limit} bytes (gemini.max_result_bytes); \
-             raise the limit to read them"
-        ),
-        retry_after: None,
-        maybe_delivered: false,
-    }
+    ApiError::undocumented_reply(call == Call::Create, http_status, what)
 }
 
 #[cfg(test)]

@@ -124,8 +124,8 @@ impl GeminiProvider {
         display_name: &str,
         nonce: &str,
     ) -> Result<(String, usize), ApiError> {
-        let lines =
-            wire::file_lines(batch.items).map_err(|bad| refusal(ErrorKind::InvalidInput, not_an_object(bad)))?;
+        let lines = wire::file_lines(batch.items)
+            .map_err(|bad| ApiError::decided(ErrorKind::InvalidInput, not_an_object(bad)))?;
         let bytes = lines.len();
         let file = self.client.upload(display_name, lines).await?;
         if let Err(error) = record(batch, nonce, Some(&file)).await {
@@ -149,7 +149,7 @@ impl GeminiProvider {
 async fn record(batch: &SubmitBatch<'_>, nonce: &str, file: Option<&str>) -> Result<(), ApiError> {
     let record =
         RemoteBatch { tag: Some(nonce.to_owned()), input_file: file.map(str::to_owned), ..RemoteBatch::default() };
-    batch.checkpoint.record(&record).await.map_err(|message| refusal(ErrorKind::Transient, message))
+    batch.checkpoint.record(&record).await.map_err(|message| ApiError::decided(ErrorKind::Transient, message))
 }
 
 /// The create nonce a ledger records for the chunk, if it holds one batchd wrote.
@@ -187,11 +187,6 @@ fn submitted(
     })
 }
 
-/// An error batchd itself decided on (nothing was sent, or nothing more is to be sent).
-fn refusal(kind: ErrorKind, message: String) -> ApiError {
-    ApiError { kind, http_status: None, api_code: None, message, retry_after: None, maybe_delivered: false }
-}
-
 fn not_an_object(bad: wire::NotAnObject) -> String {
     format!("/requests/{}: a Gemini request item must be a GenerateContentRequest object", bad.0)
 }
@@ -202,7 +197,7 @@ fn batch_id(remote: &RemoteBatch) -> Result<&str, ApiError> {
         .as_ref()
         .map(RequestId::as_str)
         .filter(|id| is_resource(id, "batches"))
-        .ok_or_else(|| refusal(ErrorKind::NotFound, "the chunk records no Gemini batch name".to_owned()))
+        .ok_or_else(|| ApiError::decided(ErrorKind::NotFound, "the chunk records no Gemini batch name".to_owned()))
 }
 
 impl Provider for GeminiProvider {
@@ -237,12 +232,12 @@ impl Provider for GeminiProvider {
     fn submit<'a>(&'a self, batch: SubmitBatch<'a>) -> BoxFuture<'a, Result<Submitted, ApiError>> {
         Box::pin(async move {
             if let Some(endpoint) = batch.endpoint.filter(|endpoint| *endpoint != ENDPOINT) {
-                return Err(refusal(
+                return Err(ApiError::decided(
                     ErrorKind::Permanent,
                     format!("Gemini Batch Mode has no endpoint {endpoint:?}; leave it out or use {ENDPOINT:?}"),
                 ));
             }
-            self.check_model(batch.model).map_err(|why| refusal(ErrorKind::Permanent, why))?;
+            self.check_model(batch.model).map_err(|why| ApiError::decided(ErrorKind::Permanent, why))?;
             // A batch name already recorded is the chunk's batch.
             if let Some(remote) = batch.resume.filter(|remote| remote.id.is_some()) {
                 return Ok(Submitted {
@@ -273,7 +268,7 @@ impl Provider for GeminiProvider {
             let display_name = wire::display_name(&nonce, batch.tag.chunk, job_id);
             let model = batch.model.remote_name();
             let inline = wire::inline_body(batch.items, &display_name)
-                .map_err(|bad| refusal(ErrorKind::InvalidInput, not_an_object(bad)))?;
+                .map_err(|bad| ApiError::decided(ErrorKind::InvalidInput, not_an_object(bad)))?;
             if inline.len() <= self.max_inline_bytes {
                 if recorded.is_none() {
                     record(&batch, &nonce, None).await?;

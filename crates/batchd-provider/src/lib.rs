@@ -18,6 +18,7 @@ pub mod http;
 pub mod items;
 mod registration;
 mod remote;
+mod reply_errors;
 pub mod text;
 
 use std::fmt;
