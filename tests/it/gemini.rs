@@ -275,3 +275,42 @@ async fn a_failed_batch_fails_the_job_saying_why() {
     assert!(error.message.contains("Batch processing failed"), "{}", error.message);
     daemon.stop().await.expect("stop");
 }
+
+/// The key comes from `GEMINI_API_KEY` or `BATCHD__GEMINI__API_KEY` (the latter wins) or a file, never from a
+/// config file; without one Gemini is not configured; `[gemini]` reaches the client.
+#[test]
+fn the_key_comes_from_the_environment_or_a_file_and_the_section_reaches_the_client() {
+    use std::collections::HashMap;
+    let env = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+        pairs.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())).collect()
+    };
+    let load = |pairs: &[(&str, &str)]| Settings::load_from(None, &env(pairs)).expect("settings");
+    assert!(load(&[]).gemini_instance().expect("checked").is_none(), "no key, no Gemini");
+    let client = load(&[("GEMINI_API_KEY", "gm-secret-1")]).gemini_instance().expect("checked").expect("configured");
+    assert_eq!(
+        (client.account.as_str(), client.base_url.as_str()),
+        ("gemini", "https://generativelanguage.googleapis.com")
+    );
+    assert_eq!((client.max_inline_bytes, client.lookup_pages), (20_000_000, 10));
+    assert!(client.delete_batches);
+    assert!(!format!("{client:?}").contains("gm-secret-1"), "the key never prints");
+    let own = load(&[("GEMINI_API_KEY", "a"), ("BATCHD__GEMINI__API_KEY", "b"), ("BATCHD__GEMINI__ACCOUNT", "acct-g")]);
+    assert_eq!(own.gemini_key().expect("checked").expect("key").expose(), "b", "the BATCHD__ name wins");
+    assert_eq!(own.gemini_instance().expect("checked").expect("configured").account, "acct-g");
+
+    let dir = std::env::temp_dir().join(format!("batchd-gemini-key-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let key_file = dir.join("key");
+    std::fs::write(&key_file, "gm-from-file\n").expect("key file");
+    let path = key_file.display().to_string();
+    let from_file = load(&[("BATCHD__GEMINI__API_KEY_FILE", path.as_str())]);
+    assert_eq!(from_file.gemini_key().expect("checked").expect("key").expose(), "gm-from-file");
+    let config = dir.join("batchd.toml");
+    std::fs::write(&config, "[gemini]\napi_key = \"gm-in-file\"\n").expect("config");
+    let error = Settings::load_from(Some(&config), &env(&[])).expect_err("refused").to_string();
+    assert!(
+        error.contains("gemini.api_key: not allowed in a config file") && error.contains("GEMINI_API_KEY"),
+        "{error}"
+    );
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
