@@ -9,7 +9,7 @@ use std::time::Duration;
 use batchd::settings::Settings;
 use batchd_core::{ResultEntry, ResultStatus};
 use batchd_emulator::{EmulatorConfig, GeminiCallKind, GeminiCalls, GeminiConfig, GeminiFault};
-use batchd_tests::{Daemon, World, wait_until, with_gemini};
+use batchd_tests::{Daemon, World, wait_until, with_anthropic, with_gemini, with_openai};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -134,6 +134,31 @@ async fn a_job_above_the_inline_limit_goes_through_the_files_api_and_its_files_a
         control.batch_names().is_empty() && control.file_names().is_empty()
     })
     .await;
+    daemon.stop().await.expect("stop");
+}
+
+/// Gemini beside the three built-ins in one daemon: a job on each completes.
+#[tokio::test]
+async fn one_daemon_runs_gemini_beside_workers_ai_openai_and_anthropic() {
+    let world = World::new().await;
+    let mut settings = gemini_settings(&world);
+    with_openai(&mut settings, &world.emulator);
+    with_anthropic(&mut settings, &world.emulator);
+    let daemon = Daemon::start(settings, &world.emulator);
+    world.enqueue(&job("four-gemini", 2)).await;
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5});
+    world.enqueue(&json!({"id": "four-openai", "model": "openai/gpt-4o-mini", "requests": [chat]})).await;
+    let message = json!({"max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]});
+    world
+        .enqueue(&json!({"id": "four-anthropic", "model": "anthropic/claude-sonnet-4-5", "requests": [message]}))
+        .await;
+    world.enqueue(&batchd_tests::bge_m3_job("four-cloudflare", 1)).await;
+    assert_in_order(&world.wait_for_result("four-gemini", WAIT).await, 2);
+    for id in ["four-openai", "four-anthropic", "four-cloudflare"] {
+        let entry = world.wait_for_result(id, WAIT).await;
+        assert_eq!((entry.status, entry.items_failed), (ResultStatus::Completed, 0), "{id}: {:?}", entry.error);
+    }
+    assert_eq!(world.emulator.gemini().batch_count(), 1, "only the Gemini job went to Gemini");
     daemon.stop().await.expect("stop");
 }
 
