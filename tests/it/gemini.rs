@@ -137,6 +137,23 @@ async fn a_job_above_the_inline_limit_goes_through_the_files_api_and_its_files_a
     daemon.stop().await.expect("stop");
 }
 
+/// A responses file whose download fails is read again from the batch, which is kept: one batch, one result.
+#[tokio::test]
+async fn a_failed_download_of_the_responses_file_is_retried_from_the_batch() {
+    let world = World::new().await;
+    let control = world.emulator.gemini();
+    control.inject(GeminiFault::status(503).on(GeminiCalls::Download));
+    let mut settings = gemini_settings(&world);
+    settings.gemini.max_inline_bytes = 1024;
+    let daemon = Daemon::start(settings, &world.emulator);
+    world.enqueue(&job("gem-download", 40)).await;
+    assert_in_order(&world.wait_for_result("gem-download", WAIT).await, 40);
+    let downloads: Vec<u16> = control.calls_of(GeminiCallKind::Download).iter().map(|call| call.status).collect();
+    assert_eq!(downloads, [503, 200]);
+    assert_eq!(control.batch_count(), 1, "one batch");
+    daemon.stop().await.expect("stop");
+}
+
 /// Gemini beside the three built-ins in one daemon: a job on each completes.
 #[tokio::test]
 async fn one_daemon_runs_gemini_beside_workers_ai_openai_and_anthropic() {

@@ -205,7 +205,7 @@ impl Client {
     }
 
     /// A GET whose reply may be big: fed to `chunk` piece by piece, holding room in `budget` for what was read
-    /// (never waiting while holding room), refused past `max_result_bytes`.
+    /// once it is past a small reply's 4 MiB (never waiting while holding room), refused past `max_result_bytes`.
     async fn stream(
         &self,
         url: Url,
@@ -238,7 +238,9 @@ impl Client {
                     MAX_RESULT_SETTING,
                 ));
             }
-            if let Some(budget) = budget {
+            // A reply as small as any other call's (a pending batch's status) takes no room: a poll never waits
+            // behind a download for its few bytes.
+            if let Some(budget) = budget.filter(|_| total > MAX_SMALL_REPLY) {
                 budget.cover(&mut held, &mut held_bytes, total, BUDGET_STEP).await;
             }
             chunk(&piece);
