@@ -137,6 +137,27 @@ async fn a_job_above_the_inline_limit_goes_through_the_files_api_and_its_files_a
     daemon.stop().await.expect("stop");
 }
 
+/// A model the API does not serve (Google's 404 `NOT_FOUND` on create) fails the job at once as a refusal, naming
+/// the API's status; nothing is retried.
+#[tokio::test]
+async fn an_unknown_model_fails_the_job_at_once_as_a_refusal() {
+    let config = EmulatorConfig {
+        gemini: GeminiConfig { models: vec!["gemini-2.5-flash".to_owned()], ..GeminiConfig::default() },
+        ..EmulatorConfig::default()
+    };
+    let world = World::with_emulator(config).await;
+    let daemon = Daemon::start(gemini_settings(&world), &world.emulator);
+    let request = item("a");
+    world.enqueue(&json!({"id": "gem-unknown", "model": "gemini/gemini-0.1-none", "requests": [request]})).await;
+    let entry = world.wait_for_result("gem-unknown", WAIT).await;
+    assert_eq!(entry.status, ResultStatus::Failed, "{entry:?}");
+    let error = entry.error.as_ref().expect("error");
+    assert_eq!((error.code.as_str(), error.http_status), ("api_error", Some(404)), "{error:?}");
+    assert!(error.message.contains("is not found"), "{}", error.message);
+    assert_eq!(world.emulator.gemini().calls_of(GeminiCallKind::Create).len(), 1, "a refusal is not retried");
+    daemon.stop().await.expect("stop");
+}
+
 /// A responses file whose download fails is read again from the batch, which is kept: one batch, one result.
 #[tokio::test]
 async fn a_failed_download_of_the_responses_file_is_retried_from_the_batch() {

@@ -96,11 +96,15 @@ impl Client {
         url
     }
 
-    /// Creates a batch of `model` (a checked model id) from a body built by `wire`.
+    /// Creates a batch of `model` (a checked model id) from a body built by `wire`. A 404 (an unknown model, an
+    /// input file gone) is a refusal of the create, not a batch whose results are gone.
     #[tracing::instrument(level = "debug", skip_all, fields(body_bytes = body.len()))]
     pub async fn create(&self, model: &str, body: Vec<u8>) -> Result<Vec<u8>, ApiError> {
         let url = self.url(&format!("v1beta/models/{model}:batchGenerateContent"));
-        self.small(Call::Create, Method::POST, url, Some(body)).await
+        self.small(Call::Create, Method::POST, url, Some(body)).await.map_err(|error| match error.kind {
+            ErrorKind::NotFound => ApiError { kind: ErrorKind::Permanent, ..error },
+            _ => error,
+        })
     }
 
     /// The operation of batch `name` (`batches/…`), read up to `max_result_bytes` within `budget` (a finished

@@ -289,7 +289,7 @@ impl Provider for GeminiProvider {
             };
             let mut created = self.client.create(model, wire::file_body(&file, &display_name)).await;
             // The recorded file may be gone (deleted after a certain refusal, or expired after 48 hours).
-            if reused.is_some() && matches!(&created, Err(error) if error.kind == ErrorKind::NotFound) {
+            if reused.is_some() && matches!(&created, Err(error) if error.http_status == Some(404)) {
                 tracing::warn!(
                     job_id,
                     chunk = batch.tag.chunk,
