@@ -68,7 +68,8 @@ fn a_wrong_setting_of_any_provider_stops_config_check_and_run_with_78_naming_it_
     let no_cloudflare: [(&str, &str); 2] = [("CLOUDFLARE_ACCOUNT_ID", ""), ("CLOUDFLARE_API_TOKEN", "")];
     let openai = [no_cloudflare[0], no_cloudflare[1], ("OPENAI_API_KEY", "sk-check")];
     let anthropic = [no_cloudflare[0], no_cloudflare[1], ("ANTHROPIC_API_KEY", "sk-ant-check")];
-    for alone in [&openai, &anthropic] {
+    let gemini = [no_cloudflare[0], no_cloudflare[1], ("GEMINI_API_KEY", "gm-check")];
+    for alone in [&openai, &anthropic, &gemini] {
         let (code, err) = batchd(&["config", "check"], alone);
         assert_eq!(code, 0, "{alone:?}: one provider is enough: {err}");
     }
@@ -92,6 +93,16 @@ fn a_wrong_setting_of_any_provider_stops_config_check_and_run_with_78_naming_it_
         (&anthropic, ("BATCHD__ANTHROPIC__VERSION", ""), "anthropic.version (BATCHD__ANTHROPIC__VERSION): "),
         (&anthropic, ("BATCHD__ANTHROPIC__ACCOUNT", "a b"), "anthropic.account (BATCHD__ANTHROPIC__ACCOUNT): "),
         (
+            &gemini,
+            ("BATCHD__GEMINI__MAX_INLINE_BYTES", "30000000"),
+            "gemini.max_inline_bytes (BATCHD__GEMINI__MAX_INLINE_BYTES): ",
+        ),
+        (
+            &gemini,
+            ("BATCHD__GEMINI__BASE_URL", "http://generativelanguage.googleapis.com"),
+            "gemini.base_url (BATCHD__GEMINI__BASE_URL): ",
+        ),
+        (
             &[],
             ("BATCHD__CLOUDFLARE__MAX_REPLY_BYTES", "100"),
             "cloudflare.max_reply_bytes (BATCHD__CLOUDFLARE__MAX_REPLY_BYTES): ",
@@ -105,7 +116,9 @@ fn a_wrong_setting_of_any_provider_stops_config_check_and_run_with_78_naming_it_
         assert_eq!((check_code, run_code), (78, 78), "{wrong:?}: check said {check_err:?}, run said {run_err:?}");
         assert_eq!(check_err, run_err, "{wrong:?}: the same message from both");
         assert!(check_err.starts_with(&format!("batchd: configuration: {expected}")), "{wrong:?}: {check_err:?}");
-        assert!(!check_err.contains("sk-check") && !check_err.contains("sk-ant-check"), "keys are never printed");
+        for key in ["sk-check", "sk-ant-check", "gm-check"] {
+            assert!(!check_err.contains(key), "keys are never printed: {check_err:?}");
+        }
     }
 }
 

@@ -74,7 +74,7 @@ fn deployment_configs_load_and_supervisors_outwait_the_drain() {
 /// `CREDENTIALS_DIRECTORY` points, by the names `batchd` looks for.
 #[test]
 fn every_providers_key_is_a_systemd_credential_and_a_kubernetes_secret_file() {
-    use batchd::settings::{ANTHROPIC_KEY_CREDENTIAL, OPENAI_KEY_CREDENTIAL, TOKEN_CREDENTIAL};
+    use batchd::settings::{ANTHROPIC_KEY_CREDENTIAL, GEMINI_KEY_CREDENTIAL, OPENAI_KEY_CREDENTIAL, TOKEN_CREDENTIAL};
     let unit = read("deploy/systemd/batchd.service");
     let deployment = read("deploy/kubernetes/base/deployment.yaml");
     assert!(deployment.contains("- name: CREDENTIALS_DIRECTORY\n              value: /var/run/secrets/batchd\n"));
@@ -85,6 +85,7 @@ fn every_providers_key_is_a_systemd_credential_and_a_kubernetes_secret_file() {
         (TOKEN_CREDENTIAL, "batchd-cloudflare", false),
         (OPENAI_KEY_CREDENTIAL, "batchd-openai", true),
         (ANTHROPIC_KEY_CREDENTIAL, "batchd-anthropic", true),
+        (GEMINI_KEY_CREDENTIAL, "batchd-gemini", true),
     ] {
         assert!(unit.contains(&format!("\nLoadCredential={name}:/etc/batchd/{name}\n")), "{name}");
         assert_eq!(unit.contains(&format!("\nSetCredential={name}:\\n\n")), optional, "{name}: the fallback");

@@ -1,4 +1,4 @@
-//! A real `kill -9` that lands inside a create, at OpenAI and at Anthropic. The emulator makes the batch and holds
+//! A real `kill -9` that lands inside a create, at OpenAI, Anthropic and Gemini. The emulator makes the batch and holds
 //! its reply (the `hold` fault); the `batchd run` process that sent the create is killed at that moment, so it
 //! never learns the batch's id, and nothing of it runs after the kill (unlike the in-process crash tests of
 //! `openai.rs` and `anthropic.rs`, which abort a task whose destructors run). Another `batchd run` process takes
@@ -14,8 +14,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use batchd_core::ResultStatus;
 use batchd_emulator::{
-    AnthropicCallKind, AnthropicCalls, AnthropicConfig, AnthropicFault, EmulatorConfig, EmulatorHandle, OPENAI_PREFIX,
-    OpenAiCallKind, OpenAiFault,
+    AnthropicCallKind, AnthropicCalls, AnthropicConfig, AnthropicFault, EmulatorConfig, EmulatorHandle, GeminiCallKind,
+    GeminiCalls, GeminiFault, OPENAI_PREFIX, OpenAiCallKind, OpenAiFault,
 };
 use batchd_tests::{World, wait_until};
 use serde_json::{Value, json};
@@ -44,6 +44,7 @@ const TEST_ENV: &[(&str, &str)] = &[
     ("BATCHD__OPENAI__REQUEST_TIMEOUT_SECS", "5"),
     ("BATCHD__ANTHROPIC__REQUEST_TIMEOUT_SECS", "5"),
     ("BATCHD__ANTHROPIC__REQUESTS_PER_MINUTE", "0"),
+    ("BATCHD__GEMINI__REQUEST_TIMEOUT_SECS", "5"),
 ];
 
 /// A `batchd run` process with its own port on the emulator; killed on drop, its log printed if the test failed.
@@ -58,7 +59,7 @@ struct Process {
 }
 
 impl Process {
-    /// Starts `batchd run` against the world's Redis and namespace, with all three providers pointed at a new port
+    /// Starts `batchd run` against the world's Redis and namespace, with every provider pointed at a new port
     /// of the emulator.
     async fn start(world: &World, name: &str, packing: bool) -> Self {
         let emulator: &EmulatorHandle = &world.emulator;
@@ -78,6 +79,8 @@ impl Process {
             .env("BATCHD__OPENAI__BASE_URL", format!("{origin}{OPENAI_PREFIX}"))
             .env("ANTHROPIC_API_KEY", emulator.anthropic().api_key())
             .env("BATCHD__ANTHROPIC__BASE_URL", format!("{origin}/anthropic"))
+            .env("GEMINI_API_KEY", emulator.gemini().api_key())
+            .env("BATCHD__GEMINI__BASE_URL", format!("{origin}/gemini"))
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("log file"))
             .stderr(file);
@@ -272,6 +275,55 @@ async fn anthropic_kill_9_inside_the_create(packed: bool) {
         call.port == second.port && call.batch_id.as_deref() == Some(held_batch.as_str()) && call.status == 200
     });
     assert!(read, "the second process read the held batch's results: {:?}", control.calls());
+    assert_eq!(possible_duplicate_submits(&world, &jobs[0]).await.as_deref(), Some("1"), "counted once");
+}
+
+#[tokio::test]
+async fn gemini_a_kill_9_inside_the_create_leaves_one_batch_the_next_process_finds_by_its_display_name() {
+    gemini_kill_9_inside_the_create(false).await;
+}
+
+#[tokio::test]
+async fn gemini_a_kill_9_inside_a_packs_create_leaves_one_batch_the_next_process_finds_by_its_display_name() {
+    gemini_kill_9_inside_the_create(true).await;
+}
+
+async fn gemini_kill_9_inside_the_create(packed: bool) {
+    let world = World::new().await;
+    let control = world.emulator.gemini();
+    control.inject(GeminiFault::hold().on(GeminiCalls::Create));
+    let mut first = Process::start(&world, "first", packed).await;
+    let requests: Vec<Value> = (0..3).map(|i| json!({"contents": [{"parts": [{"text": format!("q {i}")}]}]})).collect();
+    let jobs = enqueue(&world, "killed-gemini", "gemini/gemini-2.5-flash", requests, packed).await;
+    assert!(control.wait_until_held(1, WAIT).await, "the create never reached the emulator");
+    let creates = control.calls_of(GeminiCallKind::Create);
+    assert_eq!(creates.len(), 1, "{creates:?}");
+    assert_eq!((creates[0].port, creates[0].status), (first.port, 200), "the first process's create was handled");
+    let held_batch = creates[0].batch_name.clone().expect("the create made a batch");
+
+    let killed_at_ms = first.kill_9();
+    wait_until("the killed process's held create to end", WAIT, async || control.held_replies() == 0).await;
+    let first_looked = control.calls().iter().any(|call| call.port == first.port && call.kind == GeminiCallKind::List);
+    assert!(
+        !first_looked,
+        "the first process looked its batch up before the kill: the kill did not land in the create"
+    );
+
+    let second = Process::start(&world, "second", packed).await;
+    for job in &jobs {
+        assert_one_completed_result(&world, job).await;
+    }
+    assert_eq!(control.batch_count(), 1, "exactly one batch at the provider");
+    assert_eq!(control.calls_of(GeminiCallKind::Create).len(), 1, "the second process did not create");
+    let calls = control.calls();
+    let looked = calls
+        .iter()
+        .any(|call| call.port == second.port && call.kind == GeminiCallKind::List && call.at_ms >= killed_at_ms);
+    assert!(looked, "the second process listed batches to look for the chunk's: {calls:?}");
+    let adopted = calls.iter().any(|call| {
+        call.port == second.port && call.kind == GeminiCallKind::Get && call.batch_name.as_deref() == Some(&held_batch)
+    });
+    assert!(adopted, "the second process polled the held batch {held_batch}: {calls:?}");
     assert_eq!(possible_duplicate_submits(&world, &jobs[0]).await.as_deref(), Some("1"), "counted once");
 }
 

@@ -32,6 +32,7 @@ mod examples;
 mod failed_jobs;
 mod failures;
 mod flow;
+mod gemini;
 mod golden_replies;
 mod harness_checks;
 mod hostile;

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use batchd_core::{ResultEntry, ResultStatus};
-use batchd_emulator::{AnthropicCallKind, CallKind, EmulatorConfig, OpenAiCallKind, ProviderLimits};
-use batchd_tests::{World, with_anthropic, with_openai};
+use batchd_emulator::{AnthropicCallKind, CallKind, EmulatorConfig, GeminiCallKind, OpenAiCallKind, ProviderLimits};
+use batchd_tests::{World, with_anthropic, with_gemini, with_openai};
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 
@@ -36,6 +36,7 @@ fn one_request_job(provider: &str, index: usize) -> (Value, String) {
     let (model, request) = match provider {
         "cloudflare" => ("@cf/meta/llama-3.3-70b-instruct-fp8-fast", json!({"prompt": text})),
         "openai" => ("openai/gpt-4o-mini", json!({"messages": [{"role": "user", "content": text}], "max_tokens": 5})),
+        "gemini" => ("gemini/gemini-2.5-flash", json!({"contents": [{"parts": [{"text": text}]}]})),
         _ => {
             ("anthropic/claude-sonnet-4-5", json!({"max_tokens": 16, "messages": [{"role": "user", "content": text}]}))
         }
@@ -48,7 +49,8 @@ fn answer_text(entry: &ResultEntry) -> String {
     let response = &entry.result.as_ref().expect("a result").responses[0];
     assert!(response.success, "{}: {:?}", entry.job_id, response.error);
     let body: Value = serde_json::from_str(response.result.as_ref().expect("a body").get()).expect("json");
-    [&body["response"], &body["choices"][0]["message"]["content"], &body["content"][0]["text"]]
+    let gemini = &body["candidates"][0]["content"]["parts"][0]["text"];
+    [&body["response"], &body["choices"][0]["message"]["content"], &body["content"][0]["text"], gemini]
         .into_iter()
         .find_map(|text| text.as_str().map(str::to_owned))
         .unwrap_or_else(|| panic!("{}: no text in {body}", entry.job_id))
@@ -65,6 +67,9 @@ fn remote_batches(world: &World, provider: &str) -> usize {
             .iter()
             .filter(|call| call.http_status == 200)
             .count(),
+        "gemini" => {
+            world.emulator.gemini().calls_of(GeminiCallKind::Create).iter().filter(|call| call.status == 200).count()
+        }
         _ => world
             .emulator
             .anthropic()
@@ -84,6 +89,7 @@ async fn many_one_request_jobs_share_few_remote_batches(provider: &str) {
     match provider {
         "openai" => with_openai(&mut world.settings, &world.emulator),
         "anthropic" => with_anthropic(&mut world.settings, &world.emulator),
+        "gemini" => with_gemini(&mut world.settings, &world.emulator),
         _ => {}
     }
     world.settings.packing.enabled = true;
@@ -132,6 +138,11 @@ async fn openai_one_request_jobs_share_remote_batches_each_with_its_own_answer()
 #[tokio::test]
 async fn anthropic_one_request_jobs_share_remote_batches_each_with_its_own_answer() {
     many_one_request_jobs_share_few_remote_batches("anthropic").await;
+}
+
+#[tokio::test]
+async fn gemini_one_request_jobs_share_remote_batches_each_with_its_own_answer() {
+    many_one_request_jobs_share_few_remote_batches("gemini").await;
 }
 
 #[tokio::test]

@@ -98,7 +98,7 @@ async fn the_cli_and_the_dashboard_show_each_providers_capabilities_from_its_reg
     }
     assert_eq!(listing["models"], json!([]), "no Workers AI, no catalog to list");
     let kinds: Vec<&str> = providers.iter().filter_map(|shown| shown["kind"].as_str()).collect();
-    assert_eq!(kinds, ["cloudflare", "openai", "anthropic"]);
+    assert_eq!(kinds, ["cloudflare", "openai", "anthropic", "gemini"]);
     let (code, text, _) = crate::cli_operator::cli_with(
         &world,
         &["models"],

@@ -15,8 +15,10 @@
 mod budget;
 mod error;
 pub mod http;
+pub mod items;
 mod registration;
 mod remote;
+mod reply_errors;
 pub mod text;
 
 use std::fmt;

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::settings::{ConfigError, Settings};
 
 /// Every provider kind: adding one is its crate and one line here.
-pub static REGISTRY: [&dyn Registered; 3] = [
+pub static REGISTRY: [&dyn Registered; 4] = [
     &Entry {
         registration: &batchd_cloudflare::REGISTRATION,
         settings: Settings::cloudflare_instance,
@@ -22,6 +22,7 @@ pub static REGISTRY: [&dyn Registered; 3] = [
     },
     &Entry { registration: &batchd_openai::REGISTRATION, settings: Settings::openai_instance, tasks: None },
     &Entry { registration: &batchd_anthropic::REGISTRATION, settings: Settings::anthropic_instance, tasks: None },
+    &Entry { registration: &batchd_gemini::REGISTRATION, settings: Settings::gemini_instance, tasks: None },
 ];
 
 /// Every kind, in the registry's order.

@@ -618,6 +618,14 @@ pub fn with_anthropic(settings: &mut Settings, emulator: &EmulatorHandle) {
     settings.anthropic.request_timeout_secs = 2;
 }
 
+/// Configures Gemini Batch Mode against the emulator's `/gemini`.
+pub fn with_gemini(settings: &mut Settings, emulator: &EmulatorHandle) {
+    let control = emulator.gemini();
+    settings.gemini.api_key = Some(Secret::new(control.api_key()));
+    settings.gemini.base_url = control.base_url();
+    settings.gemini.request_timeout_secs = 5;
+}
+
 /// Puts the admin server of `settings` on a free loopback port with a fast sampler (100 ms); returns its address.
 pub fn with_admin(settings: &mut Settings) -> SocketAddr {
     let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));

@@ -381,6 +381,14 @@ impl Call<'_> {
         record.display_name = Some(display_name.chars().take(200).collect());
         let input = field("inputConfig", "input_config")
             .ok_or_else(|| GeminiError::invalid("* GenerateContentBatch.input_config: input_config is required"))?;
+        if !self.config.models.is_empty() && !self.config.models.iter().any(|served| served == model) {
+            return Err(GeminiError::new(
+                404,
+                format!(
+                    "models/{model:.100} is not found for API version v1beta, or is not supported for batchGenerateContent."
+                ),
+            ));
+        }
         let model_name = format!("models/{model}");
         let inline = input.get("requests");
         let file_name = input.get("fileName").or_else(|| input.get("file_name")).and_then(Value::as_str);

@@ -66,6 +66,9 @@ pub struct GeminiConfig {
     pub shuffle_results: bool,
     /// Whether `metadata.state` is spelled `JOB_STATE_*` (as the SDKs show) instead of `BATCH_STATE_*` (REST).
     pub job_state_names: bool,
+    /// The models a create may name (`gemini-2.5-flash`, without `models/`); empty: any. A create for another
+    /// answers Google's 404 `NOT_FOUND` for an unknown model.
+    pub models: Vec<String>,
 }
 
 impl Default for GeminiConfig {
@@ -79,6 +82,7 @@ impl Default for GeminiConfig {
             max_file_bytes: 2 * 1024 * 1024 * 1024,
             shuffle_results: true,
             job_state_names: false,
+            models: Vec::new(),
         }
     }
 }

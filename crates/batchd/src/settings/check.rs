@@ -228,6 +228,7 @@ impl Settings {
             ("events.api_token_file", self.events.api_token_file.as_str()),
             ("openai.api_key_file", self.openai.api_key_file.as_str()),
             ("anthropic.api_key_file", self.anthropic.api_key_file.as_str()),
+            ("gemini.api_key_file", self.gemini.api_key_file.as_str()),
         ]
         .into_iter()
         .filter(|(_, path)| !path.is_empty())

@@ -56,6 +56,32 @@ impl Settings {
         Ok(self.anthropic_key()?.map(|key| self.anthropic_settings(&key)))
     }
 
+    /// The Gemini Batch Mode instance (`[gemini]`), `None` when no key is given.
+    pub fn gemini_instance(&self) -> Result<Option<batchd_gemini::GeminiSettings>, ConfigError> {
+        Ok(self.gemini_key()?.map(|key| self.gemini_settings(&key)))
+    }
+
+    /// How to reach Gemini Batch Mode with `key` (`[gemini]`).
+    pub fn gemini_settings(&self, key: &Secret) -> batchd_gemini::GeminiSettings {
+        let config = &self.gemini;
+        let mut settings = batchd_gemini::GeminiSettings::new(batchd_gemini::ApiKey::new(key.expose().to_owned()));
+        if !config.account.is_empty() {
+            settings.account = config.account.clone();
+        }
+        settings.base_url = config.base_url.clone();
+        settings.request_timeout = Duration::from_secs(config.request_timeout_secs);
+        settings.connect_timeout = Duration::from_secs(config.connect_timeout_secs);
+        settings.max_inline_bytes = config.max_inline_bytes;
+        settings.max_file_bytes = config.max_file_bytes;
+        settings.max_requests = config.max_requests;
+        settings.max_result_bytes = config.max_result_bytes;
+        settings.batches_per_minute = config.batches_per_minute;
+        settings.burst = config.burst;
+        settings.lookup_pages = config.lookup_pages;
+        settings.delete_batches = config.delete_batches;
+        settings
+    }
+
     /// How to reach Anthropic Message Batches with `key` (`[anthropic]`).
     pub fn anthropic_settings(&self, key: &Secret) -> batchd_anthropic::AnthropicSettings {
         let config = &self.anthropic;

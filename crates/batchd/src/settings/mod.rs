@@ -1,6 +1,6 @@
 //! Layered configuration: built-in defaults (`config/default.toml`, compiled in), an optional file, then
 //! `BATCHD__SECTION__KEY` environment variables, then the conventional `CLOUDFLARE_ACCOUNT_ID`,
-//! `CLOUDFLARE_API_TOKEN`, `OPENAI_API_KEY`, `ANTHROPIC_API_KEY` and `REDIS_URL`.
+//! `CLOUDFLARE_API_TOKEN`, `OPENAI_API_KEY`, `ANTHROPIC_API_KEY`, `GEMINI_API_KEY` and `REDIS_URL`.
 //!
 //! Unknown keys are errors, so a typo cannot silently leave a default in place. The API token never comes from
 //! a config file, and its type never prints it.
@@ -24,9 +24,9 @@ pub use batchd_engine::settings::{PackingSettings, PollSettings, RetrySettings};
 pub use load::describe_config_error;
 pub use secrets::Secret;
 pub use sections::{
-    AdminSettings, AnthropicConfig, CloudflareSettings, EventSettings, IngressConfig, JobSettings, LogFormat,
-    LogSettings, OpenAiModelLimit, OpenAiSettings, OpenAiTokenLimit, RedisMode, RedisSettings, RetentionSettings,
-    ScheduleConfig, ShutdownSettings, WorkerSettings,
+    AdminSettings, AnthropicConfig, CloudflareSettings, EventSettings, GeminiConfig, IngressConfig, JobSettings,
+    LogFormat, LogSettings, OpenAiModelLimit, OpenAiSettings, OpenAiTokenLimit, RedisMode, RedisSettings,
+    RetentionSettings, ScheduleConfig, ShutdownSettings, WorkerSettings,
 };
 
 /// The built-in defaults; the same file documents every key.
@@ -47,6 +47,10 @@ pub const OPENAI_KEY_CREDENTIAL: &str = "openai-api-key";
 /// Name of the credential holding the Anthropic API key (`LoadCredential=anthropic-api-key:<file>`), used when
 /// neither the environment nor `anthropic.api_key_file` gives the key.
 pub const ANTHROPIC_KEY_CREDENTIAL: &str = "anthropic-api-key";
+
+/// Name of the credential holding the Gemini API key (`LoadCredential=gemini-api-key:<file>`), used when neither
+/// the environment nor `gemini.api_key_file` gives the key.
+pub const GEMINI_KEY_CREDENTIAL: &str = "gemini-api-key";
 
 /// A configuration problem, with the key it concerns in the message (see [`ConfigError::at`]).
 #[derive(Debug, thiserror::Error)]
@@ -75,12 +79,13 @@ impl ConfigError {
 
 /// The conventional environment variables batchd honours, with the key each sets and that key's own variable
 /// (which wins when both are set).
-pub const CONVENTIONAL_ENV: [(&str, &str, &str); 5] = [
+pub const CONVENTIONAL_ENV: [(&str, &str, &str); 6] = [
     ("CLOUDFLARE_ACCOUNT_ID", "cloudflare.account_id", "BATCHD__CLOUDFLARE__ACCOUNT_ID"),
     ("CLOUDFLARE_API_TOKEN", "cloudflare.api_token", "BATCHD__CLOUDFLARE__API_TOKEN"),
     ("OPENAI_API_KEY", "openai.api_key", "BATCHD__OPENAI__API_KEY"),
     ("REDIS_URL", "redis.url", "BATCHD__REDIS__URL"),
     ("ANTHROPIC_API_KEY", "anthropic.api_key", "BATCHD__ANTHROPIC__API_KEY"),
+    ("GEMINI_API_KEY", "gemini.api_key", "BATCHD__GEMINI__API_KEY"),
 ];
 
 /// The settings that are lists of strings, which the environment gives comma-separated
@@ -146,6 +151,8 @@ pub struct Settings {
     pub events: EventSettings,
     /// Anthropic Message Batches (configured when a key is given).
     pub anthropic: AnthropicConfig,
+    /// Gemini Batch Mode (configured when a key is given).
+    pub gemini: GeminiConfig,
 }
 
 /// `pairs` standing for the process environment of `Settings::load_from`, in the unit tests.

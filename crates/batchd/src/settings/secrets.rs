@@ -7,7 +7,9 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ANTHROPIC_KEY_CREDENTIAL, ConfigError, OPENAI_KEY_CREDENTIAL, Settings, TOKEN_CREDENTIAL};
+use super::{
+    ANTHROPIC_KEY_CREDENTIAL, ConfigError, GEMINI_KEY_CREDENTIAL, OPENAI_KEY_CREDENTIAL, Settings, TOKEN_CREDENTIAL,
+};
 
 /// A string that never appears in `Debug` output (tokens, URLs that may carry passwords).
 #[derive(Clone, Deserialize, PartialEq, Eq)]
@@ -71,6 +73,15 @@ impl Settings {
         secret_file("anthropic.api_key_file", &self.anthropic.api_key_file)
     }
 
+    /// The Gemini API key from `GEMINI_API_KEY` (or `BATCHD__GEMINI__API_KEY`) or `gemini.api_key_file`; `None`
+    /// when neither is set (Gemini is then not configured).
+    pub fn gemini_key(&self) -> Result<Option<Secret>, ConfigError> {
+        if let Some(key) = self.gemini.api_key.as_ref().filter(|key| !key.expose().trim().is_empty()) {
+            return Ok(Some(Secret::new(key.expose().trim())));
+        }
+        secret_file("gemini.api_key_file", &self.gemini.api_key_file)
+    }
+
     /// The OpenAI API key from the environment or `openai.api_key_file`; `None` when neither gives one (the
     /// OpenAI provider is then not configured).
     pub fn openai_api_key(&self) -> Result<Option<Secret>, ConfigError> {
@@ -82,7 +93,8 @@ impl Settings {
 
     /// Points each provider's key file at its credential in `$CREDENTIALS_DIRECTORY` (systemd's `LoadCredential=`
     /// sets it; the Kubernetes manifests set it to where the Secrets are mounted) when the key is given no other
-    /// way and the credential exists: `cloudflare-api-token`, `openai-api-key`, `anthropic-api-key`.
+    /// way and the credential exists: `cloudflare-api-token`, `openai-api-key`, `anthropic-api-key`,
+    /// `gemini-api-key`.
     pub(super) fn use_systemd_credential(&mut self, env: &HashMap<String, String>) {
         let Some(dir) = env.get("CREDENTIALS_DIRECTORY").filter(|dir| !dir.is_empty()) else {
             return;
@@ -112,6 +124,11 @@ impl Settings {
             && let Some(file) = optional(ANTHROPIC_KEY_CREDENTIAL)
         {
             self.anthropic.api_key_file = file;
+        }
+        if !given(&self.gemini.api_key, &self.gemini.api_key_file)
+            && let Some(file) = optional(GEMINI_KEY_CREDENTIAL)
+        {
+            self.gemini.api_key_file = file;
         }
     }
 }
@@ -157,6 +174,13 @@ pub(super) fn refuse_token_in_file(file: &Path) -> Result<(), ConfigError> {
         return Err(ConfigError(format!(
             "anthropic.api_key: not allowed in a config file ({}); give the key through ANTHROPIC_API_KEY or \
              anthropic.api_key_file",
+            file.display()
+        )));
+    }
+    if value.get("gemini").and_then(|section| section.get("api_key")).is_some() {
+        return Err(ConfigError(format!(
+            "gemini.api_key: not allowed in a config file ({}); give the key through GEMINI_API_KEY or \
+             gemini.api_key_file",
             file.display()
         )));
     }

@@ -140,6 +140,41 @@ pub struct AnthropicConfig {
     pub idle_timeout_secs: u64,
 }
 
+/// `[gemini]`: Gemini Batch Mode, configured when a key is given (`GEMINI_API_KEY` or `api_key_file`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GeminiConfig {
+    /// The API key, from the environment only (`GEMINI_API_KEY`, `BATCHD__GEMINI__API_KEY`).
+    #[serde(default)]
+    pub api_key: Option<Secret>,
+    /// A file holding the API key.
+    pub api_key_file: String,
+    /// The label of the account's rate-limit bucket; empty: `gemini`.
+    pub account: String,
+    /// Base URL of the API (without `/v1beta`).
+    pub base_url: String,
+    /// Longest wait for one request (an upload of a whole input file included).
+    pub request_timeout_secs: u64,
+    /// Longest wait to connect.
+    pub connect_timeout_secs: u64,
+    /// Largest inline create body, in bytes; larger chunks go through the Files API.
+    pub max_inline_bytes: usize,
+    /// Largest input file, in bytes, lowered to a quarter of `workers.inflight_bytes`.
+    pub max_file_bytes: usize,
+    /// Most requests per batch.
+    pub max_requests: usize,
+    /// Largest finished batch (inline responses) or responses file read, in bytes.
+    pub max_result_bytes: usize,
+    /// Batch creates per minute shared by every replica; 0: not paced by batchd.
+    pub batches_per_minute: u32,
+    /// Creates that may go back to back before the pacing applies.
+    pub burst: u32,
+    /// Pages of 100 batches read to find the batch an uncertain create made.
+    pub lookup_pages: u32,
+    /// Delete an ended batch and its files once its results are stored.
+    pub delete_batches: bool,
+}
+
 /// `[openai]`: the OpenAI Batch provider, configured when a key is given (`OPENAI_API_KEY` or `api_key_file`).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
