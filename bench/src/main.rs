@@ -655,9 +655,18 @@ async fn scenario_packing(bench: &Bench<'_>, report: &mut Report) -> anyhow::Res
             report.add(s, &label, "polls per batch", "polls", m, r.polls_per_batch);
             report.add(s, &label, "jobs not completed", "jobs", m, r.not_completed as f64);
             report.add(s, &label, "daemon peak RSS (VmHWM)", "MiB", m, r.hwm_mib);
-            if let Some((packed, alone)) = r.lone_ms {
-                report.add(s, &label, "a lone job after the burst, packed: XADD → result", "ms", m, packed);
-                report.add(s, &label, "a lone job after the burst, \"pack\": false: XADD → result", "ms", m, alone);
+            if let Some(lone) = r.lone_ms {
+                report.add(
+                    s,
+                    &label,
+                    "a lone job after the burst, packed: XADD → create",
+                    "ms",
+                    m,
+                    lone.packed_to_create_ms,
+                );
+                report.add(s, &label, "a lone job, \"pack\": false: XADD → create", "ms", m, lone.alone_to_create_ms);
+                report.add(s, &label, "a lone job after the burst, packed: XADD → result", "ms", m, lone.packed_ms);
+                report.add(s, &label, "a lone job, \"pack\": false: XADD → result", "ms", m, lone.alone_ms);
             }
             report.detail(&format!("{s} / {label} / {m} / API calls per job by kind"), json!(r.calls_by_kind));
         }

@@ -98,8 +98,8 @@ pub struct ProviderRun {
     pub not_completed: usize,
     /// Daemon VmHWM after the last result, MiB.
     pub hwm_mib: f64,
-    /// With [`Limits::Documented`]: XADD → result of a lone job after the burst, packed and with `"pack": false`, ms.
-    pub lone_ms: Option<(f64, f64)>,
+    /// With [`Limits::Documented`]: a lone job after the burst, packed and with `"pack": false`.
+    pub lone_ms: Option<Lone>,
 }
 
 /// The environment that configures all three providers against `emulator`, with no rate limit of OpenAI's, and
@@ -168,13 +168,6 @@ pub async fn run(
     wait_results(&mut conn, &stack.keys, n, Duration::from_secs(3_600)).await?;
     let cpu1 = pids.map(cpu_secs);
     let hwm_mib = status_mib(pids[0], "VmHWM");
-    let lone_ms = if limits == Limits::Documented {
-        let packed = lone_job(&mut conn, &stack.keys, &job_packed(provider, "L0", true), n + 1).await?;
-        let alone = lone_job(&mut conn, &stack.keys, &job_packed(provider, "L1", false), n + 2).await?;
-        Some((packed, alone))
-    } else {
-        None
-    };
     let (path, create, status) = call_log(provider);
     let calls: Vec<serde_json::Value> = reqwest::get(format!("{}{path}", stack.emulator.origin()))
         .await?
@@ -183,6 +176,30 @@ pub async fn run(
         .await
         .context("the emulator's call log")?;
     let results = read_results(&mut conn, &stack.keys).await?;
+    let lone_ms = if limits == Limits::Documented {
+        let packed = lone_job(&mut conn, &stack.keys, &job_packed(provider, "L0", true), n + 1).await?;
+        let alone = lone_job(&mut conn, &stack.keys, &job_packed(provider, "L1", false), n + 2).await?;
+        // Each lone job's create: the last two answered creates of the log, read again (L1 was sent after L0's
+        // result).
+        let again: Vec<serde_json::Value> =
+            reqwest::get(format!("{}{path}", stack.emulator.origin())).await?.error_for_status()?.json().await?;
+        let creates: Vec<u64> = again
+            .iter()
+            .filter(|call| call["kind"] == create && answered(call))
+            .filter_map(|call| call["at_ms"].as_u64())
+            .collect();
+        let [.., packed_create, alone_create] = creates[..] else {
+            anyhow::bail!("the lone jobs' creates are not in the call log");
+        };
+        Some(Lone {
+            packed_ms: packed.1,
+            alone_ms: alone.1,
+            packed_to_create_ms: packed_create.saturating_sub(packed.0) as f64,
+            alone_to_create_ms: alone_create.saturating_sub(alone.0) as f64,
+        })
+    } else {
+        None
+    };
     drop(stack);
 
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
@@ -190,10 +207,7 @@ pub async fn run(
         *counts.entry(call["kind"].as_str().unwrap_or("?").to_owned()).or_default() += 1;
     }
     let calls_by_kind = counts.into_iter().map(|(kind, count)| (kind, count as f64 / n as f64)).collect();
-    let answered = |call: &&serde_json::Value| {
-        call["http_status"].as_u64().or_else(|| call["status"].as_u64()).is_some_and(|status| status == 200)
-    };
-    let created = calls.iter().filter(|call| call["kind"] == create).filter(answered).count();
+    let created = calls.iter().filter(|call| call["kind"] == create && answered(call)).count();
     let polls = calls.iter().filter(|call| call["kind"] == status).count();
     let burst = BurstFigures::measure("P", &entry_ids, &results, (cpu0, cpu1))?;
     Ok(ProviderRun {
@@ -208,15 +222,34 @@ pub async fn run(
     })
 }
 
-/// Enqueues `job` alone and waits for the `nth` result entry: XADD → result, ms.
+/// Whether a call-log record was answered 200 (Workers AI and OpenAI log `http_status`, Anthropic `status`).
+fn answered(call: &serde_json::Value) -> bool {
+    call["http_status"].as_u64().or_else(|| call["status"].as_u64()).is_some_and(|status| status == 200)
+}
+
+/// A lone job after the burst, packed and with `"pack": false`, ms.
+#[derive(Debug, Clone, Copy)]
+pub struct Lone {
+    /// Packed: XADD → result.
+    pub packed_ms: f64,
+    /// `"pack": false`: XADD → result.
+    pub alone_ms: f64,
+    /// Packed: XADD → its batch's create at the API (what packing adds, without the poll schedule's steps).
+    pub packed_to_create_ms: f64,
+    /// `"pack": false`: XADD → its batch's create at the API.
+    pub alone_to_create_ms: f64,
+}
+
+/// Enqueues `job` alone and waits for the `nth` result entry: (its XADD's Unix ms, XADD → result ms).
 async fn lone_job(
     conn: &mut redis::aio::MultiplexedConnection,
     keys: &batchd_core::Keys,
     job: &str,
     nth: usize,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(u64, f64)> {
     let started = std::time::Instant::now();
-    let _: String = redis::cmd("XADD").arg(keys.submit()).arg("*").arg("job").arg(job).query_async(conn).await?;
+    let id: String = redis::cmd("XADD").arg(keys.submit()).arg("*").arg("job").arg(job).query_async(conn).await?;
     wait_results(conn, keys, nth, Duration::from_secs(600)).await?;
-    Ok(started.elapsed().as_secs_f64() * 1000.0)
+    let xadd_ms = id.split('-').next().and_then(|ms| ms.parse().ok()).context("an entry id")?;
+    Ok((xadd_ms, started.elapsed().as_secs_f64() * 1000.0))
 }
