@@ -277,3 +277,31 @@ fn a_wrong_endpoint_list_stops_config_check_with_78_naming_it() {
     assert_eq!(code, 78, "{err}");
     assert!(err.starts_with("batchd: configuration: openai.endpoints (BATCHD__OPENAI__ENDPOINTS): "), "{err:?}");
 }
+
+/// Regression (bench scenario 9 found it): under OpenAI's documented creation limit (2,000 an hour, burst 1), a
+/// resumed create (the one before it had an unknown outcome) refused with 429 deleted the input file the chunk still
+/// recorded; the next attempt's create named the deleted file (404), which used the one create the limit allowed, so
+/// the create after a new upload was refused again, for ever. Two jobs of their own batches sent together, the first
+/// create answered 500 (its outcome unknown): the resumed one waits for the limit with the file it recorded.
+#[tokio::test]
+async fn a_resumed_create_refused_by_the_creation_limit_keeps_its_file_and_the_next_create_succeeds() {
+    let config =
+        batchd_emulator::EmulatorConfig::default().with_provider_limits(batchd_emulator::ProviderLimits::Documented);
+    let mut world = World::with_emulator(config).await;
+    with_openai(&mut world.settings, &world.emulator);
+    world.emulator.openai().inject(OpenAiFault::status(500).on(OpenAiCallKind::CreateBatch).times(1));
+    let daemon = world.daemon();
+    for id in ["limited-a", "limited-b"] {
+        let job = json!({"id": id, "model": "openai/gpt-4o-mini", "requests": [chat(id)], "pack": false});
+        world.enqueue(&job).await;
+    }
+    for id in ["limited-a", "limited-b"] {
+        let entry = world.wait_for_result(id, WAIT).await;
+        assert_eq!(entry.status, ResultStatus::Completed, "{id}: {:?}", entry.error);
+    }
+    let creates = statuses(&world, OpenAiCallKind::CreateBatch);
+    assert!(creates.contains(&429), "the limit refused a create: {creates:?}");
+    assert!(!creates.contains(&404), "no create named a deleted file: {creates:?}");
+    assert_eq!(world.emulator.openai().batch_count(), 2, "one batch per job");
+    daemon.stop().await.expect("stop");
+}

@@ -471,8 +471,14 @@ impl Provider for OpenAiProvider {
                 }
                 // The batch may exist: the engine resubmits, and the resumed submit looks before creating.
                 Err(error) if error.maybe_delivered => Err(error),
+                // A resumed attempt (an earlier create's outcome unknown) leaves the chunk `submitting`, and the next
+                // attempt creates from the file recorded for it: keep it. Deleting it made that create name a deleted
+                // file (404), and under OpenAI's creation limit (burst 1) the 404 used the one create the limit
+                // allowed, so the create after a new upload was refused again, for ever (bench scenario 9).
+                Err(error) if batch.resume.is_some() => Err(error),
                 Err(error) => {
-                    // Certainly nothing was created; the next attempt uploads afresh.
+                    // Certainly nothing was created; the chunk goes back to `pending` and its next attempt uploads
+                    // afresh.
                     if self.settings.delete_files {
                         self.delete_quietly(&input_file).await;
                     }
