@@ -571,9 +571,15 @@ async fn judge_remote_work(
     outcome.expect(strays.is_empty(), || {
         format!("{} remote batches for no enqueued job: {:?}", strays.len(), strays.iter().take(5).collect::<Vec<_>>())
     });
+    // Creates grouped by their unit's part: a part created twice is a duplicate; a split batch's parts are not.
     let mut by_job: BTreeMap<&str, Vec<&Created>> = BTreeMap::new();
+    let mut by_part: BTreeMap<(&str, &str), Vec<&Created>> = BTreeMap::new();
     for created in &log.created {
         by_job.entry(created.job.as_str()).or_default().push(created);
+        by_part.entry((created.job.as_str(), created.part.as_str())).or_default().push(created);
+    }
+    for creates in by_part.values_mut() {
+        creates.sort_by_key(|created| (created.at_ms, created.seq));
     }
     for creates in by_job.values_mut() {
         creates.sort_by_key(|created| (created.at_ms, created.seq));
@@ -640,7 +646,7 @@ async fn judge_remote_work(
     let mut kills_hit: HashSet<usize> = HashSet::new();
     let mut attributed_kills: Vec<usize> = Vec::new();
     let mut unexplained = Vec::new();
-    for (job, job_creates) in &by_job {
+    for ((job, _), job_creates) in &by_part {
         if job_creates.len() < 2 || job.is_empty() {
             continue;
         }
@@ -680,7 +686,21 @@ async fn judge_remote_work(
                                     )
                                 })
                             }
-                            None => Err("created after the batch its job recorded".to_owned()),
+                            // The last create is the leftover: an earlier one's batch was adopted after it. It
+                            // is excused as that earlier batch's re-create: the look before it could not have
+                            // found the earlier batch.
+                            None => match position.and_then(|position| position.checked_sub(1)) {
+                                Some(previous) => {
+                                    let verdict = evidence.replay(job_creates[previous], orphan);
+                                    verdict.cause().ok_or_else(|| {
+                                        format!(
+                                            "created after the batch its job recorded, whose look could have \
+                                             found it: {verdict:?}"
+                                        )
+                                    })
+                                }
+                                None => Err("created after the batch its job recorded".to_owned()),
+                            },
                         }
                     }
                 }

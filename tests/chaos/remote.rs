@@ -20,8 +20,13 @@ use super::load::Provider;
 pub struct Created {
     /// The API that created it.
     pub provider: Provider,
-    /// The job it is for (empty when its create named none the run knows).
+    /// The job it is for (empty when its create named none the run knows); after
+    /// [`RemoteLog::attribute_packs`], the unit of remote work: the job, or the pack that served it.
     pub job: String,
+    /// Which part of its unit's work it carries: a create made again for the same part is a duplicate, while the
+    /// parts of a split batch are not. The first request's job at Workers AI and Anthropic (a split part starts at
+    /// another member), the chunk at OpenAI (its `metadata`).
+    pub part: String,
     /// Its id (request id, `batch_...`, `msgbatch_...`).
     pub batch: String,
     /// The emulator port of the daemon process that created it.
@@ -150,6 +155,7 @@ impl RemoteLog {
                 CallKind::Submit if (200..300).contains(&call.http_status) => self.created.push(Created {
                     provider: Provider::Cloudflare,
                     job: call.first_reference.clone().unwrap_or_default(),
+                    part: call.first_reference.clone().unwrap_or_default(),
                     batch,
                     port: call.port,
                     at_ms: call.at_ms,
@@ -173,10 +179,12 @@ impl RemoteLog {
         let text = |batch: &serde_json::Value, key: &str| batch[key].as_str().map(str::to_owned);
         // Every batch's job (from its metadata), and the batch each result file belongs to.
         let mut job_of: HashMap<String, String> = HashMap::new();
+        let mut chunk_of: HashMap<String, String> = HashMap::new();
         let mut batch_of_file: HashMap<String, String> = HashMap::new();
         for batch in &batches {
             let Some(id) = text(batch, "id") else { continue };
             job_of.insert(id.clone(), batch["metadata"]["batchd_job"].as_str().unwrap_or_default().to_owned());
+            chunk_of.insert(id.clone(), batch["metadata"]["batchd_chunk"].as_str().unwrap_or_default().to_owned());
             for file in ["output_file_id", "error_file_id"] {
                 if let Some(file) = text(batch, file) {
                     batch_of_file.insert(file, id.clone());
@@ -195,6 +203,7 @@ impl RemoteLog {
                 (OpenAiCallKind::CreateBatch, Some(batch)) => self.created.push(Created {
                     provider: Provider::OpenAi,
                     job: job_of.get(batch).cloned().unwrap_or_default(),
+                    part: chunk_of.get(batch).cloned().unwrap_or_default(),
                     batch: batch.clone(),
                     port: call.port,
                     at_ms: call.at_ms,
@@ -247,7 +256,8 @@ impl RemoteLog {
                     let job = call.first_user_id.clone().filter(|job| jobs.contains(job));
                     self.created.push(Created {
                         provider: Provider::Anthropic,
-                        job: job.unwrap_or_default(),
+                        job: job.clone().unwrap_or_default(),
+                        part: job.unwrap_or_default(),
                         batch,
                         port: call.port,
                         at_ms: call.at_ms,
