@@ -128,8 +128,13 @@ impl Pipeline {
             limits.max_body_bytes.saturating_sub(envelope),
             limits.body.per_item + limits.body.separator,
         );
-        let mut pack = self.store.open_pack(key).await?.unwrap_or_else(new_pack_id);
-        let mut filled: Vec<(JobId, usize)> = Vec::new();
+        // Only a pack formed in this pass is released (made due) at its end: a pack formed earlier was released
+        // then, and may be claimed by a replica's submit step now, or wait for the provider's limits; lowering its
+        // score would let a second replica claim it and create its batch again while the first one creates it.
+        let open = self.store.open_pack(key).await?;
+        let mut fresh = open.is_none();
+        let mut pack = open.unwrap_or_else(new_pack_id);
+        let mut filled: Vec<(JobId, usize, bool)> = Vec::new();
         for _ in 0..MAX_RUNS_PER_PASS {
             let candidates = self.store.pack_candidates(key, MAX_PACK_STEP).await?;
             if candidates.is_empty() {
@@ -144,22 +149,24 @@ impl Pipeline {
                 if formed.left == 0 {
                     break;
                 }
-                pack = new_pack_id();
+                (pack, fresh) = (new_pack_id(), true);
                 continue;
             }
             match filled.last_mut() {
-                Some((id, n)) if *id == pack => *n += formed.added,
-                _ => filled.push((pack.clone(), formed.added)),
+                Some((id, n, _)) if *id == pack => *n += formed.added,
+                _ => filled.push((pack.clone(), formed.added, fresh)),
             }
             if formed.full {
-                pack = new_pack_id();
+                (pack, fresh) = (new_pack_id(), true);
             } else if formed.left == 0 {
                 break;
             }
         }
         let now = self.store.now().await?;
-        for (pack, added) in &filled {
-            self.store.release_pack(pack, now).await?;
+        for (pack, added, fresh) in &filled {
+            if *fresh {
+                self.store.release_pack(pack, now).await?;
+            }
             metrics::pack_filled(provider.name(), *added);
             tracing::debug!(pack = %pack, key = %key, added, "pack filled");
         }

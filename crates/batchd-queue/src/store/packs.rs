@@ -122,8 +122,9 @@ impl Store {
         Ok(id.and_then(|id| JobId::parse(&id).ok()).filter(JobId::is_pack))
     }
 
-    /// Makes a formed pack's chunk due at `due` (its packer is done filling it for now); a pack already taken
-    /// from the schedule is left alone.
+    /// Makes a pack formed in this packer pass due at `due` (its packer is done filling it for now): it lowers the
+    /// score the forming script leased it with. Only for a pack formed in the same pass: a pack taken from the
+    /// schedule since (claimed, or waiting for a retry) must not be made due again (a second claim, a second create).
     pub async fn release_pack(&self, pack_id: &JobId, due: UnixMillis) -> Result<(), StoreError> {
         let member = ChunkRef::new(pack_id.clone(), 0).to_string();
         let _: i64 = redis::cmd("ZADD")
