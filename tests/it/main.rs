@@ -15,6 +15,7 @@ mod cli;
 mod cli_docs;
 mod cli_errors;
 mod cli_escaping;
+mod cli_first_mistakes;
 mod cli_json;
 mod cli_operator;
 mod cli_ops;

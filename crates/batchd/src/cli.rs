@@ -51,6 +51,8 @@ pub const EXIT_JOB_FAILED: i32 = 3;
 pub const EXIT_WAIT_TIMEOUT: i32 = 4;
 /// Exit code: no such job or dead-letter entry.
 pub const EXIT_NOT_FOUND: i32 = 5;
+/// `submit --wait`: the job completed (wire format v1 `status: completed`) but every request item failed.
+pub const EXIT_ALL_ITEMS_FAILED: i32 = 6;
 
 /// The exit codes, as `batchd --help` shows them.
 pub const EXIT_CODES_HELP: &str = "Exit codes:
@@ -60,10 +62,11 @@ pub const EXIT_CODES_HELP: &str = "Exit codes:
   2   usage error (unknown command or option, missing or bad argument, a --stream or --reply-to
       of another namespace; `dead purge` without --yes when standard input is not a terminal),
       one line on stderr
-  3   `submit --wait`: the job ended failed, expired or cancelled
+  3   `submit --wait`: the job ended failed, expired or cancelled, or was refused before it ran
   4   gave up waiting (`submit --wait --timeout`, `tail --timeout` before --count entries)
   5   not found: no such job (`status`; `cancel` without --before-arrival), no pending
       cancellation (`uncancel`), no such dead-letter entry (`dead show|retry|purge`)
+  6   `submit --wait`: the job completed, but every one of its request items failed
   78  configuration error (bad or missing key); the message names the key and its environment
       variables";
 
