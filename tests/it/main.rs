@@ -20,6 +20,7 @@ mod cli_json;
 mod cli_operator;
 mod cli_ops;
 mod cli_terminal;
+mod cli_waits;
 mod clock;
 mod cloudflare;
 mod config_check;

@@ -27,6 +27,7 @@ pub mod probe;
 pub mod retry;
 pub mod submit;
 pub mod tail;
+pub mod waits;
 pub mod workers;
 
 use std::borrow::Cow;
@@ -345,12 +346,14 @@ pub async fn status(settings: &Settings, id: &str, json: bool) -> anyhow::Result
         Default::default()
     };
     let at_remote = batchd_queue::turnaround::at_remote(&view, &usuals, now);
+    let waits = waits::read(&mut conn, &keys, &view).await?;
     if json {
         let mut object = status_json(&view);
         object["at_remote"] = serde_json::to_value(&at_remote).context("encode the batches at the remote API")?;
+        object["waits"] = waits::json(&waits);
         return print_json(&object);
     }
-    print!("{}", status_text(&place(settings), &view, &at_remote, now));
+    print!("{}", status_text(&place(settings), &view, (&at_remote, &waits), now));
     Ok(())
 }
 
@@ -364,7 +367,7 @@ const METADATA_SHOWN_CHARS: usize = 400;
 fn status_text(
     place: &str,
     view: &LedgerView,
-    at_remote: &[batchd_queue::turnaround::AtRemote],
+    (at_remote, waits): (&[batchd_queue::turnaround::AtRemote], &waits::Waits),
     now_ms: u64,
 ) -> String {
     let get = |name: &str| view.get(name).unwrap_or("-");
@@ -429,10 +432,11 @@ fn status_text(
             }
             (None, None) => {}
         }
+        if let Some(wait) = waits::chunk_text(chunk, waits.chunks.get(index).copied().flatten(), now_ms) {
+            line("", wait);
+        }
         match chunk.get(field::CHUNK_PACK) {
-            Some(batchd_core::ids::PACK_QUEUED) => {
-                line("", "packed: waiting for its pack (jobs sharing a remote batch)".to_owned())
-            }
+            Some(batchd_core::ids::PACK_QUEUED) => line("", waits::pack_text(waits.pack_due, now_ms)),
             Some(pack) => line("", format!("packed in {pack} with other jobs (`batchd status {pack}`)")),
             None => {}
         }
@@ -701,7 +705,7 @@ mod tests {
                 .collect(),
             }],
         };
-        let text = status_text("ns", &view, &[], 0);
+        let text = status_text("ns", &view, (&[], &Default::default()), 0);
         assert!(!text.chars().any(|c| c != '\n' && is_unsafe_for_terminal(c)), "{text}");
         assert!(text.contains("remote last seen \\x1b[31mred"), "{text}");
         assert!(text.contains("bad\\x1b[2J \\u{202e}txt") && text.contains("request r\\x1b]0;title\\x07"), "{text}");
@@ -734,7 +738,7 @@ mod tests {
                 .collect(),
             chunks: vec![chunk("polling"), chunk("done")],
         };
-        let text = status_text("namespace ns", &view, &[], 1000 + 245_000);
+        let text = status_text("namespace ns", &view, (&[], &Default::default()), 1000 + 245_000);
         assert_eq!(text.matches("batch running for").count(), 1, "only the polling chunk: {text}");
         assert!(text.contains("batch running for 4m05s"), "{text}");
         assert!(text.contains("remote finished, results read"), "the dashboard's wording for a done chunk: {text}");
@@ -748,7 +752,7 @@ mod tests {
         let at_remote = batchd_queue::turnaround::at_remote(&view, &usuals, 1000 + 245_000);
         assert_eq!(at_remote.len(), 1, "only the polling chunk");
         assert!(at_remote[0].older_than_p95);
-        let text = status_text("namespace ns", &view, &at_remote, 1000 + 245_000);
+        let text = status_text("namespace ns", &view, (&at_remote, &Default::default()), 1000 + 245_000);
         assert!(
             text.contains(
                 "usual for m: p50 ≤ 1m, p95 ≤ 1m (10 batches, last 24 h); older than 95% of this model's batches"
@@ -756,7 +760,10 @@ mod tests {
             "{text}"
         );
         let none = batchd_queue::turnaround::at_remote(&view, &Default::default(), 1000 + 245_000);
-        assert!(status_text("ns", &view, &none, 1000 + 245_000).contains("usual for m: no history yet"));
+        assert!(
+            status_text("ns", &view, (&none, &Default::default()), 1000 + 245_000)
+                .contains("usual for m: no history yet")
+        );
         // The batch's age is compared, not the job's: this job waited 4 minutes for its submit, and its batch has
         // been at the remote API for 5 seconds, within the usual minute.
         let mut waited = view.clone();
@@ -764,7 +771,7 @@ mod tests {
         let at_remote = batchd_queue::turnaround::at_remote(&waited, &usuals, 1000 + 245_000);
         assert_eq!((at_remote[0].age_secs, at_remote[0].batch_age_secs), (5, Some(5)));
         assert!(!at_remote[0].older_than_p95, "{at_remote:?}");
-        let text = status_text("namespace ns", &waited, &at_remote, 1000 + 245_000);
+        let text = status_text("namespace ns", &waited, (&at_remote, &Default::default()), 1000 + 245_000);
         assert!(text.contains("batch running for 5.0s; usual for m"), "{text}");
     }
 
