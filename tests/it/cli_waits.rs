@@ -1,6 +1,8 @@
 //! Waiting is visible (issue 39): `batchd status` says what a job that is not running yet waits for and until when,
-//! for a chunk held by its provider's rate limit and for one queued to be packed with other jobs.
+//! for a chunk held by its provider's rate limit and for one queued to be packed with other jobs; and the daemon
+//! logs one info line per wait that starts.
 
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use batchd_tests::{World, bge_m3_job};
@@ -76,4 +78,58 @@ async fn a_chunk_queued_for_packing_says_when_its_pack_is_sent() {
     assert!(shown.contains("(in "), "how long is left: {shown}");
     assert!(status_json(&world, "packed-1").await["waits"]["pack_due_at"].as_u64().is_some());
     daemon.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_daemon_logs_one_line_per_wait_that_starts() {
+    let world = World::new().await;
+    let mut command = batchd(&world);
+    command
+        .env("CLOUDFLARE_API_TOKEN", world.emulator.token())
+        .env("BATCHD__LOG__FORMAT", "json")
+        .env("BATCHD__ADMIN__LISTEN", "127.0.0.1:0")
+        .env("BATCHD__PACKING__ENABLED", "false")
+        // One item per batch and one submit per 60 s: the first chunk goes, the other two wait the whole test.
+        .env("BATCHD__JOBS__MAX_BATCH_ITEMS", "1")
+        .env("BATCHD__RATE_LIMITS__EMBEDDINGS", "1")
+        .env("BATCHD__RATE_LIMITS__WINDOW_SECS", "60")
+        .arg("run")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let child = command.spawn().expect("start the daemon");
+    world.enqueue(&bge_m3_job("logged-1", 3)).await;
+    // Both held chunks have been looked at (and held) at least once, and then some more: their later holds are
+    // the same waits.
+    let started = Instant::now();
+    loop {
+        let mut command = batchd(&world);
+        command.args(["status", "logged-1"]);
+        let shown = text(&run(command).await.stdout);
+        if shown.matches("rate limit or calls in flight").count() == 2 {
+            break;
+        }
+        assert!(started.elapsed() < WAIT, "two chunks never waited: {shown}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output().unwrap()).await.unwrap();
+    let logs = text(&output.stderr);
+    let waits: Vec<Value> = logs
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|event| event.to_string().contains("submit waits for the provider's rate limit or calls in flight"))
+        .collect();
+    let mut chunks: Vec<u64> = waits
+        .iter()
+        .map(|event| {
+            assert_eq!(event["level"], "INFO", "{event}");
+            assert_eq!(event["fields"]["job_id"].as_str().or(event["job_id"].as_str()), Some("logged-1"), "{event}");
+            event["fields"]["chunk"].as_u64().or(event["chunk"].as_u64()).expect("the chunk")
+        })
+        .collect();
+    chunks.sort_unstable();
+    assert_eq!(chunks.len(), 2, "one line per wait, however often the chunk was held: {logs}");
+    chunks.dedup();
+    assert_eq!(chunks.len(), 2, "the two held chunks: {logs}");
 }
