@@ -105,3 +105,61 @@ async fn a_completed_job_whose_every_item_failed_ends_submit_wait_with_exit_6() 
     );
     daemon.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn an_openai_endpoint_is_checked_inferred_or_demanded_before_anything_is_enqueued() {
+    let world = World::new().await;
+    let submit_stream = world.settings.keys().submit();
+    let items = world.redis.dir.join("inputs.jsonl");
+    std::fs::write(&items, "{\"input\":\"a\"}\n{\"input\":\"b\"}\n").unwrap();
+    let items = items.display().to_string();
+    let model = "openai/text-embedding-3-small";
+
+    // A typo in --endpoint: a usage error naming the list and the near one.
+    let (code, _, stderr) = cli(&world, &["submit", &items, "--model", model, "--endpoint", "/v1/embedding"]).await;
+    assert_eq!(code, 2, "{stderr}");
+    let line = last_line(&stderr);
+    assert!(
+        line.starts_with(
+            "batchd: --endpoint: endpoint \"/v1/embedding\" is not one OpenAI batches accept (openai.endpoints: "
+        ),
+        "{line}"
+    );
+    assert!(line.ends_with("; did you mean /v1/embeddings?"), "{line}");
+    // An embeddings model sent to chat: refused.
+    let (code, _, stderr) =
+        cli(&world, &["submit", &items, "--model", model, "--endpoint", "/v1/chat/completions"]).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert_eq!(
+        last_line(&stderr),
+        "batchd: --endpoint: model openai/text-embedding-3-small serves /v1/embeddings only, not /v1/chat/completions"
+    );
+    assert!(world.stream(&submit_stream).await.is_empty(), "nothing was enqueued");
+
+    // No endpoint with --model: the one the model serves, said on stderr.
+    let (code, stdout, stderr) = cli(&world, &["submit", &items, "--model", model, "--id", "emb-1"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout, "emb-1\n");
+    assert!(
+        stderr.contains("batchd: note: model openai/text-embedding-3-small serves /v1/embeddings only; the job names it as its endpoint"),
+        "{stderr}"
+    );
+    let entries = world.stream(&submit_stream).await;
+    let job: Value = serde_json::from_str(&entries[0]["job"]).expect("the job");
+    assert_eq!(job["endpoint"], "/v1/embeddings", "{job}");
+
+    // A job file without one: demanded, not guessed (the file is the producer's contract).
+    let file = world.redis.dir.join("emb.json");
+    std::fs::write(&file, json!({"id": "emb-2", "model": model, "requests": [{"input": "a"}]}).to_string()).unwrap();
+    let (code, _, stderr) = cli(&world, &["submit", &file.display().to_string()]).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(
+        last_line(&stderr),
+        format!(
+            "batchd: {}: model openai/text-embedding-3-small serves /v1/embeddings only: give the job \"endpoint\": \
+             \"/v1/embeddings\" (without it the job goes to /v1/chat/completions and every item fails)",
+            file.display()
+        )
+    );
+    assert_eq!(world.stream(&submit_stream).await.len(), 1, "only emb-1 was enqueued");
+}

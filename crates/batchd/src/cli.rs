@@ -18,6 +18,7 @@
 
 pub mod command;
 pub mod dead;
+pub mod endpoint;
 pub mod events;
 pub mod failed;
 pub mod inspect;

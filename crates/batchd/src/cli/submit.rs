@@ -17,7 +17,7 @@ use batchd_queue::{Conn, LedgerView};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::value::RawValue;
 
-use super::{EXIT_ALL_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_WAIT_TIMEOUT, Exit, open, result_json};
+use super::{EXIT_ALL_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_WAIT_TIMEOUT, Exit, endpoint, open, result_json};
 use crate::settings::Settings;
 
 /// Chunks listed one by one in a progress line; more are summarised by state.
@@ -43,7 +43,8 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "STREAM", requires = "model")]
     pub reply_to: Option<String>,
     /// With --model: the provider endpoint every item is a request body of (OpenAI: `/v1/embeddings`,
-    /// `/v1/responses`, ...; default `/v1/chat/completions`), checked as the job's `endpoint` field is.
+    /// `/v1/responses`, ...; default `/v1/chat/completions`, or the one endpoint an embeddings or moderation model
+    /// serves), checked against openai.endpoints.
     #[arg(long, value_name = "PATH", requires = "model")]
     pub endpoint: Option<String>,
     /// Follow the job (a progress bar on a terminal, one line per change otherwise, on stderr) and print its
@@ -76,6 +77,18 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
             .transpose()?,
         ..args.clone()
     };
+    // An OpenAI endpoint is checked against openai.endpoints, and a model that serves one only gets it.
+    let args = &match &args.model {
+        Some(model) => match endpoint::check(model, args.endpoint.as_deref(), &settings.openai.endpoints) {
+            Ok(endpoint::Checked::Fine) => args.clone(),
+            Ok(endpoint::Checked::Only(only)) => {
+                eprintln!("batchd: note: model {model} serves {only} only; the job names it as its endpoint");
+                SubmitArgs { endpoint: Some(only.to_owned()), ..args.clone() }
+            }
+            Err(reason) => return Err(Exit { code: EXIT_USAGE, message: format!("--endpoint: {reason}") }.into()),
+        },
+        None => args.clone(),
+    };
     let input = read_input(&args.file)?;
     let name = display_name(&args.file);
     let (text, explicit_id) = match &args.model {
@@ -100,6 +113,17 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
         };
         anyhow!("{name}: {e}{hint}")
     })?;
+    if args.model.is_none() {
+        match endpoint::check(job.model.as_str(), job.endpoint.as_deref(), &settings.openai.endpoints) {
+            Ok(endpoint::Checked::Fine) => {}
+            Ok(endpoint::Checked::Only(only)) => bail!(
+                "{name}: model {} serves {only} only: give the job \"endpoint\": \"{only}\" (without it the job goes \
+                 to /v1/chat/completions and every item fails)",
+                job.model
+            ),
+            Err(reason) => bail!("{name}: {reason}"),
+        }
+    }
     let text = match (&args.id, &args.model) {
         (Some(id), None) => {
             job.id = JobId::parse(id).map_err(|e| anyhow!("--id: {e}"))?;
