@@ -12,6 +12,7 @@ mod bad_input;
 mod big;
 mod chaos;
 mod cli;
+mod cli_discover;
 mod cli_docs;
 mod cli_errors;
 mod cli_escaping;
