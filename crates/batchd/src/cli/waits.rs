@@ -37,10 +37,16 @@ pub async fn read(conn: &mut Conn, keys: &Keys, view: &LedgerView) -> anyhow::Re
     }
     let schedule = keys.schedule_of(&view.job_id);
     let mut pipe = redis::pipe();
+    let mut asked = 0;
     for (index, _) in view.chunks.iter().enumerate().filter(|(_, chunk)| waits_for_submit(chunk)) {
         pipe.cmd("ZSCORE").arg(&schedule).arg(format!("{}#{index}", view.job_id));
+        asked += 1;
     }
     let packed = view.chunks.iter().any(|chunk| chunk.get(field::CHUNK_PACK) == Some(ids::PACK_QUEUED));
+    if asked == 0 && !packed {
+        // Nothing waits to be submitted (an empty pipeline is not sent).
+        return Ok(Waits { chunks: vec![None; view.chunks.len()], pack_due: None });
+    }
     if packed {
         let endpoint = view.get(field::ENDPOINT).unwrap_or("");
         let pack_key = format!("{}|{endpoint}", view.get(field::MODEL).unwrap_or(""));
