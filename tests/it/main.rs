@@ -61,5 +61,6 @@ mod topologies;
 mod transitions;
 mod ui_access;
 mod ui_browser;
+mod ui_first_mistakes;
 mod ui_memory;
 mod ui_operations;
