@@ -55,6 +55,18 @@ async fn a_job_refused_at_take_in_ends_submit_wait_with_its_reason_and_exit_3() 
          before it ran (`batchd status oa-1` says why); after the fix, give it a new id (--id) to run it"
     );
     assert_eq!(world.stream(&submit_stream).await.len(), before, "nothing was XADDed");
+
+    // `batchd failed` lists it, as one `batchd retry` cannot run, and `batchd retry` agrees.
+    let (code, stdout, stderr) = cli(&world, &["failed"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let example = stdout.lines().find(|line| line.trim_start().starts_with("oa-1  failed  ")).expect("listed");
+    assert!(
+        example.ends_with("(refused before it ran: not retryable; after the fix, enqueue it again under a new id)"),
+        "{stdout}"
+    );
+    let (code, stdout, _) = cli(&world, &["retry", "oa-1"]).await;
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("it was refused before it ran"), "{stdout}");
     daemon.stop().await.unwrap();
 }
 
