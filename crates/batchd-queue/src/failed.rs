@@ -65,6 +65,9 @@ pub struct FailedJob {
     pub n_items: Option<u64>,
     /// Its error, field by field (`None` when its ledger holds none).
     pub error: Option<ErrorFields>,
+    /// Refused before it ran (no chunks: nothing of it was stored), so `batchd retry` cannot run it again.
+    #[serde(default)]
+    pub refused: bool,
 }
 
 /// The failed jobs of one error code and model.
@@ -140,6 +143,7 @@ pub async fn failed_jobs(conn: &mut Conn, keys: &Keys, query: &FailedQuery) -> R
                 finished_at: row.finished_at,
                 n_items: row.n_items,
                 error,
+                refused: row.n_chunks == Some(0),
             });
             if group.examples.len() > query.examples.saturating_mul(2).max(16) {
                 newest_first(&mut group.examples, query.examples);
@@ -182,6 +186,7 @@ mod tests {
             finished_at: Some(finished_at),
             n_items: Some(1),
             error: None,
+            refused: false,
         }
     }
 

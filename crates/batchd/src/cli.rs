@@ -18,6 +18,7 @@
 
 pub mod command;
 pub mod dead;
+pub mod endpoint;
 pub mod events;
 pub mod failed;
 pub mod inspect;
@@ -27,6 +28,7 @@ pub mod probe;
 pub mod retry;
 pub mod submit;
 pub mod tail;
+pub mod waits;
 pub mod workers;
 
 use std::borrow::Cow;
@@ -51,6 +53,8 @@ pub const EXIT_JOB_FAILED: i32 = 3;
 pub const EXIT_WAIT_TIMEOUT: i32 = 4;
 /// Exit code: no such job or dead-letter entry.
 pub const EXIT_NOT_FOUND: i32 = 5;
+/// `submit --wait`: the job completed (wire format v1 `status: completed`) but every request item failed.
+pub const EXIT_ALL_ITEMS_FAILED: i32 = 6;
 
 /// The exit codes, as `batchd --help` shows them.
 pub const EXIT_CODES_HELP: &str = "Exit codes:
@@ -60,10 +64,11 @@ pub const EXIT_CODES_HELP: &str = "Exit codes:
   2   usage error (unknown command or option, missing or bad argument, a --stream or --reply-to
       of another namespace; `dead purge` without --yes when standard input is not a terminal),
       one line on stderr
-  3   `submit --wait`: the job ended failed, expired or cancelled
+  3   `submit --wait`: the job ended failed, expired or cancelled, or was refused before it ran
   4   gave up waiting (`submit --wait --timeout`, `tail --timeout` before --count entries)
   5   not found: no such job (`status`; `cancel` without --before-arrival), no pending
       cancellation (`uncancel`), no such dead-letter entry (`dead show|retry|purge`)
+  6   `submit --wait`: the job completed, but every one of its request items failed
   78  configuration error (bad or missing key); the message names the key and its environment
       variables";
 
@@ -342,12 +347,14 @@ pub async fn status(settings: &Settings, id: &str, json: bool) -> anyhow::Result
         Default::default()
     };
     let at_remote = batchd_queue::turnaround::at_remote(&view, &usuals, now);
+    let waits = waits::read(&mut conn, &keys, &view).await?;
     if json {
         let mut object = status_json(&view);
         object["at_remote"] = serde_json::to_value(&at_remote).context("encode the batches at the remote API")?;
+        object["waits"] = waits::json(&waits);
         return print_json(&object);
     }
-    print!("{}", status_text(&place(settings), &view, &at_remote, now));
+    print!("{}", status_text(&place(settings), &view, (&at_remote, &waits), now));
     Ok(())
 }
 
@@ -361,7 +368,7 @@ const METADATA_SHOWN_CHARS: usize = 400;
 fn status_text(
     place: &str,
     view: &LedgerView,
-    at_remote: &[batchd_queue::turnaround::AtRemote],
+    (at_remote, waits): (&[batchd_queue::turnaround::AtRemote], &waits::Waits),
     now_ms: u64,
 ) -> String {
     let get = |name: &str| view.get(name).unwrap_or("-");
@@ -426,10 +433,11 @@ fn status_text(
             }
             (None, None) => {}
         }
+        if let Some(wait) = waits::chunk_text(chunk, waits.chunks.get(index).copied().flatten(), now_ms) {
+            line("", wait);
+        }
         match chunk.get(field::CHUNK_PACK) {
-            Some(batchd_core::ids::PACK_QUEUED) => {
-                line("", "packed: waiting for its pack (jobs sharing a remote batch)".to_owned())
-            }
+            Some(batchd_core::ids::PACK_QUEUED) => line("", waits::pack_text(waits.pack_due, now_ms)),
             Some(pack) => line("", format!("packed in {pack} with other jobs (`batchd status {pack}`)")),
             None => {}
         }
@@ -698,7 +706,7 @@ mod tests {
                 .collect(),
             }],
         };
-        let text = status_text("ns", &view, &[], 0);
+        let text = status_text("ns", &view, (&[], &Default::default()), 0);
         assert!(!text.chars().any(|c| c != '\n' && is_unsafe_for_terminal(c)), "{text}");
         assert!(text.contains("remote last seen \\x1b[31mred"), "{text}");
         assert!(text.contains("bad\\x1b[2J \\u{202e}txt") && text.contains("request r\\x1b]0;title\\x07"), "{text}");
@@ -731,7 +739,7 @@ mod tests {
                 .collect(),
             chunks: vec![chunk("polling"), chunk("done")],
         };
-        let text = status_text("namespace ns", &view, &[], 1000 + 245_000);
+        let text = status_text("namespace ns", &view, (&[], &Default::default()), 1000 + 245_000);
         assert_eq!(text.matches("batch running for").count(), 1, "only the polling chunk: {text}");
         assert!(text.contains("batch running for 4m05s"), "{text}");
         assert!(text.contains("remote finished, results read"), "the dashboard's wording for a done chunk: {text}");
@@ -745,7 +753,7 @@ mod tests {
         let at_remote = batchd_queue::turnaround::at_remote(&view, &usuals, 1000 + 245_000);
         assert_eq!(at_remote.len(), 1, "only the polling chunk");
         assert!(at_remote[0].older_than_p95);
-        let text = status_text("namespace ns", &view, &at_remote, 1000 + 245_000);
+        let text = status_text("namespace ns", &view, (&at_remote, &Default::default()), 1000 + 245_000);
         assert!(
             text.contains(
                 "usual for m: p50 ≤ 1m, p95 ≤ 1m (10 batches, last 24 h); older than 95% of this model's batches"
@@ -753,7 +761,10 @@ mod tests {
             "{text}"
         );
         let none = batchd_queue::turnaround::at_remote(&view, &Default::default(), 1000 + 245_000);
-        assert!(status_text("ns", &view, &none, 1000 + 245_000).contains("usual for m: no history yet"));
+        assert!(
+            status_text("ns", &view, (&none, &Default::default()), 1000 + 245_000)
+                .contains("usual for m: no history yet")
+        );
         // The batch's age is compared, not the job's: this job waited 4 minutes for its submit, and its batch has
         // been at the remote API for 5 seconds, within the usual minute.
         let mut waited = view.clone();
@@ -761,7 +772,7 @@ mod tests {
         let at_remote = batchd_queue::turnaround::at_remote(&waited, &usuals, 1000 + 245_000);
         assert_eq!((at_remote[0].age_secs, at_remote[0].batch_age_secs), (5, Some(5)));
         assert!(!at_remote[0].older_than_p95, "{at_remote:?}");
-        let text = status_text("namespace ns", &waited, &at_remote, 1000 + 245_000);
+        let text = status_text("namespace ns", &waited, (&at_remote, &Default::default()), 1000 + 245_000);
         assert!(text.contains("batch running for 5.0s; usual for m"), "{text}");
     }
 

@@ -110,7 +110,7 @@ fn main() -> ExitCode {
                     let value = serde_json::to_value(value).context("effective settings as JSON")?;
                     cli::print_json(&value)?;
                 } else {
-                    print!("{text}");
+                    print!("{}{text}", settings.provider_summary());
                 }
                 Ok(())
             }

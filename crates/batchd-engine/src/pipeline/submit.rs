@@ -26,8 +26,10 @@ impl Pipeline {
     ) -> Result<(), StoreError> {
         // Held until the submit is done.
         let Some(_slot) = self.admit_step(claim, provider, model, ApiCall::Submit).await? else {
+            waits::started(claim, provider.name());
             return Ok(());
         };
+        waits::ended(claim);
         // Room for the items read back and the body built from them, before either exists, sized by what this
         // chunk can hold (see [`submit_room`]); then only what it needs is kept until the submit is done. The lease
         // is renewed while this waits, so a replica short of memory keeps the chunk rather than losing it to another.
@@ -523,6 +525,49 @@ pub(super) fn after_failed_submit(error: &ApiError, n_items: usize, attempt: u64
             let state =
                 if looked || error.is_ambiguous_submit() { ChunkState::Submitting } else { ChunkState::Pending };
             SubmitDecision::Retry(SubmitRetry { state, give_attempt_back: throttled, looked })
+        }
+    }
+}
+
+/// One info line per chunk whose submit starts to wait for its provider's rate limit or calls in flight (the
+/// waits themselves are counted by `batchd_throttled_waits_total`, one per look): the chunks waiting now, bounded.
+mod waits {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+
+    use batchd_queue::Claim;
+
+    /// Most chunks remembered as waiting; past it the set starts again (a wait may then be logged twice).
+    const MAX_WAITING: usize = 10_000;
+
+    static WAITING: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+    fn member(claim: &Claim) -> String {
+        format!("{}#{}", claim.chunk.job_id, claim.chunk.index)
+    }
+
+    /// The chunk's submit was held: logs the first hold of a wait.
+    pub(super) fn started(claim: &Claim, provider: &str) {
+        let mut waiting = WAITING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let waiting = waiting.get_or_insert_with(HashSet::new);
+        if waiting.len() >= MAX_WAITING {
+            waiting.clear();
+        }
+        if waiting.insert(member(claim)) {
+            tracing::info!(
+                job_id = %claim.chunk.job_id,
+                chunk = claim.chunk.index,
+                provider,
+                "submit waits for the provider's rate limit or calls in flight (`batchd status` says until when)"
+            );
+        }
+    }
+
+    /// The chunk's submit may go: its wait, if any, is over.
+    pub(super) fn ended(claim: &Claim) {
+        let mut waiting = WAITING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(waiting) = waiting.as_mut().filter(|waiting| !waiting.is_empty()) {
+            waiting.remove(&member(claim));
         }
     }
 }

@@ -16,8 +16,9 @@ use super::tail::TailArgs;
 use super::workers::WorkersArgs;
 use super::{EXIT_CODES_HELP, SubmitArgs};
 
-/// Run batch inference jobs at Workers AI, OpenAI and Anthropic from Redis: producers XADD jobs, batchd submits
-/// and polls them and publishes one result entry per job to a results stream.
+/// Run batch inference jobs from Redis at four providers, chosen by the model name: Cloudflare Workers AI
+/// (`@cf/...`), OpenAI (`openai/...`), Anthropic (`anthropic/...`) and Gemini (`gemini/...`). Producers XADD jobs,
+/// batchd submits and polls them and publishes one result entry per job to a results stream.
 #[derive(Debug, Parser)]
 #[command(name = "batchd", version, after_help = EXIT_CODES_HELP, max_term_width = 100)]
 pub struct Cli {

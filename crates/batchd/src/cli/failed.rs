@@ -110,8 +110,8 @@ fn failed_text(place: &str, report: &FailedReport) -> String {
     }
     if report.total > 0 {
         out.push_str(
-            "run one again with `batchd retry <job id>...`, or all of a kind with `batchd retry --code <code> \
-             --model <model>`\n",
+            "run one again with `batchd retry <job id>...` (not one refused before it ran), or all of a kind with \
+             `batchd retry --code <code> --model <model>`\n",
         );
     }
     out
@@ -131,6 +131,9 @@ fn example_line(job: &FailedJob) -> String {
         if let Some(message) = &error.message {
             line.push_str(&format!(": {message}"));
         }
+    }
+    if job.refused {
+        line.push_str("  (refused before it ran: not retryable; after the fix, enqueue it again under a new id)");
     }
     escape_for_terminal(&line).into_owned()
 }
@@ -161,6 +164,13 @@ mod tests {
                 api_code: Some("10000".into()),
                 http_status: Some(401),
             }),
+            refused: false,
+        };
+        let refused = FailedJob {
+            job_id: "oa-1".into(),
+            error: Some(ErrorFields { message: Some("no openai".into()), ..Default::default() }),
+            refused: true,
+            ..job.clone()
         };
         let report = FailedReport {
             groups: vec![FailedGroup {
@@ -168,7 +178,7 @@ mod tests {
                 model: "@cf/baai/bge-m3".into(),
                 count: 2,
                 newest_finished_at: Some(0),
-                examples: vec![job],
+                examples: vec![job, refused],
             }],
             total: 2,
             scanned: 7,
@@ -181,6 +191,11 @@ mod tests {
         assert_eq!(
             lines[2],
             "           tok-2  failed  1970-01-01T00:00:00.000Z  http 401  api code 10000: bad\\x1b[2J"
+        );
+        assert_eq!(
+            lines[3],
+            "           oa-1  failed  1970-01-01T00:00:00.000Z: no openai  (refused before it ran: not retryable; after \
+             the fix, enqueue it again under a new id)"
         );
     }
 }

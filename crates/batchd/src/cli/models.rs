@@ -2,7 +2,8 @@
 //! configuration has each), then, when Workers AI is configured, its models that take batch requests, with the
 //! task type, rate-limit bucket and limit batchd gives each, from the model catalog (the copy the daemons share in
 //! Redis; read from the API when there is none, or with `--refresh`), or from the `[rate_limits]` tables when the
-//! catalog cannot be read.
+//! catalog cannot be read; and for each other configured provider, that batchd does not list its models, with the
+//! models its settings name.
 
 use anyhow::Context as _;
 use batchd_cloudflare::{BatchClient, ModelCatalog, rate_bucket};
@@ -18,7 +19,8 @@ pub struct ModelsArgs {
     #[arg(long)]
     pub refresh: bool,
     /// Print JSON: `{"providers":[{"kind":..,"title":..,"models":[..],"capabilities":{..},"configured":..}],
-    /// "source":..,"fetched_at":..,"models":[{"model":..,"task":..,"bucket":..,"limit":..}]}`.
+    /// "source":..,"fetched_at":..,"models":[{"model":..,"task":..,"bucket":..,"limit":..}],
+    /// "unlisted":[{"kind":..,"why":..,"named_in_settings":[..]}]}`.
     #[arg(long)]
     pub json: bool,
 }
@@ -39,12 +41,64 @@ struct Row {
     paid_only: bool,
 }
 
+/// A configured provider whose models batchd cannot list (it reads no model list of theirs), what it accepts, and
+/// the models its settings name.
+fn unlisted(settings: &Settings, providers: &[(&'static batchd_provider::Kind, bool)]) -> Vec<serde_json::Value> {
+    providers
+        .iter()
+        .filter(|(kind, configured)| *configured && kind.name != batchd_core::ids::CLOUDFLARE)
+        .map(|(kind, _)| {
+            let named: Vec<String> = match kind.name {
+                "openai" => {
+                    let limits = settings.openai.models.iter().map(|limit| &limit.model);
+                    let tokens = settings.openai.enqueued_token_limits.iter().map(|limit| &limit.model);
+                    let mut named: Vec<String> = limits
+                        .chain(tokens)
+                        .map(|model| format!("openai/{}", model.strip_prefix("openai/").unwrap_or(model)))
+                        .collect();
+                    named.dedup();
+                    named
+                }
+                _ => Vec::new(),
+            };
+            let why = format!(
+                "batchd does not read {}'s model list: any {} its Batch API takes is accepted (an unknown one \
+                 fails when its batch is created)",
+                kind.title,
+                kind.models.join(" ")
+            );
+            json!({"kind": kind.name, "why": why, "named_in_settings": named})
+        })
+        .collect()
+}
+
+/// Prints [`unlisted`] as text.
+fn print_unlisted(unlisted: &[serde_json::Value]) {
+    for provider in unlisted {
+        println!();
+        println!("{}: {}", provider["kind"].as_str().unwrap_or_default(), provider["why"].as_str().unwrap_or_default());
+        let named: Vec<&str> =
+            provider["named_in_settings"].as_array().into_iter().flatten().filter_map(|m| m.as_str()).collect();
+        if !named.is_empty() {
+            println!("  named in its settings: {}", escape_for_terminal(&named.join(" ")));
+        }
+    }
+}
+
 /// Runs `batchd models`.
 pub async fn models(settings: &Settings, args: &ModelsArgs) -> anyhow::Result<()> {
     let providers: Vec<(&'static batchd_provider::Kind, bool)> =
         crate::registry::REGISTRY.iter().map(|entry| (entry.kind(), entry.configured(settings))).collect();
+    let unlisted = unlisted(settings, &providers);
     if !settings.cloudflare_configured() {
-        return print_providers(&providers, args.json, None);
+        let catalog = json!({"source": null, "fetched_at": null, "models": [], "unlisted": unlisted});
+        print_providers(&providers, args.json, Some(catalog))?;
+        if !args.json {
+            println!();
+            println!("Workers AI is not configured: its models are listed once it is ([cloudflare]).");
+            print_unlisted(&unlisted);
+        }
+        return Ok(());
     }
     let mut conn = super::connect(settings).await?;
     let keys = settings.keys();
@@ -107,7 +161,7 @@ pub async fn models(settings: &Settings, args: &ModelsArgs) -> anyhow::Result<()
         return print_providers(
             &providers,
             true,
-            Some(json!({"source": source, "fetched_at": fetched_at, "models": models})),
+            Some(json!({"source": source, "fetched_at": fetched_at, "models": models, "unlisted": unlisted})),
         );
     }
     print_providers(&providers, false, None)?;
@@ -133,6 +187,7 @@ pub async fn models(settings: &Settings, args: &ModelsArgs) -> anyhow::Result<()
             escape_for_terminal(bucket)
         );
     }
+    print_unlisted(&unlisted);
     Ok(())
 }
 

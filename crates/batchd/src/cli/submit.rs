@@ -17,7 +17,7 @@ use batchd_queue::{Conn, LedgerView};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::value::RawValue;
 
-use super::{EXIT_JOB_FAILED, EXIT_WAIT_TIMEOUT, Exit, open, result_json};
+use super::{EXIT_ALL_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_WAIT_TIMEOUT, Exit, endpoint, open, result_json};
 use crate::settings::Settings;
 
 /// Chunks listed one by one in a progress line; more are summarised by state.
@@ -43,7 +43,8 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "STREAM", requires = "model")]
     pub reply_to: Option<String>,
     /// With --model: the provider endpoint every item is a request body of (OpenAI: `/v1/embeddings`,
-    /// `/v1/responses`, ...; default `/v1/chat/completions`), checked as the job's `endpoint` field is.
+    /// `/v1/responses`, ...; default `/v1/chat/completions`, or the one endpoint an embeddings or moderation model
+    /// serves), checked against openai.endpoints.
     #[arg(long, value_name = "PATH", requires = "model")]
     pub endpoint: Option<String>,
     /// Follow the job (a progress bar on a terminal, one line per change otherwise, on stderr) and print its
@@ -76,6 +77,18 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
             .transpose()?,
         ..args.clone()
     };
+    // An OpenAI endpoint is checked against openai.endpoints, and a model that serves one only gets it.
+    let args = &match &args.model {
+        Some(model) => match endpoint::check(model, args.endpoint.as_deref(), &settings.openai.endpoints) {
+            Ok(endpoint::Checked::Fine) => args.clone(),
+            Ok(endpoint::Checked::Only(only)) => {
+                eprintln!("batchd: note: model {model} serves {only} only; the job names it as its endpoint");
+                SubmitArgs { endpoint: Some(only.to_owned()), ..args.clone() }
+            }
+            Err(reason) => return Err(Exit { code: EXIT_USAGE, message: format!("--endpoint: {reason}") }.into()),
+        },
+        None => args.clone(),
+    };
     let input = read_input(&args.file)?;
     let name = display_name(&args.file);
     let (text, explicit_id) = match &args.model {
@@ -100,6 +113,17 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
         };
         anyhow!("{name}: {e}{hint}")
     })?;
+    if args.model.is_none() {
+        match endpoint::check(job.model.as_str(), job.endpoint.as_deref(), &settings.openai.endpoints) {
+            Ok(endpoint::Checked::Fine) => {}
+            Ok(endpoint::Checked::Only(only)) => bail!(
+                "{name}: model {} serves {only} only: give the job \"endpoint\": \"{only}\" (without it the job goes \
+                 to /v1/chat/completions and every item fails)",
+                job.model
+            ),
+            Err(reason) => bail!("{name}: {reason}"),
+        }
+    }
     let text = match (&args.id, &args.model) {
         (Some(id), None) => {
             job.id = JobId::parse(id).map_err(|e| anyhow!("--id: {e}"))?;
@@ -109,6 +133,9 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
     };
 
     let mut conn = open(settings).await?;
+    if explicit_id && let Some(existing) = LedgerView::read(&mut conn, &keys, &job.id).await.context("read ledger")? {
+        bail!("{}", duplicate_message(&job.id, &existing));
+    }
     if explicit_id
         && let Some(reason) =
             batchd_queue::inspect::cancel_request(&mut conn, &keys, &job.id).await.context("read cancel requests")?
@@ -133,6 +160,16 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
     }
     let state = follow(&mut conn, &keys, &job_id, Duration::from_secs(args.timeout)).await?;
     let view = LedgerView::read(&mut conn, &keys, &job_id).await.context("read ledger")?;
+    if let Some(refusal) = view.as_ref().and_then(refusal) {
+        // Refused at take-in: its ledger holds the reason, and nothing ran.
+        super::print_json(&serde_json::json!({"job_id": job_id.as_str(), "status": state.as_str(), "error": refusal}))?;
+        let message = refusal.get("message").and_then(|message| message.as_str()).unwrap_or("no reason recorded");
+        return Err(Exit {
+            code: EXIT_JOB_FAILED,
+            message: format!("job {job_id} was refused by the daemon before it ran: {message}"),
+        }
+        .into());
+    }
     let fields = read_result(&mut conn, view.as_ref()).await?;
     let mut shown = result_json(&fields);
     if let Some(out) = &args.out {
@@ -152,6 +189,14 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
     super::print_json(&shown)?;
     if state != JobState::Completed {
         return Err(Exit { code: EXIT_JOB_FAILED, message: format!("job {job_id} ended {state}") }.into());
+    }
+    let count = |name: &str| fields.get(name).and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+    let (total, failed) = (count("items_total"), count("items_failed"));
+    if total > 0 && failed == total {
+        let message = format!(
+            "job {job_id} completed, but all {total} of its request items failed (each response's `error` says why)"
+        );
+        return Err(Exit { code: EXIT_ALL_ITEMS_FAILED, message }.into());
     }
     Ok(())
 }
@@ -390,6 +435,33 @@ fn progress_line(job_id: &JobId, view: Option<&LedgerView>) -> String {
     let chunks: Vec<String> =
         shown.iter().enumerate().map(|(index, chunk_state)| format!("chunk {index}: {chunk_state}")).collect();
     format!("{job_id}: {state} ({})", chunks.join(", "))
+}
+
+/// Why a job whose id already has a ledger is not enqueued again (the daemon would acknowledge the entry and run
+/// nothing: one result per id), and what to do instead.
+fn duplicate_message(job_id: &JobId, existing: &LedgerView) -> String {
+    let state = existing.get(field::STATE).unwrap_or("being taken in");
+    let what = format!("job {job_id} already exists ({state}); a job id runs once, so it was not enqueued again");
+    match existing.state() {
+        Some(state) if !state.is_terminal() => format!("{what}: `batchd status {job_id}` follows it"),
+        Some(JobState::Completed) => format!("{what}: give the file a new id (--id) to run it again"),
+        Some(_) if refusal(existing).is_some() => format!(
+            "{what}: it was refused before it ran (`batchd status {job_id}` says why); after the fix, give it a new \
+             id (--id) to run it"
+        ),
+        _ => format!(
+            "{what}: `batchd retry {job_id}` runs it again as {}",
+            super::retry::retry_id(job_id.as_str()).map_or_else(|| "a retry id".to_owned(), |id| id.to_string())
+        ),
+    }
+}
+
+/// The error of a job the daemon refused at take-in (a finished ledger with no chunks and no result entry: its
+/// `failed` result went to the namespace's default results stream, and the ledger keeps the reason).
+fn refusal(view: &LedgerView) -> Option<serde_json::Value> {
+    let refused = view.get(field::N_CHUNKS) == Some("0") && view.get(field::RESULT_ENTRY).is_none();
+    let error = view.get(field::ERROR).filter(|_| refused)?;
+    Some(serde_json::from_str(error).unwrap_or_else(|_| serde_json::json!({"message": error})))
 }
 
 /// Reads the job's published result entry (its fields).

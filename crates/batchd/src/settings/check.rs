@@ -202,6 +202,73 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// `batchd config check`'s summary of the providers, one line each: configured or not, base URL, limits and
+    /// where the key comes from (never the key), as TOML comments so the printed settings stay valid TOML.
+    pub fn provider_summary(&self) -> String {
+        let key_source = |from_env: bool, file: &str, variable: &str| match (from_env, file.is_empty()) {
+            (true, _) => format!("key from the environment ({variable})"),
+            (false, false) => format!("key from file {file}"),
+            (false, true) => format!("no key ({variable} or the key file)"),
+        };
+        let pace = |n: u32, per: &str| if n == 0 { "not paced by batchd".to_owned() } else { format!("{n} {per}") };
+        let mut out = String::from("# Providers (the model name's prefix picks one):\n");
+        for entry in &crate::registry::REGISTRY {
+            let kind = entry.kind();
+            let configured = if entry.configured(self) { "configured" } else { "not configured" };
+            let detail = match kind.name {
+                batchd_core::ids::CLOUDFLARE => {
+                    let limits = &self.rate_limits;
+                    format!(
+                        "base URL {}; account {}; limits [rate_limits] per {} s: text generation {}, embeddings {}, \
+                         translation {}, speech recognition {}, burst {}; {}",
+                        self.cloudflare.base_url,
+                        if self.cloudflare.account_id.is_empty() { "not set" } else { &self.cloudflare.account_id },
+                        limits.window_secs,
+                        limits.text_generation,
+                        limits.embeddings,
+                        limits.translation,
+                        limits.speech_recognition,
+                        limits.burst,
+                        key_source(
+                            self.cloudflare.api_token.is_some(),
+                            &self.cloudflare.api_token_file,
+                            "CLOUDFLARE_API_TOKEN"
+                        )
+                    )
+                }
+                "openai" => format!(
+                    "base URL {}; limits openai.batches_per_hour {} (burst {}); {}",
+                    self.openai.base_url,
+                    pace(self.openai.batches_per_hour, "per model"),
+                    self.openai.burst,
+                    key_source(self.openai.api_key.is_some(), &self.openai.api_key_file, "OPENAI_API_KEY")
+                ),
+                "anthropic" => format!(
+                    "base URL {}; limits anthropic.requests_per_minute {} (burst {}), {} requests per batch; {}",
+                    self.anthropic.base_url,
+                    pace(self.anthropic.requests_per_minute, "per minute"),
+                    self.anthropic.burst,
+                    self.anthropic.max_requests,
+                    key_source(self.anthropic.api_key.is_some(), &self.anthropic.api_key_file, "ANTHROPIC_API_KEY")
+                ),
+                "gemini" => format!(
+                    "base URL {}; limits gemini.batches_per_minute {} (burst {}), {} requests per batch; {}",
+                    self.gemini.base_url,
+                    pace(self.gemini.batches_per_minute, "per minute"),
+                    self.gemini.burst,
+                    self.gemini.max_requests,
+                    key_source(self.gemini.api_key.is_some(), &self.gemini.api_key_file, "GEMINI_API_KEY")
+                ),
+                _ => String::new(),
+            };
+            out.push_str(&format!("#   {} ({}): {configured}; {detail}\n", kind.name, kind.title));
+        }
+        out.push('\n');
+        out
+    }
+}
+
 /// Refuses a Redis URL that redis-rs cannot read, naming the key and the forms it takes (the URL's password is
 /// masked in the message).
 fn check_redis_url(key: &str, url: &str) -> Result<(), ConfigError> {

@@ -127,13 +127,13 @@ impl Settings {
         settings.batches_per_hour = openai.batches_per_hour;
         settings.burst = openai.burst;
         settings.model_batches_per_hour =
-            openai.models.iter().map(|limit| (limit.model.clone(), limit.batches_per_hour)).collect();
+            openai.models.iter().map(|limit| (openai_model(&limit.model), limit.batches_per_hour)).collect();
         settings.lookup_pages = openai.lookup_pages;
         settings.file_expiry_secs = openai.file_expiry_secs;
         settings.idle_timeout = Duration::from_secs(openai.idle_timeout_secs);
         settings.endpoints = openai.endpoints.clone();
         settings.enqueued_token_limits =
-            openai.enqueued_token_limits.iter().map(|limit| (limit.model.clone(), limit.tokens)).collect();
+            openai.enqueued_token_limits.iter().map(|limit| (openai_model(&limit.model), limit.tokens)).collect();
         settings
     }
 
@@ -242,5 +242,25 @@ impl Settings {
                 None => ConfigError::at("redis.url", if detail.is_empty() { error.to_string() } else { detail }),
             }
         })
+    }
+}
+
+/// A model named in `[openai]` (`models`, `enqueued_token_limits`) as OpenAI knows it: written with or without the
+/// `openai/` a job's model carries (`gpt-4o-mini` and `openai/gpt-4o-mini` are the same model).
+fn openai_model(name: &str) -> String {
+    name.strip_prefix("openai/").unwrap_or(name).to_owned()
+}
+
+#[cfg(test)]
+mod openai_model_tests {
+    #[test]
+    fn openai_models_are_named_with_or_without_their_prefix() {
+        assert_eq!(super::openai_model("openai/gpt-4o-mini"), "gpt-4o-mini");
+        assert_eq!(super::openai_model("gpt-4o-mini"), "gpt-4o-mini");
+        let mut settings = crate::settings::Settings::load_from(None, &Default::default()).expect("defaults");
+        settings.openai.models =
+            vec![crate::settings::OpenAiModelLimit { model: "openai/gpt-4o".into(), batches_per_hour: 7 }];
+        let key = crate::settings::Secret::new("k".to_owned());
+        assert_eq!(settings.openai_settings(&key).model_batches_per_hour, [("gpt-4o".to_owned(), 7)]);
     }
 }

@@ -202,13 +202,21 @@ pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> a
     let view = cli::read_ledger(conn, keys, job_id).await?;
     let mut status = cli::status_json(&view);
     let job_state = view.state();
+    // What a chunk not at the remote API yet waits for, and until when (as `batchd status` says it).
+    let waits = cli::waits::read(conn, keys, &view).await?;
+    status["waits"] = cli::waits::json(&waits);
+    let now = cli::now_ms();
     let chunks: Vec<Value> = view
         .chunks
         .iter()
         .enumerate()
         .map(|(index, chunk)| {
             let status = chunk.status(job_state);
-            json!({"index": index, "state": status.state, "remote": status.remote})
+            let packed = chunk.get(field::CHUNK_PACK) == Some(batchd_core::ids::PACK_QUEUED)
+                && !job_state.is_some_and(|state| state.is_terminal());
+            let wait = cli::waits::chunk_text(chunk, waits.chunks.get(index).copied().flatten(), now)
+                .or_else(|| packed.then(|| cli::waits::pack_text(waits.pack_due, now)));
+            json!({"index": index, "state": status.state, "remote": status.remote, "wait": wait})
         })
         .collect();
     // Only a job with a batch at the remote API reads the usual times (two bounded round trips).

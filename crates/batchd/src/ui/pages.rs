@@ -606,13 +606,27 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
     timeline.sort();
     let result = &value["result"];
     let paging = &value["responses_page"];
+    let every_item_failed = state == "completed"
+        && number(&result["items_total"])
+            .is_some_and(|total| total > 0 && number(&result["items_failed"]) == Some(total));
     let body = html! {
         h1 { "Job " span #job-id { (shown(id, 120)) } }
-        p { span #job-state class=(format!("state state-{state}")) { (shown(state, 40)) } }
+        p {
+            // A completed job whose every item failed keeps `completed` (wire format v1) but is not shown as a success.
+            @if every_item_failed {
+                span #job-state class="state state-failed" title="completed, but every request item failed" { (shown(state, 40)) }
+                " " span #all-items-failed .badge-bad { "every item failed" }
+            } @else {
+                span #job-state class=(format!("state state-{state}")) { (shown(state, 40)) }
+            }
+        }
         @if !terminal {
             (action(frame, &format!("/jobs/{}/cancel", encode(id)), "Cancel job", "cancel-job", &cancel_confirmation(job[field::MODEL].as_str().unwrap_or(""))))
         }
-        @if terminal && state != "completed" {
+        @if terminal && state != "completed" && n_chunks == 0 {
+            p.note #not-retryable { "Refused before it ran: nothing of it was stored, so it cannot be retried. Fix the cause (its error below) and enqueue it again under a new id." }
+        }
+        @if terminal && state != "completed" && n_chunks > 0 {
             (action(frame, &format!("/jobs/{}/retry", encode(id)), "Retry job", "retry-job", "Enqueue a retry of this job? It runs again as a new job, from the request items its ledger kept."))
             @if let Some(retry) = crate::cli::retry::retry_id(id) {
                 p.note { "Its retry runs as " a #retry-link href=(link(frame, &format!("/jobs/{}", encode(retry.as_str())))) { (shown(retry.as_str(), 120)) } "." }
@@ -665,6 +679,9 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
                         td.num { (text(chunk(index, field::CHUNK_ATTEMPTS))) }
                         td { (time(&number(chunk(index, field::CHUNK_SUBMITTED_AT)).into())) }
                         td.error { (text(chunk(index, field::CHUNK_LAST_ERROR))) }
+                    }
+                    @if let Some(wait) = value["chunks"][index as usize]["wait"].as_str() {
+                        tr.chunk-wait { td {} td colspan="8" id=(format!("wait-{index}")) { (wait) } }
                     }
                 }
             }

@@ -1,0 +1,143 @@
+//! What a job that is not running yet waits for, and until when (`batchd status`): a chunk waiting in its packing
+//! queue waits for its packing key's next pack (`{ns}:packers`); a chunk waiting to be submitted waits for its due
+//! time in the schedule (`{ns}:schedule`), which the daemon moves on when the provider's rate limit or calls in
+//! flight hold it (`batchd_throttled_waits_total`) or the provider answered a submit with a rate limit. Read with one
+//! pipelined round trip of `ZSCORE`s, at most one per chunk of the job (`MAX_CHUNKS_PER_JOB`).
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use batchd_core::ledger::{ChunkState, field};
+use batchd_core::{Keys, ids};
+use batchd_queue::ledger_view::ChunkMetadata;
+use batchd_queue::{Conn, LedgerView};
+
+use super::{format_age, format_utc};
+
+/// The due times that say what a job waits for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Waits {
+    /// Each chunk's due time in the schedule (Unix ms), for the chunks waiting to be submitted; `None` for the
+    /// others and for a chunk not scheduled.
+    pub chunks: Vec<Option<u64>>,
+    /// When the job's packing key is next due to send a pack (Unix ms), if one of its chunks waits in that queue.
+    pub pack_due: Option<u64>,
+}
+
+/// Whether a chunk waits to be submitted (not packed, not at the remote API).
+fn waits_for_submit(chunk: &ChunkMetadata) -> bool {
+    let waiting = matches!(chunk.state(), Some(ChunkState::Pending | ChunkState::Submitting));
+    waiting && chunk.get(field::CHUNK_REQUEST_ID).is_none() && chunk.get(field::CHUNK_PACK).is_none()
+}
+
+/// Reads the due times of a job that has not finished: nothing is read for one that has.
+pub async fn read(conn: &mut Conn, keys: &Keys, view: &LedgerView) -> anyhow::Result<Waits> {
+    if view.state().is_none_or(|state| state.is_terminal()) {
+        return Ok(Waits::default());
+    }
+    let schedule = keys.schedule_of(&view.job_id);
+    let mut pipe = redis::pipe();
+    let mut asked = 0;
+    for (index, _) in view.chunks.iter().enumerate().filter(|(_, chunk)| waits_for_submit(chunk)) {
+        pipe.cmd("ZSCORE").arg(&schedule).arg(format!("{}#{index}", view.job_id));
+        asked += 1;
+    }
+    let packed = view.chunks.iter().any(|chunk| chunk.get(field::CHUNK_PACK) == Some(ids::PACK_QUEUED));
+    if asked == 0 && !packed {
+        // Nothing waits to be submitted (an empty pipeline is not sent).
+        return Ok(Waits { chunks: vec![None; view.chunks.len()], pack_due: None });
+    }
+    if packed {
+        let endpoint = view.get(field::ENDPOINT).unwrap_or("");
+        let pack_key = format!("{}|{endpoint}", view.get(field::MODEL).unwrap_or(""));
+        pipe.cmd("ZSCORE").arg(keys.packers()).arg(pack_key);
+    }
+    let scores: Vec<Option<f64>> = pipe.query_async(conn).await.context("read the schedule")?;
+    let mut scores = scores.into_iter().map(|score| score.map(|due| due.max(0.0) as u64));
+    let chunks =
+        view.chunks.iter().map(|chunk| if waits_for_submit(chunk) { scores.next().flatten() } else { None }).collect();
+    let pack_due = if packed { scores.next().flatten() } else { None };
+    Ok(Waits { chunks, pack_due })
+}
+
+/// `2026-11-28T15:20:00.000Z (in 12.0s)`, or `now` once it is due.
+fn until(due: u64, now_ms: u64) -> String {
+    if due <= now_ms {
+        return "now".to_owned();
+    }
+    format!("{} (in {})", format_utc(due), format_age(Duration::from_millis(due - now_ms)))
+}
+
+/// What chunk `index` waits for and until when, for `status`; `None` when it waits for nothing `waits` knows of.
+pub fn chunk_text(chunk: &ChunkMetadata, due: Option<u64>, now_ms: u64) -> Option<String> {
+    let due = due?;
+    if due <= now_ms {
+        return Some("due now: waiting for a worker of a running daemon (`batchd workers`)".to_owned());
+    }
+    let attempts = chunk.get(field::CHUNK_ATTEMPTS).and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+    let throttled = chunk.last_error().is_some_and(|error| error.http_status == Some(429));
+    let when = until(due, now_ms);
+    Some(if throttled {
+        format!("waiting: the provider answered its submit with a rate limit (429); next submit at {when}")
+    } else if chunk.last_error().is_some() && attempts > 0 {
+        format!("waiting: submit attempt {attempts} failed; next one at {when}")
+    } else {
+        format!(
+            "waiting until {when}: its provider's rate limit or calls in flight hold its submit \
+             (`batchd_throttled_waits_total`), or a daemon is submitting it now"
+        )
+    })
+}
+
+/// What a chunk queued for packing waits for: its packing key's next pack, when that is due.
+pub fn pack_text(pack_due: Option<u64>, now_ms: u64) -> String {
+    let base = "packed: waiting for its pack (jobs sharing a remote batch)";
+    match pack_due {
+        Some(due) => format!("{base}; the next pack is sent at {}", until(due, now_ms)),
+        None => base.to_owned(),
+    }
+}
+
+/// The waits as `status --json` adds them: `[{"chunk":i,"due_at":ms}]` and `pack_due_at`.
+pub fn json(waits: &Waits) -> serde_json::Value {
+    let chunks: Vec<serde_json::Value> = waits
+        .chunks
+        .iter()
+        .enumerate()
+        .filter_map(|(chunk, due)| Some(serde_json::json!({"chunk": chunk, "due_at": (*due)?})))
+        .collect();
+    serde_json::json!({"chunks": chunks, "pack_due_at": waits.pack_due})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(fields: &[(&'static str, &str)]) -> ChunkMetadata {
+        ChunkMetadata { fields: fields.iter().map(|(name, value)| (*name, (*value).to_owned())).collect() }
+    }
+
+    #[test]
+    fn a_wait_says_what_it_waits_for_and_until_when() {
+        let pending = chunk(&[(field::CHUNK_STATE, "pending"), (field::CHUNK_ATTEMPTS, "0")]);
+        assert_eq!(chunk_text(&pending, None, 1000), None);
+        let text = chunk_text(&pending, Some(13_000), 1000).unwrap();
+        assert_eq!(
+            text,
+            "waiting until 1970-01-01T00:00:13.000Z (in 12.0s): its provider's rate limit or calls in flight hold \
+             its submit (`batchd_throttled_waits_total`), or a daemon is submitting it now"
+        );
+        assert!(chunk_text(&pending, Some(1000), 1000).unwrap().starts_with("due now"));
+        let limited = chunk(&[
+            (field::CHUNK_STATE, "pending"),
+            (field::CHUNK_ATTEMPTS, "0"),
+            (field::CHUNK_LAST_ERROR, r#"{"code":"api_error","message":"slow down","http_status":429}"#),
+        ]);
+        assert!(chunk_text(&limited, Some(3000), 1000).unwrap().contains("rate limit (429); next submit at"));
+        assert_eq!(
+            pack_text(Some(61_000), 1000),
+            "packed: waiting for its pack (jobs sharing a remote batch); the next pack is sent at \
+             1970-01-01T00:01:01.000Z (in 1m00s)"
+        );
+    }
+}
