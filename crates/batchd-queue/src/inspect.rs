@@ -504,3 +504,31 @@ pub async fn set_pause_flag(conn: &mut Conn, keys: &Keys, value: &str) -> Result
 pub async fn clear_pause_flag(conn: &mut Conn, keys: &Keys) -> Result<Option<String>, StoreError> {
     Ok(redis::cmd("GETDEL").arg(keys.paused()).query_async(conn).await?)
 }
+
+/// What a waiting job's chunks and packing key are due at (`batchd status`): the scores of `chunks` (chunk indices
+/// of `job_id`) in the job's schedule and, with `pack_key`, of that packing key in `{ns}:packers`; one pipelined
+/// round trip of `ZSCORE`s, none when there is nothing to ask. Unix ms; `None` for a member not scheduled.
+pub async fn due_times(
+    conn: &mut Conn,
+    keys: &Keys,
+    job_id: &JobId,
+    chunks: &[usize],
+    pack_key: Option<&str>,
+) -> Result<(Vec<Option<UnixMillis>>, Option<UnixMillis>), StoreError> {
+    if chunks.is_empty() && pack_key.is_none() {
+        return Ok((Vec::new(), None));
+    }
+    let schedule = keys.schedule_of(job_id);
+    let mut pipe = redis::pipe();
+    for index in chunks {
+        pipe.cmd("ZSCORE").arg(&schedule).arg(ChunkRef::new(job_id.clone(), *index as u32).to_string());
+    }
+    if let Some(pack_key) = pack_key {
+        pipe.cmd("ZSCORE").arg(keys.packers()).arg(pack_key);
+    }
+    let scores: Vec<Option<f64>> = pipe.query_async(conn).await?;
+    let mut scores = scores.into_iter().map(|score| score.map(|due| due.max(0.0) as UnixMillis));
+    let due: Vec<Option<UnixMillis>> = chunks.iter().map(|_| scores.next().flatten()).collect();
+    let pack_due = if pack_key.is_some() { scores.next().flatten() } else { None };
+    Ok((due, pack_due))
+}

@@ -2,7 +2,7 @@
 //! queue waits for its packing key's next pack (`{ns}:packers`); a chunk waiting to be submitted waits for its due
 //! time in the schedule (`{ns}:schedule`), which the daemon moves on when the provider's rate limit or calls in
 //! flight hold it (`batchd_throttled_waits_total`) or the provider answered a submit with a rate limit. Read with one
-//! pipelined round trip of `ZSCORE`s, at most one per chunk of the job (`MAX_CHUNKS_PER_JOB`).
+//! pipelined round trip of `ZSCORE`s ([`inspect::due_times`]), at most one per chunk of the job (`MAX_CHUNKS_PER_JOB`).
 
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use batchd_core::ledger::{ChunkState, field};
 use batchd_core::{Keys, ids};
 use batchd_queue::ledger_view::ChunkMetadata;
-use batchd_queue::{Conn, LedgerView};
+use batchd_queue::{Conn, LedgerView, inspect};
 
 use super::{format_age, format_utc};
 
@@ -35,28 +35,17 @@ pub async fn read(conn: &mut Conn, keys: &Keys, view: &LedgerView) -> anyhow::Re
     if view.state().is_none_or(|state| state.is_terminal()) {
         return Ok(Waits::default());
     }
-    let schedule = keys.schedule_of(&view.job_id);
-    let mut pipe = redis::pipe();
-    let mut asked = 0;
-    for (index, _) in view.chunks.iter().enumerate().filter(|(_, chunk)| waits_for_submit(chunk)) {
-        pipe.cmd("ZSCORE").arg(&schedule).arg(format!("{}#{index}", view.job_id));
-        asked += 1;
-    }
+    let waiting: Vec<usize> =
+        view.chunks.iter().enumerate().filter(|(_, chunk)| waits_for_submit(chunk)).map(|(index, _)| index).collect();
     let packed = view.chunks.iter().any(|chunk| chunk.get(field::CHUNK_PACK) == Some(ids::PACK_QUEUED));
-    if asked == 0 && !packed {
-        // Nothing waits to be submitted (an empty pipeline is not sent).
-        return Ok(Waits { chunks: vec![None; view.chunks.len()], pack_due: None });
-    }
-    if packed {
-        let endpoint = view.get(field::ENDPOINT).unwrap_or("");
-        let pack_key = format!("{}|{endpoint}", view.get(field::MODEL).unwrap_or(""));
-        pipe.cmd("ZSCORE").arg(keys.packers()).arg(pack_key);
-    }
-    let scores: Vec<Option<f64>> = pipe.query_async(conn).await.context("read the schedule")?;
-    let mut scores = scores.into_iter().map(|score| score.map(|due| due.max(0.0) as u64));
+    let pack_key =
+        packed.then(|| format!("{}|{}", view.get(field::MODEL).unwrap_or(""), view.get(field::ENDPOINT).unwrap_or("")));
+    let (due, pack_due) = inspect::due_times(conn, keys, &view.job_id, &waiting, pack_key.as_deref())
+        .await
+        .context("read the schedule")?;
+    let mut due = due.into_iter();
     let chunks =
-        view.chunks.iter().map(|chunk| if waits_for_submit(chunk) { scores.next().flatten() } else { None }).collect();
-    let pack_due = if packed { scores.next().flatten() } else { None };
+        view.chunks.iter().map(|chunk| if waits_for_submit(chunk) { due.next().flatten() } else { None }).collect();
     Ok(Waits { chunks, pack_due })
 }
 
