@@ -27,6 +27,10 @@ const JOBS: usize = 250;
 /// Ceilings per step, in commands per job (script internals included; the script call itself counts one): the
 /// count measured here (docs/benchmarks.md, "Redis work per job") with less than one command of room, so one more
 /// command per job in any step fails.
+/// What the difference of the two runs may show above a step's ceiling without a cost per job: 5 commands over the
+/// jobs between the runs (a cold run at the ceiling once measured 11.004 for publish's 11).
+const NOISE_PER_JOB: f64 = 5.0 / JOBS as f64;
+
 const STEPS: [(&str, f64); 5] = [
     // 8.00 measured. EVALSHA; HMGET (duplicate id), XRANGE (the entry), EXISTS (cancel flag), ZADD, HSET, XACK, XDEL.
     ("take-in (accept)", 8.0),
@@ -292,7 +296,12 @@ async fn a_job_costs_no_more_redis_commands_per_step_than_measured_from_take_in_
         let commands = per_job(&large.commands, &small.commands, step);
         match STEPS.iter().find(|(name, _)| *name == step.as_str()) {
             Some((_, ceiling)) => {
-                assert!(commands <= *ceiling, "{step}: {commands:.2} commands per job, over {ceiling}:\n{report}")
+                // A few commands more in the larger run (a lease renewed, a claim split in two) show as a few
+                // thousandths per job: a cost per job is at least one command per job, so the guard allows those.
+                assert!(
+                    commands <= *ceiling + NOISE_PER_JOB,
+                    "{step}: {commands:.2} commands per job, over {ceiling}:\n{report}"
+                )
             }
             // A step this guard does not know that grows with the jobs is a cost nobody accounted for.
             None => assert!(commands.abs() < 0.05, "{step} is new: {commands:.2} commands per job:\n{report}"),
