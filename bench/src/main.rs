@@ -346,6 +346,17 @@ fn add_burst_rows(report: &mut Report, (s, label, m): (&str, &str, &str), burst:
     }
 }
 
+/// The rows of one provider run (scenarios 8 and 9): the burst's, then what the emulator's call log says.
+fn add_provider_rows(report: &mut Report, (s, label, m): (&str, &str, &str), r: &mut providers::ProviderRun) {
+    add_burst_rows(report, (s, label, m), &mut r.burst);
+    report.add(s, label, "polls per batch", "polls", m, r.polls_per_batch);
+    report.add(s, label, "remote batches per job", "batches", m, r.batches_per_job);
+    report.add(s, label, "API calls per job", "calls", m, r.calls_per_job);
+    report.add(s, label, "jobs not completed", "jobs", m, r.not_completed as f64);
+    report.add(s, label, "daemon peak RSS (VmHWM)", "MiB", m, r.hwm_mib);
+    report.detail(&format!("{s} / {label} / {m} / API calls per job by kind"), json!(r.calls_by_kind));
+}
+
 /// Runs one system of scenario 1 against a server.
 type RunSystem = Box<dyn Fn(&RedisServer) -> futures::future::BoxFuture<'_, anyhow::Result<queue_layer::QueueRun>>>;
 
@@ -614,13 +625,7 @@ async fn scenario_providers(bench: &Bench<'_>, report: &mut Report) -> anyhow::R
                     fmt(n as f64),
                     providers::BATCH_MS / 1000
                 );
-                add_burst_rows(report, (s, &label, m), &mut r.burst);
-                report.add(s, &label, "polls per batch", "polls", m, r.polls_per_batch);
-                report.add(s, &label, "remote batches per job", "batches", m, r.batches_per_job);
-                report.add(s, &label, "API calls per job", "calls", m, r.calls_per_job);
-                report.add(s, &label, "jobs not completed", "jobs", m, r.not_completed as f64);
-                report.add(s, &label, "daemon peak RSS (VmHWM)", "MiB", m, r.hwm_mib);
-                report.detail(&format!("{s} / {label} / {m} / API calls per job by kind"), json!(r.calls_by_kind));
+                add_provider_rows(report, (s, &label, m), &mut r);
             }
         }
     }
@@ -649,12 +654,7 @@ async fn scenario_packing(bench: &Bench<'_>, report: &mut Report) -> anyhow::Res
                 fmt(n as f64),
                 providers::BATCH_MS / 1000
             );
-            add_burst_rows(report, (s, &label, m), &mut r.burst);
-            report.add(s, &label, "remote batches per job", "batches", m, r.batches_per_job);
-            report.add(s, &label, "API calls per job", "calls", m, r.calls_per_job);
-            report.add(s, &label, "polls per batch", "polls", m, r.polls_per_batch);
-            report.add(s, &label, "jobs not completed", "jobs", m, r.not_completed as f64);
-            report.add(s, &label, "daemon peak RSS (VmHWM)", "MiB", m, r.hwm_mib);
+            add_provider_rows(report, (s, &label, m), &mut r);
             if let Some(lone) = r.lone_ms {
                 report.add(
                     s,
@@ -668,7 +668,6 @@ async fn scenario_packing(bench: &Bench<'_>, report: &mut Report) -> anyhow::Res
                 report.add(s, &label, "a lone job after the burst, packed: XADD → result", "ms", m, lone.packed_ms);
                 report.add(s, &label, "a lone job, \"pack\": false: XADD → result", "ms", m, lone.alone_ms);
             }
-            report.detail(&format!("{s} / {label} / {m} / API calls per job by kind"), json!(r.calls_by_kind));
         }
     }
     Ok(())
