@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use batchd_core::{ResultEntry, ResultStatus};
 use batchd_emulator::{AnthropicCallKind, CallKind, EmulatorConfig, GeminiCallKind, OpenAiCallKind, ProviderLimits};
-use batchd_tests::{World, with_anthropic, with_gemini, with_openai};
+use batchd_tests::{World, http_get, with_admin, with_anthropic, with_gemini, with_openai};
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 
@@ -211,6 +211,37 @@ async fn a_lone_job_is_sent_after_the_pause_not_the_whole_window() {
     // Far less than the window: the pause after the lone arrival sent it.
     let entry = world.wait_for_result("lone", Duration::from_secs(20)).await;
     assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+    daemon.stop().await.expect("stop");
+}
+
+/// A job whose deadline is nearer than the window makes its pack go sooner (at half the time left to it), taking
+/// the jobs queued before it along: with a two-minute window and pause, the job due in 16 s completes.
+#[tokio::test]
+async fn a_job_whose_deadline_is_near_sends_its_pack_early_with_the_jobs_before_it() {
+    let mut world = packing_world().await;
+    world.settings.packing.window_ms = 120_000;
+    world.settings.packing.pause_ms = 120_000;
+    let admin = with_admin(&mut world.settings);
+    let daemon = world.daemon();
+    world.enqueue(&json!({"id": "patient", "model": "@cf/baai/bge-m3", "requests": [{"text": "p"}]})).await;
+    world
+        .enqueue(&json!({"id": "urgent", "model": "@cf/baai/bge-m3", "requests": [{"text": "u"}], "deadline_secs": 16}))
+        .await;
+    let urgent = world.wait_for_result("urgent", Duration::from_secs(30)).await;
+    assert_eq!(urgent.status, ResultStatus::Completed, "{:?}", urgent.error);
+    let patient = world.wait_for_result("patient", Duration::from_secs(10)).await;
+    assert_eq!(patient.status, ResultStatus::Completed, "{:?}", patient.error);
+    assert_eq!(urgent.request_ids, patient.request_ids, "one pack carried both");
+    assert_eq!(remote_batches(&world, "cloudflare"), 1);
+    // The remote batch is counted once, with its two jobs and two requests.
+    let (_, metrics) = http_get(admin, "/metrics").await.expect("GET /metrics");
+    for line in [
+        "batchd_remote_batch_jobs_count{provider=\"cloudflare\"} 1",
+        "batchd_remote_batch_jobs_sum{provider=\"cloudflare\"} 2",
+        "batchd_remote_batch_requests_sum{provider=\"cloudflare\"} 2",
+    ] {
+        assert!(metrics.lines().any(|seen| seen == line), "no `{line}` in:\n{metrics}");
+    }
     daemon.stop().await.expect("stop");
 }
 

@@ -79,6 +79,11 @@ const WAKE_LATENCY_BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0
 /// Buckets of `batchd_pack_jobs` (jobs taken into a pack by one packer pass).
 const PACK_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 50.0, 100.0, 500.0, 1000.0, 5000.0, 10000.0, 50000.0];
 
+/// Buckets of `batchd_remote_batch_requests` and `batchd_remote_batch_jobs` (a remote batch carries one request
+/// to a provider's limit: 50,000 at OpenAI, 100,000 at Anthropic).
+const PER_BATCH_BUCKETS: &[f64] =
+    &[1.0, 2.0, 5.0, 10.0, 50.0, 100.0, 500.0, 1000.0, 5000.0, 10000.0, 50000.0, 100000.0];
+
 /// Buckets of `batchd_polls_per_batch`.
 const POLLS_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0];
 
@@ -113,6 +118,13 @@ pub fn install() -> Result<PrometheusHandle, String> {
                 })
                 .and_then(|builder| {
                     builder.set_buckets_for_metric(Matcher::Full("batchd_pack_jobs".into()), PACK_BUCKETS)
+                })
+                .and_then(|builder| {
+                    builder
+                        .set_buckets_for_metric(Matcher::Full("batchd_remote_batch_requests".into()), PER_BATCH_BUCKETS)
+                })
+                .and_then(|builder| {
+                    builder.set_buckets_for_metric(Matcher::Full("batchd_remote_batch_jobs".into()), PER_BATCH_BUCKETS)
                 })
                 .and_then(PrometheusBuilder::install_recorder)
                 .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
@@ -353,6 +365,15 @@ pub fn describe() {
         "Jobs one packer pass took into a pack (a pack that waits for the provider's limits fills in several \
          passes), by provider: how many jobs share a remote batch."
     );
+    describe_histogram!(
+        "batchd_remote_batch_requests",
+        "Requests in each remote batch created, by provider (a pack's or a job's own)."
+    );
+    describe_histogram!(
+        "batchd_remote_batch_jobs",
+        "Jobs sharing each remote batch created, by provider: 1 for a job's own batch, a pack's members for a pack \
+         (a piece of a split pack is not counted here)."
+    );
     describe_counter!(
         "batchd_packs_delivered_total",
         "Packs (remote batches shared by several jobs) whose results were handed to their members."
@@ -568,6 +589,14 @@ pub fn throttled_wait(call: ApiCall) {
 /// A submit is being repeated after an interrupted one.
 pub fn possible_duplicate_submit() {
     counter!("batchd_possible_duplicate_submits_total").increment(1);
+}
+
+/// A remote batch of `requests` requests was created at `provider` and recorded, carrying `jobs` jobs when known.
+pub fn remote_batch_created(provider: &str, requests: usize, jobs: Option<usize>) {
+    histogram!("batchd_remote_batch_requests", "provider" => provider.to_owned()).record(requests as f64);
+    if let Some(jobs) = jobs {
+        histogram!("batchd_remote_batch_jobs", "provider" => provider.to_owned()).record(jobs as f64);
+    }
 }
 
 /// A packer pass took `jobs` jobs into a pack of `provider`.

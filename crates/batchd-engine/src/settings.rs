@@ -37,7 +37,8 @@ pub struct RetrySettings {
 pub struct PackingSettings {
     /// Whether one-batch jobs are packed (a job may still opt out with `"pack": false`).
     pub enabled: bool,
-    /// Longest a queued job waits for its pack to be sent, from the pack's oldest arrival.
+    /// Longest a queued job waits for its pack to be sent, from its arrival (at most half the time left to its
+    /// deadline).
     pub window_ms: u64,
     /// A pack is sent this long after the latest arrival when arrivals pause (a lone job waits this long).
     pub pause_ms: u64,

@@ -1,9 +1,10 @@
 //! Packs: small jobs of one provider, model and endpoint share one remote batch (DESIGN decision 20).
 //!
 //! Take-in queues a packable job's one chunk under its packing key (`<model>|<endpoint>`) instead of posting it.
-//! The packer ([`Pipeline::run_packer`]) forms packs when a key is due (its oldest arrival waited
-//! `packing.window_ms`, arrivals paused for `packing.pause_ms`, or a full pack is waiting): it fills the key's open
-//! pack in arrival order up to the provider's limits and makes it due. The pack is a ledger of its own (one chunk,
+//! The packer ([`Pipeline::run_packer`]) forms packs when a key is due (a queued job waited `packing.window_ms`,
+//! or half the time left to its deadline when that is shorter; arrivals paused for `packing.pause_ms`; or a full
+//! pack is waiting): it fills the key's open pack in queue order (arrival order for jobs with the same wait) up to
+//! the provider's limits and makes it due. The pack is a ledger of its own (one chunk,
 //! no result entry) in the packs' schedule, so it is submitted, polled, split and looked up by the very steps a
 //! job's chunk takes, fenced the same way; while it waits for the provider's limits it stays `pending` and keeps
 //! filling, so throttling makes packs bigger, not more numerous. When it ends, [`Pipeline::deliver`] hands each
@@ -36,6 +37,10 @@ impl Pipeline {
     /// How a decoded job joins a packing queue, or `None` when it gets a remote batch of its own: packing off,
     /// the job opting out (`"pack": false`), or a job bigger than half a remote batch (big jobs are their own
     /// packs; a small one never waits behind them).
+    ///
+    /// A job waits in its queue at most `packing.window_ms`, and at most half of `time_left` (the time to its
+    /// deadline): a job whose deadline is near makes its pack go sooner, and the other half is left for the
+    /// remote batch to run.
     pub(super) fn packing<'k, R: std::borrow::Borrow<RawValue>>(
         &self,
         job: &Job<R>,
@@ -43,6 +48,7 @@ impl Pipeline {
         plan: &[(usize, usize)],
         first_body: usize,
         key: &'k str,
+        time_left: u64,
     ) -> Option<PackIntake<'k>> {
         if !self.packing.enabled || job.pack == Some(false) || plan.len() != 1 {
             return None;
@@ -58,12 +64,8 @@ impl Pipeline {
             return None;
         }
         let full_members = limits.max_items.unwrap_or(MAX_PACK_STEP * 20) as u64;
-        Some(PackIntake {
-            key,
-            window_ms: self.packing.window_ms,
-            pause_ms: self.packing.pause_ms.min(self.packing.window_ms),
-            full_members,
-        })
+        let window_ms = self.packing.window_ms.min(time_left / 2);
+        Some(PackIntake { key, window_ms, pause_ms: self.packing.pause_ms.min(window_ms), full_members })
     }
 
     /// The packer of this replica: forms packs for every packing key that is due, until `stop`. Any replica may

@@ -159,6 +159,9 @@ impl Pipeline {
                     }
                 }
                 let recorded = self.record_submitted(claim, provider, &submitted.remote, &submitted.status).await?;
+                if recorded.applied() {
+                    metrics::remote_batch_created(provider.name(), placement.len(), jobs_carried(claim));
+                }
                 tracing::debug!(
                     parent: &span,
                     request_id = %request_id,
@@ -377,6 +380,15 @@ impl Pipeline {
         self.store.add_chunks(claim, self.store.now().await?, true, None, &pieces).await?;
         Ok(())
     }
+}
+
+/// How many jobs the remote batch of a claimed chunk carries: one for a job's own chunk, the pack's members for an
+/// unsplit pack; `None` for a piece of a split pack (which members it carries is not read for a metric).
+fn jobs_carried(claim: &Claim) -> Option<usize> {
+    if !claim.chunk.job_id.is_pack() {
+        return Some(1);
+    }
+    claim.view.as_ref().filter(|view| view.n_chunks == 1).and_then(|view| view.pack_members)
 }
 
 /// What a submit is: where it goes and which attempt it is.

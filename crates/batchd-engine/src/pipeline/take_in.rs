@@ -63,7 +63,14 @@ impl Pipeline {
             retry_failed_items: job.retry_failed_items.unwrap_or(self.split.retry_failed_items),
             submit_first: false,
             references: &planned.references,
-            pack: self.packing(&job, planned.provider, &planned.plan, first_body, &key),
+            pack: self.packing(
+                &job,
+                planned.provider,
+                &planned.plan,
+                first_body,
+                &key,
+                deadline_at.saturating_sub(now),
+            ),
         };
         if intake.pack.is_some() {
             // Queued for its packing key: scheduled only for its deadline, submitted by the packer.

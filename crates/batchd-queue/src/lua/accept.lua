@@ -8,12 +8,14 @@
 -- conclude it.
 -- A one-chunk job can instead be queued for packing (first chunk's state PACK_QUEUED): its chunk stays `pending`
 -- with C_PACK = PACK_QUEUED, scheduled only at the "other chunks" due time (the caller passes the job's deadline),
--- and joins its packing queue (KEYS[5], arrival order); the packing key's next pack (KEYS[6]) is due when the
--- oldest arrival has waited the window, sooner when arrivals pause or the queue holds a full pack's members.
+-- and joins its packing queue (KEYS[5]), scored by when it must go: its arrival plus its wait (ARGV[11], the
+-- packing window, shorter for a job whose deadline is near), so the queue is in arrival order for jobs with the
+-- same wait. The packing key's next pack (KEYS[6]) is due when the queue's first chunk must go, sooner when
+-- arrivals pause or the queue holds a full pack's members.
 -- KEYS: 1 ledger, 2 submit stream, 3 schedule, 4 cancel flag[, 5 packing queue, 6 packers]
 -- ARGV: 1 group, 2 entry id, 3 job id, 4 n_chunks, 5 first-chunk due ms, 6 other-chunks due ms,
 --       7 first chunk's state (submitting | pending | PACK_QUEUED), 8 items source (entry | inline),
---       [with PACK_QUEUED: 9 packing key, 10 now ms, 11 window ms, 12 pause ms, 13 members of a full pack,]
+--       [with PACK_QUEUED: 9 packing key, 10 now ms, 11 wait ms, 12 pause ms, 13 members of a full pack,]
 --       then ledger field/value pairs, the marker
 --       "--chunks", then per chunk: items "start:len" and either the byte span "from:to" of its items in the
 --       `job` field (entry) or its requests JSON (inline)
@@ -41,7 +43,7 @@ local i = 9
 local pack
 if first_state == PACK_QUEUED then
   if n_chunks ~= 1 or #KEYS ~= 6 then refuse('only a one-chunk job is queued for packing, with its two keys') end
-  pack = {key = ARGV[9], now = uint(ARGV[10], 'now'), window = uint(ARGV[11], 'packing window'),
+  pack = {key = ARGV[9], now = uint(ARGV[10], 'now'), window = uint(ARGV[11], 'packing wait'),
     pause = uint(ARGV[12], 'packing pause'), full = uint(ARGV[13], 'members of a full pack')}
   i = 14
 end
@@ -94,11 +96,11 @@ if first_state ~= CHUNK_PENDING and redis.call('EXISTS', KEYS[4]) == 1 then
   if pack then other_due = tostring(pack.now) end
   verdict, first_state, first_due, pack = ACCEPT_CANCELLED, CHUNK_PENDING, other_due, nil
 end
--- The packing queue's oldest arrival and size, and the packers' type, are read before the first write.
-local oldest, queued
+-- When the packing queue's first chunk must go, its size, and the packers' type, are read before the first write.
+local must_go, queued
 if pack then
   local first = typed('zset', 'ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
-  oldest = first[2] and tonumber(first[2]) or pack.now
+  must_go = first[2] and tonumber(first[2]) or (pack.now + pack.window)
   queued = redis.call('ZCARD', KEYS[5])
   typed('zset', 'ZSCORE', KEYS[6], pack.key)
 end
@@ -143,8 +145,9 @@ end
 call_sliced('ZADD', schedule, {}, members, 'zset')
 call_sliced('HSET', ledger, {}, fields)
 if pack then
-  redis.call('ZADD', KEYS[5], pack.now, member(job_id, 0))
-  local due = math.min(oldest + pack.window, pack.now + pack.pause)
+  local by = pack.now + pack.window
+  redis.call('ZADD', KEYS[5], by, member(job_id, 0))
+  local due = math.min(must_go, by, pack.now + pack.pause)
   if queued + 1 >= pack.full then due = pack.now end
   redis.call('ZADD', KEYS[6], due, pack.key)
 end

@@ -418,6 +418,7 @@ impl Store {
             cancel_seen_at: next().and_then(|value| value.parse().ok()),
             submitted_at: next().and_then(|value| value.parse().ok()),
             pack: next(),
+            pack_members: next().and_then(|value| value.parse().ok()),
             cancel_requested,
         }))
     }

@@ -249,7 +249,7 @@ impl ViewField {
 /// The ledger fields of a chunk's view ([`ChunkView`]), in the order its parser reads them: read by
 /// [`Store::load_chunk`] and, in the claim itself, by `claim.lua` (which gets this list generated as
 /// `VIEW_FIELDS`). The job's state comes first and the claim token is [`VIEW_CLAIM`].
-pub const VIEW_FIELDS: [ViewField; 21] = [
+pub const VIEW_FIELDS: [ViewField; 22] = [
     ViewField::Job(field::STATE),
     ViewField::Job(field::MODEL),
     ViewField::Chunk(field::CHUNK_STATE),
@@ -271,6 +271,7 @@ pub const VIEW_FIELDS: [ViewField; 21] = [
     ViewField::Job(field::CANCEL_SEEN_AT),
     ViewField::Chunk(field::CHUNK_SUBMITTED_AT),
     ViewField::Chunk(field::CHUNK_PACK),
+    ViewField::Job(field::PACK_MEMBERS),
 ];
 
 /// Where the claim token is in [`VIEW_FIELDS`] (1-based, as Lua counts).

@@ -158,6 +158,8 @@ pub struct ChunkView {
     pub submitted_at: Option<UnixMillis>,
     /// For a chunk packed with other jobs' ([`field::CHUNK_PACK`]): `queued`, or the id of the pack that carries it.
     pub pack: Option<String>,
+    /// For a pack's chunk ([`field::PACK_MEMBERS`]): how many jobs the pack carries.
+    pub pack_members: Option<usize>,
 }
 
 impl ChunkView {
@@ -350,7 +352,8 @@ pub struct PackIntake<'a> {
     /// The packing key: the chunks packed together share it (provider, model and endpoint:
     /// [`batchd_core::Keys::pack_queue`]).
     pub key: &'a str,
-    /// `packing.window_ms`: how long the oldest queued chunk waits at most before its pack is due.
+    /// How long this chunk waits at most before its pack is due: `packing.window_ms`, shorter for a job whose
+    /// deadline is near. The queue is ordered by when each chunk must go (arrival plus its wait).
     pub window_ms: u64,
     /// `packing.pause_ms`: a pack is due this long after the latest arrival when arrivals pause.
     pub pause_ms: u64,
