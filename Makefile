@@ -47,9 +47,12 @@ bench: deps ## Benchmarks side by side with BullMQ and apalis-redis (release bui
 	@scripts/bench.sh $(BENCH_ARGS)
 
 .PHONY: chaos
-chaos: deps ## Chaos suite: kill -9, Redis restarts and outages, rolling SIGTERM, 100,000-job backlog, clocks ±300 s apart, hostile entries (~12 min; CHAOS="1-kill9 ..." picks scenarios); target/chaos/report.json
+# The release a rolling upgrade starts from (chaos scenario 11-upgrade): the last commit before packs (issue 33).
+PREVIOUS_RELEASE ?= 275950c
+chaos: deps ## Chaos suite: kill -9, Redis restarts and outages, rolling SIGTERM, a rolling upgrade from PREVIOUS_RELEASE, 100,000-job backlog, clocks ±300 s apart, hostile entries (~15 min, the first run builds the previous release; CHAOS="1-kill9 ..." picks scenarios); target/chaos/report.json
 	$(CARGO) build --workspace --bins
-	$(CARGO) run --quiet -p batchd-tests --bin chaos -- $(CHAOS)
+	BATCHD_PREVIOUS_RELEASE_BIN="$$(PREVIOUS_RELEASE=$(PREVIOUS_RELEASE) scripts/previous-release.sh)" \
+		$(CARGO) run --quiet -p batchd-tests --bin chaos -- $(CHAOS)
 
 .PHONY: ui-screenshots
 ui-screenshots: deps ## Refresh the dashboard screenshots of docs/ui.md (a private Redis, the emulator, a daemon, batchd ui, headless Chromium)

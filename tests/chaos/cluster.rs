@@ -115,6 +115,8 @@ pub struct Cluster {
     pub aimed_kills: Vec<(batchd_emulator::Provider, usize)>,
     /// The batchd binary.
     bin: PathBuf,
+    /// Another batchd binary for the daemons of a slot (a previous release), kept across restarts until cleared.
+    slot_bins: HashMap<usize, PathBuf>,
     /// Environment of every daemon, besides the per-process variables.
     vars: Vec<(String, String)>,
     /// Where the daemons' logs go.
@@ -209,6 +211,7 @@ impl Cluster {
             clocks: Vec::new(),
             aimed_kills: Vec::new(),
             bin,
+            slot_bins: HashMap::new(),
             vars: all_vars,
             log_dir,
             slot_vars: HashMap::new(),
@@ -245,6 +248,15 @@ impl Cluster {
         self.slot_vars.insert(slot, vars);
     }
 
+    /// Runs the daemons started in `slot` from now on from `bin` (a previous release), or from this build's
+    /// binary again with `None`.
+    pub fn set_slot_bin(&mut self, slot: usize, bin: Option<PathBuf>) {
+        match bin {
+            Some(bin) => self.slot_bins.insert(slot, bin),
+            None => self.slot_bins.remove(&slot),
+        };
+    }
+
     /// Starts a daemon process in `slot`; returns its incarnation index.
     pub async fn start_daemon(&mut self, slot: usize) -> anyhow::Result<usize> {
         let port = self.emulator.listen_also("127.0.0.1:0".parse()?).await?.port();
@@ -253,7 +265,8 @@ impl Cluster {
         let index = self.incarnations.len();
         let log = self.log_dir.join(format!("daemon-{index:03}-slot{slot}.log"));
         let file = std::fs::File::create(&log).with_context(|| format!("create {}", log.display()))?;
-        let child = Command::new(&self.bin)
+        let bin = self.slot_bins.get(&slot).unwrap_or(&self.bin).clone();
+        let child = Command::new(&bin)
             .arg("run")
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -267,11 +280,12 @@ impl Cluster {
             .stdout(file.try_clone()?)
             .stderr(file)
             .spawn()
-            .with_context(|| format!("start {}", self.bin.display()))?;
+            .with_context(|| format!("start {}", bin.display()))?;
         let pid = child.id();
         self.incarnations.push(Incarnation { slot, pid, port, admin, started_ms: unix_ms(), end: None, log });
         self.running.insert(index, child);
-        self.event(format!("daemon #{index} started in slot {slot} (pid {pid})"));
+        let which = if bin == self.bin { String::new() } else { format!(", from {}", bin.display()) };
+        self.event(format!("daemon #{index} started in slot {slot} (pid {pid}{which})"));
         Ok(index)
     }
 

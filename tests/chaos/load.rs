@@ -43,15 +43,23 @@ pub struct Mix {
     providers: &'static [Provider],
     /// Items per job.
     items: usize,
+    /// Whether one in four jobs opts out of packing (`"pack": false`, a field releases before packs refuse).
+    opt_outs: bool,
 }
 
 impl Mix {
     /// Every provider in turn (a third of the jobs each), one item per job.
-    pub const ALL: Mix = Mix { providers: &Provider::ALL, items: 1 };
+    pub const ALL: Mix = Mix { providers: &Provider::ALL, items: 1, opt_outs: true };
     /// Cloudflare only (the findings' reproductions, written against its emulator), one item per job.
-    pub const CLOUDFLARE: Mix = Mix { providers: &[Provider::Cloudflare], items: 1 };
+    pub const CLOUDFLARE: Mix = Mix { providers: &[Provider::Cloudflare], items: 1, opt_outs: true };
     /// OpenAI only, one item per job.
-    pub const OPENAI: Mix = Mix { providers: &[Provider::OpenAi], items: 1 };
+    pub const OPENAI: Mix = Mix { providers: &[Provider::OpenAi], items: 1, opt_outs: true };
+
+    /// The same jobs, none opting out of packing: what a producer writes while replicas of a release before packs
+    /// still run (they refuse the `pack` field).
+    pub const fn without_opt_outs(self) -> Mix {
+        Mix { opt_outs: false, ..self }
+    }
 
     /// The same providers with `items` items per job.
     pub const fn with_items(self, items: usize) -> Mix {
@@ -71,7 +79,7 @@ impl Mix {
     /// Whether job `id` opts out of packing (`"pack": false`): one in four of each provider's jobs, so a run drives
     /// both paths, remote batches shared by many jobs (packing is on by default) and a job's batch of its own.
     pub fn opts_out_of_packing(self, id: &str) -> bool {
-        (number(id) / self.providers.len()) % 4 == 3
+        self.opt_outs && (number(id) / self.providers.len()) % 4 == 3
     }
 
     /// The job JSON of `id`: small items that name the job, so the emulator's call logs tell which job each remote

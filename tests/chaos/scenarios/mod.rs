@@ -5,7 +5,8 @@
 //! The scenarios are grouped by fault type: `process_faults.rs` (kill -9, rolling SIGTERM), `redis_faults.rs`
 //! (AOF restart, unreachable, a blip while recording), `load_and_input.rs` (backlog, clock skew, hostile and
 //! oversize entries), `freeze.rs` (a replica frozen past its lease, fenced out when it resumes) and `long_step.rs`
-//! (a step twice as long as the lease, renewed, not taken over). This module holds what they share: the names,
+//! (a step twice as long as the lease, renewed, not taken over) and `upgrade.rs` (a rolling upgrade from the
+//! previous release). This module holds what they share: the names,
 //! [`run`], [`Dice`], the timing and the ending.
 //!
 //! Every scenario but the findings' reproductions sends a third of its jobs to each provider (Workers AI, OpenAI,
@@ -20,6 +21,7 @@ mod load_and_input;
 mod long_step;
 mod process_faults;
 mod redis_faults;
+mod upgrade;
 
 use std::time::{Duration, Instant};
 
@@ -30,6 +32,7 @@ use self::load_and_input::{backlog, clock_skew, hostile_entries, oversize_entry_
 use self::long_step::long_step;
 use self::process_faults::{kill9, rolling_sigterm};
 use self::redis_faults::{Outage, redis_aof_restart, redis_blip_while_recording, redis_unreachable};
+use self::upgrade::rolling_upgrade;
 use super::check::{Outcome, drain, verify};
 use super::cluster::Cluster;
 use super::load::{Collected, Collector, Produced};
@@ -37,7 +40,7 @@ use super::{Size, human, unix_ms};
 use crate::small_embeddings;
 
 /// Every scenario, in order.
-pub const ALL: [&str; 10] = [
+pub const ALL: [&str; 11] = [
     "1-kill9",
     "2-redis-aof-restart",
     "3a-redis-sigstop",
@@ -48,6 +51,7 @@ pub const ALL: [&str; 10] = [
     "8-hostile-entries",
     "9-freeze",
     "10-long-step",
+    "11-upgrade",
 ];
 
 /// Redis with an append-only file fsynced every second.
@@ -75,6 +79,7 @@ pub async fn run(name: &str, size: Size) -> anyhow::Result<Outcome> {
         "8-hostile-entries" => hostile_entries(size).await,
         "9-freeze" => freeze(size).await,
         "10-long-step" => long_step(size).await,
+        "11-upgrade" => rolling_upgrade(size).await,
         other => anyhow::bail!("no scenario {other:?}; the scenarios are {ALL:?} and {FINDINGS:?}"),
     }?;
     if outcome.size == Size::Short && outcome.passed() && !outcome.log_dir.is_empty() {

@@ -315,7 +315,7 @@ async fn aimed_kill_workers_ai(cluster: &mut Cluster, wait: Duration) -> anyhow:
 }
 
 /// Waits until one daemon answers `/readyz` with 200.
-async fn wait_one_ready(cluster: &Cluster, index: usize, timeout: Duration) -> Option<Duration> {
+pub(super) async fn wait_one_ready(cluster: &Cluster, index: usize, timeout: Duration) -> Option<Duration> {
     let started = Instant::now();
     while started.elapsed() < timeout {
         if matches!(cluster.readyz(index).await, Ok((200, _))) {
