@@ -80,6 +80,9 @@ pub(super) async fn rolling_upgrade(size: Size) -> anyhow::Result<Outcome> {
     outcome.expect(outcome.duplicated_results.is_empty() && outcome.lost.is_empty(), || {
         "the rolling upgrade lost or duplicated work".to_owned()
     });
+    // The releases ran side by side while this build packed: a run with no pack tested no upgrade.
+    let packs = outcome.figures.get("packs_created").and_then(serde_json::Value::as_u64).unwrap_or(0);
+    outcome.expect(packs >= 1, || "no pack was created: the releases never ran side by side with packs".to_owned());
     outcome.figure("sigterm_to_exit_ms", stops.iter().map(|took| took.as_millis() as u64).collect::<Vec<_>>());
     outcome.figure("previous_release", previous.display().to_string());
     outcome.figure("seed", seed);
