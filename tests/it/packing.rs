@@ -245,6 +245,53 @@ async fn a_job_whose_deadline_is_near_sends_its_pack_early_with_the_jobs_before_
     daemon.stop().await.expect("stop");
 }
 
+/// Fair by arrival: ten one-request jobs that arrive just after a big job (ten remote batches of its own, OpenAI's
+/// documented 2,000 creates an hour with a burst of one, so one create every 1.8 s) are not held back until the big
+/// job's batches are all created: their pack goes among the first creates after it is formed (a due pack is
+/// claimed before due job chunks), and they are answered before the big job.
+#[tokio::test]
+async fn one_request_jobs_arriving_after_a_big_job_are_not_held_back_by_its_batches() {
+    let config = EmulatorConfig::default().with_provider_limits(ProviderLimits::Documented);
+    let mut world = World::with_emulator(config).await;
+    with_openai(&mut world.settings, &world.emulator);
+    world.settings.packing.enabled = true;
+    world.settings.openai.max_requests = 50;
+    let daemon = world.daemon();
+    let big: Vec<Value> = (0..500)
+        .map(|index| json!({"messages": [{"role": "user", "content": format!("big {index}")}], "max_tokens": 5}))
+        .collect();
+    world.enqueue(&json!({"id": "big", "model": "openai/gpt-4o-mini", "requests": big})).await;
+    for index in 0..10 {
+        world.enqueue(&one_request_job("openai", index).0).await;
+    }
+    let mut small_batch = None;
+    for index in 0..10 {
+        let entry = world.wait_for_result(&format!("openai-{index}"), WAIT).await;
+        assert_eq!(entry.status, ResultStatus::Completed, "{:?}", entry.error);
+        small_batch.get_or_insert_with(|| entry.request_ids[0].clone());
+    }
+    let big_entry = world.wait_for_result("big", WAIT).await;
+    assert_eq!(big_entry.status, ResultStatus::Completed, "{:?}", big_entry.error);
+    assert_eq!(big_entry.request_ids.len(), 10, "the big job ran in ten batches of its own");
+    let creates: Vec<String> = world
+        .emulator
+        .openai()
+        .calls_of(OpenAiCallKind::CreateBatch)
+        .into_iter()
+        .filter(|call| call.http_status == 200)
+        .filter_map(|call| call.batch_id)
+        .collect();
+    let small_batch = small_batch.expect("the small jobs' batch");
+    let position = creates.iter().position(|id| *id == small_batch).expect("the small jobs' batch was created");
+    assert!(
+        position <= 2,
+        "the small jobs' pack was create {} of {}: held back by the big job",
+        position + 1,
+        creates.len()
+    );
+    daemon.stop().await.expect("stop");
+}
+
 /// Regression (the chaos suite with packing on found it): once a key's open pack was sent, jobs that arrived later
 /// stayed queued until their deadline, because the packer kept finding the sent pack and never started another.
 #[tokio::test]
