@@ -52,6 +52,7 @@ mod provider_seam;
 mod recovery;
 mod references;
 mod registration;
+mod reply_planning;
 mod schema;
 mod scripts;
 mod secrets;

@@ -846,7 +846,7 @@ fn cases(f: &Fixture) -> Vec<Case> {
 
     // pack_form: KEYS packing queue, packers, pack ledger, members, packs, open packs, pack's cancel flag, then
     // each candidate's ledger; ARGV key, pack id, now, lease end, most items, most bytes, bytes per item, model,
-    // endpoint, then each candidate's member and chunk index
+    // endpoint, most inputs, then each candidate's member and chunk index
     let pack = "pack:00000000000000000000000000000001";
     let pack_id = JobId::parse(pack).expect("pack id");
     let packq = k.pack_queue("m|");
@@ -860,14 +860,16 @@ fn cases(f: &Fixture) -> Vec<Case> {
         f.cancel(pack),
         f.ledger("queued"),
     ];
-    let args = strings(&["m|", pack, "1000", "7000", "100", "100000", "10", "@cf/baai/bge-m3", "", "queued#0", "0"]);
+    let args =
+        strings(&["m|", pack, "1000", "7000", "100", "100000", "10", "@cf/baai/bge-m3", "", "", "queued#0", "0"]);
     let queued = vec![
         strings(&["ZADD", &packq, "1", "queued#0"]),
         strings(&["HSET", &f.ledger("queued"), "state", "accepted", "c0:state", "pending", "c0:pack", "queued"]),
         strings(&["HSET", &f.ledger("queued"), "c0:items", "x"]),
     ];
     case("pack_form: now", "pack_form", vec![], keys.clone(), with(&args, 2, Some("x")), Err("now"));
-    case("pack_form: candidates", "pack_form", vec![], keys.clone(), with(&args, 10, None), Err("candidates"));
+    case("pack_form: candidates", "pack_form", vec![], keys.clone(), with(&args, 11, None), Err("candidates"));
+    case("pack_form: most inputs", "pack_form", vec![], keys.clone(), with(&args, 9, Some("x")), Err("most inputs"));
     case("pack_form: queue type", "pack_form", wrong(packq.clone(), "list"), keys.clone(), args.clone(), Err("list"));
     case(
         "pack_form: members type",

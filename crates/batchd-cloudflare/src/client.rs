@@ -88,6 +88,11 @@ impl Transport {
 }
 
 impl BatchClient {
+    /// The largest reply the client reads (`cloudflare.max_reply_bytes`).
+    pub fn max_reply_bytes(&self) -> usize {
+        self.transport.max_reply_bytes
+    }
+
     /// Checks the settings and builds the client. Nothing is sent until the first submit or poll.
     pub fn new(settings: ClientSettings) -> Result<Self, ClientBuildError> {
         let (transport, account_url) = Transport::new(settings)?;

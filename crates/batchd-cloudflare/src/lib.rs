@@ -15,6 +15,7 @@ mod queues;
 mod rate_limits;
 mod registration;
 mod reply;
+mod reply_plan;
 mod settings;
 mod subscriptions;
 mod wire;

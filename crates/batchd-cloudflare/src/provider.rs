@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 
 use batchd_core::{JobOutput, ModelName, RequestId};
 use batchd_provider::{
-    ApiError, BatchLimits, BodyShape, Call, CancelOutcome, ErrorKind, PendingStatus, Polled, Provider, RateBucket,
-    RemoteBatch, ReplyHold, SubmitBatch, Submitted,
+    ApiError, BatchLimits, BodyShape, Call, CancelOutcome, ErrorKind, InputLimit, PendingStatus, Polled, Provider,
+    RateBucket, RemoteBatch, ReplyHold, SubmitBatch, Submitted,
 };
 use futures::future::BoxFuture;
 
 use crate::adaptive::AdaptiveRates;
 use crate::catalog::{SeenModels, SharedCatalog};
-use crate::rate_limits::{RateLimitSettings, rate_bucket};
+use crate::rate_limits::{RateLimitSettings, TaskType, rate_bucket};
 use crate::{BatchClient, PollStatus};
 
 /// The body of a Cloudflare batch: `{"requests":[i0,i1,...]}`, items byte for byte.
@@ -134,6 +134,17 @@ impl Provider for CloudflareProvider {
 
     fn limits(&self) -> BatchLimits {
         self.limits
+    }
+
+    /// Embeddings are planned under the vectors whose reply fits in `cloudflare.max_reply_bytes`: a batch whose
+    /// reply could not be read would run, be billed, and lose its results.
+    fn input_limit(&self, model: &ModelName, _endpoint: Option<&str>) -> Option<InputLimit> {
+        let catalog = self.catalog.get();
+        let (task, _) = self.rate_limits.task_of(model.as_str(), catalog.as_deref());
+        (task == TaskType::Embeddings).then(|| InputLimit {
+            max_inputs: crate::reply_plan::max_vectors(model.as_str(), self.client.max_reply_bytes()),
+            inputs_of: crate::reply_plan::texts_of,
+        })
     }
 
     fn check_model(&self, model: &ModelName) -> Result<(), String> {

@@ -141,6 +141,10 @@ pub mod field {
     pub const N_CHUNKS: &str = "n_chunks";
     /// Number of request items.
     pub const N_ITEMS: &str = "n_items";
+    /// The inputs of a job whose provider limits a batch's inputs (`Provider::input_limit`: OpenAI's embedding
+    /// inputs, Workers AI's vectors that fit in a reply), written at take-in for a packed job and summed in its
+    /// pack's ledger, so a pack is filled under that limit too. Absent: no such limit.
+    pub const N_INPUTS: &str = "n_inputs";
     /// Acceptance time, Unix ms.
     pub const ACCEPTED_AT: &str = "accepted_at";
     /// Last change, Unix ms.
@@ -181,7 +185,7 @@ pub mod field {
 
     /// Every job-level field name, as `(constant name, field name)`: what the storage scripts' prelude is
     /// generated from.
-    pub const JOB_FIELDS: [(&str, &str); 26] = [
+    pub const JOB_FIELDS: [(&str, &str); 27] = [
         ("STATE", STATE),
         ("METADATA", METADATA),
         ("RETRY_FAILED_ITEMS", RETRY_FAILED_ITEMS),
@@ -192,6 +196,7 @@ pub mod field {
         ("ENTRY_ID", ENTRY_ID),
         ("N_CHUNKS", N_CHUNKS),
         ("N_ITEMS", N_ITEMS),
+        ("N_INPUTS", N_INPUTS),
         ("ACCEPTED_AT", ACCEPTED_AT),
         ("UPDATED_AT", UPDATED_AT),
         ("FINISHED_AT", FINISHED_AT),

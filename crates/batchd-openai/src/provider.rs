@@ -361,7 +361,7 @@ impl Provider for OpenAiProvider {
         }
     }
 
-    fn input_limit(&self, endpoint: Option<&str>) -> Option<InputLimit> {
+    fn input_limit(&self, _model: &ModelName, endpoint: Option<&str>) -> Option<InputLimit> {
         (endpoint == Some(jsonl::EMBEDDINGS))
             .then_some(InputLimit { max_inputs: jsonl::MAX_EMBEDDING_INPUTS, inputs_of: jsonl::embedding_inputs })
     }

@@ -43,11 +43,12 @@ pub trait Provider: Send + Sync + fmt::Debug {
     /// What one remote batch may hold.
     fn limits(&self) -> BatchLimits;
 
-    /// A limit of one batch for `endpoint` that counts something other than items or bytes (OpenAI: 50,000
-    /// embedding inputs in a `/v1/embeddings` batch, where an item's `input` may be an array), so the engine plans
-    /// batches under it too; `None` (the default): no such limit.
-    fn input_limit(&self, endpoint: Option<&str>) -> Option<InputLimit> {
-        let _ = endpoint;
+    /// A limit of one batch of `model` at `endpoint` that counts something other than items or bytes (OpenAI:
+    /// 50,000 embedding inputs in a `/v1/embeddings` batch, where an item's `input` may be an array; Workers AI:
+    /// the embeddings whose vectors fit in the largest reply it reads), so the engine plans batches, and fills
+    /// packs, under it too; `None` (the default): no such limit.
+    fn input_limit(&self, model: &ModelName, endpoint: Option<&str>) -> Option<InputLimit> {
+        let _ = (model, endpoint);
         None
     }
 

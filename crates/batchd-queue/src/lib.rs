@@ -37,8 +37,9 @@ pub use ingress::SubmitEntry;
 pub use ledger_view::LedgerView;
 pub use store::{
     Accepted, AddOutcome, ChunkPlan, ChunkRecord, ChunkView, Claim, Claimed, DeadLetter, Delivery, Fenced, Intake,
-    MAX_CHUNKS_PER_JOB, MAX_PACK_STEP, NewChunk, PackFormed, PackIntake, PackMember, Placement, PublishContext,
-    Rejection, Store, StoreSettings, SubmitRetryRecord, SubmitTicket, TOO_MANY_DELIVERIES, Transition, Undeliverable,
+    MAX_CHUNKS_PER_JOB, MAX_PACK_STEP, NewChunk, PackBounds, PackFormed, PackIntake, PackMember, Placement,
+    PublishContext, Rejection, Store, StoreSettings, SubmitRetryRecord, SubmitTicket, TOO_MANY_DELIVERIES, Transition,
+    Undeliverable,
 };
 
 /// Errors of the storage layer.

@@ -14,11 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use batchd_core::{ChunkState, ItemResponse, Job, JobError, JobId, JobOutput, JobState, ModelName};
-use batchd_provider::Provider;
-use batchd_queue::{Delivery, MAX_PACK_STEP, PackIntake, PackMember, PublishContext, StoreError};
+use batchd_queue::{Delivery, MAX_PACK_STEP, PackBounds, PackIntake, PackMember, PublishContext, StoreError};
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
+use super::take_in::Planned;
 use super::{Ending, Pipeline};
 use crate::metrics;
 use crate::policy::{ChunkOutcome, assemble};
@@ -44,13 +44,13 @@ impl Pipeline {
     pub(super) fn packing<'k, R: std::borrow::Borrow<RawValue>>(
         &self,
         job: &Job<R>,
-        provider: &dyn Provider,
-        plan: &[(usize, usize)],
+        planned: &Planned<'_>,
         first_body: usize,
         key: &'k str,
         time_left: u64,
     ) -> Option<PackIntake<'k>> {
-        if !self.packing.enabled || job.pack == Some(false) || plan.len() != 1 {
+        let provider = planned.provider;
+        if !self.packing.enabled || job.pack == Some(false) || planned.plan.len() != 1 {
             return None;
         }
         // An item naming a model of its own could make a whole shared batch fail (OpenAI takes one model per
@@ -60,12 +60,19 @@ impl Pipeline {
         }
         let limits = provider.limits();
         let small_items = limits.max_items.is_none_or(|max| 2 * job.requests.len() <= max);
-        if !small_items || 2 * first_body > limits.max_body_bytes {
+        let small_inputs = planned.inputs.is_none_or(|(inputs, max)| 2 * inputs <= max);
+        if !small_items || !small_inputs || 2 * first_body > limits.max_body_bytes {
             return None;
         }
         let full_members = limits.max_items.unwrap_or(MAX_PACK_STEP * 20) as u64;
         let window_ms = self.packing.window_ms.min(time_left / 2);
-        Some(PackIntake { key, window_ms, pause_ms: self.packing.pause_ms.min(window_ms), full_members })
+        Some(PackIntake {
+            key,
+            window_ms,
+            pause_ms: self.packing.pause_ms.min(window_ms),
+            full_members,
+            n_inputs: planned.inputs.map(|(inputs, _)| inputs),
+        })
     }
 
     /// The packer of this replica: forms packs for every packing key that is due, until `stop`. Any replica may
@@ -124,12 +131,13 @@ impl Pipeline {
         };
         let limits = provider.limits();
         let envelope = limits.body.envelope + limits.body.separator;
-        let bounds = (
+        let bounds = PackBounds {
             // No item limit: bounded by bytes alone (the scripts' numbers have at most 15 digits).
-            limits.max_items.unwrap_or(NO_ITEM_LIMIT),
-            limits.max_body_bytes.saturating_sub(envelope),
-            limits.body.per_item + limits.body.separator,
-        );
+            max_items: limits.max_items.unwrap_or(NO_ITEM_LIMIT),
+            max_bytes: limits.max_body_bytes.saturating_sub(envelope),
+            per_item: limits.body.per_item + limits.body.separator,
+            max_inputs: provider.input_limit(&model, endpoint.as_deref()).map(|limit| limit.max_inputs),
+        };
         // Only a pack formed in this pass is released (made due) at its end: a pack formed earlier was released
         // then, and may be claimed by a replica's submit step now, or wait for the provider's limits; lowering its
         // score would let a second replica claim it and create its batch again while the first one creates it.

@@ -20,15 +20,18 @@ use crate::policy::plan_chunks_with_inputs;
 type Refusal = (&'static str, String);
 
 /// What planning a decoded job found: its provider, its items' sizes, its batches and their `external_reference`s.
-struct Planned<'p> {
+pub(super) struct Planned<'p> {
     /// The provider its model routes to.
-    provider: &'p dyn Provider,
+    pub(super) provider: &'p dyn Provider,
     /// Each item's size, bytes.
-    sizes: Vec<usize>,
+    pub(super) sizes: Vec<usize>,
     /// Its batches, `(first item, items)`.
-    plan: Vec<(usize, usize)>,
+    pub(super) plan: Vec<(usize, usize)>,
     /// The batches' `external_reference`s kept by batchd (for a provider that does not echo them).
-    references: Vec<(u32, ChunkReferences)>,
+    pub(super) references: Vec<(u32, ChunkReferences)>,
+    /// The job's inputs and the most one batch may hold, when its provider limits them
+    /// ([`Provider::input_limit`]).
+    pub(super) inputs: Option<(usize, usize)>,
 }
 
 impl Pipeline {
@@ -63,14 +66,7 @@ impl Pipeline {
             retry_failed_items: job.retry_failed_items.unwrap_or(self.split.retry_failed_items),
             submit_first: false,
             references: &planned.references,
-            pack: self.packing(
-                &job,
-                planned.provider,
-                &planned.plan,
-                first_body,
-                &key,
-                deadline_at.saturating_sub(now),
-            ),
+            pack: self.packing(&job, &planned, first_body, &key, deadline_at.saturating_sub(now)),
         };
         if intake.pack.is_some() {
             // Queued for its packing key: scheduled only for its deadline, submitted by the packer.
@@ -93,7 +89,7 @@ impl Pipeline {
         let limits = provider.limits();
         let sizes: Vec<usize> = job.requests.iter().map(|item| item.borrow().get().len()).collect();
         // A limit on inputs (OpenAI: embedding inputs per batch) is planned under too: only such jobs count them.
-        let input_limit = provider.input_limit(job.endpoint.as_deref());
+        let input_limit = provider.input_limit(&job.model, job.endpoint.as_deref());
         let counts: Vec<usize> = input_limit
             .map(|limit| job.requests.iter().map(|item| (limit.inputs_of)(item.borrow())).collect())
             .unwrap_or_default();
@@ -136,7 +132,8 @@ impl Pipeline {
             );
             return Err((code::INVALID_JOB, message));
         }
-        Ok(Planned { provider, sizes, plan, references })
+        let inputs = input_limit.map(|limit| (counts.iter().sum(), limit.max_inputs));
+        Ok(Planned { provider, sizes, plan, references, inputs })
     }
 
     /// When a job taken in at `now` for `provider` reaches its deadline: its own `deadline_secs`, or the default

@@ -12,7 +12,9 @@
 -- KEYS: 1 packing queue, 2 packers, 3 pack ledger, 4 pack members list, 5 packs' schedule, 6 open packs, 7 the
 --       pack's cancel flag, then per candidate its ledger
 -- ARGV: 1 packing key, 2 pack id, 3 now ms, 4 the pack chunk's lease-until ms, 5 most items, 6 most bytes,
---       7 bytes added per item, 8 model, 9 endpoint (or ""), then per candidate: member, chunk index
+--       7 bytes added per item, 8 model, 9 endpoint (or ""), 10 most inputs (or "": the provider does not limit
+--       them; a candidate's inputs are its ledger's F_N_INPUTS, summed in the pack's), then per candidate: member,
+--       chunk index
 -- Returns {verdict, members added, the pack's items, 1 when full (a candidate did not fit), chunks left queued}
 -- (a sealed pack: {PACK_SEALED, 0, 0, 0, chunks left queued})
 local queue, packers, pack, list, packs, open = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -23,12 +25,13 @@ local lease_until = uint(ARGV[4], 'lease end')
 local max_items = uint(ARGV[5], 'most items')
 local max_bytes = uint(ARGV[6], 'most bytes')
 local per_item = uint(ARGV[7], 'bytes per item')
+local max_inputs = ARGV[10] ~= '' and uint(ARGV[10], 'most inputs')
 local n = #KEYS - first_candidate
-if n < 0 or n > MAX_PACK_STEP or #ARGV ~= 9 + 2 * n then
+if n < 0 or n > MAX_PACK_STEP or #ARGV ~= 10 + 2 * n then
   refuse('0 to ' .. MAX_PACK_STEP .. ' candidates, each with its ledger key, member and chunk index')
 end
 local head = read_hash(pack, F_STATE, F_N_ITEMS, F_PACK_BYTES, F_PACK_MEMBERS, F_DEADLINE_AT,
-  chunk_field(0, C_STATE), F_N_CHUNKS)
+  chunk_field(0, C_STATE), F_N_CHUNKS, F_N_INPUTS)
 local exists = head[1] ~= false and head[1] ~= nil
 if exists and (is_terminal(head[1]) or head[6] ~= CHUNK_PENDING or head[7] ~= '1'
     or typed('string', 'EXISTS', KEYS[7]) == 1) then
@@ -37,15 +40,16 @@ if exists and (is_terminal(head[1]) or head[6] ~= CHUNK_PENDING or head[7] ~= '1
   if typed('hash', 'HGET', open, key) == pack_id then redis.call('HDEL', open, key) end
   return {PACK_SEALED, 0, 0, 0, left}
 end
-local items, bytes, count, deadline = 0, 0, 0, 0
+local items, bytes, count, deadline, inputs = 0, 0, 0, 0, 0
 if exists then
   items = uint(head[2], 'the pack\'s ' .. F_N_ITEMS)
   bytes = uint(head[3] or '0', 'the pack\'s ' .. F_PACK_BYTES)
   count = uint(head[4] or '0', 'the pack\'s ' .. F_PACK_MEMBERS)
+  inputs = uint(head[8] or '0', 'the pack\'s ' .. F_N_INPUTS)
   deadline = tonumber(head[5] or '0') or 0
 end
 local members = {}
-for k = 1, n do members[k] = ARGV[8 + 2 * k] end
+for k = 1, n do members[k] = ARGV[9 + 2 * k] end
 local scores = {}
 if n > 0 then scores = typed('zset', 'ZMSCORE', queue, unpack(members)) end
 typed('zset', 'ZSCORE', packers, key)
@@ -56,21 +60,24 @@ typed('hash', 'HGET', open, key)
 local taken, dropped, full = {}, {}, 0
 for k = 1, n do
   if scores[k] then
-    local chunk = uint(ARGV[9 + 2 * k], 'chunk index')
+    local chunk = uint(ARGV[10 + 2 * k], 'chunk index')
     local view = read_hash(KEYS[first_candidate + k], F_STATE, F_DEADLINE_AT, chunk_field(chunk, C_STATE),
-      chunk_field(chunk, C_PACK), chunk_field(chunk, C_ITEMS))
+      chunk_field(chunk, C_PACK), chunk_field(chunk, C_ITEMS), F_N_INPUTS)
     if not view[1] or is_terminal(view[1]) or view[3] ~= CHUNK_PENDING or view[4] ~= PACK_QUEUED then
       dropped[#dropped + 1] = members[k]
     else
       check_items(view[5])
       local len = tonumber(string.match(view[5], ':(%d+)$'))
       local size = redis.call('HSTRLEN', KEYS[first_candidate + k], chunk_field(chunk, C_REQUESTS)) + len * per_item
+      -- A member queued without its inputs counted (by a release before they were) counts one per item.
+      local member_inputs = view[6] and uint(view[6], 'a member\'s ' .. F_N_INPUTS) or len
+      local over_inputs = max_inputs and inputs + member_inputs > max_inputs
       -- A pack's first member always goes (it was planned within the limits on its own).
-      if (items + len > max_items or bytes + size > max_bytes) and (count + #taken) > 0 then
+      if (items + len > max_items or bytes + size > max_bytes or over_inputs) and (count + #taken) > 0 then
         full = 1
         break
       end
-      items, bytes = items + len, bytes + size
+      items, bytes, inputs = items + len, bytes + size, inputs + member_inputs
       -- A deadline may be centuries away (more digits than `uint` takes): compared as a number.
       local member_deadline = tonumber(view[2] or '0') or 0
       if member_deadline > deadline then deadline = member_deadline end
@@ -95,7 +102,7 @@ for _, dropped_member in ipairs(dropped) do removed[#removed + 1] = dropped_memb
 if #listed > 0 then redis.call('RPUSH', list, unpack(listed)) end
 if #removed > 0 then redis.call('ZREM', queue, unpack(removed)) end
 count = count + #taken
-local fields = {F_N_ITEMS, items, F_PACK_BYTES, bytes, F_PACK_MEMBERS, count,
+local fields = {F_N_ITEMS, items, F_PACK_BYTES, bytes, F_PACK_MEMBERS, count, F_N_INPUTS, inputs,
   F_DEADLINE_AT, string.format('%.0f', deadline),
   F_UPDATED_AT, now, chunk_field(0, C_ITEMS), '0:' .. items}
 if not exists then

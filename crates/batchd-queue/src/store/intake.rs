@@ -151,6 +151,9 @@ impl Store {
         if let Some(endpoint) = &job.endpoint {
             ledger.push((field::ENDPOINT, endpoint.clone()));
         }
+        if let Some(inputs) = pack.as_ref().and_then(|pack| pack.n_inputs) {
+            ledger.push((field::N_INPUTS, inputs.to_string()));
+        }
         for (name, value) in &ledger {
             cmd.arg(*name).arg(value);
         }

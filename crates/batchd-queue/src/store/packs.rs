@@ -80,7 +80,7 @@ impl Store {
         pack_id: &JobId,
         model: &str,
         endpoint: Option<&str>,
-        (max_items, max_bytes, per_item): (usize, usize, usize),
+        bounds: PackBounds,
         lease_until: UnixMillis,
         candidates: &[ChunkRef],
     ) -> Result<PackFormed, StoreError> {
@@ -100,11 +100,12 @@ impl Store {
             .arg(pack_id.as_str())
             .arg(now)
             .arg(lease_until)
-            .arg(max_items)
-            .arg(max_bytes)
-            .arg(per_item)
+            .arg(bounds.max_items)
+            .arg(bounds.max_bytes)
+            .arg(bounds.per_item)
             .arg(model)
-            .arg(endpoint.unwrap_or(""));
+            .arg(endpoint.unwrap_or(""))
+            .arg(bounds.max_inputs.map(|max| max.to_string()).unwrap_or_default());
         for chunk in candidates {
             cmd.arg(chunk.to_string()).arg(chunk.index);
         }

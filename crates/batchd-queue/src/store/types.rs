@@ -359,6 +359,21 @@ pub struct PackIntake<'a> {
     pub pause_ms: u64,
     /// Queued chunks that fill a pack: with this many waiting, the pack is due at once.
     pub full_members: u64,
+    /// The job's inputs, when its provider limits a batch's inputs (`batchd_core::ledger::field::N_INPUTS`).
+    pub n_inputs: Option<usize>,
+}
+
+/// What one remote batch may hold, as a pack is filled ([`Store::form_pack`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackBounds {
+    /// Most items.
+    pub max_items: usize,
+    /// Most bytes of items (the body's envelope taken off).
+    pub max_bytes: usize,
+    /// Bytes each item adds besides its own (its wrapper, a separator).
+    pub per_item: usize,
+    /// Most inputs, when the provider limits them (members are counted by their ledger's `n_inputs`).
+    pub max_inputs: Option<usize>,
 }
 
 /// What one call of [`Store::form_pack`] did.
