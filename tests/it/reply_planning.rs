@@ -79,3 +79,34 @@ async fn a_job_of_embeddings_is_split_by_the_vectors_its_reply_can_carry() {
     assert_eq!(batches.iter().sum::<usize>(), 30);
     daemon.stop().await.expect("stop");
 }
+
+/// OpenAI's 50,000 embedding inputs per batch bound packs too: 60 one-request jobs of 1,000 inputs each (60,000
+/// in all) would make one pack the API fails at validation (`too_many_tasks`, every member failed); they go in two
+/// packs, each under the limit, and every job gets its 1,000 vectors.
+#[tokio::test]
+async fn openai_embedding_packs_stay_under_50000_inputs() {
+    let mut world = World::new().await;
+    batchd_tests::with_openai(&mut world.settings, &world.emulator);
+    world.settings.packing.enabled = true;
+    let mut pipe = redis::pipe();
+    for index in 0..60 {
+        let input: Vec<String> = (0..1000).map(|text| format!("{index}.{text}")).collect();
+        let job = json!({"id": format!("inputs-{index}"), "model": "openai/text-embedding-3-small",
+            "endpoint": "/v1/embeddings", "requests": [{"input": input}]});
+        pipe.xadd(world.keys.submit(), "*", &[("job", job.to_string())]).ignore();
+    }
+    let _: () = pipe.query_async(&mut world.conn.clone()).await.expect("enqueue");
+    let daemon = world.daemon();
+    let mut batches = std::collections::HashSet::new();
+    for index in 0..60 {
+        let entry = world.wait_for_result(&format!("inputs-{index}"), WAIT).await;
+        assert_eq!(entry.status, ResultStatus::Completed, "inputs-{index}: {:?}", entry.error);
+        let response = &entry.result.as_ref().expect("a result").responses[0];
+        assert!(response.success, "inputs-{index}: {:?}", response.error);
+        let body: Value = serde_json::from_str(response.result.as_ref().expect("a body").get()).expect("json");
+        assert_eq!(body["data"].as_array().expect("vectors").len(), 1000, "inputs-{index}");
+        batches.insert(entry.request_ids[0].clone());
+    }
+    assert_eq!(batches.len(), 2, "two packs of at most 50 jobs: {batches:?}");
+    daemon.stop().await.expect("stop");
+}
