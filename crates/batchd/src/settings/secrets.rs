@@ -135,7 +135,7 @@ impl Settings {
 
 /// The secret in `file`, trimmed; `None` when no file is named (`file` empty), an error at `field` when the file
 /// cannot be read or holds nothing but whitespace.
-fn secret_file(field: &str, file: &str) -> Result<Option<Secret>, ConfigError> {
+pub(super) fn secret_file(field: &str, file: &str) -> Result<Option<Secret>, ConfigError> {
     if file.is_empty() {
         return Ok(None);
     }
@@ -183,6 +183,17 @@ pub(super) fn refuse_token_in_file(file: &Path) -> Result<(), ConfigError> {
              gemini.api_key_file",
             file.display()
         )));
+    }
+    let named = value.get("providers").and_then(toml::Value::as_table).into_iter().flatten();
+    for (name, section) in named {
+        if section.get("api_key").is_some() || section.get("api_token").is_some() {
+            let variable = super::env_var(&format!("providers.{name}.api_key")).unwrap_or_default();
+            return Err(ConfigError(format!(
+                "providers.{name}.api_key: not allowed in a config file ({}); give the key through {variable} or \
+                 providers.{name}.api_key_file",
+                file.display()
+            )));
+        }
     }
     if holds_token("cloudflare") {
         return Err(ConfigError(format!(
