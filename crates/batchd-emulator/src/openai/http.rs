@@ -199,9 +199,11 @@ impl Call {
             Some(Action::Replace(replaced)) => return Err(self.replace(api, connection, replaced)),
             None => {}
         }
-        let expected = format!("Bearer {}", api.api_key);
-        let authorized =
-            headers.get(header::AUTHORIZATION).is_some_and(|value| value.as_bytes() == expected.as_bytes());
+        let (name, expected) = match api.dialect.key_header {
+            super::OpenAiKeyHeader::Bearer => (header::AUTHORIZATION.as_str(), format!("Bearer {}", api.api_key)),
+            super::OpenAiKeyHeader::ApiKey => ("api-key", api.api_key.clone()),
+        };
+        let authorized = headers.get(name).is_some_and(|value| value.as_bytes() == expected.as_bytes());
         if authorized {
             return Ok(self);
         }
