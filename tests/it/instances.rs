@@ -1,0 +1,309 @@
+//! Named provider instances (`[providers.<name>]`) through the whole daemon: a Groq-like instance (the emulator's
+//! OpenAI module mounted again under `/groq/openai/v1`, its own key, a 48 h window) and an Azure-like one (`api-key`
+//! header, the model a deployment's name) beside Gemini and the built-in instances, each running a job to completion
+//! with its answers in order; a daemon with only a named instance; packing per instance; and `batchd config check`
+//! refusing a wrong instance setting with exit 78, naming the setting and its environment variable.
+
+use std::process::Command;
+use std::time::Duration;
+
+use batchd::settings::{InstanceSection, Secret, Settings};
+use batchd_core::{ResultEntry, ResultStatus};
+use batchd_emulator::{EmulatorConfig, EmulatorHandle, OpenAiCallKind, OpenAiHandle, OpenAiMount};
+use batchd_tests::{Daemon, World, binary, http_get, wait_until, with_admin, with_anthropic, with_gemini, with_openai};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Where the Groq-like mount is served.
+const GROQ: &str = "/groq/openai/v1";
+
+/// Where the Azure-like mount is served.
+const AZURE: &str = "/azure/openai/v1";
+
+/// A world whose emulator serves the Groq-like and Azure-like mounts beside its own APIs.
+async fn world() -> World {
+    let config =
+        EmulatorConfig { openai_mounts: vec![OpenAiMount::groq(), OpenAiMount::azure()], ..EmulatorConfig::default() };
+    World::with_emulator(config).await
+}
+
+/// The mount at `prefix`.
+fn mount(emulator: &EmulatorHandle, prefix: &str) -> OpenAiHandle {
+    emulator.openai_mount(prefix).expect("mounted")
+}
+
+/// A named OpenAI-kind instance `name` against the emulator's mount at `prefix`, with the keys of `extra` too.
+fn instance(settings: &mut Settings, emulator: &EmulatorHandle, name: &str, prefix: &str, extra: Value) {
+    let mut keys = json!({
+        "kind": "openai",
+        "base_url": emulator.openai_mount_base_url(prefix),
+        "batches_per_hour": 0,
+        "request_timeout_secs": 5,
+    });
+    for (key, value) in extra.as_object().expect("keys") {
+        keys[key] = value.clone();
+    }
+    let mut section: InstanceSection = serde_json::from_value(keys).expect("section");
+    section.api_key = Some(Secret::new(mount(emulator, prefix).api_key()));
+    settings.providers.insert(name.to_owned(), section);
+}
+
+/// The Groq-like instance `groq`: a 48 h window, which OpenAI's own API would refuse.
+fn with_groq(settings: &mut Settings, emulator: &EmulatorHandle) {
+    let extra = json!({"completion_window": "48h", "endpoints": ["/v1/chat/completions"]});
+    instance(settings, emulator, "groq", GROQ, extra);
+}
+
+/// The Azure-like instance `azure`: the key in `api-key`.
+fn with_azure(settings: &mut Settings, emulator: &EmulatorHandle) {
+    instance(settings, emulator, "azure", AZURE, json!({"key_header": "api-key"}));
+}
+
+fn chat(text: &str) -> Value {
+    json!({"messages": [{"role": "user", "content": text}], "max_tokens": 5})
+}
+
+fn chat_job(id: &str, model: &str, n: usize) -> Value {
+    json!({"id": id, "model": model, "pack": false,
+           "requests": (0..n).map(|i| chat(&format!("question {i}"))).collect::<Vec<_>>()})
+}
+
+/// Asserts an OpenAI-shaped job completed with each answer quoting its own question, in request order.
+fn assert_chat_in_order(entry: &ResultEntry, model: &str, n: usize) {
+    assert_eq!(entry.status, ResultStatus::Completed, "{model}: {:?}", entry.error);
+    assert_eq!(entry.model, model);
+    let responses = &entry.result.as_ref().expect("result").responses;
+    assert_eq!(responses.len(), n, "{model}");
+    for (index, response) in responses.iter().enumerate() {
+        assert!(response.success, "{model} item {index}: {:?}", response.error);
+        let body: Value = serde_json::from_str(response.result.as_ref().expect("result").get()).expect("json");
+        let content = body["choices"][0]["message"]["content"].as_str().expect("content");
+        assert!(content.contains(&format!("question {index}")), "{model} item {index}: {content}");
+    }
+}
+
+/// Asserts an echoing API's job (Anthropic's, Gemini's) completed with `echo: question <i>` in request order.
+fn assert_echoed_in_order(entry: &ResultEntry, model: &str, n: usize, text_of: fn(&Value) -> &Value) {
+    assert_eq!(entry.status, ResultStatus::Completed, "{model}: {:?}", entry.error);
+    let responses = &entry.result.as_ref().expect("result").responses;
+    assert_eq!(responses.len(), n, "{model}");
+    for (index, response) in responses.iter().enumerate() {
+        let body: Value = serde_json::from_str(response.result.as_ref().expect("result").get()).expect("json");
+        assert_eq!(text_of(&body).as_str(), Some(format!("echo: question {index}").as_str()), "{model} item {index}");
+    }
+}
+
+/// The batches a mount (or the OpenAI module itself) holds now, as its API shows them.
+fn batches(handle: &OpenAiHandle) -> Vec<Value> {
+    handle.batches()
+}
+
+#[tokio::test]
+async fn one_daemon_runs_jobs_on_named_instances_beside_gemini_and_the_built_in_ones() {
+    let world = world().await;
+    let mut settings = world.settings.clone();
+    with_openai(&mut settings, &world.emulator);
+    with_anthropic(&mut settings, &world.emulator);
+    with_gemini(&mut settings, &world.emulator);
+    with_groq(&mut settings, &world.emulator);
+    with_azure(&mut settings, &world.emulator);
+    let admin = with_admin(&mut settings);
+    let daemon = Daemon::start(settings, &world.emulator);
+
+    world.enqueue(&chat_job("on-groq", "groq/llama-3.1-8b-instant", 4)).await;
+    world.enqueue(&chat_job("on-azure", "azure/gpt-4o-mini-batch", 3)).await;
+    world.enqueue(&chat_job("on-azure-unknown", "azure/gpt-4o-mini", 1)).await;
+    world.enqueue(&chat_job("on-openai", "openai/gpt-4o-mini", 2)).await;
+    let echo = |id: &str, model: &str, item: fn(&str) -> Value| {
+        json!({"id": id, "model": model, "pack": false,
+               "requests": (0..3).map(|i| item(&format!("question {i}"))).collect::<Vec<_>>()})
+    };
+    let claude = |text: &str| json!({"max_tokens": 32, "messages": [{"role": "user", "content": text}]});
+    let gemini = |text: &str| json!({"contents": [{"role": "user", "parts": [{"text": text}]}]});
+    world.enqueue(&echo("on-anthropic", "anthropic/claude-sonnet-4-5", claude)).await;
+    world.enqueue(&echo("on-gemini", "gemini/gemini-2.5-flash", gemini)).await;
+    world
+        .enqueue(&json!({"id": "on-workers-ai", "model": "@cf/meta/llama-3.3-70b-instruct-fp8-fast", "pack": false,
+                         "requests": [{"prompt": "zero"}, {"prompt": "one"}]}))
+        .await;
+
+    assert_chat_in_order(&world.wait_for_result("on-groq", WAIT).await, "groq/llama-3.1-8b-instant", 4);
+    assert_chat_in_order(&world.wait_for_result("on-azure", WAIT).await, "azure/gpt-4o-mini-batch", 3);
+    assert_chat_in_order(&world.wait_for_result("on-openai", WAIT).await, "openai/gpt-4o-mini", 2);
+    let claude_text: fn(&Value) -> &Value = |body| &body["content"][0]["text"];
+    let gemini_text: fn(&Value) -> &Value = |body| &body["candidates"][0]["content"]["parts"][0]["text"];
+    assert_echoed_in_order(&world.wait_for_result("on-anthropic", WAIT).await, "anthropic", 3, claude_text);
+    assert_echoed_in_order(&world.wait_for_result("on-gemini", WAIT).await, "gemini", 3, gemini_text);
+    let workers_ai = world.wait_for_result("on-workers-ai", WAIT).await;
+    assert_eq!(workers_ai.status, ResultStatus::Completed, "{:?}", workers_ai.error);
+    assert_eq!((workers_ai.items_total, workers_ai.items_failed), (2, 0));
+
+    // Azure: a model that is no deployment's name fails the batch there (the model went out as the deployment).
+    let unknown = world.wait_for_result("on-azure-unknown", WAIT).await;
+    assert_ne!(unknown.status, ResultStatus::Completed, "{unknown:?}");
+    assert!(format!("{:?}", unknown.error).contains("model_not_found"), "{:?}", unknown.error);
+
+    // Each instance's batches went to its own API, created as its settings say.
+    let groq = batches(&mount(&world.emulator, GROQ));
+    assert_eq!(groq.len(), 1, "{groq:?}");
+    assert_eq!(groq[0]["completion_window"], "48h", "Groq's window, which OpenAI's API refuses");
+    assert_eq!(groq[0]["model"], "llama-3.1-8b-instant", "the instance's prefix is not part of the model");
+    let azure = batches(&mount(&world.emulator, AZURE));
+    assert_eq!(azure.len(), 2, "{azure:?}");
+    assert_eq!(azure[0]["model"], "gpt-4o-mini-batch");
+    let openai = batches(&world.emulator.openai());
+    assert_eq!(openai.len(), 1, "the built-in instance's batch alone: {openai:?}");
+    let azure_calls = mount(&world.emulator, AZURE).calls();
+    assert!(
+        azure_calls.iter().all(|call| call.http_status != 401),
+        "every Azure call carried api-key: {azure_calls:?}"
+    );
+    assert!(
+        mount(&world.emulator, GROQ).calls_of(OpenAiCallKind::CreateBatch).iter().all(|call| call.http_status == 200),
+        "Groq took every create"
+    );
+
+    // The provider label of the metrics is the instance's name.
+    let (status, metrics) = http_get(admin, "/metrics").await.expect("metrics");
+    assert_eq!(status, 200);
+    for name in ["groq", "azure", "openai", "anthropic", "gemini", "cloudflare"] {
+        assert!(metrics.contains(&format!("provider=\"{name}\"")), "{name} missing from the metrics");
+    }
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_daemon_with_only_a_named_openai_kind_instance_starts_and_runs() {
+    let world = world().await;
+    let mut settings = world.settings.clone();
+    settings.cloudflare.account_id = String::new();
+    with_groq(&mut settings, &world.emulator);
+    let daemon = Daemon::start(settings, &world.emulator);
+    world.enqueue(&chat_job("groq-alone", "groq/llama-3.1-8b-instant", 3)).await;
+    assert_chat_in_order(&world.wait_for_result("groq-alone", WAIT).await, "groq/llama-3.1-8b-instant", 3);
+    // No other provider is there: a job for one is refused, naming what to configure.
+    world.enqueue(&chat_job("not-here", "openai/gpt-4o-mini", 1)).await;
+    let refused = world.wait_for_result("not-here", WAIT).await;
+    assert_eq!(refused.status, ResultStatus::Failed);
+    assert!(format!("{:?}", refused.error).contains("OPENAI_API_KEY"), "{:?}", refused.error);
+    assert!(world.emulator.openai().batches().is_empty(), "nothing went to OpenAI");
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn small_jobs_are_packed_per_instance() {
+    let world = world().await;
+    let mut settings = world.settings.clone();
+    settings.packing.enabled = true;
+    with_openai(&mut settings, &world.emulator);
+    with_groq(&mut settings, &world.emulator);
+    let daemon = Daemon::start(settings, &world.emulator);
+    // The same remote model on two instances: a pack key holds the instance's name, so each gets its own pack.
+    let one =
+        |id: String, model: &str| json!({"id": id, "model": model, "requests": [chat(&format!("question {id}"))]});
+    for index in 0..3 {
+        world.enqueue(&one(format!("g{index}"), "groq/gpt-4o-mini")).await;
+        world.enqueue(&one(format!("o{index}"), "openai/gpt-4o-mini")).await;
+    }
+    for id in ["g0", "g1", "g2", "o0", "o1", "o2"] {
+        let entry = world.wait_for_result(id, WAIT).await;
+        assert_eq!(entry.status, ResultStatus::Completed, "{id}: {:?}", entry.error);
+        let body: Value = serde_json::from_str(
+            entry.result.as_ref().expect("result").responses[0].result.as_ref().expect("ok").get(),
+        )
+        .expect("json");
+        let content = body["choices"][0]["message"]["content"].as_str().expect("content");
+        assert!(content.contains(&format!("question {id}")), "{id} got another job's answer: {content}");
+    }
+    let lines = |handle: &OpenAiHandle| -> Vec<u64> {
+        batches(handle).iter().map(|batch| batch["request_counts"]["total"].as_u64().unwrap_or_default()).collect()
+    };
+    wait_until("each instance's three jobs shared its own one batch", WAIT, async || {
+        lines(&mount(&world.emulator, GROQ)).iter().sum::<u64>() == 3
+            && lines(&world.emulator.openai()).iter().sum::<u64>() == 3
+    })
+    .await;
+    let (groq, openai) = (lines(&mount(&world.emulator, GROQ)), lines(&world.emulator.openai()));
+    assert!(groq.len() < 3 && openai.len() < 3, "packed: groq {groq:?}, openai {openai:?}");
+    daemon.stop().await.expect("stop");
+}
+
+/// Runs `batchd config check` with only `env` (plus a Workers AI account, so only the instance can be wrong) and
+/// `file` as its config file when given; returns the exit code and stderr.
+fn config_check(env: &[(&str, &str)], file: Option<&std::path::Path>) -> (i32, String) {
+    let mut command = Command::new(binary("batchd").expect("batchd binary"));
+    if let Some(file) = file {
+        command.arg("--config").arg(file);
+    }
+    let output = command
+        .args(["config", "check"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("REDIS_URL", "redis://127.0.0.1:1")
+        .env("CLOUDFLARE_API_TOKEN", "tok-check")
+        .env("CLOUDFLARE_ACCOUNT_ID", "acct")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run batchd");
+    (output.status.code().unwrap_or(-1), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+#[test]
+fn config_check_refuses_a_wrong_instance_setting_naming_it_and_its_variable() {
+    let groq = [
+        ("BATCHD__PROVIDERS__GROQ__KIND", "openai"),
+        ("BATCHD__PROVIDERS__GROQ__API_KEY", "gsk-check"),
+        ("BATCHD__PROVIDERS__GROQ__BASE_URL", "https://api.groq.com/openai/v1"),
+    ];
+    let (code, out) = config_check(&groq, None);
+    assert_eq!(code, 0, "a good instance passes: {out}");
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (
+            &[("BATCHD__PROVIDERS__GROQ__BASE_URL", "http://api.groq.com/openai/v1")],
+            "providers.groq.base_url (BATCHD__PROVIDERS__GROQ__BASE_URL): ",
+        ),
+        (
+            &[("BATCHD__PROVIDERS__GROQ__KIND", "mistral")],
+            "providers.groq.kind (BATCHD__PROVIDERS__GROQ__KIND): \"mistral\"",
+        ),
+        (
+            &[("BATCHD__PROVIDERS__GROQ__COMPLETION_WINDOW", "2 days")],
+            "providers.groq.completion_window (BATCHD__PROVIDERS__GROQ__COMPLETION_WINDOW)",
+        ),
+        (
+            &[("BATCHD__PROVIDERS__GROQ__API_KEY", "")],
+            "providers.groq.api_key (BATCHD__PROVIDERS__GROQ__API_KEY): not set",
+        ),
+        (
+            &[("BATCHD__PROVIDERS__OPENAI__KIND", "openai"), ("BATCHD__PROVIDERS__OPENAI__API_KEY", "k")],
+            "providers.openai (BATCHD__PROVIDERS__OPENAI): \"openai\" is the built-in OpenAI Batch instance's name",
+        ),
+        (
+            &[("BATCHD__PROVIDERS__2GROQ__KIND", "openai"), ("BATCHD__PROVIDERS__2GROQ__API_KEY", "k")],
+            "\"2groq\" is not an instance name",
+        ),
+    ];
+    for (changes, expected) in cases {
+        let env: Vec<(&str, &str)> = groq
+            .iter()
+            .copied()
+            .filter(|(name, _)| !changes.iter().any(|(changed, _)| changed == name))
+            .chain(changes.iter().copied())
+            .collect();
+        let (code, out) = config_check(&env, None);
+        assert_eq!(code, 78, "{changes:?}: {out}");
+        assert!(out.contains(expected), "{changes:?}: {out:?} should name {expected:?}");
+        assert!(!out.contains("gsk-check"), "the key is never printed");
+    }
+    // A key in the config file is refused, never printed.
+    let dir = std::env::temp_dir().join(format!("batchd-instances-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("batchd.toml");
+    std::fs::write(&file, "[providers.groq]\nkind = \"openai\"\napi_key = \"gsk-in-file\"\n").expect("write");
+    let (code, out) = config_check(&[], Some(&file));
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(code, 78, "{out}");
+    assert!(out.contains("providers.groq.api_key: not allowed in a config file"), "{out}");
+    assert!(out.contains("BATCHD__PROVIDERS__GROQ__API_KEY") && !out.contains("gsk-in-file"), "{out}");
+}
