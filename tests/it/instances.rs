@@ -1,16 +1,15 @@
 //! Named provider instances (`[providers.<name>]`) through the whole daemon: a Groq-like instance (the emulator's
 //! OpenAI module mounted again under `/groq/openai/v1`, its own key, a 48 h window) and an Azure-like one (`api-key`
 //! header, the model a deployment's name) beside Gemini and the built-in instances, each running a job to completion
-//! with its answers in order; a daemon with only a named instance; packing per instance; and `batchd config check`
-//! refusing a wrong instance setting with exit 78, naming the setting and its environment variable.
+//! with its answers in order; a daemon with only a named instance; and packing per instance. `batchd config check`
+//! refusing a wrong instance setting is in `config_check.rs`.
 
-use std::process::Command;
 use std::time::Duration;
 
 use batchd::settings::{InstanceSection, Secret, Settings};
 use batchd_core::{ResultEntry, ResultStatus};
 use batchd_emulator::{EmulatorConfig, EmulatorHandle, OpenAiCallKind, OpenAiHandle, OpenAiMount};
-use batchd_tests::{Daemon, World, binary, http_get, wait_until, with_admin, with_anthropic, with_gemini, with_openai};
+use batchd_tests::{Daemon, World, http_get, wait_until, with_admin, with_anthropic, with_gemini, with_openai};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -227,83 +226,4 @@ async fn small_jobs_are_packed_per_instance() {
     let (groq, openai) = (lines(&mount(&world.emulator, GROQ)), lines(&world.emulator.openai()));
     assert!(groq.len() < 3 && openai.len() < 3, "packed: groq {groq:?}, openai {openai:?}");
     daemon.stop().await.expect("stop");
-}
-
-/// Runs `batchd config check` with only `env` (plus a Workers AI account, so only the instance can be wrong) and
-/// `file` as its config file when given; returns the exit code and stderr.
-fn config_check(env: &[(&str, &str)], file: Option<&std::path::Path>) -> (i32, String) {
-    let mut command = Command::new(binary("batchd").expect("batchd binary"));
-    if let Some(file) = file {
-        command.arg("--config").arg(file);
-    }
-    let output = command
-        .args(["config", "check"])
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("REDIS_URL", "redis://127.0.0.1:1")
-        .env("CLOUDFLARE_API_TOKEN", "tok-check")
-        .env("CLOUDFLARE_ACCOUNT_ID", "acct")
-        .envs(env.iter().copied())
-        .output()
-        .expect("run batchd");
-    (output.status.code().unwrap_or(-1), String::from_utf8_lossy(&output.stderr).into_owned())
-}
-
-#[test]
-fn config_check_refuses_a_wrong_instance_setting_naming_it_and_its_variable() {
-    let groq = [
-        ("BATCHD__PROVIDERS__GROQ__KIND", "openai"),
-        ("BATCHD__PROVIDERS__GROQ__API_KEY", "gsk-check"),
-        ("BATCHD__PROVIDERS__GROQ__BASE_URL", "https://api.groq.com/openai/v1"),
-    ];
-    let (code, out) = config_check(&groq, None);
-    assert_eq!(code, 0, "a good instance passes: {out}");
-    let cases: &[(&[(&str, &str)], &str)] = &[
-        (
-            &[("BATCHD__PROVIDERS__GROQ__BASE_URL", "http://api.groq.com/openai/v1")],
-            "providers.groq.base_url (BATCHD__PROVIDERS__GROQ__BASE_URL): ",
-        ),
-        (
-            &[("BATCHD__PROVIDERS__GROQ__KIND", "mistral")],
-            "providers.groq.kind (BATCHD__PROVIDERS__GROQ__KIND): \"mistral\"",
-        ),
-        (
-            &[("BATCHD__PROVIDERS__GROQ__COMPLETION_WINDOW", "2 days")],
-            "providers.groq.completion_window (BATCHD__PROVIDERS__GROQ__COMPLETION_WINDOW)",
-        ),
-        (
-            &[("BATCHD__PROVIDERS__GROQ__API_KEY", "")],
-            "providers.groq.api_key (BATCHD__PROVIDERS__GROQ__API_KEY): not set",
-        ),
-        (
-            &[("BATCHD__PROVIDERS__OPENAI__KIND", "openai"), ("BATCHD__PROVIDERS__OPENAI__API_KEY", "k")],
-            "providers.openai (BATCHD__PROVIDERS__OPENAI): \"openai\" is the built-in OpenAI Batch instance's name",
-        ),
-        (
-            &[("BATCHD__PROVIDERS__2GROQ__KIND", "openai"), ("BATCHD__PROVIDERS__2GROQ__API_KEY", "k")],
-            "\"2groq\" is not an instance name",
-        ),
-    ];
-    for (changes, expected) in cases {
-        let env: Vec<(&str, &str)> = groq
-            .iter()
-            .copied()
-            .filter(|(name, _)| !changes.iter().any(|(changed, _)| changed == name))
-            .chain(changes.iter().copied())
-            .collect();
-        let (code, out) = config_check(&env, None);
-        assert_eq!(code, 78, "{changes:?}: {out}");
-        assert!(out.contains(expected), "{changes:?}: {out:?} should name {expected:?}");
-        assert!(!out.contains("gsk-check"), "the key is never printed");
-    }
-    // A key in the config file is refused, never printed.
-    let dir = std::env::temp_dir().join(format!("batchd-instances-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let file = dir.join("batchd.toml");
-    std::fs::write(&file, "[providers.groq]\nkind = \"openai\"\napi_key = \"gsk-in-file\"\n").expect("write");
-    let (code, out) = config_check(&[], Some(&file));
-    std::fs::remove_dir_all(&dir).ok();
-    assert_eq!(code, 78, "{out}");
-    assert!(out.contains("providers.groq.api_key: not allowed in a config file"), "{out}");
-    assert!(out.contains("BATCHD__PROVIDERS__GROQ__API_KEY") && !out.contains("gsk-in-file"), "{out}");
 }
