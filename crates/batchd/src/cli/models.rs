@@ -263,3 +263,37 @@ fn print_providers(providers: &[Listed], json: bool, catalog: Option<serde_json:
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_instances_are_listed_after_the_kinds_with_their_own_models() {
+        let env = [
+            ("BATCHD__PROVIDERS__GROQ__KIND", "openai"),
+            ("BATCHD__PROVIDERS__GROQ__API_KEY", "gsk"),
+            ("OPENAI_API_KEY", "sk"),
+        ];
+        let env = env.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())).collect();
+        let settings = Settings::load_from(None, &env).expect("settings");
+        let listed = listed(&settings);
+        let names: Vec<(&str, bool, bool)> =
+            listed.iter().map(|listed| (listed.name.as_str(), listed.named, listed.configured)).collect();
+        assert_eq!(
+            names,
+            [
+                ("cloudflare", false, false),
+                ("openai", false, true),
+                ("anthropic", false, false),
+                ("gemini", false, false),
+                ("groq", true, true)
+            ]
+        );
+        assert_eq!(listed[4].models(), ["groq/<model>"]);
+        assert_eq!(listed[4].kind.name, "openai");
+        let unlisted = unlisted(&settings, &listed);
+        let kinds: Vec<&str> = unlisted.iter().map(|provider| provider["kind"].as_str().expect("kind")).collect();
+        assert_eq!(kinds, ["openai", "groq"], "batchd lists neither's models");
+    }
+}

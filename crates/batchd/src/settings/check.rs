@@ -221,8 +221,10 @@ impl Settings {
             let configured = if entry.configured(self, instance) { "configured" } else { "not configured" };
             let detail = match instance {
                 crate::registry::Instance::Named { name, section } => {
-                    let value = |key: &str| {
-                        section.settings.get(key).map(ToString::to_string).unwrap_or_else(|| "the default".to_owned())
+                    let value = |key: &str| match section.settings.get(key) {
+                        Some(toml::Value::String(text)) => text.clone(),
+                        Some(other) => other.to_string(),
+                        None => format!("[{}]'s default", kind.name),
                     };
                     let file = section.settings.get("api_key_file").and_then(|file| file.as_str()).unwrap_or_default();
                     let variable = crate::settings::env_var(&format!("providers.{name}.api_key")).unwrap_or_default();
@@ -440,8 +442,14 @@ mod tests {
         assert_eq!(client.completion_window.as_deref(), Some("48h"));
         assert_eq!(client.setting("endpoints"), "providers.groq.endpoints");
         assert!(!format!("{settings:?}").contains("gsk-secret") && !settings.to_redacted_toml().contains("gsk-secret"));
+        let summary = settings.provider_summary();
         assert!(
-            settings.provider_summary().contains("#   groq (OpenAI Batch): configured; named instance of kind openai")
+            summary.contains(
+                "#   groq (OpenAI Batch): configured; named instance of kind openai, models groq/<model>; base URL \
+                 https://api.groq.com/openai/v1; account groq; key from the environment \
+                 (BATCHD__PROVIDERS__GROQ__API_KEY)\n"
+            ),
+            "{summary}"
         );
         for (key, value, named) in [
             (
