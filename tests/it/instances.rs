@@ -150,7 +150,12 @@ async fn one_daemon_runs_jobs_on_named_instances_beside_gemini_and_the_built_in_
     assert_eq!(groq[0]["model"], "llama-3.1-8b-instant", "the instance's prefix is not part of the model");
     let azure = batches(&mount(&world.emulator, AZURE));
     assert_eq!(azure.len(), 2, "{azure:?}");
-    assert_eq!(azure[0]["model"], "gpt-4o-mini-batch");
+    // In either order: the job's batch ran its deployment; the other's failed validation.
+    assert!(
+        azure.iter().any(|batch| batch["model"] == "gpt-4o-mini-batch" && batch["status"] == "completed"),
+        "{azure:?}"
+    );
+    assert!(azure.iter().any(|batch| batch["status"] == "failed"), "{azure:?}");
     let openai = batches(&world.emulator.openai());
     assert_eq!(openai.len(), 1, "the built-in instance's batch alone: {openai:?}");
     let azure_calls = mount(&world.emulator, AZURE).calls();
@@ -195,6 +200,8 @@ async fn small_jobs_are_packed_per_instance() {
     let world = world().await;
     let mut settings = world.settings.clone();
     settings.packing.enabled = true;
+    // One pack per instance: each is sent two seconds after its first job, whenever the others arrive.
+    (settings.packing.window_ms, settings.packing.pause_ms) = (2000, 2000);
     with_openai(&mut settings, &world.emulator);
     with_groq(&mut settings, &world.emulator);
     let daemon = Daemon::start(settings, &world.emulator);
@@ -224,6 +231,47 @@ async fn small_jobs_are_packed_per_instance() {
     })
     .await;
     let (groq, openai) = (lines(&mount(&world.emulator, GROQ)), lines(&world.emulator.openai()));
-    assert!(groq.len() < 3 && openai.len() < 3, "packed: groq {groq:?}, openai {openai:?}");
+    assert_eq!((groq, openai), (vec![3], vec![3]), "one batch of three at each instance's API");
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn an_instance_keeps_the_deadline_and_cancel_promises_at_its_own_api() {
+    let world = world().await;
+    let mut settings = world.settings.clone();
+    with_openai(&mut settings, &world.emulator);
+    with_groq(&mut settings, &world.emulator);
+    with_azure(&mut settings, &world.emulator);
+    let (groq, azure) = (mount(&world.emulator, GROQ), mount(&world.emulator, AZURE));
+    for handle in [&groq, &azure] {
+        let mut timing = handle.timing();
+        timing.in_progress_for = Duration::from_secs(600);
+        timing.cancelling_for = Duration::from_millis(300);
+        handle.set_timing(timing);
+    }
+    let daemon = Daemon::start(settings, &world.emulator);
+    let mut late = chat_job("groq-late", "groq/llama-3.1-8b-instant", 2);
+    late["deadline_secs"] = json!(2);
+    world.enqueue(&late).await;
+    world.enqueue(&chat_job("azure-cancelled", "azure/gpt-4o-mini-batch", 2)).await;
+    wait_until("the Azure batch runs", WAIT, async || {
+        batches(&azure).iter().any(|batch| batch["status"] == "in_progress")
+    })
+    .await;
+    world.cancel("azure-cancelled", "not needed").await;
+
+    let expired = world.wait_for_result("groq-late", WAIT).await;
+    assert_eq!(expired.status, ResultStatus::Expired, "{:?}", expired.error);
+    let cancelled = world.wait_for_result("azure-cancelled", WAIT).await;
+    assert_eq!(cancelled.status, ResultStatus::Cancelled, "{:?}", cancelled.error);
+    // Each batch was cancelled at its own instance's API, and both ended there; OpenAI's was never asked.
+    for (name, handle) in [("groq", &groq), ("azure", &azure)] {
+        wait_until(&format!("the {name} batch is cancelled and its files deleted"), WAIT, async || {
+            handle.batch_statuses().iter().all(|(_, status)| *status == "cancelled") && handle.file_ids().is_empty()
+        })
+        .await;
+        assert_eq!(handle.calls_of(OpenAiCallKind::CancelBatch).len(), 1, "{name}");
+    }
+    assert!(world.emulator.openai().calls().is_empty(), "nothing went to OpenAI");
     daemon.stop().await.expect("stop");
 }
