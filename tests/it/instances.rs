@@ -1,14 +1,15 @@
 //! Named provider instances (`[providers.<name>]`) through the whole daemon: a Groq-like instance (the emulator's
 //! OpenAI module mounted again under `/groq/openai/v1`, its own key, a 48 h window) and an Azure-like one (`api-key`
 //! header, the model a deployment's name) beside Gemini and the built-in instances, each running a job to completion
-//! with its answers in order; a daemon with only a named instance; and packing per instance. `batchd config check`
+//! with its answers in order; a daemon with only a named instance; packing per instance; and the other providers'
+//! promises at an instance's own API (deadline, cancel, one batch after a crash inside a create). `batchd config check`
 //! refusing a wrong instance setting is in `config_check.rs`.
 
 use std::time::Duration;
 
 use batchd::settings::{InstanceSection, Secret, Settings};
 use batchd_core::{ResultEntry, ResultStatus};
-use batchd_emulator::{EmulatorConfig, EmulatorHandle, OpenAiCallKind, OpenAiHandle, OpenAiMount};
+use batchd_emulator::{EmulatorConfig, EmulatorHandle, OpenAiCallKind, OpenAiFault, OpenAiHandle, OpenAiMount};
 use batchd_tests::{Daemon, World, http_get, wait_until, with_admin, with_anthropic, with_gemini, with_openai};
 use serde_json::{Value, json};
 
@@ -274,4 +275,26 @@ async fn an_instance_keeps_the_deadline_and_cancel_promises_at_its_own_api() {
     }
     assert!(world.emulator.openai().calls().is_empty(), "nothing went to OpenAI");
     daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_crash_inside_an_instances_create_leaves_one_batch_the_next_daemon_adopts() {
+    let world = world().await;
+    let mut settings = world.settings.clone();
+    with_groq(&mut settings, &world.emulator);
+    let groq = mount(&world.emulator, GROQ);
+    // The create makes its batch at Groq, and its reply is held: the daemon never hears of it.
+    groq.inject(OpenAiFault::hold().on(OpenAiCallKind::CreateBatch).after_handling());
+    let first = Daemon::start(settings.clone(), &world.emulator);
+    world.enqueue(&chat_job("groq-crash", "groq/llama-3.1-8b-instant", 2)).await;
+    assert!(groq.wait_until_held(1, WAIT).await, "the create never reached the Groq mount");
+    first.crash().await;
+    groq.release_held();
+    let second = Daemon::start(settings, &world.emulator);
+    assert_chat_in_order(&world.wait_for_result("groq-crash", WAIT).await, "groq/llama-3.1-8b-instant", 2);
+    assert_eq!(groq.batch_count(), 1, "one batch at Groq: {:?}", groq.batch_statuses());
+    assert_eq!(groq.calls_of(OpenAiCallKind::CreateBatch).len(), 1, "the second daemon looked it up, not created");
+    assert!(!groq.calls_of(OpenAiCallKind::ListBatches).is_empty(), "it listed Groq's batches to find it");
+    assert!(world.emulator.openai().calls().is_empty(), "nothing went to OpenAI");
+    second.stop().await.expect("stop");
 }
