@@ -298,3 +298,38 @@ async fn a_crash_inside_an_instances_create_leaves_one_batch_the_next_daemon_ado
     assert!(world.emulator.openai().calls().is_empty(), "nothing went to OpenAI");
     second.stop().await.expect("stop");
 }
+
+#[tokio::test]
+async fn named_anthropic_and_gemini_instances_run_jobs_under_their_own_names() {
+    let world = world().await;
+    let mut settings = world.settings.clone();
+    settings.cloudflare.account_id = String::new();
+    let (anthropic, gemini) = (world.emulator.anthropic(), world.emulator.gemini());
+    for (name, kind, base_url, key) in [
+        ("claude_eu", "anthropic", anthropic.base_url(), anthropic.api_key()),
+        ("gem_eu", "gemini", gemini.base_url(), gemini.api_key()),
+    ] {
+        let keys = json!({"kind": kind, "base_url": base_url, "request_timeout_secs": 5});
+        let mut section: InstanceSection = serde_json::from_value(keys).expect("section");
+        section.api_key = Some(Secret::new(key));
+        settings.providers.insert(name.to_owned(), section);
+    }
+    let daemon = Daemon::start(settings, &world.emulator);
+    let claude = |text: &str| json!({"max_tokens": 32, "messages": [{"role": "user", "content": text}]});
+    let contents = |text: &str| json!({"contents": [{"role": "user", "parts": [{"text": text}]}]});
+    let job = |id: &str, model: &str, item: &dyn Fn(&str) -> Value| {
+        json!({"id": id, "model": model, "pack": false,
+               "requests": (0..3).map(|i| item(&format!("question {i}"))).collect::<Vec<_>>()})
+    };
+    world.enqueue(&job("named-claude", "claude_eu/claude-sonnet-4-5", &claude)).await;
+    world.enqueue(&job("named-gemini", "gem_eu/gemini-2.5-flash", &contents)).await;
+    let claude_text: fn(&Value) -> &Value = |body| &body["content"][0]["text"];
+    let gemini_text: fn(&Value) -> &Value = |body| &body["candidates"][0]["content"]["parts"][0]["text"];
+    assert_echoed_in_order(&world.wait_for_result("named-claude", WAIT).await, "claude_eu", 3, claude_text);
+    assert_echoed_in_order(&world.wait_for_result("named-gemini", WAIT).await, "gem_eu", 3, gemini_text);
+    // The model went out without the instance's prefix.
+    let created = gemini.calls_of(batchd_emulator::GeminiCallKind::Create);
+    assert_eq!(created.len(), 1);
+    assert!(created[0].path.contains("models/gemini-2.5-flash:batchGenerateContent"), "{:?}", created[0].path);
+    daemon.stop().await.expect("stop");
+}
