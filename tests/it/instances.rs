@@ -21,10 +21,15 @@ const GROQ: &str = "/groq/openai/v1";
 /// Where the Azure-like mount is served.
 const AZURE: &str = "/azure/openai/v1";
 
-/// A world whose emulator serves the Groq-like and Azure-like mounts beside its own APIs.
+/// Where the Novita-like mount (upper-case statuses) is served.
+const NOVITA: &str = "/novita/openai/v1";
+
+/// A world whose emulator serves the Groq-like, Azure-like and Novita-like mounts beside its own APIs.
 async fn world() -> World {
-    let config =
-        EmulatorConfig { openai_mounts: vec![OpenAiMount::groq(), OpenAiMount::azure()], ..EmulatorConfig::default() };
+    let config = EmulatorConfig {
+        openai_mounts: vec![OpenAiMount::groq(), OpenAiMount::azure(), OpenAiMount::novita()],
+        ..EmulatorConfig::default()
+    };
     World::with_emulator(config).await
 }
 
@@ -331,5 +336,20 @@ async fn named_anthropic_and_gemini_instances_run_jobs_under_their_own_names() {
     let created = gemini.calls_of(batchd_emulator::GeminiCallKind::Create);
     assert_eq!(created.len(), 1);
     assert!(created[0].path.contains("models/gemini-2.5-flash:batchGenerateContent"), "{:?}", created[0].path);
+    daemon.stop().await.expect("stop");
+}
+
+#[tokio::test]
+async fn a_vendor_that_spells_statuses_in_upper_case_runs_jobs_to_completion() {
+    let world = world().await;
+    let mut settings = world.settings.clone();
+    settings.cloudflare.account_id = String::new();
+    instance(&mut settings, &world.emulator, "novita", NOVITA, json!({"completion_window": "48h"}));
+    let daemon = Daemon::start(settings, &world.emulator);
+    world.enqueue(&chat_job("on-novita", "novita/meta-llama/llama-3.1-8b-instruct", 3)).await;
+    // `COMPLETED` read as anything but `completed` would leave the job polling until its deadline.
+    assert_chat_in_order(&world.wait_for_result("on-novita", WAIT).await, "novita/meta-llama/llama-3.1-8b-instruct", 3);
+    let novita = mount(&world.emulator, NOVITA);
+    assert_eq!(novita.batch_statuses().len(), 1);
     daemon.stop().await.expect("stop");
 }

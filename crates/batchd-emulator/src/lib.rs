@@ -15,7 +15,8 @@
 //! ([`EmulatorHandle::openai_base_url`]), controlled through [`EmulatorHandle::openai`] or `/_emulator/openai/`
 //! (see the README, "OpenAI Batch API"), and Google's Gemini Batch Mode under `/gemini` ([`EmulatorHandle::gemini`],
 //! the README's "Gemini Batch Mode"). The OpenAI module can be mounted again under other paths as a vendor that copies
-//! OpenAI's API ([`OpenAiMount::groq`], [`OpenAiMount::azure`]; [`EmulatorHandle::openai_mount`]).
+//! OpenAI's API ([`OpenAiMount::groq`], [`OpenAiMount::azure`], [`OpenAiMount::novita`];
+//! [`EmulatorHandle::openai_mount`]).
 
 mod account_api;
 mod anthropic;

@@ -173,7 +173,8 @@ struct Args {
     openai_keep_order: bool,
     /// Mount the OpenAI module again as these vendors' APIs (comma-separated): `groq` under /groq/openai/v1 (key
     /// emulator-groq-key, windows 24h to 7d), `azure` under /azure/openai/v1 (key emulator-azure-key in `api-key`,
-    /// model = deployment `gpt-4o-mini-batch`).
+    /// model = deployment `gpt-4o-mini-batch`), `novita` under /novita/openai/v1 (key emulator-novita-key, 48h,
+    /// upper-case statuses).
     #[arg(long, value_delimiter = ',')]
     openai_mounts: Vec<MountArg>,
     /// Key callers of the Gemini emulator (under /gemini) must send as `x-goog-api-key` or `?key=`.
@@ -335,6 +336,7 @@ async fn main() -> anyhow::Result<()> {
             .map(|mount| match mount {
                 MountArg::Groq => OpenAiMount::groq(),
                 MountArg::Azure => OpenAiMount::azure(),
+                MountArg::Novita => OpenAiMount::novita(),
             })
             .collect(),
         gemini: GeminiConfig {
@@ -407,4 +409,6 @@ enum MountArg {
     Groq,
     /// Azure OpenAI's global batch ([`OpenAiMount::azure`]).
     Azure,
+    /// Novita's batch API ([`OpenAiMount::novita`]).
+    Novita,
 }

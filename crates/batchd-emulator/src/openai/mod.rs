@@ -89,12 +89,19 @@ pub struct OpenAiDialect {
     /// The deployments a batch's `model` must name (Azure OpenAI: the model is a global-batch deployment's name);
     /// a batch naming another fails validation with `model_not_found`. Empty: any model.
     pub deployments: Vec<String>,
+    /// Batch objects spell their status in upper case (`COMPLETED`), as Novita's and Together's do.
+    pub upper_case_statuses: bool,
 }
 
 impl Default for OpenAiDialect {
     /// OpenAI's own: Bearer key, `24h` only, any model.
     fn default() -> Self {
-        Self { key_header: OpenAiKeyHeader::Bearer, max_window_hours: 24, deployments: Vec::new() }
+        Self {
+            key_header: OpenAiKeyHeader::Bearer,
+            max_window_hours: 24,
+            deployments: Vec::new(),
+            upper_case_statuses: false,
+        }
     }
 }
 
@@ -116,6 +123,14 @@ impl OpenAiMount {
         let dialect = OpenAiDialect { max_window_hours: 7 * 24, ..OpenAiDialect::default() };
         let config = OpenAiConfig { api_key: "emulator-groq-key".to_owned(), dialect, ..OpenAiConfig::default() };
         Self { prefix: "/groq/openai/v1".to_owned(), config }
+    }
+
+    /// Novita's batch API as the reference summarises its docs: OpenAI's paths under `/openai/v1` (here
+    /// `/novita/openai/v1`), a Bearer key, a `48h` window, and statuses in upper case.
+    pub fn novita() -> Self {
+        let dialect = OpenAiDialect { max_window_hours: 48, upper_case_statuses: true, ..OpenAiDialect::default() };
+        let config = OpenAiConfig { api_key: "emulator-novita-key".to_owned(), dialect, ..OpenAiConfig::default() };
+        Self { prefix: "/novita/openai/v1".to_owned(), config }
     }
 
     /// Azure OpenAI's global batch (v1 API) as its docs describe it: OpenAI's paths under `/openai/v1` (here
