@@ -33,6 +33,13 @@ async fn world() -> World {
     World::with_emulator(config).await
 }
 
+/// The world's settings without Workers AI, so an instance's jobs are the only ones the daemon can run.
+fn without_workers_ai(world: &World) -> Settings {
+    let mut settings = world.settings.clone();
+    settings.cloudflare.account_id = String::new();
+    settings
+}
+
 /// The mount at `prefix`.
 fn mount(emulator: &EmulatorHandle, prefix: &str) -> OpenAiHandle {
     emulator.openai_mount(prefix).expect("mounted")
@@ -186,8 +193,7 @@ async fn one_daemon_runs_jobs_on_named_instances_beside_gemini_and_the_built_in_
 #[tokio::test]
 async fn a_daemon_with_only_a_named_openai_kind_instance_starts_and_runs() {
     let world = world().await;
-    let mut settings = world.settings.clone();
-    settings.cloudflare.account_id = String::new();
+    let mut settings = without_workers_ai(&world);
     with_groq(&mut settings, &world.emulator);
     let daemon = Daemon::start(settings, &world.emulator);
     world.enqueue(&chat_job("groq-alone", "groq/llama-3.1-8b-instant", 3)).await;
@@ -307,8 +313,7 @@ async fn a_crash_inside_an_instances_create_leaves_one_batch_the_next_daemon_ado
 #[tokio::test]
 async fn named_anthropic_and_gemini_instances_run_jobs_under_their_own_names() {
     let world = world().await;
-    let mut settings = world.settings.clone();
-    settings.cloudflare.account_id = String::new();
+    let mut settings = without_workers_ai(&world);
     let (anthropic, gemini) = (world.emulator.anthropic(), world.emulator.gemini());
     for (name, kind, base_url, key) in [
         ("claude_eu", "anthropic", anthropic.base_url(), anthropic.api_key()),
@@ -342,8 +347,7 @@ async fn named_anthropic_and_gemini_instances_run_jobs_under_their_own_names() {
 #[tokio::test]
 async fn a_vendor_that_spells_statuses_in_upper_case_runs_jobs_to_completion() {
     let world = world().await;
-    let mut settings = world.settings.clone();
-    settings.cloudflare.account_id = String::new();
+    let mut settings = without_workers_ai(&world);
     instance(&mut settings, &world.emulator, "novita", NOVITA, json!({"completion_window": "48h"}));
     let daemon = Daemon::start(settings, &world.emulator);
     world.enqueue(&chat_job("on-novita", "novita/meta-llama/llama-3.1-8b-instruct", 3)).await;
