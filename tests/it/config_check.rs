@@ -142,3 +142,64 @@ fn lists_are_set_from_the_environment_comma_separated() {
     assert_eq!(settings["redis"]["extra_namespaces"], serde_json::json!(["billing", "search"]));
     assert_eq!(settings["redis"]["nodes"].as_array().map(Vec::len), Some(2), "{settings}");
 }
+
+/// A named instance (`[providers.<name>]`, tests/it/instances.rs) is checked like a built-in one: each wrong setting
+/// exits 78 naming `providers.<name>.<key>` and its environment variable; a key in the config file is refused.
+#[test]
+fn a_wrong_named_instance_setting_is_refused_naming_it_and_its_variable() {
+    let groq = [
+        ("BATCHD__PROVIDERS__GROQ__KIND", "openai"),
+        ("BATCHD__PROVIDERS__GROQ__API_KEY", "gsk-check"),
+        ("BATCHD__PROVIDERS__GROQ__BASE_URL", "https://api.groq.com/openai/v1"),
+    ];
+    let (code, out) = batchd(&["config", "check"], &groq);
+    assert_eq!(code, 0, "a good instance passes: {out}");
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (
+            &[("BATCHD__PROVIDERS__GROQ__BASE_URL", "http://api.groq.com/openai/v1")],
+            "providers.groq.base_url (BATCHD__PROVIDERS__GROQ__BASE_URL): ",
+        ),
+        (
+            &[("BATCHD__PROVIDERS__GROQ__KIND", "mistral")],
+            "providers.groq.kind (BATCHD__PROVIDERS__GROQ__KIND): \"mistral\"",
+        ),
+        (
+            &[("BATCHD__PROVIDERS__GROQ__COMPLETION_WINDOW", "2 days")],
+            "providers.groq.completion_window (BATCHD__PROVIDERS__GROQ__COMPLETION_WINDOW)",
+        ),
+        (
+            &[("BATCHD__PROVIDERS__GROQ__API_KEY", "")],
+            "providers.groq.api_key (BATCHD__PROVIDERS__GROQ__API_KEY): not set",
+        ),
+        (
+            &[("BATCHD__PROVIDERS__OPENAI__KIND", "openai"), ("BATCHD__PROVIDERS__OPENAI__API_KEY", "k")],
+            "providers.openai (BATCHD__PROVIDERS__OPENAI): \"openai\" is the built-in OpenAI Batch instance's name",
+        ),
+        (
+            &[("BATCHD__PROVIDERS__2GROQ__KIND", "openai"), ("BATCHD__PROVIDERS__2GROQ__API_KEY", "k")],
+            "\"2groq\" is not an instance name",
+        ),
+    ];
+    for (changes, expected) in cases {
+        let env: Vec<(&str, &str)> = groq
+            .iter()
+            .copied()
+            .filter(|(name, _)| !changes.iter().any(|(changed, _)| changed == name))
+            .chain(changes.iter().copied())
+            .collect();
+        let (code, out) = batchd(&["config", "check"], &env);
+        assert_eq!(code, 78, "{changes:?}: {out}");
+        assert!(out.contains(expected), "{changes:?}: {out:?} should name {expected:?}");
+        assert!(!out.contains("gsk-check"), "the key is never printed");
+    }
+    // A key in the config file is refused, never printed.
+    let dir = std::env::temp_dir().join(format!("batchd-instances-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("batchd.toml");
+    std::fs::write(&file, "[providers.groq]\nkind = \"openai\"\napi_key = \"gsk-in-file\"\n").expect("write");
+    let (code, out) = batchd(&["--config", file.to_str().expect("utf-8"), "config", "check"], &[]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(code, 78, "{out}");
+    assert!(out.contains("providers.groq.api_key: not allowed in a config file"), "{out}");
+    assert!(out.contains("BATCHD__PROVIDERS__GROQ__API_KEY") && !out.contains("gsk-in-file"), "{out}");
+}

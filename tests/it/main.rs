@@ -39,6 +39,7 @@ mod gemini;
 mod golden_replies;
 mod harness_checks;
 mod hostile;
+mod instances;
 mod journald;
 mod kill_create;
 mod liveness;

@@ -175,7 +175,8 @@ async fn two_namespaces_on_one_account_share_one_rate_bucket() {
         reply_budget: None,
     };
     let openai = REGISTRY.iter().find(|entry| entry.kind().name == "openai").expect("openai");
-    let built = openai.build(&settings, &context).expect("build").expect("configured");
+    let built =
+        openai.build(&settings, batchd::registry::Instance::BuiltIn, &context).expect("build").expect("configured");
     let model = batchd_core::ModelName::parse("openai/gpt-4o-mini").expect("model");
     let bucket = built.provider.rate_bucket(&model, batchd_provider::Call::Submit).expect("limited");
     assert_eq!(bucket.name, "shared-acct:gpt-4o-mini");

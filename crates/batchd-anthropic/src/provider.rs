@@ -26,6 +26,8 @@ pub const NAME: &str = "anthropic";
 /// Message Batches behind the provider seam.
 #[derive(Debug, Clone)]
 pub struct AnthropicProvider {
+    /// The instance's routing name.
+    name: &'static str,
     /// The HTTP client.
     client: Client,
     /// What one batch may hold.
@@ -53,6 +55,7 @@ impl AnthropicProvider {
             RateBucket::new(&settings.account, workspace, interval, settings.burst.max(1))
         });
         Ok(Self {
+            name: settings.name,
             client: Client::new(settings)?,
             limits: BatchLimits {
                 max_body_bytes: settings.max_body_bytes,
@@ -232,7 +235,7 @@ fn now_ms() -> u64 {
 
 impl Provider for AnthropicProvider {
     fn name(&self) -> &'static str {
-        NAME
+        self.name
     }
 
     fn limits(&self) -> BatchLimits {

@@ -21,6 +21,9 @@ pub use batchd_provider::http::ApiKey;
 /// How to reach Message Batches and what one batch may hold.
 #[derive(Debug, Clone)]
 pub struct AnthropicSettings {
+    /// The instance's routing name ([`batchd_provider::Provider::name`]): `anthropic` for the built-in instance, the name
+    /// of a named one (`[providers.<name>]`, models `<name>/<model>`).
+    pub name: &'static str,
     /// `https://api.anthropic.com`, or the emulator's `http://ADDR/anthropic`.
     pub base_url: String,
     /// The API key.
@@ -60,6 +63,7 @@ impl AnthropicSettings {
     /// Settings with the documented defaults for `api_key`.
     pub fn new(api_key: ApiKey) -> Self {
         Self {
+            name: crate::provider::NAME,
             base_url: DEFAULT_BASE_URL.to_owned(),
             api_key,
             account: crate::provider::NAME.to_owned(),

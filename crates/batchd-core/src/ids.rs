@@ -111,7 +111,7 @@ impl ModelName {
         }
         if !scoped && !is_provider_name(segments[0]) {
             return Err(InvalidId::new(format!(
-                "{raw:?} does not start with a provider name (lower-case letters, digits and -, at most \
+                "{raw:?} does not start with a provider name (lower-case letters, digits, _ and -, at most \
                  {MAX_PROVIDER_LEN}); {expected}"
             )));
         }
@@ -163,11 +163,12 @@ pub const CLOUDFLARE: &str = "cloudflare";
 /// Longest provider name, in bytes.
 pub const MAX_PROVIDER_LEN: usize = 32;
 
-/// Whether `name` can name a provider: 1 to [`MAX_PROVIDER_LEN`] of `[a-z0-9-]`.
+/// Whether `name` can name a provider: 1 to [`MAX_PROVIDER_LEN`] of `[a-z0-9_-]` (a named instance's name,
+/// `[providers.<name>]`, may hold `_`: it is part of an environment variable's name, where `-` cannot be).
 pub fn is_provider_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= MAX_PROVIDER_LEN
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
 fn is_model_char(c: char) -> bool {

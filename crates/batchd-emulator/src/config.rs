@@ -69,6 +69,9 @@ pub struct EmulatorConfig {
     pub anthropic: crate::anthropic::AnthropicConfig,
     /// The OpenAI Files and Batch API emulator served under `/openai/v1` (see [`crate::OpenAiConfig`]).
     pub openai: crate::openai::OpenAiConfig,
+    /// The same module mounted again under other paths, each with its own key, dialect and state: a Groq-like
+    /// ([`crate::OpenAiMount::groq`]) or Azure-like ([`crate::OpenAiMount::azure`]) API. None by default.
+    pub openai_mounts: Vec<crate::openai::OpenAiMount>,
     /// The Gemini Batch Mode emulator served under `/gemini` (see [`crate::GeminiConfig`]).
     pub gemini: crate::gemini::GeminiConfig,
 }
@@ -99,6 +102,7 @@ impl Default for EmulatorConfig {
             seed: 0,
             anthropic: crate::anthropic::AnthropicConfig::default(),
             openai: crate::openai::OpenAiConfig::default(),
+            openai_mounts: Vec::new(),
             gemini: crate::gemini::GeminiConfig::default(),
         }
     }

@@ -14,7 +14,9 @@
 //! the README, "Anthropic Message Batches"), and OpenAI's Files and Batch APIs under `/openai/v1`
 //! ([`EmulatorHandle::openai_base_url`]), controlled through [`EmulatorHandle::openai`] or `/_emulator/openai/`
 //! (see the README, "OpenAI Batch API"), and Google's Gemini Batch Mode under `/gemini` ([`EmulatorHandle::gemini`],
-//! the README's "Gemini Batch Mode").
+//! the README's "Gemini Batch Mode"). The OpenAI module can be mounted again under other paths as a vendor that copies
+//! OpenAI's API ([`OpenAiMount::groq`], [`OpenAiMount::azure`], [`OpenAiMount::novita`];
+//! [`EmulatorHandle::openai_mount`]).
 
 mod account_api;
 mod anthropic;
@@ -66,8 +68,8 @@ pub use crate::{
     gemini::{GeminiCall, GeminiCallKind, GeminiCalls, GeminiConfig, GeminiControl, GeminiFault, GeminiFaultKind},
     hub::QueueStats,
     openai::{
-        OPENAI_PREFIX, OpenAiCallKind, OpenAiCallRecord, OpenAiConfig, OpenAiFault, OpenAiFaultKind, OpenAiHandle,
-        OpenAiLimits, OpenAiTiming,
+        OPENAI_PREFIX, OpenAiCallKind, OpenAiCallRecord, OpenAiConfig, OpenAiDialect, OpenAiFault, OpenAiFaultKind,
+        OpenAiHandle, OpenAiKeyHeader, OpenAiLimits, OpenAiMount, OpenAiTiming,
     },
     subscriptions::Subscription,
 };
@@ -194,6 +196,21 @@ impl EmulatorHandle {
     /// In-process control of the OpenAI emulator: faults, timing, limits, call log.
     pub fn openai(&self) -> OpenAiHandle {
         OpenAiHandle::new(Arc::clone(&self.state.openai))
+    }
+
+    /// Base URL of the OpenAI module's mount at `prefix` (`EmulatorConfig::openai_mounts`): `http://ADDR<prefix>`.
+    pub fn openai_mount_base_url(&self, prefix: &str) -> String {
+        let mut addr = self.addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        format!("http://{addr}{prefix}")
+    }
+
+    /// In-process control of the OpenAI module's mount at `prefix`; `None` when nothing is mounted there.
+    pub fn openai_mount(&self, prefix: &str) -> Option<OpenAiHandle> {
+        let (_, api) = self.state.openai_mounts.iter().find(|(mounted, _)| mounted == prefix)?;
+        Some(OpenAiHandle::new(Arc::clone(api)))
     }
 
     /// The configured API token.
@@ -460,6 +477,9 @@ impl EmulatorHandle {
     pub async fn shutdown(mut self) {
         // Held replies would keep their connections open through the whole grace period.
         self.state.openai.holds.release();
+        for (_, mount) in &self.state.openai_mounts {
+            mount.holds.release();
+        }
         self.state.anthropic.holds.release();
         self.state.gemini.holds.release();
         if let Some(shutdown_tx) = self.shutdown_tx.take() {

@@ -9,7 +9,7 @@ use std::{io::Write, net::SocketAddr, time::Duration};
 use anyhow::Context;
 use batchd_emulator::{
     AnthropicConfig, DurationRange, Emulator, EmulatorConfig, EventBody, EventFaults, EventsConfig, GeminiConfig,
-    OpenAiConfig, OpenAiLimits, OpenAiTiming, ProviderLimits, PullOrder, RandomFaults, RateLimit,
+    OpenAiConfig, OpenAiLimits, OpenAiMount, OpenAiTiming, ProviderLimits, PullOrder, RandomFaults, RateLimit,
 };
 use clap::{Parser, ValueEnum};
 
@@ -171,6 +171,12 @@ struct Args {
     /// Keep input order in OpenAI result files (by default they are shuffled, as the API documents).
     #[arg(long)]
     openai_keep_order: bool,
+    /// Mount the OpenAI module again as these vendors' APIs (comma-separated): `groq` under /groq/openai/v1 (key
+    /// emulator-groq-key, windows 24h to 7d), `azure` under /azure/openai/v1 (key emulator-azure-key in `api-key`,
+    /// model = deployment `gpt-4o-mini-batch`), `novita` under /novita/openai/v1 (key emulator-novita-key, 48h,
+    /// upper-case statuses).
+    #[arg(long, value_delimiter = ',')]
+    openai_mounts: Vec<MountArg>,
     /// Key callers of the Gemini emulator (under /gemini) must send as `x-goog-api-key` or `?key=`.
     #[arg(long, env = "EMULATOR_GEMINI_KEY", default_value = "emulator-gemini-key")]
     gemini_api_key: String,
@@ -322,7 +328,17 @@ async fn main() -> anyhow::Result<()> {
             limits: OpenAiLimits { max_file_bytes: args.openai_max_file_bytes, ..OpenAiLimits::default() },
             shuffle: !args.openai_keep_order,
             create_limit: None,
+            ..OpenAiConfig::default()
         },
+        openai_mounts: args
+            .openai_mounts
+            .iter()
+            .map(|mount| match mount {
+                MountArg::Groq => OpenAiMount::groq(),
+                MountArg::Azure => OpenAiMount::azure(),
+                MountArg::Novita => OpenAiMount::novita(),
+            })
+            .collect(),
         gemini: GeminiConfig {
             api_key: args.gemini_api_key,
             pending_for: Duration::from_millis(args.gemini_pending_ms),
@@ -384,4 +400,15 @@ fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
     Ok(async {
         let _ = tokio::signal::ctrl_c().await;
     })
+}
+
+/// A vendor-shaped mount of the OpenAI module (`--openai-mounts`).
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum MountArg {
+    /// Groq's batch API ([`OpenAiMount::groq`]).
+    Groq,
+    /// Azure OpenAI's global batch ([`OpenAiMount::azure`]).
+    Azure,
+    /// Novita's batch API ([`OpenAiMount::novita`]).
+    Novita,
 }

@@ -37,9 +37,14 @@ pub(crate) const API_PREFIX: &str = "/client/v4";
 
 /// The router of one emulator instance.
 pub(crate) fn router(state: Shared) -> Router {
+    let mounts = state
+        .openai_mounts
+        .iter()
+        .fold(Router::new(), |router, (prefix, api)| router.merge(crate::openai::api_routes(prefix, Arc::clone(api))));
     let providers = Router::new()
         .merge(crate::anthropic::routes())
         .merge(crate::openai::router(Arc::clone(&state.openai)))
+        .merge(mounts)
         .merge(crate::gemini::routes(Arc::clone(&state.gemini)))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state), late_reply));
     Router::new()
@@ -62,7 +67,8 @@ async fn late_reply(
     let path = request.uri().path();
     let api = path.starts_with(crate::openai::OPENAI_PREFIX)
         || path.starts_with(crate::anthropic::PATH_PREFIX)
-        || path.starts_with(crate::gemini::PATH_PREFIX);
+        || path.starts_with(crate::gemini::PATH_PREFIX)
+        || state.openai_mounts.iter().any(|(prefix, _)| path.starts_with(prefix.as_str()));
     let response = next.run(request).await;
     if api {
         let latency = state.draw_latency();

@@ -49,6 +49,8 @@ pub(crate) struct State {
     pub anthropic: crate::anthropic::Anthropic,
     /// The OpenAI emulator's state, served by the same server.
     pub openai: Arc<crate::openai::OpenAi>,
+    /// Each further mount of the OpenAI module (`EmulatorConfig::openai_mounts`): its path prefix and its state.
+    pub openai_mounts: Vec<(String, Arc<crate::openai::OpenAi>)>,
     /// The Gemini Batch Mode emulator's state, served by the same server.
     pub gemini: Arc<crate::gemini::Gemini>,
     /// Everything that changes.
@@ -417,11 +419,21 @@ impl State {
         let hub = EventHub::new(&config);
         let anthropic = crate::anthropic::Anthropic::new(config.anthropic.clone());
         let openai = Arc::new(crate::openai::OpenAi::new(&config.openai, config.seed));
+        let openai_mounts = config
+            .openai_mounts
+            .iter()
+            .enumerate()
+            .map(|(index, mount)| {
+                let seed = config.seed.wrapping_add(index as u64 + 1);
+                (mount.prefix.clone(), Arc::new(crate::openai::OpenAi::new(&mount.config, seed)))
+            })
+            .collect();
         let gemini = Arc::new(crate::gemini::Gemini::new(config.gemini.clone()));
         Self {
             config,
             anthropic,
             openai,
+            openai_mounts,
             gemini,
             inner: Mutex::new(Inner {
                 timing,

@@ -33,6 +33,8 @@ const PAGE_SIZE: u32 = 100;
 /// Gemini Batch Mode behind the provider seam.
 #[derive(Debug, Clone)]
 pub struct GeminiProvider {
+    /// The instance's routing name.
+    name: &'static str,
     /// The HTTP client.
     client: Client,
     /// What one batch may hold.
@@ -57,6 +59,7 @@ impl GeminiProvider {
             RateBucket::new(&settings.account, "create", interval, settings.burst.max(1))
         });
         Ok(Self {
+            name: settings.name,
             client: Client::new(settings)?,
             limits: BatchLimits {
                 max_body_bytes: settings.max_file_bytes,
@@ -202,7 +205,7 @@ fn batch_id(remote: &RemoteBatch) -> Result<&str, ApiError> {
 
 impl Provider for GeminiProvider {
     fn name(&self) -> &'static str {
-        NAME
+        self.name
     }
 
     fn limits(&self) -> BatchLimits {

@@ -18,6 +18,9 @@ pub use batchd_provider::http::ApiKey;
 /// How to reach Gemini Batch Mode and what one batch may hold.
 #[derive(Debug, Clone)]
 pub struct GeminiSettings {
+    /// The instance's routing name ([`batchd_provider::Provider::name`]): `gemini` for the built-in instance, the name
+    /// of a named one (`[providers.<name>]`, models `<name>/<model>`).
+    pub name: &'static str,
     /// `https://generativelanguage.googleapis.com`, or the emulator's `http://ADDR/gemini`.
     pub base_url: String,
     /// The API key.
@@ -53,6 +56,7 @@ impl GeminiSettings {
     /// Settings with the documented defaults for `api_key`.
     pub fn new(api_key: ApiKey) -> Self {
         Self {
+            name: crate::provider::NAME,
             base_url: DEFAULT_BASE_URL.to_owned(),
             api_key,
             account: crate::provider::NAME.to_owned(),

@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use batchd_provider::text::LineSplitter;
 use batchd_provider::{ApiError, ErrorKind, ReplyBudget, ReplyHold, http};
-use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderName, HeaderValue};
 use reqwest::{Method, Url};
 use serde::de::DeserializeOwned;
 
 use crate::error::{self, Operation};
 use crate::jsonl::Joiner;
-use crate::settings::{ApiKey, OpenAiBuildError, OpenAiClientSettings};
+use crate::settings::{ApiKey, KeyHeader, OpenAiBuildError, OpenAiClientSettings};
 use crate::wire;
 
 /// Largest JSON reply read (a batch object, a list page of 100 batches).
@@ -39,8 +39,9 @@ pub(crate) struct Client {
     base: Url,
     /// The key, to scrub it from any text a server echoes.
     key: ApiKey,
-    /// `Bearer <key>`, marked sensitive.
-    authorization: HeaderValue,
+    /// The key's header (`Authorization`, or Azure's `api-key`) and its value (`Bearer <key>`, or the key), marked
+    /// sensitive.
+    authorization: (HeaderName, HeaderValue),
     /// `OpenAI-Organization`, when configured.
     organization: Option<HeaderValue>,
     /// `OpenAI-Project`, when configured.
@@ -52,6 +53,8 @@ pub(crate) struct Client {
     max_result_bytes: usize,
     /// Where result files are counted while they are read.
     budget: Option<ReplyBudget>,
+    /// The full name of the result limit's setting (`openai.max_result_bytes`), for its error.
+    result_setting: String,
 }
 
 impl std::fmt::Debug for Client {
@@ -65,7 +68,12 @@ impl Client {
     pub(crate) fn new(settings: &OpenAiClientSettings, budget: Option<ReplyBudget>) -> Result<Self, OpenAiBuildError> {
         let base = http::base_url(&settings.base_url)
             .map_err(|reason| OpenAiBuildError::InvalidBaseUrl { url: settings.base_url.clone(), reason })?;
-        let authorization = settings.api_key.header("Bearer ").ok_or(OpenAiBuildError::InvalidHeader("api_key"))?;
+        let (name, prefix) = match settings.key_header {
+            KeyHeader::Authorization => (AUTHORIZATION, "Bearer "),
+            KeyHeader::ApiKey => (HeaderName::from_static("api-key"), ""),
+        };
+        let value = settings.api_key.header(prefix).ok_or(OpenAiBuildError::InvalidHeader("api_key"))?;
+        let authorization = (name, value);
         let header = |value: &Option<String>, what| match value.as_deref().map(str::trim) {
             None | Some("") => Ok(None),
             Some(value) => HeaderValue::from_str(value).map(Some).map_err(|_| OpenAiBuildError::InvalidHeader(what)),
@@ -88,6 +96,7 @@ impl Client {
             // A result larger than the memory budget can hold fails `reply_too_large` rather than going over it.
             max_result_bytes: settings.max_result_bytes.min(budget.as_ref().map_or(usize::MAX, ReplyBudget::capacity)),
             budget,
+            result_setting: settings.setting("max_result_bytes"),
         })
     }
 
@@ -159,14 +168,14 @@ impl Client {
         if !response.status().is_success() {
             return Err(self.error_reply(Operation::Content, response).await);
         }
-        let limit = self.max_result_bytes;
+        let (limit, setting) = (self.max_result_bytes, &self.result_setting);
         let too_large = |bytes: usize| ApiError {
             kind: ErrorKind::ReplyTooLarge,
             http_status: Some(status),
             api_code: None,
             message: format!(
                 "the batch's result files are {bytes} bytes or more, over the limit of {limit} bytes \
-                 (openai.max_result_bytes, at most workers.inflight_bytes / 3)"
+                 ({setting}, at most workers.inflight_bytes / 3)"
             ),
             retry_after: None,
             maybe_delivered: false,
@@ -220,7 +229,8 @@ impl Client {
 
     /// `request` with the headers every call carries.
     fn with_headers(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        let mut request = request.header(AUTHORIZATION, self.authorization.clone());
+        let (name, value) = &self.authorization;
+        let mut request = request.header(name.clone(), value.clone());
         if let Some(organization) = &self.organization {
             request = request.header("OpenAI-Organization", organization.clone());
         }
@@ -311,9 +321,11 @@ impl Client {
     }
 }
 
-/// The multipart body of an upload: `purpose=batch` and the JSONL file `file_name`, its lines written by `lines`
-/// straight into the body (so the file is built once). Returns the body and its boundary.
+/// The multipart body of an upload: `purpose` (OpenAI's `batch`; checked at build: a token without spaces) and the
+/// JSONL file `file_name`, its lines written by `lines` straight into the body (so the file is built once). Returns
+/// the body and its boundary.
 pub(crate) fn multipart(
+    purpose: &str,
     file_name: &str,
     expiry_secs: u64,
     capacity: usize,
@@ -332,7 +344,7 @@ pub(crate) fn multipart(
     }
     body.extend_from_slice(
         format!(
-            "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{boundary}\r\n\
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n{purpose}\r\n--{boundary}\r\n\
              Content-Disposition: form-data; name=\"file\"; filename=\"{file_name}\"\r\n\
              Content-Type: application/jsonl\r\n\r\n"
         )
@@ -370,14 +382,17 @@ mod tests {
 
     #[test]
     fn a_multipart_body_holds_the_purpose_the_expiry_and_the_file() {
-        let (body, boundary) = multipart("batchd-j-0.jsonl", 7200, 10, |out| out.extend_from_slice(b"{\"a\":1}\n"));
+        let (body, boundary) =
+            multipart("batch", "batchd-j-0.jsonl", 7200, 10, |out| out.extend_from_slice(b"{\"a\":1}\n"));
         let text = String::from_utf8(body).expect("utf-8");
         assert!(text.starts_with(&format!("--{boundary}\r\n")));
         assert!(text.contains("name=\"purpose\"\r\n\r\nbatch\r\n"));
         assert!(text.contains("name=\"expires_after[anchor]\"\r\n\r\ncreated_at\r\n"));
         assert!(text.contains("name=\"expires_after[seconds]\"\r\n\r\n7200\r\n"));
-        let (none, _) = multipart("f.jsonl", 0, 10, |out| out.extend_from_slice(b"{}\n"));
-        assert!(!String::from_utf8(none).expect("utf-8").contains("expires_after"), "0: not sent");
+        let (none, _) = multipart("batch-api", "f.jsonl", 0, 10, |out| out.extend_from_slice(b"{}\n"));
+        let none = String::from_utf8(none).expect("utf-8");
+        assert!(!none.contains("expires_after"), "0: not sent");
+        assert!(none.contains("name=\"purpose\"\r\n\r\nbatch-api\r\n"), "another vendor's purpose");
         assert!(
             text.contains("filename=\"batchd-j-0.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n{\"a\":1}\n\r\n")
         );

@@ -26,7 +26,7 @@ use crate::pacing::{OverLimit, Reservation, TokenPacer, estimate_tokens};
 use crate::settings::{DEFAULT_ENDPOINT, FILE_EXPIRY_SECS, OpenAiBuildError, OpenAiClientSettings};
 use crate::wire;
 
-/// The routing name: models are `openai/<model>`.
+/// The built-in instance's routing name: models are `openai/<model>` (a named instance's are `<name>/<model>`).
 pub const NAME: &str = "openai";
 
 /// Metadata keys of batchd's tag on a batch.
@@ -137,7 +137,8 @@ impl OpenAiProvider {
                 ErrorKind::TooLarge,
                 format!(
                     "the batch's estimated {tokens} input tokens are over {model}'s enqueued-token limit of {limit} \
-                     (openai.enqueued_token_limits)"
+                     ({})",
+                    self.settings.setting("enqueued_token_limits")
                 ),
             ));
         }
@@ -158,9 +159,9 @@ impl OpenAiProvider {
                 ..error::local(
                     ErrorKind::QuotaExhausted,
                     format!(
-                        "waiting for room under {model}'s enqueued-token limit of {limit} \
-                         (openai.enqueued_token_limits): batches of an estimated {enqueued} input tokens are running, \
-                         this one needs {tokens}"
+                        "waiting for room under {model}'s enqueued-token limit of {limit} ({}): batches of an \
+                         estimated {enqueued} input tokens are running, this one needs {tokens}",
+                        self.settings.setting("enqueued_token_limits")
                     ),
                 )
             }),
@@ -214,8 +215,9 @@ impl OpenAiProvider {
         let name = format!("batchd-{}-{}.jsonl", batch.tag.job_id, batch.tag.chunk);
         let model = batch.model.remote_name();
         let expiry = self.settings.file_expiry_secs;
-        let (body, boundary) =
-            multipart(&name, expiry, capacity, |out| jsonl::write_lines(out, batch.items, endpoint, model));
+        let (body, boundary) = multipart(&self.settings.file_purpose, &name, expiry, capacity, |out| {
+            jsonl::write_lines(out, batch.items, endpoint, model)
+        });
         let bytes = body.len();
         let file = self.client.upload(body, &boundary).await?;
         Ok((file, bytes))
@@ -258,7 +260,7 @@ impl OpenAiProvider {
         let create = wire::CreateBatch {
             input_file_id: input_file,
             endpoint,
-            completion_window: "24h",
+            completion_window: self.settings.completion_window.as_deref(),
             metadata,
             output_expires_after,
         };
@@ -350,7 +352,7 @@ fn failed_batch(batch: &wire::Batch) -> ApiError {
 
 impl Provider for OpenAiProvider {
     fn name(&self) -> &'static str {
-        NAME
+        self.settings.name
     }
 
     fn limits(&self) -> BatchLimits {
@@ -390,8 +392,9 @@ impl Provider for OpenAiProvider {
                 return Err(error::local(
                     ErrorKind::Permanent,
                     format!(
-                        "the OpenAI Batch API has no endpoint {endpoint:?}; use one of {} (openai.endpoints)",
-                        self.settings.endpoints.join(", ")
+                        "the OpenAI Batch API has no endpoint {endpoint:?}; use one of {} ({})",
+                        self.settings.endpoints.join(", "),
+                        self.settings.setting("endpoints")
                     ),
                 ));
             }
@@ -573,7 +576,9 @@ impl Provider for OpenAiProvider {
     }
 
     fn capabilities(&self) -> batchd_provider::Capabilities {
-        crate::registration::CAPABILITIES
+        // The window is the instance's: Groq's may be up to 7 days; without one the vendor documents none.
+        let window = self.settings.completion_window.as_deref().and_then(crate::settings::completion_window);
+        batchd_provider::Capabilities { window, ..crate::registration::CAPABILITIES }
     }
 
     fn cancel<'a>(
@@ -670,6 +675,19 @@ mod tests {
             batch(r#"{"id":"batch_1","input_file_id":"file-a","metadata":{"batchd_job":"inv-42","batchd_chunk":"0"}}"#);
         assert!(earlier.carried_by(&untagged));
         assert!(!earlier.carried_by(&listed("file-b", "b", "1234123412341234", "0")));
+    }
+
+    #[test]
+    fn statuses_are_read_whatever_their_case_and_windows_in_hours_or_days() {
+        assert_eq!(batch(r#"{"id":"b","status":"COMPLETED"}"#).status.as_deref(), Some("completed"));
+        assert_eq!(batch(r#"{"id":"b","status":"In_Progress"}"#).status.as_deref(), Some("in_progress"));
+        assert_eq!(batch(r#"{"id":"b","status":null}"#).status, None);
+        let window = crate::settings::completion_window;
+        assert_eq!(window("24h"), Some(Duration::from_secs(24 * 3600)));
+        assert_eq!(window("7d"), Some(Duration::from_secs(7 * 86_400)));
+        for refused in ["", "h", "0h", "24", "24m", "-1d", "1.5d"] {
+            assert_eq!(window(refused), None, "{refused:?}");
+        }
     }
 
     #[test]

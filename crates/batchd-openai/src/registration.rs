@@ -9,7 +9,7 @@ use batchd_provider::{BuildContext, Capabilities, Kind, Registration, SettingErr
 use crate::MAX_ENDPOINT_LEN;
 use crate::OpenAiProvider;
 use crate::provider::NAME;
-use crate::settings::{DEFAULT_ENDPOINT, FILE_EXPIRY_SECS, OpenAiBuildError, OpenAiClientSettings};
+use crate::settings::{DEFAULT_ENDPOINT, FILE_EXPIRY_SECS, OpenAiBuildError, OpenAiClientSettings, completion_window};
 
 /// What OpenAI Batch can do: cancel a running batch (it ends with what it finished); no events; the API does not
 /// echo an item's `external_reference`; a batch expires 24 h after its creation (`completion_window` "24h").
@@ -60,6 +60,18 @@ fn check(settings: &OpenAiClientSettings, context: &BuildContext) -> Result<(), 
         return fail("idle_timeout_secs", "must be at least 1");
     }
     check_endpoints(&settings.endpoints).map_err(|why| SettingError::new("endpoints", why))?;
+    if let Some(window) = &settings.completion_window
+        && completion_window(window).is_none()
+    {
+        return fail("completion_window", "must be a whole number of hours or days (24h, 48h, 7d), or empty for none");
+    }
+    let token = |text: &str| {
+        (1..=64).contains(&text.len())
+            && text.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    if !token(&settings.file_purpose) {
+        return fail("file_purpose", "must be 1-64 characters of A-Z a-z 0-9 - _ . (OpenAI's is batch)");
+    }
     for (model, tokens) in &settings.enqueued_token_limits {
         if model.trim().is_empty() || *tokens == 0 {
             return fail("enqueued_token_limits", "each entry needs a model and tokens of at least 1");
@@ -135,7 +147,10 @@ mod tests {
         let check_and_build =
             |settings: &OpenAiClientSettings| REGISTRATION.check_and_build(settings, &context()).map(drop);
         assert!(check_and_build(&good).is_ok());
-        let cases: [(&str, Spoil); 13] = [
+        let cases: [(&str, Spoil); 16] = [
+            ("completion_window", |s| s.completion_window = Some("1 day".to_owned())),
+            ("completion_window", |s| s.completion_window = Some("0h".to_owned())),
+            ("file_purpose", |s| s.file_purpose = "batch\r\nx".to_owned()),
             ("max_requests", |s| s.max_requests = 50_001),
             ("max_file_bytes", |s| s.max_file_bytes = 300_000_000),
             ("max_result_bytes", |s| s.max_result_bytes = 10),
@@ -158,6 +173,12 @@ mod tests {
         let mut more = good.clone();
         more.endpoints.push("/v1/audio/speech".to_owned());
         assert!(check_and_build(&more).is_ok(), "a new endpoint is configurable");
+        let mut groq = good.clone();
+        groq.completion_window = Some("7d".to_owned());
+        assert!(check_and_build(&groq).is_ok(), "Groq's windows reach 7 days");
+        let mut none = good.clone();
+        none.completion_window = None;
+        assert!(check_and_build(&none).is_ok(), "a vendor that takes no window");
         let mut settings = good.clone();
         settings.account = "a:b".to_owned();
         assert_eq!(check_and_build(&settings).expect_err("account").key, "account");

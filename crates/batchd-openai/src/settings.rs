@@ -8,19 +8,58 @@ use std::time::Duration;
 
 /// OpenAI's API base URL.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+/// OpenAI's one completion window.
+pub const DEFAULT_COMPLETION_WINDOW: &str = "24h";
+/// The `purpose` of a batch input file at OpenAI.
+pub const DEFAULT_FILE_PURPOSE: &str = "batch";
 /// The endpoint a job's items go to when it names none.
 pub const DEFAULT_ENDPOINT: &str = "/v1/chat/completions";
 
 /// A secret OpenAI API key: the key type every provider shares. `Debug` and `Display` print `[redacted]`.
 pub use batchd_provider::http::ApiKey;
 
-/// How to reach OpenAI and what one batch may hold.
+/// The header the API key is sent in: OpenAI's and most compatible vendors' `Authorization: Bearer <key>`, or
+/// Azure OpenAI's `api-key: <key>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyHeader {
+    /// `Authorization: Bearer <key>` (OpenAI, Groq, and the others that copy OpenAI's API).
+    #[default]
+    Authorization,
+    /// `api-key: <key>` (Azure OpenAI's key authentication).
+    ApiKey,
+}
+
+impl KeyHeader {
+    /// Every spelling, as the settings give it (`key_header = "authorization" | "api-key"`).
+    pub const NAMES: [&'static str; 2] = ["authorization", "api-key"];
+
+    /// The header of its setting's spelling ([`KeyHeader::NAMES`]), case-insensitive.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "authorization" => Some(Self::Authorization),
+            "api-key" => Some(Self::ApiKey),
+            _ => None,
+        }
+    }
+}
+
+/// How to reach OpenAI (or an API that copies its Files and Batch endpoints) and what one batch may hold.
 #[derive(Debug, Clone)]
 pub struct OpenAiClientSettings {
+    /// The instance's routing name ([`batchd_provider::Provider::name`]): `openai` for the built-in instance, the
+    /// name of a named one (`[providers.<name>]`, models `<name>/<model>`).
+    pub name: &'static str,
     /// The API's base URL (`https://api.openai.com/v1`; the emulator's `http://ADDR/openai/v1` in tests).
     pub base_url: String,
-    /// The API key, sent as `Authorization: Bearer <key>`.
+    /// The API key, sent as [`OpenAiClientSettings::key_header`] says.
     pub api_key: ApiKey,
+    /// The header the key goes in (Azure OpenAI: `api-key`).
+    pub key_header: KeyHeader,
+    /// The batch's `completion_window` (OpenAI: `24h`, the only value it takes; Groq: `24h` to `7d`); `None`: not
+    /// sent, for a vendor that takes none.
+    pub completion_window: Option<String>,
+    /// The `purpose` of an uploaded input file (OpenAI and Groq: `batch`).
+    pub file_purpose: String,
     /// The account's label (`[A-Za-z0-9._-]`, `openai` by default): it names the rate buckets, which every
     /// namespace and replica using the same label shares.
     pub account: String,
@@ -76,12 +115,38 @@ pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 60;
 /// The expiry the Files and Batch APIs accept, in seconds (one hour to 30 days).
 pub const FILE_EXPIRY_SECS: std::ops::RangeInclusive<u64> = 3600..=2_592_000;
 
+/// A completion window (`24h`, `48h`, `7d`: a whole number of hours or days) as a duration; `None` for any other
+/// spelling.
+pub fn completion_window(window: &str) -> Option<Duration> {
+    let (count, unit) = window.split_at(window.len().checked_sub(1)?);
+    let count: u64 = count.parse().ok().filter(|count| *count > 0 && *count <= 10_000)?;
+    match unit {
+        "h" => Some(Duration::from_secs(count * 3600)),
+        "d" => Some(Duration::from_secs(count * 86_400)),
+        _ => None,
+    }
+}
+
 impl OpenAiClientSettings {
+    /// The full name of the instance's setting `key`, as error messages name it: `openai.<key>` for the built-in
+    /// instance, `providers.<name>.<key>` for a named one.
+    pub fn setting(&self, key: &str) -> String {
+        if self.name == crate::provider::NAME {
+            format!("openai.{key}")
+        } else {
+            format!("providers.{}.{key}", self.name)
+        }
+    }
+
     /// Settings for the production API with the defaults of `config/default.toml`.
     pub fn new(api_key: ApiKey) -> Self {
         Self {
+            name: crate::provider::NAME,
             base_url: DEFAULT_BASE_URL.to_owned(),
             api_key,
+            key_header: KeyHeader::Authorization,
+            completion_window: Some(DEFAULT_COMPLETION_WINDOW.to_owned()),
+            file_purpose: DEFAULT_FILE_PURPOSE.to_owned(),
             account: crate::provider::NAME.to_owned(),
             organization: None,
             project: None,

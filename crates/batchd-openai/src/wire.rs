@@ -13,8 +13,9 @@ pub(crate) struct CreateBatch<'a> {
     pub input_file_id: &'a str,
     /// The endpoint every line targets.
     pub endpoint: &'a str,
-    /// Always `24h`, the only window the API accepts.
-    pub completion_window: &'static str,
+    /// `24h` at OpenAI (the only window it accepts); what the instance sets elsewhere; not sent when it sets none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_window: Option<&'a str>,
     /// batchd's tag: job, chunk and attempt.
     pub metadata: BTreeMap<&'static str, String>,
     /// When the output and error files expire, if set.
@@ -45,8 +46,9 @@ pub(crate) struct Batch {
     /// `batch_...`.
     #[serde(default)]
     pub id: Option<String>,
-    /// One of the eight documented statuses (anything else is read as pending).
-    #[serde(default)]
+    /// One of the eight documented statuses (anything else is read as pending), in lower case whatever case the
+    /// API spelled it in (some vendors that copy the API answer `COMPLETED`).
+    #[serde(default, deserialize_with = "lower_case")]
     pub status: Option<String>,
     /// The input file.
     #[serde(default)]
@@ -63,6 +65,11 @@ pub(crate) struct Batch {
     /// The tag the batch was created with.
     #[serde(default)]
     pub metadata: Option<BTreeMap<String, serde_json::Value>>,
+}
+
+/// A string read in lower case.
+fn lower_case<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
+    Ok(Option::<String>::deserialize(deserializer)?.map(|text| text.to_ascii_lowercase()))
 }
 
 /// `errors` of a batch.

@@ -30,13 +30,16 @@ use serde_json::value::RawValue;
 
 pub use budget::{REPLY_COPIES, ReplyBudget, ReplyHold};
 pub use error::{ApiError, ErrorKind};
-pub use registration::{BuildContext, Capabilities, Kind, Registration, SettingError, check_request_timeout};
+pub use registration::{
+    BuildContext, Capabilities, Kind, Registration, SettingError, check_request_timeout, instance_name,
+};
 pub use remote::{MAX_REMOTE_REF_LEN, RemoteBatch};
 
 /// A batch inference API behind batchd's engine. Object-safe: the engine holds one `Arc<dyn Provider>` per
 /// configured provider and routes each job to one by its model name.
 pub trait Provider: Send + Sync + fmt::Debug {
-    /// The provider's routing name (`cloudflare`, `openai`, `anthropic`): the first segment of its models' names
+    /// The provider's routing name: its instance's name (`cloudflare`, `openai`, `anthropic`, `gemini` for the
+    /// built-in ones, `<name>` for a named instance `[providers.<name>]`), the first segment of its models' names
     /// (Cloudflare's are scoped, `@cf/...`), and the `provider` label of its metrics.
     fn name(&self) -> &'static str;
 

@@ -2,11 +2,12 @@
 //! to know of a kind, exported by the kind's own crate (`batchd_openai::REGISTRATION`, ...), so none of them
 //! hard-codes a provider. Adding a kind is one crate and one line in the daemon's registry list.
 //!
-//! An instance is a kind, a name and settings: today each kind has one instance, its built-in one, named after
-//! the kind and configured by the section of that name (`[openai]`); named instances (`[providers.<name>]`) would
-//! hand the same [`Registration::build`] another name and another section.
+//! An instance is a kind, a name and settings: each kind has its built-in instance, named after the kind and
+//! configured by the section of that name (`[openai]`), and any number of named instances (`[providers.<name>]`),
+//! which hand the same [`Registration::build`] another name ([`instance_name`]) and another section.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::{Provider, ReplyBudget};
@@ -133,9 +134,33 @@ pub fn check_request_timeout(key: &'static str, timeout: Duration, context: &Bui
     Ok(())
 }
 
+/// `name` as the `&'static str` a provider answers [`Provider::name`] with: each distinct instance name is kept
+/// once for the life of the process (a daemon has a handful; `config check` and tests build the same ones again),
+/// so building an instance twice never keeps a second copy.
+pub fn instance_name(name: &str) -> &'static str {
+    /// Every instance name handed out so far.
+    static NAMES: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let mut names = NAMES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(kept) = names.get(name) {
+        return kept;
+    }
+    let kept: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    names.insert(kept);
+    kept
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_instance_name_is_kept_once() {
+        let first = instance_name("groq");
+        let again = instance_name(&String::from("groq"));
+        assert_eq!(first, "groq");
+        assert!(std::ptr::eq(first, again), "the same name is not kept twice");
+        assert_eq!(instance_name("azure"), "azure");
+    }
 
     #[test]
     fn a_request_must_end_within_the_lease() {

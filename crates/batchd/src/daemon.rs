@@ -1,5 +1,6 @@
-//! `batchd run`: wires storage, the configured providers (every kind in the registry, `registry.rs`, whose
-//! settings are given; at least one) with their background tasks, and two apalis workers per namespace together,
+//! `batchd run`: wires storage, the configured providers (each kind's built-in instance whose settings are given,
+//! and the named instances `[providers.<name>]`, as the registry builds them, `registry.rs`; at least one) with
+//! their background tasks, and two apalis workers per namespace together,
 //! and runs them until shutdown.
 //!
 //! The workers are run one task each (not under apalis's `Monitor`, which reports success even when a worker
@@ -28,7 +29,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Health};
-use crate::registry::{REGISTRY, TaskContext};
+use crate::registry::{Instance, TaskContext};
 use crate::settings::{Secret, Settings};
 use batchd_engine::pipeline::{Pipeline, SplitSettings, handle_due, handle_entry};
 
@@ -86,10 +87,18 @@ pub async fn run_with_providers(
     };
     let mut providers = Providers::new().with_kinds(crate::registry::kinds());
     let mut starts = Vec::new();
-    for entry in &REGISTRY {
-        if let Some(built) = entry.build(&settings, &context)? {
+    crate::registry::remember_instances(&settings);
+    for (entry, instance) in crate::registry::instances(&settings) {
+        if let Some(built) = entry.build(&settings, instance, &context)? {
             let kind = entry.kind();
-            tracing::info!(provider = kind.name, models = %kind.models.join(", "), "{} configured", kind.title);
+            match instance {
+                Instance::BuiltIn => {
+                    tracing::info!(provider = kind.name, models = %kind.models.join(", "), "{} configured", kind.title);
+                }
+                Instance::Named { name, .. } => {
+                    tracing::info!(provider = name, kind = kind.name, models = %format!("{name}/<model>"), "named {} instance configured", kind.title);
+                }
+            }
             providers = providers.with(built.provider);
             starts.push(built.tasks);
         }

@@ -53,7 +53,7 @@ pub(crate) fn batch_json(clock: UnixClock, batch: &Batch, timing: &OpenAiTiming,
         "model": batch.model,
         "errors": errors,
         "input_file_id": batch.input_file_id,
-        "completion_window": "24h",
+        "completion_window": batch.completion_window,
         "status": batch.status.as_str(),
         "output_file_id": batch.output_file_id,
         "error_file_id": batch.error_file_id,
@@ -89,6 +89,19 @@ struct CreateParams {
     metadata: Option<Map<String, Value>>,
     /// `output_expires_after.seconds`, when given.
     output_expires_in: Option<std::time::Duration>,
+    /// `completion_window`, one the mount takes.
+    completion_window: String,
+}
+
+/// A `completion_window` in hours (`48h` or `2d`), when it is spelled so.
+fn window_hours(window: &str) -> Option<u64> {
+    let (count, unit) = window.split_at(window.len().checked_sub(1)?);
+    let count: u64 = count.parse().ok()?;
+    match unit {
+        "h" => Some(count),
+        "d" => count.checked_mul(24),
+        _ => None,
+    }
 }
 
 fn missing(param: &str) -> OpenAiError {
@@ -103,8 +116,8 @@ fn invalid_value(param: &str, message: String) -> OpenAiError {
     OpenAiError::invalid(message, Some(param), Some("invalid_value"))
 }
 
-/// Checks a create's body.
-fn parse_create(body: &[u8]) -> Result<CreateParams, OpenAiError> {
+/// Checks a create's body; `max_window_hours` is the longest window the mount takes (OpenAI: 24).
+fn parse_create(body: &[u8], max_window_hours: u64) -> Result<CreateParams, OpenAiError> {
     let Ok(Value::Object(mut object)) = serde_json::from_slice::<Value>(body) else {
         return Err(OpenAiError::invalid(
             "We could not parse the JSON body of your request. The OpenAI API expects a JSON payload.",
@@ -130,17 +143,23 @@ fn parse_create(body: &[u8]) -> Result<CreateParams, OpenAiError> {
             format!("Invalid value: '{}'. Supported values are: {}.", capped(&endpoint), ENDPOINTS.join(", ")),
         ));
     }
-    match object.remove("completion_window") {
-        Some(Value::String(window)) if window == "24h" => {}
+    let taken = |window: &str| window_hours(window).is_some_and(|hours| (24..=max_window_hours).contains(&hours));
+    let completion_window = match object.remove("completion_window") {
+        Some(Value::String(window)) if taken(&window) => window,
         Some(other) => {
             let shown = capped(&other.to_string());
+            let supported = if max_window_hours <= 24 {
+                "'24h'".to_owned()
+            } else {
+                format!("'24h' to '{max_window_hours}h' (or whole days, '7d')")
+            };
             return Err(invalid_value(
                 "completion_window",
-                format!("Invalid value: {shown}. Supported values are: '24h'."),
+                format!("Invalid value: {shown}. Supported values are: {supported}."),
             ));
         }
         None => return Err(missing("completion_window")),
-    }
+    };
     let metadata = match object.remove("metadata") {
         None | Some(Value::Null) => None,
         Some(Value::Object(metadata)) => Some(check_metadata(metadata)?),
@@ -162,7 +181,7 @@ fn parse_create(body: &[u8]) -> Result<CreateParams, OpenAiError> {
             }
         }
     }
-    Ok(CreateParams { input_file_id, endpoint, metadata, output_expires_in })
+    Ok(CreateParams { input_file_id, endpoint, metadata, output_expires_in, completion_window })
 }
 
 fn check_metadata(metadata: Map<String, Value>) -> Result<Map<String, Value>, OpenAiError> {
@@ -220,10 +239,15 @@ pub(crate) async fn create(State(api): State<Arc<OpenAi>>, parts: CallParts, req
             None,
         )
     });
-    let outcome = body.and_then(|body| parse_create(&body)).and_then(|params| {
+    let outcome = body.and_then(|body| parse_create(&body, api.dialect.max_window_hours)).and_then(|params| {
         call.record.file_id = Some(capped(&params.input_file_id));
-        let (view, fault_names) =
-            api.create_batch(params.endpoint, params.input_file_id, params.metadata, params.output_expires_in)?;
+        let (view, fault_names) = api.create_batch(
+            params.endpoint,
+            params.input_file_id,
+            params.metadata,
+            params.output_expires_in,
+            params.completion_window,
+        )?;
         call.record.batch_id = view["id"].as_str().map(str::to_owned);
         for name in fault_names {
             call.add_fault(name);
@@ -313,7 +337,7 @@ mod tests {
     use super::*;
 
     fn create(body: Value) -> Result<CreateParams, (Option<String>, String)> {
-        parse_create(body.to_string().as_bytes()).map_err(|error| (error.param, error.message))
+        parse_create(body.to_string().as_bytes(), 24).map_err(|error| (error.param, error.message))
     }
 
     fn valid() -> Value {
@@ -333,6 +357,22 @@ mod tests {
         let mut body = valid();
         body["extra"] = json!(1);
         assert!(create(body).expect_err("refused").1.contains("Unrecognized request argument"));
+    }
+
+    #[test]
+    fn a_groq_like_mount_takes_windows_from_24h_to_7d() {
+        let groq = |window: &str| {
+            let mut body = valid();
+            body["completion_window"] = json!(window);
+            parse_create(body.to_string().as_bytes(), 7 * 24).map(|params| params.completion_window)
+        };
+        for taken in ["24h", "48h", "2d", "7d", "168h"] {
+            assert_eq!(groq(taken).expect(taken), taken);
+        }
+        for refused in ["12h", "8d", "169h", "1w", "h"] {
+            let error = groq(refused).expect_err(refused);
+            assert!(error.message.contains("'24h' to '168h'"), "{}", error.message);
+        }
     }
 
     #[test]

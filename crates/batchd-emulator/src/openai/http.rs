@@ -199,9 +199,11 @@ impl Call {
             Some(Action::Replace(replaced)) => return Err(self.replace(api, connection, replaced)),
             None => {}
         }
-        let expected = format!("Bearer {}", api.api_key);
-        let authorized =
-            headers.get(header::AUTHORIZATION).is_some_and(|value| value.as_bytes() == expected.as_bytes());
+        let (name, expected) = match api.dialect.key_header {
+            super::OpenAiKeyHeader::Bearer => (header::AUTHORIZATION.as_str(), format!("Bearer {}", api.api_key)),
+            super::OpenAiKeyHeader::ApiKey => ("api-key", api.api_key.clone()),
+        };
+        let authorized = headers.get(name).is_some_and(|value| value.as_bytes() == expected.as_bytes());
         if authorized {
             return Ok(self);
         }
@@ -238,7 +240,10 @@ impl Call {
     /// Logs the call and builds its reply.
     pub fn end(mut self, api: &OpenAi, outcome: Result<Reply, OpenAiError>) -> Response {
         let mut response = match outcome {
-            Ok(Reply::Json(value)) => {
+            Ok(Reply::Json(mut value)) => {
+                if api.dialect.upper_case_statuses {
+                    upper_case_statuses(&mut value);
+                }
                 self.record.http_status = 200;
                 (StatusCode::OK, Json(value)).into_response()
             }
@@ -307,6 +312,22 @@ impl Call {
     }
 }
 
+/// Spells the status of a batch object, or of each batch in a list, in upper case (a dialect's,
+/// [`super::OpenAiDialect::upper_case_statuses`]); other objects (files) are left alone.
+fn upper_case_statuses(value: &mut Value) {
+    let batch = |object: &mut Value| {
+        if object["object"] == "batch"
+            && let Some(Value::String(status)) = object.get_mut("status")
+        {
+            *status = status.to_ascii_uppercase();
+        }
+    };
+    match value.get_mut("data") {
+        Some(Value::Array(batches)) => batches.iter_mut().for_each(batch),
+        _ => batch(value),
+    }
+}
+
 /// What a call-level fault does to a call.
 #[derive(Debug)]
 enum Action {
@@ -325,4 +346,22 @@ enum Replaced {
     Reset,
     /// This error reply.
     Error(OpenAiError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dialect_spells_batch_statuses_in_upper_case_and_leaves_files_alone() {
+        let mut batch = json!({"object": "batch", "status": "in_progress"});
+        upper_case_statuses(&mut batch);
+        assert_eq!(batch["status"], "IN_PROGRESS");
+        let mut list = json!({"object": "list", "data": [{"object": "batch", "status": "completed"}]});
+        upper_case_statuses(&mut list);
+        assert_eq!(list["data"][0]["status"], "COMPLETED");
+        let mut file = json!({"object": "file", "status": "processed"});
+        upper_case_statuses(&mut file);
+        assert_eq!(file["status"], "processed");
+    }
 }

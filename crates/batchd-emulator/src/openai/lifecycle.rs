@@ -144,6 +144,8 @@ pub(crate) struct Batch {
     pub metadata: Option<Map<String, Value>>,
     /// `output_expires_after.seconds`, when the create gave it: when its output and error files expire.
     pub output_expires_in: Option<Duration>,
+    /// The `completion_window` the create gave (`24h`).
+    pub completion_window: String,
     /// When the create arrived.
     pub created: Instant,
     /// Current status.
@@ -209,6 +211,7 @@ impl Batch {
             input_file_id,
             metadata,
             output_expires_in: None,
+            completion_window: "24h".to_owned(),
             created: now,
             status: Status::Validating,
             since: now,

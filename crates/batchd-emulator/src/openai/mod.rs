@@ -67,11 +67,92 @@ impl Default for OpenAiLimits {
     }
 }
 
+/// The header a mount takes its key in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OpenAiKeyHeader {
+    /// `Authorization: Bearer <key>` (OpenAI, Groq).
+    #[default]
+    Bearer,
+    /// `api-key: <key>` (Azure OpenAI's key authentication).
+    ApiKey,
+}
+
+/// How a mount of this module differs from OpenAI's own API, as each vendor that copies it documents
+/// (`gemini-and-openai-compatible-batch.md`, "OpenAI-compatible batch APIs").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenAiDialect {
+    /// The header the key goes in.
+    pub key_header: OpenAiKeyHeader,
+    /// The longest `completion_window` taken, in hours: OpenAI takes `24h` only (24); Groq `24h` to `7d` (168). A
+    /// window is a whole number of hours (`48h`) or days (`2d`) from 24 h to this.
+    pub max_window_hours: u64,
+    /// The deployments a batch's `model` must name (Azure OpenAI: the model is a global-batch deployment's name);
+    /// a batch naming another fails validation with `model_not_found`. Empty: any model.
+    pub deployments: Vec<String>,
+    /// Batch objects spell their status in upper case (`COMPLETED`), as Novita's and Together's do.
+    pub upper_case_statuses: bool,
+}
+
+impl Default for OpenAiDialect {
+    /// OpenAI's own: Bearer key, `24h` only, any model.
+    fn default() -> Self {
+        Self {
+            key_header: OpenAiKeyHeader::Bearer,
+            max_window_hours: 24,
+            deployments: Vec::new(),
+            upper_case_statuses: false,
+        }
+    }
+}
+
+/// A second (third, ...) mount of this module under another path, with its own key, dialect and state: a Groq-like
+/// or an Azure-like API beside the OpenAI one (`EmulatorConfig::openai_mounts`). Its control is in-process only
+/// (`EmulatorHandle::openai_mount`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenAiMount {
+    /// Where it is served, like [`OPENAI_PREFIX`] (a client's base URL is `http://ADDR<prefix>`).
+    pub prefix: String,
+    /// Its settings (key, dialect, timing, limits).
+    pub config: OpenAiConfig,
+}
+
+impl OpenAiMount {
+    /// Groq's batch API as its docs describe it: OpenAI's paths under `/openai/v1` (here `/groq/openai/v1`), a Bearer
+    /// key, completion windows from `24h` to `7d`.
+    pub fn groq() -> Self {
+        let dialect = OpenAiDialect { max_window_hours: 7 * 24, ..OpenAiDialect::default() };
+        let config = OpenAiConfig { api_key: "emulator-groq-key".to_owned(), dialect, ..OpenAiConfig::default() };
+        Self { prefix: "/groq/openai/v1".to_owned(), config }
+    }
+
+    /// Novita's batch API as the reference summarises its docs: OpenAI's paths under `/openai/v1` (here
+    /// `/novita/openai/v1`), a Bearer key, a `48h` window, and statuses in upper case.
+    pub fn novita() -> Self {
+        let dialect = OpenAiDialect { max_window_hours: 48, upper_case_statuses: true, ..OpenAiDialect::default() };
+        let config = OpenAiConfig { api_key: "emulator-novita-key".to_owned(), dialect, ..OpenAiConfig::default() };
+        Self { prefix: "/novita/openai/v1".to_owned(), config }
+    }
+
+    /// Azure OpenAI's global batch (v1 API) as its docs describe it: OpenAI's paths under `/openai/v1` (here
+    /// `/azure/openai/v1`), the key in `api-key`, and a model that is a deployment's name (here `gpt-4o-mini-batch`).
+    pub fn azure() -> Self {
+        let dialect = OpenAiDialect {
+            key_header: OpenAiKeyHeader::ApiKey,
+            deployments: vec!["gpt-4o-mini-batch".to_owned()],
+            ..OpenAiDialect::default()
+        };
+        let config = OpenAiConfig { api_key: "emulator-azure-key".to_owned(), dialect, ..OpenAiConfig::default() };
+        Self { prefix: "/azure/openai/v1".to_owned(), config }
+    }
+}
+
 /// Settings of the OpenAI emulator.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenAiConfig {
-    /// The key a caller must send as `Authorization: Bearer <key>`.
+    /// The key a caller must send (as `Authorization: Bearer <key>`, or as its dialect's header).
     pub api_key: String,
+    /// How this mount differs from OpenAI's API (OpenAI's own by default).
+    pub dialect: OpenAiDialect,
     /// How long batches stay in each state.
     pub timing: OpenAiTiming,
     /// Upload size, request and token caps.
@@ -88,6 +169,7 @@ impl Default for OpenAiConfig {
     fn default() -> Self {
         Self {
             api_key: "emulator-openai-key".to_owned(),
+            dialect: OpenAiDialect::default(),
             timing: OpenAiTiming::default(),
             limits: OpenAiLimits::default(),
             shuffle: true,
@@ -236,6 +318,11 @@ fn millis(duration: Duration) -> u64 {
 
 /// The OpenAI routes (API and control), with their state, to merge into the emulator's router.
 pub(crate) fn router<S: Clone + Send + Sync + 'static>(api: Arc<OpenAi>) -> Router<S> {
+    Router::new().merge(api_routes(OPENAI_PREFIX, Arc::clone(&api))).merge(control::routes().with_state(api))
+}
+
+/// The API routes alone under `prefix`: a second mount's ([`OpenAiMount`]).
+pub(crate) fn api_routes<S: Clone + Send + Sync + 'static>(prefix: &str, api: Arc<OpenAi>) -> Router<S> {
     let v1 = Router::new()
         .route("/files", post(files::upload).get(files::list))
         .route("/files/{id}", get(files::get).delete(files::delete))
@@ -245,7 +332,7 @@ pub(crate) fn router<S: Clone + Send + Sync + 'static>(api: Arc<OpenAi>) -> Rout
         .route("/batches/{id}/cancel", post(batches::cancel))
         .fallback(unrouted)
         .method_not_allowed_fallback(unrouted);
-    Router::new().nest(OPENAI_PREFIX, v1).merge(control::routes()).with_state(api)
+    Router::new().nest(prefix, v1).with_state(api)
 }
 
 /// Any path or method the API does not have: 404 with the API's wording.
@@ -256,7 +343,8 @@ async fn unrouted(
     OriginalUri(uri): OriginalUri,
 ) -> Response {
     let call = Call::begin(&api, Kind::Unrouted, method.as_str(), uri.path(), &connection);
-    let path = uri.path().strip_prefix("/openai").unwrap_or(uri.path());
+    // The path as the API's docs write it, from `/v1` on.
+    let path = uri.path().find("/v1").map_or(uri.path(), |at| &uri.path()[at..]);
     let message = format!("Invalid URL ({} {})", method, http::capped(path));
     let error = OpenAiError { status: axum::http::StatusCode::NOT_FOUND, ..OpenAiError::invalid(message, None, None) };
     call.end(&api, Err(error))

@@ -59,8 +59,10 @@ pub(crate) struct StoredFile {
 /// The OpenAI emulator's state, shared by its handlers and the handle.
 #[derive(Debug)]
 pub(crate) struct OpenAi {
-    /// The key callers must send as `Authorization: Bearer <key>`.
+    /// The key callers must send (in the dialect's header).
     pub api_key: String,
+    /// How this mount differs from OpenAI's API.
+    pub dialect: super::OpenAiDialect,
     /// Turns instants into Unix times.
     clock: UnixClock,
     /// The calls and replies a `hold` fault keeps open, and their release.
@@ -99,6 +101,8 @@ impl UnixClock {
 struct Inner {
     /// The same clock as [`OpenAi`]'s, for the times written into result files.
     clock: UnixClock,
+    /// The deployments a batch's model must name ([`super::OpenAiDialect::deployments`]); empty: any model.
+    deployments: Vec<String>,
     /// Current timing of batches.
     timing: OpenAiTiming,
     /// Current caps.
@@ -136,10 +140,12 @@ impl OpenAi {
         let clock = UnixClock::now();
         Self {
             api_key: config.api_key.clone(),
+            dialect: config.dialect.clone(),
             clock,
             holds: Holds::default(),
             inner: Mutex::new(Inner {
                 clock,
+                deployments: config.dialect.deployments.clone(),
                 timing: config.timing,
                 limits: config.limits,
                 shuffle: config.shuffle,
@@ -391,6 +397,7 @@ impl OpenAi {
         input_file_id: String,
         metadata: Option<Map<String, Value>>,
         output_expires_in: Option<Duration>,
+        completion_window: String,
     ) -> Result<(Value, Vec<&'static str>), OpenAiError> {
         let now = Instant::now();
         let mut inner = self.lock();
@@ -410,6 +417,7 @@ impl OpenAi {
         let id = format!("batch_{}", random_hex(&mut inner.rng, 32));
         let mut batch = Batch::new(id.clone(), endpoint, input_file_id, metadata, content, now);
         batch.output_expires_in = output_expires_in;
+        batch.completion_window = completion_window;
         // Every pending batch-level fault hits this batch once; faults with hits left wait for the next batches.
         let mut fault_names = Vec::new();
         for fault in &mut inner.batch_faults {
@@ -539,6 +547,15 @@ impl Inner {
             Ok(valid) => valid,
             Err(errors) => return batch.fail(errors, at),
         };
+        // Azure OpenAI: the model is a deployment's name.
+        if !self.deployments.is_empty() && !self.deployments.contains(&valid.model) {
+            let message = format!(
+                "The model '{}' does not exist or you do not have access to it: name a global-batch deployment.",
+                crate::openai::http::capped(&valid.model)
+            );
+            let error = BatchError::new("model_not_found", message, Some("body.model"), None);
+            return batch.fail(vec![error], at);
+        }
         let requests: Vec<Request> = valid
             .lines
             .into_iter()

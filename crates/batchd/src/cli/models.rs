@@ -1,6 +1,6 @@
-//! `batchd models`: the provider kinds batchd knows (from the registry: model names, capabilities, whether this
-//! configuration has each), then, when Workers AI is configured, its models that take batch requests, with the
-//! task type, rate-limit bucket and limit batchd gives each, from the model catalog (the copy the daemons share in
+//! `batchd models`: the provider kinds batchd knows and the named instances configured (from the registry: model
+//! names, capabilities, whether this configuration has each), then, when Workers AI is configured, its models that
+//! take batch requests, with the task type, rate-limit bucket and limit batchd gives each, from the model catalog (the copy the daemons share in
 //! Redis; read from the API when there is none, or with `--refresh`), or from the `[rate_limits]` tables when the
 //! catalog cannot be read; and for each other configured provider, that batchd does not list its models, with the
 //! models its settings name.
@@ -18,7 +18,8 @@ pub struct ModelsArgs {
     /// Read the catalog from the API now (and share it through Redis) instead of using the daemons' copy.
     #[arg(long)]
     pub refresh: bool,
-    /// Print JSON: `{"providers":[{"kind":..,"title":..,"models":[..],"capabilities":{..},"configured":..}],
+    /// Print JSON: `{"providers":[{"kind":..,"title":..,"models":[..],"capabilities":{..},"configured":..}],` (a
+    /// named instance has `"name"` too),
     /// "source":..,"fetched_at":..,"models":[{"model":..,"task":..,"bucket":..,"limit":..}],
     /// "unlisted":[{"kind":..,"why":..,"named_in_settings":[..]}]}`.
     #[arg(long)]
@@ -41,14 +42,51 @@ struct Row {
     paid_only: bool,
 }
 
+/// A provider instance as `batchd models` lists it.
+struct Listed {
+    /// Its routing name: the kind's for a built-in instance, `<name>` for a named one.
+    name: String,
+    /// Its kind.
+    kind: &'static batchd_provider::Kind,
+    /// Whether it is a named instance (`[providers.<name>]`).
+    named: bool,
+    /// Whether it is configured.
+    configured: bool,
+}
+
+impl Listed {
+    /// The model names that route to it: the kind's for a built-in instance, `<name>/<model>` for a named one.
+    fn models(&self) -> Vec<String> {
+        if self.named {
+            vec![format!("{}/<model>", self.name)]
+        } else {
+            self.kind.models.iter().map(|model| (*model).to_owned()).collect()
+        }
+    }
+}
+
+/// Every provider instance of `settings`: each kind's built-in one (configured or not), then the named ones.
+fn listed(settings: &Settings) -> Vec<Listed> {
+    crate::registry::instances(settings)
+        .into_iter()
+        .map(|(entry, instance)| Listed {
+            name: instance.name(entry.kind()).to_owned(),
+            kind: entry.kind(),
+            named: matches!(instance, crate::registry::Instance::Named { .. }),
+            configured: entry.configured(settings, instance),
+        })
+        .collect()
+}
+
 /// A configured provider whose models batchd cannot list (it reads no model list of theirs), what it accepts, and
 /// the models its settings name.
-fn unlisted(settings: &Settings, providers: &[(&'static batchd_provider::Kind, bool)]) -> Vec<serde_json::Value> {
+fn unlisted(settings: &Settings, providers: &[Listed]) -> Vec<serde_json::Value> {
     providers
         .iter()
-        .filter(|(kind, configured)| *configured && kind.name != batchd_core::ids::CLOUDFLARE)
-        .map(|(kind, _)| {
-            let named: Vec<String> = match kind.name {
+        .filter(|listed| listed.configured && listed.name != batchd_core::ids::CLOUDFLARE)
+        .map(|listed| {
+            let kind = listed.kind;
+            let named: Vec<String> = match listed.name.as_str() {
                 "openai" => {
                     let limits = settings.openai.models.iter().map(|limit| &limit.model);
                     let tokens = settings.openai.enqueued_token_limits.iter().map(|limit| &limit.model);
@@ -65,9 +103,9 @@ fn unlisted(settings: &Settings, providers: &[(&'static batchd_provider::Kind, b
                 "batchd does not read {}'s model list: any {} its Batch API takes is accepted (an unknown one \
                  fails when its batch is created)",
                 kind.title,
-                kind.models.join(" ")
+                listed.models().join(" ")
             );
-            json!({"kind": kind.name, "why": why, "named_in_settings": named})
+            json!({"kind": listed.name, "why": why, "named_in_settings": named})
         })
         .collect()
 }
@@ -87,8 +125,7 @@ fn print_unlisted(unlisted: &[serde_json::Value]) {
 
 /// Runs `batchd models`.
 pub async fn models(settings: &Settings, args: &ModelsArgs) -> anyhow::Result<()> {
-    let providers: Vec<(&'static batchd_provider::Kind, bool)> =
-        crate::registry::REGISTRY.iter().map(|entry| (entry.kind(), entry.configured(settings))).collect();
+    let providers = listed(settings);
     let unlisted = unlisted(settings, &providers);
     if !settings.cloudflare_configured() {
         let catalog = json!({"source": null, "fetched_at": null, "models": [], "unlisted": unlisted});
@@ -193,17 +230,17 @@ pub async fn models(settings: &Settings, args: &ModelsArgs) -> anyhow::Result<()
 
 /// Prints the provider kinds: a table (`PROVIDER  MODELS  CAPABILITIES  CONFIGURED`), or with `json` one object
 /// with `providers` and the fields of `catalog` (the Workers AI models; without it, `models` is empty).
-fn print_providers(
-    providers: &[(&'static batchd_provider::Kind, bool)],
-    json: bool,
-    catalog: Option<serde_json::Value>,
-) -> anyhow::Result<()> {
+fn print_providers(providers: &[Listed], json: bool, catalog: Option<serde_json::Value>) -> anyhow::Result<()> {
     if json {
         let listed: Vec<serde_json::Value> = providers
             .iter()
-            .map(|(kind, configured)| {
-                let mut value = crate::registry::kind_json(kind);
-                value["configured"] = (*configured).into();
+            .map(|listed| {
+                let mut value = crate::registry::kind_json(listed.kind);
+                value["configured"] = listed.configured.into();
+                if listed.named {
+                    value["name"] = listed.name.clone().into();
+                    value["models"] = listed.models().into();
+                }
                 value
             })
             .collect();
@@ -212,12 +249,51 @@ fn print_providers(
         return print_json(&value);
     }
     println!("{:<12}  {:<28}  {:<40}  CONFIGURED", "PROVIDER", "MODELS", "CAPABILITIES");
-    for (kind, configured) in providers {
+    for listed in providers {
         let capabilities: Vec<&str> =
-            kind.capabilities.named().iter().filter(|(_, has)| *has).map(|(name, _)| *name).collect();
+            listed.kind.capabilities.named().iter().filter(|(_, has)| *has).map(|(name, _)| *name).collect();
         let capabilities = if capabilities.is_empty() { "-".to_owned() } else { capabilities.join(",") };
-        let configured = if *configured { "yes" } else { "no" };
-        println!("{:<12}  {:<28}  {capabilities:<40}  {configured}", kind.name, kind.models.join(" "));
+        let configured = if listed.configured { "yes" } else { "no" };
+        let name = if listed.named { format!("{} ({})", listed.name, listed.kind.name) } else { listed.name.clone() };
+        println!(
+            "{:<12}  {:<28}  {capabilities:<40}  {configured}",
+            escape_for_terminal(&name),
+            escape_for_terminal(&listed.models().join(" "))
+        );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn named_instances_are_listed_after_the_kinds_with_their_own_models() {
+        let env = [
+            ("BATCHD__PROVIDERS__GROQ__KIND", "openai"),
+            ("BATCHD__PROVIDERS__GROQ__API_KEY", "gsk"),
+            ("OPENAI_API_KEY", "sk"),
+        ];
+        let env = env.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned())).collect();
+        let settings = Settings::load_from(None, &env).expect("settings");
+        let listed = listed(&settings);
+        let names: Vec<(&str, bool, bool)> =
+            listed.iter().map(|listed| (listed.name.as_str(), listed.named, listed.configured)).collect();
+        assert_eq!(
+            names,
+            [
+                ("cloudflare", false, false),
+                ("openai", false, true),
+                ("anthropic", false, false),
+                ("gemini", false, false),
+                ("groq", true, true)
+            ]
+        );
+        assert_eq!(listed[4].models(), ["groq/<model>"]);
+        assert_eq!(listed[4].kind.name, "openai");
+        let unlisted = unlisted(&settings, &listed);
+        let kinds: Vec<&str> = unlisted.iter().map(|provider| provider["kind"].as_str().expect("kind")).collect();
+        assert_eq!(kinds, ["openai", "groq"], "batchd lists neither's models");
+    }
 }

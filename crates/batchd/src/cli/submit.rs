@@ -77,9 +77,9 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
             .transpose()?,
         ..args.clone()
     };
-    // An OpenAI endpoint is checked against openai.endpoints, and a model that serves one only gets it.
+    // An OpenAI endpoint is checked against its instance's endpoints, and a model that serves one only gets it.
     let args = &match &args.model {
-        Some(model) => match endpoint::check(model, args.endpoint.as_deref(), &settings.openai.endpoints) {
+        Some(model) => match endpoint::check(model, args.endpoint.as_deref(), settings) {
             Ok(endpoint::Checked::Fine) => args.clone(),
             Ok(endpoint::Checked::Only(only)) => {
                 eprintln!("batchd: note: model {model} serves {only} only; the job names it as its endpoint");
@@ -114,7 +114,7 @@ pub async fn submit(settings: &Settings, args: &SubmitArgs) -> anyhow::Result<()
         anyhow!("{name}: {e}{hint}")
     })?;
     if args.model.is_none() {
-        match endpoint::check(job.model.as_str(), job.endpoint.as_deref(), &settings.openai.endpoints) {
+        match endpoint::check(job.model.as_str(), job.endpoint.as_deref(), settings) {
             Ok(endpoint::Checked::Fine) => {}
             Ok(endpoint::Checked::Only(only)) => bail!(
                 "{name}: model {} serves {only} only: give the job \"endpoint\": \"{only}\" (without it the job goes \

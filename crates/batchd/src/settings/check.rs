@@ -129,6 +129,9 @@ impl Settings {
         if !self.redis.tls_insecure && self.redis.nodes.iter().any(|node| insecure(node.expose())) {
             return fail("redis.nodes", why);
         }
+        for (name, section) in &self.providers {
+            crate::registry::check_named(name, section)?;
+        }
         Ok(())
     }
 
@@ -170,8 +173,8 @@ impl Settings {
             reply_budget: None,
         };
         let mut configured = 0;
-        for entry in &crate::registry::REGISTRY {
-            configured += usize::from(entry.check(self, &context)?);
+        for (entry, instance) in crate::registry::instances(self) {
+            configured += usize::from(entry.check(self, instance, &context)?);
         }
         if configured == 0 {
             return Err(crate::registry::none_configured());
@@ -213,59 +216,88 @@ impl Settings {
         };
         let pace = |n: u32, per: &str| if n == 0 { "not paced by batchd".to_owned() } else { format!("{n} {per}") };
         let mut out = String::from("# Providers (the model name's prefix picks one):\n");
-        for entry in &crate::registry::REGISTRY {
+        for (entry, instance) in crate::registry::instances(self) {
             let kind = entry.kind();
-            let configured = if entry.configured(self) { "configured" } else { "not configured" };
-            let detail = match kind.name {
-                batchd_core::ids::CLOUDFLARE => {
-                    let limits = &self.rate_limits;
+            let configured = if entry.configured(self, instance) { "configured" } else { "not configured" };
+            let detail = match instance {
+                crate::registry::Instance::Named { name, section } => {
+                    let value = |key: &str| match section.settings.get(key) {
+                        Some(toml::Value::String(text)) => text.clone(),
+                        Some(other) => other.to_string(),
+                        None => format!("[{}]'s default", kind.name),
+                    };
+                    let file = section.settings.get("api_key_file").and_then(|file| file.as_str()).unwrap_or_default();
+                    let variable = crate::settings::env_var(&format!("providers.{name}.api_key")).unwrap_or_default();
                     format!(
-                        "base URL {}; account {}; limits [rate_limits] per {} s: text generation {}, embeddings {}, \
-                         translation {}, speech recognition {}, burst {}; {}",
-                        self.cloudflare.base_url,
-                        if self.cloudflare.account_id.is_empty() { "not set" } else { &self.cloudflare.account_id },
-                        limits.window_secs,
-                        limits.text_generation,
-                        limits.embeddings,
-                        limits.translation,
-                        limits.speech_recognition,
-                        limits.burst,
-                        key_source(
-                            self.cloudflare.api_token.is_some(),
-                            &self.cloudflare.api_token_file,
-                            "CLOUDFLARE_API_TOKEN"
-                        )
+                        "named instance of kind {}, models {name}/<model>; base URL {}; account {}; {}",
+                        kind.name,
+                        value("base_url"),
+                        section.settings.get("account").and_then(|account| account.as_str()).unwrap_or(name),
+                        key_source(section.api_key.is_some(), file, &variable)
                     )
                 }
-                "openai" => format!(
-                    "base URL {}; limits openai.batches_per_hour {} (burst {}); {}",
-                    self.openai.base_url,
-                    pace(self.openai.batches_per_hour, "per model"),
-                    self.openai.burst,
-                    key_source(self.openai.api_key.is_some(), &self.openai.api_key_file, "OPENAI_API_KEY")
-                ),
-                "anthropic" => format!(
-                    "base URL {}; limits anthropic.requests_per_minute {} (burst {}), {} requests per batch; {}",
-                    self.anthropic.base_url,
-                    pace(self.anthropic.requests_per_minute, "per minute"),
-                    self.anthropic.burst,
-                    self.anthropic.max_requests,
-                    key_source(self.anthropic.api_key.is_some(), &self.anthropic.api_key_file, "ANTHROPIC_API_KEY")
-                ),
-                "gemini" => format!(
-                    "base URL {}; limits gemini.batches_per_minute {} (burst {}), {} requests per batch; {}",
-                    self.gemini.base_url,
-                    pace(self.gemini.batches_per_minute, "per minute"),
-                    self.gemini.burst,
-                    self.gemini.max_requests,
-                    key_source(self.gemini.api_key.is_some(), &self.gemini.api_key_file, "GEMINI_API_KEY")
-                ),
-                _ => String::new(),
+                crate::registry::Instance::BuiltIn => self.built_in_summary(kind.name, &key_source, &pace),
             };
-            out.push_str(&format!("#   {} ({}): {configured}; {detail}\n", kind.name, kind.title));
+            let name = instance.name(kind);
+            out.push_str(&format!("#   {name} ({}): {configured}; {detail}\n", kind.title));
         }
         out.push('\n');
         out
+    }
+
+    /// [`Settings::provider_summary`]'s line of a built-in instance, after its name and state.
+    fn built_in_summary(
+        &self,
+        kind: &str,
+        key_source: &dyn Fn(bool, &str, &str) -> String,
+        pace: &dyn Fn(u32, &str) -> String,
+    ) -> String {
+        match kind {
+            batchd_core::ids::CLOUDFLARE => {
+                let limits = &self.rate_limits;
+                format!(
+                    "base URL {}; account {}; limits [rate_limits] per {} s: text generation {}, embeddings {}, \
+                     translation {}, speech recognition {}, burst {}; {}",
+                    self.cloudflare.base_url,
+                    if self.cloudflare.account_id.is_empty() { "not set" } else { &self.cloudflare.account_id },
+                    limits.window_secs,
+                    limits.text_generation,
+                    limits.embeddings,
+                    limits.translation,
+                    limits.speech_recognition,
+                    limits.burst,
+                    key_source(
+                        self.cloudflare.api_token.is_some(),
+                        &self.cloudflare.api_token_file,
+                        "CLOUDFLARE_API_TOKEN"
+                    )
+                )
+            }
+            "openai" => format!(
+                "base URL {}; limits openai.batches_per_hour {} (burst {}); {}",
+                self.openai.base_url,
+                pace(self.openai.batches_per_hour, "per model"),
+                self.openai.burst,
+                key_source(self.openai.api_key.is_some(), &self.openai.api_key_file, "OPENAI_API_KEY")
+            ),
+            "anthropic" => format!(
+                "base URL {}; limits anthropic.requests_per_minute {} (burst {}), {} requests per batch; {}",
+                self.anthropic.base_url,
+                pace(self.anthropic.requests_per_minute, "per minute"),
+                self.anthropic.burst,
+                self.anthropic.max_requests,
+                key_source(self.anthropic.api_key.is_some(), &self.anthropic.api_key_file, "ANTHROPIC_API_KEY")
+            ),
+            "gemini" => format!(
+                "base URL {}; limits gemini.batches_per_minute {} (burst {}), {} requests per batch; {}",
+                self.gemini.base_url,
+                pace(self.gemini.batches_per_minute, "per minute"),
+                self.gemini.burst,
+                self.gemini.max_requests,
+                key_source(self.gemini.api_key.is_some(), &self.gemini.api_key_file, "GEMINI_API_KEY")
+            ),
+            _ => String::new(),
+        }
     }
 }
 
@@ -287,9 +319,13 @@ fn check_redis_url(key: &str, url: &str) -> Result<(), ConfigError> {
 }
 
 impl Settings {
-    /// Every file a secret is read from, with its key: the Cloudflare token, the events queue's token, the OpenAI
-    /// and Anthropic keys (a systemd credential is one of these once found, [`Settings::use_systemd_credential`]).
-    pub fn secret_files(&self) -> Vec<(&'static str, &str)> {
+    /// Every file a secret is read from, with its key: the Cloudflare token, the events queue's token, each
+    /// provider instance's key (a systemd credential is one of these once found, [`Settings::use_systemd_credential`]).
+    pub fn secret_files(&self) -> Vec<(String, &str)> {
+        let named = self.providers.iter().filter_map(|(name, section)| {
+            let file = section.settings.get("api_key_file")?.as_str()?;
+            Some((format!("providers.{name}.api_key_file"), file))
+        });
         [
             ("cloudflare.api_token_file", self.cloudflare.api_token_file.as_str()),
             ("events.api_token_file", self.events.api_token_file.as_str()),
@@ -298,6 +334,8 @@ impl Settings {
             ("gemini.api_key_file", self.gemini.api_key_file.as_str()),
         ]
         .into_iter()
+        .map(|(key, file)| (key.to_owned(), file))
+        .chain(named)
         .filter(|(_, path)| !path.is_empty())
         .collect()
     }
@@ -387,6 +425,128 @@ mod tests {
         assert!(error.contains("cloudflare.account_id (CLOUDFLARE_ACCOUNT_ID or"), "{error}");
         let error = refusal(&[("OPENAI_API_KEY", "sk-x"), ("BATCHD__EVENTS__QUEUE_ID", "q")]).expect("events");
         assert!(error.contains("events.queue_id") && error.contains("Workers AI is not configured"), "{error}");
+    }
+
+    #[test]
+    fn named_instances_are_checked_naming_their_key_and_variable() {
+        let groq: &[(&str, &str)] = &[
+            ("BATCHD__PROVIDERS__GROQ__KIND", "openai"),
+            ("BATCHD__PROVIDERS__GROQ__API_KEY", "gsk-secret"),
+            ("BATCHD__PROVIDERS__GROQ__BASE_URL", "https://api.groq.com/openai/v1"),
+            ("BATCHD__PROVIDERS__GROQ__COMPLETION_WINDOW", "48h"),
+        ];
+        assert_eq!(refusal(groq), None, "a named OpenAI-kind instance alone is a configuration");
+        let settings = Settings::load_from(None, &env(groq)).unwrap();
+        let client = settings.openai_named("groq", &settings.providers["groq"]).expect("groq");
+        assert_eq!((client.name, client.account.as_str()), ("groq", "groq"), "its name routes and names its limits");
+        assert_eq!(client.completion_window.as_deref(), Some("48h"));
+        assert_eq!(client.setting("endpoints"), "providers.groq.endpoints");
+        assert!(!format!("{settings:?}").contains("gsk-secret") && !settings.to_redacted_toml().contains("gsk-secret"));
+        let summary = settings.provider_summary();
+        assert!(
+            summary.contains(
+                "#   groq (OpenAI Batch): configured; named instance of kind openai, models groq/<model>; base URL \
+                 https://api.groq.com/openai/v1; account groq; key from the environment \
+                 (BATCHD__PROVIDERS__GROQ__API_KEY)\n"
+            ),
+            "{summary}"
+        );
+        for (key, value, named) in [
+            (
+                "BATCHD__PROVIDERS__GROQ__BASE_URL",
+                "http://10.0.0.5/v1",
+                "providers.groq.base_url (BATCHD__PROVIDERS__GROQ__BASE_URL): ",
+            ),
+            (
+                "BATCHD__PROVIDERS__GROQ__KEY_HEADER",
+                "bearer",
+                "providers.groq.key_header (BATCHD__PROVIDERS__GROQ__KEY_HEADER): \"bearer\" is not one of authorization, api-key",
+            ),
+            (
+                "BATCHD__PROVIDERS__GROQ__COMPLETION_WINDOW",
+                "two days",
+                "providers.groq.completion_window (BATCHD__PROVIDERS__GROQ__COMPLETION_WINDOW): ",
+            ),
+            (
+                "BATCHD__PROVIDERS__GROQ__MAX_REQUESTS",
+                "many",
+                "providers.groq.max_requests (BATCHD__PROVIDERS__GROQ__MAX_REQUESTS): ",
+            ),
+            (
+                "BATCHD__PROVIDERS__GROQ__MAX_REQUESTS",
+                "50001",
+                "providers.groq.max_requests (BATCHD__PROVIDERS__GROQ__MAX_REQUESTS): ",
+            ),
+            (
+                "BATCHD__PROVIDERS__GROQ__BASEURL",
+                "x",
+                "providers.groq.baseurl (BATCHD__PROVIDERS__GROQ__BASEURL): no such key; [providers.groq] has ",
+            ),
+            (
+                "BATCHD__PROVIDERS__GROQ__API_KEY",
+                "",
+                "providers.groq.api_key (BATCHD__PROVIDERS__GROQ__API_KEY): not set; set it, or providers.groq.api_key_file (BATCHD__PROVIDERS__GROQ__API_KEY_FILE)",
+            ),
+        ] {
+            let env: Vec<(&str, &str)> =
+                groq.iter().copied().filter(|(name, _)| *name != key).chain([(key, value)]).collect();
+            let error = refusal(&env).expect(key);
+            assert!(error.contains(named), "{key}={value}: {error}");
+        }
+        let azure = [
+            ("BATCHD__PROVIDERS__AZURE__KIND", "openai"),
+            ("BATCHD__PROVIDERS__AZURE__API_KEY", "az-key"),
+            ("BATCHD__PROVIDERS__AZURE__KEY_HEADER", "api-key"),
+            ("BATCHD__PROVIDERS__AZURE__ENDPOINTS", "/v1/chat/completions"),
+        ];
+        let settings = Settings::load_from(None, &env(&azure)).unwrap();
+        let client = settings.openai_named("azure", &settings.providers["azure"]).expect("azure");
+        assert_eq!(client.key_header, batchd_openai::KeyHeader::ApiKey);
+        assert_eq!(client.endpoints, ["/v1/chat/completions"], "a list from the environment, comma-separated");
+        let gem = [("BATCHD__PROVIDERS__GEM_EU__KIND", "gemini"), ("BATCHD__PROVIDERS__GEM_EU__API_KEY", "g")];
+        assert_eq!(refusal(&gem), None, "a named Gemini instance");
+        let ant = [("BATCHD__PROVIDERS__ANT2__KIND", "anthropic"), ("BATCHD__PROVIDERS__ANT2__API_KEY", "a")];
+        assert_eq!(refusal(&ant), None, "a named Anthropic instance");
+    }
+
+    #[test]
+    fn a_named_instance_needs_a_good_name_and_a_kind_with_named_instances() {
+        let load = |name: &str, kind: &str| {
+            let kind_var = format!("BATCHD__PROVIDERS__{name}__KIND");
+            let key_var = format!("BATCHD__PROVIDERS__{name}__API_KEY");
+            Settings::load_from(None, &env(&[(&kind_var, kind), (&key_var, "k")])).err().map(|error| error.to_string())
+        };
+        assert_eq!(load("GROQ_2", "openai"), None);
+        for (name, kind, named) in [
+            (
+                "OPENAI",
+                "openai",
+                "providers.openai (BATCHD__PROVIDERS__OPENAI): \"openai\" is the built-in OpenAI Batch instance's name",
+            ),
+            ("GEMINI", "openai", "is the built-in Gemini"),
+            ("9LIVES", "openai", "\"9lives\" is not an instance name"),
+            (
+                "GROQ",
+                "mistral",
+                "providers.groq.kind (BATCHD__PROVIDERS__GROQ__KIND): \"mistral\" is not a provider kind; one of openai, anthropic, gemini",
+            ),
+            (
+                "CF2",
+                "cloudflare",
+                "providers.cf2.kind (BATCHD__PROVIDERS__CF2__KIND): Workers AI has no named instances yet",
+            ),
+        ] {
+            let error = load(name, kind).expect(name);
+            assert!(error.contains(named), "{name}: {error}");
+        }
+        let dir = std::env::temp_dir().join(format!("batchd-named-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("batchd.toml");
+        std::fs::write(&file, "[providers.groq]\nkind = \"openai\"\napi_key = \"gsk-in-file\"\n").unwrap();
+        let error = Settings::load_from(Some(&file), &env(&[])).expect_err("refused").to_string();
+        std::fs::remove_dir_all(&dir).ok();
+        assert!(error.contains("providers.groq.api_key: not allowed in a config file"), "{error}");
+        assert!(error.contains("BATCHD__PROVIDERS__GROQ__API_KEY") && !error.contains("gsk-in-file"), "{error}");
     }
 
     #[test]

@@ -34,8 +34,21 @@ impl Settings {
             env.iter().filter(|(name, _)| name.starts_with("BATCHD__")).map(|(k, v)| (k.clone(), v.clone())).collect();
         // Lists come comma-separated; they are split here rather than by the config crate, which would read a
         // lone `123` as a number and an empty value as one empty item.
-        let lists: Vec<(&str, Vec<String>)> =
-            ENV_LISTS.iter().filter_map(|key| Some((*key, split_list(&batchd_env.remove(&env_var(key)?)?)))).collect();
+        // A named instance's endpoint list too (`BATCHD__PROVIDERS__GROQ__ENDPOINTS`).
+        let named_lists: Vec<String> = batchd_env
+            .keys()
+            .filter_map(|name| {
+                let instance = name.strip_prefix("BATCHD__PROVIDERS__")?.strip_suffix("__ENDPOINTS")?;
+                Some(format!("providers.{}.endpoints", instance.to_ascii_lowercase()))
+            })
+            .collect();
+        let list_keys = ENV_LISTS.iter().map(|key| (*key).to_owned()).chain(named_lists);
+        let lists: Vec<(String, Vec<String>)> = list_keys
+            .filter_map(|key| {
+                let items = split_list(&batchd_env.remove(&env_var(&key)?)?);
+                Some((key, items))
+            })
+            .collect();
         builder = builder.add_source(
             config::Environment::with_prefix("BATCHD")
                 .prefix_separator("__")
@@ -44,7 +57,8 @@ impl Settings {
                 .source(Some(batchd_env.clone())),
         );
         for (key, items) in lists {
-            builder = builder.set_override(key, items).map_err(|e| ConfigError::at(key, describe_config_error(&e)))?;
+            builder =
+                builder.set_override(&key, items).map_err(|e| ConfigError::at(&key, describe_config_error(&e)))?;
         }
         for (conventional, key, own) in CONVENTIONAL_ENV {
             if let (Some(value), false) = (env.get(conventional), env.contains_key(own)) {
@@ -63,6 +77,7 @@ impl Settings {
             })?;
         settings.use_systemd_credential(env);
         settings.check()?;
+        crate::registry::remember_instances(&settings);
         Ok(settings)
     }
 }
@@ -108,7 +123,7 @@ fn describe(error: &config::ConfigError, key: Option<&str>, origin: Option<&str>
 }
 
 /// Serde's messages that name no key of their own: an unknown field, an unknown enum value.
-fn describe_message(message: &str, key: Option<&str>, origin: Option<&str>) -> String {
+pub(super) fn describe_message(message: &str, key: Option<&str>, origin: Option<&str>) -> String {
     let place = origin.map(|origin| format!(" (in {origin})")).unwrap_or_default();
     if let Some(rest) = message.strip_prefix("enum ")
         && let Some((type_name, value)) = rest.split_once(" does not have variant constructor ")

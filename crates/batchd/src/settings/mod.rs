@@ -24,8 +24,8 @@ pub use batchd_engine::settings::{PackingSettings, PollSettings, RetrySettings};
 pub use load::describe_config_error;
 pub use secrets::Secret;
 pub use sections::{
-    AdminSettings, AnthropicConfig, CloudflareSettings, EventSettings, GeminiConfig, IngressConfig, JobSettings,
-    LogFormat, LogSettings, OpenAiModelLimit, OpenAiSettings, OpenAiTokenLimit, RedisMode, RedisSettings,
+    AdminSettings, AnthropicConfig, CloudflareSettings, EventSettings, GeminiConfig, IngressConfig, InstanceSection,
+    JobSettings, LogFormat, LogSettings, OpenAiModelLimit, OpenAiSettings, OpenAiTokenLimit, RedisMode, RedisSettings,
     RetentionSettings, ScheduleConfig, ShutdownSettings, WorkerSettings,
 };
 
@@ -153,6 +153,9 @@ pub struct Settings {
     pub anthropic: AnthropicConfig,
     /// Gemini Batch Mode (configured when a key is given).
     pub gemini: GeminiConfig,
+    /// Named provider instances (`[providers.<name>]`), by name.
+    #[serde(default)]
+    pub providers: std::collections::BTreeMap<String, InstanceSection>,
 }
 
 /// `pairs` standing for the process environment of `Settings::load_from`, in the unit tests.

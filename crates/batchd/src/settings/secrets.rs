@@ -94,7 +94,7 @@ impl Settings {
     /// Points each provider's key file at its credential in `$CREDENTIALS_DIRECTORY` (systemd's `LoadCredential=`
     /// sets it; the Kubernetes manifests set it to where the Secrets are mounted) when the key is given no other
     /// way and the credential exists: `cloudflare-api-token`, `openai-api-key`, `anthropic-api-key`,
-    /// `gemini-api-key`.
+    /// `gemini-api-key`, and `<name>-api-key` for a named instance `[providers.<name>]`.
     pub(super) fn use_systemd_credential(&mut self, env: &HashMap<String, String>) {
         let Some(dir) = env.get("CREDENTIALS_DIRECTORY").filter(|dir| !dir.is_empty()) else {
             return;
@@ -130,12 +130,22 @@ impl Settings {
         {
             self.gemini.api_key_file = file;
         }
+        // A named instance's: `<name>-api-key` (no kind's name can be an instance's, so none clashes).
+        for (name, section) in &mut self.providers {
+            let file_given =
+                section.settings.get("api_key_file").and_then(toml::Value::as_str).is_some_and(|f| !f.is_empty());
+            if !given(&section.api_key, if file_given { "given" } else { "" })
+                && let Some(file) = optional(&format!("{name}-api-key"))
+            {
+                section.settings.insert("api_key_file".to_owned(), toml::Value::String(file));
+            }
+        }
     }
 }
 
 /// The secret in `file`, trimmed; `None` when no file is named (`file` empty), an error at `field` when the file
 /// cannot be read or holds nothing but whitespace.
-fn secret_file(field: &str, file: &str) -> Result<Option<Secret>, ConfigError> {
+pub(super) fn secret_file(field: &str, file: &str) -> Result<Option<Secret>, ConfigError> {
     if file.is_empty() {
         return Ok(None);
     }
@@ -183,6 +193,17 @@ pub(super) fn refuse_token_in_file(file: &Path) -> Result<(), ConfigError> {
              gemini.api_key_file",
             file.display()
         )));
+    }
+    let named = value.get("providers").and_then(toml::Value::as_table).into_iter().flatten();
+    for (name, section) in named {
+        if section.get("api_key").is_some() || section.get("api_token").is_some() {
+            let variable = super::env_var(&format!("providers.{name}.api_key")).unwrap_or_default();
+            return Err(ConfigError(format!(
+                "providers.{name}.api_key: not allowed in a config file ({}); give the key through {variable} or \
+                 providers.{name}.api_key_file",
+                file.display()
+            )));
+        }
     }
     if holds_token("cloudflare") {
         return Err(ConfigError(format!(
@@ -289,6 +310,13 @@ mod tests {
         .unwrap();
         assert_eq!(settings.openai_api_key().unwrap().unwrap().expose(), "sk-openai-env", "the environment wins");
         assert_eq!(settings.anthropic_key().unwrap().unwrap().expose(), "sk-ant-env", "the environment wins");
+        std::fs::write(dir.join("groq-api-key"), "gsk-credential\n").unwrap();
+        let named = [credentials, ("BATCHD__PROVIDERS__GROQ__KIND", "openai")];
+        let settings = Settings::load_from(None, &env(&named)).unwrap();
+        let file = settings.providers["groq"].settings.get("api_key_file").and_then(toml::Value::as_str);
+        assert_eq!(file, dir.join("groq-api-key").to_str(), "a named instance's credential is <name>-api-key");
+        assert!(settings.openai_named("groq", &settings.providers["groq"]).is_ok(), "its key is read from it");
+        std::fs::remove_file(dir.join("groq-api-key")).unwrap();
         std::fs::remove_file(dir.join(ANTHROPIC_KEY_CREDENTIAL)).unwrap();
         std::fs::write(dir.join(OPENAI_KEY_CREDENTIAL), "").unwrap();
         let settings = Settings::load_from(None, &env(&[credentials])).unwrap();

@@ -220,6 +220,27 @@ pub struct OpenAiSettings {
     pub endpoints: Vec<String>,
     /// Enqueued-token limits of some models (none: not paced).
     pub enqueued_token_limits: Vec<OpenAiTokenLimit>,
+    /// The header the key is sent in: `authorization` (`Bearer <key>`) or `api-key` (Azure OpenAI).
+    pub key_header: String,
+    /// The batch's `completion_window` (`24h` at OpenAI; Groq takes up to `7d`); empty: not sent.
+    pub completion_window: String,
+    /// The `purpose` of an uploaded input file (`batch`).
+    pub file_purpose: String,
+}
+
+/// `[providers.<name>]`: a named instance of a provider kind, its models `<name>/<model>`. Its other keys are its
+/// kind's section's (`[openai]`, `[anthropic]`, `[gemini]`), with that section's built-in defaults
+/// (`config/default.toml`), not the values `[openai]` is given; they are checked when the instance is built.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct InstanceSection {
+    /// Its kind: `openai`, `anthropic` or `gemini`.
+    pub kind: String,
+    /// Its API key, from the environment only (`BATCHD__PROVIDERS__<NAME>__API_KEY`); or `api_key_file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<Secret>,
+    /// The kind's settings given for this instance.
+    #[serde(flatten)]
+    pub settings: toml::Table,
 }
 
 /// One `openai.enqueued_token_limits` entry.
