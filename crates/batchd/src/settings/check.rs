@@ -129,7 +129,7 @@ impl Settings {
         if !self.redis.tls_insecure && self.redis.nodes.iter().any(|node| insecure(node.expose())) {
             return fail("redis.nodes", why);
         }
-        Ok(())
+        self.pricing.check()
     }
 
     /// What is allowed but unsafe, for the daemon to log at start as warnings: certificate checks turned off, a

@@ -11,6 +11,7 @@
 mod check;
 mod conversions;
 mod load;
+mod pricing;
 mod redacted;
 mod secrets;
 mod sections;
@@ -22,6 +23,7 @@ pub use batchd_cloudflare::{ModelLimit, ModelTask, RateLimitSettings, TaskType};
 pub use batchd_core::redact_url;
 pub use batchd_engine::settings::{PackingSettings, PollSettings, RetrySettings};
 pub use load::describe_config_error;
+pub use pricing::PricingSettings;
 pub use secrets::Secret;
 pub use sections::{
     AdminSettings, AnthropicConfig, CloudflareSettings, EventSettings, GeminiConfig, IngressConfig, JobSettings,
@@ -153,6 +155,8 @@ pub struct Settings {
     pub anthropic: AnthropicConfig,
     /// Gemini Batch Mode (configured when a key is given).
     pub gemini: GeminiConfig,
+    /// Batch prices by model, for what jobs cost.
+    pub pricing: PricingSettings,
 }
 
 /// `pairs` standing for the process environment of `Settings::load_from`, in the unit tests.
