@@ -26,6 +26,7 @@ mod clock;
 mod cloudflare;
 mod config_check;
 mod cost;
+mod cost_usd;
 mod dead_letters;
 mod deadline;
 mod deploy;

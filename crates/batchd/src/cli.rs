@@ -17,6 +17,7 @@
 //! bars and spinners (which then become plain lines, or nothing), see [`no_color`].
 
 pub mod command;
+pub mod cost;
 pub mod dead;
 pub mod endpoint;
 pub mod events;

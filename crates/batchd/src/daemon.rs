@@ -189,6 +189,7 @@ pub async fn run_with_providers(
             events: settings.events.enabled(),
             budget: budget.clone(),
             packing: settings.packing.clone(),
+            pricing: settings.pricing.table(),
         });
         // Always: jobs queued while packing was on still get their packs after it is turned off.
         background.push(tokio::spawn(Arc::clone(&pipeline).run_packer(fetch_stop.clone())));

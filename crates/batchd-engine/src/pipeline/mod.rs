@@ -73,6 +73,8 @@ pub struct Pipeline {
     /// The process's memory budget (`workers.inflight_bytes`): submits hold room for their items and body; the
     /// providers count poll replies and result downloads in it (see `daemon.rs`).
     pub budget: ByteBudget,
+    /// Batch prices by model (`[pricing]`): a finished job's `usage` gains its `cost_usd` from them.
+    pub pricing: batchd_core::pricing::Pricing,
 }
 
 /// A request item as the pipeline posts it: owned (read back from the ledger) or borrowed (from the entry).

@@ -206,7 +206,8 @@ fn jobs_table(rows: &[JobRow]) -> String {
 /// Options of `batchd stats`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StatsArgs {
-    /// Also count the jobs finished since then, by status, and the tokens used, by model: an age (30m, 24h, 7d)
+    /// Also count the jobs finished since then, by status, the tokens used, by model, and their cost, by
+    /// provider: an age (30m, 24h, 7d)
     /// or a time (2025-11-22T08:00:00Z, 2025-11-22, Unix ms), at most 8 days back. Up to 2 hours back it reads
     /// the per-minute counters; further back the hourly ones, so the window starts at a whole hour.
     #[arg(long, value_name = "TIME", value_parser = super::retry::parse_time)]
@@ -217,8 +218,8 @@ pub struct StatsArgs {
 }
 
 /// What `batchd stats --json` prints (and the dashboard's overview holds per namespace): queue depths, work in
-/// flight, the oldest waiting entry, throughput from the finished-jobs counters, the result streams' reader groups
-/// and the pause flag. Bounded commands only.
+/// flight, the oldest waiting entry, throughput from the finished-jobs counters, the result streams' reader groups,
+/// the pause flag and what finished jobs cost per UTC day ([`super::cost::daily`]). Bounded commands only.
 pub(crate) async fn stats_report(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<serde_json::Value> {
     let depths = batchd_queue::inspect::depths(conn, keys, now).await.context("read queue depths")?;
     let oldest_waiting_ms =
@@ -227,6 +228,7 @@ pub(crate) async fn stats_report(conn: &mut Conn, keys: &Keys, now: u64) -> anyh
     let throughput = throughput(conn, keys, now).await?;
     let readers = result_groups(conn, &keys.results()).await?;
     let paused = super::pause::read(conn, keys).await?;
+    let cost_days = super::cost::daily(conn, keys, now).await?;
     Ok(json!({
         "namespace": keys.namespace(),
         "at": now,
@@ -242,6 +244,7 @@ pub(crate) async fn stats_report(conn: &mut Conn, keys: &Keys, now: u64) -> anyh
         "schedule": {"chunks_in_flight": depths.scheduled, "due": depths.due, "lag_ms": schedule_lag_ms},
         "results": {"entries": depths.results, "throughput": throughput, "groups": readers},
         "dead": {"entries": depths.dead},
+        "cost": {"days": cost_days},
     }))
 }
 
@@ -309,6 +312,7 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
     if let Some(since) = report.get("since") {
         out.push_str(&since_text(since));
     }
+    out.push_str(&super::cost::daily_text(report["cost"]["days"].as_array().map(Vec::as_slice).unwrap_or_default()));
     out.push_str(&format!("  dead letters     {dead} entries\n"));
     print!("{out}");
     Ok(())
@@ -350,26 +354,15 @@ pub(crate) async fn finished_since(
         batchd_queue::inspect::hour_counters(conn, keys, first, last, now).await
     }
     .context("read the finished-jobs counters")?;
-    let mut finished: std::collections::BTreeMap<String, u64> = Default::default();
-    let mut tokens: std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>> = Default::default();
-    for (name, n) in hashes.iter().flatten() {
-        match batchd_core::stats::StatField::parse(name) {
-            Some(batchd_core::stats::StatField::Finished(status)) => {
-                *finished.entry(status.to_owned()).or_default() += n
-            }
-            Some(batchd_core::stats::StatField::Tokens { kind, model }) => {
-                *tokens.entry(model.to_owned()).or_default().entry(kind.to_owned()).or_default() += n
-            }
-            None => {}
-        }
-    }
+    let totals = batchd_core::stats::Totals::of(&hashes);
     Ok(json!({
         "from": first * unit,
         "to": now,
         "granularity": granularity,
-        "total": finished.values().sum::<u64>(),
-        "finished": finished,
-        "tokens": tokens,
+        "total": totals.finished.values().sum::<u64>(),
+        "cost_usd": super::cost::cost_json(&totals.cost_nano),
+        "finished": totals.finished,
+        "tokens": totals.tokens,
     }))
 }
 
@@ -397,6 +390,7 @@ fn since_text(since: &serde_json::Value) -> String {
             kinds.as_object().into_iter().flatten().map(|(kind, n)| format!("{n} {kind}")).collect();
         out.push_str(&format!("  tokens           {}: {}\n", escape_for_terminal(model), kinds.join(", ")));
     }
+    out.push_str(&super::cost::cost_text("cost", &since["cost_usd"]));
     out
 }
 
