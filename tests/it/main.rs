@@ -62,6 +62,7 @@ mod topologies;
 mod transitions;
 mod ui_access;
 mod ui_browser;
+mod ui_cost;
 mod ui_first_mistakes;
 mod ui_memory;
 mod ui_operations;

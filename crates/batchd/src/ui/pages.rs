@@ -215,8 +215,8 @@ fn action_form(
     }
 }
 
-/// The overview: every namespace's depths, chunk states, finished jobs over the chosen range, consumers and
-/// tokens; with actions, pause or resume per namespace.
+/// The overview: every namespace's depths, chunk states, finished jobs over the chosen range, consumers, tokens
+/// and cost per day; with actions, pause or resume per namespace.
 pub fn overview(frame: &Frame<'_>, value: &Value) -> Markup {
     let body = html! {
         h1 { "Overview" }
@@ -288,6 +288,43 @@ fn namespace_overview(frame: &Frame<'_>, ns: &Value) -> Markup {
             }
             h3 { "Tokens by model" }
             (tokens(&ns["tokens"]))
+            h3 { "Cost per day" }
+            (cost(name, &stats["cost"]["days"]))
+        }
+    }
+}
+
+/// What finished jobs cost per UTC day and provider at their models' batch prices (`stats --json`'s `cost.days`),
+/// newest day first; days with no cost are left out.
+fn cost(name: &str, days: &Value) -> Markup {
+    let days: Vec<&Value> =
+        days.as_array().into_iter().flatten().rev().filter(|day| day["total"].as_f64().unwrap_or(0.0) > 0.0).collect();
+    let mut providers: Vec<String> = days
+        .iter()
+        .flat_map(|day| day["by_provider"].as_object().into_iter().flatten().map(|(provider, _)| provider.clone()))
+        .collect();
+    providers.sort();
+    providers.dedup();
+    let usd = |value: &Value| value.as_f64().map_or_else(|| "–".to_owned(), crate::cli::cost::format_usd);
+    html! {
+        @if days.is_empty() {
+            p.note id=(format!("cost-{name}")) { "No cost in the last 7 days: no finished job's model has a price (docs/cost.md)." }
+        } @else {
+            table.cost id=(format!("cost-{name}")) {
+                thead { tr { th { "day (UTC)" } th { "total" } @for provider in &providers { th { (shown(provider, 40)) } } } }
+                tbody {
+                    @for day in &days {
+                        tr data-day=(day["day"].as_str().unwrap_or("")) {
+                            td { (text(&day["day"])) }
+                            td.num.total { (usd(&day["total"])) }
+                            @for provider in &providers {
+                                td.num data-provider=(provider) { (usd(&day["by_provider"][provider.as_str()])) }
+                            }
+                        }
+                    }
+                }
+            }
+            p.note { "At the models' batch prices (docs/cost.md); a packed Workers AI job's share is estimated." }
         }
     }
 }
