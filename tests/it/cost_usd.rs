@@ -139,3 +139,75 @@ async fn a_packed_job_gets_its_estimated_share_and_the_pack_is_counted_once() {
     assert_eq!(report["cost"]["days"][6]["total"].as_f64(), Some(0.000048), "{report}");
     daemon.stop().await.expect("daemon stops");
 }
+
+/// The daily budget against the emulator: two jobs in flight together when the day's spend is still 0 both finish
+/// (the overshoot is what was in flight: 2 × $0.00006 against a budget of $0.00005); a job enqueued after that is
+/// accepted but held, not submitted, and `batchd status` says until when and why; the engine looks at it again
+/// within `spend::RECHECK` (5 minutes), no sooner.
+#[tokio::test]
+async fn a_reached_daily_budget_holds_new_submits_and_lets_work_in_flight_finish() {
+    let config = batchd_emulator::EmulatorConfig {
+        running_for: Duration::from_secs(2),
+        ..batchd_emulator::EmulatorConfig::default()
+    };
+    let mut world = World::with_emulator(config).await;
+    world.settings.pricing.models = bge_m3_at_two_dollars();
+    world.settings.budget.usd_per_day = 0.00005;
+    with_admin(&mut world.settings);
+    let daemon = world.daemon();
+    world.enqueue(&bge_m3_job("first", 5)).await;
+    world.enqueue(&bge_m3_job("second", 5)).await;
+    for id in ["first", "second"] {
+        let entry = world.wait_for_result(id, WAIT).await;
+        assert_eq!(usage(&entry)["cost_usd"].as_f64(), Some(0.00006));
+    }
+    assert_eq!(world.emulator.submits().len(), 2);
+
+    world.enqueue(&bge_m3_job("third", 5)).await;
+    let status_json = || {
+        let output = world
+            .batchd()
+            .env("BATCHD__BUDGET__USD_PER_DAY", "0.00005")
+            .args(["status", "third", "--json"])
+            .output()
+            .expect("batchd status");
+        serde_json::from_slice::<Value>(&output.stdout).unwrap_or(Value::Null)
+    };
+    // Taken in, then held by the engine: its next look is minutes away, not a submit.
+    wait_until("the third job held", WAIT, async || {
+        let status = status_json();
+        let due = status["waits"]["chunks"][0]["due_at"].as_u64().unwrap_or(0);
+        due > status["waits"]["held_by_budget"]["until"].as_u64().unwrap_or(u64::MAX).min(batchd_tests_now() + 60_000)
+    })
+    .await;
+    let status = status_json();
+    let held = &status["waits"]["held_by_budget"];
+    assert_eq!((held["spent_usd"].as_f64(), held["usd_per_day"].as_f64()), (Some(0.00012), Some(0.00005)), "{status}");
+    assert_eq!(held["until"].as_u64().expect("until") % 86_400_000, 0, "the next UTC midnight");
+    let text = world
+        .batchd()
+        .env("BATCHD__BUDGET__USD_PER_DAY", "0.00005")
+        .args(["status", "third"])
+        .output()
+        .expect("batchd status");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("held by the daily budget until ")
+            && text.contains("T00:00:00.000Z")
+            && text
+                .contains("today's cost $0.000120 has reached budget.usd_per_day $0.000050; work in flight continues"),
+        "{text}"
+    );
+    assert_eq!(world.emulator.submits().len(), 2, "the held job was not submitted");
+    assert_eq!(
+        (status["state"].as_str(), status["c0:state"].as_str()),
+        (Some("accepted"), Some("pending")),
+        "{status}"
+    );
+    daemon.stop().await.expect("daemon stops");
+}
+
+/// The local clock, Unix ms (within a second of Redis's here, where both run on this machine).
+fn batchd_tests_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970").as_millis() as u64
+}

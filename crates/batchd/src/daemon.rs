@@ -190,6 +190,7 @@ pub async fn run_with_providers(
             budget: budget.clone(),
             packing: settings.packing.clone(),
             pricing: settings.pricing.table(),
+            spend: batchd_engine::spend::DailyBudget::new(settings.budget.for_namespace(store.keys().namespace())),
         });
         // Always: jobs queued while packing was on still get their packs after it is turned off.
         background.push(tokio::spawn(Arc::clone(&pipeline).run_packer(fetch_stop.clone())));

@@ -686,7 +686,8 @@ async fn job(
     let _turn = ui.turn("job").await?;
     let mut conn = ui.conn();
     let now = redis_now(&mut conn).await?;
-    let mut value = data::job(&mut conn, &keys, &job_id, query.page.unwrap_or(0)).await?;
+    let budget = ui.settings.budget.for_namespace(keys.namespace());
+    let mut value = data::job(&mut conn, &keys, &job_id, query.page.unwrap_or(0), budget).await?;
     value["at"] = now.into();
     Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, pages::job))
 }

@@ -397,6 +397,7 @@ impl Pipeline {
             if let Some(usage) = usage {
                 metrics::tokens(&context.model, &usage);
                 metrics::cost(&context.model, &usage);
+                self.spend.add_spent(&usage);
             }
             tracing::info!(
                 job_id = %job_id,

@@ -129,7 +129,8 @@ impl Settings {
         if !self.redis.tls_insecure && self.redis.nodes.iter().any(|node| insecure(node.expose())) {
             return fail("redis.nodes", why);
         }
-        self.pricing.check()
+        self.pricing.check()?;
+        self.budget.check()
     }
 
     /// What is allowed but unsafe, for the daemon to log at start as warnings: certificate checks turned off, a

@@ -23,7 +23,7 @@ pub use batchd_cloudflare::{ModelLimit, ModelTask, RateLimitSettings, TaskType};
 pub use batchd_core::redact_url;
 pub use batchd_engine::settings::{PackingSettings, PollSettings, RetrySettings};
 pub use load::describe_config_error;
-pub use pricing::PricingSettings;
+pub use pricing::{BudgetSettings, PricingSettings};
 pub use secrets::Secret;
 pub use sections::{
     AdminSettings, AnthropicConfig, CloudflareSettings, EventSettings, GeminiConfig, IngressConfig, JobSettings,
@@ -157,6 +157,8 @@ pub struct Settings {
     pub gemini: GeminiConfig,
     /// Batch prices by model, for what jobs cost.
     pub pricing: PricingSettings,
+    /// What each namespace may spend per day.
+    pub budget: BudgetSettings,
 }
 
 /// `pairs` standing for the process environment of `Settings::load_from`, in the unit tests.

@@ -1,5 +1,8 @@
 //! `[pricing]`: the batch prices a finished job's cost is computed from (`batchd_core::pricing`), the built-in
-//! table with the configured models over it.
+//! table with the configured models over it; and `[budget]`, what a namespace may spend a day
+//! (`batchd_engine::spend`).
+
+use std::collections::BTreeMap;
 
 use batchd_core::pricing::{ModelPrice, Pricing};
 use serde::{Deserialize, Serialize};
@@ -41,6 +44,38 @@ impl PricingSettings {
     }
 }
 
+/// `[budget]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSettings {
+    /// USD each namespace may spend per UTC day at its models' batch prices; 0: no budget.
+    pub usd_per_day: f64,
+    /// Budgets of single namespaces (namespace → USD per day, 0: none), over `usd_per_day`.
+    pub namespaces: BTreeMap<String, f64>,
+}
+
+impl BudgetSettings {
+    /// The daily budget of `namespace` in USD, `None` when it has none.
+    pub fn for_namespace(&self, namespace: &str) -> Option<f64> {
+        Some(self.namespaces.get(namespace).copied().unwrap_or(self.usd_per_day)).filter(|usd| *usd > 0.0)
+    }
+
+    /// Checks that every budget is a number of 0 or more.
+    pub(super) fn check(&self) -> Result<(), ConfigError> {
+        let bad = |usd: f64| !usd.is_finite() || usd < 0.0;
+        if bad(self.usd_per_day) {
+            return Err(ConfigError::at("budget.usd_per_day", "must be a number of 0 or more (0: no budget)"));
+        }
+        if let Some((namespace, _)) = self.namespaces.iter().find(|(_, usd)| bad(**usd)) {
+            return Err(ConfigError::at(
+                &format!("budget.namespaces.{namespace}"),
+                "must be a number of 0 or more (0: no budget)",
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{Settings, test_env};
@@ -67,6 +102,15 @@ mod tests {
         std::fs::write(&file, "[pricing]\nmodels = [{ model = \"gpt-4o\", input = 1.0 }]\n").unwrap();
         let error = Settings::load_from(Some(&file), &test_env(&[])).unwrap_err().to_string();
         assert!(error.contains("pricing.models[0].model"), "{error}");
+        std::fs::write(&file, "[budget]\nusd_per_day = 5.0\nnamespaces = { tenant = 0.5, free = 0.0 }\n").unwrap();
+        let budget = Settings::load_from(Some(&file), &test_env(&[])).unwrap().budget;
+        assert_eq!(
+            (budget.for_namespace("batchd"), budget.for_namespace("tenant"), budget.for_namespace("free")),
+            (Some(5.0), Some(0.5), None)
+        );
+        std::fs::write(&file, "[budget]\nusd_per_day = -1.0\n").unwrap();
+        let error = Settings::load_from(Some(&file), &test_env(&[])).unwrap_err().to_string();
+        assert!(error.contains("budget.usd_per_day"), "{error}");
         std::fs::remove_file(&file).unwrap();
     }
 }
