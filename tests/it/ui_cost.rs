@@ -1,7 +1,7 @@
 //! The dashboard's cost per day (issue 39) in a real browser (headless Chromium through chromedriver), against a
 //! real `batchd ui` process and redis-server: the overview's "Cost per day" table reads the finished-jobs counters'
 //! `cost_nusd:<model>` fields (written with each result: tests/it/cost_usd.rs) by UTC day and provider, newest day
-//! first, and its JSON twin has the same days.
+//! first, and its JSON twin has the same days; and the jobs list's provider column and filter and durations.
 
 use batchd_tests::World;
 use batchd_tests::browser::{Browser, Dashboard};
@@ -52,5 +52,61 @@ async fn the_overview_shows_the_cost_of_each_day_by_provider() {
     assert_eq!(days[6]["day"].as_str(), Some(today.as_str()));
     assert_eq!(days[6]["by_provider"]["openai"].as_f64(), Some(1.5));
     assert_eq!(days[6]["by_model"]["@cf/baai/bge-m3"].as_f64(), Some(0.000012));
+    browser.close().await;
+}
+
+/// The jobs list as operators expect it from other batch consoles: a provider column and filter, and how long each
+/// job took (accepted to finished) or has been going.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_jobs_list_has_a_provider_column_and_filter_and_durations() {
+    let mut world = World::new().await;
+    batchd_tests::with_openai(&mut world.settings, &world.emulator);
+    let daemon = world.daemon();
+    world.enqueue(&batchd_tests::bge_m3_job("cf-1", 2)).await;
+    world
+        .enqueue(&serde_json::json!({"id": "oa-1", "model": "openai/gpt-4o-mini",
+            "requests": [{"messages": [{"role": "user", "content": "hi"}]}]}))
+        .await;
+    for id in ["cf-1", "oa-1"] {
+        world.wait_for_result(id, std::time::Duration::from_secs(30)).await;
+    }
+    daemon.stop().await.expect("daemon stops");
+
+    let dashboard = Dashboard::start(&world, &["--refresh-secs", "0"]).await.expect("batchd ui");
+    let browser = Browser::start().await.expect("browser");
+    let ns = world.keys.namespace().to_owned();
+    browser.open(&dashboard.url(&format!("/jobs?ns={ns}")), "#jobs").await.expect("jobs");
+    let providers = browser.all("#jobs tbody td.provider").await.expect("cells");
+    let mut seen = Vec::new();
+    for cell in providers {
+        seen.push(cell.text().await.expect("text"));
+    }
+    seen.sort();
+    assert_eq!(seen, ["cloudflare", "openai"]);
+
+    // Filtered by provider, from the form.
+    let field = browser.wait_for("#filters input[name=provider]").await.expect("the provider field");
+    field.send_keys("openai").await.expect("type");
+    browser.click("#filters button[type=submit]").await.expect("filter");
+    browser.wait_for("#jobs tbody tr td.provider").await.expect("rows");
+    let rows = browser.all("#jobs tbody tr").await.expect("rows");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(browser.text("#jobs tbody td.provider").await.expect("provider"), "openai");
+    assert!(browser.text("#jobs tbody a.job-link").await.expect("id").contains("oa-1"));
+    let duration = browser.text("#jobs tbody td.duration").await.expect("duration");
+    assert!(duration.ends_with('s') && duration.chars().next().is_some_and(|c| c.is_ascii_digit()), "{duration}");
+
+    // The JSON twin has both.
+    let page: serde_json::Value = reqwest::get(dashboard.url(&format!("/api/jobs?ns={ns}&provider=openai")))
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    let jobs = page["jobs"].as_array().expect("jobs");
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0]["provider"], "openai");
+    let took = jobs[0]["duration_ms"].as_u64().expect("a duration");
+    assert_eq!(Some(took), jobs[0]["finished_at"].as_u64().zip(jobs[0]["accepted_at"].as_u64()).map(|(f, a)| f - a));
     browser.close().await;
 }

@@ -593,6 +593,8 @@ struct JobsQuery {
     state: Option<String>,
     /// A model name.
     model: Option<String>,
+    /// A provider (`cloudflare`, `openai`, ...).
+    provider: Option<String>,
     /// A job id prefix.
     prefix: Option<String>,
     /// Accepted within this long (`30m`, `2h`, `1d`) or since this time (`2025-11-22T08:00:00Z`, Unix ms).
@@ -635,6 +637,7 @@ impl JobsQuery {
         Ok(JobFilter {
             states,
             model: nonempty(&self.model).map(str::to_owned),
+            provider: nonempty(&self.provider).map(str::to_owned),
             id_prefix: nonempty(&self.prefix).map(str::to_owned),
             accepted_since,
         })
@@ -647,10 +650,12 @@ async fn jobs(State(ui): State<Ui>, Query(query): Query<JobsQuery>, request: Req
     let now = redis_now(&mut conn).await?;
     let filter = query.filter(now)?;
     let page = data::jobs(&mut conn, &keys, &filter, query.cursor.unwrap_or(0)).await?;
-    let value = serde_json::to_value(&page).map_err(|e| UiError::BadRequest(e.to_string()))?;
+    let mut value = serde_json::to_value(&page).map_err(|e| UiError::BadRequest(e.to_string()))?;
+    crate::cli::inspect::annotate_jobs(&mut value, now);
     let filters = pages::JobsFilters {
         state: query.state.as_deref().unwrap_or(""),
         model: query.model.as_deref().unwrap_or(""),
+        provider: query.provider.as_deref().unwrap_or(""),
         prefix: query.prefix.as_deref().unwrap_or(""),
         since: query.since.as_deref().unwrap_or(""),
     };

@@ -18,8 +18,9 @@ pub const DAYS: u64 = 7;
 /// One day in milliseconds.
 const DAY_MS: u64 = 86_400_000;
 
-/// The provider a counter's model runs on (`openai`, `cloudflare`, ...), `unknown` for a name that is not a model.
-fn provider_of(model: &str) -> String {
+/// The provider a model runs on (`openai`, `cloudflare`, ...), `unknown` for a name that is not a model (a
+/// counter's, a ledger's).
+pub(crate) fn provider_of(model: &str) -> String {
     batchd_core::ModelName::parse(model).map_or_else(|_| "unknown".to_owned(), |name| name.provider().to_owned())
 }
 

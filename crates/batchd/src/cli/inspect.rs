@@ -33,6 +33,9 @@ pub struct JobsArgs {
     /// Only jobs for this model.
     #[arg(long, value_name = "MODEL")]
     pub model: Option<String>,
+    /// Only jobs of this provider (`cloudflare` for @cf/ and @hf/ models, else the model's prefix: `openai`, ...).
+    #[arg(long, value_name = "PROVIDER")]
+    pub provider: Option<String>,
     /// Only jobs whose id starts with this (e.g. `inv-2025-11-`).
     #[arg(long, value_name = "PREFIX")]
     pub id_prefix: Option<String>,
@@ -64,6 +67,8 @@ pub(crate) struct JobFilter {
     pub states: Vec<JobState>,
     /// Only this model.
     pub model: Option<String>,
+    /// Only models of this provider ([`super::cost::provider_of`]).
+    pub provider: Option<String>,
     /// Only ids starting with this (checked as a job id: no glob characters reach `SCAN MATCH`).
     pub id_prefix: Option<String>,
     /// Only jobs accepted at or after this time, Unix ms.
@@ -74,6 +79,7 @@ impl JobFilter {
     fn keeps(&self, row: &JobRow) -> bool {
         (self.states.is_empty() || self.states.iter().any(|wanted| wanted.as_str() == row.state))
             && self.model.as_ref().is_none_or(|model| *model == row.model)
+            && self.provider.as_ref().is_none_or(|provider| *provider == super::cost::provider_of(&row.model))
             && self.accepted_since.is_none_or(|since| row.accepted_at.is_some_and(|at| at >= since))
     }
 }
@@ -144,6 +150,7 @@ pub async fn jobs(settings: &Settings, args: &JobsArgs) -> anyhow::Result<()> {
     let filter = JobFilter {
         states: args.state.clone(),
         model: args.model.clone(),
+        provider: args.provider.clone(),
         id_prefix: args.id_prefix.clone(),
         accepted_since,
     };
@@ -161,7 +168,9 @@ pub async fn jobs(settings: &Settings, args: &JobsArgs) -> anyhow::Result<()> {
         }
     }
     if args.json {
-        return print_json(&serde_json::to_value(&all).context("encode jobs")?);
+        let mut page = serde_json::to_value(&all).context("encode jobs")?;
+        annotate_jobs(&mut page, redis_now(&mut conn).await?);
+        return print_json(&page);
     }
     print!("{}", jobs_table(&all.jobs));
     println!(
@@ -172,6 +181,16 @@ pub async fn jobs(settings: &Settings, args: &JobsArgs) -> anyhow::Result<()> {
         super::place(settings)
     );
     Ok(())
+}
+
+/// Adds to each job of a jobs page's JSON (`batchd jobs --json`, the dashboard's `/api/jobs`) its `provider` and
+/// its `duration_ms`: accepted to finished, or to `now` (Redis's clock) for a job not finished.
+pub(crate) fn annotate_jobs(page: &mut serde_json::Value, now: u64) {
+    for job in page["jobs"].as_array_mut().into_iter().flatten() {
+        job["provider"] = super::cost::provider_of(job["model"].as_str().unwrap_or("")).into();
+        let end = job["finished_at"].as_u64().unwrap_or(now);
+        job["duration_ms"] = job["accepted_at"].as_u64().map(|accepted| end.saturating_sub(accepted)).into();
+    }
 }
 
 /// Sorts the most recently accepted first (ties by id) and keeps `limit`.

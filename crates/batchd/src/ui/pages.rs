@@ -530,6 +530,8 @@ pub struct JobsFilters<'a> {
     pub state: &'a str,
     /// A model, or empty.
     pub model: &'a str,
+    /// A provider, or empty.
+    pub provider: &'a str,
     /// A job id prefix, or empty.
     pub prefix: &'a str,
     /// An age (`30m`), or empty.
@@ -541,10 +543,11 @@ pub fn jobs(frame: &Frame<'_>, filters: &JobsFilters<'_>, page: &Value) -> Marku
     let states = ["", "accepted", "running", "completed", "failed", "expired", "cancelled"];
     let next = page["next_cursor"].as_u64().map(|cursor| {
         format!(
-            "/jobs?ns={}&state={}&model={}&prefix={}&since={}&cursor={cursor}",
+            "/jobs?ns={}&state={}&model={}&provider={}&prefix={}&since={}&cursor={cursor}",
             encode(frame.namespace),
             encode(filters.state),
             encode(filters.model),
+            encode(filters.provider),
             encode(filters.prefix),
             encode(filters.since)
         )
@@ -559,6 +562,7 @@ pub fn jobs(frame: &Frame<'_>, filters: &JobsFilters<'_>, page: &Value) -> Marku
                 }
             } }
             label { "model " input type="text" name="model" value=(filters.model) placeholder="@cf/baai/bge-m3"; }
+            label { "provider " input type="text" name="provider" value=(filters.provider) placeholder="openai" size="10"; }
             label { "id prefix " input type="text" name="prefix" value=(filters.prefix); }
             label { "accepted within " input type="text" name="since" value=(filters.since) placeholder="2h" size="5"; }
             button type="submit" { "Filter" }
@@ -569,18 +573,20 @@ pub fn jobs(frame: &Frame<'_>, filters: &JobsFilters<'_>, page: &Value) -> Marku
             "; newest first within the page."
         }
         table #jobs.jobs {
-            thead { tr { th { "job" } th { "state" } th { "model" } th { "items" } th { "chunks" } th { "accepted" } th { "updated" } } }
+            thead { tr { th { "job" } th { "state" } th { "provider" } th { "model" } th { "items" } th { "chunks" } th { "accepted" } th { "updated" } th { "duration" } } }
             tbody {
                 @for job in page["jobs"].as_array().into_iter().flatten() {
                     @let id = job["job_id"].as_str().unwrap_or("");
                     tr {
                         td { a.job-link href=(link(frame, &format!("/jobs/{}", encode(id)))) { (shown(id, 120)) } }
                         td { span class=(format!("state state-{}", job["state"].as_str().unwrap_or(""))) { (text(&job["state"])) } }
+                        td.provider { (text(&job["provider"])) }
                         td { (text(&job["model"])) }
                         td.num { (text(&job["n_items"])) }
                         td.num { (text(&job["n_chunks"])) }
                         td { (time(&job["accepted_at"])) }
                         td { (time(&job["updated_at"])) }
+                        td.duration title=(if job["finished_at"].is_null() { "so far" } else { "accepted to finished" }) { (age(&job["duration_ms"])) }
                     }
                 }
             }
