@@ -1,7 +1,8 @@
 //! The dashboard's cost per day (issue 39) in a real browser (headless Chromium through chromedriver), against a
 //! real `batchd ui` process and redis-server: the overview's "Cost per day" table reads the finished-jobs counters'
 //! `cost_nusd:<model>` fields (written with each result: tests/it/cost_usd.rs) by UTC day and provider, newest day
-//! first, and its JSON twin has the same days; and the jobs list's provider column and filter and durations.
+//! first, and its JSON twin has the same days; the jobs list's provider column and filter and durations; and the
+//! overview without a replica that stopped cleanly.
 
 use batchd_tests::World;
 use batchd_tests::browser::{Browser, Dashboard};
@@ -56,7 +57,7 @@ async fn the_overview_shows_the_cost_of_each_day_by_provider() {
 }
 
 /// The jobs list as operators expect it from other batch consoles: a provider column and filter, and how long each
-/// job took (accepted to finished) or has been going.
+/// job took (accepted to finished) or has been going; and a replica that stopped cleanly is not listed any more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_jobs_list_has_a_provider_column_and_filter_and_durations() {
     let mut world = World::new().await;
@@ -108,5 +109,13 @@ async fn the_jobs_list_has_a_provider_column_and_filter_and_durations() {
     assert_eq!(jobs[0]["provider"], "openai");
     let took = jobs[0]["duration_ms"].as_u64().expect("a duration");
     assert_eq!(Some(took), jobs[0]["finished_at"].as_u64().zip(jobs[0]["accepted_at"].as_u64()).map(|(f, a)| f - a));
+
+    // The daemon stopped cleanly holding nothing: the overview no longer lists it among the replicas.
+    browser.open(&dashboard.url(&format!("/?ns={ns}")), &format!("#cost-{ns}")).await.expect("overview");
+    let mut notes = Vec::new();
+    for note in browser.all("p.note").await.expect("notes") {
+        notes.push(note.text().await.expect("text"));
+    }
+    assert!(notes.iter().any(|note| note.starts_with("No consumer in group")), "{notes:?}");
     browser.close().await;
 }

@@ -235,6 +235,15 @@ pub async fn run_with_providers(
     );
     drain(&mut workers, Duration::from_secs(settings.shutdown.grace_secs)).await;
     stop_background(background_stop, background).await;
+    // A replica that stopped cleanly holding nothing leaves the ingress group, so it is no longer listed.
+    for store in &stores {
+        match batchd_queue::ingress::remove_stopped_consumer(&mut store.connection(), store.keys(), &consumer).await {
+            Ok(removed) => tracing::debug!(consumer = %consumer, removed, "own consumer at stop"),
+            Err(error) => {
+                tracing::warn!(consumer = %consumer, error = %error, "could not remove this replica's consumer")
+            }
+        }
+    }
     tracing::info!("batchd stopped");
     Ok(())
 }
