@@ -1,8 +1,8 @@
 //! The dashboard's cost per day (issue 39) in a real browser (headless Chromium through chromedriver), against a
 //! real `batchd ui` process and redis-server: the overview's "Cost per day" table reads the finished-jobs counters'
 //! `cost_nusd:<model>` fields (written with each result: tests/it/cost_usd.rs) by UTC day and provider, newest day
-//! first, and its JSON twin has the same days; the jobs list's provider column and filter and durations; and the
-//! overview without a replica that stopped cleanly.
+//! first, and its JSON twin has the same days; the jobs list's provider column and filter and durations; the look-up
+//! of a job by its remote batch id; and the overview without a replica that stopped cleanly.
 
 use batchd_tests::World;
 use batchd_tests::browser::{Browser, Dashboard};
@@ -57,7 +57,8 @@ async fn the_overview_shows_the_cost_of_each_day_by_provider() {
 }
 
 /// The jobs list as operators expect it from other batch consoles: a provider column and filter, and how long each
-/// job took (accepted to finished) or has been going; and a replica that stopped cleanly is not listed any more.
+/// job took (accepted to finished) or has been going; a look-up by remote batch id (the dashboard's form and
+/// `batchd status --remote`); and a replica that stopped cleanly is not listed any more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_jobs_list_has_a_provider_column_and_filter_and_durations() {
     let mut world = World::new().await;
@@ -68,10 +69,27 @@ async fn the_jobs_list_has_a_provider_column_and_filter_and_durations() {
         .enqueue(&serde_json::json!({"id": "oa-1", "model": "openai/gpt-4o-mini",
             "requests": [{"messages": [{"role": "user", "content": "hi"}]}]}))
         .await;
+    let mut remote_ids = Vec::new();
     for id in ["cf-1", "oa-1"] {
-        world.wait_for_result(id, std::time::Duration::from_secs(30)).await;
+        let entry = world.wait_for_result(id, std::time::Duration::from_secs(30)).await;
+        remote_ids.push(entry.request_ids[0].clone());
     }
     daemon.stop().await.expect("daemon stops");
+
+    // The CLI finds a job by its remote batch id (the provider's, as its console shows it).
+    let output = world.batchd().args(["status", "--remote", &remote_ids[1], "--json"]).output().expect("status");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let status: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+    assert_eq!(status["job_id"], "oa-1");
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains(&format!("remote batch {} is chunk 0 of job oa-1", remote_ids[1]))
+    );
+    let output = world.batchd().args(["status", "--remote", "batch_unknown", "--json"]).output().expect("status");
+    assert_eq!(output.status.code(), Some(5));
+    let missing: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json");
+    assert_eq!(missing["error"]["code"], "not_found");
+    assert!(missing["error"]["message"].as_str().unwrap_or("").contains("every 2 ledgers read"), "{missing}");
 
     let dashboard = Dashboard::start(&world, &["--refresh-secs", "0"]).await.expect("batchd ui");
     let browser = Browser::start().await.expect("browser");
@@ -109,6 +127,22 @@ async fn the_jobs_list_has_a_provider_column_and_filter_and_durations() {
     assert_eq!(jobs[0]["provider"], "openai");
     let took = jobs[0]["duration_ms"].as_u64().expect("a duration");
     assert_eq!(Some(took), jobs[0]["finished_at"].as_u64().zip(jobs[0]["accepted_at"].as_u64()).map(|(f, a)| f - a));
+
+    // The dashboard finds it too: the look-up form leads to the job's page (and the JSON twin to its JSON).
+    browser.open(&dashboard.url(&format!("/jobs?ns={ns}")), "#remote-lookup").await.expect("jobs");
+    let field = browser.wait_for("#remote-lookup input[name=remote]").await.expect("the look-up field");
+    field.send_keys(&remote_ids[0]).await.expect("type");
+    browser.click("#remote-lookup button[type=submit]").await.expect("find");
+    browser.wait_for("h1").await.expect("a page");
+    let url = browser.client.current_url().await.expect("url");
+    assert!(url.path().ends_with("/jobs/cf-1"), "{url}");
+    let job: serde_json::Value = reqwest::get(dashboard.url(&format!("/api/jobs?ns={ns}&remote={}", remote_ids[1])))
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(job["job"]["job_id"], "oa-1");
 
     // The daemon stopped cleanly holding nothing: the overview no longer lists it among the replicas.
     browser.open(&dashboard.url(&format!("/?ns={ns}")), &format!("#cost-{ns}")).await.expect("overview");

@@ -595,6 +595,8 @@ struct JobsQuery {
     model: Option<String>,
     /// A provider (`cloudflare`, `openai`, ...).
     provider: Option<String>,
+    /// A remote batch id: the answer is a redirect to the job (or pack) whose batch it is.
+    remote: Option<String>,
     /// A job id prefix.
     prefix: Option<String>,
     /// Accepted within this long (`30m`, `2h`, `1d`) or since this time (`2025-11-22T08:00:00Z`, Unix ms).
@@ -647,6 +649,14 @@ impl JobsQuery {
 async fn jobs(State(ui): State<Ui>, Query(query): Query<JobsQuery>, request: Request) -> Result<Response, UiError> {
     let keys = ui.keys(query.ns.as_deref())?;
     let mut conn = ui.conn();
+    if let Some(remote) = nonempty(&query.remote) {
+        // Up to 100,000 ledgers read: an expensive page, taking its turn.
+        let _turn = ui.turn("remote batch look-up").await?;
+        let (job_id, _) = crate::cli::inspect::job_of_remote(&mut conn, &keys, remote).await?;
+        let api = if request.uri.path().starts_with("/api/") { "/api" } else { "" };
+        let path = format!("{api}/jobs/{}?ns={}", pages::encode(&job_id), pages::encode(keys.namespace()));
+        return Ok(axum::response::Redirect::to(&path).into_response());
+    }
     let now = redis_now(&mut conn).await?;
     let filter = query.filter(now)?;
     let page = data::jobs(&mut conn, &keys, &filter, query.cursor.unwrap_or(0)).await?;

@@ -222,6 +222,53 @@ fn jobs_table(rows: &[JobRow]) -> String {
     out
 }
 
+/// Most ledgers `batchd status --remote` and the dashboard's look-up read to find a remote batch id.
+pub(crate) const REMOTE_LOOKUP_LEDGERS: usize = 100_000;
+
+/// The job (or pack) and chunk whose remote batch is `request_id`, or an [`super::Exit`] with
+/// [`super::EXIT_NOT_FOUND`] saying what was read.
+pub(crate) async fn job_of_remote(conn: &mut Conn, keys: &Keys, request_id: &str) -> anyhow::Result<(String, u32)> {
+    let lookup = batchd_queue::inspect::find_remote_batch(conn, keys, request_id, REMOTE_LOOKUP_LEDGERS)
+        .await
+        .context("look for the remote batch")?;
+    lookup.found.ok_or_else(|| {
+        let read = if lookup.complete { "every" } else { "the first" };
+        super::Exit {
+            code: super::EXIT_NOT_FOUND,
+            message: format!(
+                "no job in namespace {} has remote batch {:?} ({read} {} ledgers read, the first {} chunks of each; a \
+                 finished job's ledger expires after retention.ledger_ttl_secs)",
+                keys.namespace(),
+                escape_for_terminal(request_id),
+                lookup.scanned,
+                batchd_queue::inspect::REMOTE_LOOKUP_CHUNKS
+            ),
+        }
+        .into()
+    })
+}
+
+/// `batchd status --remote <batch id>`: the status of the job whose remote batch that is (said on stderr first).
+pub async fn status_of_remote(settings: &Settings, request_id: &str, json: bool) -> anyhow::Result<()> {
+    let keys = settings.keys();
+    let mut conn = open(settings).await?;
+    let (job_id, chunk) = match job_of_remote(&mut conn, &keys, request_id).await {
+        Ok(found) => found,
+        Err(error) => {
+            if let Some(exit) = error.downcast_ref::<super::Exit>().filter(|_| json) {
+                print_json(&json!({"remote": request_id, "error": {"code": "not_found", "message": exit.message}}))?;
+            }
+            return Err(error);
+        }
+    };
+    eprintln!(
+        "remote batch {} is chunk {chunk} of job {}",
+        escape_for_terminal(request_id),
+        escape_for_terminal(&job_id)
+    );
+    super::status(settings, &job_id, json).await
+}
+
 /// Options of `batchd stats`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StatsArgs {

@@ -75,7 +75,7 @@ const COMPONENT: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_');
 
 /// `text` for a URL's path segment or query value.
-pub(super) fn encode(text: &str) -> String {
+pub(crate) fn encode(text: &str) -> String {
     percent_encoding::utf8_percent_encode(text, COMPONENT).to_string()
 }
 
@@ -566,6 +566,11 @@ pub fn jobs(frame: &Frame<'_>, filters: &JobsFilters<'_>, page: &Value) -> Marku
             label { "id prefix " input type="text" name="prefix" value=(filters.prefix); }
             label { "accepted within " input type="text" name="since" value=(filters.since) placeholder="2h" size="5"; }
             button type="submit" { "Filter" }
+        }
+        form #remote-lookup.filters method="get" action="/jobs" {
+            input type="hidden" name="ns" value=(frame.namespace);
+            label { "remote batch id " input type="text" name="remote" placeholder="batch_6740…" size="28"; }
+            button type="submit" { "Find its job" }
         }
         p.note #page-note {
             (text(&page["matching"])) " matching of " (text(&page["scanned"])) " ledgers read on this page"
