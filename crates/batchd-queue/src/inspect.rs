@@ -242,8 +242,7 @@ pub async fn find_remote_batch(
         return Ok(RemoteLookup { found: Some((job_id.to_owned(), chunk)), scanned: 0, complete: false });
     }
     let prefix = keys.job_prefix();
-    let fields: Vec<String> =
-        (0..REMOTE_LOOKUP_CHUNKS).map(|index| field::chunk(index, field::CHUNK_REQUEST_ID)).collect();
+    let fields = crate::ledger_view::request_id_fields(REMOTE_LOOKUP_CHUNKS);
     let mut lookup = RemoteLookup::default();
     let mut cursor = 0u64;
     loop {
