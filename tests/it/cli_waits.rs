@@ -118,7 +118,11 @@ async fn the_daemon_logs_one_line_per_wait_that_starts() {
     let waits: Vec<Value> = logs
         .lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(|event| event.to_string().contains("submit waits for the provider's rate limit or calls in flight"))
+        .filter(|event| {
+            event
+                .to_string()
+                .contains("submit waits for the provider's rate limit, calls in flight or the daily budget")
+        })
         .collect();
     let mut chunks: Vec<u64> = waits
         .iter()

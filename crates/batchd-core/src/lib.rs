@@ -10,6 +10,7 @@ pub mod ids;
 pub mod job;
 pub mod keys;
 pub mod ledger;
+pub mod pricing;
 pub mod redact;
 pub mod reference;
 pub mod result;

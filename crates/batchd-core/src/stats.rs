@@ -32,10 +32,19 @@ pub fn tokens_field(kind: &str, model: &str) -> String {
     format!("tokens:{kind}:{model}")
 }
 
-/// The increments one finished job makes: one `finished:<status>`, plus the positive token counts of its `usage`.
+/// The counter of what `model`'s finished jobs cost, in nano-dollars (the `cost_usd` of their `usage`).
+pub fn cost_field(model: &str) -> String {
+    let model: String = model.chars().take(MAX_MODEL_CHARS).collect();
+    format!("cost_nusd:{model}")
+}
+
+/// The increments one finished job makes: one `finished:<status>`, plus the positive token counts of its `usage`,
+/// plus its cost in nano-dollars when its `usage` carries a positive `cost_usd`.
 pub fn increments(status: &str, model: &str, usage: Option<&serde_json::Value>) -> Vec<(String, u64)> {
     let mut fields = vec![(finished_field(status), 1)];
     fields.extend(usage.into_iter().flat_map(token_counts).map(|(kind, n)| (tokens_field(kind, model), n)));
+    let cost = usage.and_then(crate::pricing::usage_cost_nano).filter(|nano| *nano > 0);
+    fields.extend(cost.map(|nano| (cost_field(model), nano)));
     fields
 }
 
@@ -51,27 +60,36 @@ pub enum StatField<'a> {
         /// The model's name.
         model: &'a str,
     },
+    /// What this model's finished jobs cost, in nano-dollars.
+    Cost(&'a str),
 }
 
 impl<'a> StatField<'a> {
-    /// Reads a field name written by [`finished_field`] or [`tokens_field`]; `None` for anything else.
+    /// Reads a field name written by [`finished_field`], [`tokens_field`] or [`cost_field`]; `None` for anything
+    /// else.
     pub fn parse(name: &'a str) -> Option<Self> {
         if let Some(status) = name.strip_prefix("finished:") {
             return Some(Self::Finished(status));
+        }
+        if let Some(model) = name.strip_prefix("cost_nusd:") {
+            return Some(Self::Cost(model));
         }
         let (kind, model) = name.strip_prefix("tokens:")?.split_once(':')?;
         Some(Self::Tokens { kind, model })
     }
 }
 
-/// What counter hashes add up to: finished jobs by status and tokens by model and kind. Every reader of the
-/// counters (the dashboard's chart and tokens, `batchd stats`) sums them here.
+/// What counter hashes add up to: finished jobs by status, tokens by model and kind, and cost by model. Every
+/// reader of the counters (the dashboard's chart, tokens and cost, `batchd stats`, the daily budget) sums them
+/// here.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Totals {
     /// Results published, by status.
     pub finished: BTreeMap<String, u64>,
     /// Tokens by model, then by kind (`prompt`, `completion`).
     pub tokens: BTreeMap<String, BTreeMap<String, u64>>,
+    /// What finished jobs cost, in nano-dollars, by model (only models with a price).
+    pub cost_nano: BTreeMap<String, u64>,
 }
 
 impl Totals {
@@ -84,6 +102,7 @@ impl Totals {
                 Some(StatField::Tokens { kind, model }) => {
                     *totals.tokens.entry(model.to_owned()).or_default().entry(kind.to_owned()).or_default() += n;
                 }
+                Some(StatField::Cost(model)) => *totals.cost_nano.entry(model.to_owned()).or_default() += n,
                 None => {}
             }
         }
@@ -108,14 +127,21 @@ mod tests {
         );
         assert_eq!(StatField::parse("other"), None);
         assert_eq!(increments("failed", "", None), [("finished:failed".to_owned(), 1)]);
+        let priced = serde_json::json!({"prompt_tokens": 12, "cost_usd": 0.000000144});
+        let fields = increments("completed", "@cf/baai/bge-m3", Some(&priced));
+        assert_eq!(fields[2], ("cost_nusd:@cf/baai/bge-m3".to_owned(), 144));
+        assert_eq!(StatField::parse(&fields[2].0), Some(StatField::Cost("@cf/baai/bge-m3")));
+        let free = serde_json::json!({"prompt_tokens": 12, "cost_usd": 0.0});
+        assert_eq!(increments("completed", "m", Some(&free)).len(), 2, "a cost of 0 is not counted");
     }
 
     #[test]
     fn counters_add_up_by_status_and_by_model() {
         let hash = |pairs: &[(&str, u64)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect::<HashMap<_, _>>();
-        let a = hash(&[("finished:completed", 2), ("tokens:prompt:m", 10), ("other", 7)]);
-        let b = hash(&[("finished:completed", 1), ("finished:failed", 4), ("tokens:prompt:m", 5)]);
+        let a = hash(&[("finished:completed", 2), ("tokens:prompt:m", 10), ("other", 7), ("cost_nusd:m", 30)]);
+        let b = hash(&[("finished:completed", 1), ("finished:failed", 4), ("tokens:prompt:m", 5), ("cost_nusd:m", 12)]);
         let totals = Totals::of([&a, &b]);
+        assert_eq!(totals.cost_nano["m"], 42);
         assert_eq!(totals.finished, BTreeMap::from([("completed".to_owned(), 3), ("failed".to_owned(), 4)]));
         assert_eq!(totals.tokens["m"]["prompt"], 15);
         assert_eq!(Totals::of([]), Totals::default());

@@ -11,4 +11,5 @@ pub mod policy;
 pub mod providers;
 pub mod runtime;
 pub mod settings;
+pub mod spend;
 pub mod turnaround;

@@ -48,6 +48,7 @@ pub const NAMES: &[&str] = &[
     "batchd_polls_per_batch",
     "batchd_api_auth_failures_total",
     "batchd_tokens_total",
+    "batchd_cost_usd_total",
     "batchd_models_without_events",
     "batchd_rate_limit_effective",
     "batchd_model_catalog_age_seconds",
@@ -270,6 +271,16 @@ pub fn tokens(model: &str, usage: &serde_json::Value) {
     }
 }
 
+/// Adds a finished job's cost (its `usage`'s `cost_usd`, present when its model has a price) to
+/// `batchd_cost_usd_total` by provider and model. A pack member's `usage` is its own items' or its share of the
+/// pack's, so a remote batch's cost is counted once over its members, never once per member.
+pub fn cost(model: &str, usage: &serde_json::Value) {
+    let Some(nano) = batchd_core::pricing::usage_cost_nano(usage).filter(|nano| *nano > 0) else { return };
+    let provider = batchd_core::ModelName::parse(model).map(|name| name.provider().to_owned()).unwrap_or_default();
+    gauge!("batchd_cost_usd_total", "provider" => provider, "model" => model_label(model))
+        .increment(nano as f64 / batchd_core::pricing::NANO_PER_USD);
+}
+
 /// Which API call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApiCall {
@@ -395,6 +406,12 @@ pub fn describe() {
         "batchd_tokens_total",
         "Tokens of finished jobs from the API's usage, by model (configured models, then up to 32 seen, the rest \
          `other`) and kind (prompt, completion): what batch inference costs."
+    );
+    describe_gauge!(
+        "batchd_cost_usd_total",
+        "What finished jobs cost in USD at the configured batch prices ([pricing], docs/cost.md), by provider and \
+         model (models with a price only; the model label as for batchd_tokens_total). A running total that only \
+         grows (exported as a gauge: the metrics crate's counters count whole numbers); per replica, since start."
     );
     describe_counter!(
         "batchd_poll_unknown_status_total",

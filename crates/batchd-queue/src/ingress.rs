@@ -136,6 +136,25 @@ pub async fn remove_idle_consumers(conn: &mut Conn, keys: &Keys, min_idle: Durat
     }
 }
 
+/// Deletes this replica's own consumer `name` from the ingress group when it holds nothing, at a clean stop, so
+/// operators (`batchd workers`, the dashboard) no longer see a replica that is gone; one that still holds entries is
+/// kept for another replica to reclaim them from. Returns whether it was deleted.
+pub async fn remove_stopped_consumer(conn: &mut Conn, keys: &Keys, name: &str) -> Result<bool, StoreError> {
+    let stream = keys.submit();
+    let consumers: Vec<HashMap<String, Value>> =
+        redis::cmd("XINFO").arg("CONSUMERS").arg(&stream).arg(CONSUMER_GROUP).query_async(conn).await?;
+    let holds_nothing = consumers.iter().any(|consumer| {
+        let field = |key: &str| consumer.get(key).cloned();
+        field("name").and_then(|v| redis::from_redis_value::<String>(v).ok()).as_deref() == Some(name)
+            && field("pending").and_then(|v| redis::from_redis_value::<i64>(v).ok()) == Some(0)
+    });
+    if !holds_nothing {
+        return Ok(false);
+    }
+    let _pending: i64 = conn.xgroup_delconsumer(&stream, CONSUMER_GROUP, name).await?;
+    Ok(true)
+}
+
 /// Hands entries back to the group by marking them idle for `idle` (`XCLAIM ... IDLE <ms> JUSTID`), so any
 /// replica's next reclaim takes them.
 pub async fn hand_back(

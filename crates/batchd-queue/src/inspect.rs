@@ -210,6 +210,76 @@ pub async fn scan_ledgers(
     Ok(LedgerScan { rows, scanned: batch.len(), next_cursor: (next != 0).then_some(next) })
 }
 
+/// Chunks of each job a look-up by remote batch id compares ([`find_remote_batch`]).
+pub const REMOTE_LOOKUP_CHUNKS: u32 = 16;
+
+/// Where a remote batch id was found: the job (or pack) and the chunk whose batch it is, and how many ledgers were
+/// read to find it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RemoteLookup {
+    /// The job id and chunk index, when found.
+    pub found: Option<(String, u32)>,
+    /// Ledgers read (0 when the events index answered).
+    pub scanned: usize,
+    /// Whether every ledger was read (a miss is then certain for the chunks compared).
+    pub complete: bool,
+}
+
+/// Finds the job whose chunk has remote batch `request_id`: first through the events index (`{ns}:request:<id>`,
+/// written with `[events]` on), then by walking the ledgers with `SCAN` (1,000 keys a step, one pipelined `HMGET`
+/// of the first [`REMOTE_LOOKUP_CHUNKS`] chunks' request ids a step) until found or `max_ledgers` were read. A pack's
+/// batch is found in the pack's ledger (`pack:<id>`).
+pub async fn find_remote_batch(
+    conn: &mut Conn,
+    keys: &Keys,
+    request_id: &str,
+    max_ledgers: usize,
+) -> Result<RemoteLookup, StoreError> {
+    let indexed: Option<String> = redis::cmd("GET").arg(keys.request(request_id)).query_async(conn).await?;
+    if let Some((job_id, chunk)) = indexed.as_deref().and_then(|member| member.rsplit_once('#'))
+        && let Ok(chunk) = chunk.parse::<u32>()
+    {
+        return Ok(RemoteLookup { found: Some((job_id.to_owned(), chunk)), scanned: 0, complete: false });
+    }
+    let prefix = keys.job_prefix();
+    let fields = crate::ledger_view::request_id_fields(REMOTE_LOOKUP_CHUNKS);
+    let mut lookup = RemoteLookup::default();
+    let mut cursor = 0u64;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await?;
+        if !batch.is_empty() {
+            let mut pipe = redis::pipe();
+            for key in &batch {
+                pipe.cmd("HMGET").arg(key).arg(&fields[..]);
+            }
+            let values: Vec<Vec<Option<String>>> = pipe.query_async(conn).await?;
+            lookup.scanned += batch.len();
+            for (key, ids) in batch.iter().zip(values) {
+                if let Some(chunk) = ids.iter().position(|id| id.as_deref() == Some(request_id)) {
+                    let job_id = key.strip_prefix(&prefix).unwrap_or(key).to_owned();
+                    lookup.found = Some((job_id, chunk as u32));
+                    return Ok(lookup);
+                }
+            }
+        }
+        cursor = next;
+        if cursor == 0 {
+            lookup.complete = true;
+            return Ok(lookup);
+        }
+        if lookup.scanned >= max_ledgers {
+            return Ok(lookup);
+        }
+    }
+}
+
 /// The chunk states behind the first `sample` schedule members (the soonest due), and the schedule's size.
 /// A member whose ledger has no such chunk reads as `None`.
 pub async fn scheduled_chunk_states(

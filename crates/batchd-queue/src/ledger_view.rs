@@ -33,6 +33,11 @@ pub fn chunk_metadata() -> impl Iterator<Item = &'static str> {
 /// (outputs).
 pub const CHUNK_PAYLOADS: [&str; 3] = [field::CHUNK_REQUESTS, field::CHUNK_OUTPUT, field::CHUNK_REFERENCES];
 
+/// The remote request id fields of chunks `0..n_chunks` (`c<i>:request_id`), for a look-up by remote batch id.
+pub fn request_id_fields(n_chunks: u32) -> Vec<String> {
+    (0..n_chunks).map(|index| field::chunk(index, field::CHUNK_REQUEST_ID)).collect()
+}
+
 /// A chunk's `start:len` (`c<i>:items`) as numbers; `None` unless it is exactly two unsigned integers.
 pub fn parse_items(raw: Option<&str>) -> Option<(usize, usize)> {
     let (start, len) = raw?.split_once(':')?;

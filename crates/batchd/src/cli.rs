@@ -17,6 +17,7 @@
 //! bars and spinners (which then become plain lines, or nothing), see [`no_color`].
 
 pub mod command;
+pub mod cost;
 pub mod dead;
 pub mod endpoint;
 pub mod events;
@@ -347,7 +348,7 @@ pub async fn status(settings: &Settings, id: &str, json: bool) -> anyhow::Result
         Default::default()
     };
     let at_remote = batchd_queue::turnaround::at_remote(&view, &usuals, now);
-    let waits = waits::read(&mut conn, &keys, &view).await?;
+    let waits = waits::read(&mut conn, &keys, &view, settings.budget.for_namespace(keys.namespace())).await?;
     if json {
         let mut object = status_json(&view);
         object["at_remote"] = serde_json::to_value(&at_remote).context("encode the batches at the remote API")?;
@@ -433,7 +434,7 @@ fn status_text(
             }
             (None, None) => {}
         }
-        if let Some(wait) = waits::chunk_text(chunk, waits.chunks.get(index).copied().flatten(), now_ms) {
+        if let Some(wait) = waits::wait_text(waits, index, chunk, now_ms) {
             line("", wait);
         }
         match chunk.get(field::CHUNK_PACK) {

@@ -198,6 +198,8 @@ pub async fn run_with_providers(
             events: settings.events.enabled(),
             budget: budget.clone(),
             packing: settings.packing.clone(),
+            pricing: settings.pricing.table(),
+            spend: batchd_engine::spend::DailyBudget::new(settings.budget.for_namespace(store.keys().namespace())),
         });
         // Always: jobs queued while packing was on still get their packs after it is turned off.
         background.push(tokio::spawn(Arc::clone(&pipeline).run_packer(fetch_stop.clone())));
@@ -242,6 +244,15 @@ pub async fn run_with_providers(
     );
     drain(&mut workers, Duration::from_secs(settings.shutdown.grace_secs)).await;
     stop_background(background_stop, background).await;
+    // A replica that stopped cleanly holding nothing leaves the ingress group, so it is no longer listed.
+    for store in &stores {
+        match batchd_queue::ingress::remove_stopped_consumer(&mut store.connection(), store.keys(), &consumer).await {
+            Ok(removed) => tracing::debug!(consumer = %consumer, removed, "own consumer at stop"),
+            Err(error) => {
+                tracing::warn!(consumer = %consumer, error = %error, "could not remove this replica's consumer")
+            }
+        }
+    }
     tracing::info!("batchd stopped");
     Ok(())
 }

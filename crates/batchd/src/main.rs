@@ -71,7 +71,10 @@ fn main() -> ExitCode {
         match &cli.command {
             Command::Run => run_daemon(settings).await,
             Command::Submit(args) => cli::submit(&settings, args).await,
-            Command::Status { id, json } => cli::status(&settings, id, *json).await,
+            Command::Status { id, remote: Some(remote), json } if id.is_none() => {
+                cli::inspect::status_of_remote(&settings, remote, *json).await
+            }
+            Command::Status { id, json, .. } => cli::status(&settings, id.as_deref().unwrap_or_default(), *json).await,
             Command::Cancel { id, reason, before_arrival, json } => {
                 cli::cancel(&settings, id, reason, *before_arrival, *json).await
             }

@@ -593,6 +593,10 @@ struct JobsQuery {
     state: Option<String>,
     /// A model name.
     model: Option<String>,
+    /// A provider (`cloudflare`, `openai`, ...).
+    provider: Option<String>,
+    /// A remote batch id: the answer is a redirect to the job (or pack) whose batch it is.
+    remote: Option<String>,
     /// A job id prefix.
     prefix: Option<String>,
     /// Accepted within this long (`30m`, `2h`, `1d`) or since this time (`2025-11-22T08:00:00Z`, Unix ms).
@@ -635,6 +639,7 @@ impl JobsQuery {
         Ok(JobFilter {
             states,
             model: nonempty(&self.model).map(str::to_owned),
+            provider: nonempty(&self.provider).map(str::to_owned),
             id_prefix: nonempty(&self.prefix).map(str::to_owned),
             accepted_since,
         })
@@ -644,13 +649,23 @@ impl JobsQuery {
 async fn jobs(State(ui): State<Ui>, Query(query): Query<JobsQuery>, request: Request) -> Result<Response, UiError> {
     let keys = ui.keys(query.ns.as_deref())?;
     let mut conn = ui.conn();
+    if let Some(remote) = nonempty(&query.remote) {
+        // Up to 100,000 ledgers read: an expensive page, taking its turn.
+        let _turn = ui.turn("remote batch look-up").await?;
+        let (job_id, _) = crate::cli::inspect::job_of_remote(&mut conn, &keys, remote).await?;
+        let api = if request.uri.path().starts_with("/api/") { "/api" } else { "" };
+        let path = format!("{api}/jobs/{}?ns={}", pages::encode(&job_id), pages::encode(keys.namespace()));
+        return Ok(axum::response::Redirect::to(&path).into_response());
+    }
     let now = redis_now(&mut conn).await?;
     let filter = query.filter(now)?;
     let page = data::jobs(&mut conn, &keys, &filter, query.cursor.unwrap_or(0)).await?;
-    let value = serde_json::to_value(&page).map_err(|e| UiError::BadRequest(e.to_string()))?;
+    let mut value = serde_json::to_value(&page).map_err(|e| UiError::BadRequest(e.to_string()))?;
+    crate::cli::inspect::annotate_jobs(&mut value, now);
     let filters = pages::JobsFilters {
         state: query.state.as_deref().unwrap_or(""),
         model: query.model.as_deref().unwrap_or(""),
+        provider: query.provider.as_deref().unwrap_or(""),
         prefix: query.prefix.as_deref().unwrap_or(""),
         since: query.since.as_deref().unwrap_or(""),
     };
@@ -686,7 +701,8 @@ async fn job(
     let _turn = ui.turn("job").await?;
     let mut conn = ui.conn();
     let now = redis_now(&mut conn).await?;
-    let mut value = data::job(&mut conn, &keys, &job_id, query.page.unwrap_or(0)).await?;
+    let budget = ui.settings.budget.for_namespace(keys.namespace());
+    let mut value = data::job(&mut conn, &keys, &job_id, query.page.unwrap_or(0), budget).await?;
     value["at"] = now.into();
     Ok(answer(&ui, &request, &keys, Notice::parse(query.notice.as_deref()), value, pages::job))
 }

@@ -371,6 +371,10 @@ impl Pipeline {
             _ => ResultStatus::Failed,
         };
         let now = self.store.now().await?;
+        let mut output = output;
+        if let Some(output) = output.as_mut() {
+            self.pricing.add_cost(&context.model, &mut output.usage);
+        }
         let entry = ResultEntry {
             job_id: job_id.to_string(),
             status,
@@ -392,6 +396,8 @@ impl Pipeline {
             metrics::job_finished(status.as_str(), turnaround);
             if let Some(usage) = usage {
                 metrics::tokens(&context.model, &usage);
+                metrics::cost(&context.model, &usage);
+                self.spend.add_spent(&usage);
             }
             tracing::info!(
                 job_id = %job_id,

@@ -73,6 +73,10 @@ pub struct Pipeline {
     /// The process's memory budget (`workers.inflight_bytes`): submits hold room for their items and body; the
     /// providers count poll replies and result downloads in it (see `daemon.rs`).
     pub budget: ByteBudget,
+    /// Batch prices by model (`[pricing]`): a finished job's `usage` gains its `cost_usd` from them.
+    pub pricing: batchd_core::pricing::Pricing,
+    /// The namespace's daily budget (`[budget]`): once reached, new submits wait for the next UTC midnight.
+    pub spend: crate::spend::DailyBudget,
 }
 
 /// A request item as the pipeline posts it: owned (read back from the ledger) or borrowed (from the entry).
@@ -280,6 +284,13 @@ impl Pipeline {
         model: &ModelName,
         call: ApiCall,
     ) -> Result<Result<CallSlot, Duration>, StoreError> {
+        // The namespace's daily budget, reached: no new remote batch until the next UTC midnight (looked at again
+        // every `spend::RECHECK`); the batches in flight go on.
+        if call == ApiCall::Submit
+            && let Some((now, until)) = self.spend.held(&self.store).await?
+        {
+            return Ok(Err(Duration::from_millis(until.saturating_sub(now)).min(crate::spend::RECHECK)));
+        }
         let Some(slot) = self.providers.call_slot(provider.name()) else {
             metrics::throttled_wait(call);
             tracing::debug!(provider = provider.name(), wait = ?CALL_CAP_WAIT, "provider at its calls in flight; waiting");

@@ -570,7 +570,8 @@ mod waits {
                 job_id = %claim.chunk.job_id,
                 chunk = claim.chunk.index,
                 provider,
-                "submit waits for the provider's rate limit or calls in flight (`batchd status` says until when)"
+                "submit waits for the provider's rate limit, calls in flight or the daily budget (`batchd status` \
+                 says which and until when)"
             );
         }
     }

@@ -55,7 +55,12 @@ failed, expired or cancelled, 4 --timeout passed first."
     /// Show one job's ledger: state, chunks, request ids, attempts, timestamps, errors.
     Status {
         /// The job id.
-        id: String,
+        #[arg(required_unless_present = "remote")]
+        id: Option<String>,
+        /// Find the job by the id of one of its remote batches instead (a provider's batch id, as its console shows
+        /// it; a pack's batch finds the pack): through the events index, else by reading up to 100,000 ledgers.
+        #[arg(long, value_name = "BATCH_ID", conflicts_with = "id")]
+        remote: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,

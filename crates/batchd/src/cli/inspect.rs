@@ -33,6 +33,9 @@ pub struct JobsArgs {
     /// Only jobs for this model.
     #[arg(long, value_name = "MODEL")]
     pub model: Option<String>,
+    /// Only jobs of this provider (`cloudflare` for @cf/ and @hf/ models, else the model's prefix: `openai`, ...).
+    #[arg(long, value_name = "PROVIDER")]
+    pub provider: Option<String>,
     /// Only jobs whose id starts with this (e.g. `inv-2025-11-`).
     #[arg(long, value_name = "PREFIX")]
     pub id_prefix: Option<String>,
@@ -64,6 +67,8 @@ pub(crate) struct JobFilter {
     pub states: Vec<JobState>,
     /// Only this model.
     pub model: Option<String>,
+    /// Only models of this provider ([`super::cost::provider_of`]).
+    pub provider: Option<String>,
     /// Only ids starting with this (checked as a job id: no glob characters reach `SCAN MATCH`).
     pub id_prefix: Option<String>,
     /// Only jobs accepted at or after this time, Unix ms.
@@ -74,6 +79,7 @@ impl JobFilter {
     fn keeps(&self, row: &JobRow) -> bool {
         (self.states.is_empty() || self.states.iter().any(|wanted| wanted.as_str() == row.state))
             && self.model.as_ref().is_none_or(|model| *model == row.model)
+            && self.provider.as_ref().is_none_or(|provider| *provider == super::cost::provider_of(&row.model))
             && self.accepted_since.is_none_or(|since| row.accepted_at.is_some_and(|at| at >= since))
     }
 }
@@ -144,6 +150,7 @@ pub async fn jobs(settings: &Settings, args: &JobsArgs) -> anyhow::Result<()> {
     let filter = JobFilter {
         states: args.state.clone(),
         model: args.model.clone(),
+        provider: args.provider.clone(),
         id_prefix: args.id_prefix.clone(),
         accepted_since,
     };
@@ -161,7 +168,9 @@ pub async fn jobs(settings: &Settings, args: &JobsArgs) -> anyhow::Result<()> {
         }
     }
     if args.json {
-        return print_json(&serde_json::to_value(&all).context("encode jobs")?);
+        let mut page = serde_json::to_value(&all).context("encode jobs")?;
+        annotate_jobs(&mut page, redis_now(&mut conn).await?);
+        return print_json(&page);
     }
     print!("{}", jobs_table(&all.jobs));
     println!(
@@ -172,6 +181,16 @@ pub async fn jobs(settings: &Settings, args: &JobsArgs) -> anyhow::Result<()> {
         super::place(settings)
     );
     Ok(())
+}
+
+/// Adds to each job of a jobs page's JSON (`batchd jobs --json`, the dashboard's `/api/jobs`) its `provider` and
+/// its `duration_ms`: accepted to finished, or to `now` (Redis's clock) for a job not finished.
+pub(crate) fn annotate_jobs(page: &mut serde_json::Value, now: u64) {
+    for job in page["jobs"].as_array_mut().into_iter().flatten() {
+        job["provider"] = super::cost::provider_of(job["model"].as_str().unwrap_or("")).into();
+        let end = job["finished_at"].as_u64().unwrap_or(now);
+        job["duration_ms"] = job["accepted_at"].as_u64().map(|accepted| end.saturating_sub(accepted)).into();
+    }
 }
 
 /// Sorts the most recently accepted first (ties by id) and keeps `limit`.
@@ -203,10 +222,58 @@ fn jobs_table(rows: &[JobRow]) -> String {
     out
 }
 
+/// Most ledgers `batchd status --remote` and the dashboard's look-up read to find a remote batch id.
+pub(crate) const REMOTE_LOOKUP_LEDGERS: usize = 100_000;
+
+/// The job (or pack) and chunk whose remote batch is `request_id`, or an [`super::Exit`] with
+/// [`super::EXIT_NOT_FOUND`] saying what was read.
+pub(crate) async fn job_of_remote(conn: &mut Conn, keys: &Keys, request_id: &str) -> anyhow::Result<(String, u32)> {
+    let lookup = batchd_queue::inspect::find_remote_batch(conn, keys, request_id, REMOTE_LOOKUP_LEDGERS)
+        .await
+        .context("look for the remote batch")?;
+    lookup.found.ok_or_else(|| {
+        let read = if lookup.complete { "every" } else { "the first" };
+        super::Exit {
+            code: super::EXIT_NOT_FOUND,
+            message: format!(
+                "no job in namespace {} has remote batch {:?} ({read} {} ledgers read, the first {} chunks of each; a \
+                 finished job's ledger expires after retention.ledger_ttl_secs)",
+                keys.namespace(),
+                escape_for_terminal(request_id),
+                lookup.scanned,
+                batchd_queue::inspect::REMOTE_LOOKUP_CHUNKS
+            ),
+        }
+        .into()
+    })
+}
+
+/// `batchd status --remote <batch id>`: the status of the job whose remote batch that is (said on stderr first).
+pub async fn status_of_remote(settings: &Settings, request_id: &str, json: bool) -> anyhow::Result<()> {
+    let keys = settings.keys();
+    let mut conn = open(settings).await?;
+    let (job_id, chunk) = match job_of_remote(&mut conn, &keys, request_id).await {
+        Ok(found) => found,
+        Err(error) => {
+            if let Some(exit) = error.downcast_ref::<super::Exit>().filter(|_| json) {
+                print_json(&json!({"remote": request_id, "error": {"code": "not_found", "message": exit.message}}))?;
+            }
+            return Err(error);
+        }
+    };
+    eprintln!(
+        "remote batch {} is chunk {chunk} of job {}",
+        escape_for_terminal(request_id),
+        escape_for_terminal(&job_id)
+    );
+    super::status(settings, &job_id, json).await
+}
+
 /// Options of `batchd stats`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct StatsArgs {
-    /// Also count the jobs finished since then, by status, and the tokens used, by model: an age (30m, 24h, 7d)
+    /// Also count the jobs finished since then, by status, the tokens used, by model, and their cost, by
+    /// provider: an age (30m, 24h, 7d)
     /// or a time (2025-11-22T08:00:00Z, 2025-11-22, Unix ms), at most 8 days back. Up to 2 hours back it reads
     /// the per-minute counters; further back the hourly ones, so the window starts at a whole hour.
     #[arg(long, value_name = "TIME", value_parser = super::retry::parse_time)]
@@ -217,8 +284,8 @@ pub struct StatsArgs {
 }
 
 /// What `batchd stats --json` prints (and the dashboard's overview holds per namespace): queue depths, work in
-/// flight, the oldest waiting entry, throughput from the finished-jobs counters, the result streams' reader groups
-/// and the pause flag. Bounded commands only.
+/// flight, the oldest waiting entry, throughput from the finished-jobs counters, the result streams' reader groups,
+/// the pause flag and what finished jobs cost per UTC day ([`super::cost::daily`]). Bounded commands only.
 pub(crate) async fn stats_report(conn: &mut Conn, keys: &Keys, now: u64) -> anyhow::Result<serde_json::Value> {
     let depths = batchd_queue::inspect::depths(conn, keys, now).await.context("read queue depths")?;
     let oldest_waiting_ms =
@@ -227,6 +294,7 @@ pub(crate) async fn stats_report(conn: &mut Conn, keys: &Keys, now: u64) -> anyh
     let throughput = throughput(conn, keys, now).await?;
     let readers = result_groups(conn, &keys.results()).await?;
     let paused = super::pause::read(conn, keys).await?;
+    let cost_days = super::cost::daily(conn, keys, now).await?;
     Ok(json!({
         "namespace": keys.namespace(),
         "at": now,
@@ -242,6 +310,7 @@ pub(crate) async fn stats_report(conn: &mut Conn, keys: &Keys, now: u64) -> anyh
         "schedule": {"chunks_in_flight": depths.scheduled, "due": depths.due, "lag_ms": schedule_lag_ms},
         "results": {"entries": depths.results, "throughput": throughput, "groups": readers},
         "dead": {"entries": depths.dead},
+        "cost": {"days": cost_days},
     }))
 }
 
@@ -309,6 +378,7 @@ pub async fn stats(settings: &Settings, args: &StatsArgs) -> anyhow::Result<()> 
     if let Some(since) = report.get("since") {
         out.push_str(&since_text(since));
     }
+    out.push_str(&super::cost::daily_text(report["cost"]["days"].as_array().map(Vec::as_slice).unwrap_or_default()));
     out.push_str(&format!("  dead letters     {dead} entries\n"));
     print!("{out}");
     Ok(())
@@ -350,26 +420,15 @@ pub(crate) async fn finished_since(
         batchd_queue::inspect::hour_counters(conn, keys, first, last, now).await
     }
     .context("read the finished-jobs counters")?;
-    let mut finished: std::collections::BTreeMap<String, u64> = Default::default();
-    let mut tokens: std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>> = Default::default();
-    for (name, n) in hashes.iter().flatten() {
-        match batchd_core::stats::StatField::parse(name) {
-            Some(batchd_core::stats::StatField::Finished(status)) => {
-                *finished.entry(status.to_owned()).or_default() += n
-            }
-            Some(batchd_core::stats::StatField::Tokens { kind, model }) => {
-                *tokens.entry(model.to_owned()).or_default().entry(kind.to_owned()).or_default() += n
-            }
-            None => {}
-        }
-    }
+    let totals = batchd_core::stats::Totals::of(&hashes);
     Ok(json!({
         "from": first * unit,
         "to": now,
         "granularity": granularity,
-        "total": finished.values().sum::<u64>(),
-        "finished": finished,
-        "tokens": tokens,
+        "total": totals.finished.values().sum::<u64>(),
+        "cost_usd": super::cost::cost_json(&totals.cost_nano),
+        "finished": totals.finished,
+        "tokens": totals.tokens,
     }))
 }
 
@@ -397,6 +456,7 @@ fn since_text(since: &serde_json::Value) -> String {
             kinds.as_object().into_iter().flatten().map(|(kind, n)| format!("{n} {kind}")).collect();
         out.push_str(&format!("  tokens           {}: {}\n", escape_for_terminal(model), kinds.join(", ")));
     }
+    out.push_str(&super::cost::cost_text("cost", &since["cost_usd"]));
     out
 }
 

@@ -132,7 +132,8 @@ impl Settings {
         for (name, section) in &self.providers {
             crate::registry::check_named(name, section)?;
         }
-        Ok(())
+        self.pricing.check()?;
+        self.budget.check()
     }
 
     /// What is allowed but unsafe, for the daemon to log at start as warnings: certificate checks turned off, a

@@ -11,6 +11,7 @@
 mod check;
 mod conversions;
 mod load;
+mod pricing;
 mod redacted;
 mod secrets;
 mod sections;
@@ -22,6 +23,7 @@ pub use batchd_cloudflare::{ModelLimit, ModelTask, RateLimitSettings, TaskType};
 pub use batchd_core::redact_url;
 pub use batchd_engine::settings::{PackingSettings, PollSettings, RetrySettings};
 pub use load::describe_config_error;
+pub use pricing::{BudgetSettings, PricingSettings};
 pub use secrets::Secret;
 pub use sections::{
     AdminSettings, AnthropicConfig, CloudflareSettings, EventSettings, GeminiConfig, IngressConfig, InstanceSection,
@@ -156,6 +158,10 @@ pub struct Settings {
     /// Named provider instances (`[providers.<name>]`), by name.
     #[serde(default)]
     pub providers: std::collections::BTreeMap<String, InstanceSection>,
+    /// Batch prices by model, for what jobs cost.
+    pub pricing: PricingSettings,
+    /// What each namespace may spend per day.
+    pub budget: BudgetSettings,
 }
 
 /// `pairs` standing for the process environment of `Settings::load_from`, in the unit tests.

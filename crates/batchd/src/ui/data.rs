@@ -198,12 +198,18 @@ pub async fn jobs(conn: &mut Conn, keys: &Keys, filter: &JobFilter, cursor: u64)
 /// ..."}`), from Redis once per process and paged from memory ([`ResultCache`]), so 40 open tabs of one big job cost
 /// Redis one read of it, not 40. The request items are a page of their own ([`job_items`]): the job's page reads
 /// none.
-pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> anyhow::Result<Value> {
+pub async fn job(
+    conn: &mut Conn,
+    keys: &Keys,
+    job_id: &JobId,
+    page: usize,
+    usd_per_day: Option<f64>,
+) -> anyhow::Result<Value> {
     let view = cli::read_ledger(conn, keys, job_id).await?;
     let mut status = cli::status_json(&view);
     let job_state = view.state();
     // What a chunk not at the remote API yet waits for, and until when (as `batchd status` says it).
-    let waits = cli::waits::read(conn, keys, &view).await?;
+    let waits = cli::waits::read(conn, keys, &view, usd_per_day).await?;
     status["waits"] = cli::waits::json(&waits);
     let now = cli::now_ms();
     let chunks: Vec<Value> = view
@@ -214,7 +220,7 @@ pub async fn job(conn: &mut Conn, keys: &Keys, job_id: &JobId, page: usize) -> a
             let status = chunk.status(job_state);
             let packed = chunk.get(field::CHUNK_PACK) == Some(batchd_core::ids::PACK_QUEUED)
                 && !job_state.is_some_and(|state| state.is_terminal());
-            let wait = cli::waits::chunk_text(chunk, waits.chunks.get(index).copied().flatten(), now)
+            let wait = cli::waits::wait_text(&waits, index, chunk, now)
                 .or_else(|| packed.then(|| cli::waits::pack_text(waits.pack_due, now)));
             json!({"index": index, "state": status.state, "remote": status.remote, "wait": wait})
         })

@@ -75,7 +75,7 @@ const COMPONENT: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_');
 
 /// `text` for a URL's path segment or query value.
-pub(super) fn encode(text: &str) -> String {
+pub(crate) fn encode(text: &str) -> String {
     percent_encoding::utf8_percent_encode(text, COMPONENT).to_string()
 }
 
@@ -215,8 +215,8 @@ fn action_form(
     }
 }
 
-/// The overview: every namespace's depths, chunk states, finished jobs over the chosen range, consumers and
-/// tokens; with actions, pause or resume per namespace.
+/// The overview: every namespace's depths, chunk states, finished jobs over the chosen range, consumers, tokens
+/// and cost per day; with actions, pause or resume per namespace.
 pub fn overview(frame: &Frame<'_>, value: &Value) -> Markup {
     let body = html! {
         h1 { "Overview" }
@@ -288,6 +288,43 @@ fn namespace_overview(frame: &Frame<'_>, ns: &Value) -> Markup {
             }
             h3 { "Tokens by model" }
             (tokens(&ns["tokens"]))
+            h3 { "Cost per day" }
+            (cost(name, &stats["cost"]["days"]))
+        }
+    }
+}
+
+/// What finished jobs cost per UTC day and provider at their models' batch prices (`stats --json`'s `cost.days`),
+/// newest day first; days with no cost are left out.
+fn cost(name: &str, days: &Value) -> Markup {
+    let days: Vec<&Value> =
+        days.as_array().into_iter().flatten().rev().filter(|day| day["total"].as_f64().unwrap_or(0.0) > 0.0).collect();
+    let mut providers: Vec<String> = days
+        .iter()
+        .flat_map(|day| day["by_provider"].as_object().into_iter().flatten().map(|(provider, _)| provider.clone()))
+        .collect();
+    providers.sort();
+    providers.dedup();
+    let usd = |value: &Value| value.as_f64().map_or_else(|| "–".to_owned(), crate::cli::cost::format_usd);
+    html! {
+        @if days.is_empty() {
+            p.note id=(format!("cost-{name}")) { "No cost in the last 7 days: no finished job's model has a price (docs/cost.md)." }
+        } @else {
+            table.cost id=(format!("cost-{name}")) {
+                thead { tr { th { "day (UTC)" } th { "total" } @for provider in &providers { th { (shown(provider, 40)) } } } }
+                tbody {
+                    @for day in &days {
+                        tr data-day=(day["day"].as_str().unwrap_or("")) {
+                            td { (text(&day["day"])) }
+                            td.num.total { (usd(&day["total"])) }
+                            @for provider in &providers {
+                                td.num data-provider=(provider) { (usd(&day["by_provider"][provider.as_str()])) }
+                            }
+                        }
+                    }
+                }
+            }
+            p.note { "At the models' batch prices (docs/cost.md); a packed Workers AI job's share is estimated." }
         }
     }
 }
@@ -493,6 +530,8 @@ pub struct JobsFilters<'a> {
     pub state: &'a str,
     /// A model, or empty.
     pub model: &'a str,
+    /// A provider, or empty.
+    pub provider: &'a str,
     /// A job id prefix, or empty.
     pub prefix: &'a str,
     /// An age (`30m`), or empty.
@@ -504,10 +543,11 @@ pub fn jobs(frame: &Frame<'_>, filters: &JobsFilters<'_>, page: &Value) -> Marku
     let states = ["", "accepted", "running", "completed", "failed", "expired", "cancelled"];
     let next = page["next_cursor"].as_u64().map(|cursor| {
         format!(
-            "/jobs?ns={}&state={}&model={}&prefix={}&since={}&cursor={cursor}",
+            "/jobs?ns={}&state={}&model={}&provider={}&prefix={}&since={}&cursor={cursor}",
             encode(frame.namespace),
             encode(filters.state),
             encode(filters.model),
+            encode(filters.provider),
             encode(filters.prefix),
             encode(filters.since)
         )
@@ -522,9 +562,15 @@ pub fn jobs(frame: &Frame<'_>, filters: &JobsFilters<'_>, page: &Value) -> Marku
                 }
             } }
             label { "model " input type="text" name="model" value=(filters.model) placeholder="@cf/baai/bge-m3"; }
+            label { "provider " input type="text" name="provider" value=(filters.provider) placeholder="openai" size="10"; }
             label { "id prefix " input type="text" name="prefix" value=(filters.prefix); }
             label { "accepted within " input type="text" name="since" value=(filters.since) placeholder="2h" size="5"; }
             button type="submit" { "Filter" }
+        }
+        form #remote-lookup.filters method="get" action="/jobs" {
+            input type="hidden" name="ns" value=(frame.namespace);
+            label { "remote batch id " input type="text" name="remote" placeholder="batch_6740…" size="28"; }
+            button type="submit" { "Find its job" }
         }
         p.note #page-note {
             (text(&page["matching"])) " matching of " (text(&page["scanned"])) " ledgers read on this page"
@@ -532,18 +578,20 @@ pub fn jobs(frame: &Frame<'_>, filters: &JobsFilters<'_>, page: &Value) -> Marku
             "; newest first within the page."
         }
         table #jobs.jobs {
-            thead { tr { th { "job" } th { "state" } th { "model" } th { "items" } th { "chunks" } th { "accepted" } th { "updated" } } }
+            thead { tr { th { "job" } th { "state" } th { "provider" } th { "model" } th { "items" } th { "chunks" } th { "accepted" } th { "updated" } th { "duration" } } }
             tbody {
                 @for job in page["jobs"].as_array().into_iter().flatten() {
                     @let id = job["job_id"].as_str().unwrap_or("");
                     tr {
                         td { a.job-link href=(link(frame, &format!("/jobs/{}", encode(id)))) { (shown(id, 120)) } }
                         td { span class=(format!("state state-{}", job["state"].as_str().unwrap_or(""))) { (text(&job["state"])) } }
+                        td.provider { (text(&job["provider"])) }
                         td { (text(&job["model"])) }
                         td.num { (text(&job["n_items"])) }
                         td.num { (text(&job["n_chunks"])) }
                         td { (time(&job["accepted_at"])) }
                         td { (time(&job["updated_at"])) }
+                        td.duration title=(if job["finished_at"].is_null() { "so far" } else { "accepted to finished" }) { (age(&job["duration_ms"])) }
                     }
                 }
             }
