@@ -36,24 +36,11 @@ pub const MAX_EMBEDDING_INPUTS: usize = 50_000;
 /// arrays, else 1 (a text, an array of token ids, or an item without a readable `input`, which the API refuses
 /// on its own).
 pub fn embedding_inputs(item: &RawValue) -> usize {
-    /// The one member read.
-    #[derive(Deserialize)]
-    struct Body<'a> {
-        /// `input`, unparsed.
-        #[serde(borrow, default)]
-        input: Option<&'a RawValue>,
-    }
-    let Ok(Body { input: Some(input) }) = serde_json::from_str::<Body<'_>>(item.get()) else {
-        return 1;
-    };
-    if !input.get().trim_start().starts_with('[') {
-        return 1;
-    }
-    match serde_json::from_str::<Vec<&RawValue>>(input.get()) {
+    match batchd_provider::items::array_member(item, "input") {
         // An array of token ids is one input.
-        Ok(elements) if elements.first().is_some_and(|first| !first.get().starts_with(['[', '"'])) => 1,
-        Ok(elements) => elements.len().max(1),
-        Err(_) => 1,
+        Some(elements) if elements.first().is_some_and(|first| !first.get().starts_with(['[', '"'])) => 1,
+        Some(elements) => elements.len().max(1),
+        None => 1,
     }
 }
 

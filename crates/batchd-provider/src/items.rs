@@ -10,6 +10,18 @@ pub fn failed_item(index: usize, code: &str, message: &str) -> ItemResponse {
     ItemResponse::failure(index, RawValue::from_string(text).ok())
 }
 
+/// The elements of a request item's member `name` when it is a JSON array, unparsed; `None` when the item has no
+/// such member, it is not an array, or the item is not a JSON object (how many inputs an item asks for: OpenAI's
+/// embedding `input`, Workers AI's embedding `text`).
+pub fn array_member<'a>(item: &'a RawValue, name: &str) -> Option<Vec<&'a RawValue>> {
+    let members: std::collections::HashMap<String, &RawValue> = serde_json::from_str(item.get()).ok()?;
+    let value = members.get(name)?;
+    if !value.get().trim_start().starts_with('[') {
+        return None;
+    }
+    serde_json::from_str(value.get()).ok()
+}
+
 /// Adds the numeric members of one item's usage (`input_tokens`, `promptTokenCount`, ...) to `total`; other
 /// members are left out.
 pub fn add_usage(

@@ -161,25 +161,12 @@ pub(super) async fn rolling_sigterm(size: Size) -> anyhow::Result<Outcome> {
         spawn_producer(cluster.conn.clone(), cluster.keys.clone(), load::ids("s", n_jobs), Mix::ALL, batch, every);
     let mut stops = Vec::new();
     let mut trackers = Vec::new();
-    for round in 0..rounds {
+    for _ in 0..rounds {
         for slot in 0..3 {
             supervised_sleep(&mut cluster, size.pick(secs(4), Duration::from_millis(800))).await;
             let old = cluster.in_slot(slot).ok_or_else(|| anyhow::anyhow!("no daemon in slot {slot}"))?;
-            let new = cluster.start_daemon(slot).await?;
-            let ready = wait_one_ready(&cluster, new, secs(30)).await;
-            outcome
-                .expect(ready.is_some(), || format!("round {round}: the new daemon #{new} was not ready within 30 s"));
             let pid = cluster.incarnations[old].pid;
-            let end = cluster.terminate(old, timing.grace + secs(15)).await;
-            cluster.restarts += 1;
-            match end {
-                Ok(End::Stopped { code, took, .. }) => {
-                    outcome.expect(code == Some(0), || format!("daemon #{old} exited with {code:?} after SIGTERM"));
-                    stops.push(took);
-                }
-                Ok(other) => outcome.failures.push(format!("daemon #{old}: unexpected end {other:?}")),
-                Err(error) => outcome.failures.push(format!("daemon #{old}: {error:#}")),
-            }
+            stops.extend(replace_in_slot(&mut cluster, slot, timing.grace, &mut outcome).await?);
             trackers.push((
                 format!("SIGTERM of daemon #{old}"),
                 track_abandoned(
@@ -315,7 +302,38 @@ async fn aimed_kill_workers_ai(cluster: &mut Cluster, wait: Duration) -> anyhow:
 }
 
 /// Waits until one daemon answers `/readyz` with 200.
-pub(super) async fn wait_one_ready(cluster: &Cluster, index: usize, timeout: Duration) -> Option<Duration> {
+/// A rollout's step in `slot`, as a Deployment takes it: a new daemon started, ready (its `/readyz` 200 within
+/// 30 s), then the slot's old one stopped with SIGTERM (given `grace` and 15 s), which must exit 0. Failures go to
+/// `outcome`; returns how long the old one took to exit, when it did.
+pub(super) async fn replace_in_slot(
+    cluster: &mut Cluster,
+    slot: usize,
+    grace: Duration,
+    outcome: &mut Outcome,
+) -> anyhow::Result<Option<Duration>> {
+    let old = cluster.in_slot(slot).ok_or_else(|| anyhow::anyhow!("no daemon in slot {slot}"))?;
+    let new = cluster.start_daemon(slot).await?;
+    let ready = wait_one_ready(cluster, new, secs(30)).await;
+    outcome.expect(ready.is_some(), || format!("slot {slot}: the new daemon #{new} was not ready within 30 s"));
+    let end = cluster.terminate(old, grace + secs(15)).await;
+    cluster.restarts += 1;
+    match end {
+        Ok(End::Stopped { code, took, .. }) => {
+            outcome.expect(code == Some(0), || format!("daemon #{old} exited with {code:?} after SIGTERM"));
+            Ok(Some(took))
+        }
+        Ok(other) => {
+            outcome.failures.push(format!("daemon #{old}: unexpected end {other:?}"));
+            Ok(None)
+        }
+        Err(error) => {
+            outcome.failures.push(format!("daemon #{old}: {error:#}"));
+            Ok(None)
+        }
+    }
+}
+
+async fn wait_one_ready(cluster: &Cluster, index: usize, timeout: Duration) -> Option<Duration> {
     let started = Instant::now();
     while started.elapsed() < timeout {
         if matches!(cluster.readyz(index).await, Ok((200, _))) {

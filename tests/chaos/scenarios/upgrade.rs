@@ -5,11 +5,11 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use super::process_faults::wait_one_ready;
+use super::process_faults::replace_in_slot;
 use super::{FAULT_RATE, NO_PERSISTENCE, Timing, finish, secs, seed, start_daemons, supervised_sleep};
 use crate::chaos::Size;
 use crate::chaos::check::Outcome;
-use crate::chaos::cluster::{Cluster, End};
+use crate::chaos::cluster::Cluster;
 use crate::chaos::load::{self, Collector, Mix, spawn_producer};
 
 /// The variable naming the previous release's `batchd` binary (`make chaos` builds it with
@@ -58,22 +58,8 @@ pub(super) async fn rolling_upgrade(size: Size) -> anyhow::Result<Outcome> {
     for slot in 0..3 {
         // Both releases run side by side for a while before each step.
         supervised_sleep(&mut cluster, size.pick(secs(8), secs(2))).await;
-        let old = cluster.in_slot(slot).ok_or_else(|| anyhow::anyhow!("no daemon in slot {slot}"))?;
         cluster.set_slot_bin(slot, None);
-        let new = cluster.start_daemon(slot).await?;
-        let ready = wait_one_ready(&cluster, new, secs(30)).await;
-        outcome
-            .expect(ready.is_some(), || format!("slot {slot}: the upgraded daemon #{new} was not ready within 30 s"));
-        let end = cluster.terminate(old, timing.grace + secs(15)).await;
-        cluster.restarts += 1;
-        match end {
-            Ok(End::Stopped { code, took, .. }) => {
-                outcome.expect(code == Some(0), || format!("previous-release daemon #{old} exited with {code:?}"));
-                stops.push(took);
-            }
-            Ok(other) => outcome.failures.push(format!("daemon #{old}: unexpected end {other:?}")),
-            Err(error) => outcome.failures.push(format!("daemon #{old}: {error:#}")),
-        }
+        stops.extend(replace_in_slot(&mut cluster, slot, timing.grace, &mut outcome).await?);
     }
     let produced = producer.await?;
     finish(&mut cluster, collector, &produced, size.pick(secs(600), secs(120)), true, &mut outcome).await;
