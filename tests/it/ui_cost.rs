@@ -153,3 +153,37 @@ async fn the_jobs_list_has_a_provider_column_and_filter_and_durations() {
     assert!(notes.iter().any(|note| note.starts_with("No consumer in group")), "{notes:?}");
     browser.close().await;
 }
+
+/// Packs as operators see them (issue 33): a packed job's page names the pack that carried it, with a link, and the
+/// pack's own page says how many jobs share its remote batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_packed_jobs_page_names_its_pack_and_the_packs_page_its_jobs() {
+    let mut world = World::new().await;
+    world.settings.packing.enabled = true;
+    let mut pipe = redis::pipe();
+    for index in 0..3 {
+        let job = serde_json::json!({"id": format!("packed-{index}"), "model": "@cf/baai/bge-m3",
+            "requests": [{"text": format!("t{index}")}]});
+        pipe.xadd(world.keys.submit(), "*", &[("job", job.to_string())]).ignore();
+    }
+    let _: () = pipe.query_async(&mut world.conn.clone()).await.expect("enqueue");
+    let daemon = world.daemon();
+    for index in 0..3 {
+        world.wait_for_result(&format!("packed-{index}"), std::time::Duration::from_secs(30)).await;
+    }
+    daemon.stop().await.expect("daemon stops");
+    let pack = world.ledger("packed-0").await.get("c0:pack").cloned().expect("the job's pack");
+    assert!(pack.starts_with("pack:"), "{pack}");
+
+    let dashboard = Dashboard::start(&world, &["--refresh-secs", "0"]).await.expect("batchd ui");
+    let browser = Browser::start().await.expect("browser");
+    let ns = world.keys.namespace().to_owned();
+    browser.open(&dashboard.url(&format!("/jobs/packed-0?ns={ns}")), "#pack-0").await.expect("job page");
+    let named = browser.text("#pack-0").await.expect("pack row");
+    assert_eq!(named, format!("packed with other jobs in {pack} (one remote batch)"));
+    browser.click("#pack-0 a").await.expect("follow the pack's link");
+    browser.wait_for("#pack-members").await.expect("the pack's page");
+    let members = browser.text("#pack-members").await.expect("members");
+    assert_eq!(members, "3 jobs (their items, in order, make this remote batch)");
+    browser.close().await;
+}

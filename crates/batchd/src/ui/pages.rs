@@ -696,6 +696,10 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
             @if !job[field::POSSIBLE_DUPLICATE_SUBMITS].is_null() {
                 tr { th { "resubmits" } td { (text(&job[field::POSSIBLE_DUPLICATE_SUBMITS])) } }
             }
+            // A pack (a remote batch batchd filled from many jobs): how many jobs share it.
+            @if !job[field::PACK_MEMBERS].is_null() {
+                tr { th { "pack of" } td #pack-members { (text(&job[field::PACK_MEMBERS])) " jobs (their items, in order, make this remote batch)" } }
+            }
         }
         @if let Some(at_remote) = value["job"]["at_remote"].as_array().filter(|at_remote| !at_remote.is_empty()) {
             h2 { "At the remote API" }
@@ -730,6 +734,14 @@ pub fn job(frame: &Frame<'_>, value: &Value) -> Markup {
                     }
                     @if let Some(wait) = value["chunks"][index as usize]["wait"].as_str() {
                         tr.chunk-wait { td {} td colspan="8" id=(format!("wait-{index}")) { (wait) } }
+                    }
+                    // A chunk packed with other jobs': the pack that carries it, whose page says how many share it.
+                    @if let Some(pack) = chunk(index, field::CHUNK_PACK).as_str().filter(|pack| *pack != batchd_core::ids::PACK_QUEUED) {
+                        tr.chunk-pack { td {} td colspan="8" id=(format!("pack-{index}")) {
+                            "packed with other jobs in "
+                            a href=(link(frame, &format!("/jobs/{}", encode(pack)))) { (shown(pack, 120)) }
+                            " (one remote batch)"
+                        } }
                     }
                 }
             }
