@@ -30,6 +30,8 @@ pub const NAMES: &[&str] = &[
     "batchd_remote_cleanups_total",
     "batchd_remote_unreachable_seconds",
     "batchd_pack_jobs",
+    "batchd_remote_batch_requests",
+    "batchd_remote_batch_jobs",
     "batchd_packs_delivered_total",
     "batchd_stale_writes_total",
     "batchd_results_published_total",
