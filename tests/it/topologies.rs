@@ -244,6 +244,10 @@ async fn redis_cluster_runs_the_pipeline_and_namespaces_land_on_different_slots(
                         "",
                     ]),
                     vec!["--cluster-config-file".into(), format!("nodes-{port}.conf")],
+                    // The cluster bus port from the harness's pool too: by default it is the port plus 10,000,
+                    // which can fall in the kernel's ephemeral range and be taken by any outgoing connection (a
+                    // cold `make test` once lost a node that way and waited 60 s for it).
+                    vec!["--cluster-port".into(), free_port().to_string()],
                     vec!["--dir".into(), dir.to_string_lossy().into_owned(), "--appendonly".into(), "no".into()],
                 ]
                 .concat(),
